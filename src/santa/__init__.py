@@ -1,0 +1,21 @@
+"""santa: stochastic sparse attention for memory-bound decoding.
+
+The reference (the spec): :func:`sampled_attention`, :func:`sample_counts`, :func:`variance_trace`,
+:func:`unique_keys` and the value-stage accounting. GPU decode kernels: :func:`decode`.
+"""
+
+from santa.attention import sampled_attention
+from santa.sampling import sample_counts, sample_indices
+from santa.stats import ValueStageCost, prefill_cost, unique_keys, value_stage_cost, variance_trace
+
+__all__ = [
+    "ValueStageCost",
+    "prefill_cost",
+    "sample_counts",
+    "sample_indices",
+    "sampled_attention",
+    "unique_keys",
+    "value_stage_cost",
+    "variance_trace",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,165 @@
+"""``sampled_attention``: the SDPA-shaped reference of SANTA / S²ANTA, with dense and top-k baselines.
+
+Computed in float32 on any device; returns the input dtype. This is the spec every kernel is
+tested against, not a fast path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from santa.sampling import SAMPLERS, check_budget, check_sampler, sample_counts
+
+ATTENTION_SAMPLERS = (*SAMPLERS, "topk", "dense")
+
+
+def _check_tensor(name: str, x: object) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor (float16, bfloat16, float32, float64), got {x.dtype}")
+    if x.dim() != 4:
+        raise ValueError(f"{name} must have shape [B, H, L, D] (4 dims), got {tuple(x.shape)}")
+    return x
+
+
+def check_qkv(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, enable_gqa: bool
+) -> tuple[int, int]:
+    """Validate SDPA-shaped q ``[B, Hq, Lq, D]``, k/v ``[B, Hkv, Lk, D]``; return ``(Hq, Hkv)``."""
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        _check_tensor(name, x)
+    if not (query.device == key.device == value.device):
+        raise ValueError(
+            f"query, key and value must be on one device, got {query.device}, {key.device}, {value.device}"
+        )
+    batch, hq, _, dim = query.shape
+    if key.shape != value.shape:
+        raise ValueError(f"key and value must have the same shape [B, Hkv, Lk, D], got {tuple(key.shape)} and {tuple(value.shape)}")
+    if key.shape[0] != batch:
+        raise ValueError(f"key batch {key.shape[0]} does not match query batch {batch}")
+    if key.shape[3] != dim:
+        raise ValueError(f"key head dim D={key.shape[3]} does not match query D={dim}")
+    if key.shape[2] < 1:
+        raise ValueError("key must hold at least one key (Lk ≥ 1)")
+    hkv = key.shape[1]
+    if hkv != hq:
+        if not enable_gqa:
+            raise ValueError(f"query has {hq} heads but key/value have {hkv}: pass enable_gqa=True for grouped-query attention")
+        if hkv < 1 or hq % hkv != 0:
+            raise ValueError(f"query heads Hq={hq} must be a multiple of key/value heads Hkv={hkv}")
+    return hq, hkv
+
+
+def attention_bias(
+    n_queries: int,
+    n_keys: int,
+    *,
+    is_causal: bool,
+    attn_mask: torch.Tensor | None,
+    device: torch.device,
+) -> torch.Tensor | None:
+    """Additive float32 bias broadcastable to ``[B, H, Lq, Lk]`` (−inf where masked), or None.
+
+    A causal mask aligns the last query with the last key (as in KV-cached decoding), so
+    ``Lq = 1`` sees every key; bool masks mark *visible* keys with True, as in SDPA.
+    """
+    bias = None
+    if is_causal:
+        q_pos = torch.arange(n_queries, device=device).unsqueeze(-1) + (n_keys - n_queries)
+        visible = torch.arange(n_keys, device=device) <= q_pos
+        bias = torch.zeros(n_queries, n_keys, device=device).masked_fill(~visible, -math.inf)
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor):
+            raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+        if attn_mask.device != device:
+            raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {device}")
+        if attn_mask.dim() > 4 or attn_mask.shape[-1] != n_keys:
+            raise ValueError(f"attn_mask must broadcast to [B, H, Lq, Lk=({n_keys})], got {tuple(attn_mask.shape)}")
+        if attn_mask.dtype == torch.bool:
+            extra = torch.zeros(attn_mask.shape, device=device).masked_fill(~attn_mask, -math.inf)
+        elif attn_mask.is_floating_point():
+            extra = attn_mask.float()
+        else:
+            raise TypeError(f"attn_mask must be bool or floating point, got {attn_mask.dtype}")
+        bias = extra if bias is None else bias + extra
+    return bias
+
+
+def attention_probs(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    *,
+    scale: float | None = None,
+    is_causal: bool = False,
+    attn_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Softmax weights ``p = softmax(q·kᵀ·scale + bias)`` in float32: ``[B, Hq, Lq, Lk]``.
+
+    key may have fewer heads (GQA): it is repeated to ``Hq``. A fully masked row gets all-zero
+    weights (not NaN); a NaN in q or k gives a NaN row.
+    """
+    hq, hkv = query.shape[1], key.shape[1]
+    k = key.float().repeat_interleave(hq // hkv, dim=1)  # [B, Hq, Lk, D]
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    scores = torch.matmul(query.float(), k.transpose(-1, -2)) * scale  # [B, Hq, Lq, Lk]
+    bias = attention_bias(query.shape[2], key.shape[2], is_causal=is_causal, attn_mask=attn_mask, device=query.device)
+    if bias is not None:
+        scores = scores + bias
+    row_max = scores.amax(dim=-1, keepdim=True)
+    fully_masked = row_max == -math.inf
+    weights = torch.exp(scores - row_max.masked_fill(fully_masked, 0.0))
+    return weights / weights.sum(dim=-1, keepdim=True).masked_fill(fully_masked, 1.0)
+
+
+def topk_probs(probs: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k largest weights per row and renormalise (biased baseline): ``[..., n]`` → ``[..., n]``."""
+    k = min(k, probs.shape[-1])
+    top = torch.topk(probs, k, dim=-1)
+    kept = torch.zeros_like(probs).scatter_(-1, top.indices, top.values)
+    total = kept.sum(dim=-1, keepdim=True)
+    return kept / total.masked_fill(total == 0, 1.0)
+
+
+def sampled_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    budget: int,
+    *,
+    sampler: str = "systematic",
+    scale: float | None = None,
+    is_causal: bool = False,
+    attn_mask: torch.Tensor | None = None,
+    enable_gqa: bool = False,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """SANTA attention with the signature of ``torch.nn.functional.scaled_dot_product_attention``.
+
+    query: ``[B, Hq, Lq, D]``; key, value: ``[B, Hkv, Lk, D]`` (``Hkv < Hq`` needs ``enable_gqa``).
+    budget: S ≥ 1 samples per query row and head (the k of ``"topk"``; ignored by ``"dense"``).
+    sampler: ``"iid"`` (SANTA), ``"stratified"``, ``"systematic"`` (S²ANTA), ``"topk"``, ``"dense"``.
+    Returns ``[B, Hq, Lq, D]`` in query's dtype: ``ô = (1/S) Σ_j c_j v_j`` with counts c from
+    :func:`santa.sample_counts` on ``p = softmax(q kᵀ·scale + mask)``.
+
+    A fully masked query row returns zeros (SDPA's math backend returns NaN there; zeros keep a
+    padded batch finite). NaN in query, key or value propagates to NaN in the output.
+    """
+    budget = check_budget(budget)
+    check_sampler(sampler, ATTENTION_SAMPLERS)
+    hq, hkv = check_qkv(query, key, value, enable_gqa=enable_gqa)
+    probs = attention_probs(query, key, scale=scale, is_causal=is_causal, attn_mask=attn_mask)
+    nan_rows = torch.isnan(probs).any(dim=-1, keepdim=True)
+    if sampler == "dense":
+        weights = probs
+    elif sampler == "topk":
+        weights = topk_probs(probs, budget)
+    else:
+        counts = sample_counts(probs.nan_to_num(0.0), budget, sampler, generator=generator)
+        weights = counts.float() / budget  # ô = (1/S) Σ_j c_j v_j
+    v = value.float().repeat_interleave(hq // hkv, dim=1)  # [B, Hq, Lk, D]
+    out = torch.matmul(weights.nan_to_num(0.0), v)  # [B, Hq, Lq, D]
+    out = out.masked_fill(nan_rows, math.nan)
+    return out.to(query.dtype)

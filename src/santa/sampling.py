@@ -1,0 +1,151 @@
+"""Draws from a categorical distribution by inverse CDF: iid, stratified, systematic.
+
+This module is the spec the GPU kernels are checked against. Every sampler maps uniforms
+``t ∈ [0, 1)`` to key indices with the inverse CDF ``F⁻¹(t) = min{ j : F(j) > t }``; given the same
+uniforms, the result is deterministic.
+
+- ``iid`` (SANTA): ``T_m ~ U[0, 1)`` independently, S of them.
+- ``stratified`` (S²ANTA-strat): ``T_m = (m + U_m) / S`` with ``U_m ~ U[0, 1)`` independent.
+- ``systematic`` (S²ANTA-sys): ``T_m = (m + U) / S`` with one ``U ~ U[0, 1)`` per row.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+SAMPLERS = ("iid", "stratified", "systematic")
+
+
+def check_budget(budget: object, name: str = "budget") -> int:
+    """Return ``budget`` as an int, or raise if it is not an integer ≥ 1."""
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Integral):
+        raise TypeError(f"{name} must be an int ≥ 1, got {type(budget).__name__} {budget!r}")
+    if budget < 1:
+        raise ValueError(f"{name} must be ≥ 1, got {budget}")
+    return int(budget)
+
+
+def check_sampler(sampler: object, allowed: tuple[str, ...] = SAMPLERS) -> str:
+    if not isinstance(sampler, str) or sampler not in allowed:
+        raise ValueError(f"sampler must be one of {allowed}, got {sampler!r}")
+    return sampler
+
+
+def uniforms_shape(batch_shape: torch.Size, budget: int, sampler: str) -> tuple[int, ...]:
+    """Shape of the uniforms a sampler consumes: ``[..., S]`` for iid and stratified, ``[...]`` for systematic."""
+    return tuple(batch_shape) if sampler == "systematic" else (*batch_shape, budget)
+
+
+def draw_uniforms(
+    batch_shape: torch.Size,
+    budget: int,
+    sampler: str,
+    *,
+    device: torch.device,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Fresh float64 uniforms in [0, 1) in the shape ``sampler`` consumes."""
+    shape = uniforms_shape(batch_shape, budget, sampler)
+    return torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+
+
+def sample_points(uniforms: torch.Tensor, budget: int, sampler: str) -> torch.Tensor:
+    """Map uniforms to the S points ``T_m ∈ [0, 1)`` at which the inverse CDF is read.
+
+    uniforms: ``[..., S]`` (iid, stratified) or ``[...]`` (systematic). Returns ``[..., S]`` float64.
+    """
+    u = uniforms.to(torch.float64)
+    if sampler == "iid":
+        return u
+    strata = torch.arange(budget, device=u.device, dtype=torch.float64)  # m = 0..S-1
+    if sampler == "stratified":
+        return (strata + u) / budget  # T_m = (m + U_m) / S
+    return (strata + u.unsqueeze(-1)) / budget  # T_m = (m + U) / S
+
+
+def inverse_cdf(probs: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
+    """Key indices ``F⁻¹(t) = min{ j : F(j) > t }`` for every point t.
+
+    probs: ``[..., n]`` non-negative weights summing to 1 per row (float; computed in float64).
+    points: ``[..., S]`` in [0, 1). Returns ``[..., S]`` int64. A point past ``F(n−1)`` (round-off)
+    maps to the last key with nonzero probability, so a zero-probability key is never drawn.
+    """
+    p = probs.to(torch.float64)
+    cdf = torch.cumsum(p, dim=-1)
+    index = torch.searchsorted(cdf.contiguous(), points.contiguous(), right=True)
+    positions = torch.arange(p.shape[-1], device=p.device)
+    last_visible = torch.where(p > 0, positions, -1).amax(dim=-1, keepdim=True).clamp_min(0)
+    return torch.minimum(index, last_visible)
+
+
+def counts_from_indices(indices: torch.Tensor, n_keys: int) -> torch.Tensor:
+    """Histogram of sampled indices: ``[..., S]`` int64 → ``[..., n_keys]`` int64 counts."""
+    counts = torch.zeros((*indices.shape[:-1], n_keys), dtype=torch.int64, device=indices.device)
+    return counts.scatter_add_(-1, indices, torch.ones_like(indices))
+
+
+def _check_probs(probs: object) -> torch.Tensor:
+    if not isinstance(probs, torch.Tensor):
+        raise TypeError(f"probs must be a torch.Tensor, got {type(probs).__name__}")
+    if not probs.is_floating_point():
+        raise TypeError(f"probs must be a floating-point tensor [..., n], got dtype {probs.dtype}")
+    if probs.dim() < 1 or probs.shape[-1] < 1:
+        raise ValueError(f"probs must have shape [..., n] with n ≥ 1, got {tuple(probs.shape)}")
+    if torch.isnan(probs).any():
+        raise ValueError("probs contains NaN: a NaN distribution has no samples")
+    if (probs < 0).any():
+        raise ValueError("probs must be non-negative")
+    return probs
+
+
+def sample_indices(
+    probs: torch.Tensor,
+    budget: int,
+    sampler: str,
+    *,
+    uniforms: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """S key indices per row: ``probs [..., n]`` → ``[..., S]`` int64 (see :func:`sample_counts`)."""
+    probs = _check_probs(probs)
+    budget = check_budget(budget)
+    sampler = check_sampler(sampler)
+    batch_shape = probs.shape[:-1]
+    if uniforms is None:
+        uniforms = draw_uniforms(batch_shape, budget, sampler, device=probs.device, generator=generator)
+    else:
+        expected = uniforms_shape(batch_shape, budget, sampler)
+        if not isinstance(uniforms, torch.Tensor) or tuple(uniforms.shape) != expected:
+            got = tuple(uniforms.shape) if isinstance(uniforms, torch.Tensor) else type(uniforms).__name__
+            raise ValueError(f"uniforms must have shape {list(expected)} for sampler={sampler!r}, got {got}")
+        if uniforms.device != probs.device:
+            raise ValueError(f"uniforms is on {uniforms.device} but probs is on {probs.device}")
+        if ((uniforms < 0) | (uniforms >= 1) | torch.isnan(uniforms)).any():
+            raise ValueError("uniforms must lie in [0, 1)")
+    return inverse_cdf(probs, sample_points(uniforms, budget, sampler))
+
+
+def sample_counts(
+    probs: torch.Tensor,
+    budget: int,
+    sampler: str,
+    *,
+    uniforms: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Per-key sample counts ``c_j`` with ``Σ_j c_j = S`` on every row that has mass.
+
+    probs: ``[..., n]`` float, non-negative, each row summing to 1 (or all zero: such a row,
+        e.g. a fully masked query, gets zero counts).
+    budget: S ≥ 1 samples per row.
+    sampler: ``"iid"``, ``"stratified"`` or ``"systematic"``.
+    uniforms: optional, values in [0, 1): ``[..., S]`` for iid and stratified, ``[...]`` for
+        systematic. Given them, the counts are deterministic; otherwise drawn from ``generator``.
+    Returns int64 ``[..., n]``. Keys with zero probability never receive a sample.
+    """
+    indices = sample_indices(probs, budget, sampler, uniforms=uniforms, generator=generator)
+    counts = counts_from_indices(indices, probs.shape[-1])
+    empty_row = probs.sum(dim=-1, keepdim=True) <= 0
+    return counts.masked_fill(empty_row, 0)
