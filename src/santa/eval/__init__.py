@@ -1,0 +1,1 @@
+"""Accuracy evaluation: task generators, graders, sweeps and reports."""

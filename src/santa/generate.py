@@ -1,0 +1,119 @@
+"""The main job: answer a needle-in-a-haystack prompt with dense attention and with SANTA.
+
+One prefill per method (dense SDPA prefill in both, unless ``prefill="sampled"``), greedy decoding,
+and a report of the answers, whether the needle was found, the share of value rows read and the
+decode speed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass
+
+import torch
+
+import santa.hf
+from santa.assets import DEFAULT_MODEL, load_model
+from santa.eval.tasks import Prompt, chat, contains_all, needle_prompt
+
+
+@dataclass
+class Answer:
+    method: str
+    text: str
+    found: bool
+    prefill_s: float
+    decode_s: float
+    new_tokens: int
+    share_per_head: float | None  # share of visible V rows read per query head (sampled decode)
+    share_per_kv_head: float | None  # the same for the union over each KV head's query group
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / max(self.decode_s, 1e-9)
+
+
+@torch.inference_mode()
+def greedy_answer(model, tokenizer, prompt: Prompt, max_new_tokens: int) -> tuple[str, float, float, int]:
+    """Greedy decode; returns (answer text, prefill seconds, decode seconds, new tokens)."""
+    ids = tokenizer(prompt.text, return_tensors="pt", add_special_tokens=False).input_ids.to(model.device)
+    start = time.perf_counter()
+    out = model(input_ids=ids, use_cache=True)
+    prefill_s = time.perf_counter() - start
+    cache, token = returned_cache(out), out.logits[:, -1].argmax(-1, keepdim=True)
+    tokens, stop = [token], stop_token_ids(tokenizer)
+    start = time.perf_counter()
+    for _ in range(max_new_tokens - 1):
+        if token.item() in stop:
+            break
+        out = model(input_ids=token, use_cache=True, **{cache_keyword(model): cache})
+        cache, token = returned_cache(out), out.logits[:, -1].argmax(-1, keepdim=True)
+        tokens.append(token)
+    decode_s = time.perf_counter() - start
+    generated = torch.cat(tokens, dim=-1)[0]
+    return tokenizer.decode(generated, skip_special_tokens=True).strip(), prefill_s, decode_s, len(tokens)
+
+
+def stop_token_ids(tokenizer) -> set[int]:
+    ids = (tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id)
+    return {i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id}
+
+
+def cache_keyword(model) -> str:
+    """transformers ≥ 5.24 names the KV cache argument ``cache``; earlier releases ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def returned_cache(output):
+    return output.cache if getattr(output, "cache", None) is not None else output.past_key_values
+
+
+def run(
+    *,
+    model_name: str = DEFAULT_MODEL,
+    n_tokens: int = 2048,
+    budget: int = 64,
+    sampler: str = "systematic",
+    seed: int = 0,
+    prompt_seed: int = 0,
+    depth: float = 0.5,
+    prefill: str = "dense",
+    max_new_tokens: int = 32,
+    prompt_text: str | None = None,
+    expected: tuple[str, ...] = (),
+    device: str = "cpu",
+    progress=None,
+) -> tuple[Prompt, list[Answer]]:
+    """Build the prompt, answer it with dense attention and with ``sampler`` at ``budget``."""
+    model, tokenizer = load_model(model_name, device=device)
+    if prompt_text is None:
+        prompt = needle_prompt(tokenizer, n_tokens, seed=prompt_seed, depth=depth)
+    else:
+        text = chat(tokenizer, prompt_text)
+        n = len(tokenizer.encode(text, add_special_tokens=False))
+        prompt = Prompt(task="user", text=text, answers=tuple(expected), n_tokens=n, seed=prompt_seed)
+    methods = [("dense (SDPA)", santa.hf.SantaConfig(sampler="dense"))]
+    methods.append(
+        (f"{sampler} S={budget}", santa.hf.SantaConfig(budget=budget, sampler=sampler, seed=seed, prefill=prefill, record_stats=True))
+    )
+    answers = []
+    for name, config in methods:
+        santa.hf.configure(model, config)
+        text, prefill_s, decode_s, new_tokens = greedy_answer(model, tokenizer, prompt, max_new_tokens)
+        sampled = config.stats.calls > 0
+        answers.append(
+            Answer(
+                method=name,
+                text=text,
+                found=bool(prompt.answers) and contains_all(text, prompt.answers) == 1.0,
+                prefill_s=prefill_s,
+                decode_s=decode_s,
+                new_tokens=new_tokens,
+                share_per_head=config.stats.share_per_head if sampled else None,
+                share_per_kv_head=config.stats.share_per_kv_head if sampled else None,
+            )
+        )
+        if progress is not None:
+            progress(name)
+    return prompt, answers

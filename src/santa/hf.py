@@ -1,0 +1,161 @@
+"""HuggingFace transformers backend: ``attn_implementation="santa"``.
+
+Importing this module registers the ``"santa"`` attention function (and SDPA-style masks for it).
+Configure a model with one call::
+
+    import santa.hf
+    santa.hf.configure(model, santa.hf.SantaConfig(budget=64, sampler="systematic", seed=0))
+    model.generate(...)
+
+Default: dense prefill (SDPA), sampled decode. ``prefill="sampled"`` also samples the prefill
+(the paper's Section 4 setting). Randomness is drawn from a generator seeded by
+``(seed, layer, n_keys, n_queries)``: every layer and decode step gets fresh uniforms, and the same
+prompt with the same seed generates the same tokens, with no state to reset between calls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from santa.attention import ATTENTION_SAMPLERS, attention_probs, topk_probs
+from santa.sampling import check_budget, check_sampler, sample_counts
+from santa.stats import unique_keys
+
+IMPLEMENTATION = "santa"
+
+
+@dataclass
+class DecodeStats:
+    """Running totals of value rows read by sampled decode steps (for the share of V read)."""
+
+    calls: int = 0
+    rows_read_per_head: int = 0  # Σ over calls, batch, query heads of distinct sampled keys
+    keys_per_head: int = 0  # Σ of visible keys over the same
+    rows_read_per_kv_head: int = 0  # Σ over calls, batch, KV heads of the union over the group
+    keys_per_kv_head: int = 0
+
+    @property
+    def share_per_head(self) -> float:
+        return self.rows_read_per_head / max(self.keys_per_head, 1)
+
+    @property
+    def share_per_kv_head(self) -> float:
+        return self.rows_read_per_kv_head / max(self.keys_per_kv_head, 1)
+
+
+@dataclass
+class SantaConfig:
+    """How the ``"santa"`` attention samples.
+
+    budget: samples per query row and head (S).
+    sampler: ``"systematic"`` (S²ANTA-sys), ``"stratified"``, ``"iid"`` (SANTA), ``"topk"``, ``"dense"``.
+    layer_budgets: per-layer overrides of ``budget``, ``{layer_index: S}``.
+    dense_layers: layers that always use exact attention.
+    prefill: ``"dense"`` (SDPA for every query block with more than one row) or ``"sampled"``.
+    seed: root of all randomness.
+    exact_when_budget_covers: when S ≥ the number of keys, sampling cannot read fewer value rows
+        than dense attention, so use exact attention instead (turn off to sample regardless).
+    record_stats: accumulate :class:`DecodeStats` (value rows read) over decode steps.
+    """
+
+    budget: int = 64
+    sampler: str = "systematic"
+    layer_budgets: dict[int, int] = field(default_factory=dict)
+    dense_layers: tuple[int, ...] = ()
+    prefill: str = "dense"
+    seed: int = 0
+    exact_when_budget_covers: bool = True
+    record_stats: bool = False
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+    def __post_init__(self) -> None:
+        check_budget(self.budget)
+        check_sampler(self.sampler, ATTENTION_SAMPLERS)
+        for layer, budget in self.layer_budgets.items():
+            check_budget(budget, f"layer_budgets[{layer}]")
+        if self.prefill not in ("dense", "sampled"):
+            raise ValueError(f"prefill must be 'dense' or 'sampled', got {self.prefill!r}")
+
+    def budget_for(self, layer: int) -> int:
+        return self.layer_budgets.get(layer, self.budget)
+
+
+def configure(model: torch.nn.Module, config: SantaConfig) -> torch.nn.Module:
+    """Switch ``model`` to ``attn_implementation="santa"`` with ``config`` on every attention layer."""
+    layers = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "num_key_value_groups")]
+    if not layers:
+        raise ValueError("model has no attention layers with `layer_idx`: is it a transformers decoder?")
+    for module in layers:
+        module.santa_config = config
+    model.set_attn_implementation(IMPLEMENTATION)
+    return model
+
+
+def layer_generator(seed: int, layer: int, n_keys: int, n_queries: int, device: torch.device) -> torch.Generator:
+    """A generator unique to (seed, layer, decode position): fresh uniforms per layer and step."""
+    mixed = seed
+    for part in (layer, n_keys, n_queries):
+        mixed = (mixed * 0x9E3779B97F4A7C15 + part + 1) % (1 << 63)
+    return torch.Generator(device=device).manual_seed(mixed)
+
+
+def _record(stats: DecodeStats, counts: torch.Tensor, probs: torch.Tensor, group_size: int) -> None:
+    """counts, probs: ``[B, Hq, 1, n]``."""
+    counts, visible = counts[:, :, 0], probs[:, :, 0] > 0  # [B, Hq, n]
+    kv_visible = visible.reshape(visible.shape[0], -1, group_size, visible.shape[-1]).any(dim=2)
+    stats.calls += 1
+    stats.rows_read_per_head += int(unique_keys(counts).sum())
+    stats.keys_per_head += int(visible.sum())
+    stats.rows_read_per_kv_head += int(unique_keys(counts, group_size=group_size).sum())
+    stats.keys_per_kv_head += int(kv_visible.sum())
+
+
+def santa_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention function. query ``[B, Hq, Lq, D]``, key/value ``[B, Hkv, Lk, D]``
+    (un-repeated KV heads), attention_mask bool ``[B, 1, Lq, Lk]`` (True = visible) or None.
+    Returns ``([B, Lq, Hq, D], None)``."""
+    config: SantaConfig = getattr(module, "santa_config", None) or SantaConfig()
+    layer, n_queries, n_keys = module.layer_idx, query.shape[2], key.shape[2]
+    budget = config.budget_for(layer)
+    exact = (
+        config.sampler == "dense"
+        or layer in config.dense_layers
+        or (n_queries > 1 and config.prefill == "dense")
+        or (config.exact_when_budget_covers and budget >= n_keys)
+    )
+    if exact:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
+    causal = attention_mask is None and n_queries > 1 and (is_causal if is_causal is not None else True)
+    probs = attention_probs(query, key, scale=scaling, is_causal=causal, attn_mask=attention_mask)  # [B, Hq, Lq, Lk]
+    if config.sampler == "topk":
+        weights = topk_probs(probs, budget)
+    else:
+        generator = layer_generator(config.seed, layer, n_keys, n_queries, query.device)
+        counts = sample_counts(probs, budget, config.sampler, generator=generator)
+        if config.record_stats and n_queries == 1:
+            _record(config.stats, counts, probs, module.num_key_value_groups)
+        weights = counts.float() / budget  # ô = (1/S) Σ_j c_j v_j
+    v = value.float().repeat_interleave(module.num_key_value_groups, dim=1)  # [B, Hq, Lk, D]
+    out = torch.matmul(weights, v).to(query.dtype)  # [B, Hq, Lq, D]
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(IMPLEMENTATION, santa_attention_forward)
+AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
