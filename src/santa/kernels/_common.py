@@ -1,0 +1,95 @@
+"""Triton helpers shared by the prop and flash kernels: cache addressing, tile scores, Philox uniforms."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def row_offsets(
+    b, pos, mask, kvh, bt_ptr, stride_bt,
+    stride_cb, stride_cn, stride_ch, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+):
+    """Element offset of key row ``pos`` of sequence b, KV head kvh (contiguous or paged cache)."""
+    if PAGED:
+        page = tl.load(bt_ptr + b.to(tl.int64) * stride_bt + pos // PAGE_SIZE, mask=mask, other=0)
+        base = page.to(tl.int64) * stride_cb + (pos % PAGE_SIZE).to(tl.int64) * stride_cn
+    else:
+        base = b.to(tl.int64) * stride_cb + pos.to(tl.int64) * stride_cn
+    return base + kvh.to(tl.int64) * stride_ch
+
+
+@triton.jit
+def tile_scores(
+    q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len,
+    stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale,
+    G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE_DOT: tl.constexpr,
+):
+    """Scores of the G grouped heads on one K tile, in log2 units: ``[BLOCK_G, BLOCK_N]`` fp32, −inf off the sequence."""
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_n = start + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_g = offs_g < G
+    mask_n = offs_n < seq_len
+    mask_d = offs_d < D
+    q_rows = b.to(tl.int64) * stride_qb + (kvh * G + offs_g).to(tl.int64) * stride_qh
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)
+    k_rows = row_offsets(b, offs_n, mask_n, kvh, bt_ptr, stride_bt, stride_kb, stride_kn, stride_kh, PAGED, PAGE_SIZE)
+    k = tl.load(k_ptr + k_rows[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    if IEEE_DOT:
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q.to(k.dtype), tl.trans(k))
+    s = s * qk_scale
+    return tl.where(mask_n[None, :], s, -float("inf"))
+
+
+@triton.jit
+def philox_uniform(seed, off_lo, off_hi, row, stream, SHAPE: tl.constexpr):
+    """float32 uniforms in [0, 1) of counter ``(off_lo, off_hi, row, stream)`` under key ``seed``.
+
+    ``row`` and ``stream`` are scalars or blocks of shape SHAPE; reproduced by
+    :func:`santa.kernels.reference.philox_uniforms`.
+    """
+    zero = tl.zeros(SHAPE, dtype=tl.uint32)
+    c0 = zero + off_lo
+    c1 = zero + off_hi
+    c2 = (zero + row).to(tl.uint32)
+    c3 = (zero + stream).to(tl.uint32)
+    r0, _, _, _ = tl.philox(seed, c0, c1, c2, c3)
+    return tl.uint_to_uniform_float(r0)
+
+
+@triton.jit
+def load_offset(offset, offset_ptr, OFFSET_IN_MEMORY: tl.constexpr):
+    """The call's Philox offset split into two uint32 halves (read from device memory for graph replay)."""
+    if OFFSET_IN_MEMORY:
+        off = tl.load(offset_ptr).to(tl.int64)
+    else:
+        off = offset.to(tl.int64)
+    return (off & 0xFFFFFFFF).to(tl.uint32), ((off >> 32) & 0xFFFFFFFF).to(tl.uint32)
+
+
+@triton.jit
+def _uniforms_kernel(out_ptr, rows_ptr, streams_ptr, seed, off_lo, off_hi, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    rows = tl.load(rows_ptr + offs, mask=mask, other=0)
+    streams = tl.load(streams_ptr + offs, mask=mask, other=0)
+    tl.store(out_ptr + offs, philox_uniform(seed, off_lo, off_hi, rows, streams, [BLOCK]), mask=mask)
+
+
+def kernel_uniforms(seed: int, offset: int, rows, streams):
+    """The uniforms the kernels draw for int32 tensors ``rows`` (b·H + h) and ``streams`` (test hook)."""
+    import torch
+
+    rows, streams = torch.broadcast_tensors(rows.to(torch.int32), streams.to(rows.device, torch.int32))
+    rows, streams = rows.contiguous(), streams.contiguous()
+    out = torch.empty(rows.shape, dtype=torch.float32, device=rows.device)
+    n = rows.numel()
+    _uniforms_kernel[(triton.cdiv(n, 128),)](out, rows, streams, seed, offset & 0xFFFFFFFF, (offset >> 32) & 0xFFFFFFFF, n, BLOCK=128)
+    return out

@@ -1,0 +1,155 @@
+"""S²ANTA-flash in Triton: uniform per-tile budgets, per-tile systematic sampling, FlashDecoding merge.
+
+Kernel 1 (:func:`_flash_partial_kernel`), one program per (tile, sequence·KV head): scores of the G
+grouped heads, tile max ``m_t`` and mass ``ℓ_t``, then ``S_tile = ⌈S/T⌉`` systematic samples of
+the tile's own distribution with the offset of stream ``t + 1``: cumulative counts
+``K(j) = ⌈S_tile·F_t(j) − U⌉`` (clamped to ``[0, S_tile]``), ``c_j = K(j) − K(j−1)``. Only V rows
+that some head of the group sampled are read; ``Õ_t = Σ_j c_j v_j``.
+
+Kernel 2 (:func:`_flash_merge_kernel`), one program per (sequence·head):
+``ô = Σ_t W_t Õ_t / (S_tile · Z)`` with ``W_t = exp(m_t − m*) ℓ_t``, ``Z = Σ_t W_t``, in tile order.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from santa.kernels._common import load_offset, philox_uniform, row_offsets, tile_scores
+
+
+@triton.jit(do_not_specialize=["seed", "offset", "budget"])
+def _flash_partial_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, part_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, offset_ptr,
+    seed, offset, budget, n_keys, n_kv_heads,
+    stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
+    stride_part, stride_stats, stride_counts, qk_scale,
+    G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, IEEE_DOT: tl.constexpr,
+    OFFSET_IN_MEMORY: tl.constexpr, RETURN_COUNTS: tl.constexpr,
+):
+    t = tl.program_id(0)
+    pid_bk = tl.program_id(1)
+    b = pid_bk // n_kv_heads
+    kvh = pid_bk % n_kv_heads
+    if HAS_SEQ_LENS:
+        seq_len = tl.load(seq_lens_ptr + b)
+    else:
+        seq_len = n_keys
+    start = t * BLOCK_N
+    if start < seq_len:
+        s = tile_scores(
+            q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len,
+            stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale,
+            G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT,
+        )  # [BLOCK_G, BLOCK_N], log2 units
+        m = tl.max(s, axis=1)
+        u = tl.exp2(s - m[:, None])
+        cu = tl.cumsum(u, axis=1)
+        mass = tl.max(cu, axis=1)
+        frac = cu / mass[:, None]  # F_t(j), exactly 1 from the last nonzero weight on
+        offs_g = tl.arange(0, BLOCK_G)
+        mask_g = offs_g < G
+        offs_n = tl.arange(0, BLOCK_N)
+        rows = (b * n_kv_heads + kvh) * G + offs_g  # b·H + h
+        n_tiles = tl.cdiv(seq_len, BLOCK_N)
+        s_tile = (budget + n_tiles - 1) // n_tiles  # S_tile = ⌈S/T⌉
+        s_tile_f = s_tile.to(tl.float32)
+        off_lo, off_hi = load_offset(offset, offset_ptr, OFFSET_IN_MEMORY)
+        uni = philox_uniform(seed, off_lo, off_hi, rows, t + 1, [BLOCK_G])
+        last_nonzero = tl.max(tl.where(u > 0, offs_n[None, :], 0), axis=1)
+        # K(j) = #{m < S_tile : (m + U)/S_tile < F_t(j)}
+        cum = tl.ceil(s_tile_f * frac - uni[:, None])
+        cum = tl.minimum(tl.maximum(cum, 0.0), s_tile_f)
+        cum = tl.where(offs_n[None, :] >= last_nonzero[:, None], s_tile_f, cum).to(tl.int32)
+        prev = tl.gather(cum, tl.maximum(offs_n - 1, 0)[None, :] + tl.zeros([BLOCK_G, BLOCK_N], dtype=tl.int32), axis=1)
+        prev = tl.where(offs_n[None, :] == 0, 0, prev)
+        counts = tl.where(mask_g[:, None], cum - prev, 0)  # c_j = K(j) − K(j−1)
+
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_d = offs_d < D
+        pos = start + offs_n
+        needed = (tl.max(counts, axis=0) > 0) & (pos < seq_len)  # one V read serves every head of the group
+        v_rows = row_offsets(b, pos, needed, kvh, bt_ptr, stride_bt, stride_vb, stride_vn, stride_vh, PAGED, PAGE_SIZE)
+        v = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :], mask=needed[:, None] & mask_d[None, :], other=0.0)
+        if IEEE_DOT:
+            o = tl.dot(counts.to(tl.float32), v.to(tl.float32), input_precision="ieee")
+        else:
+            # counts split into bytes so that every product is exact in bf16/fp16 operands
+            c_lo = (counts % 256).to(v.dtype)
+            c_hi = (counts // 256).to(v.dtype)
+            o = tl.dot(c_lo, v) + 256.0 * tl.dot(c_hi, v)
+        part_rows = rows.to(tl.int64) * stride_part + t
+        tl.store(part_ptr + part_rows[:, None] * BLOCK_D + offs_d[None, :], o, mask=mask_g[:, None])
+        tl.store(tile_max_ptr + rows * stride_stats + t, m, mask=mask_g)
+        tl.store(tile_mass_ptr + rows * stride_stats + t, mass, mask=mask_g)
+        if RETURN_COUNTS:
+            c_offs = rows.to(tl.int64)[:, None] * stride_counts + pos[None, :]
+            tl.store(counts_ptr + c_offs, counts, mask=mask_g[:, None] & (pos < seq_len)[None, :])
+
+
+@triton.jit(do_not_specialize=["budget"])
+def _flash_merge_kernel(
+    part_ptr, tile_max_ptr, tile_mass_ptr, seq_lens_ptr, out_ptr,
+    budget, n_keys, n_heads, tiles_max, stride_part, stride_stats, stride_ob, stride_oh,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+    HAS_SEQ_LENS: tl.constexpr,
+):
+    row = tl.program_id(0)
+    b = row // n_heads
+    h = row % n_heads
+    if HAS_SEQ_LENS:
+        seq_len = tl.load(seq_lens_ptr + b)
+    else:
+        seq_len = n_keys
+    n_tiles = tl.cdiv(seq_len, BLOCK_N)
+    s_tile = (budget + tl.maximum(n_tiles, 1) - 1) // tl.maximum(n_tiles, 1)
+    offs_t = tl.arange(0, BLOCK_T)
+    offs_d = tl.arange(0, BLOCK_D)
+    stats_row = row.to(tl.int64) * stride_stats
+    m_star = -float("inf")
+    t0 = 0
+    while t0 < tiles_max:  # a host bound (n_tiles masks); a while loop keeps the interpreter happy
+        mask_t = t0 + offs_t < n_tiles
+        tmax = tl.load(tile_max_ptr + stats_row + t0 + offs_t, mask=mask_t, other=-float("inf"))
+        m_star = tl.maximum(m_star, tl.max(tmax, axis=0))
+        t0 += BLOCK_T
+    m_star = tl.where(m_star == -float("inf"), 0.0, m_star)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    z = 0.0
+    t0 = 0
+    while t0 < tiles_max:  # a host bound (n_tiles masks); a while loop keeps the interpreter happy
+        mask_t = t0 + offs_t < n_tiles
+        tmax = tl.load(tile_max_ptr + stats_row + t0 + offs_t, mask=mask_t, other=-float("inf"))
+        tmass = tl.load(tile_mass_ptr + stats_row + t0 + offs_t, mask=mask_t, other=0.0)
+        w = tl.where(mask_t, tl.exp2(tmax - m_star) * tmass, 0.0)  # W_t = exp(m_t − m*) ℓ_t
+        part_rows = row.to(tl.int64) * stride_part + t0 + offs_t
+        part = tl.load(part_ptr + part_rows[:, None] * BLOCK_D + offs_d[None, :], mask=mask_t[:, None], other=0.0)
+        acc += tl.sum(w[:, None] * part, axis=0)
+        z += tl.sum(w, axis=0)
+        t0 += BLOCK_T
+    denom = z * s_tile.to(tl.float32)
+    result = tl.where(denom > 0, acc / tl.where(denom > 0, denom, 1.0), 0.0)
+    tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, result.to(out_ptr.dtype.element_ty), mask=offs_d < D)
+
+
+def launch_flash(call, budget: int, out, ws, counts, *, seed: int, offset, offset_ptr) -> None:
+    """Launch the partial and merge kernels for a validated :class:`santa.kernels.decode._Call`."""
+    c = call
+    tiles_max = triton.cdiv(c.n_keys, c.block_n)
+    _flash_partial_kernel[(tiles_max, c.batch * c.kv_heads)](
+        c.q, c.k, c.v, c.block_table, c.seq_lens, ws["partial"], ws["tile_max"], ws["tile_mass"], counts, offset_ptr,
+        seed, offset, budget, c.n_keys, c.kv_heads,
+        c.q.stride(0), c.q.stride(1), c.stride_bt, *c.k_strides, *c.v_strides,
+        tiles_max, ws["tile_max"].stride(0), counts.stride(1) if c.return_counts else 0, c.qk_scale,
+        G=c.group, D=c.dim, BLOCK_G=c.block_g, BLOCK_N=c.block_n, BLOCK_D=c.block_d,
+        PAGED=c.paged, PAGE_SIZE=c.page_size, HAS_SEQ_LENS=c.has_seq_lens, IEEE_DOT=c.ieee_dot,
+        OFFSET_IN_MEMORY=offset_ptr is not c.q, RETURN_COUNTS=c.return_counts,
+        num_warps=c.warps_pass1, num_stages=1,
+    )
+    _flash_merge_kernel[(c.batch * c.heads,)](
+        ws["partial"], ws["tile_max"], ws["tile_mass"], c.seq_lens, out,
+        budget, c.n_keys, c.heads, tiles_max, tiles_max, ws["tile_max"].stride(0), out.stride(0), out.stride(1),
+        D=c.dim, BLOCK_D=c.block_d, BLOCK_N=c.block_n, BLOCK_T=min(64, triton.next_power_of_2(tiles_max)),
+        HAS_SEQ_LENS=c.has_seq_lens, num_warps=4, num_stages=1,
+    )

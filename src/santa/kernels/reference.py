@@ -1,0 +1,196 @@
+"""Torch emulation of exactly what the decode kernels compute (the CPU fallback and the test oracle).
+
+- :func:`philox_uniforms` reproduces the kernels' counter-based uniforms bit for bit: Triton's
+  Philox4x32-10 keyed on ``seed`` with counter ``(offset_lo, offset_hi, b·H + h, stream)`` and
+  its ``uint_to_uniform_float``. Stream 0 is prop's one offset per (sequence, head); stream
+  ``t + 1`` is flash's offset for tile t.
+- :func:`prop_reference`: exact global systematic sampling (S²ANTA-sys over the whole sequence),
+  ``counts = sample_counts(p, S, "systematic", uniforms=U)`` with U from :func:`philox_uniforms`.
+- :func:`flash_reference`: per-tile systematic sampling with the uniform budget
+  ``S_tile = ⌈S / T⌉`` and the FlashDecoding merge ``ô = Σ_t (W_t/Z)(1/S_tile) Σ_{j∈t} c_j v_j``.
+
+Computed in float64 on the inputs' device; the kernels compute in float32, so counts can differ
+where a comb point lies within rounding of a CDF step (tests account for exactly that).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from santa.sampling import sample_counts
+
+_PHILOX_ROUND_A = np.uint64(0xD2511F53)
+_PHILOX_ROUND_B = np.uint64(0xCD9E8D57)
+_PHILOX_KEY_A = np.uint64(0x9E3779B9)
+_PHILOX_KEY_B = np.uint64(0xBB67AE85)
+_MASK32 = np.uint64(0xFFFFFFFF)
+_UNIFORM_SCALE = np.float32(4.6566127342e-10)  # Triton's uint_to_uniform_float for 32-bit ints
+
+
+def _philox4x32(c0, c1, c2, c3, k0, k1, rounds: int = 10):
+    """Philox4x32 on uint64 arrays holding 32-bit values (products of two 32-bit values fit in 64 bits)."""
+    for _ in range(rounds):
+        prod_b = _PHILOX_ROUND_B * c2
+        prod_a = _PHILOX_ROUND_A * c0
+        c0, c1, c2, c3 = (
+            ((prod_b >> np.uint64(32)) ^ c1 ^ k0) & _MASK32,
+            prod_b & _MASK32,
+            ((prod_a >> np.uint64(32)) ^ c3 ^ k1) & _MASK32,
+            prod_a & _MASK32,
+        )
+        k0 = (k0 + _PHILOX_KEY_A) & _MASK32
+        k1 = (k1 + _PHILOX_KEY_B) & _MASK32
+    return c0
+
+
+def philox_uniforms(seed: int, offset: int, rows: torch.Tensor | np.ndarray, stream: torch.Tensor | np.ndarray | int = 0) -> torch.Tensor:
+    """The kernels' float32 uniforms in [0, 1) for counter rows ``b·H + h`` and ``stream`` (broadcast)."""
+    rows_np = np.asarray(rows.cpu() if isinstance(rows, torch.Tensor) else rows, dtype=np.uint64)
+    stream_np = np.asarray(stream.cpu() if isinstance(stream, torch.Tensor) else stream, dtype=np.uint64)
+    rows_np, stream_np = np.broadcast_arrays(rows_np, stream_np)
+    seed, offset = int(seed), int(offset)
+    with np.errstate(over="ignore"):
+        c0 = np.full(rows_np.shape, offset & 0xFFFFFFFF, dtype=np.uint64)
+        c1 = np.full(rows_np.shape, (offset >> 32) & 0xFFFFFFFF, dtype=np.uint64)
+        k0 = np.full(rows_np.shape, seed & 0xFFFFFFFF, dtype=np.uint64)
+        k1 = np.full(rows_np.shape, (seed >> 32) & 0xFFFFFFFF, dtype=np.uint64)
+        x = _philox4x32(c0, c1, rows_np & _MASK32, stream_np & _MASK32, k0, k1)
+        signed = x.astype(np.uint32).view(np.int32)
+        signed = np.where(signed < 0, -signed - 1, signed).astype(np.int32)
+        u = signed.astype(np.float32) * _UNIFORM_SCALE
+    return torch.from_numpy(np.ascontiguousarray(u, dtype=np.float32))
+
+
+def gather_cache(
+    cache: torch.Tensor,
+    *,
+    batch: int,
+    seq_lens: torch.Tensor | None,
+    block_table: torch.Tensor | None,
+    kv_layout: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense ``[B, L, H_kv, d]`` view of a contiguous or paged cache, and the visible-key mask ``[B, L]``."""
+    if kv_layout == "HND":
+        cache = cache.transpose(1, 2)  # [B or pages, L or page_size, H_kv, d]
+    if block_table is None:
+        dense = cache
+    else:
+        page_size = cache.shape[1]
+        pages = block_table.long()  # [B, max_pages]
+        dense = cache[pages].reshape(batch, pages.shape[1] * page_size, cache.shape[2], cache.shape[3])
+    n_max = dense.shape[1]
+    positions = torch.arange(n_max, device=cache.device)
+    if seq_lens is None:
+        visible = torch.ones(batch, n_max, dtype=torch.bool, device=cache.device)
+    else:
+        visible = positions < seq_lens.to(cache.device).long().unsqueeze(-1)
+    return dense, visible
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
+    """float64 scores ``[B, H, L]`` (−inf where not visible) for q ``[B, H, d]``, k ``[B, L, H_kv, d]``."""
+    heads, kv_heads = q.shape[1], k.shape[2]
+    kk = k.double().repeat_interleave(heads // kv_heads, dim=2)  # [B, L, H, d]
+    s = torch.einsum("bhd,blhd->bhl", q.double(), kk) * scale
+    return s.masked_fill(~visible.unsqueeze(1), -math.inf)
+
+
+def _softmax_rows(s: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim; an all −inf row gets all-zero weights."""
+    row_max = s.amax(dim=-1, keepdim=True)
+    row_max = row_max.masked_fill(row_max == -math.inf, 0.0)
+    w = torch.exp(s - row_max)
+    total = w.sum(dim=-1, keepdim=True)
+    return w / total.masked_fill(total == 0, 1.0)
+
+
+def _rows(batch: int, heads: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(batch * heads, device=device).reshape(batch, heads)
+
+
+def prop_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    budget: int,
+    *,
+    seq_lens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    kv_layout: str = "NHD",
+    scale: float | None = None,
+    seed: int = 0,
+    offset: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact global systematic sampling: returns ``(out [B, H, d] in q.dtype, counts [B, H, n_max] int64)``."""
+    batch, heads, dim = q.shape
+    scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
+    k, visible = gather_cache(k_cache, batch=batch, seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout)
+    v, _ = gather_cache(v_cache, batch=batch, seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout)
+    probs = _softmax_rows(_scores(q, k, visible, scale))  # [B, H, L]
+    uniforms = philox_uniforms(seed, offset, _rows(batch, heads, torch.device("cpu"))).to(q.device, torch.float64)
+    counts = sample_counts(probs, budget, "systematic", uniforms=uniforms)  # [B, H, L]
+    vv = v.double().repeat_interleave(heads // k.shape[2], dim=2)  # [B, L, H, d]
+    out = torch.einsum("bhl,blhd->bhd", counts.double(), vv) / budget  # ô = (1/S) Σ_j c_j v_j
+    return out.to(q.dtype), counts
+
+
+def flash_tile_budget(budget: int, n_tiles: torch.Tensor) -> torch.Tensor:
+    """Uniform per-tile budget ``S_tile = ⌈S / T⌉`` (T ≥ 1 tiles in the sequence)."""
+    return (budget + n_tiles.clamp_min(1) - 1) // n_tiles.clamp_min(1)
+
+
+def flash_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    budget: int,
+    *,
+    tile: int,
+    seq_lens: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    kv_layout: str = "NHD",
+    scale: float | None = None,
+    seed: int = 0,
+    offset: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-tile systematic sampling with merge: returns ``(out [B, H, d], counts [B, H, n_max] int64)``.
+
+    Tile t of sequence b draws ``S_tile`` samples from its own distribution with the uniform of
+    stream ``t + 1``; ``ô = Σ_t (W_t / Z) (1/S_tile) Σ_{j∈t} c_j v_j`` with ``W_t`` the tile's mass.
+    """
+    batch, heads, dim = q.shape
+    scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
+    k, visible = gather_cache(k_cache, batch=batch, seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout)
+    v, _ = gather_cache(v_cache, batch=batch, seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout)
+    n_max = k.shape[1]
+    n_tiles_max = -(-n_max // tile)
+    pad = n_tiles_max * tile - n_max
+    s = _scores(q, k, visible, scale)  # [B, H, L]
+    s = torch.nn.functional.pad(s, (0, pad), value=-math.inf).reshape(batch, heads, n_tiles_max, tile)
+    tile_max = s.amax(dim=-1)  # [B, H, T]
+    local = _softmax_rows(s)  # per-tile distribution [B, H, T, tile]
+    tile_mass = torch.exp(s - tile_max.masked_fill(tile_max == -math.inf, 0.0).unsqueeze(-1)).sum(-1)
+    row_max = tile_max.amax(dim=-1, keepdim=True)
+    row_max = row_max.masked_fill(row_max == -math.inf, 0.0)
+    weight = torch.exp(tile_max - row_max) * tile_mass  # W_t = exp(m_t − m*) ℓ_t
+    weight = weight.nan_to_num(0.0)
+    z = weight.sum(-1, keepdim=True)
+    lens = visible.sum(-1)  # [B]
+    n_tiles = (lens + tile - 1) // tile
+    s_tile = flash_tile_budget(budget, n_tiles)  # [B]
+    rows = _rows(batch, heads, torch.device("cpu")).unsqueeze(-1).expand(batch, heads, n_tiles_max)
+    streams = torch.arange(1, n_tiles_max + 1).expand(batch, heads, n_tiles_max)
+    uniforms = philox_uniforms(seed, offset, rows, streams).to(q.device, torch.float64)
+    counts = torch.zeros(batch, heads, n_tiles_max, tile, dtype=torch.int64, device=q.device)
+    for b in range(batch):
+        counts[b] = sample_counts(local[b], int(s_tile[b]), "systematic", uniforms=uniforms[b])
+    vv = v.double().repeat_interleave(heads // k.shape[2], dim=2)  # [B, L, H, d]
+    vv = torch.nn.functional.pad(vv, (0, 0, 0, 0, 0, pad)).reshape(batch, n_tiles_max, tile, heads, dim)
+    tile_out = torch.einsum("bhtn,btnhd->bhtd", counts.double(), vv)  # Σ_{j∈t} c_j v_j
+    coef = weight / z.masked_fill(z == 0, 1.0) / s_tile.double().view(batch, 1, 1)
+    out = torch.einsum("bht,bhtd->bhd", coef, tile_out)
+    counts = counts.reshape(batch, heads, n_tiles_max * tile)[..., :n_max]
+    return out.to(q.dtype), counts
