@@ -1,0 +1,450 @@
+"""``santa bench e2e``: batched long-context greedy decode with every attention backend.
+
+The paper's Table 3 protocol on Llama-3.1-8B shapes (random bf16 weights made on the GPU): per
+(prompt length, batch) the KV caches are filled with random values instead of running a 30k-token
+prefill at every batch (speed does not depend on the values); prefill is timed once per prompt
+length at batch 1 with the real dense prefill. Each backend then decodes N tokens, the whole step
+(32 layers, logits, argmax, cache and position updates) replayed from one CUDA graph. Reported:
+ms per output token (wall time of the N replays ÷ N, and per-step event times to show they are
+stable), eager ms per token, peak memory, the weights-only step (no attention) and the Amdahl
+bound ``1/(w + (1 − w)/s_kv)`` with w = weights-only step ÷ best dense step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from santa.model import BACKENDS, CONFIGS, Transformer, _santa_kernels, advance, decode_step, make_context, prefill
+
+DENSE = ("sdpa", "flashinfer")
+SANTA = ("santa-prop", "santa-flash")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="santa bench e2e", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="llama-3.1-8b", choices=sorted(CONFIGS))
+    p.add_argument("--batches", default="1,6,16", help="comma-separated batch sizes (default 1,6,16)")
+    p.add_argument("--prompts", default="30000", help="comma-separated prompt lengths (default 30000)")
+    p.add_argument("--new-tokens", type=int, default=128, help="tokens decoded per backend (default 128)")
+    p.add_argument("--warmup", type=int, default=3, help="eager warm-up steps (compile, JIT, cuDNN plans)")
+    p.add_argument("--eager-steps", type=int, default=4, help="eager (no graph) steps timed per backend")
+    p.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated, from {BACKENDS}")
+    p.add_argument("--budget-prop", type=int, default=128, help="S for santa-prop (default 128)")
+    p.add_argument("--budget-flash", type=int, default=2048, help="S for santa-flash (default 2048)")
+    p.add_argument("--santa-impl", default="auto", choices=["auto", "kernels", "torch"])
+    p.add_argument("--sdpa", default="cudnn", help="SDPA backends for decode, in priority order (cudnn,efficient,math)")
+    p.add_argument("--no-prefill", action="store_true", help="skip the batch-1 prefill timing")
+    p.add_argument("--no-graph", action="store_true", help="time eager steps only (CPU)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=os.environ.get("OUT", "runs/e2e"), help="folder for e2e.json and e2e.png")
+    args = p.parse_args(argv)
+    args.batches = [int(x) for x in args.batches.split(",")]
+    args.prompts = [int(x) for x in args.prompts.split(",")]
+    args.backends = args.backends.split(",")
+    for b in args.backends:
+        if b not in BACKENDS:
+            p.error(f"unknown backend {b!r}; choose from {BACKENDS}")
+    if args.device == "cpu":
+        args.no_graph = True
+    return args
+
+
+def sdpa_context(names: list[str]):
+    """``sdpa_kernel`` pinned to ``names`` (cudnn, flash, efficient, math) in that priority."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    table = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+    backends = [table[n] for n in names]
+    try:
+        return sdpa_kernel(backends, set_priority=True)
+    except TypeError:
+        return sdpa_kernel(backends)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def env_info(device: torch.device) -> dict:
+    info = {"torch": torch.__version__, "python": platform.python_version(), "host": platform.node()}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    try:
+        import flashinfer
+
+        info["flashinfer"] = flashinfer.__version__
+    except Exception:  # noqa: BLE001 - optional
+        pass
+    if device.type == "cuda":
+        info["device"] = torch.cuda.get_device_name(device)
+        info["cudnn"] = torch.backends.cudnn.version()
+    else:
+        info["device"] = platform.processor() or "cpu"
+    try:
+        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        info["dirty"] = bool(subprocess.run(["git", "status", "--porcelain", "--", "src"], capture_output=True, text=True).stdout.strip())
+    except Exception:  # noqa: BLE001 - the device copy may have no .git
+        info["commit"] = os.environ.get("SANTA_COMMIT", "unknown")
+    return info
+
+
+def weight_bytes(model: Transformer) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def kv_bytes(model: Transformer, batch: int, max_len: int) -> int:
+    a = model.args
+    return 2 * a.n_layer * batch * max_len * a.n_kv_head * a.head_dim * model.output.weight.element_size()
+
+
+@torch.inference_mode()
+def time_prefill(model: Transformer, prompt: int, device: torch.device, seed: int) -> dict:
+    """Dense prefill of ``prompt`` random tokens at batch 1 (after a short warm-up prefill)."""
+    model.setup_caches(1, prompt + 1)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    tokens = torch.randint(0, model.args.vocab_size, (1, prompt), device=device, generator=gen)
+    with sdpa_context(["cudnn", "flash", "efficient", "math"]) if device.type == "cuda" else contextlib.nullcontext():
+        prefill(model, tokens[:, : min(prompt, 512)])
+        sync(device)
+        start = time.perf_counter()
+        first = prefill(model, tokens)
+        sync(device)
+    return {"prompt": prompt, "batch": 1, "prefill_s": time.perf_counter() - start, "first_token": int(first[0, 0])}
+
+
+def fill_random(model: Transformer, seed: int) -> None:
+    """Random K/V everywhere in the caches (stands in for the prefill's K/V)."""
+    torch.manual_seed(seed)
+    for layer in model.layers:
+        layer.attention.kv_cache.k_cache.normal_()
+        layer.attention.kv_cache.v_cache.normal_()
+
+
+def attention_check(model: Transformer, ctx, prompt: int, device: torch.device, seed: int) -> float:
+    """‖out − dense‖/‖dense‖ of layer 0's decode attention with ``prompt + 1`` visible keys (float32 dense)."""
+    attn = model.layers[0].attention
+    cache = attn.kv_cache
+    batch = cache.k_cache.shape[0]
+    gen = torch.Generator(device=device).manual_seed(seed + 7)
+    q = torch.randn(batch, model.args.n_head, model.args.head_dim, device=device, generator=gen).to(cache.k_cache.dtype)
+    pos = torch.tensor([prompt], device=device)
+    ctx.prepare(pos)
+    if ctx.flashinfer is not None:
+        ctx.flashinfer.plan(prompt + 1)
+    out = attn.decode(q, cache.k_cache, cache.v_cache, ctx).float()
+    n = prompt + 1
+    k = cache.k_cache[:, :n].float().transpose(1, 2)  # [B, H_kv, n, d]
+    v = cache.v_cache[:, :n].float().transpose(1, 2)
+    with sdpa_context(["math"]) if device.type == "cuda" else contextlib.nullcontext():
+        ref = torch.nn.functional.scaled_dot_product_attention(q.float().unsqueeze(2), k, v, enable_gqa=True).squeeze(2)
+    return float((out - ref).norm() / ref.norm())
+
+
+def step_stats(step_ms: list[float]) -> dict:
+    s = sorted(step_ms)
+    q = max(1, len(step_ms) // 4)
+    return {
+        "step_ms_median": statistics.median(step_ms),
+        "step_ms_mean": statistics.fmean(step_ms),
+        "step_ms_p10": s[int(0.1 * (len(s) - 1))],
+        "step_ms_p90": s[int(0.9 * (len(s) - 1))],
+        "step_ms_first_quarter": statistics.fmean(step_ms[:q]),
+        "step_ms_last_quarter": statistics.fmean(step_ms[-q:]),
+    }
+
+
+@torch.inference_mode()
+def run_backend(model: Transformer, backend: str, batch: int, prompt: int, args: argparse.Namespace) -> dict:
+    device = torch.device(args.device)
+    budget = args.budget_flash if backend == "santa-flash" else args.budget_prop
+    row = {"prompt": prompt, "batch": batch, "backend": backend, "new_tokens": args.new_tokens}
+    if backend in SANTA:
+        row["budget"] = budget
+        row["impl"] = "triton" if _santa_kernels(args.santa_impl) is not None and device.type == "cuda" else (
+            "reference" if _santa_kernels(args.santa_impl) is not None else "torch")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    ctx = make_context(model, backend, prompt_len=prompt, budget=budget, seed=args.seed, santa_impl=args.santa_impl)
+    gen = torch.Generator(device=device).manual_seed(args.seed + batch)
+    token0 = torch.randint(0, model.args.vocab_size, (batch, 1), device=device, generator=gen)
+    token = token0.clone()
+    input_pos = torch.tensor([prompt], device=device)
+    sdpa_names = args.sdpa.split(",")
+    use_sdpa_ctx = backend == "sdpa" and device.type == "cuda"
+    if use_sdpa_ctx:
+        row["sdpa_backends"] = sdpa_names
+
+    def cm():
+        return sdpa_context(sdpa_names) if use_sdpa_ctx else contextlib.nullcontext()
+
+    def reset():
+        token.copy_(token0)
+        input_pos.fill_(prompt)
+        ctx.offset.zero_()
+        if ctx.attn_bias is not None:
+            ctx.attn_bias[..., prompt:] = -math.inf
+
+    def plan(i: int):
+        if ctx.flashinfer is not None:
+            ctx.flashinfer.plan(prompt + i + 1)  # key at position prompt + i becomes visible
+
+    def step():
+        nxt = decode_step(model, token, input_pos, ctx)
+        advance(token, nxt, input_pos, ctx)
+
+    # eager warm-up: Triton compiles, FlashInfer JITs, cuDNN builds its plans
+    start = time.perf_counter()
+    side = torch.cuda.Stream(device) if device.type == "cuda" else None
+    with cm(), (torch.cuda.stream(side) if side is not None else contextlib.nullcontext()):
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream(device))
+        for i in range(args.warmup):
+            plan(i)
+            step()
+    if side is not None:
+        torch.cuda.current_stream(device).wait_stream(side)
+    sync(device)
+    row["warmup_s"] = time.perf_counter() - start
+    reset()
+    with cm():
+        row["attn_rel_err_layer0"] = attention_check(model, ctx, prompt, device, args.seed)
+
+    # eager steps
+    reset()
+    sync(device)
+    times = []
+    with cm():
+        for i in range(args.eager_steps if not args.no_graph else args.new_tokens):
+            t = time.perf_counter()
+            plan(i)
+            step()
+            sync(device)
+            times.append(1e3 * (time.perf_counter() - t))
+    row["eager_ms_per_token"] = statistics.median(times) if times else None
+    if args.no_graph:
+        row.update(step_stats(times))
+        row["ms_per_token"] = statistics.fmean(times)
+        row["decode_s"] = sum(times) / 1e3
+        row["graph"] = False
+        return row
+
+    # one CUDA graph for the whole step
+    reset()
+    plan(0)
+    start = time.perf_counter()
+    graph = torch.cuda.CUDAGraph()
+    with cm(), torch.cuda.graph(graph):
+        step()
+    sync(device)
+    row["capture_s"] = time.perf_counter() - start
+    reset()
+    graph.replay()  # one untimed replay after capture
+    reset()
+    sync(device)
+    n = args.new_tokens
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
+    start = time.perf_counter()
+    for i in range(n):
+        plan(i)
+        events[i].record()
+        graph.replay()
+    events[n].record()
+    sync(device)
+    row["decode_s"] = time.perf_counter() - start
+    row["graph"] = True
+    row["ms_per_token"] = 1e3 * row["decode_s"] / n
+    row.update(step_stats([events[i].elapsed_time(events[i + 1]) for i in range(n)]))
+    row["final_pos"] = int(input_pos)
+    row["tokens_in_vocab"] = bool(((token >= 0) & (token < model.args.vocab_size)).all())
+    row["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    del graph
+    return row
+
+
+def kv_speedup_from_bytes(backend: str, n: int, budget: int, group: int, head_dim: int, elem: int) -> float:
+    """Dense K+V bytes over santa's bytes per (sequence, KV head): the s_kv of the Amdahl model.
+
+    prop reads K, writes and reads back its fp32 score stash (G values per key), and reads at most
+    min(n, G·S) V rows; flash reads K, at most min(n, G·⌈S/T⌉·T) V rows, and writes and reads one
+    fp32 partial of d values per (head, tile of 128 keys).
+    """
+    dense = 2 * n * head_dim * elem
+    k = n * head_dim * elem
+    if backend == "santa-prop":
+        extra = 2 * n * group * 4 + min(n, group * budget) * head_dim * elem
+    else:
+        tiles = -(-n // 128)
+        extra = min(n, group * -(-budget // tiles) * tiles) * head_dim * elem + 2 * tiles * group * head_dim * 4
+    return dense / (k + extra)
+
+
+def summarise(rows: list[dict], model: Transformer, prompt: int, batch: int) -> dict:
+    """Speedups vs the best dense backend and the Amdahl bounds for one (prompt, batch)."""
+    by = {r["backend"]: r for r in rows if r["prompt"] == prompt and r["batch"] == batch and "ms_per_token" in r}
+    dense = {b: by[b]["ms_per_token"] for b in DENSE if b in by}
+    out = {"prompt": prompt, "batch": batch}
+    if not dense:
+        return out
+    best = min(dense, key=dense.get)
+    out.update(best_dense=best, best_dense_ms=dense[best])
+    if "weights-only" not in by:
+        return out
+    w = by["weights-only"]["ms_per_token"] / dense[best]
+    out["weights_only_ms"] = by["weights-only"]["ms_per_token"]
+    out["w"] = w
+    out["amdahl_limit"] = 1 / (w + (1 - w) / 2)  # santa reads all of K and no V: s_kv = 2
+    a = model.args
+    for b in SANTA:
+        if b not in by:
+            continue
+        r = by[b]
+        s_bytes = kv_speedup_from_bytes(b, prompt, r["budget"], a.n_head // a.n_kv_head, a.head_dim, model.output.weight.element_size())
+        attn_dense = dense[best] - out["weights_only_ms"]
+        attn_santa = r["ms_per_token"] - out["weights_only_ms"]
+        out[b] = {
+            "speedup": dense[best] / r["ms_per_token"],
+            "attention_speedup": attn_dense / attn_santa if attn_santa > 0 else float("inf"),
+            "s_kv_bytes": s_bytes,
+            "amdahl_bytes": 1 / (w + (1 - w) / s_bytes),
+            "of_limit": (dense[best] / r["ms_per_token"]) / out["amdahl_limit"],
+        }
+    return out
+
+
+def plot(report: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    rows = [r for r in report["runs"] if "ms_per_token" in r]
+    keys = sorted({(r["prompt"], r["batch"]) for r in rows})
+    if not keys:
+        return
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
+    width = 0.8 / len(BACKENDS)
+    for j, backend in enumerate(BACKENDS):
+        ys = [next((r["ms_per_token"] for r in rows if (r["prompt"], r["batch"]) == k and r["backend"] == backend), 0) for k in keys]
+        ax1.bar([i + j * width for i in range(len(keys))], ys, width, label=backend)
+    ax1.set_xticks([i + 0.4 - width / 2 for i in range(len(keys))], [f"{p // 1000}k × B{b}" for p, b in keys])
+    ax1.set_ylabel("ms per output token (CUDA graph)")
+    ax1.legend(fontsize=8)
+    ax1.set_title("decode step, Llama-3.1-8B shapes")
+    summ = [s for s in report["summary"] if "amdahl_limit" in s]
+    xs = list(range(len(summ)))
+    ax2.plot(xs, [s["amdahl_limit"] for s in summ], "k--", marker="_", label="Amdahl limit (s_kv = 2)")
+    for b in SANTA:
+        ax2.plot(xs, [s.get(b, {}).get("speedup", float("nan")) for s in summ], marker="o", label=f"{b} measured")
+        ax2.plot(xs, [s.get(b, {}).get("amdahl_bytes", float("nan")) for s in summ], ":", marker="x", label=f"{b} Amdahl (bytes)")
+    ax2.axhline(1.0, color="grey", lw=0.5)
+    ax2.set_xticks(xs, [f"{s['prompt'] // 1000}k × B{s['batch']}" for s in summ])
+    ax2.set_ylabel("decode speedup vs best dense")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def print_table(report: dict) -> None:
+    print(f"\n{'prompt':>6} {'B':>3} {'backend':<13} {'ms/tok':>8} {'med':>7} {'q1':>7} {'q4':>7} {'eager':>7} {'peakGiB':>8} {'attn_err':>8}  note")
+    for r in report["runs"]:
+        if "ms_per_token" not in r:
+            print(f"{r['prompt']:>6} {r['batch']:>3} {r['backend']:<13} {'—':>8}  {r.get('error', r.get('skipped', ''))[:80]}")
+            continue
+        print(
+            f"{r['prompt']:>6} {r['batch']:>3} {r['backend']:<13} {r['ms_per_token']:>8.3f} {r['step_ms_median']:>7.3f} "
+            f"{r['step_ms_first_quarter']:>7.3f} {r['step_ms_last_quarter']:>7.3f} {r['eager_ms_per_token'] or 0:>7.2f} "
+            f"{r.get('peak_mem_gib', 0):>8.1f} {r['attn_rel_err_layer0']:>8.2e}  {r.get('impl', '')} {r.get('budget', '')}"
+        )
+    for s in report["summary"]:
+        if "amdahl_limit" not in s:
+            continue
+        parts = [f"{b}: {s[b]['speedup']:.3f}x (attn {s[b]['attention_speedup']:.2f}x, bytes-Amdahl {s[b]['amdahl_bytes']:.3f}, {100 * s[b]['of_limit']:.0f}% of limit)" for b in SANTA if b in s]
+        print(f"{s['prompt']} B{s['batch']}: best dense {s['best_dense']} {s['best_dense_ms']:.3f} ms, weights-only {s['weights_only_ms']:.3f} ms, "
+              f"w={s['w']:.3f}, limit {s['amdahl_limit']:.3f}x; " + "; ".join(parts))
+    for p in report["prefill"]:
+        print(f"prefill {p['prompt']} tokens, batch 1: {p['prefill_s']:.3f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    dtype = getattr(torch, args.dtype)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = {"env": env_info(device), "args": {k: v for k, v in vars(args).items()}, "prefill": [], "runs": [], "summary": []}
+    start = time.perf_counter()
+    model = Transformer.random(CONFIGS[args.config], device=device, dtype=dtype, seed=args.seed).eval()
+    sync(device)
+    report["build_model_s"] = time.perf_counter() - start
+    report["weight_gib"] = weight_bytes(model) / 2**30
+    print(f"model {args.config}: {report['weight_gib']:.2f} GiB of weights, built in {report['build_model_s']:.1f} s", flush=True)
+
+    def save():
+        (out_dir / "e2e.json").write_text(json.dumps(report, indent=1))
+
+    for prompt in args.prompts:
+        if not args.no_prefill:
+            try:
+                report["prefill"].append(time_prefill(model, prompt, device, args.seed))
+                print(f"prefill {prompt} at batch 1: {report['prefill'][-1]['prefill_s']:.3f} s", flush=True)
+            except Exception as e:  # noqa: BLE001 - report and carry on
+                traceback.print_exc()
+                report["prefill"].append({"prompt": prompt, "batch": 1, "error": repr(e)})
+            save()
+        for batch in args.batches:
+            max_len = prompt + args.warmup + args.new_tokens + 1
+            for layer in model.layers:
+                layer.attention.kv_cache = None
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+                free = torch.cuda.mem_get_info(device)[0]
+                need = kv_bytes(model, batch, max_len) + (6 << 30)
+                if need > free:
+                    for backend in args.backends:
+                        report["runs"].append({"prompt": prompt, "batch": batch, "backend": backend, "skipped": f"needs {need / 2**30:.0f} GiB, {free / 2**30:.0f} free"})
+                    continue
+            max_len = model.setup_caches(batch, max_len)
+            fill_random(model, args.seed)
+            for backend in args.backends:
+                t = time.perf_counter()
+                try:
+                    row = run_backend(model, backend, batch, prompt, args)
+                except Exception as e:  # noqa: BLE001 - one backend failing must not lose the others
+                    traceback.print_exc()
+                    row = {"prompt": prompt, "batch": batch, "backend": backend, "error": repr(e)[:500]}
+                row["cache_len"] = max_len
+                row["wall_s"] = time.perf_counter() - t
+                report["runs"].append(row)
+                print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                save()
+            report["summary"].append(summarise(report["runs"], model, prompt, batch))
+            save()
+    report["total_s"] = time.perf_counter() - start
+    save()
+    plot(report, out_dir / "e2e.png")
+    print_table(report)
+    return 0
