@@ -43,9 +43,13 @@ def use_triton(device: torch.device) -> bool:
     return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
+# Launch parameters of prop's passes (they change speed, not samples); the benchmark sweeps them.
+PROP_TUNING: dict[str, int | None] = {"block_n": None, "warps_pass1": None, "stages_pass1": None, "warps_pass2": None}
+
+
 def prop_tile(dim: int) -> int:
     """Keys per prop pass-1 tile (does not change prop's samples, only rounding)."""
-    return 128 if dim <= 128 else 64
+    return PROP_TUNING["block_n"] or (128 if dim <= 128 else 64)
 
 
 def flash_tile(dim: int) -> int:
@@ -80,6 +84,8 @@ class _Call:
     block_n: int
     block_d: int
     warps_pass1: int
+    stages_pass1: int
+    warps_pass2: int
     return_counts: bool
 
 
@@ -244,6 +250,7 @@ def make_workspace(
     return torch.zeros(nbytes, dtype=torch.uint8, device=q.device)
 
 
+_STAGES: dict | None = None  # set by santa.bench.kernels to capture a validated call instead of launching
 _WORKSPACE_CACHE: dict[tuple, torch.Tensor] = {}
 _WORKSPACE_CACHE_SIZE = 8
 
@@ -346,8 +353,14 @@ def decode(
         k_strides=_cache_strides(k_cache, kv_layout), v_strides=_cache_strides(v_cache, kv_layout),
         qk_scale=scale * LOG2E, ieee_dot=q.dtype == torch.float32 or q.device.type != "cuda",  # the interpreter's bf16 dot rounds
         block_g=max(16, _next_pow2(heads // kv_heads)), block_n=block_n, block_d=max(16, _next_pow2(dim)),
-        warps_pass1=8 if dim > 128 else 4, return_counts=return_counts,
+        warps_pass1=(kernel == "prop" and PROP_TUNING["warps_pass1"]) or (8 if dim > 128 else 4),
+        stages_pass1=(kernel == "prop" and PROP_TUNING["stages_pass1"]) or 1,
+        warps_pass2=PROP_TUNING["warps_pass2"] or 4,
+        return_counts=return_counts,
     )
+    if _STAGES is not None:  # the benchmark times the passes one by one
+        _STAGES.update(call=call, ws=ws, out=out, counts=counts, offset_ptr=offset_ptr, offset=offset_value)
+        return out
     launch = launch_prop if kernel == "prop" else launch_flash
     launch(call, budget, out, ws, counts, seed=int(seed), offset=offset_value, offset_ptr=offset_ptr)
     return (out, counts) if return_counts else out

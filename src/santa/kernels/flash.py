@@ -135,6 +135,11 @@ def _flash_merge_kernel(
 
 def launch_flash(call, budget: int, out, ws, counts, *, seed: int, offset, offset_ptr) -> None:
     """Launch the partial and merge kernels for a validated :class:`santa.kernels.decode._Call`."""
+    launch_flash_partial(call, budget, ws, counts, seed=seed, offset=offset, offset_ptr=offset_ptr)
+    launch_flash_merge(call, budget, out, ws)
+
+
+def launch_flash_partial(call, budget: int, ws, counts, *, seed: int, offset, offset_ptr) -> None:
     c = call
     tiles_max = triton.cdiv(c.n_keys, c.block_n)
     _flash_partial_kernel[(tiles_max, c.batch * c.kv_heads)](
@@ -145,8 +150,13 @@ def launch_flash(call, budget: int, out, ws, counts, *, seed: int, offset, offse
         G=c.group, D=c.dim, BLOCK_G=c.block_g, BLOCK_N=c.block_n, BLOCK_D=c.block_d,
         PAGED=c.paged, PAGE_SIZE=c.page_size, HAS_SEQ_LENS=c.has_seq_lens, IEEE_DOT=c.ieee_dot,
         OFFSET_IN_MEMORY=offset_ptr is not c.q, RETURN_COUNTS=c.return_counts,
-        num_warps=c.warps_pass1, num_stages=1,
+        num_warps=c.warps_pass1, num_stages=c.stages_pass1,
     )
+
+
+def launch_flash_merge(call, budget: int, out, ws) -> None:
+    c = call
+    tiles_max = triton.cdiv(c.n_keys, c.block_n)
     _flash_merge_kernel[(c.batch * c.heads,)](
         ws["partial"], ws["tile_max"], ws["tile_mass"], c.seq_lens, out,
         budget, c.n_keys, c.heads, tiles_max, tiles_max, ws["tile_max"].stride(0), out.stride(0), out.stride(1),

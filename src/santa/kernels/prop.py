@@ -207,6 +207,12 @@ def _prop_gather_kernel(
 
 def launch_prop(call, budget: int, out, ws, counts, *, seed: int, offset, offset_ptr) -> None:
     """Launch both passes for a validated :class:`santa.kernels.decode._Call`."""
+    launch_prop_scores(call, ws)
+    launch_prop_gather(call, budget, out, ws, counts, seed=seed, offset=offset, offset_ptr=offset_ptr)
+
+
+def launch_prop_scores(call, ws) -> None:
+    """Pass 1: scores, tile stats and stash."""
     c = call
     tiles_max = triton.cdiv(c.n_keys, c.block_n)
     _prop_scores_kernel[(tiles_max, c.batch * c.kv_heads)](
@@ -215,8 +221,14 @@ def launch_prop(call, budget: int, out, ws, counts, *, seed: int, offset, offset
         ws["stash"].stride(0), ws["tile_max"].stride(0), c.qk_scale,
         G=c.group, D=c.dim, BLOCK_G=c.block_g, BLOCK_N=c.block_n, BLOCK_D=c.block_d,
         PAGED=c.paged, PAGE_SIZE=c.page_size, HAS_SEQ_LENS=c.has_seq_lens, IEEE_DOT=c.ieee_dot,
-        num_warps=c.warps_pass1, num_stages=1,
+        num_warps=c.warps_pass1, num_stages=c.stages_pass1,
     )
+
+
+def launch_prop_gather(call, budget: int, out, ws, counts, *, seed: int, offset, offset_ptr) -> None:
+    """Pass 2: place the S samples of every head, gather their V rows, reduce."""
+    c = call
+    tiles_max = triton.cdiv(c.n_keys, c.block_n)
     sblock, n_chunks = prop_sample_chunks(budget)
     block_t = min(triton.next_power_of_2(tiles_max), 1024)
     _prop_gather_kernel[(n_chunks, c.batch * c.heads)](
@@ -229,11 +241,14 @@ def launch_prop(call, budget: int, out, ws, counts, *, seed: int, offset, offset
         SBLOCK=sblock, N_CHUNKS=n_chunks, CHUNK_BLOCK=min(32, triton.next_power_of_2(n_chunks)),
         ONE_CHUNK_T=tiles_max <= block_t, PAGED=c.paged, PAGE_SIZE=c.page_size, HAS_SEQ_LENS=c.has_seq_lens,
         OFFSET_IN_MEMORY=offset_ptr is not c.q, RETURN_COUNTS=c.return_counts,
-        num_warps=4, num_stages=1,
+        num_warps=c.warps_pass2, num_stages=1,
     )
 
 
 def prop_sample_chunks(budget: int) -> tuple[int, int]:
     """(samples per pass-2 program, pass-2 programs per head)."""
-    sblock = min(32, triton.next_power_of_2(budget))
+    sblock = min(PROP_SAMPLES_PER_PROGRAM, triton.next_power_of_2(budget))
     return sblock, triton.cdiv(budget, sblock)
+
+
+PROP_SAMPLES_PER_PROGRAM = 32

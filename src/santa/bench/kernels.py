@@ -1,0 +1,398 @@
+"""Decode-step kernel benchmark (BENCH.md protocol): santa prop/flash against dense backends.
+
+Run as ``python -m santa.bench.kernels [--out DIR] [--quick]`` on a CUDA machine. Writes
+``kernels.json`` (every raw number, device, versions, commit) and ``kernels.png`` under DIR and
+prints a table. Timing: CUDA events around exactly one backend call (all its launches), a 512 MB
+read before every timed iteration (clean cold L2; ``--write-flush`` adds the paper's in-place
+update as its own column), 10 warm-ups, 40 timed, median and mean; also replayed from a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+READ_BW = 4.5e12  # bytes/s a read-only kernel reaches on the H200 (BENCH.md)
+H, H_KV, D = 32, 8, 128  # Llama-3.1-8B
+DTYPE = torch.bfloat16
+
+
+# --------------------------------------------------------------------------- timing
+
+
+class Flusher:
+    """Evicts L2 between timed iterations: a 512 MB read (clean) or in-place update (dirty)."""
+
+    def __init__(self, device):
+        self.buf = torch.randn(128 * 1024 * 1024 // 1024, 1024, device=device)  # 512 MB float32
+        self.sink = torch.empty(1024, device=device)
+
+    def read(self):
+        torch.sum(self.buf, dim=0, out=self.sink)
+
+    def write(self):
+        self.buf.mul_(1.0000001)
+
+
+def time_fn(fn, flush, *, warmup=10, iters=40, graph=False):
+    """Median and mean µs of ``fn`` with ``flush`` before each call (outside the events)."""
+    call = fn
+    if graph:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        call = g.replay
+    for _ in range(warmup):
+        flush()
+        call()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        flush()
+        starts[i].record()
+        call()
+        ends[i].record()
+    torch.cuda.synchronize()
+    times = [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends, strict=True)]
+    return {"median_us": statistics.median(times), "mean_us": statistics.fmean(times), "all_us": times}
+
+
+def measure(results, key, fn, flusher, *, graph=True, write=False, meta=None):
+    entry = dict(meta or {})
+    try:
+        entry["eager"] = time_fn(fn, flusher.read)
+        if graph:
+            entry["graph"] = time_fn(fn, flusher.read, graph=True)
+        if write:
+            entry["write_flush"] = time_fn(fn, flusher.write)
+    except Exception as exc:  # a backend that does not run here is recorded, not fatal
+        entry["error"] = f"{type(exc).__name__}: {exc}"[:400]
+    results[key] = entry
+    eager = entry.get("eager", {}).get("median_us")
+    g = entry.get("graph", {}).get("median_us")
+    print(f"  {key:55s} eager {eager if eager is None else round(eager, 1)!s:>8} graph {g if g is None else round(g, 1)!s:>8}"
+          + (f"  ERROR {entry['error'][:80]}" if "error" in entry else ""), flush=True)
+    return entry
+
+
+# --------------------------------------------------------------------------- backends
+
+
+def k_read_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _read_k(k_ptr, out_ptr, n_rows, BLOCK: tl.constexpr, DIM: tl.constexpr):
+        pid = tl.program_id(0)
+        rows = pid * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(k_ptr + rows[:, None] * DIM + tl.arange(0, DIM)[None, :], mask=rows[:, None] < n_rows, other=0.0)
+        tl.store(out_ptr + pid, tl.sum(tl.sum(x.to(tl.float32), axis=1), axis=0))
+
+    def run(k, out):
+        n_rows = k.numel() // k.shape[-1]
+        _read_k[(triton.cdiv(n_rows, 128),)](k, out, n_rows, BLOCK=128, DIM=k.shape[-1], num_warps=4)
+
+    return run
+
+
+def sdpa_fn(q, k, v, backend):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend]
+    q4 = q.unsqueeze(2)  # [B, H, 1, d]
+    k4, v4 = k.transpose(1, 2), v.transpose(1, 2)  # NHD [B, n, H_kv, d] → [B, H_kv, n, d] (a view)
+
+    def run():
+        with sdpa_kernel(b):
+            return torch.nn.functional.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True)
+
+    return run
+
+
+def santa_stage_fns(q, k, v, budget, kernel, **kw):
+    """Closures for each launch of a santa call (prop: pass 1, pass 2; flash: partial, merge)."""
+    decode_mod = importlib.import_module("santa.kernels.decode")  # the module (the package exports the function)
+    from santa.kernels.flash import launch_flash_merge, launch_flash_partial
+    from santa.kernels.prop import launch_prop_gather, launch_prop_scores
+
+    decode_mod._STAGES = {}
+    try:
+        decode_mod.decode(q, k, v, budget, kernel=kernel, **kw)
+        st = decode_mod._STAGES
+    finally:
+        decode_mod._STAGES = None
+    c, ws, out, counts = st["call"], st["ws"], st["out"], st["counts"]
+    common = dict(seed=0, offset=st["offset"], offset_ptr=st["offset_ptr"])
+    if kernel == "prop":
+        return {
+            "pass1": lambda: launch_prop_scores(c, ws),
+            "pass2": lambda: launch_prop_gather(c, budget, out, ws, counts, **common),
+        }
+    return {
+        "partial": lambda: launch_flash_partial(c, budget, ws, counts, **common),
+        "merge": lambda: launch_flash_merge(c, budget, out, ws),
+    }
+
+
+def rel_error(est, exact):
+    return float((est.float() - exact.float()).norm() / exact.float().norm())
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def bench_single(n_keys, results, flusher, args, fi):
+    from santa.kernels import decode, make_workspace
+
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    q = torch.randn(1, H, D, device=dev, dtype=DTYPE)
+    k = torch.randn(1, n_keys, H_KV, D, device=dev, dtype=DTYPE)
+    v = torch.randn(1, n_keys, H_KV, D, device=dev, dtype=DTYPE)
+    tag = f"b1/n{n_keys}"
+    kv_bytes = 2 * k.numel() * k.element_size()
+    meta_dense = {"floor_us": kv_bytes / READ_BW * 1e6, "bytes": kv_bytes}
+    write = n_keys in (4096, 8192, 32768, 131072) and not args.quick
+    sink = torch.empty(triton_cdiv(k.numel() // D, 128), device=dev)
+    read_k = k_read_kernel()
+    measure(results, f"{tag}/k_read_triton", lambda: read_k(k, sink), flusher, write=False,
+            meta={"floor_us": kv_bytes / 2 / READ_BW * 1e6})
+    measure(results, f"{tag}/cudnn_sdpa", sdpa_fn(q, k, v, "cudnn"), flusher, write=write, meta=meta_dense)
+    measure(results, f"{tag}/flash_sdpa", sdpa_fn(q, k, v, "flash"), flusher, write=write, meta=meta_dense)
+    if fi is not None:
+        q2, k2, v2 = q[0], k[0], v[0]
+        measure(results, f"{tag}/flashinfer", lambda: fi.single_decode_with_kv_cache(q2, k2, v2, kv_layout="NHD"),
+                flusher, write=write, meta=meta_dense)
+    for kernel, budgets in (("prop", args.prop_budgets), ("flash", args.flash_budgets)):
+        for budget in budgets:
+            ws = make_workspace(q, k, budget, kernel=kernel)
+            out = torch.empty_like(q)
+            stash = H * n_keys * 4 * 2 if kernel == "prop" else 0  # written, then read where sampled (upper bound)
+            v_rows = min(H * budget, H_KV * n_keys) * D * 2
+            floor_bytes = kv_bytes / 2 + v_rows + stash
+            fn = lambda kernel=kernel, budget=budget, ws=ws, out=out: decode(  # noqa: E731
+                q, k, v, budget, kernel=kernel, out=out, workspace=ws)
+            measure(results, f"{tag}/santa_{kernel}_S{budget}", fn, flusher, write=write,
+                    meta={"floor_us": floor_bytes / READ_BW * 1e6, "bytes": floor_bytes, "kernel": kernel,
+                          "variant": "prop-global-sys (exact global systematic, 2 launches)" if kernel == "prop"
+                          else "flash (uniform per-tile budget, merge)"})
+            if budget in (128, 2048):
+                for stage, sfn in santa_stage_fns(q, k, v, budget, kernel, out=out, workspace=ws).items():
+                    measure(results, f"{tag}/santa_{kernel}_S{budget}/{stage}", sfn, flusher, graph=False)
+    # estimate error on a peaked case (q × 4), BENCH.md
+    if n_keys == 32768 or args.quick:
+        qp = q * 4
+        exact = torch.nn.functional.scaled_dot_product_attention(
+            qp.float().unsqueeze(2), k.float().transpose(1, 2), v.float().transpose(1, 2), enable_gqa=True).squeeze(2)
+        err = {}
+        for kernel, budget in [("prop", s) for s in args.prop_budgets] + [("flash", s) for s in args.flash_budgets]:
+            errs = [rel_error(decode(qp, k, v, budget, kernel=kernel, offset=o), exact) for o in range(8)]
+            err[f"{kernel}_S{budget}"] = statistics.fmean(errs)
+        results[f"{tag}/peaked_error"] = err
+        print(f"  peaked-case relative error (mean of 8 offsets): {json.dumps({k_: round(v_, 4) for k_, v_ in err.items()})}")
+
+
+def triton_cdiv(a, b):
+    return -(-a // b)
+
+
+def bench_batch(batch, n_keys, results, flusher, args, fi, page_size=16):
+    from santa.kernels import decode, make_workspace
+
+    torch.manual_seed(1)
+    dev = torch.device("cuda")
+    q = torch.randn(batch, H, D, device=dev, dtype=DTYPE)
+    k = torch.randn(batch, n_keys, H_KV, D, device=dev, dtype=DTYPE)
+    v = torch.randn(batch, n_keys, H_KV, D, device=dev, dtype=DTYPE)
+    seq_lens = torch.full((batch,), n_keys, dtype=torch.int32, device=dev)
+    tag = f"b{batch}/n{n_keys}"
+    kv_bytes = 2 * k.numel() * k.element_size()
+    meta_dense = {"floor_us": kv_bytes / READ_BW * 1e6}
+    measure(results, f"{tag}/cudnn_sdpa", sdpa_fn(q, k, v, "cudnn"), flusher, meta=meta_dense)
+    pages_per_seq = n_keys // page_size
+    perm = torch.randperm(batch * pages_per_seq, device=dev)
+    k_pages = torch.empty(batch * pages_per_seq, page_size, H_KV, D, device=dev, dtype=DTYPE)
+    v_pages = torch.empty_like(k_pages)
+    k_pages[perm] = k.reshape(batch * pages_per_seq, page_size, H_KV, D)
+    v_pages[perm] = v.reshape(batch * pages_per_seq, page_size, H_KV, D)
+    table = perm.reshape(batch, pages_per_seq).to(torch.int32)
+    del k, v
+    if fi is not None:
+        try:
+            wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev), "NHD")
+            indptr = torch.arange(0, batch + 1, device=dev, dtype=torch.int32) * pages_per_seq
+            last = torch.full((batch,), page_size, dtype=torch.int32, device=dev)
+            wrapper.plan(indptr, table.reshape(-1), last, H, H_KV, D, page_size, q_data_type=DTYPE, kv_data_type=DTYPE)
+            measure(results, f"{tag}/flashinfer_paged", lambda: wrapper.run(q, (k_pages, v_pages)), flusher, meta=meta_dense)
+        except Exception as exc:
+            results[f"{tag}/flashinfer_paged"] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
+            print("  flashinfer paged failed:", exc)
+    k_c = torch.empty(batch, n_keys, H_KV, D, device=dev, dtype=DTYPE)
+    v_c = torch.empty_like(k_c)
+    k_c.view(batch * pages_per_seq, page_size, H_KV, D).copy_(k_pages[perm])
+    v_c.view(batch * pages_per_seq, page_size, H_KV, D).copy_(v_pages[perm])
+    budget = 128
+    ws = make_workspace(q, k_c, budget, kernel="prop")
+    out = torch.empty_like(q)
+    floor = (kv_bytes / 2 + batch * H * budget * D * 2 + batch * H * n_keys * 8) / READ_BW * 1e6
+    measure(results, f"{tag}/santa_prop_S{budget}", lambda: decode(q, k_c, v_c, budget, kernel="prop", seq_lens=seq_lens, out=out, workspace=ws),
+            flusher, meta={"floor_us": floor})
+    for stage, sfn in santa_stage_fns(q, k_c, v_c, budget, "prop", seq_lens=seq_lens, out=out, workspace=ws).items():
+        measure(results, f"{tag}/santa_prop_S{budget}/{stage}", sfn, flusher, graph=False)
+    wsp = make_workspace(q, k_pages, budget, kernel="prop", block_table=table)
+    measure(results, f"{tag}/santa_prop_S{budget}_paged", lambda: decode(
+        q, k_pages, v_pages, budget, kernel="prop", seq_lens=seq_lens, block_table=table, out=out, workspace=wsp),
+        flusher, meta={"floor_us": floor})
+    a = decode(q, k_c, v_c, budget, seq_lens=seq_lens, seed=3)
+    b = decode(q, k_pages, v_pages, budget, seq_lens=seq_lens, block_table=table, seed=3)
+    results[f"{tag}/paged_equals_contiguous"] = bool(torch.equal(a, b))
+    budget = 2048
+    ws = make_workspace(q, k_c, budget, kernel="flash")
+    out = torch.empty_like(q)
+    measure(results, f"{tag}/santa_flash_S{budget}", lambda: decode(q, k_c, v_c, budget, kernel="flash", seq_lens=seq_lens, out=out, workspace=ws), flusher)
+
+
+def sweep_prop_tuning(results, flusher, n_keys=32768):
+    """Pass-1 launch shapes for prop at one size (speed only; samples do not change)."""
+    from santa.kernels import decode, make_workspace
+    from santa.kernels.decode import PROP_TUNING
+
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    q = torch.randn(1, H, D, device=dev, dtype=DTYPE)
+    k = torch.randn(1, n_keys, H_KV, D, device=dev, dtype=DTYPE)
+    v = torch.randn(1, n_keys, H_KV, D, device=dev, dtype=DTYPE)
+    reference_out = decode(q, k, v, 128, seed=5)
+    best = None
+    for block_n, warps, stages in [(128, 4, 1), (64, 4, 1), (256, 8, 1), (128, 8, 1), (64, 2, 1), (32, 2, 1), (128, 4, 2), (256, 4, 1)]:
+        PROP_TUNING.update(block_n=block_n, warps_pass1=warps, stages_pass1=stages)
+        try:
+            ws = make_workspace(q, k, 128, kernel="prop")
+            out = torch.empty_like(q)
+            e = measure(results, f"tune/n{n_keys}/prop_S128/bn{block_n}_w{warps}_s{stages}",
+                        lambda ws=ws, out=out: decode(q, k, v, 128, out=out, workspace=ws), flusher)
+            same = torch.allclose(decode(q, k, v, 128, seed=5).float(), reference_out.float(), atol=2e-2, rtol=2e-2)
+            e["close_to_default"] = bool(same)
+            t = e.get("eager", {}).get("median_us")
+            if t is not None and (best is None or t < best[0]):
+                best = (t, block_n, warps, stages)
+        except Exception as exc:
+            print("  tuning variant failed:", block_n, warps, stages, exc)
+    PROP_TUNING.update(block_n=None, warps_pass1=None, stages_pass1=None)
+    results["tune/best"] = best
+    return best
+
+
+def environment():
+    info = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d")}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    try:
+        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        pass
+    return info
+
+
+def plot(results, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    sizes = sorted({int(k.split("/")[1][1:]) for k in results if k.startswith("b1/n")})
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    names = sorted({k.split("/")[2] for k in results if k.startswith("b1/n") and k.count("/") == 2 and "peaked" not in k})
+    for name in names:
+        ys = [results.get(f"b1/n{n}/{name}", {}).get("eager", {}).get("median_us") for n in sizes]
+        pts = [(n, y) for n, y in zip(sizes, ys, strict=True) if y is not None]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("n_k (keys)")
+    ax.set_ylabel("µs per decode step (median, clean cold L2)")
+    ax.set_title("Decode attention, Llama-3.1-8B shapes, batch 1, H200")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="santa bench kernels", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "runs/bench_kernels"))
+    parser.add_argument("--quick", action="store_true", help="two sizes, no batches (a smoke run)")
+    parser.add_argument("--sizes", type=int, nargs="*", default=[4096, 8192, 16384, 32768, 65536, 131072])
+    parser.add_argument("--prop-budgets", type=int, nargs="*", default=[64, 128, 256])
+    parser.add_argument("--flash-budgets", type=int, nargs="*", default=[1024, 2048])
+    parser.add_argument("--no-flashinfer", action="store_true")
+    parser.add_argument("--no-tune", action="store_true")
+    parser.add_argument("--no-batch", action="store_true")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("santa bench kernels needs a CUDA GPU", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    fi = None
+    if not args.no_flashinfer:
+        try:
+            import flashinfer as fi
+        except Exception as exc:
+            print("flashinfer unavailable:", exc)
+    results: dict = {"env": environment()}
+    flusher = Flusher(torch.device("cuda"))
+    sizes = [8192, 32768] if args.quick else args.sizes
+    t0 = time.time()
+    if not args.no_tune:
+        print("prop pass-1 launch shapes at 32k:")
+        sweep_prop_tuning(results, flusher)
+    for n in sizes:
+        print(f"batch 1, n_k = {n}:")
+        bench_single(n, results, flusher, args, fi)
+    if not (args.quick or args.no_batch):
+        for batch in (8, 32):
+            print(f"batch {batch}, n_k = 32768:")
+            bench_batch(batch, 32768, results, flusher, args, fi)
+    results["env"]["seconds"] = time.time() - t0
+    with open(os.path.join(args.out, "kernels.json"), "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    plot(results, os.path.join(args.out, "kernels.png"))
+    print_summary(results)
+    return 0
+
+
+def print_summary(results):
+    print("\nsummary (median µs, clean cold L2; eager / graph):")
+    for key, entry in results.items():
+        if not isinstance(entry, dict) or "eager" not in entry:
+            continue
+        e, g = entry["eager"]["median_us"], entry.get("graph", {}).get("median_us")
+        w = entry.get("write_flush", {}).get("median_us")
+        floor = entry.get("floor_us")
+        print(f"{key:58s} {e:8.1f} {'' if g is None else f'{g:8.1f}'} {'' if w is None else f' wflush {w:7.1f}'}"
+              f"{'' if floor is None else f'  floor {floor:6.1f}'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
