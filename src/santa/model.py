@@ -450,8 +450,8 @@ class Transformer(nn.Module):
     def random(cls, args: ModelArgs, *, device=None, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> Transformer:
         """Random weights made on ``device`` (speed does not depend on their values)."""
         with torch.device("meta"):
-            model = cls(args)
-        model = model.to_empty(device=device).to(dtype)
+            model = cls(args).to(dtype)
+        model = model.to_empty(device=device)
         if args.tie_embeddings:
             model.output.weight = model.tok_embeddings.weight
         gen = torch.Generator(device=device).manual_seed(seed)
