@@ -1,0 +1,155 @@
+"""Tables and plots from a sweep's JSONL: accuracy ± 95 % bootstrap CI per cell, value rows read,
+average tokens; accuracy vs budget per task (dense as a band) and KL vs budget (log axes)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from santa.eval.runner import METHODS, read_records
+
+
+def bootstrap_ci(values, *, n_resamples: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """Mean and percentile-bootstrap CI of the mean: ``(mean, low, high)``."""
+    x = np.asarray(values, dtype=np.float64)
+    if x.size == 0:
+        raise ValueError("bootstrap_ci needs at least one value")
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(n_resamples, x.size))].mean(axis=1)
+    tail = (1 - level) / 2
+    low, high = np.quantile(means, [tail, 1 - tail])
+    return float(x.mean()), float(low), float(high)
+
+
+@dataclass
+class Cell:
+    model: str
+    task: str
+    length: int
+    prefill: str
+    method: str
+    budget: int
+    n_prompts: int
+    n_seeds: int
+    mean: float
+    low: float
+    high: float
+    v_rows_read: float
+    v_rows_read_kv: float | None
+    avg_tokens: float
+    ppl: float | None = None
+
+
+def cells(records: list[dict]) -> list[Cell]:
+    """One cell per (model, task, length, prefill, method, budget). Scores are first averaged over
+    seeds per prompt, then bootstrapped over prompts (the prompts are the sampling unit)."""
+    grouped: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        grouped[(r["model"], r["task"], r["length"], r["prefill"], r["method"], r["budget"])].append(r)
+    out = []
+    for key, rows in grouped.items():
+        per_prompt: dict[int, list[float]] = defaultdict(list)
+        for r in rows:
+            per_prompt[r["prompt"]].append(r["score"])
+        mean, low, high = bootstrap_ci([np.mean(v) for v in per_prompt.values()])
+        kv = [r["v_rows_read_kv"] for r in rows if r.get("v_rows_read_kv") is not None]
+        ppl = [r["nll"] for r in rows if "nll" in r]
+        out.append(
+            Cell(
+                *key,
+                n_prompts=len(per_prompt),
+                n_seeds=max(len(v) for v in per_prompt.values()),
+                mean=mean,
+                low=low,
+                high=high,
+                v_rows_read=float(np.mean([r["v_rows_read"] for r in rows])),
+                v_rows_read_kv=float(np.mean(kv)) if kv else None,
+                avg_tokens=float(np.mean([r["prompt_tokens"] + r["new_tokens"] for r in rows])),
+                ppl=float(np.exp(np.mean(ppl))) if ppl else None,
+            )
+        )
+    order = {m: i for i, m in enumerate(METHODS)}
+    return sorted(out, key=lambda c: (c.model, c.task, c.length, c.prefill != "dense", order.get(c.method, 99), c.budget))
+
+
+def table(all_cells: list[Cell]) -> str:
+    """A markdown table, one row per cell (KL cells show KL in nats/token and perplexity)."""
+    lines = [
+        "| model | task | length | prefill | method | S | prompts×seeds | score (95 % CI) | V rows read/head | (GQA union) | avg tokens |",
+        "|---|---|---:|---|---|---:|---:|---|---:|---:|---:|",
+    ]
+    for c in all_cells:
+        if c.task == "kl":
+            score = f"KL {c.mean:.4f} [{c.low:.4f}, {c.high:.4f}], ppl {c.ppl:.2f}"
+        else:
+            score = f"{100 * c.mean:.1f} [{100 * c.low:.1f}, {100 * c.high:.1f}]"
+        kv = f"{100 * c.v_rows_read_kv:.1f} %" if c.v_rows_read_kv is not None else "–"
+        budget = "–" if c.method == "dense" else str(c.budget)
+        lines.append(
+            f"| {c.model} | {c.task} | {c.length or '–'} | {c.prefill} | {c.method} | {budget} | {c.n_prompts}×{c.n_seeds} "
+            f"| {score} | {100 * c.v_rows_read:.1f} % | {kv} | {c.avg_tokens:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+COLORS = {"iid": "tab:orange", "stratified": "tab:green", "systematic": "tab:blue", "topk": "tab:red"}
+
+
+def plot(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
+    """accuracy vs budget per (model, task, length, prefill), dense as a band; KL vs budget (log–log)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    panels: dict[tuple, list[Cell]] = defaultdict(list)
+    for c in all_cells:
+        panels[(c.model, c.task, c.length)].append(c)
+    written = []
+    for (model, task, length), group in panels.items():
+        fig, ax = plt.subplots(figsize=(5.5, 3.8))
+        scale = 1.0 if task == "kl" else 100.0
+        for c in group:
+            if c.method == "dense" and task != "kl":
+                ax.axhspan(scale * c.low, scale * c.high, color="grey", alpha=0.25, label=f"dense ({c.n_prompts} prompts)")
+                ax.axhline(scale * c.mean, color="grey", lw=1)
+        for prefill in sorted({c.prefill for c in group}):
+            for method in METHODS[1:]:
+                line = sorted((c for c in group if c.method == method and c.prefill == prefill), key=lambda c: c.budget)
+                if task == "kl":
+                    line = [c for c in line if c.mean > 0]
+                if not line:
+                    continue
+                x = [c.budget for c in line]
+                y = np.array([scale * c.mean for c in line])
+                err = np.array([[scale * (c.mean - c.low) for c in line], [scale * (c.high - c.mean) for c in line]])
+                style = "-" if prefill == "dense" else "--"
+                label = method if prefill == "dense" else f"{method} (sampled prefill)"
+                ax.errorbar(x, y, yerr=err.clip(min=0), fmt="o" + style, color=COLORS[method], capsize=3, label=label, ms=4)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("budget S (top-k: k)")
+        if task == "kl":
+            ax.set_yscale("log")
+            ax.set_ylabel("KL(dense ‖ method), nats/token")
+        else:
+            ax.set_ylabel("score (%)")
+        ax.set_title(f"{model} · {task} · {length or 'item'} tokens")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out_dir / f"{'kl' if task == 'kl' else 'accuracy'}_{model}_{task}_{length}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def report(jsonl: str | Path, plot_dir: str | Path | None = None) -> tuple[str, list[Path]]:
+    all_cells = cells(read_records(jsonl))
+    paths = plot(all_cells, plot_dir) if plot_dir is not None and all_cells else []
+    return table(all_cells), paths

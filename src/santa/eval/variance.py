@@ -1,0 +1,158 @@
+"""Variance and unique-key diagnostics on real prompts (paper Appendix D, L, M).
+
+For each prompt: one dense prefill; at the last prompt position q⋆ of every layer, the attention
+weights ``p`` over the ``n`` keys and the values ``V`` are captured (un-repeated KV heads are
+repeated to the query heads). Then, per head, the variance trace ``E‖ô − μ‖²`` of each estimator
+(closed form for iid and stratified, R replicate offsets for systematic) and the number of unique
+keys a draw reads, averaged over heads, layers and prompts. Slopes are least-squares fits of
+log(trace) on log(S).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from santa.attention import attention_probs
+from santa.eval.tasks import build_prompt
+from santa.sampling import sample_counts
+from santa.stats import unique_keys, variance_trace
+
+CAPTURE = "santa_capture"
+SAMPLERS = ("iid", "stratified", "systematic")
+
+
+def _capture_forward(module, query, key, value, attention_mask, **kwargs):
+    """SDPA, keeping the last query row's weights and the values: probs ``[Hq, n]``, values ``[Hq, n, D]``."""
+    store = getattr(module, "santa_capture_store", None)
+    if store is not None:
+        probs = attention_probs(query[:1, :, -1:], key[:1], scale=kwargs.get("scaling"))[0, :, 0]  # [Hq, n]
+        groups = query.shape[1] // key.shape[1]
+        store[module.layer_idx] = (probs, value[0].float().repeat_interleave(groups, dim=0))
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+AttentionInterface.register(CAPTURE, _capture_forward)
+AttentionMaskInterface.register(CAPTURE, sdpa_mask)
+
+
+@torch.inference_mode()
+def capture_last_query(model, tokenizer, text: str) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """``{layer: (probs [Hq, n], values [Hq, n, D])}`` at the last position of ``text``."""
+    store: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    layers = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "num_key_value_groups")]
+    for m in layers:
+        m.santa_capture_store = store
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(CAPTURE)
+    try:
+        ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids.to(model.device)
+        model(input_ids=ids, use_cache=False)
+    finally:
+        for m in layers:
+            m.santa_capture_store = None
+        model.set_attn_implementation(previous)
+    return store
+
+
+def diagnostics(
+    model,
+    tokenizer,
+    *,
+    task: str = "niah_single",
+    length: int = 2048,
+    prompts: int = 4,
+    budgets=(8, 16, 32, 64, 128, 256, 512),
+    replicates: int = 32,
+    seed: int = 0,
+    group_size: int | None = None,
+    progress: bool = True,
+) -> dict:
+    """Mean variance trace and unique keys per (sampler, S), averaged over heads, layers, prompts."""
+    from tqdm import tqdm
+
+    generator = torch.Generator().manual_seed(seed)
+    trace = {s: {b: [] for b in budgets} for s in SAMPLERS}
+    relative = {s: {b: [] for b in budgets} for s in SAMPLERS}
+    unique = {s: {b: [] for b in budgets} for s in SAMPLERS}
+    unique_kv = {s: {b: [] for b in budgets} for s in SAMPLERS}
+    n_keys = []
+    for prompt_seed in tqdm(range(prompts), desc="variance", unit="prompt", disable=not progress):
+        prompt = build_prompt(task, tokenizer, length, prompt_seed)
+        captured = capture_last_query(model, tokenizer, prompt.text)
+        for probs, values in captured.values():
+            probs, values = probs.cpu(), values.cpu()
+            n_keys.append(probs.shape[-1])
+            g = group_size or 1
+            mu = torch.einsum("hn,hnd->hd", probs.double(), values.double())
+            mu_norm = (mu * mu).sum(-1)  # [Hq]
+            for sampler in SAMPLERS:
+                for b in budgets:
+                    t = variance_trace(probs, values, b, sampler, replicates=replicates, generator=generator)  # [Hq]
+                    trace[sampler][b].append(float(t.mean()))
+                    relative[sampler][b].append(float((t / mu_norm).mean()))
+                    counts = sample_counts(probs, b, sampler, generator=generator)  # [Hq, n]
+                    unique[sampler][b].append(float(unique_keys(counts).float().mean()))
+                    unique_kv[sampler][b].append(float(unique_keys(counts, group_size=g).float().mean()))
+    result = {
+        "task": task,
+        "length": length,
+        "prompts": prompts,
+        "budgets": list(budgets),
+        "replicates": replicates,
+        "mean_keys": float(np.mean(n_keys)),
+        "trace": {s: [float(np.mean(trace[s][b])) for b in budgets] for s in SAMPLERS},
+        "relative_trace": {s: [float(np.mean(relative[s][b])) for b in budgets] for s in SAMPLERS},
+        "unique_keys": {s: [float(np.mean(unique[s][b])) for b in budgets] for s in SAMPLERS},
+        "unique_keys_kv": {s: [float(np.mean(unique_kv[s][b])) for b in budgets] for s in SAMPLERS},
+    }
+    result["slopes"] = {s: loglog_slope(budgets, result["trace"][s]) for s in SAMPLERS}
+    return result
+
+
+def loglog_slope(x, y) -> float:
+    """Least-squares slope of log y on log x."""
+    return float(np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1)[0])
+
+
+def plot_diagnostics(result: dict, path: str | Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"iid": "tab:orange", "stratified": "tab:green", "systematic": "tab:blue"}
+    budgets = result["budgets"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for s in SAMPLERS:
+        left.loglog(budgets, result["trace"][s], "o-", color=colors[s], label=f"{s} (slope {result['slopes'][s]:.2f})")
+        right.plot(budgets, result["unique_keys"][s], "o-", color=colors[s], label=f"{s} per head")
+        right.plot(budgets, result["unique_keys_kv"][s], "x--", color=colors[s], alpha=0.6, label=f"{s} GQA union")
+    left.set_xlabel("budget S")
+    left.set_ylabel("variance trace E‖ô − μ‖²")
+    left.set_title(f"{result['task']}, {result['length']} tokens, {result['prompts']} prompts")
+    right.plot(budgets, budgets, ":", color="grey", label="S")
+    right.set_xscale("log", base=2)
+    right.set_yscale("log", base=2)
+    right.set_xlabel("budget S")
+    right.set_ylabel("unique keys read")
+    for ax in (left, right):
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def save(result: dict, path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(result, indent=1))
