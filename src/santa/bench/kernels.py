@@ -279,21 +279,33 @@ def sweep_prop_tuning(results, flusher, n_keys=32768):
     v = torch.randn(1, n_keys, H_KV, D, device=dev, dtype=DTYPE)
     reference_out = decode(q, k, v, 128, seed=5)
     best = None
-    for block_n, warps, stages in [(128, 4, 1), (64, 4, 1), (256, 8, 1), (128, 8, 1), (64, 2, 1), (32, 2, 1), (128, 4, 2), (256, 4, 1)]:
-        PROP_TUNING.update(block_n=block_n, warps_pass1=warps, stages_pass1=stages)
+    variants = [
+        dict(block_n=128, warps_pass1=4, pdl=True),
+        dict(block_n=128, warps_pass1=4, pdl=False),
+        dict(block_n=64, warps_pass1=4, pdl=True),
+        dict(block_n=256, warps_pass1=8, pdl=True),
+        dict(block_n=128, warps_pass1=8, pdl=True),
+        dict(block_n=128, warps_pass1=4, pdl=True, samples_per_program=16),
+        dict(block_n=128, warps_pass1=4, pdl=True, samples_per_program=8),
+        dict(block_n=128, warps_pass1=4, pdl=True, warps_pass2=8),
+    ]
+    for variant in variants:
+        PROP_TUNING.update(variant)
+        name = "_".join(f"{k_}{v_}" for k_, v_ in variant.items())
         try:
             ws = make_workspace(q, k, 128, kernel="prop")
             out = torch.empty_like(q)
-            e = measure(results, f"tune/n{n_keys}/prop_S128/bn{block_n}_w{warps}_s{stages}",
+            e = measure(results, f"tune/n{n_keys}/prop_S128/{name}",
                         lambda ws=ws, out=out: decode(q, k, v, 128, out=out, workspace=ws), flusher)
             same = torch.allclose(decode(q, k, v, 128, seed=5).float(), reference_out.float(), atol=2e-2, rtol=2e-2)
             e["close_to_default"] = bool(same)
-            t = e.get("eager", {}).get("median_us")
+            t = e.get("graph", {}).get("median_us")
             if t is not None and (best is None or t < best[0]):
-                best = (t, block_n, warps, stages)
+                best = (t, variant)
         except Exception as exc:
-            print("  tuning variant failed:", block_n, warps, stages, exc)
-    PROP_TUNING.update(block_n=None, warps_pass1=None, stages_pass1=None)
+            print("  tuning variant failed:", variant, exc)
+        for key_ in variant:
+            PROP_TUNING[key_] = None
     results["tune/best"] = best
     return best
 
@@ -310,6 +322,7 @@ def environment():
         info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
         pass
+    info["commit"] = info.get("commit") or os.environ.get("SANTA_COMMIT", "")
     return info
 
 

@@ -6,6 +6,7 @@ same estimator otherwise; both draw the same Philox uniforms, so they agree up t
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import numbers
@@ -44,12 +45,23 @@ def use_triton(device: torch.device) -> bool:
 
 
 # Launch parameters of prop's passes (they change speed, not samples); the benchmark sweeps them.
-PROP_TUNING: dict[str, int | None] = {"block_n": None, "warps_pass1": None, "stages_pass1": None, "warps_pass2": None}
+PROP_TUNING: dict[str, int | None] = {
+    "block_n": None, "warps_pass1": None, "stages_pass1": None, "warps_pass2": None,
+    "samples_per_program": None, "pdl": None,
+}
 
 
 def prop_tile(dim: int) -> int:
     """Keys per prop pass-1 tile (does not change prop's samples, only rounding)."""
     return PROP_TUNING["block_n"] or (128 if dim <= 128 else 64)
+
+
+def prop_sample_chunks(budget: int, tiles: int) -> tuple[int, int]:
+    """(samples per pass-2 program, pass-2 programs per head): fewer samples per program when the
+    tile search, O(samples × tiles) per program, grows with long sequences."""
+    per_program = PROP_TUNING["samples_per_program"] or (32 if tiles <= 256 else 16 if tiles <= 512 else 8)
+    sblock = min(per_program, _next_pow2(budget))
+    return sblock, _cdiv(budget, sblock)
 
 
 def flash_tile(dim: int) -> int:
@@ -86,6 +98,7 @@ class _Call:
     warps_pass1: int
     stages_pass1: int
     warps_pass2: int
+    pdl: bool  # launch pass 2 as a programmatic dependent launch (Hopper), hiding its launch latency
     return_counts: bool
 
 
@@ -184,48 +197,66 @@ def _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_lay
     return q, k_cache, v_cache, budget, n_keys, kv_heads
 
 
-def _workspace_layout(kernel: str, batch: int, heads: int, dim: int, n_keys: int, budget: int) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
-    block_n = prop_tile(dim) if kernel == "prop" else flash_tile(dim)
+_ELEMENT_SIZE = {torch.float32: 4, torch.int32: 4}
+
+
+@functools.lru_cache(maxsize=64)
+def _workspace_layout(kernel: str, batch: int, heads: int, dim: int, n_keys: int, budget: int, block_n: int) -> tuple[tuple[str, torch.dtype, tuple[int, ...], int], ...]:
+    """The workspace's regions as (name, dtype, shape, byte offset); each starts on a 256-byte boundary."""
     block_d = _next_pow2(dim)
     tiles = _cdiv(n_keys, block_n)
     rows = batch * heads
     if kernel == "prop":
-        n_chunks = _cdiv(budget, min(32, _next_pow2(budget)))
-        return {
+        _, n_chunks = prop_sample_chunks(budget, tiles)
+        regions = [
             # first, so that it stays at offset 0: zero when made, and each call leaves it at zero
-            "sem": (torch.int32, (rows,)),
-            "stash": (torch.float32, (rows, tiles * block_n)),
-            "tile_max": (torch.float32, (rows, tiles)),
-            "tile_mass": (torch.float32, (rows, tiles)),
-            "partial": (torch.float32, (rows * n_chunks, block_d)),
-        }
-    return {
-        "partial": (torch.float32, (rows * tiles, block_d)),
-        "tile_max": (torch.float32, (rows, tiles)),
-        "tile_mass": (torch.float32, (rows, tiles)),
-    }
+            ("sem", torch.int32, (rows,)),
+            ("stash", torch.float32, (rows, tiles * block_n)),
+            ("tile_max", torch.float32, (rows, tiles)),
+            ("tile_mass", torch.float32, (rows, tiles)),
+            ("partial", torch.float32, (rows * n_chunks, block_d)),
+        ]
+    else:
+        regions = [
+            ("partial", torch.float32, (rows * tiles, block_d)),
+            ("tile_max", torch.float32, (rows, tiles)),
+            ("tile_mass", torch.float32, (rows, tiles)),
+        ]
+    layout, start = [], 0
+    for name, dtype, shape in regions:
+        layout.append((name, dtype, shape, start))
+        start += _cdiv(math.prod(shape) * _ELEMENT_SIZE[dtype], _ALIGN) * _ALIGN
+    return tuple(layout)
 
 
 def _layout_bytes(layout) -> int:
-    total = 0
-    for dtype, shape in layout.values():
-        total += _cdiv(math.prod(shape) * torch.tensor([], dtype=dtype).element_size(), _ALIGN) * _ALIGN
-    return total
+    name, dtype, shape, start = layout[-1]
+    return start + math.prod(shape) * _ELEMENT_SIZE[dtype]
+
+
+_VIEWS_CACHE: dict[tuple, dict[str, torch.Tensor]] = {}
 
 
 def _carve(workspace: torch.Tensor, layout) -> dict[str, torch.Tensor]:
-    views, start = {}, 0
-    for name, (dtype, shape) in layout.items():
-        nbytes = math.prod(shape) * torch.tensor([], dtype=dtype).element_size()
-        views[name] = workspace[start : start + nbytes].view(dtype).view(shape)
-        start += _cdiv(nbytes, _ALIGN) * _ALIGN
+    """Typed views of the workspace's regions (cached per buffer and layout: views cost host time)."""
+    key = (workspace.data_ptr(), workspace.numel(), str(workspace.device), layout)
+    views = _VIEWS_CACHE.get(key)
+    if views is None:
+        views = {}
+        for name, dtype, shape, start in layout:
+            nbytes = math.prod(shape) * _ELEMENT_SIZE[dtype]
+            views[name] = workspace[start : start + nbytes].view(dtype).view(shape)
+        if len(_VIEWS_CACHE) >= 32:
+            _VIEWS_CACHE.pop(next(iter(_VIEWS_CACHE)))
+        _VIEWS_CACHE[key] = views
     return views
 
 
 def workspace_bytes(batch: int, heads: int, dim: int, n_keys: int, budget: int, kernel: str = "prop") -> int:
     """Bytes of workspace a decode call with these sizes needs (``n_keys``: L_max or max_pages·page_size)."""
     kernel = "prop" if kernel == "auto" else kernel
-    return _layout_bytes(_workspace_layout(kernel, batch, heads, dim, n_keys, budget))
+    block_n = prop_tile(dim) if kernel == "prop" else flash_tile(dim)
+    return _layout_bytes(_workspace_layout(kernel, batch, heads, dim, n_keys, budget, block_n))
 
 
 def make_workspace(
@@ -257,7 +288,7 @@ _WORKSPACE_CACHE_SIZE = 8
 
 def _cached_workspace(layout, device: torch.device, nbytes: int) -> torch.Tensor:
     """One zeroed workspace per (layout, device), kept for eager calls that pass none."""
-    key = (tuple((name, shape) for name, (_, shape) in layout.items()), str(device))
+    key = (layout, str(device))
     ws = _WORKSPACE_CACHE.pop(key, None)
     if ws is None:
         ws = torch.zeros(nbytes, dtype=torch.uint8, device=device)
@@ -322,7 +353,8 @@ def decode(
     from santa.kernels.flash import launch_flash
     from santa.kernels.prop import launch_prop
 
-    layout = _workspace_layout(kernel, batch, heads, dim, n_keys, budget)
+    block_n = prop_tile(dim) if kernel == "prop" else flash_tile(dim)
+    layout = _workspace_layout(kernel, batch, heads, dim, n_keys, budget, block_n)
     nbytes = _layout_bytes(layout)
     if workspace is None:
         workspace = _cached_workspace(layout, q.device, nbytes)
@@ -340,7 +372,6 @@ def decode(
         offset_ptr, offset_value = q, int(offset)
     paged = block_table is not None
     scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
-    block_n = prop_tile(dim) if kernel == "prop" else flash_tile(dim)
     call = _Call(
         q=q, k=k_cache, v=v_cache,
         seq_lens=seq_lens if seq_lens is not None else q,
@@ -356,6 +387,7 @@ def decode(
         warps_pass1=(kernel == "prop" and PROP_TUNING["warps_pass1"]) or (8 if dim > 128 else 4),
         stages_pass1=(kernel == "prop" and PROP_TUNING["stages_pass1"]) or 1,
         warps_pass2=PROP_TUNING["warps_pass2"] or 4,
+        pdl=q.device.type == "cuda" and torch.cuda.get_device_capability(q.device)[0] >= 9 and PROP_TUNING["pdl"] is not False,
         return_counts=return_counts,
     )
     if _STAGES is not None:  # the benchmark times the passes one by one

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from santa.kernels._common import load_offset, philox_uniform, row_offsets, tile_scores
+from santa.kernels.decode import prop_sample_chunks
 
 
 @triton.jit
@@ -134,7 +136,7 @@ def _prop_gather_kernel(
     G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
     SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, OFFSET_IN_MEMORY: tl.constexpr,
-    RETURN_COUNTS: tl.constexpr,
+    RETURN_COUNTS: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_s = tl.program_id(0)
     row = tl.program_id(1)  # b·H + h
@@ -154,6 +156,8 @@ def _prop_gather_kernel(
     budget_f = budget.to(tl.float32)
 
     stats_row = row.to(tl.int64) * stride_stats
+    if USE_PDL:
+        gdc_wait()  # launched early (programmatic dependent launch): wait for pass 1's writes here
     tile, lo, hi, z = _tile_prefix_search(
         tile_max_ptr, tile_mass_ptr, stats_row, n_tiles, tiles_max, u, m_f, budget_f, SBLOCK, BLOCK_T, ONE_CHUNK_T
     )
@@ -229,7 +233,7 @@ def launch_prop_gather(call, budget: int, out, ws, counts, *, seed: int, offset,
     """Pass 2: place the S samples of every head, gather their V rows, reduce."""
     c = call
     tiles_max = triton.cdiv(c.n_keys, c.block_n)
-    sblock, n_chunks = prop_sample_chunks(budget)
+    sblock, n_chunks = prop_sample_chunks(budget, tiles_max)
     block_t = min(triton.next_power_of_2(tiles_max), 1024)
     _prop_gather_kernel[(n_chunks, c.batch * c.heads)](
         c.v, c.block_table, c.seq_lens, ws["stash"], ws["tile_max"], ws["tile_mass"], ws["partial"], ws["sem"],
@@ -240,15 +244,6 @@ def launch_prop_gather(call, budget: int, out, ws, counts, *, seed: int, offset,
         G=c.group, D=c.dim, BLOCK_D=c.block_d, BLOCK_N=c.block_n, BLOCK_T=block_t,
         SBLOCK=sblock, N_CHUNKS=n_chunks, CHUNK_BLOCK=min(32, triton.next_power_of_2(n_chunks)),
         ONE_CHUNK_T=tiles_max <= block_t, PAGED=c.paged, PAGE_SIZE=c.page_size, HAS_SEQ_LENS=c.has_seq_lens,
-        OFFSET_IN_MEMORY=offset_ptr is not c.q, RETURN_COUNTS=c.return_counts,
-        num_warps=c.warps_pass2, num_stages=1,
+        OFFSET_IN_MEMORY=offset_ptr is not c.q, RETURN_COUNTS=c.return_counts, USE_PDL=c.pdl,
+        num_warps=c.warps_pass2, num_stages=1, launch_pdl=c.pdl,
     )
-
-
-def prop_sample_chunks(budget: int) -> tuple[int, int]:
-    """(samples per pass-2 program, pass-2 programs per head)."""
-    sblock = min(PROP_SAMPLES_PER_PROGRAM, triton.next_power_of_2(budget))
-    return sblock, triton.cdiv(budget, sblock)
-
-
-PROP_SAMPLES_PER_PROGRAM = 32
