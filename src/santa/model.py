@@ -280,13 +280,10 @@ def santa_decode_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, budget: int,
     return out.reshape(batch, heads, dim).to(q.dtype)
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    # x: [B, T, H, d]; cos, sin: [T, d] float32 (HF's rotate_half convention)
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    rotated = torch.cat((-x2, x1), dim=-1)
-    cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
-    return x * cos + rotated * sin
+def apply_rope(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+    # x: [B, T, H, d]; cos, sin_signed: [T, d] in x's dtype. HF's rotate_half convention,
+    # x·cos + rotate_half(x)·sin with rotate_half(x) = [−x2, x1] = roll(x, d/2)·[−1, 1]: three kernels.
+    return torch.addcmul(x * cos[:, None, :], x.roll(x.shape[-1] // 2, dims=-1), sin_signed[:, None, :])
 
 
 def rope_tables(args: ModelArgs, max_len: int, device=None) -> tuple[Tensor, Tensor]:
@@ -305,6 +302,12 @@ def rope_tables(args: ModelArgs, max_len: int, device=None) -> tuple[Tensor, Ten
     return emb.cos().float(), emb.sin().float()
 
 
+def signed_sin(sin: Tensor) -> Tensor:
+    """``[−sin_half, sin_half]``: the sign of rotate_half folded into the table (see apply_rope)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -312,8 +315,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # one fused kernel on the GPU
 
 
 class Attention(nn.Module):
@@ -329,10 +331,9 @@ class Attention(nn.Module):
         # x: [B, T, D]; cos, sin: [T, d]; input_pos: [T]
         bsz, seqlen, _ = x.shape
         d, h, hkv = self.args.head_dim, self.args.n_head, self.args.n_kv_head
-        q, k, v = self.wqkv(x).split([h * d, hkv * d, hkv * d], dim=-1)
-        q = apply_rope(q.view(bsz, seqlen, h, d), cos, sin)  # [B, T, H, d]
-        k = apply_rope(k.view(bsz, seqlen, hkv, d), cos, sin)  # [B, T, H_kv, d]
-        v = v.view(bsz, seqlen, hkv, d)
+        qkv = self.wqkv(x).view(bsz, seqlen, h + 2 * hkv, d)
+        qk = apply_rope(qkv[:, :, : h + hkv], cos, sin)  # q and k rotated together: [B, T, H + H_kv, d]
+        q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + hkv :]  # [B, T, H, d], [B, T, H_kv, d] ×2
         k_cache, v_cache = self.kv_cache.update(input_pos, k, v)  # [B, L_max, H_kv, d]
         if ctx is None:  # dense prefill from position 0: attend to this block, causally
             y = F.scaled_dot_product_attention(
@@ -340,11 +341,11 @@ class Attention(nn.Module):
             )  # [B, H, T, d]
             y = y.transpose(1, 2)
         else:
-            y = self.decode(q[:, 0], k_cache, v_cache, ctx).unsqueeze(1)  # [B, 1, H, d]
+            y = self.decode(q[:, 0].contiguous(), k_cache, v_cache, ctx).unsqueeze(1)  # [B, 1, H, d]
         return self.wo(y.reshape(bsz, seqlen, h * d))
 
     def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext) -> Tensor:
-        # q: [B, H, d] → [B, H, d]
+        # q: [B, H, d] contiguous → [B, H, d]
         if ctx.backend == "sdpa":
             y = F.scaled_dot_product_attention(
                 q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), attn_mask=ctx.attn_bias, enable_gqa=True
@@ -359,7 +360,7 @@ class Attention(nn.Module):
         if kernels is None:
             return santa_decode_torch(q, k_cache, v_cache, ctx.budget, kernel=kernel, seq_lens=ctx.seq_lens)
         return kernels.decode(
-            q.contiguous(), k_cache, v_cache, ctx.budget, kernel=kernel, seq_lens=ctx.seq_lens,
+            q, k_cache, v_cache, ctx.budget, kernel=kernel, seq_lens=ctx.seq_lens,
             seed=ctx.seed * 1000003 + self.layer_id, offset=ctx.offset, workspace=ctx.workspace,
         )
 
@@ -399,7 +400,7 @@ class Transformer(nn.Module):
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         self.rope_cos: Tensor | None = None
-        self.rope_sin: Tensor | None = None
+        self.rope_sin: Tensor | None = None  # signed: [−sin_half, sin_half]
 
     def setup_caches(self, batch: int, max_len: int) -> int:
         """Allocate every layer's static cache; returns the cache length (rounded up to 256)."""
@@ -409,14 +410,15 @@ class Transformer(nn.Module):
             layer.attention.kv_cache = None  # free the old cache before the new one
         for layer in self.layers:
             layer.attention.kv_cache = KVCache(batch, max_len, self.args.n_kv_head, self.args.head_dim, weight.dtype, weight.device)
-        self.rope_cos, self.rope_sin = rope_tables(self.args, max_len, weight.device)
+        cos, sin = rope_tables(self.args, max_len, weight.device)
+        self.rope_cos, self.rope_sin = cos, signed_sin(sin)
         return max_len
 
     def forward(self, idx: Tensor, input_pos: Tensor, ctx: DecodeContext | None = None, *, last_only: bool = False) -> Tensor:
         # idx: [B, T]; input_pos: [T]. ctx None: dense prefill from position 0; else one decode step.
         # Returns logits [B, T, V] (or [B, 1, V] with last_only).
         x = self.tok_embeddings(idx)  # [B, T, D]
-        cos, sin = self.rope_cos[input_pos], self.rope_sin[input_pos]  # [T, d]
+        cos, sin = self.rope_cos[input_pos].to(x.dtype), self.rope_sin[input_pos].to(x.dtype)  # [T, d]
         for layer in self.layers:
             x = layer(x, cos, sin, input_pos, ctx)
         if last_only:
