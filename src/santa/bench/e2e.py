@@ -377,9 +377,9 @@ def plot(report: dict, path: Path) -> None:
     summ = [s for s in report["summary"] if "amdahl_limit" in s]
     xs = list(range(len(summ)))
     ax2.plot(xs, [s["amdahl_limit"] for s in summ], "k--", marker="_", label="Amdahl limit (s_kv = 2)")
-    for b in SANTA:
-        ax2.plot(xs, [s.get(b, {}).get("speedup", float("nan")) for s in summ], marker="o", label=f"{b} measured")
-        ax2.plot(xs, [s.get(b, {}).get("amdahl_bytes", float("nan")) for s in summ], ":", marker="x", label=f"{b} Amdahl (bytes)")
+    for b, color in zip(SANTA, ("tab:green", "tab:red"), strict=True):
+        ax2.plot(xs, [s.get(b, {}).get("speedup", float("nan")) for s in summ], color=color, marker="o", label=f"{b} measured")
+        ax2.plot(xs, [s.get(b, {}).get("amdahl_bytes", float("nan")) for s in summ], ":", color=color, marker="x", label=f"{b} Amdahl (bytes)")
     ax2.axhline(1.0, color="grey", lw=0.5)
     ax2.set_xticks(xs, [f"{s['prompt'] // 1000}k × B{s['batch']}" for s in summ])
     ax2.set_ylabel("decode speedup vs best dense")
