@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from santa.eval.runner import METHODS, grid, run_sweep
 from santa.eval.tasks import TASKS

@@ -1,0 +1,95 @@
+"""Grid, JSONL store and resume; the report on synthetic records."""
+
+import json
+
+from santa.eval.report import cells, table
+from santa.eval.runner import Job, append_record, grid, read_records, run_sweep
+
+
+def small_grid(**overrides):
+    args = dict(models=["m"], tasks=["niah_single"], lengths=[512], budgets=[16, 32], prompts=[0, 1], seeds=[0, 1])
+    return grid(**{**args, **overrides})
+
+
+def test_grid_runs_dense_once_and_topk_without_seeds():
+    jobs = small_grid()
+    per_prompt = [j for j in jobs if j.prompt == 0]
+    assert sum(j.method == "dense" for j in per_prompt) == 1
+    assert sum(j.method == "topk" for j in per_prompt) == 2  # one per budget
+    assert sum(j.method == "systematic" for j in per_prompt) == 4  # budgets × seeds
+    assert len({j.key() for j in jobs}) == len(jobs)
+
+
+def test_grid_keeps_jobs_of_one_prompt_together():
+    jobs = small_grid(tasks=["niah_single", "kl"])
+    groups = [j.group for j in jobs]
+    changes = sum(a != b for a, b in zip(groups, groups[1:]))
+    assert changes == len(set(groups)) - 1
+
+
+def test_torn_last_line_is_ignored_and_the_next_record_survives(tmp_path):
+    path = tmp_path / "r.jsonl"
+    append_record(path, {"key": "a", "score": 1})
+    with open(path, "a") as f:
+        f.write('{"key": "b", "sco')  # a writer killed mid-line
+    append_record(path, {"key": "c", "score": 0})
+    assert [r["key"] for r in read_records(path)] == ["a", "c"]
+
+
+class Killed(Exception):
+    pass
+
+
+def fake_load(calls):
+    def load(name, device):
+        calls.append(name)
+        return object(), object()
+
+    return load
+
+
+def test_resume_runs_only_the_missing_jobs(tmp_path, monkeypatch):
+    import santa.eval.runner as runner
+
+    ran: list[Job] = []
+    kill_after = {"jobs": 5}
+
+    def fake_group(model, tokenizer, jobs, on_done):
+        for job in jobs:
+            if len(ran) == kill_after["jobs"]:
+                raise Killed  # the sweep is killed after five jobs
+            ran.append(job)
+            on_done(job, {"score": 1.0, "prompt_tokens": 10, "new_tokens": 2, "v_rows_read": 0.5, "v_rows_read_kv": 0.6})
+
+    monkeypatch.setattr(runner, "run_group", fake_group)
+    jobs = small_grid()
+    out = tmp_path / "sweep.jsonl"
+    try:
+        run_sweep(jobs, out, device="cpu", progress=False, load=fake_load([]))
+    except Killed:
+        pass
+    assert len(read_records(out)) == 5
+    kill_after["jobs"] = None
+    ran_again = run_sweep(jobs, out, device="cpu", progress=False, load=fake_load([]))
+    assert ran_again == len(jobs) - 5
+    assert {r["key"] for r in read_records(out)} == {j.key() for j in jobs}
+    assert run_sweep(jobs, out, device="cpu", progress=False, load=fake_load([])) == 0
+
+
+def test_cells_average_seeds_per_prompt_then_bootstrap_over_prompts():
+    base = {"model": "m", "task": "niah_single", "length": 512, "prefill": "dense", "method": "iid", "budget": 16}
+    records = [
+        {**base, "prompt": p, "seed": s, "score": float(s == 0), "prompt_tokens": 500, "new_tokens": 8, "v_rows_read": 0.1}
+        for p in range(4)
+        for s in range(2)
+    ]
+    (cell,) = cells(records)
+    assert (cell.n_prompts, cell.n_seeds) == (4, 2)
+    assert (cell.mean, cell.low, cell.high) == (0.5, 0.5, 0.5)
+    assert cell.avg_tokens == 508
+    assert "50.0 [50.0, 50.0]" in table([cell])
+
+
+def test_job_key_is_stable_json():
+    job = small_grid()[0]
+    assert json.loads(job.key())["task"] == "niah_single"
