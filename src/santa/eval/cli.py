@@ -27,7 +27,9 @@ def _strs(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="santa eval", description="Accuracy of SANTA / S²ANTA on the bundled real models.")
+    parser = argparse.ArgumentParser(
+        prog="santa eval", description="Accuracy of SANTA / S²ANTA on the bundled real models."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a sweep grid; appends to --out and skips jobs already there")
@@ -41,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seeds", default="0", type=_ints, help="sampler seeds for stochastic methods")
     run.add_argument("--prefill", default="dense", type=_strs, help="dense (decode-only sampling) and/or sampled")
     run.add_argument("--max-new-tokens", type=int, default=64)
-    run.add_argument("--kl-tokens", type=int, default=32, help="teacher-forced tokens per KL prompt (T; T−1 are scored)")
+    run.add_argument(
+        "--kl-tokens", type=int, default=32, help="teacher-forced tokens per KL prompt (T; T−1 are scored)"
+    )
     run.add_argument(
         "--exact-when-covers", action="store_true", help="use exact attention when S ≥ keys (off: always sample)"
     )
@@ -120,7 +124,11 @@ def main(argv: list[str] | None = None) -> int:
         result["model"] = args.model
         save(result, args.out)
         plot_diagnostics(result, args.plot)
-        print(json.dumps({k: result[k] for k in ("slopes", "trace", "unique_keys", "unique_keys_kv", "mean_keys")}, indent=1))
+        print(
+            json.dumps(
+                {k: result[k] for k in ("slopes", "trace", "unique_keys", "unique_keys_kv", "mean_keys")}, indent=1
+            )
+        )
         print(f"wrote {args.out} and {args.plot}")
         return 0
     return 2

@@ -72,7 +72,9 @@ def cells(records: list[dict]) -> list[Cell]:
             )
         )
     order = {m: i for i, m in enumerate(METHODS)}
-    return sorted(out, key=lambda c: (c.model, c.task, c.length, c.prefill != "dense", order.get(c.method, 99), c.budget))
+    return sorted(
+        out, key=lambda c: (c.model, c.task, c.length, c.prefill != "dense", order.get(c.method, 99), c.budget)
+    )
 
 
 def table(all_cells: list[Cell]) -> str:
@@ -116,7 +118,9 @@ def plot(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
         scale = 1.0 if task == "kl" else 100.0
         for c in group:
             if c.method == "dense" and task != "kl":
-                ax.axhspan(scale * c.low, scale * c.high, color="grey", alpha=0.25, label=f"dense ({c.n_prompts} prompts)")
+                ax.axhspan(
+                    scale * c.low, scale * c.high, color="grey", alpha=0.25, label=f"dense ({c.n_prompts} prompts)"
+                )
                 ax.axhline(scale * c.mean, color="grey", lw=1)
         for prefill in sorted({c.prefill for c in group}):
             for method in METHODS[1:]:
@@ -130,7 +134,9 @@ def plot(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
                 err = np.array([[scale * (c.mean - c.low) for c in line], [scale * (c.high - c.mean) for c in line]])
                 style = "-" if prefill == "dense" else "--"
                 label = method if prefill == "dense" else f"{method} (sampled prefill)"
-                ax.errorbar(x, y, yerr=err.clip(min=0), fmt="o" + style, color=COLORS[method], capsize=3, label=label, ms=4)
+                ax.errorbar(
+                    x, y, yerr=err.clip(min=0), fmt="o" + style, color=COLORS[method], capsize=3, label=label, ms=4
+                )
         ax.set_xscale("log", base=2)
         ax.set_xlabel("budget S (top-k: k)")
         if task == "kl":

@@ -107,7 +107,17 @@ def grid(
                 jobs.add(Job(model, task, length, prompt, pre, method, budget, seed, new_tokens, exact_when_covers))
     # Prompt-major order: an interrupted sweep holds about as many prompts for every task.
     return sorted(
-        jobs, key=lambda j: (j.model, j.length, j.prompt, j.task, j.prefill != "dense", METHODS.index(j.method), j.budget, j.seed)
+        jobs,
+        key=lambda j: (
+            j.model,
+            j.length,
+            j.prompt,
+            j.task,
+            j.prefill != "dense",
+            METHODS.index(j.method),
+            j.budget,
+            j.seed,
+        ),
     )
 
 
@@ -271,7 +281,7 @@ def _run_kl_group(model, tokenizer, prompt: Prompt, group_jobs: list[Job], on_do
     """
     ids = tokenizer(prompt.text, return_tensors="pt", add_special_tokens=False).input_ids.to(device)
     n_scored = group_jobs[0].max_new_tokens
-    context, continuation = ids[:, : -n_scored], ids[:, -n_scored:]
+    context, continuation = ids[:, :-n_scored], ids[:, -n_scored:]
     cache, _, prefill_s = prefill(model, context, santa.hf.SantaConfig(sampler="dense"))
     n_context = context.shape[1]
     with torch.inference_mode():
@@ -312,7 +322,11 @@ def _run_kl_group(model, tokenizer, prompt: Prompt, group_jobs: list[Job], on_do
 def git_commit() -> str | None:
     try:
         return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True, cwd=Path(__file__).parent
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).parent,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
@@ -334,7 +348,9 @@ def run_sweep(jobs: list[Job], out: str | Path, *, device: str | None = None, pr
         return 0
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     environment = {
-        "device": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or platform.machine(),
+        "device": torch.cuda.get_device_name()
+        if device.startswith("cuda")
+        else platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "commit": git_commit(),

