@@ -386,7 +386,7 @@ def decode(
         block_g=max(16, _next_pow2(heads // kv_heads)), block_n=block_n, block_d=max(16, _next_pow2(dim)),
         warps_pass1=(kernel == "prop" and PROP_TUNING["warps_pass1"]) or (8 if dim > 128 else 4),
         stages_pass1=(kernel == "prop" and PROP_TUNING["stages_pass1"]) or 1,
-        warps_pass2=PROP_TUNING["warps_pass2"] or 4,
+        warps_pass2=PROP_TUNING["warps_pass2"] or 8,  # 31.4 vs 34.5 µs at 32k (H200, 2026-11-29)
         pdl=q.device.type == "cuda" and torch.cuda.get_device_capability(q.device)[0] >= 9 and PROP_TUNING["pdl"] is not False,
         return_counts=return_counts,
     )
