@@ -102,3 +102,20 @@ def test_config_rejects_bad_values():
         santa.hf.SantaConfig(prefill="sparse")
     with pytest.raises(TypeError, match="layer_budgets"):
         santa.hf.SantaConfig(layer_budgets={0: 2.5})
+
+
+@pytest.mark.parametrize("kernel", ["prop", "flash"])
+def test_decode_kernel_path_stays_close_to_dense(model_and_tokenizer, prompt_ids, kernel, monkeypatch):
+    """The HF wiring of santa.kernels.decode. On CPU the kernels' torch emulation runs (the Triton
+    interpreter is too slow for 30 layers; tests/test_kernels.py checks the kernels against it)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    model, _ = model_and_tokenizer
+    dense = last_logits(model, prompt_ids, santa.hf.SantaConfig(sampler="dense"))
+    config = santa.hf.SantaConfig(budget=32, sampler="systematic", kernel=kernel, record_stats=True)
+    sampled = last_logits(model, prompt_ids, config)
+    assert config.stats.calls == model.config.num_hidden_layers
+    assert not torch.allclose(sampled, dense, atol=1e-4)
+    kl = torch.sum(dense.softmax(-1) * (dense.log_softmax(-1) - sampled.log_softmax(-1)))
+    assert kl < 0.5
+    again = last_logits(model, prompt_ids, santa.hf.SantaConfig(budget=32, sampler="systematic", kernel=kernel))
+    assert torch.equal(sampled, again)

@@ -5,11 +5,14 @@ The reference (the spec): :func:`sampled_attention`, :func:`sample_counts`, :fun
 """
 
 from santa.attention import sampled_attention
+from santa.kernels import decode, make_workspace
 from santa.sampling import sample_counts, sample_indices
 from santa.stats import ValueStageCost, prefill_cost, unique_keys, value_stage_cost, variance_trace
 
 __all__ = [
     "ValueStageCost",
+    "decode",
+    "make_workspace",
     "prefill_cost",
     "sample_counts",
     "sample_indices",

@@ -27,6 +27,7 @@ from santa.sampling import check_budget, check_sampler, sample_counts
 from santa.stats import unique_keys
 
 IMPLEMENTATION = "santa"
+KERNEL_CHOICES = ("auto", "prop", "flash", "reference")
 
 
 @dataclass
@@ -61,6 +62,12 @@ class SantaConfig:
     exact_when_budget_covers: when S ≥ the number of keys, sampling cannot read fewer value rows
         than dense attention, so use exact attention instead (turn off to sample regardless).
     record_stats: accumulate :class:`DecodeStats` (value rows read) over decode steps.
+    kernel: decode path for ``sampler="systematic"``: ``"auto"`` (on CUDA the Triton prop kernel
+        when the step has no padding mask, else the torch reference), ``"prop"``, ``"flash"``
+        (per-tile budgets, not global S²ANTA-sys; both run on any device through
+        :func:`santa.kernels.decode`), or ``"reference"``. The
+        kernels draw Philox uniforms keyed on (seed, layer, n_keys), so their samples differ from
+        the reference's torch generator; both are repeatable given the seed.
     """
 
     budget: int = 64
@@ -71,6 +78,7 @@ class SantaConfig:
     seed: int = 0
     exact_when_budget_covers: bool = True
     record_stats: bool = False
+    kernel: str = "auto"
     stats: DecodeStats = field(default_factory=DecodeStats)
 
     def __post_init__(self) -> None:
@@ -80,6 +88,8 @@ class SantaConfig:
             check_budget(budget, f"layer_budgets[{layer}]")
         if self.prefill not in ("dense", "sampled"):
             raise ValueError(f"prefill must be 'dense' or 'sampled', got {self.prefill!r}")
+        if self.kernel not in KERNEL_CHOICES:
+            raise ValueError(f"kernel must be one of {KERNEL_CHOICES}, got {self.kernel!r}")
 
     def budget_for(self, layer: int) -> int:
         return self.layer_budgets.get(layer, self.budget)
@@ -96,12 +106,49 @@ def configure(model: torch.nn.Module, config: SantaConfig) -> torch.nn.Module:
     return model
 
 
-def layer_generator(seed: int, layer: int, n_keys: int, n_queries: int, device: torch.device) -> torch.Generator:
-    """A generator unique to (seed, layer, decode position): fresh uniforms per layer and step."""
+def stream_id(seed: int, layer: int, n_keys: int, n_queries: int) -> int:
+    """A 63-bit number unique (up to hashing) to (seed, layer, decode position)."""
     mixed = seed
     for part in (layer, n_keys, n_queries):
         mixed = (mixed * 0x9E3779B97F4A7C15 + part + 1) % (1 << 63)
-    return torch.Generator(device=device).manual_seed(mixed)
+    return mixed
+
+
+def layer_generator(seed: int, layer: int, n_keys: int, n_queries: int, device: torch.device) -> torch.Generator:
+    """A generator unique to (seed, layer, decode position): fresh uniforms per layer and step."""
+    return torch.Generator(device=device).manual_seed(stream_id(seed, layer, n_keys, n_queries))
+
+
+def kernel_for(config: SantaConfig, query: torch.Tensor, attention_mask: torch.Tensor | None) -> str | None:
+    """The Triton decode kernel to run for this step, or None for the torch reference."""
+    if config.kernel == "reference" or query.shape[2] != 1 or config.sampler != "systematic":
+        return None
+    if config.kernel == "auto" and not query.is_cuda:
+        return None
+    if attention_mask is not None and not bool(attention_mask.all()):
+        return None  # left padding: the kernels take per-sequence lengths, not masks
+    return "prop" if config.kernel == "auto" else config.kernel
+
+
+def kernel_decode(
+    module: torch.nn.Module, config: SantaConfig, kernel: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None
+) -> torch.Tensor:
+    """One decode step with :func:`santa.kernels.decode`. query ``[B, Hq, 1, D]``, key/value
+    ``[B, Hkv, Lk, D]`` (read in place as the HND layout). Returns ``[B, 1, Hq, D]``."""
+    from santa.kernels import decode
+
+    layer, n_keys = module.layer_idx, key.shape[2]
+    offset = stream_id(0, layer, n_keys, 1)
+    result = decode(
+        query[:, :, 0].contiguous(), key.contiguous(), value.contiguous(), config.budget_for(layer),
+        kernel=kernel, kv_layout="HND", scale=scaling, seed=config.seed, offset=offset,
+        return_counts=config.record_stats,
+    )
+    if config.record_stats:
+        result, counts = result
+        visible = torch.ones(counts.shape, dtype=torch.float32, device=counts.device)
+        _record(config.stats, counts.unsqueeze(2), visible.unsqueeze(2), module.num_key_value_groups)
+    return result.unsqueeze(1)
 
 
 def _record(stats: DecodeStats, counts: torch.Tensor, probs: torch.Tensor, group_size: int) -> None:
@@ -142,6 +189,9 @@ def santa_attention_forward(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
+    kernel = kernel_for(config, query, attention_mask)
+    if kernel is not None:
+        return kernel_decode(module, config, kernel, query, key, value, scaling), None
     causal = attention_mask is None and n_queries > 1 and (is_causal if is_causal is not None else True)
     probs = attention_probs(query, key, scale=scaling, is_causal=causal, attn_mask=attention_mask)  # [B, Hq, Lq, Lk]
     if config.sampler == "topk":
