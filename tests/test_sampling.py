@@ -138,6 +138,14 @@ def coordinate_variances(probs, values, budget, sampler):
     )
 
 
+def draw_estimates(probs, values, budget, sampler, replicates, seed):
+    """R independent estimates ô_r = (1/S) Σ_j c_j v_j: probs [rows, n], values [rows, n, d] → [R, rows, d]."""
+    counts = santa.sample_counts(
+        probs.expand(replicates, *probs.shape), budget, sampler, generator=torch.Generator().manual_seed(seed)
+    )
+    return torch.einsum("Rrn,rnd->Rrd", counts.double(), values) / budget
+
+
 @pytest.mark.parametrize("sampler", SAMPLERS)
 def test_estimate_is_unbiased(sampler):
     """The mean of R draws lies within 4.5 standard errors of μ in every coordinate.
@@ -149,10 +157,7 @@ def test_estimate_is_unbiased(sampler):
     probs = random_probs((3, 40), seed=11, peak=2.0)
     values = torch.randn(3, 40, 6, generator=torch.Generator().manual_seed(12), dtype=torch.float64)
     mu = torch.einsum("rn,rnd->rd", probs, values)
-    counts = santa.sample_counts(
-        probs.expand(replicates, 3, 40), budget, sampler, generator=torch.Generator().manual_seed(13)
-    )
-    estimates = torch.einsum("Rrn,rnd->Rrd", counts.double(), values) / budget
+    estimates = draw_estimates(probs, values, budget, sampler, replicates, seed=13)
     if sampler == "systematic":
         variance = estimates.var(dim=0)
     else:
@@ -169,10 +174,7 @@ def test_closed_form_variance_matches_empirical(sampler):
     probs = random_probs((2, 60), seed=21, peak=1.5)
     values = torch.randn(2, 60, 4, generator=torch.Generator().manual_seed(22), dtype=torch.float64)
     mu = torch.einsum("rn,rnd->rd", probs, values)
-    counts = santa.sample_counts(
-        probs.expand(replicates, 2, 60), budget, sampler, generator=torch.Generator().manual_seed(23)
-    )
-    estimates = torch.einsum("Rrn,rnd->Rrd", counts.double(), values) / budget
+    estimates = draw_estimates(probs, values, budget, sampler, replicates, seed=23)
     squared_error = ((estimates - mu) ** 2).sum(-1)  # [R, rows]
     standard_error = squared_error.std(dim=0) / math.sqrt(replicates)
     closed = santa.variance_trace(probs, values, budget, sampler)
