@@ -283,6 +283,34 @@ def test_out_and_workspace_are_used_and_reused():
         assert torch.equal(again, out)
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_prop_fused_launch_equals_two_launches_and_leaves_workspace_counters_at_zero(paged):
+    from santa.kernels.decode import PROP_TUNING, _carve, _workspace_layout, prop_tile
+
+    q, k, v = make_inputs(2, 8, 2, 32, 300, seed=15)
+    seq_lens = torch.tensor([300, 131], dtype=torch.int32, device=DEVICE)
+    block_table = None
+    if paged:
+        k, block_table = to_paged(k, 16, seed=1)
+        v, _ = to_paged(v, 16, seed=1)
+    ws = make_workspace(q, k, 48, kernel="prop", block_table=block_table)
+    results = {}
+    try:
+        for fused in (False, True, True):  # the second fused call reuses the workspace's counters
+            PROP_TUNING["fused"] = fused
+            results.setdefault(fused, []).append(decode(
+                q, k, v, 48, kernel="prop", seq_lens=seq_lens, block_table=block_table, seed=6, offset=2,
+                workspace=ws, return_counts=True))
+    finally:
+        PROP_TUNING["fused"] = None
+    (two_out, two_counts), = results[False]
+    for out, counts in results[True]:
+        assert torch.equal(out, two_out) and torch.equal(counts, two_counts)
+    n_keys = k.shape[1] * (block_table.shape[1] if paged else 1)
+    views = _carve(ws, _workspace_layout("prop", 2, 8, 32, n_keys, 48, prop_tile(32)))
+    assert not views["sync"].any() and not views["sem"].any()
+
+
 def test_cpu_fallback_without_interpreter_computes_the_same_estimator(monkeypatch):
     q, k, v = make_inputs(2, 4, 2, 32, 100, seed=10)
     q, k, v = q.cpu(), k.cpu(), v.cpu()

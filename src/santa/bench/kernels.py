@@ -189,7 +189,7 @@ def bench_single(n_keys, results, flusher, args, fi):
                 q, k, v, budget, kernel=kernel, out=out, workspace=ws)
             measure(results, f"{tag}/santa_{kernel}_S{budget}", fn, flusher, write=write,
                     meta={"floor_us": floor_bytes / READ_BW * 1e6, "bytes": floor_bytes, "kernel": kernel,
-                          "variant": "prop-global-sys (exact global systematic, 2 launches)" if kernel == "prop"
+                          "variant": "prop-global-sys (exact global systematic; fused launch)" if kernel == "prop"
                           else "flash (uniform per-tile budget, merge)"})
             if budget in (128, 2048):
                 for stage, sfn in santa_stage_fns(q, k, v, budget, kernel, out=out, workspace=ws).items():
@@ -252,6 +252,14 @@ def bench_batch(batch, n_keys, results, flusher, args, fi, page_size=16):
     floor = (kv_bytes / 2 + batch * H * budget * D * 2 + batch * H * n_keys * 8) / READ_BW * 1e6
     measure(results, f"{tag}/santa_prop_S{budget}", lambda: decode(q, k_c, v_c, budget, kernel="prop", seq_lens=seq_lens, out=out, workspace=ws),
             flusher, meta={"floor_us": floor})
+    from santa.kernels.decode import PROP_TUNING
+
+    PROP_TUNING["fused"] = False
+    try:
+        measure(results, f"{tag}/santa_prop_S{budget}_two_launches", lambda: decode(
+            q, k_c, v_c, budget, kernel="prop", seq_lens=seq_lens, out=out, workspace=ws), flusher, meta={"floor_us": floor})
+    finally:
+        PROP_TUNING["fused"] = None
     for stage, sfn in santa_stage_fns(q, k_c, v_c, budget, "prop", seq_lens=seq_lens, out=out, workspace=ws).items():
         measure(results, f"{tag}/santa_prop_S{budget}/{stage}", sfn, flusher, graph=False)
     wsp = make_workspace(q, k_pages, budget, kernel="prop", block_table=table)
@@ -268,7 +276,7 @@ def bench_batch(batch, n_keys, results, flusher, args, fi, page_size=16):
 
 
 def sweep_prop_tuning(results, flusher, n_keys=32768):
-    """Pass-1 launch shapes for prop at one size (speed only; samples do not change)."""
+    """prop launch variants at one size (speed only; samples do not change)."""
     from santa.kernels import decode, make_workspace
     from santa.kernels.decode import PROP_TUNING
 
@@ -280,14 +288,11 @@ def sweep_prop_tuning(results, flusher, n_keys=32768):
     reference_out = decode(q, k, v, 128, seed=5)
     best = None
     variants = [
-        dict(block_n=128, warps_pass1=4, pdl=True),
-        dict(block_n=128, warps_pass1=4, pdl=False),
-        dict(block_n=64, warps_pass1=4, pdl=True),
-        dict(block_n=256, warps_pass1=8, pdl=True),
-        dict(block_n=128, warps_pass1=8, pdl=True),
-        dict(block_n=128, warps_pass1=4, pdl=True, samples_per_program=16),
-        dict(block_n=128, warps_pass1=4, pdl=True, samples_per_program=8),
-        dict(block_n=128, warps_pass1=4, pdl=True, warps_pass2=8),
+        dict(fused=False, pdl_trigger=False),  # run 2's design (two launches, PDL wait only; 8-warp pass 2)
+        dict(fused=False, pdl_trigger=True),  # + pass 1 triggers pass 2's launch as its programs start
+        dict(fused=True, warps_fused=4),  # one launch, group-major tickets (the default)
+        dict(fused=True, warps_fused=8),
+        dict(fused=True, warps_fused=4, samples_per_program=64),
     ]
     for variant in variants:
         PROP_TUNING.update(variant)
@@ -378,8 +383,9 @@ def main(argv=None) -> int:
     sizes = [8192, 32768] if args.quick else args.sizes
     t0 = time.time()
     if not args.no_tune:
-        print("prop pass-1 launch shapes at 32k:")
-        sweep_prop_tuning(results, flusher)
+        for n in (8192, 32768, 131072):
+            print(f"prop launch variants at n_k = {n}:")
+            results[f"tune/best/n{n}"] = sweep_prop_tuning(results, flusher, n)
     for n in sizes:
         print(f"batch 1, n_k = {n}:")
         bench_single(n, results, flusher, args, fi)

@@ -47,7 +47,7 @@ def use_triton(device: torch.device) -> bool:
 # Launch parameters of prop's passes (they change speed, not samples); the benchmark sweeps them.
 PROP_TUNING: dict[str, int | None] = {
     "block_n": None, "warps_pass1": None, "stages_pass1": None, "warps_pass2": None,
-    "samples_per_program": None, "pdl": None,
+    "samples_per_program": None, "pdl": None, "fused": None, "warps_fused": None, "pdl_trigger": None,
 }
 
 
@@ -99,6 +99,9 @@ class _Call:
     stages_pass1: int
     warps_pass2: int
     pdl: bool  # launch pass 2 as a programmatic dependent launch (Hopper), hiding its launch latency
+    pdl_trigger: bool  # pass 1 triggers pass 2's launch as its programs start (two-launch path)
+    fused: bool  # prop: both passes in one launch (pass 2 of a group overlaps later groups' pass 1)
+    warps_fused: int
     return_counts: bool
 
 
@@ -211,6 +214,8 @@ def _workspace_layout(kernel: str, batch: int, heads: int, dim: int, n_keys: int
         regions = [
             # first, so that it stays at offset 0: zero when made, and each call leaves it at zero
             ("sem", torch.int32, (rows,)),
+            # fused launch: [ticket, arrivals per (sequence, KV head), pass-2 entries per group]; also kept at zero
+            ("sync", torch.int32, (1 + 2 * rows,)),
             ("stash", torch.float32, (rows, tiles * block_n)),
             ("tile_max", torch.float32, (rows, tiles)),
             ("tile_mass", torch.float32, (rows, tiles)),
@@ -388,6 +393,9 @@ def decode(
         stages_pass1=(kernel == "prop" and PROP_TUNING["stages_pass1"]) or 1,
         warps_pass2=PROP_TUNING["warps_pass2"] or 8,  # 31.4 vs 34.5 µs at 32k (H200, 2026-11-29)
         pdl=q.device.type == "cuda" and torch.cuda.get_device_capability(q.device)[0] >= 9 and PROP_TUNING["pdl"] is not False,
+        pdl_trigger=PROP_TUNING["pdl_trigger"] is not False,
+        fused=PROP_TUNING["fused"] is not False,
+        warps_fused=PROP_TUNING["warps_fused"] or (8 if dim > 128 else 4),
         return_counts=return_counts,
     )
     if _STAGES is not None:  # the benchmark times the passes one by one

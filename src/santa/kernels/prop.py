@@ -19,28 +19,20 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from santa.kernels._common import load_offset, philox_uniform, row_offsets, tile_scores
 from santa.kernels.decode import prop_sample_chunks
 
 
 @triton.jit
-def _prop_scores_kernel(
-    q_ptr, k_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr,
-    n_keys, n_kv_heads, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh,
-    stride_stash, stride_stats, qk_scale,
+def _prop_tile(
+    q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, n_kv_heads,
+    stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, IEEE_DOT: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE_DOT: tl.constexpr,
 ):
-    t = tl.program_id(0)
-    pid_bk = tl.program_id(1)
-    b = pid_bk // n_kv_heads
-    kvh = pid_bk % n_kv_heads
-    if HAS_SEQ_LENS:
-        seq_len = tl.load(seq_lens_ptr + b)
-    else:
-        seq_len = n_keys
+    """Pass-1 work of one (tile, sequence, KV head): stash, tile max and mass of the G grouped heads."""
     start = t * BLOCK_N
     if start < seq_len:  # tiles past the sequence are never read by pass 2
         s = tile_scores(
@@ -61,9 +53,35 @@ def _prop_scores_kernel(
 
 
 @triton.jit
+def _prop_scores_kernel(
+    q_ptr, k_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr,
+    n_keys, n_kv_heads, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh,
+    stride_stash, stride_stats, qk_scale,
+    G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, IEEE_DOT: tl.constexpr,
+    PDL_TRIGGER: tl.constexpr,
+):
+    if PDL_TRIGGER:
+        gdc_launch_dependents()  # pass 2 may start launching once every pass-1 program has started
+    t = tl.program_id(0)
+    pid_bk = tl.program_id(1)
+    b = pid_bk // n_kv_heads
+    kvh = pid_bk % n_kv_heads
+    if HAS_SEQ_LENS:
+        seq_len = tl.load(seq_lens_ptr + b)
+    else:
+        seq_len = n_keys
+    _prop_tile(
+        q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, n_kv_heads,
+        stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, qk_scale,
+        G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT,
+    )
+
+
+@triton.jit
 def _tile_prefix_search(
     tile_max_ptr, tile_mass_ptr, stats_row, n_tiles, tiles_max, u, m_f, budget_f,
-    SBLOCK: tl.constexpr, BLOCK_T: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
+    SBLOCK: tl.constexpr, BLOCK_T: tl.constexpr, ONE_CHUNK_T: tl.constexpr, CM: tl.constexpr,
 ):
     """Tile of each sample and the tile's prefix bounds ``P_{t−1}, P_t`` (``P_t = S·C_t``), and Z.
 
@@ -73,8 +91,8 @@ def _tile_prefix_search(
     offs_t = tl.arange(0, BLOCK_T)
     if ONE_CHUNK_T:
         mask_t = offs_t < n_tiles
-        tmax = tl.load(tile_max_ptr + stats_row + offs_t, mask=mask_t, other=-float("inf"))
-        tmass = tl.load(tile_mass_ptr + stats_row + offs_t, mask=mask_t, other=0.0)
+        tmax = tl.load(tile_max_ptr + stats_row + offs_t, mask=mask_t, other=-float("inf"), cache_modifier=CM)
+        tmass = tl.load(tile_mass_ptr + stats_row + offs_t, mask=mask_t, other=0.0, cache_modifier=CM)
         m_star = tl.max(tmax, axis=0)
         m_star = tl.where(m_star == -float("inf"), 0.0, m_star)
         w = tl.where(mask_t, tl.exp2(tmax - m_star) * tmass, 0.0)  # W_t = exp(m_t − m*) ℓ_t
@@ -91,7 +109,7 @@ def _tile_prefix_search(
         t0 = 0
         while t0 < tiles_max:  # a host bound (n_tiles masks); a while loop keeps the interpreter happy
             mask_t = t0 + offs_t < n_tiles
-            tmax = tl.load(tile_max_ptr + stats_row + t0 + offs_t, mask=mask_t, other=-float("inf"))
+            tmax = tl.load(tile_max_ptr + stats_row + t0 + offs_t, mask=mask_t, other=-float("inf"), cache_modifier=CM)
             m_star = tl.maximum(m_star, tl.max(tmax, axis=0))
             t0 += BLOCK_T
         m_star = tl.where(m_star == -float("inf"), 0.0, m_star)
@@ -99,8 +117,8 @@ def _tile_prefix_search(
         t0 = 0
         while t0 < tiles_max:  # a host bound (n_tiles masks); a while loop keeps the interpreter happy
             mask_t = t0 + offs_t < n_tiles
-            tmax = tl.load(tile_max_ptr + stats_row + t0 + offs_t, mask=mask_t, other=-float("inf"))
-            tmass = tl.load(tile_mass_ptr + stats_row + t0 + offs_t, mask=mask_t, other=0.0)
+            tmax = tl.load(tile_max_ptr + stats_row + t0 + offs_t, mask=mask_t, other=-float("inf"), cache_modifier=CM)
+            tmass = tl.load(tile_mass_ptr + stats_row + t0 + offs_t, mask=mask_t, other=0.0, cache_modifier=CM)
             w = tl.where(mask_t, tl.exp2(tmax - m_star) * tmass, 0.0)
             z = z + tl.max(tl.cumsum(w, axis=0), axis=0)  # carry + last prefix, as in the search below
             t0 += BLOCK_T
@@ -112,8 +130,8 @@ def _tile_prefix_search(
         t0 = 0
         while t0 < tiles_max:  # a host bound (n_tiles masks); a while loop keeps the interpreter happy
             mask_t = t0 + offs_t < n_tiles
-            tmax = tl.load(tile_max_ptr + stats_row + t0 + offs_t, mask=mask_t, other=-float("inf"))
-            tmass = tl.load(tile_mass_ptr + stats_row + t0 + offs_t, mask=mask_t, other=0.0)
+            tmax = tl.load(tile_max_ptr + stats_row + t0 + offs_t, mask=mask_t, other=-float("inf"), cache_modifier=CM)
+            tmass = tl.load(tile_mass_ptr + stats_row + t0 + offs_t, mask=mask_t, other=0.0, cache_modifier=CM)
             w = tl.where(mask_t, tl.exp2(tmax - m_star) * tmass, 0.0)
             cs = tl.cumsum(w, axis=0)
             p = ((carry + cs) / zs) * budget_f
@@ -127,39 +145,24 @@ def _tile_prefix_search(
     return tile, lo, hi, z
 
 
-@triton.jit(do_not_specialize=["seed", "offset", "budget"])
-def _prop_gather_kernel(
-    v_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, partial_ptr, sem_ptr,
-    out_ptr, counts_ptr, offset_ptr,
-    seed, offset, budget, n_keys, n_heads, tiles_max,
+@triton.jit
+def _prop_chunk(
+    v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
+    pid_s, row, b, h, kvh, seq_len, u, budget, tiles_max,
     stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
-    G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
     SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, OFFSET_IN_MEMORY: tl.constexpr,
-    RETURN_COUNTS: tl.constexpr, USE_PDL: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, RETURN_COUNTS: tl.constexpr, CM: tl.constexpr,
 ):
-    pid_s = tl.program_id(0)
-    row = tl.program_id(1)  # b·H + h
-    b = row // n_heads
-    h = row % n_heads
-    kvh = h // G
-    if HAS_SEQ_LENS:
-        seq_len = tl.load(seq_lens_ptr + b)
-    else:
-        seq_len = n_keys
+    """Pass-2 work of one chunk of samples of one (sequence, head) row: place them, gather V, reduce."""
     n_tiles = tl.cdiv(seq_len, BLOCK_N)
-    off_lo, off_hi = load_offset(offset, offset_ptr, OFFSET_IN_MEMORY)
-    u = philox_uniform(seed, off_lo, off_hi, row, 0, [SBLOCK])  # one U per (sequence, head)
     offs_s = pid_s * SBLOCK + tl.arange(0, SBLOCK)
     valid_s = offs_s < budget
     m_f = offs_s.to(tl.float32)
     budget_f = budget.to(tl.float32)
-
     stats_row = row.to(tl.int64) * stride_stats
-    if USE_PDL:
-        gdc_wait()  # launched early (programmatic dependent launch): wait for pass 1's writes here
     tile, lo, hi, z = _tile_prefix_search(
-        tile_max_ptr, tile_mass_ptr, stats_row, n_tiles, tiles_max, u, m_f, budget_f, SBLOCK, BLOCK_T, ONE_CHUNK_T
+        tile_max_ptr, tile_mass_ptr, stats_row, n_tiles, tiles_max, u, m_f, budget_f, SBLOCK, BLOCK_T, ONE_CHUNK_T, CM
     )
     ok = valid_s & ((tl.zeros([SBLOCK], dtype=tl.float32) + z) > 0)
     tile = tl.minimum(tile, tl.maximum(n_tiles - 1, 0))
@@ -169,7 +172,7 @@ def _prop_gather_kernel(
     pos = tile[:, None] * BLOCK_N + offs_n[None, :]  # [SBLOCK, BLOCK_N]
     stash = tl.load(
         stash_ptr + row.to(tl.int64) * stride_stash + pos,
-        mask=ok[:, None] & (pos < seq_len), other=0.0,
+        mask=ok[:, None] & (pos < seq_len), other=0.0, cache_modifier=CM,
     )
     cu = tl.cumsum(stash, axis=1)
     tile_total = tl.max(cu, axis=1)
@@ -209,10 +212,131 @@ def _prop_gather_kernel(
             tl.atomic_xchg(sem_ptr + row, 0)
 
 
+@triton.jit(do_not_specialize=["seed", "offset", "budget"])
+def _prop_gather_kernel(
+    v_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, partial_ptr, sem_ptr,
+    out_ptr, counts_ptr, offset_ptr,
+    seed, offset, budget, n_keys, n_heads, tiles_max,
+    stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
+    G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+    SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, OFFSET_IN_MEMORY: tl.constexpr,
+    RETURN_COUNTS: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    pid_s = tl.program_id(0)
+    row = tl.program_id(1)  # b·H + h
+    b = row // n_heads
+    h = row % n_heads
+    kvh = h // G
+    if HAS_SEQ_LENS:
+        seq_len = tl.load(seq_lens_ptr + b)
+    else:
+        seq_len = n_keys
+    off_lo, off_hi = load_offset(offset, offset_ptr, OFFSET_IN_MEMORY)
+    u = philox_uniform(seed, off_lo, off_hi, row, 0, [SBLOCK])  # one U per (sequence, head)
+    if USE_PDL:
+        gdc_wait()  # launched early (programmatic dependent launch): wait for pass 1's writes here
+    _prop_chunk(
+        v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
+        pid_s, row, b, h, kvh, seq_len, u, budget, tiles_max,
+        stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
+        D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, N_CHUNKS, CHUNK_BLOCK, ONE_CHUNK_T, PAGED, PAGE_SIZE, RETURN_COUNTS, "",
+    )
+
+
+@triton.jit(do_not_specialize=["seed", "offset", "budget"])
+def _prop_fused_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, partial_ptr, sem_ptr,
+    sync_ptr, out_ptr, counts_ptr, offset_ptr,
+    seed, offset, budget, n_keys, n_kv_heads, tiles_max, n_groups,
+    stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
+    stride_stash, stride_stats, stride_ob, stride_oh, stride_counts, qk_scale,
+    G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_T: tl.constexpr, SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr,
+    ONE_CHUNK_T: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
+    OFFSET_IN_MEMORY: tl.constexpr, RETURN_COUNTS: tl.constexpr, IEEE_DOT: tl.constexpr,
+):
+    """Both passes in one launch. Work items are taken in ticket order (an atomic counter, so an
+    item only ever waits on items already running or done), group by group: for each (sequence,
+    KV head) its ``tiles_max`` pass-1 tiles, then its ``G·N_CHUNKS`` pass-2 chunks, which wait on
+    the group's arrival counter. Pass 2 of one group thus runs while later groups stream K.
+    ``sync``: [ticket, arrivals per group, pass-2 entries per group]; every launch leaves it at zero.
+    """
+    items_per_group = tiles_max + G * N_CHUNKS
+    n_items = n_groups * items_per_group
+    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
+    if ticket == n_items - 1:  # every ticket is drawn: reset for the next launch
+        tl.atomic_xchg(sync_ptr, 0, sem="relaxed")
+    grp = ticket // items_per_group
+    r = ticket % items_per_group
+    b = grp // n_kv_heads
+    kvh = grp % n_kv_heads
+    if HAS_SEQ_LENS:
+        seq_len = tl.load(seq_lens_ptr + b)
+    else:
+        seq_len = n_keys
+    arrive_ptr = sync_ptr + 1 + grp
+    if r < tiles_max:
+        _prop_tile(
+            q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, r, b, kvh, seq_len, n_kv_heads,
+            stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, qk_scale,
+            G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT,
+        )
+        tl.debug_barrier()
+        tl.atomic_add(arrive_ptr, 1, sem="release")
+    else:
+        c = r - tiles_max
+        h = kvh * G + c // N_CHUNKS
+        pid_s = c % N_CHUNKS
+        row = b * (n_kv_heads * G) + h
+        off_lo, off_hi = load_offset(offset, offset_ptr, OFFSET_IN_MEMORY)
+        u = philox_uniform(seed, off_lo, off_hi, row, 0, [SBLOCK])  # one U per (sequence, head)
+        arrived = tl.atomic_add(arrive_ptr, 0, sem="acquire")
+        while arrived < tiles_max:  # the group's tiles were all taken before this ticket: they finish
+            arrived = tl.atomic_add(arrive_ptr, 0, sem="acquire")
+        tl.debug_barrier()
+        _prop_chunk(
+            v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
+            pid_s, row, b, h, kvh, seq_len, u, budget, tiles_max,
+            stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
+            D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, N_CHUNKS, CHUNK_BLOCK, ONE_CHUNK_T, PAGED, PAGE_SIZE, RETURN_COUNTS, ".cg",
+        )
+        entered = tl.atomic_add(sync_ptr + 1 + n_groups + grp, 1, sem="relaxed")
+        if entered == G * N_CHUNKS - 1:  # every chunk of the group is past its wait: reset both counters
+            tl.atomic_xchg(arrive_ptr, 0, sem="relaxed")
+            tl.atomic_xchg(sync_ptr + 1 + n_groups + grp, 0, sem="relaxed")
+
+
 def launch_prop(call, budget: int, out, ws, counts, *, seed: int, offset, offset_ptr) -> None:
-    """Launch both passes for a validated :class:`santa.kernels.decode._Call`."""
+    """Run prop for a validated :class:`santa.kernels.decode._Call`: one fused launch (default) or
+    the two passes (``PROP_TUNING["fused"] = False``); both give bitwise-equal results."""
+    if call.fused:
+        launch_prop_fused(call, budget, out, ws, counts, seed=seed, offset=offset, offset_ptr=offset_ptr)
+        return
     launch_prop_scores(call, ws)
     launch_prop_gather(call, budget, out, ws, counts, seed=seed, offset=offset, offset_ptr=offset_ptr)
+
+
+def launch_prop_fused(call, budget: int, out, ws, counts, *, seed: int, offset, offset_ptr) -> None:
+    """Both passes in one launch (:func:`_prop_fused_kernel`)."""
+    c = call
+    tiles_max = triton.cdiv(c.n_keys, c.block_n)
+    sblock, n_chunks = prop_sample_chunks(budget, tiles_max)
+    block_t = min(triton.next_power_of_2(tiles_max), 1024)
+    n_groups = c.batch * c.kv_heads
+    _prop_fused_kernel[(n_groups * (tiles_max + c.group * n_chunks),)](
+        c.q, c.k, c.v, c.block_table, c.seq_lens, ws["stash"], ws["tile_max"], ws["tile_mass"], ws["partial"],
+        ws["sem"], ws["sync"], out, counts, offset_ptr,
+        seed, offset, budget, c.n_keys, c.kv_heads, tiles_max, n_groups,
+        c.q.stride(0), c.q.stride(1), c.stride_bt, *c.k_strides, *c.v_strides,
+        ws["stash"].stride(0), ws["tile_max"].stride(0), out.stride(0), out.stride(1),
+        counts.stride(1) if c.return_counts else 0, c.qk_scale,
+        G=c.group, D=c.dim, BLOCK_G=c.block_g, BLOCK_D=c.block_d, BLOCK_N=c.block_n, BLOCK_T=block_t,
+        SBLOCK=sblock, N_CHUNKS=n_chunks, CHUNK_BLOCK=min(32, triton.next_power_of_2(n_chunks)),
+        ONE_CHUNK_T=tiles_max <= block_t, PAGED=c.paged, PAGE_SIZE=c.page_size, HAS_SEQ_LENS=c.has_seq_lens,
+        OFFSET_IN_MEMORY=offset_ptr is not c.q, RETURN_COUNTS=c.return_counts, IEEE_DOT=c.ieee_dot,
+        num_warps=c.warps_fused, num_stages=1,
+    )
 
 
 def launch_prop_scores(call, ws) -> None:
@@ -225,7 +349,7 @@ def launch_prop_scores(call, ws) -> None:
         ws["stash"].stride(0), ws["tile_max"].stride(0), c.qk_scale,
         G=c.group, D=c.dim, BLOCK_G=c.block_g, BLOCK_N=c.block_n, BLOCK_D=c.block_d,
         PAGED=c.paged, PAGE_SIZE=c.page_size, HAS_SEQ_LENS=c.has_seq_lens, IEEE_DOT=c.ieee_dot,
-        num_warps=c.warps_pass1, num_stages=c.stages_pass1,
+        PDL_TRIGGER=c.pdl and c.pdl_trigger, num_warps=c.warps_pass1, num_stages=c.stages_pass1,
     )
 
 
