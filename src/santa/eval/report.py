@@ -37,7 +37,7 @@ class Cell:
     mean: float
     low: float
     high: float
-    v_rows_read: float
+    v_rows_read: float | None
     v_rows_read_kv: float | None
     avg_tokens: float
     ppl: float | None = None
@@ -65,7 +65,9 @@ def cells(records: list[dict]) -> list[Cell]:
                 mean=mean,
                 low=low,
                 high=high,
-                v_rows_read=float(np.mean([r["v_rows_read"] for r in rows])),
+                v_rows_read=float(np.mean(reads))
+                if (reads := [r["v_rows_read"] for r in rows if r.get("v_rows_read") is not None])
+                else None,
                 v_rows_read_kv=float(np.mean(kv)) if kv else None,
                 avg_tokens=float(np.mean([r["prompt_tokens"] + r["new_tokens"] for r in rows])),
                 ppl=float(np.exp(np.mean(ppl))) if ppl else None,
@@ -89,10 +91,11 @@ def table(all_cells: list[Cell]) -> str:
         else:
             score = f"{100 * c.mean:.1f} [{100 * c.low:.1f}, {100 * c.high:.1f}]"
         kv = f"{100 * c.v_rows_read_kv:.1f} %" if c.v_rows_read_kv is not None else "–"
+        read = f"{100 * c.v_rows_read:.1f} %" if c.v_rows_read is not None else "–"
         budget = "–" if c.method == "dense" else str(c.budget)
         lines.append(
             f"| {c.model} | {c.task} | {c.length or '–'} | {c.prefill} | {c.method} | {budget} | {c.n_prompts}×{c.n_seeds} "
-            f"| {score} | {100 * c.v_rows_read:.1f} % | {kv} | {c.avg_tokens:.0f} |"
+            f"| {score} | {read} | {kv} | {c.avg_tokens:.0f} |"
         )
     return "\n".join(lines)
 

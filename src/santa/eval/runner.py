@@ -10,7 +10,6 @@ running.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
 import math
@@ -205,17 +204,6 @@ def greedy_continue(model, tokenizer, cache, last_logits: torch.Tensor, max_new_
     return tokens
 
 
-@torch.inference_mode()
-def teacher_forced_logprobs(model, cache, tokens: torch.Tensor) -> torch.Tensor:
-    """Feed ``tokens [1, T]`` one at a time (decode steps); log-probs of the next token ``[T, V]``."""
-    keyword, rows = cache_keyword(model), []
-    for i in range(tokens.shape[1]):
-        out = model(input_ids=tokens[:, i : i + 1], use_cache=True, **{keyword: cache})
-        cache = returned_cache(out)
-        rows.append(torch.log_softmax(out.logits[0, -1].float(), dim=-1))
-    return torch.stack(rows)
-
-
 def _share_read(job: Job, config: santa.hf.SantaConfig, n_prompt: int, steps: int) -> tuple[float, float | None]:
     """Share of value rows read in decode steps: per query head, and per KV head (GQA union)."""
     if job.method == "dense" or steps == 0:
@@ -274,45 +262,64 @@ def run_group(model, tokenizer, group_jobs: list[Job], on_done) -> None:
 def _run_kl_group(model, tokenizer, prompt: Prompt, group_jobs: list[Job], on_done, device) -> None:
     """KL(dense ‖ method) and perplexity on held-out text under teacher forcing.
 
-    The first ``L − T`` tokens are prefilled densely; the last ``T`` tokens are fed one at a time as
-    decode steps (the only place a method samples). Token ``t`` is predicted at step ``t−1``; the
-    first of the ``T`` is predicted by the dense prefill for every method and is left out, so
-    ``T − 1`` tokens are scored. The dense reference is one exact forward over the same tokens.
+    The first ``L − T`` tokens are prefilled densely; the last ``T`` tokens are the teacher-forced
+    continuation, the only place a method samples. Token ``t`` is predicted at position ``t−1``;
+    the first of the ``T`` is predicted by the dense prefill for every method and is left out, so
+    ``T − 1`` tokens are scored.
+
+    The continuation goes through the model as one chunk of ``T − 1`` query rows with sampled
+    attention in every row (``prefill="sampled"`` for the chunk, over the dense cache). Under teacher
+    forcing this is the same estimator as ``T − 1`` single-token decode steps: each row samples its
+    own causal attention distribution and feeds its sampled output to the next layer, so the K/V
+    written for continuation tokens are the ones stepwise decoding would write (only the random
+    draws differ). It costs one forward instead of ``T − 1``. The value rows read are not recorded
+    for chunks (``DecodeStats`` counts single-row steps only): the RULER rows give them.
     """
     ids = tokenizer(prompt.text, return_tensors="pt", add_special_tokens=False).input_ids.to(device)
     n_scored = group_jobs[0].max_new_tokens
     context, continuation = ids[:, :-n_scored], ids[:, -n_scored:]
     cache, _, prefill_s = prefill(model, context, santa.hf.SantaConfig(sampler="dense"))
     n_context = context.shape[1]
-    with torch.inference_mode():
-        reference_cache = copy.deepcopy(cache)
-        out = model(input_ids=continuation, use_cache=True, **{cache_keyword(model): reference_cache})
-        reference = torch.log_softmax(out.logits[0, :-1].float(), dim=-1)  # [T−1, V]
-        del reference_cache
     targets = continuation[0, 1:]
-    for job in group_jobs:
+    reference = None
+    jobs = sorted(group_jobs, key=lambda j: j.method != "dense")
+    for job in jobs:
         config = job.config()
+        if job.method != "dense":
+            config.prefill = "sampled"  # the chunk's rows are teacher-forced decode steps
         rewind(cache, n_context)
         santa.hf.configure(model, config)
-        config.stats = santa.hf.DecodeStats()
         start = time.perf_counter()
-        logprobs = teacher_forced_logprobs(model, cache, continuation[:, :-1])  # predicts continuation[1:]
+        with torch.inference_mode():
+            out = model(input_ids=continuation[:, :-1], use_cache=True, **{cache_keyword(model): cache})
+            logprobs = torch.log_softmax(out.logits[0].float(), dim=-1)  # [T−1, V], predicts continuation[1:]
         decode_s = time.perf_counter() - start
+        if reference is None:  # the dense job runs first
+            dense_config = santa.hf.SantaConfig(sampler="dense")
+            if job.method == "dense":
+                reference = logprobs
+            else:
+                rewind(cache, n_context)
+                santa.hf.configure(model, dense_config)
+                with torch.inference_mode():
+                    ref_out = model(input_ids=continuation[:, :-1], use_cache=True, **{cache_keyword(model): cache})
+                reference = torch.log_softmax(ref_out.logits[0].float(), dim=-1)
         kl = (reference.exp() * (reference - logprobs)).sum(-1).clamp_min(0.0)  # [T−1]
         nll = -logprobs.gather(-1, targets[:, None])[:, 0]
-        share, share_kv = _share_read(job, config, n_context, n_scored - 1)
+        share = 1.0 if job.method == "dense" else None
         on_done(
             job,
             {
                 "score": float(kl.mean()),
                 "kl": float(kl.mean()),
                 "kl_per_token": [round(float(x), 6) for x in kl],
+                "kl_mode": "chunked",
                 "nll": float(nll.mean()),
                 "ppl": math.exp(float(nll.mean())),
                 "prompt_tokens": ids.shape[1],
                 "new_tokens": n_scored - 1,
                 "v_rows_read": share,
-                "v_rows_read_kv": share_kv,
+                "v_rows_read_kv": share,
                 "prefill_s": prefill_s,
                 "decode_s": decode_s,
             },
