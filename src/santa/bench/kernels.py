@@ -189,7 +189,7 @@ def bench_single(n_keys, results, flusher, args, fi):
                 q, k, v, budget, kernel=kernel, out=out, workspace=ws)
             measure(results, f"{tag}/santa_{kernel}_S{budget}", fn, flusher, write=write,
                     meta={"floor_us": floor_bytes / READ_BW * 1e6, "bytes": floor_bytes, "kernel": kernel,
-                          "variant": "prop-global-sys (exact global systematic; fused launch)" if kernel == "prop"
+                          "variant": "prop-global-sys (exact global systematic, 2 launches)" if kernel == "prop"
                           else "flash (uniform per-tile budget, merge)"})
             if budget in (128, 2048):
                 for stage, sfn in santa_stage_fns(q, k, v, budget, kernel, out=out, workspace=ws).items():
@@ -254,9 +254,9 @@ def bench_batch(batch, n_keys, results, flusher, args, fi, page_size=16):
             flusher, meta={"floor_us": floor})
     from santa.kernels.decode import PROP_TUNING
 
-    PROP_TUNING["fused"] = False
+    PROP_TUNING["fused"] = True
     try:
-        measure(results, f"{tag}/santa_prop_S{budget}_two_launches", lambda: decode(
+        measure(results, f"{tag}/santa_prop_S{budget}_fused", lambda: decode(
             q, k_c, v_c, budget, kernel="prop", seq_lens=seq_lens, out=out, workspace=ws), flusher, meta={"floor_us": floor})
     finally:
         PROP_TUNING["fused"] = None
@@ -288,15 +288,15 @@ def sweep_prop_tuning(results, flusher, n_keys=32768):
     reference_out = decode(q, k, v, 128, seed=5)
     best = None
     variants = [
-        dict(fused=False, pdl_trigger=False),  # run 2's design (two launches, PDL wait only; 8-warp pass 2)
-        dict(fused=False, pdl_trigger=True),  # + pass 1 triggers pass 2's launch as its programs start
-        dict(fused=True, warps_fused=4),  # one launch, group-major tickets (the default)
-        dict(fused=True, warps_fused=8),
-        dict(fused=True, warps_fused=4, samples_per_program=64),
+        dict(),  # the default: two launches, pass 2 with 8 warps up to 256 tiles, 4 beyond
+        dict(warps_pass2=4),
+        dict(warps_pass2=8),
+        dict(pdl_trigger=True),
+        dict(fused=True),  # one launch, ticket-ordered (run 3: slower)
     ]
     for variant in variants:
         PROP_TUNING.update(variant)
-        name = "_".join(f"{k_}{v_}" for k_, v_ in variant.items())
+        name = "_".join(f"{k_}{v_}" for k_, v_ in variant.items()) or "default"
         try:
             ws = make_workspace(q, k, 128, kernel="prop")
             out = torch.empty_like(q)

@@ -391,10 +391,11 @@ def decode(
         block_g=max(16, _next_pow2(heads // kv_heads)), block_n=block_n, block_d=max(16, _next_pow2(dim)),
         warps_pass1=(kernel == "prop" and PROP_TUNING["warps_pass1"]) or (8 if dim > 128 else 4),
         stages_pass1=(kernel == "prop" and PROP_TUNING["stages_pass1"]) or 1,
-        warps_pass2=PROP_TUNING["warps_pass2"] or 8,  # 31.4 vs 34.5 µs at 32k (H200, 2026-11-29)
+        # 8 warps up to 256 tiles (32k: 31.2 vs 34.5 µs), 4 beyond (128k: 95.1 with 8 vs 86.7 with 4; H200, 2026-11-29)
+        warps_pass2=PROP_TUNING["warps_pass2"] or (8 if _cdiv(n_keys, block_n) <= 256 else 4),
         pdl=q.device.type == "cuda" and torch.cuda.get_device_capability(q.device)[0] >= 9 and PROP_TUNING["pdl"] is not False,
-        pdl_trigger=PROP_TUNING["pdl_trigger"] is not False,
-        fused=PROP_TUNING["fused"] is not False,
+        pdl_trigger=PROP_TUNING["pdl_trigger"] is True,  # measured slower at 32k (34.2 vs 31.2 µs): opt-in
+        fused=PROP_TUNING["fused"] is True,  # measured slower everywhere (32k 40.3 vs 31.2 µs): opt-in
         warps_fused=PROP_TUNING["warps_fused"] or (8 if dim > 128 else 4),
         return_counts=return_counts,
     )

@@ -308,8 +308,9 @@ def _prop_fused_kernel(
 
 
 def launch_prop(call, budget: int, out, ws, counts, *, seed: int, offset, offset_ptr) -> None:
-    """Run prop for a validated :class:`santa.kernels.decode._Call`: one fused launch (default) or
-    the two passes (``PROP_TUNING["fused"] = False``); both give bitwise-equal results."""
+    """Run prop for a validated :class:`santa.kernels.decode._Call`: the two passes (default) or one
+    fused launch (``PROP_TUNING["fused"] = True``; same results, bitwise at equal warp counts;
+    measured slower on the H200, see benchmarks/KERNEL_NOTES.md run 3)."""
     if call.fused:
         launch_prop_fused(call, budget, out, ws, counts, seed=seed, offset=offset, offset_ptr=offset_ptr)
         return
