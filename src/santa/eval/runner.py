@@ -282,16 +282,23 @@ def _run_kl_group(model, tokenizer, prompt: Prompt, group_jobs: list[Job], on_do
     n_context = context.shape[1]
     targets = continuation[0, 1:]
     reference = None
-    jobs = sorted(group_jobs, key=lambda j: j.method != "dense")
+    jobs = sorted(group_jobs, key=lambda j: (j.method != "dense", j.prefill != "dense"))
     for job in jobs:
         config = job.config()
-        if job.method != "dense":
-            config.prefill = "sampled"  # the chunk's rows are teacher-forced decode steps
-        rewind(cache, n_context)
-        santa.hf.configure(model, config)
         start = time.perf_counter()
-        with torch.inference_mode():
-            out = model(input_ids=continuation[:, :-1], use_cache=True, **{cache_keyword(model): cache})
+        if job.prefill == "sampled" and job.method != "dense":
+            # Section 4 setting: every row of the whole text samples, the context's included.
+            santa.hf.configure(model, config)
+            with torch.inference_mode():
+                out = model(input_ids=ids[:, :-1], use_cache=False)
+            logprobs = torch.log_softmax(out.logits[0, n_context:].float(), dim=-1)  # [T−1, V]
+        else:
+            if job.method != "dense":
+                config.prefill = "sampled"  # the chunk's rows are teacher-forced decode steps
+            rewind(cache, n_context)
+            santa.hf.configure(model, config)
+            with torch.inference_mode():
+                out = model(input_ids=continuation[:, :-1], use_cache=True, **{cache_keyword(model): cache})
             logprobs = torch.log_softmax(out.logits[0].float(), dim=-1)  # [T−1, V], predicts continuation[1:]
         decode_s = time.perf_counter() - start
         if reference is None:  # the dense job runs first
