@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="table with bootstrap CIs, and plots")
     rep.add_argument("jsonl", nargs="+")
     rep.add_argument("--plots", default=None, help="folder for the plots")
+    rep.add_argument("--pivot", action="store_true", help="paper-style tables: methods × S per task")
 
     var = sub.add_parser("variance", help="variance trace and unique keys vs S on real prompts")
     var.add_argument("--model", default="smollm2-135m")
@@ -93,12 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(jobs)} jobs in the grid, {ran} run now, {len(jobs) - ran} already in {args.out}")
         return 0
     if args.command == "report":
-        from santa.eval.report import cells, plot, table
+        from santa.eval.report import cells, pivot, plot, table
         from santa.eval.runner import read_records
 
         records = [r for path in args.jsonl for r in read_records(path)]
         all_cells = cells(records)
-        print(table(all_cells))
+        print(pivot(all_cells) if args.pivot else table(all_cells))
         if args.plots and all_cells:
             for path in plot(all_cells, args.plots):
                 print(f"wrote {path}")

@@ -48,7 +48,10 @@ def cells(records: list[dict]) -> list[Cell]:
     seeds per prompt, then bootstrapped over prompts (the prompts are the sampling unit)."""
     grouped: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
-        grouped[(r["model"], r["task"], r["length"], r["prefill"], r["method"], r["budget"])].append(r)
+        prefill = r["prefill"]
+        if r["task"] == "kl" and r.get("kl_mode", "stepwise") != "chunked":
+            prefill += "/stepwise"  # KL scored by single-token decode steps (an earlier mode)
+        grouped[(r["model"], r["task"], r["length"], prefill, r["method"], r["budget"])].append(r)
     out = []
     for key, rows in grouped.items():
         per_prompt: dict[int, list[float]] = defaultdict(list)
@@ -98,6 +101,44 @@ def table(all_cells: list[Cell]) -> str:
             f"| {score} | {read} | {kv} | {c.avg_tokens:.0f} |"
         )
     return "\n".join(lines)
+
+
+def pivot(all_cells: list[Cell]) -> str:
+    """Paper-style tables: one per (model, task, length, prefill); rows = methods, columns = S.
+
+    Each entry is ``score [95 % CI]`` (%; KL in nats/token for ``task="kl"``) and, for the RULER
+    tasks, the share of value rows read per head beneath it is in :func:`table`.
+    """
+    blocks = []
+    panels: dict[tuple, list[Cell]] = defaultdict(list)
+    for c in all_cells:
+        panels[(c.model, c.task, c.length, c.prefill)].append(c)
+    for (model, task, length, prefill), group in panels.items():
+        budgets = sorted({c.budget for c in group if c.method != "dense"})
+        n_prompts = sorted({c.n_prompts for c in group})
+        fmt = (
+            (lambda c: f"{c.mean:.3f} [{c.low:.3f}, {c.high:.3f}]")
+            if task == "kl"
+            else (lambda c: f"{100 * c.mean:.1f} [{100 * c.low:.1f}, {100 * c.high:.1f}]")
+        )
+        header = f"**{model} · {task} · {length or 'item'} tokens · {prefill} prefill** (prompts per cell: {', '.join(map(str, n_prompts))})"
+        lines = [
+            header,
+            "",
+            "| method | " + " | ".join(f"S={b}" for b in budgets) + " |",
+            "|---|" + "---|" * len(budgets),
+        ]
+        for method in METHODS:
+            row = {c.budget: c for c in group if c.method == method}
+            if not row:
+                continue
+            if method == "dense":
+                (c,) = row.values()
+                lines.append(f"| dense | {fmt(c)} (all S) |" + " |" * (len(budgets) - 1))
+            else:
+                lines.append(f"| {method} | " + " | ".join(fmt(row[b]) if b in row else "" for b in budgets) + " |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
 
 
 COLORS = {"iid": "tab:orange", "stratified": "tab:green", "systematic": "tab:blue", "topk": "tab:red"}
