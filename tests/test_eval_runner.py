@@ -103,3 +103,30 @@ def test_cells_average_seeds_per_prompt_then_bootstrap_over_prompts():
 def test_job_key_is_stable_json():
     job = small_grid()[0]
     assert json.loads(job.key())["task"] == "niah_single"
+
+
+def test_plot_writes_one_figure_per_task(tmp_path):
+    import pytest
+
+    pytest.importorskip("matplotlib")
+    from santa.eval.report import plot
+
+    base = {"model": "m", "length": 512, "prefill": "dense", "prompt_tokens": 500, "new_tokens": 8, "v_rows_read": 0.1}
+    records = [
+        {
+            **base,
+            "task": task,
+            "method": method,
+            "budget": budget,
+            "prompt": p,
+            "seed": 0,
+            "score": 0.5 + 0.1 * p,
+            "nll": 1.0,
+        }
+        for task in ("niah_single", "kl")
+        for method, budget in (("dense", 0), ("systematic", 16), ("systematic", 32), ("topk", 16))
+        for p in range(3)
+    ]
+    paths = plot(cells(records), tmp_path)
+    assert sorted(p.name for p in paths) == ["accuracy_m_niah_single_512.png", "kl_m_kl_512.png"]
+    assert all(p.stat().st_size > 0 for p in paths)
