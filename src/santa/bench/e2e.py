@@ -20,6 +20,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -470,3 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     plot(report, out_dir / "e2e.png")
     print_table(report)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
