@@ -1,4 +1,5 @@
-"""``santa bench``: ``santa bench kernels …`` (decode kernels) and ``santa bench e2e …`` (whole model)."""
+"""``santa bench``: ``santa bench kernels …`` (decode kernels), ``santa bench e2e …`` (whole model),
+``santa bench capture …`` (real attention inputs for ``kernels --real``)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import sys
 COMMANDS = {
     "kernels": ("santa.bench.kernels", "decode-step kernel benchmark (BENCH.md protocol)"),
     "e2e": ("santa.bench.e2e", "end-to-end batched long-context decode (Llama-3.1-8B shapes)"),
+    "capture": ("santa.bench.capture", "real decode-step q/K/V from the bundled model (for kernels --real)"),
 }
 
 
 def usage() -> str:
-    lines = ["usage: santa bench {kernels,e2e} [options]", ""]
+    lines = ["usage: santa bench {kernels,e2e,capture} [options]", ""]
     lines += [f"  {name:<8} {text}" for name, (_, text) in COMMANDS.items()]
     return "\n".join(lines)
 

@@ -275,6 +275,187 @@ def bench_batch(batch, n_keys, results, flusher, args, fi, page_size=16):
     measure(results, f"{tag}/santa_flash_S{budget}", lambda: decode(q, k_c, v_c, budget, kernel="flash", seq_lens=seq_lens, out=out, workspace=ws), flusher)
 
 
+# --------------------------------------------------------------------------- real attention (captures)
+
+
+def load_capture(path: str) -> dict:
+    """A ``santa bench capture`` file: ``{"layers": {i: {"q", "k", "v"}}, "scale", "meta"}``."""
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def tile_keys(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``[B, n0, H_kv, d]`` repeated along the keys and cut to ``n`` (real statistics, not a real n-token prompt)."""
+    reps = triton_cdiv(n, x.shape[1])
+    return x.repeat(1, reps, 1, 1)[:, :n].contiguous()
+
+
+def real_inputs(cap: dict, layer, n: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q ``[1, H, d]``, K/V ``[1, n, H_kv, d]`` of a captured layer (tiled past the captured length),
+    or Gaussian of the same shapes for ``layer == "gaussian"`` (q × 4: BENCH.md's peaked case)."""
+    first = next(iter(cap["layers"].values()))
+    if layer == "gaussian":
+        g = torch.Generator(device="cpu").manual_seed(0)
+        h, (_, _, h_kv, d) = first["q"].shape[1], first["k"].shape
+        q = 4 * torch.randn(1, h, d, generator=g)  # × 4: BENCH.md's peaked case (logit std 4 at any d)
+        k = torch.randn(1, n, h_kv, d, generator=g)
+        v = torch.randn(1, n, h_kv, d, generator=g)
+        return q.to(device, DTYPE), k.to(device, DTYPE), v.to(device, DTYPE)
+    t = cap["layers"][layer]
+    k, v = t["k"], t["v"]
+    if n != k.shape[1]:
+        k, v = tile_keys(k, n), tile_keys(v, n)
+    return t["q"].to(device, DTYPE), k.to(device, DTYPE), v.to(device, DTYPE)
+
+
+def dense_reference(q, k, v, scale=None) -> torch.Tensor:
+    """float32 softmax attention, q ``[B, H, d]``, K/V NHD: ``[B, H, d]``."""
+    return torch.nn.functional.scaled_dot_product_attention(
+        q.float().unsqueeze(2), k.float().transpose(1, 2), v.float().transpose(1, 2), enable_gqa=True, scale=scale).squeeze(2)
+
+
+def attention_profile(q, k, scale=None) -> dict:
+    """How peaked the decode-step weights are: per head perplexity exp(entropy) and keys holding 90 % of the mass (medians over heads)."""
+    h, h_kv, d = q.shape[1], k.shape[2], q.shape[2]
+    scale = 1.0 / d ** 0.5 if scale is None else scale
+    kk = k[0].float().transpose(0, 1).repeat_interleave(h // h_kv, dim=0)  # [H, n, d]
+    p = torch.softmax(torch.einsum("hd,hnd->hn", q[0].float(), kk) * scale, dim=-1)
+    ent = -(p * p.clamp_min(1e-30).log()).sum(-1)
+    top = torch.sort(p, dim=-1, descending=True).values.cumsum(-1)
+    k90 = (top < 0.9).sum(-1) + 1
+    return {"perplexity_median": float(ent.exp().median()), "perplexity_per_head": ent.exp().tolist(),
+            "keys_90pct_median": float(k90.float().median()), "keys_90pct_per_head": k90.tolist(),
+            "max_weight_median": float(p.max(-1).values.median())}
+
+
+def real_accuracy(q, k, v, configs, seeds=range(8), scale=None) -> dict:
+    """Per (kernel, S): ‖ô − o‖/‖o‖ against float32 dense (median and all over seeds) and the unique
+    V rows read per KV head (rows any head of the group sampled; median over seeds, mean over KV heads)."""
+    from santa.kernels import decode
+
+    exact = dense_reference(q, k, v, scale)
+    group = q.shape[1] // k.shape[2]
+    acc = {}
+    for kernel, budget in configs:
+        errs, rows = [], []
+        for seed in seeds:
+            est, counts = decode(q, k, v, budget, kernel=kernel, seed=seed, scale=scale, return_counts=True)
+            errs.append(rel_error(est, exact))
+            c = counts[:, :, : k.shape[1]].reshape(counts.shape[0], k.shape[2], group, -1)
+            rows.append(float((c > 0).any(dim=2).sum(-1).float().mean()))
+        acc[f"{kernel}_S{budget}"] = {"rel_error_median": statistics.median(errs), "rel_error_all": errs,
+                                     "unique_v_rows_per_kv_head": statistics.median(rows), "n_keys": k.shape[1]}
+    return acc
+
+
+def _bench_real_one(cap, layer, n, n0, configs, results, flusher, args, fi, device):
+    from santa.kernels import decode, make_workspace
+
+    tag = f"real/L{layer}/n{n}"
+    print(f"real attention, layer {layer}, n_k = {n}{' (tiled)' if n > n0 and layer != 'gaussian' else ''}:", flush=True)
+    q, k, v = real_inputs(cap, layer, n, device)
+    scale = None if layer == "gaussian" else cap.get("scale")
+    h, h_kv, d = q.shape[1], k.shape[2], q.shape[2]
+    kv_bytes = 2 * k.numel() * k.element_size()
+    meta_dense = {"floor_us": kv_bytes / READ_BW * 1e6, "bytes": kv_bytes}
+    acc = real_accuracy(q, k, v, configs, seeds=range(args.real_seeds), scale=scale)
+    results[f"{tag}/accuracy"] = acc
+    results[f"{tag}/profile"] = attention_profile(q, k, scale)
+    print("  error (median of seeds) / unique V rows per KV head: "
+          + ", ".join(f"{c} {a['rel_error_median']:.4f}/{a['unique_v_rows_per_kv_head']:.0f}" for c, a in acc.items()), flush=True)
+    sink = torch.empty(triton_cdiv(k.numel() // d, 128), device=device)
+    read_k = k_read_kernel()
+    measure(results, f"{tag}/k_read_triton", lambda: read_k(k, sink), flusher, meta={"floor_us": kv_bytes / 2 / READ_BW * 1e6})
+    measure(results, f"{tag}/cudnn_sdpa", sdpa_fn(q, k, v, "cudnn"), flusher, meta=meta_dense)
+    measure(results, f"{tag}/flash_sdpa", sdpa_fn(q, k, v, "flash"), flusher, meta=meta_dense)
+    if fi is not None:
+        q2, k2, v2 = q[0], k[0], v[0]
+        measure(results, f"{tag}/flashinfer", lambda: fi.single_decode_with_kv_cache(q2, k2, v2, kv_layout="NHD"),
+                flusher, meta=meta_dense)
+    for kernel, budget in configs:
+        ws = make_workspace(q, k, budget, kernel=kernel)
+        out = torch.empty_like(q)
+        rows = acc[f"{kernel}_S{budget}"]["unique_v_rows_per_kv_head"]
+        stash = h * n * 4 * 2 if kernel == "prop" else 0
+        floor_bytes = kv_bytes / 2 + rows * h_kv * d * 2 + stash
+        fn = lambda kernel=kernel, budget=budget, ws=ws, out=out: decode(  # noqa: E731
+            q, k, v, budget, kernel=kernel, scale=scale, out=out, workspace=ws)
+        measure(results, f"{tag}/santa_{kernel}_S{budget}", fn, flusher,
+                meta={"floor_us": floor_bytes / READ_BW * 1e6, "bytes": floor_bytes, "kernel": kernel})
+        if budget in (128, 2048):
+            for stage, sfn in santa_stage_fns(q, k, v, budget, kernel, scale=scale, out=out, workspace=ws).items():
+                measure(results, f"{tag}/santa_{kernel}_S{budget}/{stage}", sfn, flusher, graph=False)
+
+
+def bench_real(cap, results, flusher, args, fi, device=None, save=None):
+    """Every backend on captured (and tiled) inputs; the same protocol as :func:`bench_single`."""
+    device = device or torch.device("cuda")
+    meta = cap.get("meta", {})
+    n0 = next(iter(cap["layers"].values()))["k"].shape[1]
+    layers = list(cap["layers"])
+    mid = layers[len(layers) // 2]
+    order = [mid] + [x for x in layers if x != mid] + (["gaussian"] if args.real_gaussian else [])
+    sizes = [n0 if n == 0 else n for n in args.real_sizes]
+    configs = [("prop", s) for s in args.prop_budgets] + [("flash", s) for s in args.flash_budgets]
+    results["real/meta"] = {**meta, "captured_n": n0, "sizes": sizes, "tiled_beyond": n0,
+                            "note": "keys/values past the captured length are the captured ones repeated (tiled)"}
+    t0 = time.time()
+    for n in sizes:
+        for layer in order:
+            if args.max_seconds and time.time() - t0 > args.max_seconds:
+                results.setdefault("real/skipped", []).append(f"L{layer}/n{n}")
+                print(f"  skipped layer {layer} n {n}: past --max-seconds", flush=True)
+                continue
+            _bench_real_one(cap, layer, n, n0, configs, results, flusher, args, fi, device)
+            if save is not None:
+                save()
+    results["real/seconds"] = time.time() - t0
+
+
+def plot_real(results, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    keys = [k for k in results if k.startswith("real/L") and k.endswith("/cudnn_sdpa")]
+    layers = list(dict.fromkeys(k.split("/")[1] for k in keys))
+    sizes = sorted({int(k.split("/")[2][1:]) for k in keys})
+    if not sizes:
+        return
+    names = ["cudnn_sdpa", "flash_sdpa", "flashinfer", "k_read_triton", "santa_prop_S64", "santa_prop_S128", "santa_prop_S256",
+             "santa_flash_S1024", "santa_flash_S2048"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
+    real_layers = [x for x in layers if x != "Lgaussian"]
+    show = real_layers[0] if real_layers else layers[0]
+    for name in names:
+        pts = [(n, results.get(f"real/{show}/n{n}/{name}", {}).get("graph", {}).get("median_us")) for n in sizes]
+        pts = [p for p in pts if p[1] is not None]
+        if pts:
+            ax1.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    ax1.set_xscale("log", base=2)
+    ax1.set_yscale("log")
+    ax1.set_xlabel("n_k (captured length; longer = tiled captures)")
+    ax1.set_ylabel("µs (median, clean cold L2, CUDA graph)")
+    ax1.set_title(f"SmolLM2 {show} (H=9, H_kv=3, d=64), batch 1")
+    ax1.legend(fontsize=7)
+    n0 = sizes[0]
+    configs = [c for c in names if c.startswith("santa_")]
+    width = 0.8 / max(1, len(layers))
+    for j, layer in enumerate(layers):
+        acc = results.get(f"real/{layer}/n{n0}/accuracy", {})
+        ys = [acc.get(c.removeprefix("santa_"), {}).get("rel_error_median", float("nan")) for c in configs]
+        ax2.bar([i + j * width for i in range(len(configs))], ys, width, label=layer)
+    ax2.set_xticks([i + 0.4 - width / 2 for i in range(len(configs))], [c.removeprefix("santa_") for c in configs], fontsize=8)
+    if any(p.get_height() > 0 for p in ax2.patches):
+        ax2.set_yscale("log")
+    ax2.set_ylabel(f"‖ô − o‖/‖o‖ at n = {n0} (median of seeds)")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def sweep_prop_tuning(results, flusher, n_keys=32768):
     """prop launch variants at one size (speed only; samples do not change)."""
     from santa.kernels import decode, make_workspace
@@ -367,6 +548,13 @@ def main(argv=None) -> int:
     parser.add_argument("--no-flashinfer", action="store_true")
     parser.add_argument("--no-tune", action="store_true")
     parser.add_argument("--no-batch", action="store_true")
+    parser.add_argument("--real", metavar="FILE", help="only the real-attention run, on a `santa bench capture` file "
+                        "(writes real_attention.json/png)")
+    parser.add_argument("--real-sizes", type=int, nargs="*", default=[0, 32768, 131072],
+                        help="n_k for --real; 0 = the captured length, longer = tiled captures")
+    parser.add_argument("--real-seeds", type=int, default=8, help="seeds per estimate error (median reported)")
+    parser.add_argument("--real-gaussian", action="store_true", help="with --real, also Gaussian inputs of the same shapes (q × 4)")
+    parser.add_argument("--max-seconds", type=float, default=0, help="with --real, skip what starts after this many seconds")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("santa bench kernels needs a CUDA GPU", file=sys.stderr)
@@ -380,6 +568,20 @@ def main(argv=None) -> int:
             print("flashinfer unavailable:", exc)
     results: dict = {"env": environment()}
     flusher = Flusher(torch.device("cuda"))
+    if args.real:
+        def save():
+            with open(os.path.join(args.out, "real_attention.json"), "w") as f:
+                json.dump(results, f, indent=1, default=str)
+
+        bench_real(load_capture(args.real), results, flusher, args, fi, save=save)
+        save()
+        try:
+            plot_real(results, os.path.join(args.out, "real_attention.png"))
+        except Exception as exc:  # noqa: BLE001 - the numbers matter, the plot is a view
+            print("plot failed:", exc)
+        print_summary(results)
+        print_real_accuracy(results)
+        return 0
     sizes = [8192, 32768] if args.quick else args.sizes
     t0 = time.time()
     if not args.no_tune:
@@ -399,6 +601,13 @@ def main(argv=None) -> int:
     plot(results, os.path.join(args.out, "kernels.png"))
     print_summary(results)
     return 0
+
+
+def print_real_accuracy(results):
+    print("\nreal attention: ‖ô − o‖/‖o‖ median of seeds / unique V rows per KV head:")
+    for key, entry in results.items():
+        if key.startswith("real/") and key.endswith("/accuracy"):
+            print(f"{key:34s} " + "  ".join(f"{c} {a['rel_error_median']:.4f}/{a['unique_v_rows_per_kv_head']:.0f}" for c, a in entry.items()))
 
 
 def print_summary(results):
