@@ -125,8 +125,8 @@ def pivot(all_cells: list[Cell]) -> str:
         lines = [
             header,
             "",
-            "| method | " + " | ".join(f"S={b}" for b in budgets) + " |",
-            "|---|" + "---|" * len(budgets),
+            "| method | " + " | ".join([f"S={b}" for b in budgets] or ["score"]) + " |",
+            "|---|" + "---|" * max(len(budgets), 1),
         ]
         for method in METHODS:
             row = {c.budget: c for c in group if c.method == method}
@@ -134,7 +134,7 @@ def pivot(all_cells: list[Cell]) -> str:
                 continue
             if method == "dense":
                 (c,) = row.values()
-                lines.append(f"| dense | {fmt(c)} (all S) |" + " |" * (len(budgets) - 1))
+                lines.append(f"| dense | {fmt(c)}{' (all S)' if budgets else ''} |" + " |" * max(len(budgets) - 1, 0))
             else:
                 lines.append(f"| {method} | " + " | ".join(fmt(row[b]) if b in row else "" for b in budgets) + " |")
         blocks.append("\n".join(lines))
