@@ -65,6 +65,7 @@ class Job:
             prefill=self.prefill,
             exact_when_budget_covers=self.exact_when_covers,
             record_stats=True,
+            kernel="reference",  # the spec's samplers on every device (on CUDA "auto" would run the prop kernel)
         )
 
 
