@@ -119,3 +119,15 @@ def test_decode_kernel_path_stays_close_to_dense(model_and_tokenizer, prompt_ids
     assert kl < 0.5
     again = last_logits(model, prompt_ids, santa.hf.SantaConfig(budget=32, sampler="systematic", kernel=kernel))
     assert torch.equal(sampled, again)
+
+
+def test_stats_count_sampled_prefill_rows(model_and_tokenizer, prompt_ids):
+    model, _ = model_and_tokenizer
+    config = santa.hf.SantaConfig(budget=16, prefill="sampled", record_stats=True)
+    santa.hf.configure(model, config)
+    with torch.inference_mode():
+        model(input_ids=prompt_ids)
+    n = prompt_ids.shape[1]
+    assert config.stats.calls == model.config.num_hidden_layers
+    assert config.stats.keys_per_head == model.config.num_hidden_layers * model.config.num_attention_heads * n * (n + 1) // 2
+    assert 0 < config.stats.rows_read_per_head <= config.stats.keys_per_head

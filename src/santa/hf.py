@@ -32,12 +32,15 @@ KERNEL_CHOICES = ("auto", "prop", "flash", "reference")
 
 @dataclass
 class DecodeStats:
-    """Running totals of value rows read by sampled decode steps (for the share of V read)."""
+    """Running totals of value rows read by sampled attention calls (for the share of V read).
 
-    calls: int = 0
-    rows_read_per_head: int = 0  # Σ over calls, batch, query heads of distinct sampled keys
+    Every sampled query row counts: decode steps, and prefill rows when ``prefill="sampled"``.
+    """
+
+    calls: int = 0  # sampled attention calls (one per layer and forward)
+    rows_read_per_head: int = 0  # Σ over calls, batch, query rows, heads of distinct sampled keys
     keys_per_head: int = 0  # Σ of visible keys over the same
-    rows_read_per_kv_head: int = 0  # Σ over calls, batch, KV heads of the union over the group
+    rows_read_per_kv_head: int = 0  # Σ over calls, batch, query rows, KV heads of the union over the group
     keys_per_kv_head: int = 0
 
     @property
@@ -61,7 +64,7 @@ class SantaConfig:
     seed: root of all randomness.
     exact_when_budget_covers: when S ≥ the number of keys, sampling cannot read fewer value rows
         than dense attention, so use exact attention instead (turn off to sample regardless).
-    record_stats: accumulate :class:`DecodeStats` (value rows read) over decode steps.
+    record_stats: accumulate :class:`DecodeStats` (value rows read) over sampled calls.
     kernel: decode path for ``sampler="systematic"``: ``"auto"`` (on CUDA the Triton prop kernel
         when the step has no padding mask, else the torch reference), ``"prop"``, ``"flash"``
         (per-tile budgets, not global S²ANTA-sys; both run on any device through
@@ -152,8 +155,9 @@ def kernel_decode(
 
 
 def _record(stats: DecodeStats, counts: torch.Tensor, probs: torch.Tensor, group_size: int) -> None:
-    """counts, probs: ``[B, Hq, 1, n]``."""
-    counts, visible = counts[:, :, 0], probs[:, :, 0] > 0  # [B, Hq, n]
+    """counts, probs: ``[B, Hq, Lq, n]``; every query row (decode step or sampled prefill row) counts."""
+    counts = counts.transpose(1, 2).flatten(0, 1)  # [B·Lq, Hq, n]
+    visible = probs.transpose(1, 2).flatten(0, 1) > 0
     kv_visible = visible.reshape(visible.shape[0], -1, group_size, visible.shape[-1]).any(dim=2)
     stats.calls += 1
     stats.rows_read_per_head += int(unique_keys(counts).sum())
@@ -199,7 +203,7 @@ def santa_attention_forward(
     else:
         generator = layer_generator(config.seed, layer, n_keys, n_queries, query.device)
         counts = sample_counts(probs, budget, config.sampler, generator=generator)
-        if config.record_stats and n_queries == 1:
+        if config.record_stats:
             _record(config.stats, counts, probs, module.num_key_value_groups)
         weights = counts.float() / budget  # ô = (1/S) Σ_j c_j v_j
     v = value.float().repeat_interleave(module.num_key_value_groups, dim=1)  # [B, Hq, Lk, D]
