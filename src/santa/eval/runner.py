@@ -273,8 +273,8 @@ def _run_kl_group(model, tokenizer, prompt: Prompt, group_jobs: list[Job], on_do
     forcing this is the same estimator as ``T − 1`` single-token decode steps: each row samples its
     own causal attention distribution and feeds its sampled output to the next layer, so the K/V
     written for continuation tokens are the ones stepwise decoding would write (only the random
-    draws differ). It costs one forward instead of ``T − 1``. The value rows read are not recorded
-    for chunks (``DecodeStats`` counts single-row steps only): the RULER rows give them.
+    draws differ). It costs one forward instead of ``T − 1``. The value rows read are not reported
+    for KL jobs: the RULER rows give them.
     """
     ids = tokenizer(prompt.text, return_tensors="pt", add_special_tokens=False).input_ids.to(device)
     n_scored = group_jobs[0].max_new_tokens
