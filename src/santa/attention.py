@@ -123,6 +123,28 @@ def topk_probs(probs: torch.Tensor, k: int) -> torch.Tensor:
     return kept / total.masked_fill(total == 0, 1.0)
 
 
+def value_weights(
+    probs: torch.Tensor, budget: int, sampler: str, *, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Weights ``w [..., n]`` with ``ô = Σ_j w_j v_j``, and the sample counts (None for dense, top-k).
+
+    ``"dense"``: w = p. ``"topk"``: the k = budget largest p, renormalised. Samplers: w = c / S.
+    """
+    if sampler == "dense":
+        return probs, None
+    if sampler == "topk":
+        return topk_probs(probs, budget), None
+    counts = sample_counts(probs, budget, sampler, generator=generator)
+    return counts.float() / budget, counts  # ô = (1/S) Σ_j c_j v_j
+
+
+def weighted_values(weights: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """``ô = w·V`` in float32: weights ``[B, Hq, Lq, n]``, value ``[B, Hkv, n, D]`` (each KV head
+    serves ``Hq / Hkv`` query heads) → ``[B, Hq, Lq, D]``."""
+    v = value.float().repeat_interleave(weights.shape[1] // value.shape[1], dim=1)  # [B, Hq, n, D]
+    return torch.matmul(weights, v)
+
+
 def sampled_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -149,17 +171,10 @@ def sampled_attention(
     """
     budget = check_budget(budget)
     check_sampler(sampler, ATTENTION_SAMPLERS)
-    hq, hkv = check_qkv(query, key, value, enable_gqa=enable_gqa)
+    check_qkv(query, key, value, enable_gqa=enable_gqa)
     probs = attention_probs(query, key, scale=scale, is_causal=is_causal, attn_mask=attn_mask)
     nan_rows = torch.isnan(probs).any(dim=-1, keepdim=True)
-    if sampler == "dense":
-        weights = probs
-    elif sampler == "topk":
-        weights = topk_probs(probs, budget)
-    else:
-        counts = sample_counts(probs.nan_to_num(0.0), budget, sampler, generator=generator)
-        weights = counts.float() / budget  # ô = (1/S) Σ_j c_j v_j
-    v = value.float().repeat_interleave(hq // hkv, dim=1)  # [B, Hq, Lk, D]
-    out = torch.matmul(weights.nan_to_num(0.0), v)  # [B, Hq, Lq, D]
+    weights, _ = value_weights(probs.nan_to_num(0.0), budget, sampler, generator=generator)
+    out = weighted_values(weights, value)  # [B, Hq, Lq, D]
     out = out.masked_fill(nan_rows, math.nan)
     return out.to(query.dtype)

@@ -35,24 +35,33 @@ class Answer:
 
 
 @torch.inference_mode()
+def greedy_continue(model, tokenizer, cache, last_logits: torch.Tensor, max_new_tokens: int) -> list[int]:
+    """Greedy decode from a prefilled cache (the first token comes from ``last_logits`` ``[1, V]``)."""
+    stop = stop_token_ids(tokenizer)
+    token = last_logits.argmax(-1, keepdim=True)  # [1, 1]
+    tokens = [int(token)]
+    keyword = cache_keyword(model)
+    for _ in range(max_new_tokens - 1):
+        if tokens[-1] in stop:
+            break
+        out = model(input_ids=token, use_cache=True, **{keyword: cache})
+        cache = returned_cache(out)
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+        tokens.append(int(token))
+    return tokens
+
+
+@torch.inference_mode()
 def greedy_answer(model, tokenizer, prompt: Prompt, max_new_tokens: int) -> tuple[str, float, float, int]:
     """Greedy decode; returns (answer text, prefill seconds, decode seconds, new tokens)."""
     ids = tokenizer(prompt.text, return_tensors="pt", add_special_tokens=False).input_ids.to(model.device)
     start = time.perf_counter()
     out = model(input_ids=ids, use_cache=True)
     prefill_s = time.perf_counter() - start
-    cache, token = returned_cache(out), out.logits[:, -1].argmax(-1, keepdim=True)
-    tokens, stop = [token], stop_token_ids(tokenizer)
     start = time.perf_counter()
-    for _ in range(max_new_tokens - 1):
-        if token.item() in stop:
-            break
-        out = model(input_ids=token, use_cache=True, **{cache_keyword(model): cache})
-        cache, token = returned_cache(out), out.logits[:, -1].argmax(-1, keepdim=True)
-        tokens.append(token)
+    tokens = greedy_continue(model, tokenizer, returned_cache(out), out.logits[:, -1], max_new_tokens)
     decode_s = time.perf_counter() - start
-    generated = torch.cat(tokens, dim=-1)[0]
-    return tokenizer.decode(generated, skip_special_tokens=True).strip(), prefill_s, decode_s, len(tokens)
+    return tokenizer.decode(tokens, skip_special_tokens=True).strip(), prefill_s, decode_s, len(tokens)
 
 
 def stop_token_ids(tokenizer) -> set[int]:

@@ -22,8 +22,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from santa.attention import ATTENTION_SAMPLERS, attention_probs, topk_probs
-from santa.sampling import check_budget, check_sampler, sample_counts
+from santa.attention import ATTENTION_SAMPLERS, attention_probs, value_weights, weighted_values
+from santa.sampling import check_budget, check_sampler
 from santa.stats import unique_keys
 
 IMPLEMENTATION = "santa"
@@ -198,16 +198,11 @@ def santa_attention_forward(
         return kernel_decode(module, config, kernel, query, key, value, scaling), None
     causal = attention_mask is None and n_queries > 1 and (is_causal if is_causal is not None else True)
     probs = attention_probs(query, key, scale=scaling, is_causal=causal, attn_mask=attention_mask)  # [B, Hq, Lq, Lk]
-    if config.sampler == "topk":
-        weights = topk_probs(probs, budget)
-    else:
-        generator = layer_generator(config.seed, layer, n_keys, n_queries, query.device)
-        counts = sample_counts(probs, budget, config.sampler, generator=generator)
-        if config.record_stats:
-            _record(config.stats, counts, probs, module.num_key_value_groups)
-        weights = counts.float() / budget  # ô = (1/S) Σ_j c_j v_j
-    v = value.float().repeat_interleave(module.num_key_value_groups, dim=1)  # [B, Hq, Lk, D]
-    out = torch.matmul(weights, v).to(query.dtype)  # [B, Hq, Lq, D]
+    generator = layer_generator(config.seed, layer, n_keys, n_queries, query.device)
+    weights, counts = value_weights(probs, budget, config.sampler, generator=generator)
+    if config.record_stats and counts is not None:
+        _record(config.stats, counts, probs, module.num_key_value_groups)
+    out = weighted_values(weights, value).to(query.dtype)  # [B, Hq, Lq, D]
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -26,7 +26,7 @@ import torch
 import santa.hf
 from santa.eval.grading import grade
 from santa.eval.tasks import FIXED_LENGTH_TASKS, Prompt, build_prompt
-from santa.generate import cache_keyword, returned_cache, stop_token_ids
+from santa.generate import cache_keyword, greedy_continue, returned_cache
 
 METHODS = ("dense", "iid", "stratified", "systematic", "topk")
 STOCHASTIC = ("iid", "stratified", "systematic")
@@ -186,23 +186,6 @@ def prefill(model, ids: torch.Tensor, config: santa.hf.SantaConfig):
     start = time.perf_counter()
     out = model(input_ids=ids, use_cache=True)
     return returned_cache(out), out.logits[:, -1].float(), time.perf_counter() - start
-
-
-@torch.inference_mode()
-def greedy_continue(model, tokenizer, cache, last_logits: torch.Tensor, max_new_tokens: int) -> list[int]:
-    """Greedy decode from a prefilled cache (the first token comes from ``last_logits``)."""
-    stop = stop_token_ids(tokenizer)
-    token = last_logits.argmax(-1, keepdim=True)  # [1, 1]
-    tokens = [int(token)]
-    keyword = cache_keyword(model)
-    for _ in range(max_new_tokens - 1):
-        if tokens[-1] in stop:
-            break
-        out = model(input_ids=token, use_cache=True, **{keyword: cache})
-        cache = returned_cache(out)
-        token = out.logits[:, -1].argmax(-1, keepdim=True)
-        tokens.append(int(token))
-    return tokens
 
 
 def _share_read(job: Job, config: santa.hf.SantaConfig, n_prompt: int, steps: int) -> tuple[float, float | None]:
