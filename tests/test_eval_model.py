@@ -100,3 +100,42 @@ def test_variance_diagnostics_order_the_samplers(model_and_tokenizer):
         assert result["trace"][s][1] < result["trace"][s][0]  # more samples, less variance
         assert all(u <= b for u, b in zip(result["unique_keys"][s], (8, 32), strict=True))
     assert result["trace"]["stratified"][1] <= result["trace"]["iid"][1]
+
+
+def test_left_padded_batch_decodes_like_one_prompt_at_a_time(model_and_tokenizer):
+    from santa.generate import greedy_continue, greedy_continue_batch, left_pad, padded_forward, returned_cache
+
+    model, tokenizer = model_and_tokenizer
+    santa_hf = pytest.importorskip("santa.hf")
+    santa_hf.configure(model, santa_hf.SantaConfig(sampler="dense"))
+    prompts = [build_prompt("niah_single", tokenizer, n, 0) for n in (LENGTH, LENGTH - 90)]
+    token_lists = [tokenizer(p.text, add_special_tokens=False).input_ids for p in prompts]
+    alone = []
+    for tokens in token_lists:
+        with torch.inference_mode():
+            out = model(input_ids=torch.tensor([tokens]), use_cache=True)
+        alone.append(greedy_continue(model, tokenizer, returned_cache(out), out.logits[:, -1], 12))
+    ids, mask = left_pad(token_lists, tokenizer.eos_token_id, "cpu")
+    assert mask is not None and int(mask[1].sum()) == len(token_lists[1]) < ids.shape[1]  # row 1 is padded
+    with torch.inference_mode():
+        out = padded_forward(model, ids, mask, logits_to_keep=1)
+    batched = greedy_continue_batch(model, tokenizer, returned_cache(out), out.logits[:, -1], 12, mask)
+    assert batched == alone
+
+
+def test_batched_kl_sweep_scores_dense_at_zero_and_matches_unbatched_perplexity(model_and_tokenizer, tmp_path):
+    loaded = model_and_tokenizer
+    jobs = grid(
+        models=["smollm2-135m"], tasks=["kl"], lengths=[LENGTH], methods=["dense", "iid"], budgets=[16],
+        prompts=[0, 1], kl_tokens=6,
+    )
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    run_sweep(jobs, one, device="cpu", batch_size=1, progress=False, load=lambda name, device: loaded)
+    run_sweep(jobs, two, device="cpu", batch_size=2, progress=False, load=lambda name, device: loaded)
+    alone = {(r["prompt"], r["method"]): r for r in read_records(one)}
+    together = {(r["prompt"], r["method"]): r for r in read_records(two)}
+    assert {r["batch"] for r in together.values()} == {2}
+    for prompt in (0, 1):
+        assert together[(prompt, "dense")]["kl"] == pytest.approx(0.0, abs=1e-6)
+        assert together[(prompt, "dense")]["nll"] == pytest.approx(alone[(prompt, "dense")]["nll"], abs=1e-4)
+        assert together[(prompt, "iid")]["kl"] > 0

@@ -3,7 +3,7 @@
 import json
 
 from santa.eval.report import cells, table
-from santa.eval.runner import Job, append_record, grid, read_records, run_sweep
+from santa.eval.runner import Job, append_record, batches, grid, read_records, run_sweep
 
 
 def small_grid(**overrides):
@@ -25,6 +25,25 @@ def test_grid_keeps_jobs_of_one_prompt_together():
     groups = [j.group for j in jobs]
     changes = sum(a != b for a, b in zip(groups, groups[1:], strict=False))
     assert changes == len(set(groups)) - 1
+
+
+def test_batches_hold_one_task_and_at_most_batch_size_prompts():
+    jobs = small_grid(tasks=["niah_single", "kl"], prompts=range(5))
+    split = batches(jobs, 2)
+    assert sorted(j.key() for b in split for j in b) == sorted(j.key() for j in jobs)  # each job once
+    for batch in split:
+        assert len({(j.model, j.length, j.task) for j in batch}) == 1
+        assert len({j.prompt for j in batch}) <= 2
+    # Prompt chunks outer, tasks inner: both tasks get prompts 0-1 before either gets prompt 2.
+    assert [(b[0].task, sorted({j.prompt for j in b})) for b in split[:2]] == [("kl", [0, 1]), ("niah_single", [0, 1])]
+    assert len(split) == 6
+
+
+def test_batch_size_must_be_positive():
+    import pytest
+
+    with pytest.raises(ValueError, match="batch_size"):
+        batches(small_grid(), 0)
 
 
 def test_torn_last_line_is_ignored_and_the_next_record_survives(tmp_path):
@@ -63,7 +82,7 @@ def test_resume_runs_only_the_missing_jobs(tmp_path, monkeypatch):
                 job, {"score": 1.0, "prompt_tokens": 10, "new_tokens": 2, "v_rows_read": 0.5, "v_rows_read_kv": 0.6}
             )
 
-    monkeypatch.setattr(runner, "run_group", fake_group)
+    monkeypatch.setattr(runner, "run_batch", fake_group)
     jobs = small_grid()
     out = tmp_path / "sweep.jsonl"
     try:

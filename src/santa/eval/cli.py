@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--exact-when-covers", action="store_true", help="use exact attention when S ≥ keys (off: always sample)"
     )
     run.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    run.add_argument("--batch", type=int, default=8, help="prompts run together (left-padded)")
     run.add_argument("--threads", type=int, default=None, help="torch CPU threads")
 
     rep = sub.add_parser("report", help="table with bootstrap CIs, and plots")
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             kl_tokens=args.kl_tokens,
             exact_when_covers=args.exact_when_covers,
         )
-        ran = run_sweep(jobs, args.out, device=args.device)
+        ran = run_sweep(jobs, args.out, device=args.device, batch_size=args.batch)
         print(f"{len(jobs)} jobs in the grid, {ran} run now, {len(jobs) - ran} already in {args.out}")
         return 0
     if args.command == "report":

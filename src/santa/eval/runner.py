@@ -1,8 +1,9 @@
 """The sweep runner: a grid of (task, length, method, budget, prompt, seed) jobs, one JSONL line each.
 
-Jobs that share a prompt and a dense prefill are run together: the prompt is prefilled once with
-exact attention and every decode-only job rewinds the KV cache to the prompt and decodes from
-there, so a sweep of M methods costs one prefill, not M. Each finished job is appended to the
+Prompts of one (model, length, task) run in left-padded batches, and every method of the grid runs
+on the whole batch. The batch is prefilled once with exact attention and every decode-only job
+rewinds the KV cache to the prompt and decodes from there, so a sweep of M methods costs one
+prefill, not M. Each finished job is appended to the
 JSONL file at once (one ``write`` of one line on an ``O_APPEND`` descriptor, then ``fsync``), and a
 re-run skips every job whose key is already in the file: a killed sweep loses only the job it was
 running.
@@ -18,7 +19,7 @@ import platform
 import subprocess
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -26,7 +27,7 @@ import torch
 import santa.hf
 from santa.eval.grading import grade
 from santa.eval.tasks import FIXED_LENGTH_TASKS, Prompt, build_prompt
-from santa.generate import cache_keyword, greedy_continue, returned_cache
+from santa.generate import greedy_continue_batch, left_pad, padded_forward, returned_cache
 
 METHODS = ("dense", "iid", "stratified", "systematic", "topk")
 STOCHASTIC = ("iid", "stratified", "systematic")
@@ -169,27 +170,40 @@ def rewind(cache, n_tokens: int) -> None:
 
 
 @dataclass
-class Prefilled:
-    """A prompt after one forward pass: its KV cache and the logits of the last position."""
+class Batch:
+    """Prompts of one (model, task, length), tokenized and left-padded together."""
 
-    prompt: Prompt
-    ids: torch.Tensor  # [1, L] int64
-    cache: object
-    last_logits: torch.Tensor  # [1, V] float32
-    prefill_s: float
-    extra: dict = field(default_factory=dict)
+    prompts: list[Prompt]
+    ids: torch.Tensor  # [B, L] int64, left-padded
+    mask: torch.Tensor | None  # [B, L] int64, 1 = prompt token; None when no row is padded
+    lengths: list[int]  # prompt tokens per row
+
+    def row(self, prompt_seed: int) -> int:
+        return [p.seed for p in self.prompts].index(prompt_seed)
+
+
+def make_batch(task: str, tokenizer, length: int, prompt_seeds: list[int], device) -> Batch:
+    prompts = [build_prompt(task, tokenizer, length, seed) for seed in prompt_seeds]
+    token_lists = [tokenizer(p.text, add_special_tokens=False).input_ids for p in prompts]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    ids, mask = left_pad(token_lists, pad_id or 0, device)
+    return Batch(prompts, ids, mask, [len(t) for t in token_lists])
 
 
 @torch.inference_mode()
-def prefill(model, ids: torch.Tensor, config: santa.hf.SantaConfig):
+def prefill(model, batch: Batch, config: santa.hf.SantaConfig):
+    """Prefill the batch; returns (cache, last-position logits ``[B, V]``, seconds)."""
     santa.hf.configure(model, config)
     start = time.perf_counter()
-    out = model(input_ids=ids, use_cache=True)
+    out = padded_forward(model, batch.ids, batch.mask, logits_to_keep=1)
     return returned_cache(out), out.logits[:, -1].float(), time.perf_counter() - start
 
 
 def _share_read(job: Job, config: santa.hf.SantaConfig, n_prompt: int, steps: int) -> tuple[float, float | None]:
-    """Share of value rows read in decode steps: per query head, and per KV head (GQA union)."""
+    """Share of value rows read in decode steps: per query head, and per KV head (GQA union).
+
+    For sampled methods this is the batch's share (every row of the batch, every decode step).
+    """
     if job.method == "dense" or steps == 0:
         return 1.0, 1.0
     if job.method == "topk":
@@ -200,50 +214,67 @@ def _share_read(job: Job, config: santa.hf.SantaConfig, n_prompt: int, steps: in
     return config.stats.share_per_head, config.stats.share_per_kv_head
 
 
-def run_group(model, tokenizer, group_jobs: list[Job], on_done) -> None:
-    """Run the jobs of one prompt; ``on_done(job, record)`` after each."""
-    first = group_jobs[0]
-    prompt = build_prompt(first.task, tokenizer, first.length, first.prompt)
+def method_cells(jobs: list[Job]) -> list[list[Job]]:
+    """The batch's jobs grouped by what they run (prefill, method, budget, seed), order kept."""
+    cells: dict[tuple, list[Job]] = {}
+    for job in jobs:
+        cells.setdefault((job.prefill, job.method, job.budget, job.seed, job.max_new_tokens), []).append(job)
+    return list(cells.values())
+
+
+def run_batch(model, tokenizer, batch_jobs: list[Job], on_done) -> None:
+    """Run the jobs of a batch of prompts (one model, task, length); ``on_done(job, record)`` after each.
+
+    Every method runs on all prompts of the batch at once. Decode-only jobs share one dense prefill:
+    the cache is rewound to the prompt between methods.
+    """
+    first = batch_jobs[0]
     device = next(model.parameters()).device
+    seeds = sorted({j.prompt for j in batch_jobs})
+    batch = make_batch(first.task, tokenizer, first.length, seeds, device)
     if first.task == "kl":
-        _run_kl_group(model, tokenizer, prompt, group_jobs, on_done, device)
+        _run_kl_batch(model, batch, batch_jobs, on_done)
         return
-    ids = tokenizer(prompt.text, return_tensors="pt", add_special_tokens=False).input_ids.to(device)
-    n_prompt = ids.shape[1]
+    n_padded = batch.ids.shape[1]
     shared = None
-    for job in group_jobs:
+    for cell in method_cells(batch_jobs):
+        job = cell[0]
         config = job.config()
         if job.prefill == "dense":
             if shared is None:
-                shared = prefill(model, ids, santa.hf.SantaConfig(sampler="dense"))
+                shared = prefill(model, batch, santa.hf.SantaConfig(sampler="dense"))
             cache, last_logits, prefill_s = shared
-            rewind(cache, n_prompt)
+            rewind(cache, n_padded)
         else:
-            cache, last_logits, prefill_s = prefill(model, ids, config)
+            cache, last_logits, prefill_s = prefill(model, batch, config)
         santa.hf.configure(model, config)
         config.stats = santa.hf.DecodeStats()  # count decode steps only
         start = time.perf_counter()
-        tokens = greedy_continue(model, tokenizer, cache, last_logits, job.max_new_tokens)
+        rows = greedy_continue_batch(model, tokenizer, cache, last_logits, job.max_new_tokens, batch.mask)
         decode_s = time.perf_counter() - start
-        answer = tokenizer.decode(tokens, skip_special_tokens=True).strip()
-        share, share_kv = _share_read(job, config, n_prompt, len(tokens) - 1)
-        on_done(
-            job,
-            {
-                "score": grade(prompt, answer),
-                "answer": answer,
-                "expected": list(prompt.answers),
-                "prompt_tokens": n_prompt,
-                "new_tokens": len(tokens),
-                "v_rows_read": share,
-                "v_rows_read_kv": share_kv,
-                "prefill_s": prefill_s,
-                "decode_s": decode_s,
-            },
-        )
+        for job in cell:
+            i = batch.row(job.prompt)
+            prompt, tokens = batch.prompts[i], rows[i]
+            answer = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+            share, share_kv = _share_read(job, config, batch.lengths[i], max(len(r) for r in rows) - 1)
+            on_done(
+                job,
+                {
+                    "score": grade(prompt, answer),
+                    "answer": answer,
+                    "expected": list(prompt.answers),
+                    "prompt_tokens": batch.lengths[i],
+                    "new_tokens": len(tokens),
+                    "v_rows_read": share,
+                    "v_rows_read_kv": share_kv,
+                    "batch": len(batch.prompts),
+                    "prefill_s": prefill_s,
+                    "decode_s": decode_s,
+                },
+            )
 
 
-def _run_kl_group(model, tokenizer, prompt: Prompt, group_jobs: list[Job], on_done, device) -> None:
+def _run_kl_batch(model, batch: Batch, batch_jobs: list[Job], on_done) -> None:
     """KL(dense ‖ method) and perplexity on held-out text under teacher forcing.
 
     The first ``L − T`` tokens are prefilled densely; the last ``T`` tokens are the teacher-forced
@@ -259,62 +290,66 @@ def _run_kl_group(model, tokenizer, prompt: Prompt, group_jobs: list[Job], on_do
     draws differ). It costs one forward instead of ``T − 1``. The value rows read are not reported
     for KL jobs: the RULER rows give them.
     """
-    ids = tokenizer(prompt.text, return_tensors="pt", add_special_tokens=False).input_ids.to(device)
-    n_scored = group_jobs[0].max_new_tokens
-    context, continuation = ids[:, :-n_scored], ids[:, -n_scored:]
-    cache, _, prefill_s = prefill(model, context, santa.hf.SantaConfig(sampler="dense"))
+    n_scored = batch_jobs[0].max_new_tokens
+    if min(batch.lengths) <= n_scored:
+        raise ValueError(f"KL prompts need more than {n_scored} tokens, got {min(batch.lengths)}")
+    ids, mask = batch.ids, batch.mask
+    context, continuation = ids[:, :-n_scored], ids[:, -n_scored:]  # left padding: the tail is real text
+    context_mask = None if mask is None else mask[:, :-n_scored]
+    chunk_mask = None if mask is None else mask[:, :-1]
+    context_batch = Batch(batch.prompts, context, context_mask, [n - n_scored for n in batch.lengths])
+    cache, _, prefill_s = prefill(model, context_batch, santa.hf.SantaConfig(sampler="dense"))
     n_context = context.shape[1]
-    targets = continuation[0, 1:]
-    reference = None
-    jobs = sorted(group_jobs, key=lambda j: (j.method != "dense", j.prefill != "dense"))
-    for job in jobs:
+    targets = continuation[:, 1:]  # [B, T−1]
+
+    def chunk_logprobs(config: santa.hf.SantaConfig) -> torch.Tensor:
+        """Teacher-forced chunk over the rewound dense cache → log-probs ``[B, T−1, V]``."""
+        rewind(cache, n_context)
+        santa.hf.configure(model, config)
+        with torch.inference_mode():
+            out = padded_forward(model, continuation[:, :-1], chunk_mask, cache=cache)
+        return torch.log_softmax(out.logits.float(), dim=-1)
+
+    reference = chunk_logprobs(santa.hf.SantaConfig(sampler="dense"))
+    for cell in method_cells(batch_jobs):
+        job = cell[0]
         config = job.config()
         start = time.perf_counter()
-        if job.prefill == "sampled" and job.method != "dense":
+        if job.method == "dense":
+            logprobs = reference
+        elif job.prefill == "sampled":
             # Section 4 setting: every row of the whole text samples, the context's included.
             santa.hf.configure(model, config)
             with torch.inference_mode():
-                out = model(input_ids=ids[:, :-1], use_cache=False)
-            logprobs = torch.log_softmax(out.logits[0, n_context:].float(), dim=-1)  # [T−1, V]
+                out = padded_forward(model, ids[:, :-1], chunk_mask, logits_to_keep=n_scored - 1)
+            logprobs = torch.log_softmax(out.logits.float(), dim=-1)
         else:
-            if job.method != "dense":
-                config.prefill = "sampled"  # the chunk's rows are teacher-forced decode steps
-            rewind(cache, n_context)
-            santa.hf.configure(model, config)
-            with torch.inference_mode():
-                out = model(input_ids=continuation[:, :-1], use_cache=True, **{cache_keyword(model): cache})
-            logprobs = torch.log_softmax(out.logits[0].float(), dim=-1)  # [T−1, V], predicts continuation[1:]
+            config.prefill = "sampled"  # the chunk's rows are teacher-forced decode steps
+            logprobs = chunk_logprobs(config)
         decode_s = time.perf_counter() - start
-        if reference is None:  # the dense job runs first
-            dense_config = santa.hf.SantaConfig(sampler="dense")
-            if job.method == "dense":
-                reference = logprobs
-            else:
-                rewind(cache, n_context)
-                santa.hf.configure(model, dense_config)
-                with torch.inference_mode():
-                    ref_out = model(input_ids=continuation[:, :-1], use_cache=True, **{cache_keyword(model): cache})
-                reference = torch.log_softmax(ref_out.logits[0].float(), dim=-1)
-        kl = (reference.exp() * (reference - logprobs)).sum(-1).clamp_min(0.0)  # [T−1]
-        nll = -logprobs.gather(-1, targets[:, None])[:, 0]
+        kl = (reference.exp() * (reference - logprobs)).sum(-1).clamp_min(0.0)  # [B, T−1]
+        nll = -logprobs.gather(-1, targets[..., None])[..., 0]  # [B, T−1]
         share = 1.0 if job.method == "dense" else None
-        on_done(
-            job,
-            {
-                "score": float(kl.mean()),
-                "kl": float(kl.mean()),
-                "kl_per_token": [round(float(x), 6) for x in kl],
-                "kl_mode": "chunked",
-                "nll": float(nll.mean()),
-                "ppl": math.exp(float(nll.mean())),
-                "prompt_tokens": ids.shape[1],
-                "new_tokens": n_scored - 1,
-                "v_rows_read": share,
-                "v_rows_read_kv": share,
-                "prefill_s": prefill_s,
-                "decode_s": decode_s,
-            },
-        )
+        for job in cell:
+            i = batch.row(job.prompt)
+            on_done(
+                job,
+                {
+                    "score": float(kl[i].mean()),
+                    "kl": float(kl[i].mean()),
+                    "kl_per_token": [round(float(x), 6) for x in kl[i]],
+                    "kl_mode": "chunked",
+                    "nll": float(nll[i].mean()),
+                    "ppl": math.exp(float(nll[i].mean())),
+                    "prompt_tokens": batch.lengths[i],
+                    "new_tokens": n_scored - 1,
+                    "v_rows_read": share,
+                    "v_rows_read_kv": share,
+                    "batch": len(batch.prompts),
+                    "prefill_s": prefill_s,
+                    "decode_s": decode_s,
+                },
+            )
 
 
 def git_commit() -> str | None:
@@ -330,9 +365,38 @@ def git_commit() -> str | None:
         return None
 
 
-def run_sweep(jobs: list[Job], out: str | Path, *, device: str | None = None, progress: bool = True, load=None) -> int:
+def batches(jobs: list[Job], batch_size: int) -> list[list[Job]]:
+    """Split jobs into batches of at most ``batch_size`` prompts of one (model, length, task).
+
+    Order: model, length, then prompt chunk, then task, so that an interrupted sweep holds about as
+    many prompts for every task.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be ≥ 1, got {batch_size}")
+    blocks: dict[tuple, dict[int, list[Job]]] = {}
+    for job in jobs:
+        blocks.setdefault((job.model, job.length, job.task), {}).setdefault(job.prompt, []).append(job)
+    keyed = []
+    for (model, length, task), by_prompt in blocks.items():
+        seeds = sorted(by_prompt)
+        for chunk, k in enumerate(range(0, len(seeds), batch_size)):
+            batch_jobs = [j for seed in seeds[k : k + batch_size] for j in by_prompt[seed]]
+            keyed.append(((model, length, chunk, task), batch_jobs))
+    return [batch_jobs for _, batch_jobs in sorted(keyed, key=lambda item: item[0])]
+
+
+def run_sweep(
+    jobs: list[Job],
+    out: str | Path,
+    *,
+    device: str | None = None,
+    batch_size: int = 8,
+    progress: bool = True,
+    load=None,
+) -> int:
     """Run every job of ``jobs`` not yet in ``out``; returns the number run.
 
+    batch_size: prompts run together (left-padded); every method of the grid runs on the batch.
     ``load(model_name, device)`` → (model, tokenizer) defaults to :func:`santa.assets.load_model`.
     """
     from tqdm import tqdm
@@ -359,14 +423,14 @@ def run_sweep(jobs: list[Job], out: str | Path, *, device: str | None = None, pr
     def on_done(job: Job, result: dict) -> None:
         append_record(out, {"key": job.key(), **asdict(job), **result, **environment, "time": time.time()})
         bar.update(1)
-        bar.set_postfix_str(f"{job.task} {job.method} S={job.budget}")
+        bar.set_postfix_str(f"{job.task} {job.length} {job.method} S={job.budget}")
 
-    groups = itertools.groupby(pending, key=lambda j: j.group)
-    for (model_name, *_), group_jobs in groups:
+    for batch_jobs in batches(pending, batch_size):
+        model_name = batch_jobs[0].model
         if model_name not in loaded:
             loaded.clear()
             loaded[model_name] = load(model_name, device=device)
         model, tokenizer = loaded[model_name]
-        run_group(model, tokenizer, list(group_jobs), on_done)
+        run_batch(model, tokenizer, batch_jobs, on_done)
     bar.close()
     return len(pending)
