@@ -149,3 +149,26 @@ def test_plot_writes_one_figure_per_task(tmp_path):
     paths = plot(cells(records), tmp_path)
     assert sorted(p.name for p in paths) == ["accuracy_m_niah_single_512.png", "kl_m_kl_512.png"]
     assert all(p.stat().st_size > 0 for p in paths)
+
+
+def test_paired_difference_to_dense_on_the_same_prompts():
+    base = {"model": "m", "task": "niah_multivalue", "length": 512, "prefill": "dense", "seed": 0}
+    extra = {"prompt_tokens": 500, "new_tokens": 8, "v_rows_read": 0.1}
+    dense = [{**base, **extra, "method": "dense", "budget": 0, "prompt": p, "score": p / 10} for p in range(6)]
+    # one quarter lower on every prompt; and equal to dense on every prompt
+    lower = [{**r, "method": "topk", "budget": 16, "score": r["score"] - 0.25} for r in dense]
+    same = [{**r, "method": "systematic", "budget": 16} for r in dense]
+    by_method = {c.method: c for c in cells(dense + lower + same)}
+    assert by_method["dense"].delta is None
+    topk, sys = by_method["topk"], by_method["systematic"]
+    assert (topk.delta, topk.delta_low, topk.delta_high) == (-0.25, -0.25, -0.25)  # paired: no prompt-to-prompt spread
+    assert topk.high - topk.low > 0.1  # while the unpaired CI of its mean is wide
+    assert topk.matches_dense is False and sys.matches_dense is True
+
+
+def test_records_read_from_a_gzipped_jsonl(tmp_path):
+    import gzip
+
+    path = tmp_path / "sweep.jsonl.gz"
+    path.write_bytes(gzip.compress(b'{"key": "a", "score": 1}\n{"key": "b", "sco'))
+    assert [r["key"] for r in read_records(path)] == ["a"]

@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("jsonl", nargs="+")
     rep.add_argument("--plots", default=None, help="folder for the plots")
     rep.add_argument("--pivot", action="store_true", help="paper-style tables: methods × S per task")
+    rep.add_argument("--delta", action="store_true", help="with --pivot: paired difference to dense (points)")
 
     var = sub.add_parser("variance", help="variance trace and unique keys vs S on real prompts")
     var.add_argument("--model", default="smollm2-135m")
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
         records = [r for path in args.jsonl for r in read_records(path)]
         all_cells = cells(records)
-        print(pivot(all_cells) if args.pivot else table(all_cells))
+        print(pivot(all_cells, delta=args.delta) if args.pivot else table(all_cells))
         if args.plots and all_cells:
             for path in plot(all_cells, args.plots):
                 print(f"wrote {path}")

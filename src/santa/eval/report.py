@@ -41,23 +41,45 @@ class Cell:
     v_rows_read_kv: float | None
     avg_tokens: float
     ppl: float | None = None
+    # method − dense on the same prompts (paired), with its 95 % bootstrap CI; None for dense / KL
+    delta: float | None = None
+    delta_low: float | None = None
+    delta_high: float | None = None
+
+    @property
+    def matches_dense(self) -> bool | None:
+        """Whether the paired CI of (method − dense) contains 0."""
+        return None if self.delta is None else self.delta_low <= 0.0 <= self.delta_high
 
 
 def cells(records: list[dict]) -> list[Cell]:
     """One cell per (model, task, length, prefill, method, budget). Scores are first averaged over
-    seeds per prompt, then bootstrapped over prompts (the prompts are the sampling unit)."""
+    seeds per prompt, then bootstrapped over prompts (the prompts are the sampling unit).
+
+    Each sampled or top-k cell of a RULER-style task also gets the paired difference to dense
+    (dense-prefill dense on the same prompts): the mean of per-prompt (method − dense) and its
+    bootstrap CI, much tighter than comparing two unpaired CIs.
+    """
     grouped: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
         prefill = r["prefill"]
         if r["task"] == "kl" and r.get("kl_mode", "stepwise") != "chunked":
             prefill += "/stepwise"  # KL scored by single-token decode steps (an earlier mode)
         grouped[(r["model"], r["task"], r["length"], prefill, r["method"], r["budget"])].append(r)
+    dense_scores: dict[tuple, dict[int, float]] = defaultdict(dict)
+    for r in records:
+        if r["method"] == "dense" and r["prefill"] == "dense" and r["task"] != "kl":
+            dense_scores[(r["model"], r["task"], r["length"])][r["prompt"]] = r["score"]
     out = []
     for key, rows in grouped.items():
         per_prompt: dict[int, list[float]] = defaultdict(list)
         for r in rows:
             per_prompt[r["prompt"]].append(r["score"])
         mean, low, high = bootstrap_ci([np.mean(v) for v in per_prompt.values()])
+        model, task, length, _, method, _ = key
+        dense = dense_scores.get((model, task, length), {})
+        paired = [np.mean(v) - dense[p] for p, v in per_prompt.items() if p in dense]
+        delta = bootstrap_ci(paired) if method != "dense" and paired else (None, None, None)
         kv = [r["v_rows_read_kv"] for r in rows if r.get("v_rows_read_kv") is not None]
         ppl = [r["nll"] for r in rows if "nll" in r]
         out.append(
@@ -74,6 +96,9 @@ def cells(records: list[dict]) -> list[Cell]:
                 v_rows_read_kv=float(np.mean(kv)) if kv else None,
                 avg_tokens=float(np.mean([r["prompt_tokens"] + r["new_tokens"] for r in rows])),
                 ppl=float(np.exp(np.mean(ppl))) if ppl else None,
+                delta=delta[0],
+                delta_low=delta[1],
+                delta_high=delta[2],
             )
         )
     order = {m: i for i, m in enumerate(METHODS)}
@@ -103,11 +128,12 @@ def table(all_cells: list[Cell]) -> str:
     return "\n".join(lines)
 
 
-def pivot(all_cells: list[Cell]) -> str:
+def pivot(all_cells: list[Cell], *, delta: bool = False) -> str:
     """Paper-style tables: one per (model, task, length, prefill); rows = methods, columns = S.
 
-    Each entry is ``score [95 % CI]`` (%; KL in nats/token for ``task="kl"``) and, for the RULER
-    tasks, the share of value rows read per head beneath it is in :func:`table`.
+    Each entry is ``score [95 % CI]`` (%; KL in nats/token for ``task="kl"``); the share of value
+    rows read per head is in :func:`table`. ``delta=True``: RULER entries are the paired difference
+    to dense in points, ``Δ [95 % CI]``, marked ``*`` where the CI excludes 0.
     """
     blocks = []
     panels: dict[tuple, list[Cell]] = defaultdict(list)
@@ -116,11 +142,14 @@ def pivot(all_cells: list[Cell]) -> str:
     for (model, task, length, prefill), group in panels.items():
         budgets = sorted({c.budget for c in group if c.method != "dense"})
         n_prompts = sorted({c.n_prompts for c in group})
-        fmt = (
-            (lambda c: f"{c.mean:.3f} [{c.low:.3f}, {c.high:.3f}]")
-            if task == "kl"
-            else (lambda c: f"{100 * c.mean:.1f} [{100 * c.low:.1f}, {100 * c.high:.1f}]")
-        )
+        def fmt(c: Cell, kl: bool = task == "kl") -> str:
+            if kl:
+                return f"{c.mean:.3f} [{c.low:.3f}, {c.high:.3f}]"
+            if delta and c.delta is not None:
+                mark = "" if c.matches_dense else "*"
+                return f"{100 * c.delta:+.1f} [{100 * c.delta_low:+.1f}, {100 * c.delta_high:+.1f}]{mark}"
+            return f"{100 * c.mean:.1f} [{100 * c.low:.1f}, {100 * c.high:.1f}]"
+
         header = f"**{model} · {task} · {length or 'item'} tokens · {prefill} prefill** (prompts per cell: {', '.join(map(str, n_prompts))})"
         lines = [
             header,

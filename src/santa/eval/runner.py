@@ -11,6 +11,7 @@ running.
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import math
@@ -126,12 +127,16 @@ def grid(
 
 
 def read_records(path: str | Path) -> list[dict]:
-    """Every complete record of a JSONL file (a torn last line from a killed run is ignored)."""
+    """Every complete record of a JSONL file, plain or ``.gz`` (a torn last line from a killed run
+    is ignored)."""
     path = Path(path)
     if not path.exists():
         return []
+    data = path.read_bytes()
+    if path.suffix == ".gz":
+        data = gzip.decompress(data)
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in data.decode("utf-8").splitlines():
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
