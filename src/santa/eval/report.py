@@ -133,11 +133,13 @@ def pivot(all_cells: list[Cell], *, delta: bool = False) -> str:
 
     Each entry is ``score [95 % CI]`` (%; KL in nats/token for ``task="kl"``); the share of value
     rows read per head is in :func:`table`. ``delta=True``: RULER entries are the paired difference
-    to dense in points, ``Δ [95 % CI]``, marked ``*`` where the CI excludes 0.
+    to dense in points, ``Δ [95 % CI]``, marked ``*`` where the CI excludes 0 (KL panels are left out).
     """
     blocks = []
     panels: dict[tuple, list[Cell]] = defaultdict(list)
     for c in all_cells:
+        if delta and c.task == "kl":
+            continue
         panels[(c.model, c.task, c.length, c.prefill)].append(c)
     for (model, task, length, prefill), group in panels.items():
         budgets = sorted({c.budget for c in group if c.method != "dense"})
@@ -223,6 +225,52 @@ def plot(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
         fig.tight_layout()
         path = out_dir / f"{'kl' if task == 'kl' else 'accuracy'}_{model}_{task}_{length}.png"
         fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def plot_delta(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
+    """Paired difference to dense vs budget: one figure per (model, length, prefill), one panel per
+    RULER-style task, every method as a line with its 95 % CI. A budget is safe for a task where
+    the band contains 0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figures: dict[tuple, dict[str, list[Cell]]] = defaultdict(lambda: defaultdict(list))
+    for c in all_cells:
+        if c.delta is not None:
+            figures[(c.model, c.length, c.prefill)][c.task].append(c)
+    written = []
+    for (model, length, prefill), tasks in figures.items():
+        names = sorted(tasks)
+        fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.4), sharey=True, squeeze=False)
+        for ax, task in zip(axes[0], names, strict=True):
+            ax.axhline(0.0, color="grey", lw=1)
+            for method in METHODS[1:]:
+                line = sorted((c for c in tasks[task] if c.method == method), key=lambda c: c.budget)
+                if not line:
+                    continue
+                x = [c.budget for c in line]
+                y = np.array([100 * c.delta for c in line])
+                low = np.array([100 * c.delta_low for c in line])
+                high = np.array([100 * c.delta_high for c in line])
+                ax.plot(x, y, "o-", color=COLORS[method], label=method, ms=4)
+                ax.fill_between(x, low, high, color=COLORS[method], alpha=0.15)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{task} ({tasks[task][0].n_prompts} prompts)", fontsize=9)
+            ax.set_xlabel("budget S (top-k: k)")
+            ax.grid(alpha=0.3, which="both")
+        axes[0][0].set_ylabel("method − dense (points, paired)")
+        axes[0][0].legend(fontsize=7)
+        fig.suptitle(f"{model} · {length} tokens · {prefill} prefill", fontsize=10)
+        fig.tight_layout()
+        path = out_dir / f"delta_{model}_{length}_{prefill}.png"
+        fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
     return written
