@@ -174,3 +174,17 @@ def test_records_read_from_a_gzipped_jsonl(tmp_path):
     path = tmp_path / "sweep.jsonl.gz"
     path.write_bytes(gzip.compress(b'{"key": "a", "score": 1}\n{"key": "b", "sco'))
     assert [r["key"] for r in read_records(path)] == ["a"]
+
+
+def test_smallest_matching_budget_needs_every_larger_budget_to_match():
+    from santa.eval.report import smallest_matching_budgets
+
+    base = {"model": "m", "task": "niah_single", "length": 512, "prefill": "dense", "seed": 0}
+    extra = {"prompt_tokens": 500, "new_tokens": 8, "v_rows_read": 0.1}
+    dense = [{**base, **extra, "method": "dense", "budget": 0, "prompt": p, "score": 1.0} for p in range(8)]
+    # systematic: loses every prompt at S=16, matches at 32, loses at 64, matches at 128 → safe from 128
+    lose = {16: True, 32: False, 64: True, 128: False}
+    sys = [{**r, "method": "systematic", "budget": s, "score": 0.0 if lose[s] else 1.0} for r in dense for s in lose]
+    topk = [{**r, "method": "topk", "budget": s, "score": 0.0} for r in dense for s in (16, 128)]
+    table_text = smallest_matching_budgets(cells(dense + sys + topk))
+    assert table_text.splitlines()[-1] == "| m | 512 | dense | niah_single | 8 | 128 | >128 | ±0.0 pts |"

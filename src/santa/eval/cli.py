@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--plots", default=None, help="folder for the plots")
     rep.add_argument("--pivot", action="store_true", help="paper-style tables: methods × S per task")
     rep.add_argument("--delta", action="store_true", help="with --pivot: paired difference to dense (points)")
+    rep.add_argument(
+        "--smallest-budgets", action="store_true", help="per task: smallest S matching dense from there on"
+    )
 
     var = sub.add_parser("variance", help="variance trace and unique keys vs S on real prompts")
     var.add_argument("--model", default="smollm2-135m")
@@ -96,12 +99,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(jobs)} jobs in the grid, {ran} run now, {len(jobs) - ran} already in {args.out}")
         return 0
     if args.command == "report":
-        from santa.eval.report import cells, pivot, plot, plot_delta, table
+        from santa.eval.report import cells, pivot, plot, plot_delta, smallest_matching_budgets, table
         from santa.eval.runner import read_records
 
         records = [r for path in args.jsonl for r in read_records(path)]
         all_cells = cells(records)
-        print(pivot(all_cells, delta=args.delta) if args.pivot else table(all_cells))
+        if args.smallest_budgets:
+            print(smallest_matching_budgets(all_cells))
+        else:
+            print(pivot(all_cells, delta=args.delta) if args.pivot else table(all_cells))
         if args.plots and all_cells:
             for path in plot(all_cells, args.plots) + plot_delta(all_cells, args.plots):
                 print(f"wrote {path}")

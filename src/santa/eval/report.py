@@ -172,6 +172,39 @@ def pivot(all_cells: list[Cell], *, delta: bool = False) -> str:
     return "\n\n".join(blocks)
 
 
+def smallest_matching_budgets(all_cells: list[Cell]) -> str:
+    """Per (model, length, prefill, task): for each method, the smallest S from which no loss
+    against dense is detectable — the paired CI's upper end is ≥ 0 — at that S and every larger S
+    measured (">S_max" where none qualifies).
+
+    A budget picker, with its limit stated: no loss detectable at n prompts is not no loss (the CI
+    half-width is printed so the reader sees what size of loss would go unseen).
+    """
+    groups: dict[tuple, dict[str, list[Cell]]] = defaultdict(lambda: defaultdict(list))
+    for c in all_cells:
+        if c.delta is not None:
+            groups[(c.model, c.length, c.prefill, c.task)][c.method].append(c)
+    methods = [m for m in METHODS[1:] if any(m in g for g in groups.values())]
+    lines = [
+        "| model | length | prefill | task | prompts | " + " | ".join(methods) + " | CI half-width at the largest S |",
+        "|---|---:|---|---|---:|" + "---:|" * len(methods) + "---:|",
+    ]
+    for (model, length, prefill, task), by_method in sorted(groups.items()):
+        entries, widths, n = [], [], 0
+        for method in methods:
+            line = sorted(by_method.get(method, []), key=lambda c: c.budget)
+            if not line:
+                entries.append("–")
+                continue
+            n = max(n, line[-1].n_prompts)
+            widths.append(100 * (line[-1].delta_high - line[-1].delta_low) / 2)
+            safe = next((c.budget for i, c in enumerate(line) if all(d.delta_high >= 0 for d in line[i:])), None)
+            entries.append(str(safe) if safe is not None else f">{line[-1].budget}")
+        width = f"±{max(widths):.1f} pts" if widths else "–"
+        lines.append(f"| {model} | {length} | {prefill} | {task} | {n} | " + " | ".join(entries) + f" | {width} |")
+    return "\n".join(lines)
+
+
 COLORS = {"iid": "tab:orange", "stratified": "tab:green", "systematic": "tab:blue", "topk": "tab:red"}
 
 
