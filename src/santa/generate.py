@@ -79,7 +79,7 @@ def greedy_continue_batch(
     Rows that stopped keep decoding until every row has stopped; their extra tokens are dropped.
     """
     stop = stop_token_ids(tokenizer)
-    stop_ids = torch.tensor(sorted(stop), device=last_logits.device)
+    stop_ids = torch.tensor(sorted(stop), dtype=torch.long, device=last_logits.device)
     token = last_logits.argmax(-1, keepdim=True)  # [B, 1]
     steps = [token]
     finished = torch.isin(token[:, 0], stop_ids)
