@@ -170,3 +170,16 @@ def test_mixed_devices_raise_on_meta():
     q, k, v = qkv()
     with pytest.raises(ValueError, match="one device"):
         santa.sampled_attention(q.to("meta"), k, v, 4, enable_gqa=True)
+
+
+def test_grouped_heads_read_their_own_kv_head_without_copies():
+    from santa.attention import attention_probs, weighted_values
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(2, 6, 3, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)
+    probs = attention_probs(q, k, scale=0.3)
+    repeated = attention_probs(q, k.repeat_interleave(3, dim=1), scale=0.3)  # query head h ↔ KV head h // 3
+    torch.testing.assert_close(probs, repeated)
+    torch.testing.assert_close(weighted_values(probs, v), weighted_values(probs, v.repeat_interleave(3, dim=1)))
+    with pytest.raises(ValueError, match="must divide the 6 query heads"):
+        attention_probs(q, torch.randn(2, 4, 5, 8))

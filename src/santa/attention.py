@@ -98,13 +98,17 @@ def attention_probs(
 ) -> torch.Tensor:
     """Softmax weights ``p = softmax(q·kᵀ·scale + bias)`` in float32: ``[B, Hq, Lq, Lk]``.
 
-    key may have fewer heads (GQA): it is repeated to ``Hq``. A fully masked row gets all-zero
+    key may have fewer heads (GQA, ``Hkv`` dividing ``Hq``): query head h reads KV head
+    h // (Hq / Hkv), without copying K. A fully masked row gets all-zero
     weights (not NaN); a NaN in q or k gives a NaN row.
     """
-    hq, hkv = query.shape[1], key.shape[1]
-    k = key.float().repeat_interleave(hq // hkv, dim=1)  # [B, Hq, Lk, D]
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-    scores = torch.matmul(query.float(), k.transpose(-1, -2)) * scale  # [B, Hq, Lq, Lk]
+    b, hq, lq, d = query.shape
+    hkv, lk = key.shape[1], key.shape[2]
+    _check_groups(hq, hkv, "key")
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    # Query head h reads KV head h // G: view the G heads of a group as G·Lq rows, no copy of K.
+    grouped = query.float().reshape(b, hkv, (hq // hkv) * lq, d)
+    scores = torch.matmul(grouped, key.float().transpose(-1, -2)).reshape(b, hq, lq, lk) * scale
     bias = attention_bias(query.shape[2], key.shape[2], is_causal=is_causal, attn_mask=attn_mask, device=query.device)
     if bias is not None:
         scores = scores + bias
@@ -141,8 +145,16 @@ def value_weights(
 def weighted_values(weights: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """``ô = w·V`` in float32: weights ``[B, Hq, Lq, n]``, value ``[B, Hkv, n, D]`` (each KV head
     serves ``Hq / Hkv`` query heads) → ``[B, Hq, Lq, D]``."""
-    v = value.float().repeat_interleave(weights.shape[1] // value.shape[1], dim=1)  # [B, Hq, n, D]
-    return torch.matmul(weights, v)
+    b, hq, lq, n = weights.shape
+    hkv = value.shape[1]
+    _check_groups(hq, hkv, "value")
+    grouped = weights.reshape(b, hkv, (hq // hkv) * lq, n)  # the G query heads of a KV head, as rows
+    return torch.matmul(grouped, value.float()).reshape(b, hq, lq, value.shape[-1])
+
+
+def _check_groups(hq: int, hkv: int, name: str) -> None:
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"{name} has {hkv} heads, which must divide the {hq} query heads (GQA)")
 
 
 def sampled_attention(
