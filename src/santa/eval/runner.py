@@ -3,10 +3,9 @@
 Prompts of one (model, length, task) run in left-padded batches, and every method of the grid runs
 on the whole batch. The batch is prefilled once with exact attention and every decode-only job
 rewinds the KV cache to the prompt and decodes from there, so a sweep of M methods costs one
-prefill, not M. Each finished job is appended to the
-JSONL file at once (one ``write`` of one line on an ``O_APPEND`` descriptor, then ``fsync``), and a
-re-run skips every job whose key is already in the file: a killed sweep loses only the job it was
-running.
+prefill, not M. Each finished job is appended to the JSONL file at once (one ``write`` of one line
+on an ``O_APPEND`` descriptor, then ``fsync``), and a re-run skips every job whose key is already in
+the file: a killed sweep loses only the method it was running on the batch in flight.
 """
 
 from __future__ import annotations
