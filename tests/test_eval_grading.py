@@ -40,6 +40,13 @@ def test_gsm8k_reads_the_last_line_then_the_last_25_tokens():
     assert gsm8k_extract("") is None
 
 
+def test_gsm8k_reads_the_last_boxed_number_first():
+    qwen_style = "100 - 20 = 80\nThe final answer is:\n\\[\n\\boxed{80}\n\\]"
+    assert gsm8k_extract(qwen_style) == "80"  # the last-line rule alone would find no number, then 100
+    assert gsm8k_extract("first \\boxed{3}, corrected: \\boxed{ $1,250 }\nDone") == "1,250"
+    assert gsm8k_extract("no box here\n42") == "42"
+
+
 def test_numeric_compare_normalises_commas_and_decimals():
     assert numbers_equal("1,234", "1234")
     assert numbers_equal("18", "18.0")

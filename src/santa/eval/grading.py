@@ -2,7 +2,8 @@
 
 RULER tasks follow the paper's Appendix N (Table 22); GSM8K and MMLU follow its Llama-8B
 protocol (Tables 20, 21). PRM800K's numeric grader is replaced by a normalised numeric compare:
-both sides parsed as numbers (commas dropped) and compared exactly (|a − b| < 1e-6).
+both sides parsed as numbers (commas dropped) and compared exactly (|a − b| < 1e-6); a final
+``\\boxed{N}`` in a GSM8K answer is read before the paper's last-line rule.
 """
 
 from __future__ import annotations
@@ -38,9 +39,20 @@ def string_match_all(answer: str, expected: tuple[str, ...]) -> float:
     return sum(e.lower() in text for e in expected) / len(expected)
 
 
+BOXED = re.compile(r"\\boxed\{\s*\$?\s*(-?\d[\d,]*(?:\.\d+)?)")
+
+
 def gsm8k_extract(answer: str) -> str | None:
-    """The paper's Llama-8B extraction: first integer-looking token (commas allowed, optional minus)
-    of the last non-empty line; failing that, of the final 25 whitespace-separated tokens."""
+    """The number a GSM8K answer ends on.
+
+    A final ``\\boxed{N}`` wins (the convention of math-tuned models such as Qwen2.5, which put it
+    above a closing ``\\]`` line where the rule below would find no number). Otherwise the
+    paper's Llama-8B extraction: the first integer-looking token (commas allowed, optional minus)
+    of the last non-empty line; failing that, of the final 25 whitespace-separated tokens.
+    """
+    boxed = BOXED.findall(answer)
+    if boxed:
+        return boxed[-1]
     lines = [line for line in answer.splitlines() if line.strip()]
     for chunk in ([lines[-1]] if lines else []) + [" ".join(answer.split()[-25:])]:
         match = INTEGER.search(chunk)
