@@ -411,6 +411,19 @@ def bench_real(cap, results, flusher, args, fi, device=None, save=None):
     results["real/seconds"] = time.time() - t0
 
 
+def _latency_lines(ax, sizes, names, timing):
+    """One line per backend: median µs vs n_k on log–log axes. ``timing(n, name)`` → a timing dict
+    with ``median_us`` (or an empty dict where that case was not measured)."""
+    for name in names:
+        pts = [(n, timing(n, name).get("median_us")) for n in sizes]
+        pts = [p for p in pts if p[1] is not None]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+
+
 def plot_real(results, path):
     try:
         import matplotlib
@@ -429,17 +442,10 @@ def plot_real(results, path):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.8))
     real_layers = [x for x in layers if x != "Lgaussian"]
     show = real_layers[0] if real_layers else layers[0]
-    for name in names:
-        pts = [(n, results.get(f"real/{show}/n{n}/{name}", {}).get("graph", {}).get("median_us")) for n in sizes]
-        pts = [p for p in pts if p[1] is not None]
-        if pts:
-            ax1.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-    ax1.set_xscale("log", base=2)
-    ax1.set_yscale("log")
+    _latency_lines(ax1, sizes, names, lambda n, name: results.get(f"real/{show}/n{n}/{name}", {}).get("graph", {}))
     ax1.set_xlabel("n_k (captured length; longer = tiled captures)")
     ax1.set_ylabel("µs (median, clean cold L2, CUDA graph)")
     ax1.set_title(f"SmolLM2 {show} (H=9, H_kv=3, d=64), batch 1")
-    ax1.legend(fontsize=7)
     n0 = sizes[0]
     configs = [c for c in names if c.startswith("santa_")]
     width = 0.8 / max(1, len(layers))
@@ -523,17 +529,10 @@ def plot(results, path):
     sizes = sorted({int(k.split("/")[1][1:]) for k in results if k.startswith("b1/n")})
     fig, ax = plt.subplots(figsize=(7, 4.5))
     names = sorted({k.split("/")[2] for k in results if k.startswith("b1/n") and k.count("/") == 2 and "peaked" not in k})
-    for name in names:
-        ys = [results.get(f"b1/n{n}/{name}", {}).get("eager", {}).get("median_us") for n in sizes]
-        pts = [(n, y) for n, y in zip(sizes, ys, strict=True) if y is not None]
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    _latency_lines(ax, sizes, names, lambda n, name: results.get(f"b1/n{n}/{name}", {}).get("eager", {}))
     ax.set_xlabel("n_k (keys)")
     ax.set_ylabel("µs per decode step (median, clean cold L2)")
     ax.set_title("Decode attention, Llama-3.1-8B shapes, batch 1, H200")
-    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
