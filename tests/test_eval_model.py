@@ -103,11 +103,11 @@ def test_variance_diagnostics_order_the_samplers(model_and_tokenizer):
 
 
 def test_left_padded_batch_decodes_like_one_prompt_at_a_time(model_and_tokenizer):
+    import santa.hf
     from santa.generate import greedy_continue, greedy_continue_batch, left_pad, padded_forward, returned_cache
 
     model, tokenizer = model_and_tokenizer
-    santa_hf = pytest.importorskip("santa.hf")
-    santa_hf.configure(model, santa_hf.SantaConfig(sampler="dense"))
+    santa.hf.configure(model, santa.hf.SantaConfig(sampler="dense"))
     prompts = [build_prompt("niah_single", tokenizer, n, 0) for n in (LENGTH, LENGTH - 90)]
     token_lists = [tokenizer(p.text, add_special_tokens=False).input_ids for p in prompts]
     alone = []

@@ -114,7 +114,7 @@ def greedy_answer(model, tokenizer, prompt: Prompt, max_new_tokens: int) -> tupl
     """Greedy decode; returns (answer text, prefill seconds, decode seconds, new tokens)."""
     ids = tokenizer(prompt.text, return_tensors="pt", add_special_tokens=False).input_ids.to(model.device)
     start = time.perf_counter()
-    out = model(input_ids=ids, use_cache=True)
+    out = padded_forward(model, ids, None, logits_to_keep=1)
     prefill_s = time.perf_counter() - start
     start = time.perf_counter()
     tokens = greedy_continue(model, tokenizer, returned_cache(out), out.logits[:, -1], max_new_tokens)

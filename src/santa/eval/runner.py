@@ -256,11 +256,12 @@ def run_batch(model, tokenizer, batch_jobs: list[Job], on_done) -> None:
         start = time.perf_counter()
         rows = greedy_continue_batch(model, tokenizer, cache, last_logits, job.max_new_tokens, batch.mask)
         decode_s = time.perf_counter() - start
+        steps = max(len(r) for r in rows) - 1  # decode steps the batch ran (the first token is the prefill's)
         for job in cell:
             i = batch.row(job.prompt)
             prompt, tokens = batch.prompts[i], rows[i]
             answer = tokenizer.decode(tokens, skip_special_tokens=True).strip()
-            share, share_kv = _share_read(job, config, batch.lengths[i], max(len(r) for r in rows) - 1)
+            share, share_kv = _share_read(job, config, batch.lengths[i], steps)
             on_done(
                 job,
                 {
