@@ -90,7 +90,16 @@ case "$STAGE" in
   qwen)
     stash
     [ -f /tmp/santa/Qwen2.5-Coder-0.5B-Instruct.gguf ] || cat /tmp/chunks/qw{1,2,3,4,5,6,7,8,9} > /tmp/santa/Qwen2.5-Coder-0.5B-Instruct.gguf
-    model_sweeps qwen2.5-coder-0.5b qwen 4096,8192
+    # Dense screen and KL first, then the grid in order of what it can tell: the multi-hop and
+    # partial-credit tasks before the needles that dense already saturates (98–100 %).
+    resume_from qwen
+    J=/tmp/sweeps/qwen.jsonl
+    M="--model qwen2.5-coder-0.5b --out $J --prompts 0-49"
+    ev $M --batch 50 --tasks $RULER --lengths 4096,8192 --methods dense
+    ev $M --batch 50 --tasks kl --lengths 4096,8192
+    for T in variable_tracking,niah_multivalue fwe,cwe niah_multikey,niah_single; do
+      ev $M --batch 50 --tasks "$T" --lengths 4096,8192
+    done
     variance qwen2.5-coder-0.5b 8192 8
     ev $M --batch 50 --tasks gsm8k,mmlu --methods dense,systematic,iid,topk --budgets 64,256 --max-new-tokens 256
     ;;
