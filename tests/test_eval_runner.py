@@ -188,3 +188,16 @@ def test_smallest_matching_budget_needs_every_larger_budget_to_match():
     topk = [{**r, "method": "topk", "budget": s, "score": 0.0} for r in dense for s in (16, 128)]
     table_text = smallest_matching_budgets(cells(dense + sys + topk))
     assert table_text.splitlines()[-1] == "| m | 512 | dense | niah_single | 8 | 128 | >128 | ±0.0 pts |"
+
+
+def test_kl_pivot_ends_with_the_loglog_slope():
+    from santa.eval.report import pivot
+
+    base = {"model": "m", "task": "kl", "length": 512, "prefill": "dense", "seed": 0, "prompt_tokens": 500, "new_tokens": 0}
+    dense = [{**base, "method": "dense", "budget": 0, "prompt": p, "score": 0.0, "nll": 1.0} for p in range(3)]
+    # KL = 2 / S on every prompt: a slope of exactly −1
+    sampled = [{**r, "method": "iid", "budget": s, "score": 2.0 / s} for r in dense for s in (16, 32, 64)]
+    lines = pivot(cells(dense + sampled)).splitlines()
+    assert lines[2] == "| method | S=16 | S=32 | S=64 | slope |"
+    assert lines[-1].endswith("| -1.00 |")
+    assert lines[-2].count("|") == lines[2].count("|")  # the dense row fills every column

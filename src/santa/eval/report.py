@@ -24,6 +24,11 @@ def bootstrap_ci(values, *, n_resamples: int = 2000, level: float = 0.95, seed: 
     return float(x.mean()), float(low), float(high)
 
 
+def loglog_slope(x, y) -> float:
+    """Least-squares slope of log y on log x (−1 for y ∝ 1/x)."""
+    return float(np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1)[0])
+
+
 @dataclass
 class Cell:
     model: str
@@ -134,6 +139,7 @@ def pivot(all_cells: list[Cell], *, delta: bool = False) -> str:
     Each entry is ``score [95 % CI]`` (%; KL in nats/token for ``task="kl"``); the share of value
     rows read per head is in :func:`table`. ``delta=True``: RULER entries are the paired difference
     to dense in points, ``Δ [95 % CI]``, marked ``*`` where the CI excludes 0 (KL panels are left out).
+    KL panels end with the fitted log–log slope of KL vs S per method (−1 for a variance ∝ 1/S).
     """
     blocks = []
     panels: dict[tuple, list[Cell]] = defaultdict(list)
@@ -153,11 +159,13 @@ def pivot(all_cells: list[Cell], *, delta: bool = False) -> str:
             return f"{100 * c.mean:.1f} [{100 * c.low:.1f}, {100 * c.high:.1f}]"
 
         header = f"**{model} · {task} · {length or 'item'} tokens · {prefill} prefill** (prompts per cell: {', '.join(map(str, n_prompts))})"
+        slopes = task == "kl" and len(budgets) > 1
+        columns = [f"S={b}" for b in budgets] or ["score"]
         lines = [
             header,
             "",
-            "| method | " + " | ".join([f"S={b}" for b in budgets] or ["score"]) + " |",
-            "|---|" + "---|" * max(len(budgets), 1),
+            "| method | " + " | ".join(columns + ["slope"] * slopes) + " |",
+            "|---|" + "---|" * (len(columns) + slopes),
         ]
         for method in METHODS:
             row = {c.budget: c for c in group if c.method == method}
@@ -165,9 +173,14 @@ def pivot(all_cells: list[Cell], *, delta: bool = False) -> str:
                 continue
             if method == "dense":
                 (c,) = row.values()
-                lines.append(f"| dense | {fmt(c)}{' (all S)' if budgets else ''} |" + " |" * max(len(budgets) - 1, 0))
-            else:
-                lines.append(f"| {method} | " + " | ".join(fmt(row[b]) if b in row else "" for b in budgets) + " |")
+                filler = max(len(budgets) - 1, 0) + slopes
+                lines.append(f"| dense | {fmt(c)}{' (all S)' if budgets else ''} |" + " |" * filler)
+                continue
+            entries = [fmt(row[b]) if b in row else "" for b in budgets]
+            if slopes:
+                fitted = [(b, c.mean) for b, c in sorted(row.items()) if c.mean > 0]
+                entries.append(f"{loglog_slope(*zip(*fitted)):.2f}" if len(fitted) > 1 else "–")
+            lines.append(f"| {method} | " + " | ".join(entries) + " |")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 

@@ -20,6 +20,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from santa.attention import attention_probs
+from santa.eval.report import loglog_slope
 from santa.eval.tasks import build_prompt
 from santa.sampling import sample_counts
 from santa.stats import unique_keys, variance_trace
@@ -114,11 +115,6 @@ def diagnostics(
     }
     result["slopes"] = {s: loglog_slope(budgets, result["trace"][s]) for s in SAMPLERS}
     return result
-
-
-def loglog_slope(x, y) -> float:
-    """Least-squares slope of log y on log x."""
-    return float(np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1)[0])
 
 
 def plot_diagnostics(result: dict, path: str | Path) -> Path:
