@@ -178,8 +178,9 @@ def pivot(all_cells: list[Cell], *, delta: bool = False) -> str:
                 continue
             entries = [fmt(row[b]) if b in row else "" for b in budgets]
             if slopes:
-                fitted = [(b, c.mean) for b, c in sorted(row.items()) if c.mean > 0]
-                entries.append(f"{loglog_slope(*zip(*fitted)):.2f}" if len(fitted) > 1 else "–")
+                fitted = [b for b in sorted(row) if row[b].mean > 0]
+                kl = [row[b].mean for b in fitted]
+                entries.append(f"{loglog_slope(fitted, kl):.2f}" if len(fitted) > 1 else "–")
             lines.append(f"| {method} | " + " | ".join(entries) + " |")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
