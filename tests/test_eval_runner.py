@@ -201,3 +201,19 @@ def test_kl_pivot_ends_with_the_loglog_slope():
     assert lines[2] == "| method | S=16 | S=32 | S=64 | slope |"
     assert lines[-1].endswith("| -1.00 |")
     assert lines[-2].count("|") == lines[2].count("|")  # the dense row fills every column
+
+
+def test_compare_methods_pairs_prompts_per_budget_and_pools_over_budgets():
+    import pytest
+
+    from santa.eval.report import compare_methods
+
+    base = {"model": "m", "task": "fwe", "length": 512, "prefill": "dense", "seed": 0}
+    # systematic beats top-k by exactly 0.5 at S=16 and ties at S=32, on every one of 6 prompts
+    sys = [{**base, "method": "systematic", "budget": s, "prompt": p, "score": 1.0} for s in (16, 32) for p in range(6)]
+    topk = [{**base, "method": "topk", "budget": s, "prompt": p, "score": 0.5 if s == 16 else 1.0} for s in (16, 32) for p in range(6)]
+    kl = [{**base, "task": "kl", "method": m, "budget": 16, "prompt": 0, "score": 0.1} for m in ("systematic", "topk")]
+    last = compare_methods(sys + topk + kl, "systematic", "topk").splitlines()[-1]
+    assert last == "| m | fwe | 512 | dense | 6 | S=16: +50.0 [+50.0, +50.0]*; S=32: +0.0 [+0.0, +0.0] | +25.0 [+25.0, +25.0]* |"
+    with pytest.raises(ValueError, match="second method"):
+        compare_methods(sys, "systematic", "dense")

@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument(
         "--smallest-budgets", action="store_true", help="per task: smallest S matching dense from there on"
     )
+    rep.add_argument(
+        "--compare",
+        default=None,
+        metavar="A,B",
+        help="paired difference A − B of two sampled or top-k methods on the same prompts, e.g. systematic,topk",
+    )
 
     var = sub.add_parser("variance", help="variance trace and unique keys vs S on real prompts")
     var.add_argument("--model", default="smollm2-135m")
@@ -99,12 +105,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(jobs)} jobs in the grid, {ran} run now, {len(jobs) - ran} already in {args.out}")
         return 0
     if args.command == "report":
-        from santa.eval.report import cells, pivot, plot, plot_delta, smallest_matching_budgets, table
+        from santa.eval.report import (
+            cells,
+            compare_methods,
+            pivot,
+            plot,
+            plot_delta,
+            smallest_matching_budgets,
+            table,
+        )
         from santa.eval.runner import read_records
 
+        if args.compare is not None and len(args.compare.split(",")) != 2:
+            raise SystemExit(f"--compare takes two methods A,B (e.g. systematic,topk), got {args.compare!r}")
         records = [r for path in args.jsonl for r in read_records(path)]
         all_cells = cells(records)
-        if args.smallest_budgets:
+        if args.compare is not None:
+            try:
+                print(compare_methods(records, *args.compare.split(",")))
+            except ValueError as error:
+                raise SystemExit(f"--compare: {error}") from None
+        elif args.smallest_budgets:
             print(smallest_matching_budgets(all_cells))
         else:
             print(pivot(all_cells, delta=args.delta) if args.pivot else table(all_cells))

@@ -219,6 +219,54 @@ def smallest_matching_budgets(all_cells: list[Cell]) -> str:
     return "\n".join(lines)
 
 
+def compare_methods(records: list[dict], first: str, second: str) -> str:
+    """Paired difference ``first − second`` of two sampled or top-k methods on the same prompts,
+    per (model, task, length, prefill) and budget S, in points with its 95 % bootstrap CI (``*``
+    where it excludes 0). The last column averages each prompt's difference over the S both
+    methods ran, which pools the budgets without treating them as independent samples.
+
+    Scores are averaged over seeds per prompt first. KL records are left out (the KL panels already
+    separate the methods), and so is dense: ``pivot(..., delta=True)`` gives the difference to dense.
+    """
+    for name, method in (("first", first), ("second", second)):
+        if method not in METHODS[1:]:
+            raise ValueError(f"{name} method must be one of {', '.join(METHODS[1:])}, got {method!r}")
+    if first == second:
+        raise ValueError(f"compare two different methods, got {first!r} twice")
+    # (model, task, length, prefill) → method → S → prompt → scores over seeds
+    scores: dict[tuple, dict] = defaultdict(lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(list))))
+    for r in records:
+        if r["task"] != "kl" and r["method"] in (first, second):
+            panel = (r["model"], r["task"], r["length"], r["prefill"])
+            scores[panel][r["method"]][r["budget"]][r["prompt"]].append(r["score"])
+    lines = [
+        f"**{first} − {second}**, paired on the same prompts (points; * = 95 % CI excludes 0)",
+        "",
+        "| model | task | length | prefill | prompts | per S | mean over S |",
+        "|---|---|---:|---|---:|---|---|",
+    ]
+
+    def fmt(values) -> str:
+        mean, low, high = bootstrap_ci(values)
+        return f"{100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]" + ("" if low <= 0 <= high else "*")
+
+    for panel in sorted(scores):
+        a, b = scores[panel][first], scores[panel][second]
+        diffs = {
+            budget: {p: np.mean(a[budget][p]) - np.mean(b[budget][p]) for p in a[budget] if p in b[budget]}
+            for budget in sorted(set(a) & set(b))
+        }
+        diffs = {budget: d for budget, d in diffs.items() if d}
+        if not diffs:
+            continue
+        common = sorted(set.intersection(*(set(d) for d in diffs.values())))
+        per_s = "; ".join(f"S={budget}: {fmt(list(d.values()))}" for budget, d in diffs.items())
+        pooled = fmt([np.mean([d[p] for d in diffs.values()]) for p in common]) if common else "–"
+        model, task, length, prefill = panel
+        lines.append(f"| {model} | {task} | {length or '–'} | {prefill} | {len(common)} | {per_s} | {pooled} |")
+    return "\n".join(lines)
+
+
 def _pyplot():
     import matplotlib
 
