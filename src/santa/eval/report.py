@@ -330,7 +330,7 @@ def plot(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
         ax.set_title(f"{model} · {task} · {length or 'item'} tokens")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-        written.append(_save(fig, out_dir / f"{'kl' if task == 'kl' else 'accuracy'}_{model}_{task}_{length}.png", 120))
+        written.append(_save(fig, out_dir / f"{'kl' if task == 'kl' else 'accuracy'}_{model}_{task}_{length or 'items'}.png", 120))
     return written
 
 
@@ -368,7 +368,7 @@ def plot_delta(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
         axes[0][0].set_ylabel("method − dense (points, paired)")
         axes[0][0].legend(fontsize=7)
         fig.suptitle(f"{model} · {length} tokens · {prefill} prefill", fontsize=10)
-        written.append(_save(fig, out_dir / f"delta_{model}_{length}_{prefill}.png", 110))
+        written.append(_save(fig, out_dir / f"delta_{model}_{length or 'items'}_{prefill}.png", 110))
     return written
 
 
