@@ -367,7 +367,7 @@ def plot_delta(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
             ax.grid(alpha=0.3, which="both")
         axes[0][0].set_ylabel("method − dense (points, paired)")
         axes[0][0].legend(fontsize=7)
-        fig.suptitle(f"{model} · {length} tokens · {prefill} prefill", fontsize=10)
+        fig.suptitle(f"{model} · {f'{length} tokens' if length else 'items'} · {prefill} prefill", fontsize=10)
         written.append(_save(fig, out_dir / f"delta_{model}_{length or 'items'}_{prefill}.png", 110))
     return written
 
