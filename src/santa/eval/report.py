@@ -192,7 +192,9 @@ def smallest_matching_budgets(all_cells: list[Cell]) -> str:
     measured (">S_max" where none qualifies).
 
     A budget picker, with its limit stated: no loss detectable at n prompts is not no loss (the CI
-    half-width is printed so the reader sees what size of loss would go unseen).
+    half-width is printed so the reader sees what size of loss would go unseen). Each budget comes
+    with the share of value rows read per head at that S, where the records hold it: what the
+    budget saves.
     """
     groups: dict[tuple, dict[str, list[Cell]]] = defaultdict(lambda: defaultdict(list))
     for c in all_cells:
@@ -212,10 +214,14 @@ def smallest_matching_budgets(all_cells: list[Cell]) -> str:
                 continue
             n = max(n, line[-1].n_prompts)
             widths.append(100 * (line[-1].delta_high - line[-1].delta_low) / 2)
-            safe = next((c.budget for i, c in enumerate(line) if all(d.delta_high >= 0 for d in line[i:])), None)
-            entries.append(str(safe) if safe is not None else f">{line[-1].budget}")
+            safe = next((c for i, c in enumerate(line) if all(d.delta_high >= 0 for d in line[i:])), None)
+            if safe is None:
+                entries.append(f">{line[-1].budget}")
+            else:
+                read = f" ({100 * safe.v_rows_read:.2f} % of V)" if safe.v_rows_read is not None else ""
+                entries.append(f"{safe.budget}{read}")
         width = f"±{max(widths):.1f} pts" if widths else "–"
-        lines.append(f"| {model} | {length} | {prefill} | {task} | {n} | " + " | ".join(entries) + f" | {width} |")
+        lines.append(f"| {model} | {length or '–'} | {prefill} | {task} | {n} | " + " | ".join(entries) + f" | {width} |")
     return "\n".join(lines)
 
 
