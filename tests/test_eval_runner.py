@@ -218,3 +218,22 @@ def test_compare_methods_pairs_prompts_per_budget_and_pools_over_budgets():
     assert last == "| m | fwe | 512 | dense | 6 | S=16: +50.0 [+50.0, +50.0]*; S=32: +0.0 [+0.0, +0.0] | +25.0 [+25.0, +25.0]* |"
     with pytest.raises(ValueError, match="second method"):
         compare_methods(sys, "systematic", "dense")
+
+
+def test_report_piped_into_a_reader_that_leaves_early_exits_quietly(tmp_path):
+    import subprocess
+    import sys
+
+    base = {"model": "m", "task": "niah_single", "length": 512, "prefill": "dense", "method": "iid", "seed": 0}
+    extra = {"prompt": 0, "score": 1.0, "prompt_tokens": 500, "new_tokens": 8}
+    path = tmp_path / "sweep.jsonl"
+    # ~3,000 table rows: far more than a pipe buffer holds, so the writer is still writing when the reader leaves
+    path.write_text("".join(json.dumps({**base, **extra, "budget": b}) + "\n" for b in range(1, 3001)))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "santa.cli", "eval", "report", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout.readline().startswith(b"| model |")
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, stderr
+    assert "Traceback" not in stderr
