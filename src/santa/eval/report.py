@@ -29,6 +29,19 @@ def loglog_slope(x, y) -> float:
     return float(np.polyfit(np.log(np.asarray(x, float)), np.log(np.asarray(y, float)), 1)[0])
 
 
+def scores_by_prompt(rows: list[dict]) -> dict[int, list[float]]:
+    """Each prompt's scores, one per seed: prompts are the sampling unit of every CI here."""
+    per_prompt: dict[int, list[float]] = defaultdict(list)
+    for r in rows:
+        per_prompt[r["prompt"]].append(r["score"])
+    return per_prompt
+
+
+def signed_ci(mean: float, low: float, high: float) -> str:
+    """A difference in points with its CI, ``*`` where the CI excludes 0: ``-2.5 [-4.0, -0.5]*``."""
+    return f"{100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]" + ("" if low <= 0 <= high else "*")
+
+
 @dataclass
 class Cell:
     model: str
@@ -77,9 +90,7 @@ def cells(records: list[dict]) -> list[Cell]:
             dense_scores[(r["model"], r["task"], r["length"])][r["prompt"]] = r["score"]
     out = []
     for key, rows in grouped.items():
-        per_prompt: dict[int, list[float]] = defaultdict(list)
-        for r in rows:
-            per_prompt[r["prompt"]].append(r["score"])
+        per_prompt = scores_by_prompt(rows)
         mean, low, high = bootstrap_ci([np.mean(v) for v in per_prompt.values()])
         model, task, length, _, method, _ = key
         dense = dense_scores.get((model, task, length), {})
@@ -154,8 +165,7 @@ def pivot(all_cells: list[Cell], *, delta: bool = False) -> str:
             if kl:
                 return f"{c.mean:.3f} [{c.low:.3f}, {c.high:.3f}]"
             if delta and c.delta is not None:
-                mark = "" if c.matches_dense else "*"
-                return f"{100 * c.delta:+.1f} [{100 * c.delta_low:+.1f}, {100 * c.delta_high:+.1f}]{mark}"
+                return signed_ci(c.delta, c.delta_low, c.delta_high)
             return f"{100 * c.mean:.1f} [{100 * c.low:.1f}, {100 * c.high:.1f}]"
 
         header = f"**{model} · {task} · {length or 'item'} tokens · {prefill} prefill** (prompts per cell: {', '.join(map(str, n_prompts))})"
@@ -239,35 +249,29 @@ def compare_methods(records: list[dict], first: str, second: str) -> str:
             raise ValueError(f"{name} method must be one of {', '.join(METHODS[1:])}, got {method!r}")
     if first == second:
         raise ValueError(f"compare two different methods, got {first!r} twice")
-    # (model, task, length, prefill) → method → S → prompt → scores over seeds
-    scores: dict[tuple, dict] = defaultdict(lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(list))))
+    # (model, task, length, prefill) → method → S → that cell's records
+    grouped: dict[tuple, dict] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in records:
         if r["task"] != "kl" and r["method"] in (first, second):
-            panel = (r["model"], r["task"], r["length"], r["prefill"])
-            scores[panel][r["method"]][r["budget"]][r["prompt"]].append(r["score"])
+            grouped[(r["model"], r["task"], r["length"], r["prefill"])][r["method"]][r["budget"]].append(r)
     lines = [
         f"**{first} − {second}**, paired on the same prompts (points; * = 95 % CI excludes 0)",
         "",
         "| model | task | length | prefill | prompts | per S | mean over S |",
         "|---|---|---:|---|---:|---|---|",
     ]
-
-    def fmt(values) -> str:
-        mean, low, high = bootstrap_ci(values)
-        return f"{100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]" + ("" if low <= 0 <= high else "*")
-
-    for panel in sorted(scores):
-        a, b = scores[panel][first], scores[panel][second]
-        diffs = {
-            budget: {p: np.mean(a[budget][p]) - np.mean(b[budget][p]) for p in a[budget] if p in b[budget]}
-            for budget in sorted(set(a) & set(b))
-        }
+    for panel in sorted(grouped):
+        a, b = grouped[panel][first], grouped[panel][second]
+        diffs = {}
+        for budget in sorted(set(a) & set(b)):
+            left, right = scores_by_prompt(a[budget]), scores_by_prompt(b[budget])
+            diffs[budget] = {p: np.mean(left[p]) - np.mean(right[p]) for p in left if p in right}
         diffs = {budget: d for budget, d in diffs.items() if d}
         if not diffs:
             continue
         common = sorted(set.intersection(*(set(d) for d in diffs.values())))
-        per_s = "; ".join(f"S={budget}: {fmt(list(d.values()))}" for budget, d in diffs.items())
-        pooled = fmt([np.mean([d[p] for d in diffs.values()]) for p in common]) if common else "–"
+        per_s = "; ".join(f"S={budget}: {signed_ci(*bootstrap_ci(list(d.values())))}" for budget, d in diffs.items())
+        pooled = signed_ci(*bootstrap_ci([np.mean([d[p] for d in diffs.values()]) for p in common])) if common else "–"
         model, task, length, prefill = panel
         lines.append(f"| {model} | {task} | {length or '–'} | {prefill} | {len(common)} | {per_s} | {pooled} |")
     return "\n".join(lines)
