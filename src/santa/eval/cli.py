@@ -116,13 +116,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         from santa.eval.runner import read_records
 
-        if args.compare is not None and len(args.compare.split(",")) != 2:
+        pair = None if args.compare is None else args.compare.split(",")
+        if pair is not None and len(pair) != 2:
             raise SystemExit(f"--compare takes two methods A,B (e.g. systematic,topk), got {args.compare!r}")
         records = [r for path in args.jsonl for r in read_records(path)]
-        all_cells = cells(records)
-        if args.compare is not None:
+        # the cells (a bootstrap each) are needed by every output but --compare, and by the plots
+        all_cells = cells(records) if pair is None or args.plots else []
+        if pair is not None:
             try:
-                print(compare_methods(records, *args.compare.split(",")))
+                print(compare_methods(records, *pair))
             except ValueError as error:
                 raise SystemExit(f"--compare: {error}") from None
         elif args.smallest_budgets:
