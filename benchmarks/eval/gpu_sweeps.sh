@@ -66,12 +66,16 @@ variance() {  # model length prompts
 }
 
 RULER=niah_single,niah_multikey,niah_multivalue,variable_tracking,fwe,cwe
-model_sweeps() {  # model, sweep name, lengths: dense screen, KL, then the full grid where dense ≥ 20 %
+screen_and_kl() {  # model, sweep name, lengths: sets J and M, runs the dense screen and KL
   resume_from "$2"
   J=/tmp/sweeps/$2.jsonl
   M="--model $1 --out $J --prompts 0-49"
   ev $M --batch 50 --tasks $RULER --lengths "$3" --methods dense
   ev $M --batch 50 --tasks kl --lengths "$3"
+}
+
+model_sweeps() {  # model, sweep name, lengths: dense screen, KL, then the full grid where dense ≥ 20 %
+  screen_and_kl "$@"
   for n in ${3//,/ }; do
     T=$(above_chance "$J" "$n"); echo "above chance at $n: $T"
     [ -n "$T" ] && ev $M --batch 50 --tasks "$T" --lengths "$n"
@@ -92,11 +96,7 @@ case "$STAGE" in
     [ -f /tmp/santa/Qwen2.5-Coder-0.5B-Instruct.gguf ] || cat /tmp/chunks/qw{1,2,3,4,5,6,7,8,9} > /tmp/santa/Qwen2.5-Coder-0.5B-Instruct.gguf
     # Dense screen and KL first, then the grid in order of what it can tell: the multi-hop and
     # partial-credit tasks before the needles that dense already saturates (98–100 %).
-    resume_from qwen
-    J=/tmp/sweeps/qwen.jsonl
-    M="--model qwen2.5-coder-0.5b --out $J --prompts 0-49"
-    ev $M --batch 50 --tasks $RULER --lengths 4096,8192 --methods dense
-    ev $M --batch 50 --tasks kl --lengths 4096,8192
+    screen_and_kl qwen2.5-coder-0.5b qwen 4096,8192
     for T in variable_tracking,niah_multivalue fwe,cwe; do
       ev $M --batch 50 --tasks "$T" --lengths 4096,8192
     done
