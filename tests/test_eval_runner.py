@@ -237,3 +237,28 @@ def test_report_piped_into_a_reader_that_leaves_early_exits_quietly(tmp_path):
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, stderr
     assert "Traceback" not in stderr
+
+
+def test_runs_with_another_answer_budget_are_their_own_cells_with_their_own_dense():
+    from santa.eval.report import compare_methods
+
+    base = {"model": "m", "task": "gsm8k", "length": 0, "prefill": "dense", "seed": 0}
+    extra = {"prompt_tokens": 300, "new_tokens": 8, "v_rows_read": 0.1}
+    # at 256 new tokens every answer is cut (score 0); at 512 dense solves every item, systematic half
+    records = [
+        {**base, **extra, "max_new_tokens": n, "method": m, "budget": s, "prompt": p, "score": score}
+        for n, scores in ((256, {"dense": 0.0, "systematic": 0.0, "topk": 0.0}), (512, {"dense": 1.0, "systematic": 0.5, "topk": 0.25}))
+        for (m, s) in (("dense", 0), ("systematic", 64), ("topk", 64))
+        for p in range(4)
+        for score in (scores[m],)
+    ]
+    by_cell = {(c.task, c.method): c for c in cells(records)}
+    assert sorted({task for task, _ in by_cell}) == ["gsm8k_256tok", "gsm8k_512tok"]
+    assert all(c.n_seeds == 1 and c.n_prompts == 4 for c in by_cell.values())  # not pooled as seeds
+    assert by_cell["gsm8k_512tok", "systematic"].delta == -0.5  # paired with the dense of its own budget
+    assert by_cell["gsm8k_256tok", "systematic"].delta == 0.0
+    lines = compare_methods(records, "systematic", "topk").splitlines()[-2:]
+    assert [line.split(" | ")[1] for line in lines] == ["gsm8k_256tok", "gsm8k_512tok"]
+    assert lines[-1].endswith("| +25.0 [+25.0, +25.0]* |")
+    # the default budget keeps the plain task name
+    assert {c.task for c in cells([{**r, "max_new_tokens": 64} for r in records])} == {"gsm8k"}

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from santa.eval.runner import METHODS, grid, run_sweep
+from santa.eval.runner import MAX_NEW_TOKENS, METHODS, grid, run_sweep
 from santa.eval.tasks import TASKS
 
 
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--prompts", default="0-9", type=_ints, help="prompt seeds: '0-49' or a comma list")
     run.add_argument("--seeds", default="0", type=_ints, help="sampler seeds for stochastic methods")
     run.add_argument("--prefill", default="dense", type=_strs, help="dense (decode-only sampling) and/or sampled")
-    run.add_argument("--max-new-tokens", type=int, default=64)
+    run.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS)
     run.add_argument(
         "--kl-tokens", type=int, default=32, help="teacher-forced tokens per KL prompt (T; T−1 are scored)"
     )

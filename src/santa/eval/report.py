@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from santa.eval.runner import METHODS, read_records
+from santa.eval.runner import MAX_NEW_TOKENS, METHODS, read_records
 
 
 def bootstrap_ci(values, *, n_resamples: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
@@ -35,6 +35,16 @@ def scores_by_prompt(rows: list[dict]) -> dict[int, list[float]]:
     for r in rows:
         per_prompt[r["prompt"]].append(r["score"])
     return per_prompt
+
+
+def task_label(record: dict) -> str:
+    """The task a record is reported under: its task name, plus the answer budget where that is not
+    the default (``gsm8k_512tok``). Runs of one task with different ``max_new_tokens`` are different
+    cells (a longer budget lets more answers finish); pooling them would count them as more seeds.
+    KL records keep their name: their ``max_new_tokens`` is the teacher-forced length.
+    """
+    task, new_tokens = record["task"], record.get("max_new_tokens", MAX_NEW_TOKENS)
+    return task if task == "kl" or new_tokens == MAX_NEW_TOKENS else f"{task}_{new_tokens}tok"
 
 
 def signed_ci(mean: float, low: float, high: float) -> str:
@@ -83,11 +93,11 @@ def cells(records: list[dict]) -> list[Cell]:
         prefill = r["prefill"]
         if r["task"] == "kl" and r.get("kl_mode", "stepwise") != "chunked":
             prefill += "/stepwise"  # KL scored by single-token decode steps (an earlier mode)
-        grouped[(r["model"], r["task"], r["length"], prefill, r["method"], r["budget"])].append(r)
+        grouped[(r["model"], task_label(r), r["length"], prefill, r["method"], r["budget"])].append(r)
     dense_scores: dict[tuple, dict[int, float]] = defaultdict(dict)
     for r in records:
         if r["method"] == "dense" and r["prefill"] == "dense" and r["task"] != "kl":
-            dense_scores[(r["model"], r["task"], r["length"])][r["prompt"]] = r["score"]
+            dense_scores[(r["model"], task_label(r), r["length"])][r["prompt"]] = r["score"]
     out = []
     for key, rows in grouped.items():
         per_prompt = scores_by_prompt(rows)
@@ -253,7 +263,7 @@ def compare_methods(records: list[dict], first: str, second: str) -> str:
     grouped: dict[tuple, dict] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in records:
         if r["task"] != "kl" and r["method"] in (first, second):
-            grouped[(r["model"], r["task"], r["length"], r["prefill"])][r["method"]][r["budget"]].append(r)
+            grouped[(r["model"], task_label(r), r["length"], r["prefill"])][r["method"]][r["budget"]].append(r)
     lines = [
         f"**{first} − {second}**, paired on the same prompts (points; * = 95 % CI excludes 0)",
         "",

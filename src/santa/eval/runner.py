@@ -30,6 +30,7 @@ from santa.eval.tasks import FIXED_LENGTH_TASKS, Prompt, build_prompt
 from santa.generate import greedy_continue_batch, left_pad, padded_forward, returned_cache
 
 METHODS = ("dense", "iid", "stratified", "systematic", "topk")
+MAX_NEW_TOKENS = 64  # default answer budget of the generation tasks (RULER-style: 64, as the paper)
 STOCHASTIC = ("iid", "stratified", "systematic")
 
 
@@ -80,7 +81,7 @@ def grid(
     prompts: Iterable[int] = range(10),
     seeds: Iterable[int] = (0,),
     prefills: Iterable[str] = ("dense",),
-    max_new_tokens: int = 64,
+    max_new_tokens: int = MAX_NEW_TOKENS,
     kl_tokens: int = 32,
     exact_when_covers: bool = False,
 ) -> list[Job]:
