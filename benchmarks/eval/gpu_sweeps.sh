@@ -104,9 +104,17 @@ case "$STAGE" in
     # (cpu_qwen_niah_single_4k.jsonl.gz); every method scored 100 at every S on both.
     ev $M --batch 50 --tasks niah_multikey,niah_single --lengths 8192
     variance qwen2.5-coder-0.5b 8192 8
+    # Section 4: the prompt's attention sampled too, on the multi-hop task and KL (batch 10: the
+    # reference sampler holds a (queries × keys) CDF per head during the prefill).
+    ev $M --batch 10 --tasks variable_tracking,kl --lengths 4096 --prefill sampled --methods dense,iid,systematic,topk --budgets 16,64
+    # GSM8K/MMLU: 256 new tokens cut most answers (kept for the record), 512 lets them finish.
     ev $M --batch 50 --tasks gsm8k,mmlu --methods dense,systematic,iid,topk --budgets 64,256 --max-new-tokens 256
+    ev ${M/0-49/0-199} --batch 50 --tasks gsm8k,mmlu --methods dense,systematic,topk,iid --budgets 64 --max-new-tokens 512
     ;;
   *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
-cp /tmp/sweeps/* "$OUT"/ 2>/dev/null
+# the records come back gzipped: a plain qwen.jsonl (~15 MB) is over the size the device returns
+for f in /tmp/sweeps/*; do
+  case "$f" in *.jsonl) gzip -c "$f" > "$OUT/$(basename "$f").gz" ;; *) cp "$f" "$OUT"/ ;; esac
+done
 ls -la "$OUT"
