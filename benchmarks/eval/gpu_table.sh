@@ -30,5 +30,5 @@ report() { python3 -m santa.cli eval report $R "$@"; }
   echo
   report --plots plots_gpu
 } > gpu_table.md.tmp
-# the plot paths that the last report prints go to the terminal, not into the table
-grep -v "^wrote \|^plots_gpu/\|^  plots_gpu/" gpu_table.md.tmp > gpu_table.md && rm gpu_table.md.tmp
+# the "wrote <plot>" lines of the last report are not part of the table
+grep -v "^wrote " gpu_table.md.tmp > gpu_table.md && rm gpu_table.md.tmp
