@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from santa.bernoulli import bernoulli_query
 from santa.sampling import SAMPLERS, check_budget, check_sampler, sample_counts
 
 ATTENTION_SAMPLERS = (*SAMPLERS, "topk", "dense")
@@ -169,6 +170,8 @@ def sampled_attention(
     attn_mask: torch.Tensor | None = None,
     enable_gqa: bool = False,
     generator: torch.Generator | None = None,
+    score_samples: int | None = None,
+    score_sampler: str = "stratified",
 ) -> torch.Tensor:
     """SANTA attention with the signature of ``torch.nn.functional.scaled_dot_product_attention``.
 
@@ -177,6 +180,8 @@ def sampled_attention(
     sampler: ``"iid"`` (SANTA), ``"stratified"``, ``"systematic"`` (S²ANTA), ``"topk"``, ``"dense"``.
     Returns ``[B, Hq, Lq, D]`` in query's dtype: ``ô = (1/S) Σ_j c_j v_j`` with counts c from
     :func:`santa.sample_counts` on ``p = softmax(q kᵀ·scale + mask)``.
+    score_samples: with B ≥ 1, the scores are Bernoulli qKᵀ too (:func:`santa.bernoulli_query`, B
+    ternary draws of ``score_sampler``, one per KV-head group): ``p = softmax(q̃ kᵀ·scale + mask)``.
 
     A fully masked query row returns zeros (SDPA's math backend returns NaN there; zeros keep a
     padded batch finite). NaN in query, key or value propagates to NaN in the output.
@@ -184,7 +189,11 @@ def sampled_attention(
     budget = check_budget(budget)
     check_sampler(sampler, ATTENTION_SAMPLERS)
     check_qkv(query, key, value, enable_gqa=enable_gqa)
-    probs = attention_probs(query, key, scale=scale, is_causal=is_causal, attn_mask=attn_mask)
+    scored = query  # the query the scores use: q, or Bernoulli qKᵀ's sampled q̃
+    if score_samples is not None:
+        score_samples = check_budget(score_samples, "score_samples")
+        scored = bernoulli_query(query, score_samples, kv_heads=key.shape[1], sampler=score_sampler, generator=generator).query
+    probs = attention_probs(scored, key, scale=scale, is_causal=is_causal, attn_mask=attn_mask)
     nan_rows = torch.isnan(probs).any(dim=-1, keepdim=True)
     weights, _ = value_weights(probs.nan_to_num(0.0), budget, sampler, generator=generator)
     out = weighted_values(weights, value)  # [B, Hq, Lq, D]
