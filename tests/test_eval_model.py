@@ -102,6 +102,30 @@ def test_variance_diagnostics_order_the_samplers(model_and_tokenizer):
     assert result["trace"]["stratified"][1] <= result["trace"]["iid"][1]
 
 
+def test_captured_query_and_keys_reproduce_the_captured_weights(model_and_tokenizer):
+    from santa.eval.tasks import build_prompt as build
+    from santa.eval.variance import capture_last_query
+
+    model, tokenizer = model_and_tokenizer
+    captured = capture_last_query(model, tokenizer, build("niah_single", tokenizer, 256, 0).text)
+    layer = captured[3]
+    groups = layer.query.shape[0] // layer.keys.shape[0]
+    scores = torch.einsum("hd,hnd->hn", layer.query, layer.keys.repeat_interleave(groups, dim=0)) * layer.scale
+    assert torch.allclose(torch.softmax(scores, dim=-1), layer.probs, atol=1e-5)
+
+
+def test_bernoulli_diagnostics_read_more_and_err_less_with_more_draws(model_and_tokenizer):
+    from santa.eval.score_stage import bernoulli_diagnostics
+
+    model, tokenizer = model_and_tokenizer
+    result = bernoulli_diagnostics(model, tokenizer, length=256, prompts=1, samples=(2, 16), progress=False)
+    for s in ("iid", "stratified"):
+        assert 0 < result["read_kv"][s][0] < result["read_kv"][s][1] <= 1
+        assert result["read_head"][s][0] <= result["read_kv"][s][0]  # a group reads the union of its heads' needs
+        assert result["kl"][s][1] < result["kl"][s][0]
+    assert result["kl"]["stratified"][1] < result["kl"]["iid"][1]
+
+
 def test_left_padded_batch_decodes_like_one_prompt_at_a_time(model_and_tokenizer):
     import santa.hf
     from santa.generate import greedy_continue, greedy_continue_batch, left_pad, padded_forward, returned_cache

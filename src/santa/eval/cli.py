@@ -1,4 +1,4 @@
-"""``santa eval run|report|variance``: accuracy sweeps, their report, and variance diagnostics."""
+"""``santa eval run|report|variance|bernoulli``: accuracy sweeps, their report, variance and Bernoulli qKᵀ diagnostics."""
 
 from __future__ import annotations
 
@@ -78,6 +78,16 @@ def build_parser() -> argparse.ArgumentParser:
     var.add_argument("--out", default="benchmarks/eval/variance.json")
     var.add_argument("--plot", default="benchmarks/eval/variance.png")
     var.add_argument("--device", default=None)
+
+    ber = sub.add_parser("bernoulli", help="Bernoulli qKᵀ: key features read and KL vs the number of draws B")
+    ber.add_argument("--model", default="smollm2-135m")
+    ber.add_argument("--task", default="niah_single")
+    ber.add_argument("--length", type=int, default=2048)
+    ber.add_argument("--prompts", type=int, default=4)
+    ber.add_argument("--samples", default="1,2,4,8,16,32", type=_ints, help="numbers of ternary draws B")
+    ber.add_argument("--out", default="benchmarks/eval/bernoulli.json")
+    ber.add_argument("--plot", default="benchmarks/eval/bernoulli.png")
+    ber.add_argument("--device", default=None)
     return parser
 
 
@@ -161,6 +171,26 @@ def main(argv: list[str] | None = None) -> int:
                 {k: result[k] for k in ("slopes", "trace", "unique_keys", "unique_keys_kv", "mean_keys")}, indent=1
             )
         )
+        print(f"wrote {args.out} and {args.plot}")
+        return 0
+    if args.command == "bernoulli":
+        import torch
+
+        from santa.assets import load_model
+        from santa.eval.score_stage import bernoulli_diagnostics, plot_bernoulli
+        from santa.eval.variance import save
+
+        if not args.samples or min(args.samples) < 1:
+            raise SystemExit(f"--samples must be integers ≥ 1, got {args.samples}")
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        model, tokenizer = load_model(args.model, device=device)
+        result = bernoulli_diagnostics(
+            model, tokenizer, task=args.task, length=args.length, prompts=args.prompts, samples=args.samples
+        )
+        result["model"] = args.model
+        save(result, args.out)
+        plot_bernoulli(result, args.plot)
+        print(json.dumps({k: result[k] for k in ("samples", "read_kv", "read_head", "kl")}, indent=1))
         print(f"wrote {args.out} and {args.plot}")
         return 0
     return 2

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -29,13 +30,27 @@ CAPTURE = "santa_capture"
 SAMPLERS = ("iid", "stratified", "systematic")
 
 
+class Captured(NamedTuple):
+    """One layer at the last prompt position: probs ``[Hq, n]``, values ``[Hq, n, D]`` (KV heads
+    repeated to the query heads), the query row ``[Hq, D]``, the keys ``[Hkv, n, D]`` and the
+    score scale, so that ``probs = softmax(query · keysᵀ · scale)``."""
+
+    probs: torch.Tensor
+    values: torch.Tensor
+    query: torch.Tensor
+    keys: torch.Tensor
+    scale: float
+
+
 def _capture_forward(module, query, key, value, attention_mask, **kwargs):
-    """SDPA, keeping the last query row's weights and the values: probs ``[Hq, n]``, values ``[Hq, n, D]``."""
+    """SDPA, keeping the last query row's :class:`Captured` of the first sequence."""
     store = getattr(module, "santa_capture_store", None)
     if store is not None:
-        probs = attention_probs(query[:1, :, -1:], key[:1], scale=kwargs.get("scaling"))[0, :, 0]  # [Hq, n]
+        scale = kwargs.get("scaling") or query.shape[-1] ** -0.5
+        probs = attention_probs(query[:1, :, -1:], key[:1], scale=scale)[0, :, 0]  # [Hq, n]
         groups = query.shape[1] // key.shape[1]
-        store[module.layer_idx] = (probs, value[0].float().repeat_interleave(groups, dim=0))
+        values = value[0].float().repeat_interleave(groups, dim=0)
+        store[module.layer_idx] = Captured(probs, values, query[0, :, -1].float(), key[0].float(), float(scale))
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -44,9 +59,9 @@ AttentionMaskInterface.register(CAPTURE, sdpa_mask)
 
 
 @torch.inference_mode()
-def capture_last_query(model, tokenizer, text: str) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """``{layer: (probs [Hq, n], values [Hq, n, D])}`` at the last position of ``text``."""
-    store: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+def capture_last_query(model, tokenizer, text: str) -> dict[int, Captured]:
+    """``{layer: Captured}`` at the last position of ``text``."""
+    store: dict[int, Captured] = {}
     layers = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "num_key_value_groups")]
     for m in layers:
         m.santa_capture_store = store
@@ -87,8 +102,8 @@ def diagnostics(
     for prompt_seed in tqdm(range(prompts), desc="variance", unit="prompt", disable=not progress):
         prompt = build_prompt(task, tokenizer, length, prompt_seed)
         captured = capture_last_query(model, tokenizer, prompt.text)
-        for probs, values in captured.values():
-            probs, values = probs.cpu(), values.cpu()
+        for layer in captured.values():
+            probs, values = layer.probs.cpu(), layer.values.cpu()
             n_keys.append(probs.shape[-1])
             g = group_size or 1
             mu = torch.einsum("hn,hnd->hd", probs.double(), values.double())
