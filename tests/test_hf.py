@@ -102,6 +102,30 @@ def test_config_rejects_bad_values():
         santa.hf.SantaConfig(prefill="sparse")
     with pytest.raises(TypeError, match="layer_budgets"):
         santa.hf.SantaConfig(layer_budgets={0: 2.5})
+    with pytest.raises(ValueError, match="score_samples"):
+        santa.hf.SantaConfig(score_samples=0)
+    with pytest.raises(ValueError, match="score_sampler"):
+        santa.hf.SantaConfig(score_samples=4, score_sampler="topk")
+
+
+def test_bernoulli_scores_converge_to_dense_with_more_draws_and_count_features(model_and_tokenizer, prompt_ids):
+    """sampler="dense" with score_samples samples the scores alone: the next-token KL to dense
+    falls with B (stratified error ~ 1/B), and the share of key features read is recorded."""
+    model, _ = model_and_tokenizer
+    dense = last_logits(model, prompt_ids, santa.hf.SantaConfig(sampler="dense"))
+
+    def kl_and_share(samples):
+        config = santa.hf.SantaConfig(sampler="dense", score_samples=samples, record_stats=True)
+        logits = last_logits(model, prompt_ids, config)
+        kl = torch.sum(dense.softmax(-1) * (dense.log_softmax(-1) - logits.log_softmax(-1)))
+        return float(kl), config.stats.feature_share
+
+    (kl_few, share_few), (kl_many, share_many) = kl_and_share(2), kl_and_share(256)
+    assert kl_many < kl_few / 10 and kl_many < 1e-2
+    assert 0 < share_few < share_many <= 1
+    # with a value sampler too (the paper's combination), one decode step still runs and stays finite
+    both = last_logits(model, prompt_ids, santa.hf.SantaConfig(budget=32, score_samples=8))
+    assert torch.isfinite(both).all() and not torch.allclose(both, dense, atol=1e-4)
 
 
 @pytest.mark.parametrize("kernel", ["prop", "flash"])

@@ -23,7 +23,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from santa.attention import ATTENTION_SAMPLERS, attention_probs, value_weights, weighted_values
-from santa.sampling import check_budget, check_sampler
+from santa.bernoulli import bernoulli_query
+from santa.sampling import SAMPLERS, check_budget, check_sampler
 from santa.stats import unique_keys
 
 IMPLEMENTATION = "santa"
@@ -42,6 +43,8 @@ class DecodeStats:
     keys_per_head: int = 0  # Σ of visible keys over the same
     rows_read_per_kv_head: int = 0  # Σ over calls, batch, query rows, KV heads of the union over the group
     keys_per_kv_head: int = 0
+    features_read: int = 0  # Bernoulli qKᵀ: Σ over calls, batch, query rows, KV heads of key features read
+    features_total: int = 0  # Σ of head-dim features over the same (0 without score sampling)
 
     @property
     def share_per_head(self) -> float:
@@ -50,6 +53,11 @@ class DecodeStats:
     @property
     def share_per_kv_head(self) -> float:
         return self.rows_read_per_kv_head / max(self.keys_per_kv_head, 1)
+
+    @property
+    def feature_share(self) -> float | None:
+        """Share of key features read by Bernoulli qKᵀ (None when the scores were exact)."""
+        return self.features_read / self.features_total if self.features_total else None
 
 
 @dataclass
@@ -65,6 +73,10 @@ class SantaConfig:
     exact_when_budget_covers: when S ≥ the number of keys, sampling cannot read fewer value rows
         than dense attention, so use exact attention instead (turn off to sample regardless).
     record_stats: accumulate :class:`DecodeStats` (value rows read) over sampled calls.
+    score_samples: B ternary draws of Bernoulli qKᵀ for the sampled calls' scores
+        (:func:`santa.bernoulli_query`, one draw per KV-head group), or None for exact scores.
+        With ``sampler="dense"`` it samples the scores alone. Runs on the torch reference path.
+    score_sampler: ``"stratified"`` (default, the paper's), ``"iid"`` or ``"systematic"``.
     kernel: decode path for ``sampler="systematic"``: ``"auto"`` (on CUDA the Triton prop kernel
         when the step has no padding mask, else the torch reference), ``"prop"``, ``"flash"``
         (per-tile budgets, not global S²ANTA-sys; both run on any device through
@@ -82,6 +94,8 @@ class SantaConfig:
     exact_when_budget_covers: bool = True
     record_stats: bool = False
     kernel: str = "auto"
+    score_samples: int | None = None
+    score_sampler: str = "stratified"
     stats: DecodeStats = field(default_factory=DecodeStats)
 
     def __post_init__(self) -> None:
@@ -93,6 +107,10 @@ class SantaConfig:
             raise ValueError(f"prefill must be 'dense' or 'sampled', got {self.prefill!r}")
         if self.kernel not in KERNEL_CHOICES:
             raise ValueError(f"kernel must be one of {KERNEL_CHOICES}, got {self.kernel!r}")
+        if self.score_samples is not None:
+            check_budget(self.score_samples, "score_samples")
+        if self.score_sampler not in SAMPLERS:
+            raise ValueError(f"score_sampler must be one of {SAMPLERS}, got {self.score_sampler!r}")
 
     def budget_for(self, layer: int) -> int:
         return self.layer_budgets.get(layer, self.budget)
@@ -124,7 +142,7 @@ def layer_generator(seed: int, layer: int, n_keys: int, n_queries: int, device: 
 
 def kernel_for(config: SantaConfig, query: torch.Tensor, attention_mask: torch.Tensor | None) -> str | None:
     """The Triton decode kernel to run for this step, or None for the torch reference."""
-    if config.kernel == "reference" or query.shape[2] != 1 or config.sampler != "systematic":
+    if config.kernel == "reference" or query.shape[2] != 1 or config.sampler != "systematic" or config.score_samples:
         return None
     if config.kernel == "auto" and not query.is_cuda:
         return None
@@ -183,11 +201,11 @@ def santa_attention_forward(
     config: SantaConfig = getattr(module, "santa_config", None) or SantaConfig()
     layer, n_queries, n_keys = module.layer_idx, query.shape[2], key.shape[2]
     budget = config.budget_for(layer)
+    exact_values = config.sampler == "dense" or (config.exact_when_budget_covers and budget >= n_keys)
     exact = (
-        config.sampler == "dense"
-        or layer in config.dense_layers
+        layer in config.dense_layers
         or (n_queries > 1 and config.prefill == "dense")
-        or (config.exact_when_budget_covers and budget >= n_keys)
+        or (exact_values and config.score_samples is None)
     )
     if exact:
         return sdpa_attention_forward(
@@ -197,9 +215,16 @@ def santa_attention_forward(
     if kernel is not None:
         return kernel_decode(module, config, kernel, query, key, value, scaling), None
     causal = attention_mask is None and n_queries > 1 and (is_causal if is_causal is not None else True)
-    probs = attention_probs(query, key, scale=scaling, is_causal=causal, attn_mask=attention_mask)  # [B, Hq, Lq, Lk]
     generator = layer_generator(config.seed, layer, n_keys, n_queries, query.device)
-    weights, counts = value_weights(probs, budget, config.sampler, generator=generator)
+    scored = query  # the query the scores use: q, or Bernoulli qKᵀ's sampled q̃
+    if config.score_samples is not None:
+        drawn = bernoulli_query(query, config.score_samples, kv_heads=key.shape[1], sampler=config.score_sampler, generator=generator)
+        scored = drawn.query
+        if config.record_stats:
+            config.stats.features_read += int(drawn.features_read.sum())
+            config.stats.features_total += drawn.features_read.numel()
+    probs = attention_probs(scored, key, scale=scaling, is_causal=causal, attn_mask=attention_mask)  # [B, Hq, Lq, Lk]
+    weights, counts = value_weights(probs, budget, "dense" if exact_values else config.sampler, generator=generator)
     if config.record_stats and counts is not None:
         _record(config.stats, counts, probs, module.num_key_value_groups)
     out = weighted_values(weights, value).to(query.dtype)  # [B, Hq, Lq, D]
