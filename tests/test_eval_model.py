@@ -163,3 +163,21 @@ def test_batched_kl_sweep_scores_dense_at_zero_and_matches_unbatched_perplexity(
         assert together[(prompt, "dense")]["kl"] == pytest.approx(0.0, abs=1e-6)
         assert together[(prompt, "dense")]["nll"] == pytest.approx(alone[(prompt, "dense")]["nll"], abs=1e-4)
         assert together[(prompt, "iid")]["kl"] > 0
+
+
+def test_kl_sweep_with_bernoulli_scores_records_features_read(model_and_tokenizer, tmp_path):
+    loaded = model_and_tokenizer
+    jobs = grid(
+        models=["smollm2-135m"], tasks=["kl", "niah_single"], lengths=[LENGTH], methods=["dense", "systematic"],
+        budgets=[16], prompts=[0], kl_tokens=6, max_new_tokens=4, score_samples=(0, 4),
+    )
+    out = tmp_path / "bqk.jsonl"
+    run_sweep(jobs, out, device="cpu", batch_size=1, progress=False, load=lambda name, device: loaded)
+    records = {(r["task"], r["method"], r.get("score_samples", 0)): r for r in read_records(out)}
+    assert len(records) == len(jobs) == 8
+    assert records["kl", "dense", 0]["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert records["kl", "dense", 4]["kl"] > 1e-4  # the score stage alone perturbs the model
+    for task in ("kl", "niah_single"):
+        assert records[task, "dense", 0]["k_features_read"] is None  # exact scores
+        for method in ("dense", "systematic"):
+            assert 0 < records[task, method, 4]["k_features_read"] <= 1

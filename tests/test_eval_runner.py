@@ -262,3 +262,40 @@ def test_runs_with_another_answer_budget_are_their_own_cells_with_their_own_dens
     assert lines[-1].endswith("| +25.0 [+25.0, +25.0]* |")
     # the default budget keeps the plain task name
     assert {c.task for c in cells([{**r, "max_new_tokens": 64} for r in records])} == {"gsm8k"}
+
+
+def test_score_samples_are_their_own_jobs_and_leave_exact_score_keys_unchanged():
+    jobs = small_grid(score_samples=(0, 8), seeds=[0])
+    exact = [j for j in jobs if j.score_samples == 0]
+    assert [j.key() for j in exact] == [j.key() for j in small_grid(seeds=[0])]  # resume old sweeps
+    assert all("score_samples" not in json.loads(j.key()) for j in exact)
+    sampled = [j for j in jobs if j.score_samples == 8]
+    assert len(sampled) == len(exact)  # every method, dense included (the score stage alone)
+    assert json.loads(sampled[0].key())["score_samples"] == 8
+    dense = next(j for j in sampled if j.method == "dense").config()
+    assert (dense.sampler, dense.score_samples) == ("dense", 8)
+    assert next(j for j in exact if j.method == "dense").config().score_samples is None
+    import pytest
+
+    with pytest.raises(ValueError, match="score_samples"):
+        small_grid(score_samples=(-1,))
+
+
+def test_score_sampled_cells_are_a_setting_paired_with_exact_dense():
+    from santa.eval.report import compare_methods, pivot
+
+    base = {"model": "m", "task": "fwe", "length": 512, "prefill": "dense", "seed": 0, "prompt_tokens": 500, "new_tokens": 8}
+    dense = [{**base, "method": "dense", "budget": 0, "prompt": p, "score": 1.0} for p in range(4)]
+    # Bernoulli scores with B = 8: dense values lose 0.25, systematic S=16 loses 0.5; exact-score systematic ties
+    scores_only = [{**r, "score_samples": 8, "score": 0.75} for r in dense]
+    both = [{**r, "method": "systematic", "budget": 16, "score_samples": 8, "score": 0.5} for r in dense]
+    exact_sys = [{**r, "method": "systematic", "budget": 16, "score_samples": 0} for r in dense]
+    by_setting = {(c.prefill, c.method): c for c in cells(dense + scores_only + both + exact_sys)}
+    assert sorted(by_setting) == [("dense", "dense"), ("dense", "systematic"), ("dense+bqk8", "dense"), ("dense+bqk8", "systematic")]
+    assert by_setting["dense", "dense"].delta is None  # the baseline
+    assert by_setting["dense+bqk8", "dense"].delta == -0.25
+    assert by_setting["dense+bqk8", "systematic"].delta == -0.5
+    assert by_setting["dense", "systematic"].delta == 0.0
+    panel = pivot(cells(dense + scores_only + both), delta=True)
+    assert "**m · fwe · 512 tokens · dense+bqk8 prefill**" in panel and "| dense | -25.0 [-25.0, -25.0]* (all S) |" in panel
+    assert "| m | fwe | 512 | dense+bqk8 |" in compare_methods(both + [{**r, "method": "topk"} for r in both], "systematic", "topk")

@@ -44,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--prefill", default="dense", type=_strs, help="dense (decode-only sampling) and/or sampled")
     run.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS)
     run.add_argument(
+        "--score-samples",
+        default="0",
+        type=_ints,
+        help="Bernoulli qKᵀ draws B for the decode scores, e.g. 0,8,16 (0: exact scores; dense with B > 0 samples the scores alone)",
+    )
+    run.add_argument(
         "--kl-tokens", type=int, default=32, help="teacher-forced tokens per KL prompt (T; T−1 are scored)"
     )
     run.add_argument(
@@ -109,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             prefills=args.prefill,
             max_new_tokens=args.max_new_tokens,
             kl_tokens=args.kl_tokens,
+            score_samples=args.score_samples,
             exact_when_covers=args.exact_when_covers,
         )
         ran = run_sweep(jobs, args.out, device=args.device, batch_size=args.batch)

@@ -47,6 +47,23 @@ def task_label(record: dict) -> str:
     return task if task == "kl" or new_tokens == MAX_NEW_TOKENS else f"{task}_{new_tokens}tok"
 
 
+def setting_label(record: dict) -> str:
+    """The record's setting, reported in the ``prefill`` column: ``dense`` (decode-only sampling) or
+    ``sampled`` (prefill too), plus ``+bqkB`` where the scores were Bernoulli qKᵀ with B draws.
+    KL records of the earlier single-token-step mode get ``/stepwise``."""
+    label = record["prefill"]
+    if record["task"] == "kl" and record.get("kl_mode", "stepwise") != "chunked":
+        label += "/stepwise"  # KL scored by single-token decode steps (an earlier mode)
+    if record.get("score_samples"):
+        label += f"+bqk{record['score_samples']}"
+    return label
+
+
+def is_baseline(record: dict) -> bool:
+    """Dense attention with exact scores: the reference every other cell is paired with."""
+    return record["method"] == "dense" and record["prefill"] == "dense" and not record.get("score_samples")
+
+
 def signed_ci(mean: float, low: float, high: float) -> str:
     """A difference in points with its CI, ``*`` where the CI excludes 0: ``-2.5 [-4.0, -0.5]*``."""
     return f"{100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]" + ("" if low <= 0 <= high else "*")
@@ -90,13 +107,10 @@ def cells(records: list[dict]) -> list[Cell]:
     """
     grouped: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
-        prefill = r["prefill"]
-        if r["task"] == "kl" and r.get("kl_mode", "stepwise") != "chunked":
-            prefill += "/stepwise"  # KL scored by single-token decode steps (an earlier mode)
-        grouped[(r["model"], task_label(r), r["length"], prefill, r["method"], r["budget"])].append(r)
+        grouped[(r["model"], task_label(r), r["length"], setting_label(r), r["method"], r["budget"])].append(r)
     dense_scores: dict[tuple, dict[int, float]] = defaultdict(dict)
     for r in records:
-        if r["method"] == "dense" and r["prefill"] == "dense" and r["task"] != "kl":
+        if is_baseline(r) and r["task"] != "kl":
             dense_scores[(r["model"], task_label(r), r["length"])][r["prompt"]] = r["score"]
     out = []
     for key, rows in grouped.items():
@@ -105,7 +119,7 @@ def cells(records: list[dict]) -> list[Cell]:
         model, task, length, _, method, _ = key
         dense = dense_scores.get((model, task, length), {})
         paired = [np.mean(v) - dense[p] for p, v in per_prompt.items() if p in dense]
-        delta = bootstrap_ci(paired) if method != "dense" and paired else (None, None, None)
+        delta = bootstrap_ci(paired) if not is_baseline(rows[0]) and paired else (None, None, None)
         kv = [r["v_rows_read_kv"] for r in rows if r.get("v_rows_read_kv") is not None]
         ppl = [r["nll"] for r in rows if "nll" in r]
         out.append(
@@ -263,7 +277,7 @@ def compare_methods(records: list[dict], first: str, second: str) -> str:
     grouped: dict[tuple, dict] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in records:
         if r["task"] != "kl" and r["method"] in (first, second):
-            grouped[(r["model"], task_label(r), r["length"], r["prefill"])][r["method"]][r["budget"]].append(r)
+            grouped[(r["model"], task_label(r), r["length"], setting_label(r))][r["method"]][r["budget"]].append(r)
     lines = [
         f"**{first} − {second}**, paired on the same prompts (points; * = 95 % CI excludes 0)",
         "",
@@ -320,12 +334,15 @@ def plot(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(5.5, 3.8))
         scale = 1.0 if task == "kl" else 100.0
         for c in group:
-            if c.method == "dense" and task != "kl":
+            if c.method == "dense" and c.prefill == "dense" and task != "kl":
                 ax.axhspan(
                     scale * c.low, scale * c.high, color="grey", alpha=0.25, label=f"dense ({c.n_prompts} prompts)"
                 )
                 ax.axhline(scale * c.mean, color="grey", lw=1)
-        for prefill in sorted({c.prefill for c in group}):
+            elif c.method == "dense" and c.prefill != "dense":  # Bernoulli scores, dense values: no S axis
+                ax.axhline(scale * c.mean, color="black", lw=1, ls=":", label=f"dense values ({c.prefill})")
+        settings = sorted({c.prefill for c in group}, key=lambda p: (p != "dense", p))
+        for number, prefill in enumerate(settings):
             for method in METHODS[1:]:
                 line = sorted((c for c in group if c.method == method and c.prefill == prefill), key=lambda c: c.budget)
                 if task == "kl":
@@ -335,8 +352,8 @@ def plot(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
                 x = [c.budget for c in line]
                 y = np.array([scale * c.mean for c in line])
                 err = np.array([[scale * (c.mean - c.low) for c in line], [scale * (c.high - c.mean) for c in line]])
-                style = "-" if prefill == "dense" else "--"
-                label = method if prefill == "dense" else f"{method} (sampled prefill)"
+                style = ("-", "--", ":", "-.")[number % 4]
+                label = method if prefill == "dense" else f"{method} (sampled prefill)" if prefill == "sampled" else f"{method} ({prefill})"
                 ax.errorbar(
                     x, y, yerr=err.clip(min=0), fmt="o" + style, color=COLORS[method], capsize=3, label=label, ms=4
                 )
@@ -371,6 +388,10 @@ def plot_delta(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
         fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.4), sharey=True, squeeze=False)
         for ax, task in zip(axes[0], names, strict=True):
             ax.axhline(0.0, color="grey", lw=1)
+            for c in tasks[task]:
+                if c.method == "dense":  # Bernoulli scores with dense values (the setting's score stage alone)
+                    ax.axhspan(100 * c.delta_low, 100 * c.delta_high, color="black", alpha=0.1)
+                    ax.axhline(100 * c.delta, color="black", lw=1, ls=":", label="dense values")
             for method in METHODS[1:]:
                 line = sorted((c for c in tasks[task] if c.method == method), key=lambda c: c.budget)
                 if not line:

@@ -48,9 +48,13 @@ class Job:
     seed: int  # sampler seed; 0 for deterministic methods
     max_new_tokens: int  # new tokens to generate; for task "kl", tokens scored under teacher forcing
     exact_when_covers: bool = False  # SantaConfig.exact_when_budget_covers
+    score_samples: int = 0  # Bernoulli qKᵀ draws B for the sampled rows' scores; 0 = exact scores
 
     def key(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        fields = asdict(self)
+        if not fields["score_samples"]:
+            del fields["score_samples"]  # exact-score jobs keep the keys of records written before it
+        return json.dumps(fields, sort_keys=True)
 
     @property
     def group(self) -> tuple:
@@ -58,8 +62,9 @@ class Job:
         return (self.model, self.task, self.length, self.prompt)
 
     def config(self) -> santa.hf.SantaConfig:
-        if self.method == "dense":
-            return santa.hf.SantaConfig(sampler="dense")
+        if self.method == "dense":  # with score_samples: Bernoulli scores, exact value stage
+            score = self.score_samples or None
+            return santa.hf.SantaConfig(sampler="dense", score_samples=score, record_stats=score is not None)
         return santa.hf.SantaConfig(
             budget=self.budget,
             sampler=self.method,
@@ -68,6 +73,7 @@ class Job:
             exact_when_budget_covers=self.exact_when_covers,
             record_stats=True,
             kernel="reference",  # the spec's samplers on every device (on CUDA "auto" would run the prop kernel)
+            score_samples=self.score_samples or None,
         )
 
 
@@ -84,13 +90,20 @@ def grid(
     max_new_tokens: int = MAX_NEW_TOKENS,
     kl_tokens: int = 32,
     exact_when_covers: bool = False,
+    score_samples: Iterable[int] = (0,),
 ) -> list[Job]:
     """Every job of the grid, ordered so that jobs sharing a prompt (one group) are adjacent.
 
     Dense runs once per prompt (budget 0, seed 0); top-k is deterministic (seed 0 only); sampled
     prefill is only meaningful for sampled methods, so dense-prefill dense is the baseline of both.
+    score_samples: Bernoulli qKᵀ draws B per job (0: exact scores); ``dense`` with B > 0 samples
+    the decode scores alone.
     """
     methods, budgets, seeds, prefills = list(methods), list(budgets), list(seeds), list(prefills)
+    score_samples = list(score_samples)
+    for b in score_samples:
+        if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+            raise ValueError(f"score_samples must be integers ≥ 0 (0 = exact scores), got {b!r}")
     for m in methods:
         if m not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {m!r}")
@@ -105,8 +118,8 @@ def grid(
                 cells = [(prefill, b, 0) for b in budgets]
             else:
                 cells = [(prefill, b, s) for b in budgets for s in seeds]
-            for pre, budget, seed in cells:
-                jobs.add(Job(model, task, length, prompt, pre, method, budget, seed, new_tokens, exact_when_covers))
+            for (pre, budget, seed), b in itertools.product(cells, score_samples):
+                jobs.add(Job(model, task, length, prompt, pre, method, budget, seed, new_tokens, exact_when_covers, b))
     # Prompt-major order: an interrupted sweep holds about as many prompts for every task.
     return sorted(
         jobs,
@@ -117,6 +130,7 @@ def grid(
             j.task,
             j.prefill != "dense",
             METHODS.index(j.method),
+            j.score_samples,
             j.budget,
             j.seed,
         ),
@@ -220,10 +234,11 @@ def _share_read(job: Job, config: santa.hf.SantaConfig, n_prompt: int, steps: in
 
 
 def method_cells(jobs: list[Job]) -> list[list[Job]]:
-    """The batch's jobs grouped by what they run (prefill, method, budget, seed), order kept."""
+    """The batch's jobs grouped by what they run (prefill, method, budget, seed, answer length,
+    score samples), order kept."""
     cells: dict[tuple, list[Job]] = {}
     for job in jobs:
-        cells.setdefault((job.prefill, job.method, job.budget, job.seed, job.max_new_tokens), []).append(job)
+        cells.setdefault((job.prefill, job.method, job.budget, job.seed, job.max_new_tokens, job.score_samples), []).append(job)
     return list(cells.values())
 
 
@@ -273,6 +288,7 @@ def run_batch(model, tokenizer, batch_jobs: list[Job], on_done) -> None:
                     "new_tokens": len(tokens),
                     "v_rows_read": share,
                     "v_rows_read_kv": share_kv,
+                    "k_features_read": config.stats.feature_share,
                     "batch": len(batch.prompts),
                     "prefill_s": prefill_s,
                     "decode_s": decode_s,
@@ -321,7 +337,7 @@ def _run_kl_batch(model, batch: Batch, batch_jobs: list[Job], on_done) -> None:
         job = cell[0]
         config = job.config()
         start = time.perf_counter()
-        if job.method == "dense":
+        if job.method == "dense" and not job.score_samples:
             logprobs = reference
         elif job.prefill == "sampled":
             # Section 4 setting: every row of the whole text samples, the context's included.
@@ -351,6 +367,7 @@ def _run_kl_batch(model, batch: Batch, batch_jobs: list[Job], on_done) -> None:
                     "new_tokens": n_scored - 1,
                     "v_rows_read": share,
                     "v_rows_read_kv": share,
+                    "k_features_read": config.stats.feature_share,
                     "batch": len(batch.prompts),
                     "prefill_s": prefill_s,
                     "decode_s": decode_s,
