@@ -446,7 +446,8 @@ def run_sweep(
     def on_done(job: Job, result: dict) -> None:
         append_record(out, {"key": job.key(), **asdict(job), **result, **environment, "time": time.time()})
         bar.update(1)
-        bar.set_postfix_str(f"{job.task} {job.length} {job.method} S={job.budget}")
+        score = f" qK B={job.score_samples}" if job.score_samples else ""
+        bar.set_postfix_str(f"{job.task} {job.length} {job.method} S={job.budget}{score}")
 
     for batch_jobs in batches(pending, batch_size):
         model_name = batch_jobs[0].model
