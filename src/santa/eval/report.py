@@ -301,7 +301,8 @@ def compare_methods(records: list[dict], first: str, second: str) -> str:
     return "\n".join(lines)
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -310,11 +311,14 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: Path, dpi: int) -> Path:
+def save_figure(fig, path: str | Path, dpi: int) -> Path:
+    """Lay out, write (creating the folder) and close ``fig``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     fig.clf()
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -323,7 +327,7 @@ COLORS = {"iid": "tab:orange", "stratified": "tab:green", "systematic": "tab:blu
 
 def plot(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
     """accuracy vs budget per (model, task, length, prefill), dense as a band; KL vs budget (log–log)."""
-    plt = _pyplot()
+    plt = pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     panels: dict[tuple, list[Cell]] = defaultdict(list)
@@ -367,7 +371,7 @@ def plot(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
         ax.set_title(f"{model} · {task} · {length or 'item'} tokens")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-        written.append(_save(fig, out_dir / f"{'kl' if task == 'kl' else 'accuracy'}_{model}_{task}_{length or 'items'}.png", 120))
+        written.append(save_figure(fig, out_dir / f"{'kl' if task == 'kl' else 'accuracy'}_{model}_{task}_{length or 'items'}.png", 120))
     return written
 
 
@@ -375,7 +379,7 @@ def plot_delta(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
     """Paired difference to dense vs budget: one figure per (model, length, prefill), one panel per
     RULER-style task, every method as a line with its 95 % CI. A budget is safe for a task where
     the band contains 0."""
-    plt = _pyplot()
+    plt = pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     figures: dict[tuple, dict[str, list[Cell]]] = defaultdict(lambda: defaultdict(list))
@@ -409,7 +413,7 @@ def plot_delta(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
         axes[0][0].set_ylabel("method − dense (points, paired)")
         axes[0][0].legend(fontsize=7)
         fig.suptitle(f"{model} · {f'{length} tokens' if length else 'items'} · {prefill} prefill", fontsize=10)
-        written.append(_save(fig, out_dir / f"delta_{model}_{length or 'items'}_{prefill}.png", 110))
+        written.append(save_figure(fig, out_dir / f"delta_{model}_{length or 'items'}_{prefill}.png", 110))
     return written
 
 

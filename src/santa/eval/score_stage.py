@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from santa.bernoulli import bernoulli_query
+from santa.eval.report import COLORS, pyplot, save_figure
 from santa.eval.tasks import build_prompt
 from santa.eval.variance import Captured, capture_last_query
 
@@ -83,18 +84,12 @@ def bernoulli_diagnostics(
 
 def plot_bernoulli(result: dict, path: str | Path) -> Path:
     """Key features read vs B (left) and KL(p ‖ p̂) vs B (right, log axes)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"iid": "tab:orange", "stratified": "tab:green"}
     samples = result["samples"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(10, 3.8))
     for s in SCORE_SAMPLERS:
-        left.plot(samples, [100 * x for x in result["read_kv"][s]], "o-", color=colors[s], label=f"{s}, per KV head (mean group query)")
-        left.plot(samples, [100 * x for x in result["read_head"][s]], "x--", color=colors[s], alpha=0.6, label=f"{s}, per query head")
-        right.loglog(samples, result["kl"][s], "o-", color=colors[s], label=s)
+        left.plot(samples, [100 * x for x in result["read_kv"][s]], "o-", color=COLORS[s], label=f"{s}, per KV head (mean group query)")
+        left.plot(samples, [100 * x for x in result["read_head"][s]], "x--", color=COLORS[s], alpha=0.6, label=f"{s}, per query head")
+        right.loglog(samples, result["kl"][s], "o-", color=COLORS[s], label=s)
     left.set_xscale("log", base=2)
     left.set_xlabel("ternary draws B")
     left.set_ylabel("key features read (%)")
@@ -104,9 +99,4 @@ def plot_bernoulli(result: dict, path: str | Path) -> Path:
     for ax in (left, right):
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, 120)

@@ -21,7 +21,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from santa.attention import attention_probs
-from santa.eval.report import loglog_slope
+from santa.eval.report import COLORS, loglog_slope, pyplot, save_figure
 from santa.eval.tasks import build_prompt
 from santa.sampling import sample_counts
 from santa.stats import unique_keys, variance_trace
@@ -133,18 +133,13 @@ def diagnostics(
 
 
 def plot_diagnostics(result: dict, path: str | Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"iid": "tab:orange", "stratified": "tab:green", "systematic": "tab:blue"}
+    """Variance trace vs S (log–log, with fitted slopes) and unique keys read vs S."""
     budgets = result["budgets"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(10, 3.8))
     for s in SAMPLERS:
-        left.loglog(budgets, result["trace"][s], "o-", color=colors[s], label=f"{s} (slope {result['slopes'][s]:.2f})")
-        right.plot(budgets, result["unique_keys"][s], "o-", color=colors[s], label=f"{s} per head")
-        right.plot(budgets, result["unique_keys_kv"][s], "x--", color=colors[s], alpha=0.6, label=f"{s} GQA union")
+        left.loglog(budgets, result["trace"][s], "o-", color=COLORS[s], label=f"{s} (slope {result['slopes'][s]:.2f})")
+        right.plot(budgets, result["unique_keys"][s], "o-", color=COLORS[s], label=f"{s} per head")
+        right.plot(budgets, result["unique_keys_kv"][s], "x--", color=COLORS[s], alpha=0.6, label=f"{s} GQA union")
     left.set_xlabel("budget S")
     left.set_ylabel("variance trace E‖ô − μ‖²")
     left.set_title(f"{result['task']}, {result['length']} tokens, {result['prompts']} prompts")
@@ -156,12 +151,7 @@ def plot_diagnostics(result: dict, path: str | Path) -> Path:
     for ax in (left, right):
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, 120)
 
 
 def save(result: dict, path: str | Path) -> None:
