@@ -35,16 +35,30 @@ def replicate(query, key, replicates):
 
 
 def test_fixed_uniforms_give_the_hand_computed_query():
-    # |q| / max|q| = 0.3, 1, 0.5, 0; B = 4 stratified: points (n + U_n) / 4
+    # |q| / max|q| = 0.3, 1, 0.5, 0 with B = 4: B·p = 1.2, 4, 2, 0
     query = torch.tensor([0.3, -1.0, 0.5, 0.0], dtype=torch.float64).reshape(1, 1, 1, 4)
-    low = torch.full((1, 1, 1, 4, 4), 0.1, dtype=torch.float64)  # points .025 .275 .525 .775
-    high = torch.full((1, 1, 1, 4, 4), 0.5, dtype=torch.float64)  # points .125 .375 .625 .875
-    # counts: 0.3 → 2 (low: .025, .275) or 1 (high: .125); 1 → 4; 0.5 → 2; 0 → 0
-    assert bernoulli_query(query, 4, uniforms=low).query.flatten().tolist() == [0.5, -1.0, 0.5, 0.0]
+    # stratified: c = ⌊B·p⌋ + [U < frac(B·p)]; only 0.3 has a random stratum (frac 0.2)
+    low = torch.full((1, 1, 1, 4), 0.1, dtype=torch.float64)
+    high = torch.full((1, 1, 1, 4), 0.5, dtype=torch.float64)
+    assert bernoulli_query(query, 4, uniforms=low).query.flatten().tolist() == [0.5, -1.0, 0.5, 0.0]  # c = 2, 4, 2, 0
     drawn = bernoulli_query(query, 4, uniforms=high)
-    assert drawn.query.flatten().tolist() == [0.25, -1.0, 0.5, 0.0]
+    assert drawn.query.flatten().tolist() == [0.25, -1.0, 0.5, 0.0]  # c = 1, 4, 2, 0
     assert drawn.features_read.flatten().tolist() == [True, True, True, False]
     assert drawn.read_fraction == 0.75
+    # iid: c = #{n : U_n < p}; with U = .05 .25 .45 .65 per feature: c = 2, 4, 3, 0
+    iid = torch.tensor([0.05, 0.25, 0.45, 0.65], dtype=torch.float64).expand(1, 1, 1, 4, 4)
+    assert bernoulli_query(query, 4, sampler="iid", uniforms=iid).query.flatten().tolist() == [0.5, -1.0, 0.75, 0.0]
+
+
+def test_stratified_counts_match_the_strata_definition():
+    """c = ⌊B·p⌋ + [U < frac(B·p)] is the count of b⁽ⁿ⁾ = [(n + U_n)/B < p] when U_n = U in the random stratum."""
+    from santa.bernoulli import draw_counts
+
+    g = torch.Generator().manual_seed(8)
+    probs, samples = torch.rand(200, generator=g, dtype=torch.float64), 6
+    u = torch.rand(200, generator=g, dtype=torch.float64)
+    strata = (torch.arange(samples, dtype=torch.float64) + u[:, None]) / samples  # every stratum uses U
+    assert torch.equal(draw_counts(probs, samples, "stratified", u), (strata < probs[:, None]).sum(-1).double())
 
 
 def test_single_head_draw_is_norm_times_ternary_mean():
@@ -76,11 +90,14 @@ def test_stratified_is_exact_when_every_b_times_p_is_an_integer():
     assert torch.allclose(scored, exact, atol=1e-12)
 
 
-@pytest.mark.parametrize("sampler,kv_heads", [("iid", 4), ("stratified", 4), ("systematic", 4), ("stratified", 2)])
-def test_scores_are_unbiased_with_the_closed_form_variance(sampler, kv_heads):
+@pytest.mark.parametrize(
+    "sampler,kv_heads,samples", [("iid", 4, 4), ("iid", 4, 16), ("stratified", 4, 4), ("stratified", 4, 16), ("stratified", 2, 4)]
+)
+def test_scores_are_unbiased_with_the_closed_form_variance(sampler, kv_heads, samples):
     """Over R draws: the mean score is within 4.5 standard errors of q·kᵀ everywhere, and the mean
-    squared error (summed over keys) is within 5 of its own standard errors of the closed form."""
-    replicates, samples = 4000, 4
+    squared error (summed over keys) is within 5 of its own standard errors of the closed form
+    (which the 1/B test below then relies on)."""
+    replicates = 4000
     g = torch.Generator().manual_seed(3)
     query = torch.randn(1, 4, 1, 12, generator=g, dtype=torch.float64)
     key = torch.randn(1, kv_heads, 10, 12, generator=g, dtype=torch.float64)
@@ -97,8 +114,8 @@ def test_scores_are_unbiased_with_the_closed_form_variance(sampler, kv_heads):
 
 
 def test_stratified_error_falls_as_one_over_b_and_iid_as_one_over_sqrt_b():
-    """Closed forms (checked against draws above): from B to 4B the score variance drops ~4× for iid
-    and ≥ 8× for stratified on generic queries (1/B against 1/B²)."""
+    """Closed forms (checked against the library's draws at B = 4 and 16 above): from B to 4B the
+    score variance drops ~4× for iid and ≥ 8× for stratified on generic queries (1/B against 1/B²)."""
     g = torch.Generator().manual_seed(4)
     query = torch.randn(4, 8, 1, 64, generator=g, dtype=torch.float64)
     key = torch.randn(4, 8, 50, 64, generator=g, dtype=torch.float64)
@@ -143,16 +160,26 @@ def test_bad_arguments_are_refused_by_name():
         bernoulli_query(query, 2, kv_heads=3)
     with pytest.raises(ValueError, match="sampler"):
         bernoulli_query(query, 2, sampler="topk")
+    with pytest.raises(ValueError, match=r"uniforms must have shape \[1, 4, 1, 8\]"):
+        bernoulli_query(query, 2, uniforms=torch.rand(1, 4, 1, 8, 2))
     with pytest.raises(ValueError, match=r"uniforms must have shape \[1, 4, 1, 8, 2\]"):
-        bernoulli_query(query, 2, uniforms=torch.rand(1, 4, 1, 8))
+        bernoulli_query(query, 2, sampler="iid", uniforms=torch.rand(1, 4, 1, 8))
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        bernoulli_query(query, 2, uniforms=torch.full((1, 4, 1, 8), 5.0))
+    with pytest.raises(ValueError, match="uniforms must have shape"):
+        bernoulli_query(query, 2, uniforms=[0.5] * 8)
+    with pytest.raises(ValueError, match="D ≥ 1"):
+        bernoulli_query(torch.ones(1, 4, 1, 0), 2)
     with pytest.raises(ValueError, match=r"\[B, Hq, Lq, D\]"):
         bernoulli_query(query[0], 2)
     with pytest.raises(TypeError, match="floating-point"):
         bernoulli_query(torch.ones(1, 4, 1, 8, dtype=torch.int64), 2)
     with pytest.raises(ValueError, match="score_samples"):
         santa.sampled_attention(query, query, query, 4, score_samples=0)
-    with pytest.raises(ValueError, match="sampler"):
+    with pytest.raises(ValueError, match="score_sampler"):
         santa.sampled_attention(query, query, query, 4, score_samples=2, score_sampler="dense")
+    with pytest.raises(ValueError, match="score_sampler"):  # checked even when the scores are exact
+        santa.sampled_attention(query, query, query, 4, score_sampler="bogus")
 
 
 def test_layer_metrics_are_zero_for_an_exact_draw_and_count_the_features_read():
@@ -170,7 +197,7 @@ def test_layer_metrics_are_zero_for_an_exact_draw_and_count_the_features_read():
     metrics = layer_metrics(layer, 4, "stratified", g)
     assert metrics["kl"] == pytest.approx(0.0, abs=1e-12)
     assert metrics["relative_error"] == pytest.approx(0.0, abs=1e-12)
-    assert metrics["read_kv"] == metrics["read_head"] == 0.75
+    assert metrics["read_kv"] == metrics["read_head"] == metrics["read_head_kv"] == 0.75
     # few iid draws miss features and perturb the weights
     noisy = layer_metrics(layer, 1, "iid", g)
     assert noisy["read_head"] < 0.75 and noisy["kl"] > 0

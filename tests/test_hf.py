@@ -93,6 +93,12 @@ def test_decode_stats_count_value_rows_read(model_and_tokenizer, prompt_ids):
     assert stats.share_per_head <= stats.share_per_kv_head <= 3 * 16 / prompt_ids.shape[1]
 
 
+def test_bernoulli_scores_bypass_the_decode_kernels():
+    query = torch.zeros(1, 9, 1, 64)
+    assert santa.hf.kernel_for(santa.hf.SantaConfig(kernel="prop"), query, None) == "prop"
+    assert santa.hf.kernel_for(santa.hf.SantaConfig(kernel="prop", score_samples=4), query, None) is None
+
+
 def test_config_rejects_bad_values():
     with pytest.raises(ValueError, match="budget"):
         santa.hf.SantaConfig(budget=0)
@@ -123,6 +129,13 @@ def test_bernoulli_scores_converge_to_dense_with_more_draws_and_count_features(m
     (kl_few, share_few), (kl_many, share_many) = kl_and_share(2), kl_and_share(256)
     assert kl_many < kl_few / 10 and kl_many < 1e-2
     assert 0 < share_few < share_many <= 1
+    # a value budget covering every key keeps the values exact: the same draws as sampler="dense"
+    covered = santa.hf.SantaConfig(budget=prompt_ids.shape[1], sampler="systematic", score_samples=8)
+    assert torch.equal(last_logits(model, prompt_ids, covered), last_logits(model, prompt_ids, santa.hf.SantaConfig(sampler="dense", score_samples=8)))
+    # dense layers skip the score stage too
+    every_layer = tuple(range(model.config.num_hidden_layers))
+    skipped = last_logits(model, prompt_ids, santa.hf.SantaConfig(sampler="dense", score_samples=2, dense_layers=every_layer))
+    assert torch.allclose(skipped, dense, atol=1e-5)
     # with a value sampler too (the paper's combination), one decode step still runs and stays finite
     both = last_logits(model, prompt_ids, santa.hf.SantaConfig(budget=32, score_samples=8))
     assert torch.isfinite(both).all() and not torch.allclose(both, dense, atol=1e-4)

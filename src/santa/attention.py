@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from santa.bernoulli import bernoulli_query
+from santa.bernoulli import SCORE_SAMPLERS, bernoulli_query
 from santa.sampling import SAMPLERS, check_budget, check_sampler, sample_counts
 
 ATTENTION_SAMPLERS = (*SAMPLERS, "topk", "dense")
@@ -189,6 +189,8 @@ def sampled_attention(
     budget = check_budget(budget)
     check_sampler(sampler, ATTENTION_SAMPLERS)
     check_qkv(query, key, value, enable_gqa=enable_gqa)
+    if score_sampler not in SCORE_SAMPLERS:
+        raise ValueError(f"score_sampler must be one of {SCORE_SAMPLERS}, got {score_sampler!r}")
     scored = query  # the query the scores use: q, or Bernoulli qKᵀ's sampled q̃
     if score_samples is not None:
         score_samples = check_budget(score_samples, "score_samples")

@@ -7,15 +7,18 @@ probability, and replaced by B ternary vectors ``q̂⁽ⁿ⁾_i = b⁽ⁿ⁾_i �
     ŝ = (norm / B) Σ_n q̂⁽ⁿ⁾ Kᵀ,    E[ŝ] = q Kᵀ:
 
 a ternary vector only adds or subtracts key features, and a feature whose B draws are all 0 is
-never read. The B draws of one feature come from the points ``T_n`` of :func:`santa.sampling.sample_points`
-(``b⁽ⁿ⁾_i = [T_n < p_i]``): ``iid`` gives ``Σ_n b⁽ⁿ⁾_i ~ Binomial(B, p_i)``; ``stratified`` (the
-paper's default) gives ``⌊B p_i⌋`` or ``⌊B p_i⌋ + 1``, so the error falls as 1/B instead of 1/√B.
-For one feature only the stratum holding ``B p_i`` is random, so ``systematic`` has the same law.
+never read. Only the count ``c_i = Σ_n b⁽ⁿ⁾_i`` matters:
+
+- ``iid``: ``b⁽ⁿ⁾_i = [U_{n,i} < p_i]``, so ``c_i ~ Binomial(B, p_i)`` (B uniforms per feature);
+- ``stratified`` (the paper's default): ``b⁽ⁿ⁾_i = [(n + U_{n,i}) / B < p_i]``. Every stratum below
+  ``B p_i`` is certain and every one above is empty, so only the stratum holding ``B p_i`` is random:
+  ``c_i = ⌊B p_i⌋ + [U_i < B p_i − ⌊B p_i⌋]`` with one uniform per feature. The error falls as 1/B
+  instead of 1/√B. (Systematic sampling, one offset for all strata, has the same law per feature.)
 
 Mean group query (GQA): the G query heads of a KV head share one draw, so the group reads one
 subset of key features. With ``m = mean_g |q_g|`` and ``norm = max_i m_i``,
 
-    m̂ = (norm / B) Σ_n b⁽ⁿ⁾,  b⁽ⁿ⁾_i ~ Bernoulli(m_i / norm),    ŝ_g = (m̂ ⊙ q_g / m) Kᵀ,
+    m̂ = norm · c / B,  c drawn with p = m / norm,    ŝ_g = (m̂ ⊙ q_g / m) Kᵀ,
 
 unbiased for every head (``E[m̂] = m``). With G = 1 this is the single-head estimator above
 (``q / |q| = sign(q)``). The sampled query ``q̃_g = m̂ ⊙ q_g / m`` replaces q in the softmax; the
@@ -24,11 +27,14 @@ softmax of an unbiased score is not unbiased, which is the price of the score-st
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import torch
 
-from santa.sampling import check_budget, check_sampler, draw_uniforms, sample_points, uniforms_shape
+from santa.sampling import check_budget, check_uniforms
+
+SCORE_SAMPLERS = ("iid", "stratified")
 
 
 @dataclass
@@ -59,6 +65,20 @@ def feature_probabilities(query: torch.Tensor, kv_heads: int) -> tuple[torch.Ten
     return m, norm, m / norm.masked_fill(norm == 0, 1.0)
 
 
+def uniforms_shape(probs_shape: torch.Size, samples: int, sampler: str) -> tuple[int, ...]:
+    """``[..., D, B]`` for iid (B uniforms per feature), ``[..., D]`` for stratified (one)."""
+    return (*probs_shape, samples) if sampler == "iid" else tuple(probs_shape)
+
+
+def draw_counts(probs: torch.Tensor, samples: int, sampler: str, uniforms: torch.Tensor) -> torch.Tensor:
+    """Nonzero draws per feature, ``c = Σ_n b⁽ⁿ⁾``: probs ``[..., D]`` → ``[..., D]`` float64."""
+    if sampler == "iid":
+        return (uniforms < probs.unsqueeze(-1)).sum(dim=-1).to(torch.float64)
+    scaled = samples * probs  # B·p: ⌊B·p⌋ certain strata, one random stratum holding the rest
+    certain = torch.floor(scaled)
+    return certain + (uniforms < scaled - certain).to(torch.float64)
+
+
 def bernoulli_query(
     query: torch.Tensor,
     samples: int,
@@ -72,28 +92,29 @@ def bernoulli_query(
 
     query: ``[B, Hq, Lq, D]`` floating point. samples: B ≥ 1 ternary draws. kv_heads: Hkv dividing
     Hq (default Hq: one group per head); the ``Hq / Hkv`` heads of a group share one draw (mean
-    group query). sampler: ``"iid"``, ``"stratified"`` (default) or ``"systematic"``. uniforms: the
-    float64 uniforms the draws consume, ``[B, Hkv, Lq, D, samples]`` (iid, stratified) or
-    ``[B, Hkv, Lq, D]`` (systematic); drawn from ``generator`` when None.
+    group query). sampler: ``"stratified"`` (default) or ``"iid"``. uniforms: values in [0, 1) of
+    shape ``[B, Hkv, Lq, D]`` (stratified) or ``[B, Hkv, Lq, D, samples]`` (iid), on query's device;
+    drawn from ``generator`` when None.
     """
     if not isinstance(query, torch.Tensor) or not query.is_floating_point():
         raise TypeError(f"query must be a floating-point torch.Tensor, got {getattr(query, 'dtype', type(query).__name__)}")
-    if query.dim() != 4:
-        raise ValueError(f"query must have shape [B, Hq, Lq, D] (4 dims), got {tuple(query.shape)}")
+    if query.dim() != 4 or query.shape[1] < 1 or query.shape[3] < 1:
+        raise ValueError(f"query must have shape [B, Hq, Lq, D] with Hq ≥ 1 and D ≥ 1, got {tuple(query.shape)}")
     samples = check_budget(samples, "samples")
-    check_sampler(sampler)
+    if sampler not in SCORE_SAMPLERS:
+        raise ValueError(f"sampler must be one of {SCORE_SAMPLERS}, got {sampler!r}")
     hq = query.shape[1]
     kv_heads = hq if kv_heads is None else kv_heads
-    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1 or hq % kv_heads:
+    if isinstance(kv_heads, bool) or not isinstance(kv_heads, numbers.Integral) or kv_heads < 1 or hq % kv_heads:
         raise ValueError(f"kv_heads must be an int ≥ 1 dividing the {hq} query heads, got {kv_heads!r}")
+    kv_heads = int(kv_heads)
     m, norm, probs = feature_probabilities(query, kv_heads)
-    if uniforms is None:
-        uniforms = draw_uniforms(probs.shape, samples, sampler, device=query.device, generator=generator)
     expected = uniforms_shape(probs.shape, samples, sampler)
-    if tuple(uniforms.shape) != expected:
-        raise ValueError(f"uniforms must have shape {list(expected)} for sampler {sampler!r}, got {list(uniforms.shape)}")
-    points = sample_points(uniforms, samples, sampler)  # [B, Hkv, Lq, D, samples]
-    counts = (points < probs.unsqueeze(-1)).sum(dim=-1)  # Σ_n b⁽ⁿ⁾_i
+    if uniforms is None:
+        uniforms = torch.rand(expected, generator=generator, device=query.device, dtype=torch.float64)
+    else:
+        check_uniforms(uniforms, expected, query.device, sampler, "query")
+    counts = draw_counts(probs, samples, sampler, uniforms.to(torch.float64))
     m_hat = norm * counts / samples  # E[m̂] = m
     ratio = m_hat / m.masked_fill(m == 0, 1.0)  # m̂ / m; 0 where m = 0 (then q_g = 0 there too)
     b, _, lq, d = query.shape

@@ -23,8 +23,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from santa.attention import ATTENTION_SAMPLERS, attention_probs, value_weights, weighted_values
-from santa.bernoulli import bernoulli_query
-from santa.sampling import SAMPLERS, check_budget, check_sampler
+from santa.bernoulli import SCORE_SAMPLERS, bernoulli_query
+from santa.sampling import check_budget, check_sampler
 from santa.stats import unique_keys
 
 IMPLEMENTATION = "santa"
@@ -76,7 +76,7 @@ class SantaConfig:
     score_samples: B ternary draws of Bernoulli qKᵀ for the sampled calls' scores
         (:func:`santa.bernoulli_query`, one draw per KV-head group), or None for exact scores.
         With ``sampler="dense"`` it samples the scores alone. Runs on the torch reference path.
-    score_sampler: ``"stratified"`` (default, the paper's), ``"iid"`` or ``"systematic"``.
+    score_sampler: ``"stratified"`` (default, the paper's) or ``"iid"``.
     kernel: decode path for ``sampler="systematic"``: ``"auto"`` (on CUDA the Triton prop kernel
         when the step has no padding mask, else the torch reference), ``"prop"``, ``"flash"``
         (per-tile budgets, not global S²ANTA-sys; both run on any device through
@@ -109,8 +109,8 @@ class SantaConfig:
             raise ValueError(f"kernel must be one of {KERNEL_CHOICES}, got {self.kernel!r}")
         if self.score_samples is not None:
             check_budget(self.score_samples, "score_samples")
-        if self.score_sampler not in SAMPLERS:
-            raise ValueError(f"score_sampler must be one of {SAMPLERS}, got {self.score_sampler!r}")
+        if self.score_sampler not in SCORE_SAMPLERS:
+            raise ValueError(f"score_sampler must be one of {SCORE_SAMPLERS}, got {self.score_sampler!r}")
 
     def budget_for(self, layer: int) -> int:
         return self.layer_budgets.get(layer, self.budget)

@@ -116,15 +116,19 @@ def sample_indices(
     if uniforms is None:
         uniforms = draw_uniforms(batch_shape, budget, sampler, device=probs.device, generator=generator)
     else:
-        expected = uniforms_shape(batch_shape, budget, sampler)
-        if not isinstance(uniforms, torch.Tensor) or tuple(uniforms.shape) != expected:
-            got = tuple(uniforms.shape) if isinstance(uniforms, torch.Tensor) else type(uniforms).__name__
-            raise ValueError(f"uniforms must have shape {list(expected)} for sampler={sampler!r}, got {got}")
-        if uniforms.device != probs.device:
-            raise ValueError(f"uniforms is on {uniforms.device} but probs is on {probs.device}")
-        if ((uniforms < 0) | (uniforms >= 1) | torch.isnan(uniforms)).any():
-            raise ValueError("uniforms must lie in [0, 1)")
+        check_uniforms(uniforms, uniforms_shape(batch_shape, budget, sampler), probs.device, sampler, "probs")
     return inverse_cdf(probs, sample_points(uniforms, budget, sampler))
+
+
+def check_uniforms(uniforms: object, expected: tuple[int, ...], device: torch.device, sampler: str, against: str) -> None:
+    """Raise unless ``uniforms`` is a tensor of shape ``expected`` on ``device`` with values in [0, 1)."""
+    if not isinstance(uniforms, torch.Tensor) or tuple(uniforms.shape) != tuple(expected):
+        got = tuple(uniforms.shape) if isinstance(uniforms, torch.Tensor) else type(uniforms).__name__
+        raise ValueError(f"uniforms must have shape {list(expected)} for sampler={sampler!r}, got {got}")
+    if uniforms.device != device:
+        raise ValueError(f"uniforms is on {uniforms.device} but {against} is on {device}")
+    if ((uniforms < 0) | (uniforms >= 1) | torch.isnan(uniforms)).any():
+        raise ValueError("uniforms must lie in [0, 1)")
 
 
 def sample_counts(

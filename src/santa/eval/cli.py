@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         result["model"] = args.model
         save(result, args.out)
         plot_bernoulli(result, args.plot)
-        print(json.dumps({k: result[k] for k in ("samples", "read_kv", "read_head", "kl")}, indent=1))
+        print(json.dumps({k: result[k] for k in ("samples", "read_kv", "read_head_kv", "kl")}, indent=1))
         print(f"wrote {args.out} and {args.plot}")
         return 0
     return 2

@@ -343,7 +343,7 @@ def plot(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
                     scale * c.low, scale * c.high, color="grey", alpha=0.25, label=f"dense ({c.n_prompts} prompts)"
                 )
                 ax.axhline(scale * c.mean, color="grey", lw=1)
-            elif c.method == "dense" and c.prefill != "dense":  # Bernoulli scores, dense values: no S axis
+            elif c.method == "dense" and "+bqk" in c.prefill:  # Bernoulli scores, dense values: no S axis
                 ax.axhline(scale * c.mean, color="black", lw=1, ls=":", label=f"dense values ({c.prefill})")
         settings = sorted({c.prefill for c in group}, key=lambda p: (p != "dense", p))
         for number, prefill in enumerate(settings):

@@ -6,7 +6,8 @@ sampler and number of ternary draws B, one Bernoulli query per head (:func:`sant
 gives, averaged over heads, layers and prompts:
 
 - ``read_kv``: the share of key features a KV head reads with the mean group query (one draw per
-  GQA group, the paper's scheme), and ``read_head``: the same with one draw per query head;
+  GQA group, the paper's scheme); ``read_head``: the share a query head reads with one draw per
+  head, and ``read_head_kv``: what a KV head must then load, the union over its group's heads;
 - ``kl``: KL(p ‖ p̂) in nats between the attention weights of the exact and the sampled scores;
 - ``relative_error``: ``‖p̂V − pV‖² / ‖pV‖²``, the error of the attention output with an exact
   value stage (the score stage alone).
@@ -19,17 +20,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from santa.bernoulli import bernoulli_query
+from santa.bernoulli import SCORE_SAMPLERS, bernoulli_query
 from santa.eval.report import COLORS, pyplot, save_figure
 from santa.eval.tasks import build_prompt
 from santa.eval.variance import Captured, capture_last_query
 
-SCORE_SAMPLERS = ("iid", "stratified")
-METRICS = ("read_kv", "read_head", "kl", "relative_error")
+METRICS = ("read_kv", "read_head", "read_head_kv", "kl", "relative_error")
 
 
 def layer_metrics(layer: Captured, samples: int, sampler: str, generator: torch.Generator) -> dict[str, float]:
-    """The four metrics of one layer, averaged over its query heads (one draw each)."""
+    """The metrics of one layer, averaged over its heads (one draw each)."""
     hq, hkv = layer.query.shape[0], layer.keys.shape[0]
     query = layer.query.double().reshape(1, hq, 1, -1)  # [1, Hq, 1, D]
     keys = layer.keys.double().repeat_interleave(hq // hkv, dim=0)  # [Hq, n, D]
@@ -46,6 +46,7 @@ def layer_metrics(layer: Captured, samples: int, sampler: str, generator: torch.
     return {
         "read_kv": grouped.read_fraction,
         "read_head": per_head.read_fraction,
+        "read_head_kv": float(per_head.features_read.reshape(1, hkv, hq // hkv, 1, -1).any(dim=2).float().mean()),
         "kl": float(kl.mean()),
         "relative_error": float(error.mean()),
     }
@@ -88,7 +89,7 @@ def plot_bernoulli(result: dict, path: str | Path) -> Path:
     fig, (left, right) = pyplot().subplots(1, 2, figsize=(10, 3.8))
     for s in SCORE_SAMPLERS:
         left.plot(samples, [100 * x for x in result["read_kv"][s]], "o-", color=COLORS[s], label=f"{s}, per KV head (mean group query)")
-        left.plot(samples, [100 * x for x in result["read_head"][s]], "x--", color=COLORS[s], alpha=0.6, label=f"{s}, per query head")
+        left.plot(samples, [100 * x for x in result["read_head_kv"][s]], "x--", color=COLORS[s], alpha=0.6, label=f"{s}, per-head draws, union per KV head")
         right.loglog(samples, result["kl"][s], "o-", color=COLORS[s], label=s)
     left.set_xscale("log", base=2)
     left.set_xlabel("ternary draws B")
