@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import santa
-from santa.bernoulli import bernoulli_query, feature_probabilities
+from santa.bernoulli import bernoulli_query, feature_probabilities, group_heads
 
 
 def count_variance(probs: torch.Tensor, samples: int, sampler: str) -> torch.Tensor:
@@ -20,7 +20,7 @@ def count_variance(probs: torch.Tensor, samples: int, sampler: str) -> torch.Ten
 
 def score_variance(query, key, samples, sampler, kv_heads):
     """Closed form Var(q̃ kⱼ) = Σ_i (q_gi / m_i)² · norm² · Var(count_i) / B² · k_ji² (independent features)."""
-    m, norm, probs = feature_probabilities(query, kv_heads)
+    m, norm, probs = feature_probabilities(group_heads(query, kv_heads))
     b, hq, lq, d = query.shape
     per_m = norm**2 * count_variance(probs, samples, sampler) / samples**2  # Var(m̂_i)
     ratio = (query.double().reshape(b, kv_heads, hq // kv_heads, lq, d) / m.unsqueeze(2)) ** 2
@@ -132,7 +132,7 @@ def test_share_of_features_read_matches_its_probability(sampler):
     replicates, samples = 3000, 4
     g = torch.Generator().manual_seed(5)
     query = torch.randn(1, 2, 1, 16, generator=g, dtype=torch.float64)
-    _, _, probs = feature_probabilities(query, 2)
+    _, _, probs = feature_probabilities(group_heads(query, 2))
     expected = 1 - (1 - probs) ** samples if sampler == "iid" else (samples * probs).clamp(max=1.0)
     drawn = bernoulli_query(query.expand(replicates, -1, -1, -1), samples, sampler=sampler, generator=g)
     observed = drawn.features_read.double().mean(0)

@@ -189,8 +189,7 @@ def sampled_attention(
     budget = check_budget(budget)
     check_sampler(sampler, ATTENTION_SAMPLERS)
     check_qkv(query, key, value, enable_gqa=enable_gqa)
-    if score_sampler not in SCORE_SAMPLERS:
-        raise ValueError(f"score_sampler must be one of {SCORE_SAMPLERS}, got {score_sampler!r}")
+    check_sampler(score_sampler, SCORE_SAMPLERS, "score_sampler")
     scored = query  # the query the scores use: q, or Bernoulli qKᵀ's sampled q̃
     if score_samples is not None:
         score_samples = check_budget(score_samples, "score_samples")

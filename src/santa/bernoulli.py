@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from santa.sampling import check_budget, check_uniforms
+from santa.sampling import check_budget, check_sampler, check_uniforms
 
 SCORE_SAMPLERS = ("iid", "stratified")
 
@@ -51,15 +51,19 @@ class BernoulliQuery:
         return float(self.features_read.float().mean())
 
 
-def feature_probabilities(query: torch.Tensor, kv_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def group_heads(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """``[B, Hq, Lq, D]`` → float64 ``[B, Hkv, G, Lq, D]``: query head h is head h % G of group h // G."""
+    b, hq, lq, d = query.shape
+    return query.to(torch.float64).reshape(b, kv_heads, hq // kv_heads, lq, d)
+
+
+def feature_probabilities(grouped: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The mean group query of each KV head and its Bernoulli probabilities.
 
-    query: ``[B, Hq, Lq, D]``. Returns ``m [B, Hkv, Lq, D]`` (``mean_g |q_g|`` over the
-    ``G = Hq / Hkv`` heads of a group), ``norm [B, Hkv, Lq, 1]`` (``max_i m_i``) and
-    ``probs = m / norm`` in [0, 1] (0 where the whole row is 0). All float64.
+    grouped: ``[B, Hkv, G, Lq, D]`` (:func:`group_heads`). Returns ``m [B, Hkv, Lq, D]``
+    (``mean_g |q_g|``), ``norm [B, Hkv, Lq, 1]`` (``max_i m_i``) and ``probs = m / norm`` in [0, 1]
+    (0 where the whole row is 0). All float64.
     """
-    b, hq, lq, d = query.shape
-    grouped = query.to(torch.float64).reshape(b, kv_heads, hq // kv_heads, lq, d)
     m = grouped.abs().mean(dim=2)
     norm = m.amax(dim=-1, keepdim=True)
     return m, norm, m / norm.masked_fill(norm == 0, 1.0)
@@ -101,14 +105,14 @@ def bernoulli_query(
     if query.dim() != 4 or query.shape[1] < 1 or query.shape[3] < 1:
         raise ValueError(f"query must have shape [B, Hq, Lq, D] with Hq ≥ 1 and D ≥ 1, got {tuple(query.shape)}")
     samples = check_budget(samples, "samples")
-    if sampler not in SCORE_SAMPLERS:
-        raise ValueError(f"sampler must be one of {SCORE_SAMPLERS}, got {sampler!r}")
+    check_sampler(sampler, SCORE_SAMPLERS)
     hq = query.shape[1]
     kv_heads = hq if kv_heads is None else kv_heads
     if isinstance(kv_heads, bool) or not isinstance(kv_heads, numbers.Integral) or kv_heads < 1 or hq % kv_heads:
         raise ValueError(f"kv_heads must be an int ≥ 1 dividing the {hq} query heads, got {kv_heads!r}")
     kv_heads = int(kv_heads)
-    m, norm, probs = feature_probabilities(query, kv_heads)
+    grouped = group_heads(query, kv_heads)
+    m, norm, probs = feature_probabilities(grouped)
     expected = uniforms_shape(probs.shape, samples, sampler)
     if uniforms is None:
         uniforms = torch.rand(expected, generator=generator, device=query.device, dtype=torch.float64)
@@ -117,7 +121,5 @@ def bernoulli_query(
     counts = draw_counts(probs, samples, sampler, uniforms.to(torch.float64))
     m_hat = norm * counts / samples  # E[m̂] = m
     ratio = m_hat / m.masked_fill(m == 0, 1.0)  # m̂ / m; 0 where m = 0 (then q_g = 0 there too)
-    b, _, lq, d = query.shape
-    grouped = query.to(torch.float64).reshape(b, kv_heads, hq // kv_heads, lq, d)
-    sampled = (grouped * ratio.unsqueeze(2)).reshape(b, hq, lq, d)
+    sampled = (grouped * ratio.unsqueeze(2)).reshape(query.shape)
     return BernoulliQuery(query=sampled, features_read=counts > 0)

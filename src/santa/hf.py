@@ -109,8 +109,7 @@ class SantaConfig:
             raise ValueError(f"kernel must be one of {KERNEL_CHOICES}, got {self.kernel!r}")
         if self.score_samples is not None:
             check_budget(self.score_samples, "score_samples")
-        if self.score_sampler not in SCORE_SAMPLERS:
-            raise ValueError(f"score_sampler must be one of {SCORE_SAMPLERS}, got {self.score_sampler!r}")
+        check_sampler(self.score_sampler, SCORE_SAMPLERS, "score_sampler")
 
     def budget_for(self, layer: int) -> int:
         return self.layer_budgets.get(layer, self.budget)

@@ -27,9 +27,10 @@ def check_budget(budget: object, name: str = "budget") -> int:
     return int(budget)
 
 
-def check_sampler(sampler: object, allowed: tuple[str, ...] = SAMPLERS) -> str:
+def check_sampler(sampler: object, allowed: tuple[str, ...] = SAMPLERS, name: str = "sampler") -> str:
+    """Return ``sampler``, or raise naming the argument ``name`` if it is not one of ``allowed``."""
     if not isinstance(sampler, str) or sampler not in allowed:
-        raise ValueError(f"sampler must be one of {allowed}, got {sampler!r}")
+        raise ValueError(f"{name} must be one of {allowed}, got {sampler!r}")
     return sampler
 
 
