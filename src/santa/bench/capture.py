@@ -18,7 +18,7 @@ import time
 
 import torch
 
-IMPLEMENTATION = "santa_capture"
+IMPLEMENTATION = "santa_capture_qkv"
 
 
 def _register() -> None:

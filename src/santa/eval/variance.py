@@ -26,7 +26,7 @@ from santa.eval.tasks import build_prompt
 from santa.sampling import sample_counts
 from santa.stats import unique_keys, variance_trace
 
-CAPTURE = "santa_capture"
+CAPTURE = "santa_capture_probs"
 SAMPLERS = ("iid", "stratified", "systematic")
 
 
