@@ -7,7 +7,6 @@ decode speed.
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass
 
@@ -15,6 +14,7 @@ import torch
 
 import santa.hf
 from santa.assets import DEFAULT_MODEL, load_model
+from santa.decoding import cache_keyword, greedy_continue, padded_forward, returned_cache  # noqa: F401 (cache_keyword: re-exported)
 from santa.eval.tasks import Prompt, chat, contains_all, needle_prompt
 
 
@@ -34,81 +34,6 @@ class Answer:
         return self.new_tokens / max(self.decode_s, 1e-9)
 
 
-def left_pad(token_lists: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Stack prompts of different lengths, padded on the left.
-
-    Returns ``ids`` ``[B, L]`` int64 and ``mask`` ``[B, L]`` int64 (1 = prompt token, 0 = padding),
-    or ``mask=None`` when every prompt has the same length (no padding to mask).
-    """
-    width = max(len(t) for t in token_lists)
-    ids = torch.full((len(token_lists), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(token_lists), width), dtype=torch.long)
-    for row, tokens in enumerate(token_lists):
-        ids[row, width - len(tokens) :] = torch.tensor(tokens, dtype=torch.long)
-        mask[row, width - len(tokens) :] = 1
-    if bool(mask.all()):
-        return ids.to(device), None
-    return ids.to(device), mask.to(device)
-
-
-def padded_forward(model, ids: torch.Tensor, mask: torch.Tensor | None, *, cache=None, logits_to_keep: int = 0):
-    """One forward of ``ids`` ``[B, Lq]`` over ``cache`` (or none), left padding included.
-
-    ``mask`` ``[B, Lc + Lq]`` covers the cached tokens and ``ids`` (1 = real token); position ids
-    count real tokens only, so a padded prompt sees the positions it would see alone.
-    ``logits_to_keep``: logits of the last so many positions only (0 = all).
-    """
-    kwargs = {"use_cache": True, "logits_to_keep": logits_to_keep}
-    if cache is not None:
-        kwargs[cache_keyword(model)] = cache
-    if mask is not None:
-        positions = (mask.cumsum(1) - 1).clamp_min(0)[:, -ids.shape[1] :]
-        kwargs.update(attention_mask=mask, position_ids=positions)
-    return model(input_ids=ids, **kwargs)
-
-
-@torch.inference_mode()
-def greedy_continue_batch(
-    model, tokenizer, cache, last_logits: torch.Tensor, max_new_tokens: int, mask: torch.Tensor | None = None
-) -> list[list[int]]:
-    """Greedy decode a batch from a prefilled cache.
-
-    last_logits ``[B, V]``: the prefill's last position (gives the first new token).
-    mask ``[B, L]``: the prefilled cache's padding mask (1 = real token), or None.
-    Returns each row's tokens up to and including its first stop token (at most ``max_new_tokens``).
-    Rows that stopped keep decoding until every row has stopped; their extra tokens are dropped.
-    """
-    stop = stop_token_ids(tokenizer)
-    stop_ids = torch.tensor(sorted(stop), dtype=torch.long, device=last_logits.device)
-    token = last_logits.argmax(-1, keepdim=True)  # [B, 1]
-    steps = [token]
-    finished = torch.isin(token[:, 0], stop_ids)
-    for _ in range(max_new_tokens - 1):
-        if bool(finished.all()):
-            break
-        if mask is not None:
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        out = padded_forward(model, token, mask, cache=cache, logits_to_keep=1)
-        cache = returned_cache(out)
-        token = out.logits[:, -1].argmax(-1, keepdim=True)
-        steps.append(token)
-        finished |= torch.isin(token[:, 0], stop_ids)
-    rows = torch.cat(steps, dim=1).tolist()
-    return [_up_to_stop(row, stop) for row in rows]
-
-
-def _up_to_stop(tokens: list[int], stop: set[int]) -> list[int]:
-    for i, token in enumerate(tokens):
-        if token in stop:
-            return tokens[: i + 1]
-    return tokens
-
-
-def greedy_continue(model, tokenizer, cache, last_logits: torch.Tensor, max_new_tokens: int) -> list[int]:
-    """Greedy decode one prompt from a prefilled cache (the first token comes from ``last_logits`` ``[1, V]``)."""
-    return greedy_continue_batch(model, tokenizer, cache, last_logits, max_new_tokens)[0]
-
-
 @torch.inference_mode()
 def greedy_answer(model, tokenizer, prompt: Prompt, max_new_tokens: int) -> tuple[str, float, float, int]:
     """Greedy decode; returns (answer text, prefill seconds, decode seconds, new tokens)."""
@@ -120,20 +45,6 @@ def greedy_answer(model, tokenizer, prompt: Prompt, max_new_tokens: int) -> tupl
     tokens = greedy_continue(model, tokenizer, returned_cache(out), out.logits[:, -1], max_new_tokens)
     decode_s = time.perf_counter() - start
     return tokenizer.decode(tokens, skip_special_tokens=True).strip(), prefill_s, decode_s, len(tokens)
-
-
-def stop_token_ids(tokenizer) -> set[int]:
-    ids = (tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id)
-    return {i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id}
-
-
-def cache_keyword(model) -> str:
-    """transformers ≥ 5.24 names the KV cache argument ``cache``; earlier releases ``past_key_values``."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def returned_cache(output):
-    return output.cache if getattr(output, "cache", None) is not None else output.past_key_values
 
 
 def run(

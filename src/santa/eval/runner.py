@@ -25,9 +25,9 @@ from pathlib import Path
 import torch
 
 import santa.hf
+from santa.decoding import greedy_continue_batch, left_pad, padded_forward, returned_cache
 from santa.eval.grading import grade
 from santa.eval.tasks import FIXED_LENGTH_TASKS, Prompt, build_prompt
-from santa.generate import greedy_continue_batch, left_pad, padded_forward, returned_cache
 
 METHODS = ("dense", "iid", "stratified", "systematic", "topk")
 MAX_NEW_TOKENS = 64  # default answer budget of the generation tasks (RULER-style: 64, as the paper)
