@@ -284,8 +284,8 @@ def test_out_and_workspace_are_used_and_reused():
 
 
 @pytest.mark.parametrize("paged", [False, True])
-def test_prop_fused_launch_equals_two_launches_and_leaves_workspace_counters_at_zero(paged):
-    from santa.kernels.decode import PROP_TUNING, _carve, _workspace_layout, prop_tile
+def test_planned_run_equals_eager_decode_and_leaves_the_semaphores_at_zero(paged):
+    from santa.kernels import Tuning, plan_decode
 
     q, k, v = make_inputs(2, 8, 2, 32, 300, seed=15)
     seq_lens = torch.tensor([300, 131], dtype=torch.int32, device=DEVICE)
@@ -293,24 +293,17 @@ def test_prop_fused_launch_equals_two_launches_and_leaves_workspace_counters_at_
     if paged:
         k, block_table = to_paged(k, 16, seed=1)
         v, _ = to_paged(v, 16, seed=1)
-    ws = make_workspace(q, k, 48, kernel="prop", block_table=block_table)
-    results = {}
-    try:
-        # equal warp counts in both paths, so that every reduction runs in the same order
-        PROP_TUNING.update(warps_pass2=4, warps_fused=4, warps_pass1=4)
-        for fused in (False, True, True):  # the second fused call reuses the workspace's counters
-            PROP_TUNING["fused"] = fused
-            results.setdefault(fused, []).append(decode(
-                q, k, v, 48, kernel="prop", seq_lens=seq_lens, block_table=block_table, seed=6, offset=2,
-                workspace=ws, return_counts=True))
-    finally:
-        PROP_TUNING.update(fused=None, warps_pass2=None, warps_fused=None, warps_pass1=None)
-    (two_out, two_counts), = results[False]
-    for out, counts in results[True]:
-        assert torch.equal(out, two_out) and torch.equal(counts, two_counts)
     n_keys = k.shape[1] * (block_table.shape[1] if paged else 1)
-    views = _carve(ws, _workspace_layout("prop", 2, 8, 32, n_keys, 48, prop_tile(32)))
-    assert not views["sync"].any() and not views["sem"].any()
+    # 4 samples per program: several pass-2 chunks per head, so the semaphore reduction runs
+    plan = plan_decode(batch=2, heads=8, kv_heads=2, head_dim=32, n_keys=n_keys, budget=48, dtype=q.dtype, device=DEVICE,
+                       kernel="prop", page_size=16 if paged else None, tuning=Tuning(samples_per_program=4))
+    eager, eager_counts = decode(q, k, v, 48, seq_lens=seq_lens, block_table=block_table, seed=6, offset=2, return_counts=True)
+    for _ in range(2):  # the second run reuses the workspace's semaphores
+        counts = torch.zeros(2, 8, n_keys, dtype=torch.int32, device=DEVICE)
+        out = plan.run(q, k, v, seq_lens=seq_lens, block_table=block_table, seed=6, offset=2, counts=counts)
+        assert torch.equal(counts, eager_counts)
+        torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-6)
+        assert not plan.workspace.views["sem"].any()
 
 
 def test_cpu_fallback_without_interpreter_computes_the_same_estimator(monkeypatch):

@@ -1,4 +1,4 @@
-"""Decode-step kernel benchmark (BENCH.md protocol): santa prop/flash against dense backends.
+"""Decode-step kernel benchmark (benchmarks/PROTOCOL.md protocol): santa prop/flash against dense backends.
 
 Run as ``python -m santa.bench.kernels [--out DIR] [--quick]`` on a CUDA machine. Writes
 ``kernels.json`` (every raw number, device, versions, commit) and ``kernels.png`` under DIR and
@@ -10,7 +10,6 @@ update as its own column), 10 warm-ups, 40 timed, median and mean; also replayed
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import statistics
@@ -20,8 +19,8 @@ import time
 
 import torch
 
-READ_BW = 4.5e12  # bytes/s a read-only kernel reaches on the H200 (BENCH.md)
-H, H_KV, D = 32, 8, 128  # Llama-3.1-8B
+READ_BW = 4.5e12  # bytes/s a read-only kernel reaches on the H200 (benchmarks/PROTOCOL.md)
+H, H_KV, D = 32, 8, 128  # Llama-3.1-8B (the defaults of --heads/--kv-heads/--head-dim)
 DTYPE = torch.bfloat16
 
 
@@ -71,7 +70,22 @@ def time_fn(fn, flush, *, warmup=10, iters=40, graph=False):
     return {"median_us": statistics.median(times), "mean_us": statistics.fmean(times), "all_us": times}
 
 
+def host_us_per_call(fn, calls: int = 200) -> float:
+    """Host time of one call: wall time of ``calls`` back-to-back calls (no sync between them) over
+    ``calls``; valid while the host, not the GPU, is the slower side (checked by the caller)."""
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
+
+
 def measure(results, key, fn, flusher, *, graph=True, write=False, meta=None):
+    """Times ``fn`` (eager, graph replay, optionally dirty flush); with ``meta["bytes"]`` (what the
+    backend must move) also TB/s beside every median."""
     entry = dict(meta or {})
     try:
         entry["eager"] = time_fn(fn, flusher.read)
@@ -81,10 +95,16 @@ def measure(results, key, fn, flusher, *, graph=True, write=False, meta=None):
             entry["write_flush"] = time_fn(fn, flusher.write)
     except Exception as exc:  # a backend that does not run here is recorded, not fatal
         entry["error"] = f"{type(exc).__name__}: {exc}"[:400]
+    if "bytes" in entry:
+        for mode in ("eager", "graph", "write_flush"):
+            if mode in entry:
+                entry[mode]["tb_per_s"] = entry["bytes"] / (entry[mode]["median_us"] * 1e-6) / 1e12
     results[key] = entry
     eager = entry.get("eager", {}).get("median_us")
     g = entry.get("graph", {}).get("median_us")
+    tbps = entry.get("graph", entry.get("eager", {})).get("tb_per_s")
     print(f"  {key:55s} eager {eager if eager is None else round(eager, 1)!s:>8} graph {g if g is None else round(g, 1)!s:>8}"
+          + ("" if tbps is None else f"  {tbps:5.2f} TB/s")
           + (f"  ERROR {entry['error'][:80]}" if "error" in entry else ""), flush=True)
     return entry
 
@@ -124,29 +144,22 @@ def sdpa_fn(q, k, v, backend):
     return run
 
 
-def santa_stage_fns(q, k, v, budget, kernel, **kw):
-    """Closures for each launch of a santa call (prop: pass 1, pass 2; flash: partial, merge)."""
-    decode_mod = importlib.import_module("santa.kernels.decode")  # the module (the package exports the function)
-    from santa.kernels.flash import launch_flash_merge, launch_flash_partial
-    from santa.kernels.prop import launch_prop_gather, launch_prop_scores
+def santa_plan(q, k, budget, kernel, *, block_table=None, kv_layout="NHD", scale=None, tuning=None):
+    """The plan that :func:`santa.kernels.decode` would run for these inputs."""
+    from santa.kernels import plan_decode
 
-    decode_mod._STAGES = {}
-    try:
-        decode_mod.decode(q, k, v, budget, kernel=kernel, **kw)
-        st = decode_mod._STAGES
-    finally:
-        decode_mod._STAGES = None
-    c, ws, out, counts = st["call"], st["ws"], st["out"], st["counts"]
-    common = dict(seed=0, offset=st["offset"], offset_ptr=st["offset_ptr"])
-    if kernel == "prop":
-        return {
-            "pass1": lambda: launch_prop_scores(c, ws),
-            "pass2": lambda: launch_prop_gather(c, budget, out, ws, counts, **common),
-        }
-    return {
-        "partial": lambda: launch_flash_partial(c, budget, ws, counts, **common),
-        "merge": lambda: launch_flash_merge(c, budget, out, ws),
-    }
+    batch, heads, dim = q.shape
+    page_size = k.shape[1] if block_table is not None else None
+    n_keys = k.shape[1] * (block_table.shape[1] if block_table is not None else 1)
+    return plan_decode(batch=batch, heads=heads, kv_heads=k.shape[2], head_dim=dim, n_keys=n_keys, budget=budget,
+                       dtype=q.dtype, device=q.device, kernel=kernel, kv_layout=kv_layout, page_size=page_size,
+                       scale=scale, tuning=tuning)
+
+
+def santa_stage_fns(q, k, v, budget, kernel, *, out, seq_lens=None, block_table=None, scale=None, workspace=None):
+    """Closures for each launch of a santa call (prop: pass 1, pass 2; flash: partial, merge)."""
+    plan = santa_plan(q, k, budget, kernel, block_table=block_table, scale=scale)
+    return dict(plan.stages(q, k, v, seq_lens=seq_lens, block_table=block_table, out=out, workspace=workspace))
 
 
 def rel_error(est, exact):
@@ -156,45 +169,80 @@ def rel_error(est, exact):
 # --------------------------------------------------------------------------- runs
 
 
+def flex_decode_fn(q, k, v):
+    """FlexAttention decode (torch.compile'd ``flex_attention``, no mask), same inputs as SDPA."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    compiled = torch.compile(flex_attention, dynamic=False)
+    q4 = q.unsqueeze(2)  # [B, H, 1, d]
+    k4, v4 = k.transpose(1, 2), v.transpose(1, 2)
+
+    def run():
+        return compiled(q4, k4, v4, enable_gqa=True)
+
+    return run
+
+
+def dense_anchors(results, tag, q, k, v, flusher, fi, *, write=False):
+    """Every dense backend on the same inputs (q ``[B, H, d]``, K/V NHD ``[B, n, H_kv, d]``): the ones to beat."""
+    kv_bytes = 2 * k.numel() * k.element_size()
+    meta = {"floor_us": kv_bytes / READ_BW * 1e6, "bytes": kv_bytes}
+    measure(results, f"{tag}/cudnn_sdpa", sdpa_fn(q, k, v, "cudnn"), flusher, write=write, meta=meta)
+    measure(results, f"{tag}/flash_sdpa", sdpa_fn(q, k, v, "flash"), flusher, write=write, meta=meta)
+    measure(results, f"{tag}/flex_attention", flex_decode_fn(q, k, v), flusher, meta=meta)
+    if fi is not None and q.shape[0] == 1:
+        q2, k2, v2 = q[0], k[0], v[0]
+        for tc in (False, True):
+            measure(results, f"{tag}/flashinfer{'_tc' if tc else ''}", lambda tc=tc: fi.single_decode_with_kv_cache(
+                q2, k2, v2, kv_layout="NHD", use_tensor_cores=tc), flusher, write=write, meta=meta)
+
+
+def santa_bytes(q, k, budget, kernel, v_rows: float | None = None) -> float:
+    """Bytes a santa call must move: K once, the sampled V rows (at most S per head), and prop's fp32
+    stash (written once, read back where sampled: counted twice, an upper bound)."""
+    batch, heads, dim = q.shape
+    n_keys, kv_heads = k.shape[1], k.shape[2]
+    rows = v_rows if v_rows is not None else batch * min(heads * budget, kv_heads * n_keys)
+    stash = batch * heads * n_keys * 4 * 2 if kernel == "prop" else 0
+    return k.numel() * k.element_size() + rows * dim * k.element_size() + stash
+
+
 def bench_single(n_keys, results, flusher, args, fi):
     from santa.kernels import decode, make_workspace
 
     torch.manual_seed(0)
     dev = torch.device("cuda")
-    q = torch.randn(1, H, D, device=dev, dtype=DTYPE)
-    k = torch.randn(1, n_keys, H_KV, D, device=dev, dtype=DTYPE)
-    v = torch.randn(1, n_keys, H_KV, D, device=dev, dtype=DTYPE)
+    heads, kv_heads, dim = args.heads, args.kv_heads, args.head_dim
+    q = torch.randn(1, heads, dim, device=dev, dtype=DTYPE)
+    k = torch.randn(1, n_keys, kv_heads, dim, device=dev, dtype=DTYPE)
+    v = torch.randn(1, n_keys, kv_heads, dim, device=dev, dtype=DTYPE)
     tag = f"b1/n{n_keys}"
-    kv_bytes = 2 * k.numel() * k.element_size()
-    meta_dense = {"floor_us": kv_bytes / READ_BW * 1e6, "bytes": kv_bytes}
+    k_bytes = k.numel() * k.element_size()
     write = n_keys in (4096, 8192, 32768, 131072) and not args.quick
-    sink = torch.empty(triton_cdiv(k.numel() // D, 128), device=dev)
+    sink = torch.empty(triton_cdiv(k.numel() // dim, 128), device=dev)
     read_k = k_read_kernel()
     measure(results, f"{tag}/k_read_triton", lambda: read_k(k, sink), flusher, write=False,
-            meta={"floor_us": kv_bytes / 2 / READ_BW * 1e6})
-    measure(results, f"{tag}/cudnn_sdpa", sdpa_fn(q, k, v, "cudnn"), flusher, write=write, meta=meta_dense)
-    measure(results, f"{tag}/flash_sdpa", sdpa_fn(q, k, v, "flash"), flusher, write=write, meta=meta_dense)
-    if fi is not None:
-        q2, k2, v2 = q[0], k[0], v[0]
-        measure(results, f"{tag}/flashinfer", lambda: fi.single_decode_with_kv_cache(q2, k2, v2, kv_layout="NHD"),
-                flusher, write=write, meta=meta_dense)
+            meta={"floor_us": k_bytes / READ_BW * 1e6, "bytes": k_bytes})
+    dense_anchors(results, tag, q, k, v, flusher, fi, write=write)
     for kernel, budgets in (("prop", args.prop_budgets), ("flash", args.flash_budgets)):
         for budget in budgets:
             ws = make_workspace(q, k, budget, kernel=kernel)
             out = torch.empty_like(q)
-            stash = H * n_keys * 4 * 2 if kernel == "prop" else 0  # written, then read where sampled (upper bound)
-            v_rows = min(H * budget, H_KV * n_keys) * D * 2
-            floor_bytes = kv_bytes / 2 + v_rows + stash
+            nbytes = santa_bytes(q, k, budget, kernel)
             fn = lambda kernel=kernel, budget=budget, ws=ws, out=out: decode(  # noqa: E731
                 q, k, v, budget, kernel=kernel, out=out, workspace=ws)
-            measure(results, f"{tag}/santa_{kernel}_S{budget}", fn, flusher, write=write,
-                    meta={"floor_us": floor_bytes / READ_BW * 1e6, "bytes": floor_bytes, "kernel": kernel,
-                          "variant": "prop-global-sys (exact global systematic, 2 launches)" if kernel == "prop"
-                          else "flash (uniform per-tile budget, merge)"})
+            entry = measure(results, f"{tag}/santa_{kernel}_S{budget}", fn, flusher, write=write,
+                            meta={"floor_us": nbytes / READ_BW * 1e6, "bytes": nbytes, "kernel": kernel,
+                                  "variant": "prop-global-sys (exact global systematic, 2 launches)" if kernel == "prop"
+                                  else "flash (uniform per-tile budget, merge)"})
             if budget in (128, 2048):
-                for stage, sfn in santa_stage_fns(q, k, v, budget, kernel, out=out, workspace=ws).items():
-                    measure(results, f"{tag}/santa_{kernel}_S{budget}/{stage}", sfn, flusher, graph=False)
-    # estimate error on a peaked case (q × 4), BENCH.md
+                plan = santa_plan(q, k, budget, kernel)
+                entry["host_us_eager_decode"] = host_us_per_call(fn)
+                entry["host_us_plan_run"] = host_us_per_call(lambda plan=plan, out=out: plan.run(q, k, v, out=out))
+                print(f"    host µs per call: decode {entry['host_us_eager_decode']:.1f}, plan.run {entry['host_us_plan_run']:.1f}")
+                for stage, sfn in plan.stages(q, k, v, out=out):
+                    measure(results, f"{tag}/santa_{kernel}_S{budget}/{stage}", sfn, flusher)
+    # estimate error on a peaked case (q × 4), benchmarks/PROTOCOL.md
     if n_keys == 32768 or args.quick:
         qp = q * 4
         exact = torch.nn.functional.scaled_dot_product_attention(
@@ -216,63 +264,58 @@ def bench_batch(batch, n_keys, results, flusher, args, fi, page_size=16):
 
     torch.manual_seed(1)
     dev = torch.device("cuda")
-    q = torch.randn(batch, H, D, device=dev, dtype=DTYPE)
-    k = torch.randn(batch, n_keys, H_KV, D, device=dev, dtype=DTYPE)
-    v = torch.randn(batch, n_keys, H_KV, D, device=dev, dtype=DTYPE)
+    heads, kv_heads, dim = args.heads, args.kv_heads, args.head_dim
+    q = torch.randn(batch, heads, dim, device=dev, dtype=DTYPE)
+    k = torch.randn(batch, n_keys, kv_heads, dim, device=dev, dtype=DTYPE)
+    v = torch.randn(batch, n_keys, kv_heads, dim, device=dev, dtype=DTYPE)
     seq_lens = torch.full((batch,), n_keys, dtype=torch.int32, device=dev)
     tag = f"b{batch}/n{n_keys}"
     kv_bytes = 2 * k.numel() * k.element_size()
-    meta_dense = {"floor_us": kv_bytes / READ_BW * 1e6}
-    measure(results, f"{tag}/cudnn_sdpa", sdpa_fn(q, k, v, "cudnn"), flusher, meta=meta_dense)
+    meta_dense = {"floor_us": kv_bytes / READ_BW * 1e6, "bytes": kv_bytes}
+    dense_anchors(results, tag, q, k, v, flusher, None)
     pages_per_seq = n_keys // page_size
     perm = torch.randperm(batch * pages_per_seq, device=dev)
-    k_pages = torch.empty(batch * pages_per_seq, page_size, H_KV, D, device=dev, dtype=DTYPE)
+    k_pages = torch.empty(batch * pages_per_seq, page_size, kv_heads, dim, device=dev, dtype=DTYPE)
     v_pages = torch.empty_like(k_pages)
-    k_pages[perm] = k.reshape(batch * pages_per_seq, page_size, H_KV, D)
-    v_pages[perm] = v.reshape(batch * pages_per_seq, page_size, H_KV, D)
+    k_pages[perm] = k.reshape(batch * pages_per_seq, page_size, kv_heads, dim)
+    v_pages[perm] = v.reshape(batch * pages_per_seq, page_size, kv_heads, dim)
     table = perm.reshape(batch, pages_per_seq).to(torch.int32)
-    del k, v
+    k_c, v_c = k, v
     if fi is not None:
-        try:
-            wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev), "NHD")
-            indptr = torch.arange(0, batch + 1, device=dev, dtype=torch.int32) * pages_per_seq
-            last = torch.full((batch,), page_size, dtype=torch.int32, device=dev)
-            wrapper.plan(indptr, table.reshape(-1), last, H, H_KV, D, page_size, q_data_type=DTYPE, kv_data_type=DTYPE)
-            measure(results, f"{tag}/flashinfer_paged", lambda: wrapper.run(q, (k_pages, v_pages)), flusher, meta=meta_dense)
-        except Exception as exc:
-            results[f"{tag}/flashinfer_paged"] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
-            print("  flashinfer paged failed:", exc)
-    k_c = torch.empty(batch, n_keys, H_KV, D, device=dev, dtype=DTYPE)
-    v_c = torch.empty_like(k_c)
-    k_c.view(batch * pages_per_seq, page_size, H_KV, D).copy_(k_pages[perm])
-    v_c.view(batch * pages_per_seq, page_size, H_KV, D).copy_(v_pages[perm])
+        for tc in (False, True):
+            name = f"{tag}/flashinfer_paged{'_tc' if tc else ''}"
+            try:
+                wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
+                    torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev), "NHD", use_tensor_cores=tc)
+                indptr = torch.arange(0, batch + 1, device=dev, dtype=torch.int32) * pages_per_seq
+                last = torch.full((batch,), page_size, dtype=torch.int32, device=dev)
+                wrapper.plan(indptr, table.reshape(-1), last, heads, kv_heads, dim, page_size, q_data_type=DTYPE, kv_data_type=DTYPE)
+                measure(results, name, lambda wrapper=wrapper: wrapper.run(q, (k_pages, v_pages)), flusher, meta=meta_dense)
+            except Exception as exc:
+                results[name] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
+                print("  flashinfer paged failed:", exc)
     budget = 128
     ws = make_workspace(q, k_c, budget, kernel="prop")
     out = torch.empty_like(q)
-    floor = (kv_bytes / 2 + batch * H * budget * D * 2 + batch * H * n_keys * 8) / READ_BW * 1e6
+    nbytes = santa_bytes(q, k_c, budget, "prop")
+    meta = {"floor_us": nbytes / READ_BW * 1e6, "bytes": nbytes}
     measure(results, f"{tag}/santa_prop_S{budget}", lambda: decode(q, k_c, v_c, budget, kernel="prop", seq_lens=seq_lens, out=out, workspace=ws),
-            flusher, meta={"floor_us": floor})
-    from santa.kernels.decode import PROP_TUNING
-
-    PROP_TUNING["fused"] = True
-    try:
-        measure(results, f"{tag}/santa_prop_S{budget}_fused", lambda: decode(
-            q, k_c, v_c, budget, kernel="prop", seq_lens=seq_lens, out=out, workspace=ws), flusher, meta={"floor_us": floor})
-    finally:
-        PROP_TUNING["fused"] = None
+            flusher, meta=meta)
     for stage, sfn in santa_stage_fns(q, k_c, v_c, budget, "prop", seq_lens=seq_lens, out=out, workspace=ws).items():
-        measure(results, f"{tag}/santa_prop_S{budget}/{stage}", sfn, flusher, graph=False)
+        measure(results, f"{tag}/santa_prop_S{budget}/{stage}", sfn, flusher)
     wsp = make_workspace(q, k_pages, budget, kernel="prop", block_table=table)
     measure(results, f"{tag}/santa_prop_S{budget}_paged", lambda: decode(
         q, k_pages, v_pages, budget, kernel="prop", seq_lens=seq_lens, block_table=table, out=out, workspace=wsp),
-        flusher, meta={"floor_us": floor})
+        flusher, meta=meta)
     a = decode(q, k_c, v_c, budget, seq_lens=seq_lens, seed=3)
     b = decode(q, k_pages, v_pages, budget, seq_lens=seq_lens, block_table=table, seed=3)
     results[f"{tag}/paged_equals_contiguous"] = bool(torch.equal(a, b))
     budget = 2048
     ws = make_workspace(q, k_c, budget, kernel="flash")
     out = torch.empty_like(q)
-    measure(results, f"{tag}/santa_flash_S{budget}", lambda: decode(q, k_c, v_c, budget, kernel="flash", seq_lens=seq_lens, out=out, workspace=ws), flusher)
+    nbytes = santa_bytes(q, k_c, budget, "flash")
+    measure(results, f"{tag}/santa_flash_S{budget}", lambda: decode(q, k_c, v_c, budget, kernel="flash", seq_lens=seq_lens, out=out, workspace=ws),
+            flusher, meta={"floor_us": nbytes / READ_BW * 1e6, "bytes": nbytes})
 
 
 # --------------------------------------------------------------------------- real attention (captures)
@@ -291,12 +334,12 @@ def tile_keys(x: torch.Tensor, n: int) -> torch.Tensor:
 
 def real_inputs(cap: dict, layer, n: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q ``[1, H, d]``, K/V ``[1, n, H_kv, d]`` of a captured layer (tiled past the captured length),
-    or Gaussian of the same shapes for ``layer == "gaussian"`` (q × 4: BENCH.md's peaked case)."""
+    or Gaussian of the same shapes for ``layer == "gaussian"`` (q × 4: benchmarks/PROTOCOL.md's peaked case)."""
     first = next(iter(cap["layers"].values()))
     if layer == "gaussian":
         g = torch.Generator(device="cpu").manual_seed(0)
         h, (_, _, h_kv, d) = first["q"].shape[1], first["k"].shape
-        q = 4 * torch.randn(1, h, d, generator=g)  # × 4: BENCH.md's peaked case (logit std 4 at any d)
+        q = 4 * torch.randn(1, h, d, generator=g)  # × 4: benchmarks/PROTOCOL.md's peaked case (logit std 4 at any d)
         k = torch.randn(1, n, h_kv, d, generator=g)
         v = torch.randn(1, n, h_kv, d, generator=g)
         return q.to(device, DTYPE), k.to(device, DTYPE), v.to(device, DTYPE)
@@ -462,43 +505,37 @@ def plot_real(results, path):
     fig.savefig(path, dpi=120)
 
 
-def sweep_prop_tuning(results, flusher, n_keys=32768):
-    """prop launch variants at one size (speed only; samples do not change)."""
-    from santa.kernels import decode, make_workspace
-    from santa.kernels.decode import PROP_TUNING
+def sweep_prop_tuning(results, flusher, args, n_keys=32768):
+    """prop launch variants (:class:`santa.kernels.Tuning`) at one size: speed only, samples do not change."""
+    from santa.kernels import Tuning
 
     torch.manual_seed(0)
     dev = torch.device("cuda")
-    q = torch.randn(1, H, D, device=dev, dtype=DTYPE)
-    k = torch.randn(1, n_keys, H_KV, D, device=dev, dtype=DTYPE)
-    v = torch.randn(1, n_keys, H_KV, D, device=dev, dtype=DTYPE)
-    reference_out = decode(q, k, v, 128, seed=5)
+    q = torch.randn(1, args.heads, args.head_dim, device=dev, dtype=DTYPE)
+    k = torch.randn(1, n_keys, args.kv_heads, args.head_dim, device=dev, dtype=DTYPE)
+    v = torch.randn(1, n_keys, args.kv_heads, args.head_dim, device=dev, dtype=DTYPE)
+    reference_out = santa_plan(q, k, 128, "prop").run(q, k, v, seed=5)
     best = None
     variants = [
-        dict(),  # the default: two launches, pass 2 with 8 warps up to 256 tiles, 4 beyond
-        dict(warps_pass2=4),
-        dict(warps_pass2=8),
-        dict(pdl_trigger=True),
-        dict(fused=True),  # one launch, ticket-ordered (run 3: slower)
+        Tuning(),  # the measured defaults
+        Tuning(warps_pass2=4), Tuning(warps_pass2=8),
+        Tuning(samples_per_program=16), Tuning(samples_per_program=64),
+        Tuning(block_n=64), Tuning(block_n=256), Tuning(warps_pass1=8), Tuning(stages_pass1=2),
+        Tuning(pdl=False),
     ]
-    for variant in variants:
-        PROP_TUNING.update(variant)
-        name = "_".join(f"{k_}{v_}" for k_, v_ in variant.items()) or "default"
+    for tuning in variants:
+        name = "_".join(f"{k_}{v_}" for k_, v_ in vars(tuning).items() if v_ is not None) or "default"
         try:
-            ws = make_workspace(q, k, 128, kernel="prop")
+            plan = santa_plan(q, k, 128, "prop", tuning=tuning)
             out = torch.empty_like(q)
-            e = measure(results, f"tune/n{n_keys}/prop_S128/{name}",
-                        lambda ws=ws, out=out: decode(q, k, v, 128, out=out, workspace=ws), flusher)
-            same = torch.allclose(decode(q, k, v, 128, seed=5).float(), reference_out.float(), atol=2e-2, rtol=2e-2)
-            e["close_to_default"] = bool(same)
+            e = measure(results, f"tune/n{n_keys}/prop_S128/{name}", lambda plan=plan, out=out: plan.run(q, k, v, out=out), flusher)
+            e["close_to_default"] = bool(torch.allclose(plan.run(q, k, v, seed=5).float(), reference_out.float(), atol=2e-2, rtol=2e-2))
             t = e.get("graph", {}).get("median_us")
             if t is not None and (best is None or t < best[0]):
-                best = (t, variant)
+                best = (t, name)
         except Exception as exc:
-            print("  tuning variant failed:", variant, exc)
-        for key_ in variant:
-            PROP_TUNING[key_] = None
-    results["tune/best"] = best
+            print("  tuning variant failed:", tuning, exc)
+    results[f"tune/best/n{n_keys}"] = best
     return best
 
 
@@ -544,6 +581,11 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", type=int, nargs="*", default=[4096, 8192, 16384, 32768, 65536, 131072])
     parser.add_argument("--prop-budgets", type=int, nargs="*", default=[64, 128, 256])
     parser.add_argument("--flash-budgets", type=int, nargs="*", default=[1024, 2048])
+    parser.add_argument("--heads", type=int, default=H, help=f"query heads H (default {H}, Llama-3.1-8B)")
+    parser.add_argument("--kv-heads", type=int, default=H_KV, help=f"KV heads H_kv (default {H_KV})")
+    parser.add_argument("--head-dim", type=int, default=D, help=f"head dim d (default {D})")
+    parser.add_argument("--batches", type=int, nargs="*", default=[8, 32], help="batch sizes of the batched case")
+    parser.add_argument("--batch-keys", type=int, default=32768, help="keys per sequence in the batched case")
     parser.add_argument("--no-flashinfer", action="store_true")
     parser.add_argument("--no-tune", action="store_true")
     parser.add_argument("--no-batch", action="store_true")
@@ -555,6 +597,16 @@ def main(argv=None) -> int:
     parser.add_argument("--real-gaussian", action="store_true", help="with --real, also Gaussian inputs of the same shapes (q × 4)")
     parser.add_argument("--max-seconds", type=float, default=0, help="with --real, skip what starts after this many seconds")
     args = parser.parse_args(argv)
+    for name in ("heads", "kv_heads", "head_dim", "batch_keys"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(args, name)}")
+    if args.heads % args.kv_heads:
+        parser.error(f"--heads {args.heads} must be a multiple of --kv-heads {args.kv_heads}")
+    if args.head_dim not in (64, 128, 256):
+        parser.error(f"--head-dim must be 64, 128 or 256, got {args.head_dim}")
+    for name in ("sizes", "prop_budgets", "flash_budgets", "batches"):
+        if any(x < 1 for x in getattr(args, name)):
+            parser.error(f"--{name.replace('_', '-')}: every value must be ≥ 1, got {getattr(args, name)}")
     if not torch.cuda.is_available():
         print("santa bench kernels needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -586,14 +638,14 @@ def main(argv=None) -> int:
     if not args.no_tune:
         for n in (8192, 32768, 131072):
             print(f"prop launch variants at n_k = {n}:")
-            results[f"tune/best/n{n}"] = sweep_prop_tuning(results, flusher, n)
+            sweep_prop_tuning(results, flusher, args, n)
     for n in sizes:
         print(f"batch 1, n_k = {n}:")
         bench_single(n, results, flusher, args, fi)
     if not (args.quick or args.no_batch):
-        for batch in (8, 32):
-            print(f"batch {batch}, n_k = 32768:")
-            bench_batch(batch, 32768, results, flusher, args, fi)
+        for batch in args.batches:
+            print(f"batch {batch}, n_k = {args.batch_keys}:")
+            bench_batch(batch, args.batch_keys, results, flusher, args, fi)
     results["env"]["seconds"] = time.time() - t0
     with open(os.path.join(args.out, "kernels.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)

@@ -1,31 +1,40 @@
 """GPU decode kernels (Triton): S²ANTA-prop and S²ANTA-flash behind one entry point, :func:`decode`.
 
-- :func:`decode`: one decode step over a contiguous or paged KV cache (CPU: the torch reference).
-- :func:`make_workspace`, :func:`workspace_bytes`: caller-owned scratch for allocation-free,
-  CUDA-graph-capturable calls.
+- :func:`decode`: one eager decode step over a contiguous or paged KV cache (CPU: the torch reference).
+- :func:`plan_decode` → :class:`DecodePlan`: validate a shape once, then ``plan.run(...)`` per step
+  (launches only: no validation, no allocation, CUDA-graph capturable).
+- :func:`make_workspace`, :class:`Workspace`, :func:`workspace_bytes`: caller-owned scratch, typed
+  by the shape and kernel it serves.
 - :mod:`santa.kernels.reference`: the torch emulation of what the kernels compute (the oracle).
 """
 
-from santa.kernels.decode import (
+from santa.kernels.decode import decode, make_workspace, use_triton, workspace_bytes
+from santa.kernels.plan import (
     KERNELS,
     KV_LAYOUTS,
-    decode,
+    MAX_BUDGET,
+    DecodePlan,
+    Tuning,
+    Workspace,
     flash_tile,
-    make_workspace,
+    plan_decode,
     prop_tile,
-    use_triton,
-    workspace_bytes,
 )
 from santa.kernels.reference import flash_reference, philox_uniforms, prop_reference
 
 __all__ = [
     "KERNELS",
     "KV_LAYOUTS",
+    "MAX_BUDGET",
+    "DecodePlan",
+    "Tuning",
+    "Workspace",
     "decode",
     "flash_reference",
     "flash_tile",
     "make_workspace",
     "philox_uniforms",
+    "plan_decode",
     "prop_reference",
     "prop_tile",
     "use_triton",

@@ -10,26 +10,45 @@ LOG2E = 1.4426950408889634
 
 @triton.jit
 def row_offsets(
-    b, pos, mask, kvh, bt_ptr, stride_bt,
+    b, pos, mask, kvh, bt_ptr, stride_bt, n_pages,
     stride_cb, stride_cn, stride_ch, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
 ):
-    """Element offset of key row ``pos`` of sequence b, KV head kvh (contiguous or paged cache)."""
+    """Element offsets of key rows ``pos`` of sequence b, KV head kvh (contiguous or paged cache),
+    and whether each row is addressable: a page id outside ``[0, n_pages)`` is never followed (its
+    rows read page 0 under a false mask, and the caller turns them into NaN scores)."""
     if PAGED:
         page = tl.load(bt_ptr + b.to(tl.int64) * stride_bt + pos // PAGE_SIZE, mask=mask, other=0)
+        page_ok = (page >= 0) & (page < n_pages)
+        page = tl.where(page_ok, page, 0)
         base = page.to(tl.int64) * stride_cb + (pos % PAGE_SIZE).to(tl.int64) * stride_cn
+        ok = mask & page_ok
     else:
         base = b.to(tl.int64) * stride_cb + pos.to(tl.int64) * stride_cn
-    return base + kvh.to(tl.int64) * stride_ch
+        ok = mask
+    return base + kvh.to(tl.int64) * stride_ch, ok
+
+
+@triton.jit
+def checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS: tl.constexpr):
+    """``(seq_len, bad)``: sequence b's length clamped to ``[0, n_keys]`` (so no read leaves the cache)
+    and whether it had to be (the kernels then write NaN for every head of the sequence)."""
+    if HAS_SEQ_LENS:
+        raw = tl.load(seq_lens_ptr + b)
+        bad = (raw < 0) | (raw > n_keys)
+        return tl.minimum(tl.maximum(raw, 0), n_keys), bad
+    else:
+        return n_keys + 0 * b, b < 0
 
 
 @triton.jit
 def tile_scores(
-    q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len,
+    q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len, n_pages,
     stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE_DOT: tl.constexpr,
 ):
-    """Scores of the G grouped heads on one K tile, in log2 units: ``[BLOCK_G, BLOCK_N]`` fp32, −inf off the sequence."""
+    """Scores of the G grouped heads on one K tile, in log2 units: ``[BLOCK_G, BLOCK_N]`` fp32, −inf off
+    the sequence, NaN on rows behind a page id outside the pool (so that the heads' outputs are NaN)."""
     offs_g = tl.arange(0, BLOCK_G)
     offs_n = start + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -38,14 +57,31 @@ def tile_scores(
     mask_d = offs_d < D
     q_rows = b.to(tl.int64) * stride_qb + (kvh * G + offs_g).to(tl.int64) * stride_qh
     q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)
-    k_rows = row_offsets(b, offs_n, mask_n, kvh, bt_ptr, stride_bt, stride_kb, stride_kn, stride_kh, PAGED, PAGE_SIZE)
-    k = tl.load(k_ptr + k_rows[:, None] + offs_d[None, :], mask=mask_n[:, None] & mask_d[None, :], other=0.0)
+    k_rows, k_ok = row_offsets(b, offs_n, mask_n, kvh, bt_ptr, stride_bt, n_pages, stride_kb, stride_kn, stride_kh, PAGED, PAGE_SIZE)
+    k = tl.load(k_ptr + k_rows[:, None] + offs_d[None, :], mask=k_ok[:, None] & mask_d[None, :], other=0.0)
     if IEEE_DOT:
         s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
     else:
         s = tl.dot(q.to(k.dtype), tl.trans(k))
     s = s * qk_scale
+    s = tl.where(k_ok[None, :] | ~mask_n[None, :], s, float("nan"))
     return tl.where(mask_n[None, :], s, -float("inf"))
+
+
+@triton.jit
+def tile_softmax_stats(s):
+    """Tile max ``m_t``, ``u = exp(s − m_t)`` and mass ``ℓ_t = Σ u`` per row of base-2 scores ``s``
+    ``[BLOCK_G, BLOCK_N]``; a row holding a NaN or +inf score (NaN/inf in q or K, a bad page id) gets
+    ``ℓ_t = NaN``, which every later stage turns into a NaN output. A row of −inf (no visible key,
+    or −inf scores) gets ``m_t = −inf``, ``u = 0``, ``ℓ_t = 0``."""
+    poisoned = (s != s) | (s == float("inf"))
+    finite = tl.where(poisoned, -float("inf"), s)
+    m = tl.max(finite, axis=1)
+    m_safe = tl.where(m == -float("inf"), 0.0, m)
+    u = tl.exp2(finite - m_safe[:, None])
+    mass = tl.sum(u, axis=1)
+    mass = tl.where(tl.max(poisoned.to(tl.int32), axis=1) > 0, float("nan"), mass)
+    return m, u, mass
 
 
 @triton.jit

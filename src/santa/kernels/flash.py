@@ -15,13 +15,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from santa.kernels._common import load_offset, philox_uniform, row_offsets, tile_scores
+from santa.kernels._common import (
+    LOG2E,
+    checked_seq_len,
+    load_offset,
+    philox_uniform,
+    row_offsets,
+    tile_scores,
+    tile_softmax_stats,
+)
 
 
 @triton.jit(do_not_specialize=["seed", "offset", "budget"])
 def _flash_partial_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, part_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, offset_ptr,
-    seed, offset, budget, n_keys, n_kv_heads,
+    seed, offset, budget, n_keys, n_pages, n_kv_heads,
     stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
     stride_part, stride_stats, stride_counts, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -32,22 +40,19 @@ def _flash_partial_kernel(
     pid_bk = tl.program_id(1)
     b = pid_bk // n_kv_heads
     kvh = pid_bk % n_kv_heads
-    if HAS_SEQ_LENS:
-        seq_len = tl.load(seq_lens_ptr + b)
-    else:
-        seq_len = n_keys
+    seq_len, _ = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
     start = t * BLOCK_N
     if start < seq_len:
         s = tile_scores(
-            q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len,
+            q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len, n_pages,
             stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale,
             G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT,
         )  # [BLOCK_G, BLOCK_N], log2 units
-        m = tl.max(s, axis=1)
-        u = tl.exp2(s - m[:, None])
+        m, u, poisoned_mass = tile_softmax_stats(s)  # ℓ_t NaN on a row with NaN/+inf scores
+        healthy = poisoned_mass == poisoned_mass  # [BLOCK_G]
         cu = tl.cumsum(u, axis=1)
         mass = tl.max(cu, axis=1)
-        frac = cu / mass[:, None]  # F_t(j), exactly 1 from the last nonzero weight on
+        frac = cu / tl.where(mass > 0, mass, 1.0)[:, None]  # F_t(j), exactly 1 from the last nonzero weight on
         offs_g = tl.arange(0, BLOCK_G)
         mask_g = offs_g < G
         offs_n = tl.arange(0, BLOCK_N)
@@ -64,14 +69,18 @@ def _flash_partial_kernel(
         cum = tl.where(offs_n[None, :] >= last_nonzero[:, None], s_tile_f, cum).to(tl.int32)
         prev = tl.gather(cum, tl.maximum(offs_n - 1, 0)[None, :] + tl.zeros([BLOCK_G, BLOCK_N], dtype=tl.int32), axis=1)
         prev = tl.where(offs_n[None, :] == 0, 0, prev)
-        counts = tl.where(mask_g[:, None], cum - prev, 0)  # c_j = K(j) − K(j−1)
+        counts = tl.where(mask_g[:, None] & healthy[:, None] & (mass > 0)[:, None], cum - prev, 0)  # c_j = K(j) − K(j−1)
 
         offs_d = tl.arange(0, BLOCK_D)
         mask_d = offs_d < D
         pos = start + offs_n
         needed = (tl.max(counts, axis=0) > 0) & (pos < seq_len)  # one V read serves every head of the group
-        v_rows = row_offsets(b, pos, needed, kvh, bt_ptr, stride_bt, stride_vb, stride_vn, stride_vh, PAGED, PAGE_SIZE)
-        v = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :], mask=needed[:, None] & mask_d[None, :], other=0.0)
+        v_rows, v_ok = row_offsets(b, pos, needed, kvh, bt_ptr, stride_bt, n_pages, stride_vb, stride_vn, stride_vh, PAGED, PAGE_SIZE)
+        v = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :], mask=v_ok[:, None] & mask_d[None, :], other=0.0)
+        finite = (v == v) & (tl.abs(v.to(tl.float32)) != float("inf"))
+        v = tl.where(finite, v, 0.0)
+        # [BLOCK_G, BLOCK_D]: a head sampled a non-finite value there (0/1 products: exact in any dtype)
+        hits_bad = tl.dot((counts > 0).to(v.dtype), (~finite).to(v.dtype)) > 0
         if IEEE_DOT:
             o = tl.dot(counts.to(tl.float32), v.to(tl.float32), input_precision="ieee")
         else:
@@ -79,10 +88,11 @@ def _flash_partial_kernel(
             c_lo = (counts % 256).to(v.dtype)
             c_hi = (counts // 256).to(v.dtype)
             o = tl.dot(c_lo, v) + 256.0 * tl.dot(c_hi, v)
+        o = tl.where(hits_bad, float("nan"), o)
         part_rows = rows.to(tl.int64) * stride_part + t
         tl.store(part_ptr + part_rows[:, None] * BLOCK_D + offs_d[None, :], o, mask=mask_g[:, None])
         tl.store(tile_max_ptr + rows * stride_stats + t, m, mask=mask_g)
-        tl.store(tile_mass_ptr + rows * stride_stats + t, mass, mask=mask_g)
+        tl.store(tile_mass_ptr + rows * stride_stats + t, tl.where(healthy, mass, float("nan")), mask=mask_g)
         if RETURN_COUNTS:
             c_offs = rows.to(tl.int64)[:, None] * stride_counts + pos[None, :]
             tl.store(counts_ptr + c_offs, counts, mask=mask_g[:, None] & (pos < seq_len)[None, :])
@@ -98,10 +108,7 @@ def _flash_merge_kernel(
     row = tl.program_id(0)
     b = row // n_heads
     h = row % n_heads
-    if HAS_SEQ_LENS:
-        seq_len = tl.load(seq_lens_ptr + b)
-    else:
-        seq_len = n_keys
+    seq_len, bad_len = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
     n_tiles = tl.cdiv(seq_len, BLOCK_N)
     s_tile = (budget + tl.maximum(n_tiles, 1) - 1) // tl.maximum(n_tiles, 1)
     offs_t = tl.arange(0, BLOCK_T)
@@ -117,6 +124,7 @@ def _flash_merge_kernel(
     m_star = tl.where(m_star == -float("inf"), 0.0, m_star)
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     z = 0.0
+    n_poisoned = 0
     t0 = 0
     while t0 < tiles_max:  # a host bound (n_tiles masks); a while loop keeps the interpreter happy
         mask_t = t0 + offs_t < n_tiles
@@ -125,41 +133,54 @@ def _flash_merge_kernel(
         w = tl.where(mask_t, tl.exp2(tmax - m_star) * tmass, 0.0)  # W_t = exp(m_t − m*) ℓ_t
         part_rows = row.to(tl.int64) * stride_part + t0 + offs_t
         part = tl.load(part_ptr + part_rows[:, None] * BLOCK_D + offs_d[None, :], mask=mask_t[:, None], other=0.0)
-        acc += tl.sum(w[:, None] * part, axis=0)
+        n_poisoned += tl.sum((tmass != tmass).to(tl.int32), axis=0)
+        acc += tl.sum(tl.where(mask_t[:, None], w[:, None] * part, 0.0), axis=0)
         z += tl.sum(w, axis=0)
         t0 += BLOCK_T
     denom = z * s_tile.to(tl.float32)
     result = tl.where(denom > 0, acc / tl.where(denom > 0, denom, 1.0), 0.0)
+    result = tl.where((n_poisoned > 0) | bad_len, float("nan"), result)  # NaN/+inf scores, bad page ids or seq_len
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, result.to(out_ptr.dtype.element_ty), mask=offs_d < D)
 
 
-def launch_flash(call, budget: int, out, ws, counts, *, seed: int, offset, offset_ptr) -> None:
-    """Launch the partial and merge kernels for a validated :class:`santa.kernels.decode._Call`."""
-    launch_flash_partial(call, budget, ws, counts, seed=seed, offset=offset, offset_ptr=offset_ptr)
-    launch_flash_merge(call, budget, out, ws)
+def flash_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool) -> list:
+    """flash's two launches for a :class:`santa.kernels.plan.DecodePlan`: ``[(name, Launcher, make_args)]``."""
+    from santa.kernels._launch import Launcher
 
+    shape = plan.shape
+    paged = shape.page_size is not None
+    partial = Launcher(_flash_partial_kernel, grid=(plan.tiles, shape.batch * shape.kv_heads), meta=dict(
+        G=plan.group, D=shape.head_dim, BLOCK_G=plan.block_g, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
+        PAGED=paged, PAGE_SIZE=shape.page_size or 1, HAS_SEQ_LENS=has_seq_lens, IEEE_DOT=plan.ieee_dot,
+        OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts,
+        num_warps=8 if shape.head_dim > 128 else 4, num_stages=1,
+    ))
+    merge = Launcher(_flash_merge_kernel, grid=(shape.batch * shape.heads,), meta=dict(
+        D=shape.head_dim, BLOCK_D=plan.block_d, BLOCK_N=plan.block_n, BLOCK_T=min(64, triton.next_power_of_2(plan.tiles)),
+        HAS_SEQ_LENS=has_seq_lens, num_warps=4, num_stages=1,
+    ))
 
-def launch_flash_partial(call, budget: int, ws, counts, *, seed: int, offset, offset_ptr) -> None:
-    c = call
-    tiles_max = triton.cdiv(c.n_keys, c.block_n)
-    _flash_partial_kernel[(tiles_max, c.batch * c.kv_heads)](
-        c.q, c.k, c.v, c.block_table, c.seq_lens, ws["partial"], ws["tile_max"], ws["tile_mass"], counts, offset_ptr,
-        seed, offset, budget, c.n_keys, c.kv_heads,
-        c.q.stride(0), c.q.stride(1), c.stride_bt, *c.k_strides, *c.v_strides,
-        tiles_max, ws["tile_max"].stride(0), counts.stride(1) if c.return_counts else 0, c.qk_scale,
-        G=c.group, D=c.dim, BLOCK_G=c.block_g, BLOCK_N=c.block_n, BLOCK_D=c.block_d,
-        PAGED=c.paged, PAGE_SIZE=c.page_size, HAS_SEQ_LENS=c.has_seq_lens, IEEE_DOT=c.ieee_dot,
-        OFFSET_IN_MEMORY=offset_ptr is not c.q, RETURN_COUNTS=c.return_counts,
-        num_warps=c.warps_pass1, num_stages=c.stages_pass1,
-    )
+    def stats(ws: dict) -> dict:
+        return dict(part_ptr=ws["partial"], tile_max_ptr=ws["tile_max"], tile_mass_ptr=ws["tile_mass"],
+                    stride_part=plan.tiles, stride_stats=ws["tile_max"].stride(0))
+    n_keys, qk_scale = shape.n_keys, plan.scale * LOG2E
 
+    def partial_args(a: dict) -> dict:
+        kb, kn, kh = a["k_strides"]
+        vb, vn, vh = a["v_strides"]
+        return dict(
+            q_ptr=a["q"], k_ptr=a["k"], v_ptr=a["v"], bt_ptr=a["block_table"], seq_lens_ptr=a["seq_lens"], **stats(a["ws"]),
+            counts_ptr=a["counts"], offset_ptr=a["offset_ptr"], seed=a["seed"], offset=a["offset"], budget=plan.budget,
+            n_keys=n_keys, n_pages=a["n_pages"], n_kv_heads=shape.kv_heads,
+            stride_qb=a["q"].stride(0), stride_qh=a["q"].stride(1), stride_bt=a["stride_bt"],
+            stride_kb=kb, stride_kn=kn, stride_kh=kh, stride_vb=vb, stride_vn=vn, stride_vh=vh,
+            stride_counts=a["counts"].stride(1) if return_counts else 0, qk_scale=qk_scale,
+        )
 
-def launch_flash_merge(call, budget: int, out, ws) -> None:
-    c = call
-    tiles_max = triton.cdiv(c.n_keys, c.block_n)
-    _flash_merge_kernel[(c.batch * c.heads,)](
-        ws["partial"], ws["tile_max"], ws["tile_mass"], c.seq_lens, out,
-        budget, c.n_keys, c.heads, tiles_max, tiles_max, ws["tile_max"].stride(0), out.stride(0), out.stride(1),
-        D=c.dim, BLOCK_D=c.block_d, BLOCK_N=c.block_n, BLOCK_T=min(64, triton.next_power_of_2(tiles_max)),
-        HAS_SEQ_LENS=c.has_seq_lens, num_warps=4, num_stages=1,
-    )
+    def merge_args(a: dict) -> dict:
+        return dict(
+            **stats(a["ws"]), seq_lens_ptr=a["seq_lens"], out_ptr=a["out"], budget=plan.budget, n_keys=n_keys, n_heads=shape.heads,
+            tiles_max=plan.tiles, stride_ob=a["out"].stride(0), stride_oh=a["out"].stride(1),
+        )
+
+    return [("partial", partial, partial_args), ("merge", merge, merge_args)]

@@ -19,15 +19,22 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_wait
 
-from santa.kernels._common import load_offset, philox_uniform, row_offsets, tile_scores
-from santa.kernels.decode import prop_sample_chunks
+from santa.kernels._common import (
+    LOG2E,
+    checked_seq_len,
+    load_offset,
+    philox_uniform,
+    row_offsets,
+    tile_scores,
+    tile_softmax_stats,
+)
 
 
 @triton.jit
 def _prop_tile(
-    q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, n_kv_heads,
+    q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, n_pages, n_kv_heads,
     stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE_DOT: tl.constexpr,
@@ -36,13 +43,11 @@ def _prop_tile(
     start = t * BLOCK_N
     if start < seq_len:  # tiles past the sequence are never read by pass 2
         s = tile_scores(
-            q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len,
+            q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len, n_pages,
             stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale,
             G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT,
         )  # [BLOCK_G, BLOCK_N], log2 units
-        m = tl.max(s, axis=1)
-        u = tl.exp2(s - m[:, None])  # u = exp(s − m_t); 0 off the sequence
-        mass = tl.sum(u, axis=1)
+        m, u, mass = tile_softmax_stats(s)  # u = exp(s − m_t), 0 off the sequence; ℓ_t NaN on a poisoned row
         offs_g = tl.arange(0, BLOCK_G)
         rows = (b * n_kv_heads + kvh) * G + offs_g  # b·H + h
         mask_g = offs_g < G
@@ -55,24 +60,18 @@ def _prop_tile(
 @triton.jit
 def _prop_scores_kernel(
     q_ptr, k_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr,
-    n_keys, n_kv_heads, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh,
+    n_keys, n_pages, n_kv_heads, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh,
     stride_stash, stride_stats, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, IEEE_DOT: tl.constexpr,
-    PDL_TRIGGER: tl.constexpr,
 ):
-    if PDL_TRIGGER:
-        gdc_launch_dependents()  # pass 2 may start launching once every pass-1 program has started
     t = tl.program_id(0)
     pid_bk = tl.program_id(1)
     b = pid_bk // n_kv_heads
     kvh = pid_bk % n_kv_heads
-    if HAS_SEQ_LENS:
-        seq_len = tl.load(seq_lens_ptr + b)
-    else:
-        seq_len = n_keys
+    seq_len, _ = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
     _prop_tile(
-        q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, n_kv_heads,
+        q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, n_pages, n_kv_heads,
         stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, qk_scale,
         G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT,
     )
@@ -83,7 +82,8 @@ def _tile_prefix_search(
     tile_max_ptr, tile_mass_ptr, stats_row, n_tiles, tiles_max, u, m_f, budget_f,
     SBLOCK: tl.constexpr, BLOCK_T: tl.constexpr, ONE_CHUNK_T: tl.constexpr, CM: tl.constexpr,
 ):
-    """Tile of each sample and the tile's prefix bounds ``P_{t−1}, P_t`` (``P_t = S·C_t``), and Z.
+    """Tile of each sample, the tile's prefix bounds ``P_{t−1}, P_t`` (``P_t = S·C_t``), Z, and whether
+    some tile mass is NaN (a poisoned row: its output is NaN).
 
     Sample m lies in tile t iff ``P_{t−1} ≤ m + U < P_t``; comparisons are made as
     ``P − m ≤ U`` so that no rounding of ``m + U`` can push a point past ``P_{last} = S``.
@@ -96,6 +96,7 @@ def _tile_prefix_search(
         m_star = tl.max(tmax, axis=0)
         m_star = tl.where(m_star == -float("inf"), 0.0, m_star)
         w = tl.where(mask_t, tl.exp2(tmax - m_star) * tmass, 0.0)  # W_t = exp(m_t − m*) ℓ_t
+        poisoned = tl.max((tmass != tmass).to(tl.int32), axis=0) > 0
         cs = tl.cumsum(w, axis=0)
         z = tl.max(cs, axis=0)  # the last prefix, so that P_last = (Z/Z)·S = S exactly
         zs = tl.where(z > 0, z, 1.0)
@@ -114,14 +115,17 @@ def _tile_prefix_search(
             t0 += BLOCK_T
         m_star = tl.where(m_star == -float("inf"), 0.0, m_star)
         z = 0.0
+        n_poisoned = 0
         t0 = 0
         while t0 < tiles_max:  # a host bound (n_tiles masks); a while loop keeps the interpreter happy
             mask_t = t0 + offs_t < n_tiles
             tmax = tl.load(tile_max_ptr + stats_row + t0 + offs_t, mask=mask_t, other=-float("inf"), cache_modifier=CM)
             tmass = tl.load(tile_mass_ptr + stats_row + t0 + offs_t, mask=mask_t, other=0.0, cache_modifier=CM)
             w = tl.where(mask_t, tl.exp2(tmax - m_star) * tmass, 0.0)
+            n_poisoned += tl.sum((tmass != tmass).to(tl.int32), axis=0)
             z = z + tl.max(tl.cumsum(w, axis=0), axis=0)  # carry + last prefix, as in the search below
             t0 += BLOCK_T
+        poisoned = n_poisoned > 0
         zs = tl.where(z > 0, z, 1.0)
         tile = tl.zeros([SBLOCK], dtype=tl.int32)
         lo = tl.zeros([SBLOCK], dtype=tl.float32)
@@ -142,13 +146,13 @@ def _tile_prefix_search(
             hi = tl.minimum(hi, tl.min(tl.where(le, float("inf"), p[None, :]), axis=1))
             carry = carry + tl.max(cs, axis=0)
             t0 += BLOCK_T
-    return tile, lo, hi, z
+    return tile, lo, hi, z, poisoned
 
 
 @triton.jit
 def _prop_chunk(
     v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
-    pid_s, row, b, h, kvh, seq_len, u, budget, tiles_max,
+    pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, budget, tiles_max,
     stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
     SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
@@ -161,10 +165,11 @@ def _prop_chunk(
     m_f = offs_s.to(tl.float32)
     budget_f = budget.to(tl.float32)
     stats_row = row.to(tl.int64) * stride_stats
-    tile, lo, hi, z = _tile_prefix_search(
+    tile, lo, hi, z, poisoned = _tile_prefix_search(
         tile_max_ptr, tile_mass_ptr, stats_row, n_tiles, tiles_max, u, m_f, budget_f, SBLOCK, BLOCK_T, ONE_CHUNK_T, CM
     )
-    ok = valid_s & ((tl.zeros([SBLOCK], dtype=tl.float32) + z) > 0)
+    nan_row = poisoned | bad_len  # NaN/+inf scores, a bad page id or a bad seq_len: the output is NaN
+    ok = valid_s & ((tl.zeros([SBLOCK], dtype=tl.float32) + z) > 0) & ~nan_row
     tile = tl.minimum(tile, tl.maximum(n_tiles - 1, 0))
 
     # inside the tile: key = min{ j : F_tile(j) > x } with x the point's position in [P_{t−1}, P_t)
@@ -185,15 +190,19 @@ def _prop_chunk(
 
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
-    v_rows = row_offsets(b, key, ok, kvh, bt_ptr, stride_bt, stride_vb, stride_vn, stride_vh, PAGED, PAGE_SIZE)
-    vals = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :], mask=ok[:, None] & mask_d[None, :], other=0.0)
-    acc = tl.sum(vals.to(tl.float32), axis=0)  # Σ over this chunk's samples of v_{J_m}
+    v_rows, v_ok = row_offsets(b, key, ok, kvh, bt_ptr, stride_bt, n_pages, stride_vb, stride_vn, stride_vh, PAGED, PAGE_SIZE)
+    vals = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :], mask=v_ok[:, None] & mask_d[None, :], other=0.0)
+    vals = vals.to(tl.float32)
+    finite = (vals == vals) & (tl.abs(vals) != float("inf"))
+    acc = tl.sum(tl.where(finite, vals, 0.0), axis=0)  # Σ over this chunk's samples of v_{J_m}
+    acc = tl.where(tl.sum((~finite).to(tl.int32), axis=0) > 0, float("nan"), acc)  # a sampled non-finite row: NaN
     if RETURN_COUNTS:
         tl.atomic_add(counts_ptr + row.to(tl.int64) * stride_counts + key, 1, mask=ok)
 
     out_offs = b.to(tl.int64) * stride_ob + h * stride_oh + offs_d
     if N_CHUNKS == 1:
-        tl.store(out_ptr + out_offs, (acc / budget_f).to(out_ptr.dtype.element_ty), mask=mask_d)
+        result = tl.where(nan_row, float("nan"), acc / budget_f)
+        tl.store(out_ptr + out_offs, result.to(out_ptr.dtype.element_ty), mask=mask_d)
     else:
         part_row = row.to(tl.int64) * N_CHUNKS
         tl.store(partial_ptr + (part_row + pid_s) * BLOCK_D + offs_d, acc)
@@ -208,7 +217,8 @@ def _prop_chunk(
                     mask=(offs_c < N_CHUNKS)[:, None], other=0.0, cache_modifier=".cg",
                 )
                 total += tl.sum(part, axis=0)
-            tl.store(out_ptr + out_offs, (total / budget_f).to(out_ptr.dtype.element_ty), mask=mask_d)
+            result = tl.where(nan_row, float("nan"), total / budget_f)
+            tl.store(out_ptr + out_offs, result.to(out_ptr.dtype.element_ty), mask=mask_d)
             tl.atomic_xchg(sem_ptr + row, 0)
 
 
@@ -216,7 +226,7 @@ def _prop_chunk(
 def _prop_gather_kernel(
     v_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, partial_ptr, sem_ptr,
     out_ptr, counts_ptr, offset_ptr,
-    seed, offset, budget, n_keys, n_heads, tiles_max,
+    seed, offset, budget, n_keys, n_pages, n_heads, tiles_max,
     stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
     G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
     SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
@@ -228,147 +238,64 @@ def _prop_gather_kernel(
     b = row // n_heads
     h = row % n_heads
     kvh = h // G
-    if HAS_SEQ_LENS:
-        seq_len = tl.load(seq_lens_ptr + b)
-    else:
-        seq_len = n_keys
+    seq_len, bad_len = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
     off_lo, off_hi = load_offset(offset, offset_ptr, OFFSET_IN_MEMORY)
     u = philox_uniform(seed, off_lo, off_hi, row, 0, [SBLOCK])  # one U per (sequence, head)
     if USE_PDL:
         gdc_wait()  # launched early (programmatic dependent launch): wait for pass 1's writes here
     _prop_chunk(
         v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
-        pid_s, row, b, h, kvh, seq_len, u, budget, tiles_max,
+        pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, budget, tiles_max,
         stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
         D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, N_CHUNKS, CHUNK_BLOCK, ONE_CHUNK_T, PAGED, PAGE_SIZE, RETURN_COUNTS, "",
     )
 
 
-@triton.jit(do_not_specialize=["seed", "offset", "budget"])
-def _prop_fused_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, partial_ptr, sem_ptr,
-    sync_ptr, out_ptr, counts_ptr, offset_ptr,
-    seed, offset, budget, n_keys, n_kv_heads, tiles_max, n_groups,
-    stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
-    stride_stash, stride_stats, stride_ob, stride_oh, stride_counts, qk_scale,
-    G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_T: tl.constexpr, SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr,
-    ONE_CHUNK_T: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
-    OFFSET_IN_MEMORY: tl.constexpr, RETURN_COUNTS: tl.constexpr, IEEE_DOT: tl.constexpr,
-):
-    """Both passes in one launch. Work items are taken in ticket order (an atomic counter, so an
-    item only ever waits on items already running or done), group by group: for each (sequence,
-    KV head) its ``tiles_max`` pass-1 tiles, then its ``G·N_CHUNKS`` pass-2 chunks, which wait on
-    the group's arrival counter. Pass 2 of one group thus runs while later groups stream K.
-    ``sync``: [ticket, arrivals per group, pass-2 entries per group]; every launch leaves it at zero.
-    """
-    items_per_group = tiles_max + G * N_CHUNKS
-    n_items = n_groups * items_per_group
-    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
-    if ticket == n_items - 1:  # every ticket is drawn: reset for the next launch
-        tl.atomic_xchg(sync_ptr, 0, sem="relaxed")
-    grp = ticket // items_per_group
-    r = ticket % items_per_group
-    b = grp // n_kv_heads
-    kvh = grp % n_kv_heads
-    if HAS_SEQ_LENS:
-        seq_len = tl.load(seq_lens_ptr + b)
-    else:
-        seq_len = n_keys
-    arrive_ptr = sync_ptr + 1 + grp
-    if r < tiles_max:
-        _prop_tile(
-            q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, r, b, kvh, seq_len, n_kv_heads,
-            stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, qk_scale,
-            G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT,
+def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool) -> list:
+    """prop's two launches for a :class:`santa.kernels.plan.DecodePlan`: ``[(name, Launcher, make_args)]``,
+    ``make_args`` mapping the call's arguments (``DecodePlan._arguments``) to the kernel's keywords."""
+    from santa.kernels._launch import Launcher
+    from santa.kernels.plan import prop_sample_chunks
+
+    shape, tuning = plan.shape, plan.tuning
+    sblock, n_chunks = prop_sample_chunks(plan.budget, plan.tiles, tuning)
+    block_t = min(triton.next_power_of_2(plan.tiles), 1024)
+    common = dict(
+        G=plan.group, D=shape.head_dim, BLOCK_D=plan.block_d, BLOCK_N=plan.block_n,
+        PAGED=shape.page_size is not None, PAGE_SIZE=shape.page_size or 1, HAS_SEQ_LENS=has_seq_lens,
+    )
+    pass1 = Launcher(_prop_scores_kernel, grid=(plan.tiles, shape.batch * shape.kv_heads), meta=dict(
+        common, BLOCK_G=plan.block_g, IEEE_DOT=plan.ieee_dot,
+        num_warps=tuning.warps_pass1 or (8 if shape.head_dim > 128 else 4), num_stages=tuning.stages_pass1 or 1,
+    ))
+    pass2 = Launcher(_prop_gather_kernel, grid=(n_chunks, shape.batch * shape.heads), meta=dict(
+        common, BLOCK_T=block_t, SBLOCK=sblock, N_CHUNKS=n_chunks, CHUNK_BLOCK=min(32, triton.next_power_of_2(n_chunks)),
+        ONE_CHUNK_T=plan.tiles <= block_t, OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts, USE_PDL=plan.pdl,
+        # 8 warps up to 256 tiles (32k: 31.2 vs 34.5 µs), 4 beyond (128k: 95.1 with 8 vs 86.7 with 4; H200, 2026-11-29)
+        num_warps=tuning.warps_pass2 or (8 if plan.tiles <= 256 else 4), num_stages=1, launch_pdl=plan.pdl,
+    ))
+    n_keys, qk_scale = shape.n_keys, plan.scale * LOG2E
+
+    def stats(ws: dict) -> dict:
+        return dict(stash_ptr=ws["stash"], tile_max_ptr=ws["tile_max"], tile_mass_ptr=ws["tile_mass"],
+                    stride_stash=ws["stash"].stride(0), stride_stats=ws["tile_max"].stride(0))
+
+    def pass1_args(a: dict) -> dict:
+        kb, kn, kh = a["k_strides"]
+        return dict(
+            q_ptr=a["q"], k_ptr=a["k"], bt_ptr=a["block_table"], seq_lens_ptr=a["seq_lens"], **stats(a["ws"]),
+            n_keys=n_keys, n_pages=a["n_pages"], n_kv_heads=shape.kv_heads, stride_qb=a["q"].stride(0), stride_qh=a["q"].stride(1),
+            stride_bt=a["stride_bt"], stride_kb=kb, stride_kn=kn, stride_kh=kh, qk_scale=qk_scale,
         )
-        tl.debug_barrier()
-        tl.atomic_add(arrive_ptr, 1, sem="release")
-    else:
-        c = r - tiles_max
-        h = kvh * G + c // N_CHUNKS
-        pid_s = c % N_CHUNKS
-        row = b * (n_kv_heads * G) + h
-        off_lo, off_hi = load_offset(offset, offset_ptr, OFFSET_IN_MEMORY)
-        u = philox_uniform(seed, off_lo, off_hi, row, 0, [SBLOCK])  # one U per (sequence, head)
-        arrived = tl.atomic_add(arrive_ptr, 0, sem="acquire")
-        while arrived < tiles_max:  # the group's tiles were all taken before this ticket: they finish
-            arrived = tl.atomic_add(arrive_ptr, 0, sem="acquire")
-        tl.debug_barrier()
-        _prop_chunk(
-            v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
-            pid_s, row, b, h, kvh, seq_len, u, budget, tiles_max,
-            stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
-            D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, N_CHUNKS, CHUNK_BLOCK, ONE_CHUNK_T, PAGED, PAGE_SIZE, RETURN_COUNTS, ".cg",
+
+    def pass2_args(a: dict) -> dict:
+        vb, vn, vh = a["v_strides"]
+        return dict(
+            v_ptr=a["v"], bt_ptr=a["block_table"], seq_lens_ptr=a["seq_lens"], **stats(a["ws"]),
+            partial_ptr=a["ws"]["partial"], sem_ptr=a["ws"]["sem"], out_ptr=a["out"], counts_ptr=a["counts"], offset_ptr=a["offset_ptr"],
+            seed=a["seed"], offset=a["offset"], budget=plan.budget, n_keys=n_keys, n_pages=a["n_pages"], n_heads=shape.heads,
+            tiles_max=plan.tiles, stride_bt=a["stride_bt"], stride_vb=vb, stride_vn=vn, stride_vh=vh,
+            stride_ob=a["out"].stride(0), stride_oh=a["out"].stride(1), stride_counts=a["counts"].stride(1) if return_counts else 0,
         )
-        entered = tl.atomic_add(sync_ptr + 1 + n_groups + grp, 1, sem="relaxed")
-        if entered == G * N_CHUNKS - 1:  # every chunk of the group is past its wait: reset both counters
-            tl.atomic_xchg(arrive_ptr, 0, sem="relaxed")
-            tl.atomic_xchg(sync_ptr + 1 + n_groups + grp, 0, sem="relaxed")
 
-
-def launch_prop(call, budget: int, out, ws, counts, *, seed: int, offset, offset_ptr) -> None:
-    """Run prop for a validated :class:`santa.kernels.decode._Call`: the two passes (default) or one
-    fused launch (``PROP_TUNING["fused"] = True``; same results, bitwise at equal warp counts;
-    measured slower on the H200, see benchmarks/KERNEL_NOTES.md run 3)."""
-    if call.fused:
-        launch_prop_fused(call, budget, out, ws, counts, seed=seed, offset=offset, offset_ptr=offset_ptr)
-        return
-    launch_prop_scores(call, ws)
-    launch_prop_gather(call, budget, out, ws, counts, seed=seed, offset=offset, offset_ptr=offset_ptr)
-
-
-def launch_prop_fused(call, budget: int, out, ws, counts, *, seed: int, offset, offset_ptr) -> None:
-    """Both passes in one launch (:func:`_prop_fused_kernel`)."""
-    c = call
-    tiles_max = triton.cdiv(c.n_keys, c.block_n)
-    sblock, n_chunks = prop_sample_chunks(budget, tiles_max)
-    block_t = min(triton.next_power_of_2(tiles_max), 1024)
-    n_groups = c.batch * c.kv_heads
-    _prop_fused_kernel[(n_groups * (tiles_max + c.group * n_chunks),)](
-        c.q, c.k, c.v, c.block_table, c.seq_lens, ws["stash"], ws["tile_max"], ws["tile_mass"], ws["partial"],
-        ws["sem"], ws["sync"], out, counts, offset_ptr,
-        seed, offset, budget, c.n_keys, c.kv_heads, tiles_max, n_groups,
-        c.q.stride(0), c.q.stride(1), c.stride_bt, *c.k_strides, *c.v_strides,
-        ws["stash"].stride(0), ws["tile_max"].stride(0), out.stride(0), out.stride(1),
-        counts.stride(1) if c.return_counts else 0, c.qk_scale,
-        G=c.group, D=c.dim, BLOCK_G=c.block_g, BLOCK_D=c.block_d, BLOCK_N=c.block_n, BLOCK_T=block_t,
-        SBLOCK=sblock, N_CHUNKS=n_chunks, CHUNK_BLOCK=min(32, triton.next_power_of_2(n_chunks)),
-        ONE_CHUNK_T=tiles_max <= block_t, PAGED=c.paged, PAGE_SIZE=c.page_size, HAS_SEQ_LENS=c.has_seq_lens,
-        OFFSET_IN_MEMORY=offset_ptr is not c.q, RETURN_COUNTS=c.return_counts, IEEE_DOT=c.ieee_dot,
-        num_warps=c.warps_fused, num_stages=1,
-    )
-
-
-def launch_prop_scores(call, ws) -> None:
-    """Pass 1: scores, tile stats and stash."""
-    c = call
-    tiles_max = triton.cdiv(c.n_keys, c.block_n)
-    _prop_scores_kernel[(tiles_max, c.batch * c.kv_heads)](
-        c.q, c.k, c.block_table, c.seq_lens, ws["stash"], ws["tile_max"], ws["tile_mass"],
-        c.n_keys, c.kv_heads, c.q.stride(0), c.q.stride(1), c.stride_bt, *c.k_strides,
-        ws["stash"].stride(0), ws["tile_max"].stride(0), c.qk_scale,
-        G=c.group, D=c.dim, BLOCK_G=c.block_g, BLOCK_N=c.block_n, BLOCK_D=c.block_d,
-        PAGED=c.paged, PAGE_SIZE=c.page_size, HAS_SEQ_LENS=c.has_seq_lens, IEEE_DOT=c.ieee_dot,
-        PDL_TRIGGER=c.pdl and c.pdl_trigger, num_warps=c.warps_pass1, num_stages=c.stages_pass1,
-    )
-
-
-def launch_prop_gather(call, budget: int, out, ws, counts, *, seed: int, offset, offset_ptr) -> None:
-    """Pass 2: place the S samples of every head, gather their V rows, reduce."""
-    c = call
-    tiles_max = triton.cdiv(c.n_keys, c.block_n)
-    sblock, n_chunks = prop_sample_chunks(budget, tiles_max)
-    block_t = min(triton.next_power_of_2(tiles_max), 1024)
-    _prop_gather_kernel[(n_chunks, c.batch * c.heads)](
-        c.v, c.block_table, c.seq_lens, ws["stash"], ws["tile_max"], ws["tile_mass"], ws["partial"], ws["sem"],
-        out, counts, offset_ptr,
-        seed, offset, budget, c.n_keys, c.heads, tiles_max,
-        c.stride_bt, *c.v_strides, ws["stash"].stride(0), ws["tile_max"].stride(0),
-        out.stride(0), out.stride(1), counts.stride(1) if c.return_counts else 0,
-        G=c.group, D=c.dim, BLOCK_D=c.block_d, BLOCK_N=c.block_n, BLOCK_T=block_t,
-        SBLOCK=sblock, N_CHUNKS=n_chunks, CHUNK_BLOCK=min(32, triton.next_power_of_2(n_chunks)),
-        ONE_CHUNK_T=tiles_max <= block_t, PAGED=c.paged, PAGE_SIZE=c.page_size, HAS_SEQ_LENS=c.has_seq_lens,
-        OFFSET_IN_MEMORY=offset_ptr is not c.q, RETURN_COUNTS=c.return_counts, USE_PDL=c.pdl,
-        num_warps=c.warps_pass2, num_stages=1, launch_pdl=c.pdl,
-    )
+    return [("pass1", pass1, pass1_args), ("pass2", pass2, pass2_args)]

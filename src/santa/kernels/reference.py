@@ -9,6 +9,9 @@
 - :func:`flash_reference`: per-tile systematic sampling with the uniform budget
   ``S_tile = ⌈S / T⌉`` and the FlashDecoding merge ``ô = Σ_t (W_t/Z)(1/S_tile) Σ_{j∈t} c_j v_j``.
 
+Non-finite input behaves as in the kernels: a NaN or +inf score makes the (sequence, head)'s output
+NaN (and its counts zero); a non-finite value makes its output element NaN where its row is sampled.
+
 Computed in float64 on the inputs' device; the kernels compute in float32, so counts can differ
 where a comb point lies within rounding of a CDF step (tests account for exactly that).
 """
@@ -80,6 +83,9 @@ def gather_cache(
     else:
         page_size = cache.shape[1]
         pages = block_table.long()  # [B, max_pages]
+        if seq_lens is not None:  # entries past a sequence's pages are never read: any value is legal there
+            used = torch.arange(pages.shape[1], device=pages.device) < (-(-seq_lens.to(pages.device).long() // page_size)).unsqueeze(1)
+            pages = torch.where(used, pages, 0)
         dense = cache[pages].reshape(batch, pages.shape[1] * page_size, cache.shape[2], cache.shape[3])
     n_max = dense.shape[1]
     positions = torch.arange(n_max, device=cache.device)
@@ -99,12 +105,26 @@ def _scores(q: torch.Tensor, k: torch.Tensor, visible: torch.Tensor, scale: floa
 
 
 def _softmax_rows(s: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last dim; an all −inf row gets all-zero weights."""
+    """Softmax over the last dim; an all −inf row gets all-zero weights, a row holding NaN or +inf NaN."""
     row_max = s.amax(dim=-1, keepdim=True)
     row_max = row_max.masked_fill(row_max == -math.inf, 0.0)
     w = torch.exp(s - row_max)
     total = w.sum(dim=-1, keepdim=True)
     return w / total.masked_fill(total == 0, 1.0)
+
+
+def _sampled_values(counts: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
+    """``Σ_j c_j v_j`` ``[B, H, d]`` float64 over the sampled rows only (a V row is read only where
+    sampled, as in the kernels: a non-finite value makes its element of the result NaN only where
+    ``c_j > 0``).
+
+    counts ``[B, H, L]``, v ``[B, L, H_kv, d]``.
+    """
+    vv = v.double().repeat_interleave(heads // v.shape[2], dim=2)  # [B, L, H, d]
+    bad = ~torch.isfinite(vv)  # [B, L, H, d]
+    total = torch.einsum("bhl,blhd->bhd", counts.double(), vv.masked_fill(bad, 0.0))
+    hits_bad = torch.einsum("bhl,blhd->bhd", (counts > 0).double(), bad.double()) > 0
+    return total.masked_fill(hits_bad, math.nan)
 
 
 def _rows(batch: int, heads: int, device: torch.device) -> torch.Tensor:
@@ -130,11 +150,11 @@ def prop_reference(
     k, visible = gather_cache(k_cache, batch=batch, seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout)
     v, _ = gather_cache(v_cache, batch=batch, seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout)
     probs = _softmax_rows(_scores(q, k, visible, scale))  # [B, H, L]
+    nan_rows = torch.isnan(probs).any(dim=-1)  # NaN/+inf scores: NaN out, no samples
     uniforms = philox_uniforms(seed, offset, _rows(batch, heads, torch.device("cpu"))).to(q.device, torch.float64)
-    counts = sample_counts(probs, budget, "systematic", uniforms=uniforms)  # [B, H, L]
-    vv = v.double().repeat_interleave(heads // k.shape[2], dim=2)  # [B, L, H, d]
-    out = torch.einsum("bhl,blhd->bhd", counts.double(), vv) / budget  # ô = (1/S) Σ_j c_j v_j
-    return out.to(q.dtype), counts
+    counts = sample_counts(probs.masked_fill(nan_rows.unsqueeze(-1), 0.0), budget, "systematic", uniforms=uniforms)  # [B, H, L]
+    out = _sampled_values(counts, v, heads) / budget  # ô = (1/S) Σ_j c_j v_j
+    return out.masked_fill(nan_rows.unsqueeze(-1), math.nan).to(q.dtype), counts
 
 
 def flash_tile_budget(budget: int, n_tiles: torch.Tensor) -> torch.Tensor:
@@ -170,6 +190,9 @@ def flash_reference(
     pad = n_tiles_max * tile - n_max
     s = _scores(q, k, visible, scale)  # [B, H, L]
     s = torch.nn.functional.pad(s, (0, pad), value=-math.inf).reshape(batch, heads, n_tiles_max, tile)
+    poisoned = torch.isnan(s) | (s == math.inf)  # [B, H, T, tile]
+    nan_rows = poisoned.flatten(2).any(dim=-1)  # [B, H]: NaN out
+    s = s.masked_fill(poisoned, -math.inf)
     tile_max = s.amax(dim=-1)  # [B, H, T]
     local = _softmax_rows(s)  # per-tile distribution [B, H, T, tile]
     tile_mass = torch.exp(s - tile_max.masked_fill(tile_max == -math.inf, 0.0).unsqueeze(-1)).sum(-1)
@@ -187,10 +210,14 @@ def flash_reference(
     counts = torch.zeros(batch, heads, n_tiles_max, tile, dtype=torch.int64, device=q.device)
     for b in range(batch):
         counts[b] = sample_counts(local[b], int(s_tile[b]), "systematic", uniforms=uniforms[b])
+    counts = counts.masked_fill(nan_rows[..., None, None], 0)
     vv = v.double().repeat_interleave(heads // k.shape[2], dim=2)  # [B, L, H, d]
     vv = torch.nn.functional.pad(vv, (0, 0, 0, 0, 0, pad)).reshape(batch, n_tiles_max, tile, heads, dim)
-    tile_out = torch.einsum("bhtn,btnhd->bhtd", counts.double(), vv)  # Σ_{j∈t} c_j v_j
+    bad = ~torch.isfinite(vv)  # [B, T, tile, H, d]
+    tile_out = torch.einsum("bhtn,btnhd->bhtd", counts.double(), vv.masked_fill(bad, 0.0))  # Σ_{j∈t} c_j v_j
+    hits_bad = torch.einsum("bhtn,btnhd->bhd", (counts > 0).double(), bad.double()) > 0  # [B, H, d]
     coef = weight / z.masked_fill(z == 0, 1.0) / s_tile.double().view(batch, 1, 1)
     out = torch.einsum("bht,bhtd->bhd", coef, tile_out)
+    out = out.masked_fill(nan_rows.unsqueeze(-1) | hits_bad, math.nan)
     counts = counts.reshape(batch, heads, n_tiles_max * tile)[..., :n_max]
     return out.to(q.dtype), counts

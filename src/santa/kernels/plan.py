@@ -1,0 +1,331 @@
+"""Plan once, run per step: :func:`plan_decode` validates and freezes a decode call's shapes, layout,
+budget and launch parameters and owns its typed :class:`Workspace`; :meth:`DecodePlan.run` only
+launches (no validation, no allocation, no host synchronisation: CUDA-graph capturable).
+
+The kernels guard memory on their own, whatever ``run`` is given: a ``seq_lens`` entry outside
+``[0, n_keys]`` is clamped for every read and the sequence's output is NaN; a ``block_table`` page
+id outside ``[0, pages)`` is never followed and the heads that would have read it get NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+KERNELS = ("prop", "flash", "auto")
+KV_LAYOUTS = ("NHD", "HND")
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+LOG2E = 1.4426950408889634
+ALIGN = 256  # bytes; every workspace region starts on this boundary
+MAX_BUDGET = 1 << 20  # samples per head the kernels accept (pass 2 launches ⌈S/32⌉ programs per head)
+_ELEMENT_SIZE = {torch.float32: 4, torch.int32: 4}
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """prop's launch parameters (they change speed, never samples); ``None`` picks the measured default."""
+
+    block_n: int | None = None  # keys per pass-1 tile
+    warps_pass1: int | None = None
+    stages_pass1: int | None = None
+    warps_pass2: int | None = None
+    samples_per_program: int | None = None  # pass-2 samples per program
+    pdl: bool | None = None  # pass 2 as a programmatic dependent launch (Hopper)
+
+
+def prop_tile(dim: int, tuning: Tuning = Tuning()) -> int:
+    """Keys per prop pass-1 tile (does not change prop's samples, only rounding)."""
+    return tuning.block_n or (128 if dim <= 128 else 64)
+
+
+def flash_tile(dim: int) -> int:
+    """Keys per flash tile: the sampling unit, so part of flash's semantics."""
+    return 128 if dim <= 128 else 64
+
+
+def prop_sample_chunks(budget: int, tiles: int, tuning: Tuning = Tuning()) -> tuple[int, int]:
+    """(samples per pass-2 program, pass-2 programs per head): fewer samples per program when the
+    tile search, O(samples × tiles) per program, grows with long sequences."""
+    per_program = tuning.samples_per_program or (32 if tiles <= 256 else 16 if tiles <= 512 else 8)
+    sblock = min(per_program, next_pow2(budget))
+    return sblock, cdiv(budget, sblock)
+
+
+@dataclass(frozen=True)
+class WorkspaceKey:
+    """What a workspace was made for: a workspace serves calls with exactly this key."""
+
+    kernel: str
+    batch: int
+    heads: int
+    head_dim: int
+    n_keys: int
+    budget: int
+    block_n: int
+    sample_chunks: int  # prop: pass-2 programs per head (0 for flash)
+    device: str
+
+    def describe(self) -> str:
+        return (f"kernel={self.kernel!r}, B={self.batch}, H={self.heads}, d={self.head_dim}, n_keys={self.n_keys}, "
+                f"budget={self.budget}, tile={self.block_n}, chunks={self.sample_chunks}, device={self.device}")
+
+    @classmethod
+    def of(cls, *, kernel: str, batch: int, heads: int, head_dim: int, n_keys: int, budget: int, device: str,
+           tuning: Tuning = Tuning()) -> WorkspaceKey:
+        block_n = prop_tile(head_dim, tuning) if kernel == "prop" else flash_tile(head_dim)
+        chunks = prop_sample_chunks(budget, cdiv(n_keys, block_n), tuning)[1] if kernel == "prop" else 0
+        return cls(kernel, batch, heads, head_dim, n_keys, budget, block_n, chunks, device)
+
+
+def workspace_regions(key: WorkspaceKey) -> tuple[tuple[str, torch.dtype, tuple[int, ...], int], ...]:
+    """The workspace's regions as (name, dtype, shape, byte offset); each starts on a 256-byte boundary."""
+    block_d = max(16, next_pow2(key.head_dim))
+    tiles = cdiv(key.n_keys, key.block_n)
+    rows = key.batch * key.heads
+    if key.kernel == "prop":
+        n_chunks = key.sample_chunks
+        regions = [
+            ("sem", torch.int32, (rows,)),  # zero when made; every call leaves it at zero
+            ("stash", torch.float32, (rows, tiles * key.block_n)),
+            ("tile_max", torch.float32, (rows, tiles)),
+            ("tile_mass", torch.float32, (rows, tiles)),
+            ("partial", torch.float32, (rows * n_chunks, block_d)),
+        ]
+    else:
+        regions = [
+            ("partial", torch.float32, (rows * tiles, block_d)),
+            ("tile_max", torch.float32, (rows, tiles)),
+            ("tile_mass", torch.float32, (rows, tiles)),
+        ]
+    layout, start = [], 0
+    for name, dtype, shape in regions:
+        layout.append((name, dtype, shape, start))
+        start += cdiv(math.prod(shape) * _ELEMENT_SIZE[dtype], ALIGN) * ALIGN
+    return tuple(layout)
+
+
+def workspace_nbytes(key: WorkspaceKey) -> int:
+    name, dtype, shape, start = workspace_regions(key)[-1]
+    return start + math.prod(shape) * _ELEMENT_SIZE[dtype]
+
+
+@dataclass(frozen=True, eq=False)
+class Workspace:
+    """Scratch of one decode shape (``key``): a zeroed uint8 ``buffer`` and its typed ``views``.
+
+    It serves one call at a time (it holds the stash and per-head semaphores that every call
+    leaves at zero): give concurrent streams their own. It is refused for any other shape or kernel.
+    """
+
+    key: WorkspaceKey
+    buffer: torch.Tensor
+    views: dict = field(repr=False)
+
+    @classmethod
+    def zeros(cls, key: WorkspaceKey) -> Workspace:
+        buffer = torch.zeros(workspace_nbytes(key), dtype=torch.uint8, device=key.device)
+        views = {}
+        for name, dtype, shape, start in workspace_regions(key):
+            nbytes = math.prod(shape) * _ELEMENT_SIZE[dtype]
+            views[name] = buffer[start : start + nbytes].view(dtype).view(shape)
+        return cls(key=key, buffer=buffer, views=views)
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel()
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    """The frozen shape of a decode call (validated by :func:`plan_decode`)."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    n_keys: int  # keys addressable per sequence: L_max, or max_pages · page_size
+    page_size: int | None  # paged cache when set
+    kv_layout: str
+    dtype: torch.dtype
+    device: str
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int ≥ 1, got {value!r}")
+    return value
+
+
+def check_budget_for_kernels(budget: object) -> int:
+    """The budget as an int in ``[1, MAX_BUDGET]`` (S > n is legal: counts repeat)."""
+    if isinstance(budget, bool) or not isinstance(budget, int):
+        raise TypeError(f"budget must be an int, got {type(budget).__name__}")
+    if not 1 <= budget <= MAX_BUDGET:
+        raise ValueError(f"budget must lie in [1, {MAX_BUDGET}] samples per head for the decode kernels, got {budget}")
+    return budget
+
+
+def plan_decode(
+    *,
+    batch: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    n_keys: int,
+    budget: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    kernel: str = "prop",
+    kv_layout: str = "NHD",
+    page_size: int | None = None,
+    scale: float | None = None,
+    tuning: Tuning | None = None,
+    workspace: Workspace | None = None,
+) -> DecodePlan:
+    """Validate a decode shape once and freeze its launches.
+
+    batch, heads, kv_heads, head_dim: ``q [B, H, d]``, caches with ``H_kv`` heads (H % H_kv == 0).
+    n_keys: keys addressable per sequence: ``L_max`` of a contiguous cache, or
+        ``max_pages · page_size`` of a paged one (``page_size`` set; ``n_keys`` a multiple of it).
+    budget: S samples per head, 1 ≤ S ≤ 2**20. kernel: ``"prop"``, ``"flash"`` or ``"auto"`` (prop).
+    kv_layout: ``"NHD"`` or ``"HND"``. scale: score scale (default ``1/√d``).
+    tuning: prop's launch parameters. workspace: reuse one made for exactly this shape.
+    """
+    for name, value in (("batch", batch), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim), ("n_keys", n_keys)):
+        _positive_int(name, value)
+    if heads % kv_heads:
+        raise ValueError(f"heads H={heads} must be a multiple of kv_heads H_kv={kv_heads}")
+    budget = check_budget_for_kernels(budget)
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
+    kernel = "prop" if kernel == "auto" else kernel
+    if kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
+    if dtype not in DTYPES:
+        raise TypeError(f"dtype must be float16, bfloat16 or float32, got {dtype}")
+    if page_size is not None:
+        _positive_int("page_size", page_size)
+        if n_keys % page_size:
+            raise ValueError(f"n_keys={n_keys} must be max_pages · page_size, a multiple of page_size={page_size}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)):
+        raise TypeError(f"scale must be a finite float or None, got {scale!r}")
+    tuning = Tuning() if tuning is None else tuning
+    if not isinstance(tuning, Tuning):
+        raise TypeError(f"tuning must be a santa.kernels.Tuning, got {type(tuning).__name__}")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    shape = DecodeShape(batch, heads, kv_heads, head_dim, n_keys, page_size, kv_layout, dtype, str(device))
+    key = WorkspaceKey.of(kernel=kernel, batch=batch, heads=heads, head_dim=head_dim, n_keys=n_keys, budget=budget,
+                          device=str(device), tuning=tuning)
+    if workspace is not None:
+        check_workspace(workspace, key)
+    return DecodePlan(shape=shape, kernel=kernel, budget=budget, scale=1.0 / math.sqrt(head_dim) if scale is None else float(scale),
+                      tuning=tuning, block_n=key.block_n, workspace_key=key, workspace=workspace)
+
+
+def check_workspace(workspace: object, key: WorkspaceKey) -> Workspace:
+    if not isinstance(workspace, Workspace):
+        raise TypeError(f"workspace must be a santa.kernels.Workspace from make_workspace, got {type(workspace).__name__}")
+    if workspace.key != key:
+        raise ValueError(f"workspace was made for {workspace.key.describe()}; this call needs {key.describe()}: "
+                         "make one with make_workspace for it")
+    return workspace
+
+
+class DecodePlan:
+    """A validated decode shape with frozen launches; :meth:`run` launches the kernels only."""
+
+    def __init__(self, *, shape: DecodeShape, kernel: str, budget: int, scale: float, tuning: Tuning, block_n: int,
+                 workspace_key: WorkspaceKey, workspace: Workspace | None):
+        self.shape, self.kernel, self.budget, self.scale = shape, kernel, budget, scale
+        self.tuning, self.block_n, self.workspace_key, self._workspace = tuning, block_n, workspace_key, workspace
+        s = shape
+        self.group = s.heads // s.kv_heads
+        self.tiles = cdiv(s.n_keys, block_n)
+        self.block_d = max(16, next_pow2(s.head_dim))
+        self.block_g = max(16, next_pow2(self.group))
+        device = torch.device(s.device)
+        self.ieee_dot = s.dtype == torch.float32 or device.type != "cuda"  # the interpreter's bf16 dot rounds
+        self.pdl = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9 and tuning.pdl is not False
+        self._launchers: dict[tuple, tuple] = {}
+
+    @property
+    def workspace(self) -> Workspace:
+        """The plan's own workspace (made on first use unless one was given to :func:`plan_decode`)."""
+        if self._workspace is None:
+            self._workspace = Workspace.zeros(self.workspace_key)
+        return self._workspace
+
+    def _stage_launchers(self, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool) -> tuple:
+        flags = (has_seq_lens, offset_in_memory, return_counts)
+        stages = self._launchers.get(flags)
+        if stages is None:
+            if self.kernel == "prop":
+                from santa.kernels.prop import prop_launchers as make
+            else:
+                from santa.kernels.flash import flash_launchers as make
+            stages = make(self, has_seq_lens=has_seq_lens, offset_in_memory=offset_in_memory, return_counts=return_counts)
+            self._launchers[flags] = stages
+        return stages
+
+    def stages(self, q, k_cache, v_cache, *, seq_lens=None, block_table=None, seed: int = 0, offset=0, out=None,
+               counts=None, workspace: Workspace | None = None) -> list:
+        """The call's launches as ``[(name, zero-argument callable)]`` in order (benchmarks time them one by one)."""
+        launchers = self._stage_launchers(
+            has_seq_lens=seq_lens is not None, offset_in_memory=isinstance(offset, torch.Tensor), return_counts=counts is not None
+        )
+        args = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace)
+        return [(name, lambda launch=launch, make_args=make_args: launch(**make_args(args))) for name, launch, make_args in launchers]
+
+    def _arguments(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace) -> dict:
+        s = self.shape
+        k_strides = _cache_strides(k_cache, s.kv_layout)
+        v_strides = _cache_strides(v_cache, s.kv_layout)
+        offset_in_memory = isinstance(offset, torch.Tensor)
+        return dict(
+            q=q, k=k_cache, v=v_cache, out=out, counts=counts if counts is not None else q,
+            ws=(workspace if workspace is not None else self.workspace).views,
+            seq_lens=seq_lens if seq_lens is not None else q,
+            block_table=block_table if block_table is not None else q,
+            stride_bt=block_table.stride(0) if block_table is not None else 0,
+            n_pages=k_cache.shape[0], k_strides=k_strides, v_strides=v_strides,
+            seed=int(seed), offset=0 if offset_in_memory else int(offset), offset_ptr=offset if offset_in_memory else q,
+        )
+
+    def run(self, q, k_cache, v_cache, *, seq_lens=None, block_table=None, seed: int = 0, offset=0, out=None, counts=None,
+            workspace: Workspace | None = None) -> torch.Tensor:
+        """One decode step: ``out [B, H, d]`` (allocated when not given; pass it for graph capture).
+
+        q ``[B, H, d]``; caches in the planned layout (paged: ``block_table`` int32 ``[B, max_pages]``);
+        seq_lens int32 ``[B]`` (default: every sequence holds n_keys keys); seed, offset: Philox key
+        and counter (offset may be a one-element int64 device tensor); counts: an int32
+        ``[B, H, n_keys]`` zero tensor to receive per-key sample counts; workspace: one made for this
+        plan's shape (default: the plan's own). Nothing is checked here.
+        """
+        if out is None:
+            out = torch.empty_like(q)
+        launchers = self._stage_launchers(
+            has_seq_lens=seq_lens is not None, offset_in_memory=isinstance(offset, torch.Tensor), return_counts=counts is not None
+        )
+        args = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace)
+        for _, launch, make_args in launchers:
+            launch(**make_args(args))
+        return out
+
+
+def _cache_strides(x: torch.Tensor, kv_layout: str) -> tuple[int, int, int]:
+    """(batch or page, position, kv head) strides of a cache in ``kv_layout``."""
+    if kv_layout == "NHD":  # [B or pages, L or page_size, H_kv, d]
+        return x.stride(0), x.stride(1), x.stride(2)
+    return x.stride(0), x.stride(2), x.stride(1)  # HND: [B or pages, H_kv, L or page_size, d]

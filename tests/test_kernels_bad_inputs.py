@@ -1,0 +1,202 @@
+"""santa.kernels: non-finite input, bad seq_lens / block_table values and mismatched workspaces.
+
+Every path (the Triton kernels under the interpreter or on CUDA, the planned ``run`` with no host
+checks, and the torch fallback) gives NaN for the affected (sequence, head) rows and a finite,
+correct answer elsewhere; host checks raise ValueError naming the argument.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from santa.kernels import MAX_BUDGET, decode, flash_reference, flash_tile, make_workspace, plan_decode, prop_reference
+from test_kernels import DEVICE, _interpret_on_cpu, make_inputs, to_paged  # noqa: F401  (fixture: the interpreter on CPU)
+
+KERNELS = ("prop", "flash")
+
+
+def reference(kernel, q, k, v, budget, **kw):
+    if kernel == "prop":
+        return prop_reference(q, k, v, budget, **kw)
+    return flash_reference(q, k, v, budget, tile=flash_tile(q.shape[-1]), **kw)
+
+
+def cpu_fallback(monkeypatch, kernel, q, k, v, budget, **kw):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    return decode(q.cpu(), k.cpu(), v.cpu(), budget, kernel=kernel, **kw)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("where", ["q", "k"])
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_non_finite_q_or_k_gives_nan_in_the_affected_rows_only(kernel, where, value, monkeypatch):
+    q, k, v = make_inputs(2, 4, 2, 32, 150, seed=1)
+    if where == "q":
+        q[0, 1, 3] = value  # sequence 0, head 1
+        affected = torch.zeros(2, 4, dtype=torch.bool)
+        affected[0, 1] = True
+    else:
+        k[1, 140, 0, :] = value  # sequence 1, key 140 (in the second tile), KV head 0 → heads 0, 1
+        affected = torch.zeros(2, 4, dtype=torch.bool)
+        affected[1, :2] = True
+    if value == math.inf and where == "q":
+        k[0, :, :, 3] = k[0, :, :, 3].abs() + 0.1  # +inf · (positive) = +inf scores
+    if value == math.inf and where == "k":
+        q[1, :2, :] = q[1, :2, :].abs() + 0.1
+    for out in (
+        decode(q, k, v, 16, kernel=kernel, seed=3),
+        cpu_fallback(monkeypatch, kernel, q, k, v, 16, seed=3),
+        reference(kernel, q, k, v, 16, seed=3)[0],
+    ):
+        out = out.cpu()
+        assert torch.isnan(out[affected]).all()
+        assert torch.isfinite(out[~affected]).all()
+    clean = reference(kernel, q, k, v, 16, seed=3)[0].cpu()
+    got = decode(q, k, v, 16, kernel=kernel, seed=3).cpu()
+    torch.testing.assert_close(got[~affected], clean[~affected], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_minus_inf_scores_get_zero_weight_like_a_mask(kernel):
+    q, k, v = make_inputs(1, 2, 1, 16, 40, seed=2)
+    q = q.abs() + 0.1
+    k[0, 5:, 0, :] = -math.inf  # keys 5.. score −inf: as if masked
+    out = decode(q, k, v, 8, kernel=kernel, seed=1)
+    masked = decode(q, k[:, :5].contiguous(), v[:, :5].contiguous(), 8, kernel=kernel, seed=1)
+    assert torch.isfinite(out).all()
+    if kernel == "prop":  # the same distribution and uniforms: the same samples
+        torch.testing.assert_close(out, masked, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_sampled_nan_value_row_gives_nan_and_an_unsampled_one_is_unseen(kernel):
+    q, k, v = make_inputs(1, 2, 1, 16, 64, seed=4)
+    q[0, 0] = 0.0  # head 0: uniform weights, samples spread over the keys
+    q[0, 1] = 30 * k[0, 7, 0]  # head 1: all its mass on key 7
+    _, counts = decode(q, k, v, 8, kernel=kernel, seed=0, return_counts=True)
+    unsampled = int(torch.nonzero((counts[0].sum(0) == 0).cpu())[0, 0])
+    v_bad = v.clone()
+    v_bad[0, 7, 0, 0] = math.nan  # sampled by head 1
+    v_bad[0, unsampled, 0, 0] = math.nan  # sampled by no head
+    out = decode(q, k, v_bad, 8, kernel=kernel, seed=0).cpu()
+    ref = reference(kernel, q, k, v_bad, 8, seed=0)[0].cpu()
+    for result in (out, ref):
+        assert torch.isnan(result[0, 1, 0]) and torch.isfinite(result[0, 1, 1:]).all()  # the element, as SDPA
+        assert bool(torch.isnan(result[0, 0, 0])) == bool(counts[0, 0, 7] > 0)
+        assert torch.isfinite(result[0, 0, 1:]).all()
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_unchecked_bad_seq_len_gives_nan_for_that_sequence_and_reads_nothing_outside(kernel):
+    q, k, v = make_inputs(3, 4, 2, 32, 100, seed=5)
+    plan = plan_decode(batch=3, heads=4, kv_heads=2, head_dim=32, n_keys=100, budget=16, dtype=q.dtype, device=DEVICE, kernel=kernel)
+    seq_lens = torch.tensor([100, 101, -3], dtype=torch.int32, device=DEVICE)
+    out = plan.run(q, k, v, seq_lens=seq_lens, seed=1).cpu()
+    assert torch.isnan(out[1:]).all()
+    good = decode(q[:1], k[:1], v[:1], 16, kernel=kernel, seed=1).cpu()
+    torch.testing.assert_close(out[0], good[0])
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_unchecked_bad_page_id_gives_nan_for_the_heads_that_read_it(kernel):
+    q, k, v = make_inputs(2, 4, 2, 32, 64, seed=6)
+    kp, table = to_paged(k, 16, seed=2)
+    vp, _ = to_paged(v, 16, seed=2)
+    seq_lens = torch.tensor([64, 40], dtype=torch.int32, device=DEVICE)
+    bad = table.clone()
+    bad[0, 2] = kp.shape[0] + 1000  # past the pool: never followed
+    bad[1, 3] = 10**6  # past sequence 1's 3 pages: never read, legal
+    plan = plan_decode(batch=2, heads=4, kv_heads=2, head_dim=32, n_keys=64, budget=16, dtype=q.dtype, device=DEVICE,
+                       kernel=kernel, page_size=16)
+    out = plan.run(q, kp, vp, seq_lens=seq_lens, block_table=bad, seed=2).cpu()
+    good = decode(q, kp, vp, 16, kernel=kernel, seq_lens=seq_lens, block_table=table, seed=2).cpu()
+    assert torch.isnan(out[0]).all()
+    torch.testing.assert_close(out[1], good[1])
+
+
+def test_checked_tables_raise_naming_the_entry():
+    q, k, v = make_inputs(2, 4, 2, 32, 64, seed=7)
+    kp, table = to_paged(k, 16, seed=3)
+    vp, _ = to_paged(v, 16, seed=3)
+    lens = torch.tensor([64, 40], dtype=torch.int32, device=DEVICE)
+    for entry in (-1, kp.shape[0]):
+        bad = table.clone()
+        bad[1, 2] = entry
+        with pytest.raises(ValueError, match=r"block_table\[1, 2\]"):
+            decode(q, kp, vp, 8, seq_lens=lens, block_table=bad, check=True)
+    padded = table.clone()
+    padded[1, 3] = -1  # sequence 1 uses 3 pages: the 4th entry is never read
+    decode(q, kp, vp, 8, seq_lens=lens, block_table=padded, check=True)
+    with pytest.raises(ValueError, match=r"seq_lens\[0\] = 65"):
+        decode(q, kp, vp, 8, seq_lens=torch.tensor([65, 40], dtype=torch.int32, device=DEVICE), block_table=table, check=True)
+    with pytest.raises(TypeError, match="check"):
+        decode(q, k, v, 8, check="yes")
+
+
+def test_cpu_fallback_ignores_table_entries_past_a_sequence(monkeypatch):
+    q, k, v = make_inputs(2, 4, 2, 32, 64, seed=8)
+    kp, table = to_paged(k.cpu(), 16, seed=4)
+    vp, _ = to_paged(v.cpu(), 16, seed=4)
+    lens = torch.tensor([64, 40], dtype=torch.int32)
+    padded = table.clone()
+    padded[1, 3] = 10**6
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    a = decode(q.cpu(), kp, vp, 8, seq_lens=lens, block_table=padded)
+    b = decode(q.cpu(), kp, vp, 8, seq_lens=lens, block_table=table)
+    assert torch.equal(a, b)
+
+
+def test_a_workspace_is_refused_for_another_kernel_or_shape():
+    q, k, v = make_inputs(1, 4, 2, 32, 100, seed=9)
+    flash_ws = make_workspace(q, k, 16, kernel="flash")
+    with pytest.raises(ValueError, match="workspace was made for kernel='flash'"):
+        decode(q, k, v, 16, kernel="prop", workspace=flash_ws)
+    with pytest.raises(ValueError, match="budget=16"):
+        decode(q, k, v, 32, kernel="flash", workspace=flash_ws)
+    with pytest.raises(TypeError, match="workspace must be a santa.kernels.Workspace"):
+        decode(q, k, v, 16, workspace=torch.zeros(10**6, dtype=torch.uint8, device=DEVICE))
+    prop_ws = make_workspace(q, k, 16, kernel="prop")
+    first = decode(q, k, v, 16, workspace=prop_ws, seed=1)
+    assert torch.equal(decode(q, k, v, 16, workspace=prop_ws, seed=1), first)
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(kernel="foo"), ValueError, "kernel"),
+    (dict(kv_layout="XYZ"), ValueError, "kv_layout"),
+    (dict(budget=0), ValueError, "budget"),
+    (dict(budget=2.5), TypeError, "budget"),
+])
+def test_make_workspace_refuses_bad_arguments(change, error, match):
+    q, k, _ = make_inputs(1, 4, 2, 32, 10)
+    kwargs = dict(kernel="prop", kv_layout="NHD") | {key: val for key, val in change.items() if key != "budget"}
+    with pytest.raises(error, match=match):
+        make_workspace(q, k, change.get("budget", 8), **kwargs)
+
+
+def test_budgets_past_the_kernels_limit_are_refused_before_any_allocation():
+    q, k, v = make_inputs(1, 4, 2, 32, 10)
+    for budget in (MAX_BUDGET + 1, 10**9):
+        with pytest.raises(ValueError, match=r"budget must lie in \[1, 1048576\]"):
+            decode(q, k, v, budget)
+        with pytest.raises(ValueError, match="budget"):
+            make_workspace(q, k, budget)
+    out = decode(q, k, v, 4096)  # S ≫ n is legal: counts repeat
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (dict(heads=6, kv_heads=4), ValueError, "multiple of kv_heads"),
+    (dict(batch=0), ValueError, "batch"),
+    (dict(head_dim=True), ValueError, "head_dim"),
+    (dict(page_size=7), ValueError, "multiple of page_size"),
+    (dict(dtype=torch.int8), TypeError, "dtype"),
+    (dict(scale=math.nan), TypeError, "scale"),
+    (dict(tuning={"block_n": 64}), TypeError, "tuning"),
+])
+def test_plan_decode_refuses_bad_shapes(change, error, match):
+    args = dict(batch=1, heads=4, kv_heads=2, head_dim=32, n_keys=64, budget=8, dtype=torch.float32, device="cpu") | change
+    with pytest.raises(error, match=match):
+        plan_decode(**args)
