@@ -1,0 +1,98 @@
+"""``santa ablate layers``: the one-hot layer ablation (Fig. 8), resumable, with paired bootstrap CIs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from santa.budgets.cli_args import (
+    add_model_arguments,
+    check_model_arguments,
+    check_plot,
+    int_list,
+    positive_int,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="santa ablate", description="Per-layer sensitivity to the sample budget.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    layers = sub.add_parser(
+        "layers",
+        help="S = 1 in one layer, a base budget elsewhere, for every layer, vs the uniform baseline",
+        description="The one-hot ablation: appends one JSONL line per finished cell to --out and skips cells already there.",
+    )
+    layers.add_argument("--out", required=True, help="JSONL records (appended to; re-run to resume)")
+    layers.add_argument("--metric", default="kl", help="kl (lower is better) or a task: niah_multivalue, variable_tracking, gsm8k, …")
+    layers.add_argument("--base", type=positive_int, default=16, help="samples in every other layer (paper: 16 for DeepSeek-7B)")
+    layers.add_argument("--one-hot", type=positive_int, default=1, help="samples in the ablated layer (default 1)")
+    layers.add_argument("--layers", type=int_list, default=None, help="layers to ablate, e.g. '0-9' (default: all)")
+    layers.add_argument("--prompts", type=int_list, default=list(range(16)), help="held-out prompt seeds (default 0-15)")
+    layers.add_argument("--seeds", type=int_list, default=[0], help="sampler seeds (default 0)")
+    layers.add_argument("--batch", type=positive_int, default=16, help="prompts run together")
+    layers.add_argument("--plot", default=None, help="write the Fig. 8-style plot here (needs santa[plot])")
+    layers.add_argument("--no-progress", action="store_true")
+    add_model_arguments(layers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_model_arguments(parser, args, metric=args.metric)
+    check_plot(parser, args.plot is not None)
+    from santa.budgets.rewards import model_layers
+
+    try:
+        n_layers = model_layers(args.model)
+    except (OSError, ValueError) as error:
+        parser.error(f"cannot read the layers of {args.model!r}: {error}")
+    if args.layers is not None and max(args.layers) >= n_layers:
+        parser.error(f"--layers must lie in 0-{n_layers - 1} ({args.model} has {n_layers} layers), got {max(args.layers)}")
+    return run(args, n_layers)
+
+
+def run(args: argparse.Namespace, n_layers: int) -> int:
+    from santa.budgets.ablate import BASELINE, layer_cells, plot_ablation
+    from santa.budgets.sweep import cell_key, compare, existing_records, run_cells, table
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    setting = scoring_setting(args, metric=args.metric)
+    cells = layer_cells(n_layers=n_layers, base=args.base, one_hot=args.one_hot, layers=args.layers, seeds=args.seeds)
+    run_cells(cells, out=args.out, prompts=args.prompts, setting=setting, make_scorer=lambda: load_scorer(args, metric=args.metric), progress=not args.no_progress)
+    keys = {cell_key(c, setting=setting, prompts=args.prompts) for c in cells}  # the file may hold other grids too
+    records = [r for r in existing_records(args.out) if r["key"] in keys]
+    comparisons = compare(records, baseline=BASELINE)
+    print(table(comparisons, metric=args.metric))
+    if args.plot:
+        title = f"{args.model}, {args.metric}, {args.length} tokens, base S={args.base}, one-hot S={args.one_hot}, {len(args.prompts)} prompts"
+        print(f"wrote {plot_ablation(comparisons, args.plot, metric=args.metric, title=title)}")
+    return 0
+
+
+def scoring_setting(args: argparse.Namespace, *, metric: str) -> dict:
+    """What every cell of a sweep shares, as written into its records and keys."""
+    setting = {"model": args.model, "metric": metric, "length": args.length, "sampler": args.sampler}
+    if metric == "kl":
+        setting["kl_tokens"] = args.kl_tokens
+    else:
+        setting.update(prefill=args.prefill, max_new_tokens=args.max_new_tokens)
+    return setting
+
+
+def load_scorer(args: argparse.Namespace, *, metric: str):
+    from santa.budgets.rewards import load
+    from santa.budgets.scorers import make_scorer
+
+    model, tokenizer = load(args.model, args.device)
+    return make_scorer(
+        model, tokenizer, metric=metric, length=args.length, kl_tokens=args.kl_tokens,
+        max_new_tokens=args.max_new_tokens, sampler=args.sampler, prefill=args.prefill, batch=args.batch,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

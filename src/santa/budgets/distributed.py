@@ -1,0 +1,353 @@
+"""``santa tune budgets`` on Ray: workers evaluate episodes, the driver is the aggregator.
+
+Workers are Ray actors (one per GPU, or CPU workers), each building its model once. A *run* is
+``E`` episodes drawn from one policy snapshot: the driver queues E ``episode`` calls on an idle
+worker with the newest θ, and each returns ``(id, schedule, reward)`` as soon as it is done. When
+one or more runs have resolved, the driver makes one REINFORCE update from all their episodes (a
+double batch when two land together, as in the paper), writes it to the history
+(:mod:`santa.budgets.checkpoint`), and hands the freed workers a new run with the new θ. It never
+waits for a slow worker.
+
+Faults: a worker that dies (killed, OOM, preempted) fails its episode in flight and the ones it
+had not started; the episodes it finished are accepted with its run, and a new worker replaces it.
+A killed driver loses the runs in flight; re-running the command resumes from the history.
+Worker count: ``--workers N`` (a resume may use another N), ``auto`` (one per GPU of the cluster,
+else one per ``threads`` CPUs, re-read as nodes join or leave), or an integer written to
+``OUT/workers`` at any time (extra workers retire when their run ends).
+At the end the driver stops dispatching and accepts the runs still in flight (at most W − 1 more updates).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from santa.budgets.checkpoint import (
+    POLICY,
+    SCHEDULE,
+    TuneSpec,
+    append_update,
+    prepare,
+    resume,
+    update_record,
+)
+from santa.budgets.reinforce import Episode, PolicyState, episode_seed, reinforce_step, sample_schedule, softmax
+from santa.budgets.schedule import rounded_schedule, write_json_atomic, write_schedule
+
+WORKERS_FILE = "workers"
+INSTALL_HINT = "santa tune needs Ray: pip install 'santa[tune]'"
+
+
+class RayMissing(ImportError):
+    pass
+
+
+def import_ray():
+    """The ``ray`` module, or :class:`RayMissing` saying how to install it."""
+    try:
+        import ray
+    except ImportError as error:
+        raise RayMissing(INSTALL_HINT) from error
+    return ray
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Deterministic fault injection for tests.
+
+    worker_faults: ``{k: e}``: the k-th worker this driver session creates (0, 1, …) calls
+    ``os._exit`` as its e-th episode (1-based) starts. on_update(u): called after update u is written.
+    """
+
+    worker_faults: Mapping[int, int] = field(default_factory=dict)
+    on_update: Callable[[int], None] | None = None
+
+
+class EpisodeWorker:
+    """A worker: builds the reward (and its model) once, then evaluates episodes in call order."""
+
+    def __init__(self, spec: dict, name: str, device: str, threads: int | None, die_on_episode: int | None = None) -> None:
+        from santa.budgets.rewards import build_reward
+
+        self.spec, self.name, self.die_on_episode = TuneSpec.from_dict(spec), name, die_on_episode
+        self.reward = build_reward(self.spec.reward, n_layers=self.spec.n_layers, device=device, threads=threads)
+        self.started = 0
+
+    def episode(self, theta: list[float], version: int, episode_id: str, seed: int) -> dict:
+        """Draw ``s ~ floor + Multinomial(N′, softmax θ)`` with the episode seed and evaluate it."""
+        self.started += 1
+        if self.die_on_episode == self.started:
+            os._exit(1)  # a killed worker: no cleanup, no reply
+        schedule = sample_schedule(theta, total=self.spec.total, floor=self.spec.floor, rng=np.random.default_rng(seed))
+        start = time.perf_counter()
+        reward = float(self.reward([int(s) for s in schedule], seed))
+        episode = Episode(episode_id, tuple(int(s) for s in schedule), reward, version, self.name, time.perf_counter() - start)
+        return asdict(episode)
+
+
+def worker_lost(ray) -> tuple[type[BaseException], ...]:
+    """Ray's errors for a worker that went away (killed, crashed, OOM-killed, its node lost)."""
+    names = ("RayActorError", "WorkerCrashedError", "OutOfMemoryError", "NodeDiedError", "ActorUnavailableError")
+    return tuple(getattr(ray.exceptions, n) for n in names if hasattr(ray.exceptions, n))
+
+
+@dataclass
+class Run:
+    """E episodes queued on one worker with one policy version; ``results[e]`` is None when lost."""
+
+    id: int
+    worker: str
+    version: int
+    size: int
+    results: dict[int, dict | None] = field(default_factory=dict)
+    worker_died: bool = False
+
+    @property
+    def resolved(self) -> bool:
+        return len(self.results) == self.size
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    state: PolicyState
+    schedule: list[int]
+    updates: list[dict]
+    out: Path
+
+
+def desired_workers(*, requested: int | None, out: Path, cluster: Mapping[str, float], gpu: bool, threads: int) -> int:
+    """Workers wanted now: ``OUT/workers`` if it holds an integer ≥ 0, else ``requested``, else one
+    per GPU (``gpu``) or one per ``threads`` CPUs of the cluster."""
+    try:
+        text = (out / WORKERS_FILE).read_text().strip()
+        if text.isdigit():
+            return int(text)
+    except OSError:
+        pass
+    if requested is not None:
+        return requested
+    if gpu:
+        return max(1, int(cluster.get("GPU", 0)))
+    return max(1, int(cluster.get("CPU", 1)) // max(threads, 1))
+
+
+class Driver:
+    """The aggregator's loop over Ray (see the module docstring)."""
+
+    def __init__(self, ray, spec: TuneSpec, *, out: Path, requested: int | None, device: str, threads: int, hooks: Hooks, poll_s: float) -> None:
+        self.ray, self.spec, self.out, self.requested = ray, spec, out, requested
+        self.device, self.threads, self.hooks, self.poll_s = device, threads, hooks, poll_s
+        resumed = resume(out, spec.n_layers)
+        self.state, self.thetas, self.session = resumed.state, dict(resumed.thetas), resumed.session
+        self.updates = list(resumed.updates)
+        self.actors: dict[str, object] = {}
+        self.retiring: set[str] = set()
+        self.runs: dict[int, Run] = {}
+        self.pending: dict[object, tuple[int, int]] = {}  # object ref → (run id, episode index)
+        self.created = self.next_run = 0
+        self.failures = 0  # workers lost in a row without one finished episode
+        self.last_error: str | None = None
+        self.remote = ray.remote(EpisodeWorker)
+
+    # --- workers ---------------------------------------------------------------------------------
+
+    def spawn(self) -> str:
+        name = f"{self.session}-w{self.created}"
+        gpu = self.device.startswith("cuda")
+        options = {"num_cpus": 1, "num_gpus": 1} if gpu else {"num_cpus": self.threads}
+        self.actors[name] = self.remote.options(**options, max_restarts=0).remote(
+            self.spec.to_dict(), name, self.device, self.threads, self.hooks.worker_faults.get(self.created)
+        )
+        self.created += 1
+        return name
+
+    def dispatch(self, worker: str) -> None:
+        """Queue a run of E episodes on ``worker`` with the newest policy."""
+        run = Run(self.next_run, worker, self.state.version, self.spec.episodes)
+        self.next_run += 1
+        self.runs[run.id] = run
+        actor = self.actors[worker]
+        for e in range(run.size):
+            episode_id = f"{self.session}-{run.id}-{e}"
+            seed = episode_seed(self.spec.seed, episode_id)
+            self.pending[actor.episode.remote(list(self.state.theta), run.version, episode_id, seed)] = (run.id, e)
+
+    def busy(self) -> set[str]:
+        return {r.worker for r in self.runs.values()}
+
+    def rescale(self) -> None:
+        """Start or retire workers to match :func:`desired_workers`."""
+        cluster = self.ray.cluster_resources() if self.requested is None else {}
+        wanted = desired_workers(requested=self.requested, out=self.out, cluster=cluster, gpu=self.device.startswith("cuda"), threads=self.threads)
+        active = [w for w in self.actors if w not in self.retiring]
+        for worker in active[wanted:]:
+            self.retiring.add(worker)
+            if worker not in self.busy():
+                self.stop(worker)
+        for _ in range(wanted - len(active)):
+            self.dispatch(self.spawn())
+
+    def stop(self, worker: str) -> None:
+        actor = self.actors.pop(worker, None)
+        self.retiring.discard(worker)
+        if actor is not None:
+            self.ray.kill(actor)
+
+    # --- the loop --------------------------------------------------------------------------------
+
+    def collect(self, timeout: float) -> list[Run]:
+        """Results that have landed (waiting up to ``timeout`` for the first) → runs now resolved."""
+        ray = self.ray
+        if not self.pending:
+            time.sleep(timeout)
+            return []
+        ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=timeout)
+        if not ready:
+            return []
+        ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=0)  # all that landed
+        for ref in ready:
+            run_id, e = self.pending.pop(ref)
+            run = self.runs[run_id]
+            try:
+                run.results[e] = ray.get(ref)
+                self.failures = 0
+            except worker_lost(ray) as error:
+                run.results[e], run.worker_died = None, True
+                self.last_error = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        resolved = [r for r in self.runs.values() if r.resolved]
+        for run in resolved:
+            del self.runs[run.id]
+        return resolved
+
+    def accept(self, runs: list[Run]) -> None:
+        """One REINFORCE update from every finished episode of ``runs``, written before anything else."""
+        episodes = [Episode(**{**d, "schedule": tuple(d["schedule"])}) for r in runs for d in r.results.values() if d is not None]
+        if not episodes:
+            return
+        step = reinforce_step(
+            self.state, episodes, theta_of=self.thetas.__getitem__, total=self.spec.total, floor=self.spec.floor,
+            alpha=self.spec.alpha, baseline=self.spec.baseline,
+        )
+        record = update_record(
+            state=step.state, session=self.session, baseline=step.baseline, gradient=step.gradient,
+            episodes=episodes, workers=len(self.actors), time=time.time(),
+        )
+        append_update(self.out, record)  # accepted from here on
+        self.state = step.state
+        self.thetas[self.state.version] = self.state.theta
+        self.updates.append(record)
+        write_outputs(self.out, self.spec, self.state)
+        if self.hooks.on_update is not None:
+            self.hooks.on_update(self.state.version)
+
+    def release(self, runs: list[Run], *, more: bool) -> None:
+        """Replace dead workers, retire extra ones, and give the others a new run if ``more``."""
+        for run in runs:
+            if run.worker_died:
+                self.stop(run.worker)
+                if not any(d is not None for d in run.results.values()):
+                    self.failures += 1
+                if self.failures > 3 + len(self.actors):
+                    raise RuntimeError(f"workers keep dying before finishing an episode; the last said: {self.last_error}")
+                if more:
+                    self.dispatch(self.spawn())
+            elif run.worker in self.retiring:
+                self.stop(run.worker)
+            elif more:
+                self.dispatch(run.worker)
+
+    def loop(self, iterations: int, progress: bool) -> None:
+        from tqdm import tqdm
+
+        bar = tqdm(total=iterations, initial=min(self.state.version, iterations), desc="santa tune", unit="update", disable=not progress)
+        last_rescale = 0.0
+        while self.state.version < iterations:
+            if time.monotonic() - last_rescale > self.poll_s:
+                self.rescale()
+                last_rescale = time.monotonic()
+            runs = self.collect(self.poll_s)
+            if not runs:
+                continue
+            before = self.state.version
+            self.accept(runs)
+            self.release(runs, more=self.state.version < iterations)
+            bar.update(min(self.state.version, iterations) - min(before, iterations))
+            if self.updates and self.state.version > before:
+                rewards = [e["reward"] for e in self.updates[-1]["episodes"]]
+                bar.set_postfix_str(
+                    f"reward {np.mean(rewards):.4f} (mean {self.state.running_mean:.4f}), workers {len(self.actors)}, episodes {self.state.reward_count}"
+                )
+        bar.close()
+        while self.runs:  # drain: the runs in flight are accepted, not thrown away
+            runs = self.collect(self.poll_s)
+            if runs:
+                self.accept(runs)
+                self.release(runs, more=False)
+
+    def shutdown(self) -> None:
+        for worker in list(self.actors):
+            self.stop(worker)
+
+
+def write_outputs(out: Path, spec: TuneSpec, state: PolicyState) -> None:
+    """``policy.json`` (θ, p) and ``schedule.json`` (the rounded mean of the policy), atomically."""
+    probs = softmax(state.theta)
+    write_json_atomic(out / POLICY, {"theta": list(state.theta), "probs": probs.tolist(), "version": state.version})
+    schedule = rounded_schedule(probs, total=spec.total, floor=spec.floor)
+    write_schedule(
+        out / SCHEDULE, schedule, total=spec.total, floor=spec.floor, updates=state.version, episodes=state.reward_count,
+        model=spec.reward.model, reward=spec.reward.kind, length=spec.reward.length, sampler=spec.reward.sampler,
+        probs=probs.tolist(), source="santa tune budgets",
+    )
+
+
+def tune(
+    spec: TuneSpec,
+    *,
+    out: str | Path,
+    iterations: int,
+    workers: int | None = None,
+    address: str | None = None,
+    num_cpus: int | None = None,
+    device: str = "auto",
+    threads: int = 1,
+    poll_s: float = 2.0,
+    progress: bool = True,
+    hooks: Hooks = Hooks(),
+) -> TuneResult:
+    """Run (or resume) Algorithm 1 until ``iterations`` updates are in ``out``'s history.
+
+    Ray: an already initialised Ray is used as it is; else ``address`` joins a cluster, and
+    without one a local Ray with ``num_cpus`` CPUs is started (and stopped at the end).
+    device ``"auto"``: CUDA workers (one GPU each) when the cluster has GPUs, else CPU workers
+    of ``threads`` torch threads (one Ray CPU each thread).
+    """
+    ray = import_ray()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    prepare(out, spec)
+    connected = False
+    if not ray.is_initialized():
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        connected = True
+    if device == "auto":  # one worker per GPU where the cluster has GPUs, CPU workers otherwise
+        device = "cuda" if ray.cluster_resources().get("GPU", 0) >= 1 else "cpu"
+    driver = Driver(ray, spec, out=out, requested=workers, device=device, threads=threads, hooks=hooks, poll_s=poll_s)
+    try:
+        if driver.state.version < iterations:
+            driver.loop(iterations, progress)
+    finally:
+        driver.shutdown()
+        if connected:
+            ray.shutdown()
+    write_outputs(out, spec, driver.state)
+    schedule = rounded_schedule(softmax(driver.state.theta), total=spec.total, floor=spec.floor)
+    return TuneResult(driver.state, schedule, driver.updates, out)

@@ -1,0 +1,106 @@
+"""Per-layer budget schedules: build them, write them as a JSON file, load and validate the file.
+
+A schedule is a list ``[S_0, …, S_{L−1}]`` of samples per query row and head for each layer; as a
+:class:`santa.hf.SantaConfig` argument it is the dict ``{layer: S}`` (:func:`as_layer_budgets`).
+The file is ``{"layer_budgets": {"0": 3, "1": 5, …}, …metadata}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+
+def as_layer_budgets(schedule: Sequence[int]) -> dict[int, int]:
+    """``[S_0, …, S_{L−1}]`` → ``{layer: S}`` (the form ``SantaConfig(layer_budgets=…)`` takes)."""
+    return {layer: int(s) for layer, s in enumerate(schedule)}
+
+
+def uniform_schedule(*, n_layers: int, total: int) -> list[int]:
+    """``total`` samples spread evenly over ``n_layers`` layers (the first ``total mod L`` get one more)."""
+    if n_layers < 1 or total < n_layers:
+        raise ValueError(f"need n_layers ≥ 1 and total ≥ n_layers (one sample per layer), got {n_layers}, {total}")
+    share, extra = divmod(total, n_layers)
+    return [share + (layer < extra) for layer in range(n_layers)]
+
+
+def one_hot_schedule(*, n_layers: int, layer: int, base: int, one_hot: int = 1) -> list[int]:
+    """``base`` samples in every layer but ``layer``, which gets ``one_hot`` (the paper's S = 1)."""
+    if not 0 <= layer < n_layers:
+        raise ValueError(f"layer must lie in [0, {n_layers}), got {layer}")
+    return [one_hot if i == layer else base for i in range(n_layers)]
+
+
+def rounded_schedule(probs: Sequence[float], *, total: int, floor: int = 1) -> list[int]:
+    """The schedule a policy expects, in integers: ``floor + round((total − floor·L)·p)``.
+
+    probs ``[L]`` (sums to 1). Largest-remainder rounding, so the schedule sums to ``total``
+    exactly; ties go to the lower layer index.
+    """
+    p = np.asarray(probs, dtype=np.float64)
+    free = total - floor * p.size
+    if free < 0:
+        raise ValueError(f"total {total} is below floor·layers = {floor * p.size}")
+    exact = free * p / p.sum()
+    counts = np.floor(exact).astype(np.int64)
+    order = np.lexsort((np.arange(p.size), -(exact - counts)))  # largest fractional part first
+    counts[order[: free - int(counts.sum())]] += 1
+    return [int(floor + c) for c in counts]
+
+
+def write_json_atomic(path: str | Path, obj: object) -> Path:
+    """Write ``obj`` as JSON to ``path`` all at once: a temporary file, fsync, rename, fsync of the folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(staging, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(staging, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+    return path
+
+
+def write_schedule(path: str | Path, layer_budgets: Sequence[int] | Mapping[int, int], **metadata) -> Path:
+    """Write ``{"layer_budgets": {"0": S_0, …}, **metadata}`` atomically; returns the path."""
+    budgets = dict(layer_budgets) if isinstance(layer_budgets, Mapping) else as_layer_budgets(layer_budgets)
+    if "layer_budgets" in metadata:
+        raise ValueError("metadata must not hold 'layer_budgets'")
+    return write_json_atomic(path, {"layer_budgets": {str(k): int(v) for k, v in sorted(budgets.items())}, **metadata})
+
+
+def load_layer_budgets(path: str | Path) -> dict[int, int]:
+    """Read a schedule file → ``{layer: S}``, for ``santa.hf.SantaConfig(layer_budgets=…)``.
+
+    Raises ValueError naming the file when it cannot be read, is not JSON, has no
+    ``"layer_budgets"`` object, or holds a layer that is not an integer ≥ 0 or a budget that is not
+    an integer ≥ 1.
+    """
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as error:
+        raise ValueError(f"schedule file {path}: cannot read it ({error.strerror or error})") from error
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"schedule file {path}: not valid JSON ({error})") from error
+    if not isinstance(data, dict) or not isinstance(data.get("layer_budgets"), dict):
+        raise ValueError(f"schedule file {path}: expected a JSON object with a 'layer_budgets' object {{\"0\": S, …}}")
+    if not data["layer_budgets"]:
+        raise ValueError(f"schedule file {path}: 'layer_budgets' is empty")
+    budgets: dict[int, int] = {}
+    for key, value in data["layer_budgets"].items():
+        if not (isinstance(key, str) and key.isdigit() and key.isascii()):
+            raise ValueError(f"schedule file {path}: layer {key!r} is not an integer ≥ 0")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"schedule file {path}: layer {key} has budget {value!r}, expected an integer ≥ 1")
+        budgets[int(key)] = value
+    return dict(sorted(budgets.items()))
