@@ -1,4 +1,5 @@
-"""The compact Llama decoder: equals HF on the bundled model, and santa decode obeys its error bound.
+"""The compact decoder's decode path: per-sequence lengths, stop tokens, every backend on one cache,
+and santa decode within its error bound (real checkpoints: tests/test_model_real.py).
 
 "santa with budget ≥ n_keys equals dense" is tested with a tolerance derived from the math, not by
 an exact fallback (the santa path has no special case): for systematic counts the partial sums
@@ -13,17 +14,20 @@ import math
 import pytest
 import torch
 
+from santa.kernels import flash_reference, flash_tile, prop_reference
 from santa.model import (
     CONFIGS,
+    REFERENCE_BACKENDS,
     DecodeContext,
     ModelArgs,
     Transformer,
+    advance,
     generate,
+    make_context,
+    pad_prompts,
+    prefill,
     rope_tables,
-    santa_decode_torch,
-    systematic_indices,
 )
-from santa.sampling import sample_indices
 
 TINY = CONFIGS["tiny"]
 
@@ -105,34 +109,49 @@ def test_santa_flash_with_tile_budgets_covering_keys_is_within_the_per_tile_boun
     assert (err <= bound * (1 + 1e-3) + 1e-5).all(), (err, bound)
 
 
-def test_systematic_indices_equal_the_reference_sampler():
-    probs = torch.softmax(torch.randn(3, 5, 40), dim=-1)
-    probs[0, 0, 30:] = 0
-    probs[0, 0] /= probs[0, 0].sum()
-    u = torch.rand(3, 5, dtype=torch.float64)
-    expected = sample_indices(probs, 17, "systematic", uniforms=u)
-    assert torch.equal(systematic_indices(probs, 17, u), expected)
-
-
-def test_torch_santa_prop_is_unbiased_over_seeds():
-    k, v = random_cache(batch=1, max_len=64)
-    seq_lens = torch.tensor([64], dtype=torch.int32)
-    q = 3 * torch.randn(1, 4, 16, generator=torch.Generator().manual_seed(3))
-    ref, _ = dense_decode(q, k, v, seq_lens)
-    torch.manual_seed(0)
-    runs = torch.stack([santa_decode_torch(q, k, v, 4, kernel="prop", seq_lens=seq_lens).double() for _ in range(200)])
-    spread = runs.std(0) / math.sqrt(runs.shape[0])
-    assert ((runs.mean(0) - ref).abs() <= 5 * spread + 1e-6).all()
+def prompts_of_lengths(*lengths, seed=4):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, TINY.vocab_size, (n,), generator=gen) for n in lengths]
 
 
 def test_cached_decode_equals_a_full_forward(tiny_model):
     prompt = torch.randint(0, TINY.vocab_size, (2, 9), generator=torch.Generator().manual_seed(4))
+    tokens = torch.stack(generate(tiny_model, prompt, 5, backend="sdpa"))
     with torch.inference_mode():
-        tokens = generate(tiny_model, prompt, 5, backend="sdpa")
         full = torch.cat([prompt, tokens], dim=1)
         tiny_model.setup_caches(2, full.shape[1])
         logits = tiny_model(full, torch.arange(full.shape[1]))
     assert torch.equal(logits[:, prompt.shape[1] - 1 : -1].argmax(-1), tokens)
+
+
+def test_batch_of_prompts_of_different_lengths_generates_each_prompts_own_tokens(tiny_model):
+    prompts = prompts_of_lengths(5, 23, 12)
+    batch = generate(tiny_model, prompts, 12, backend="sdpa")
+    alone = [generate(tiny_model, [p], 12, backend="sdpa")[0] for p in prompts]
+    assert all(torch.equal(b, a) for b, a in zip(batch, alone, strict=True))
+
+
+def test_stop_token_ends_its_sequence_and_leaves_the_others_running(tiny_model):
+    prompts = prompts_of_lengths(5, 23, 12)
+    free = generate(tiny_model, prompts, 12)
+    stop = int(free[1][4])
+    stopped = generate(tiny_model, prompts, 12, stop_tokens=[stop])
+    for tokens, full in zip(stopped, free, strict=True):
+        hits = (full == stop).nonzero()
+        end = int(hits[0]) + 1 if len(hits) else len(full)  # up to and with the first stop token
+        assert torch.equal(tokens, full[:end])
+    assert len(stopped[1]) <= 5
+
+
+def test_advance_freezes_finished_sequences_and_marks_new_stops():
+    ctx = DecodeContext(backend="sdpa", seq_lens=torch.zeros(3, dtype=torch.int32), offset=torch.zeros(1, dtype=torch.int64))
+    token, input_pos = torch.tensor([[7], [8], [9]]), torch.tensor([10, 20, 30])
+    done = torch.tensor([True, False, False])
+    advance(token, torch.tensor([[1], [2], [3]]), input_pos, ctx, stop_tokens=torch.tensor([3, 5]), done=done)
+    assert token.flatten().tolist() == [7, 2, 3]
+    assert input_pos.tolist() == [10, 21, 31]
+    assert done.tolist() == [True, False, True]
+    assert int(ctx.offset) == 1
 
 
 @pytest.mark.parametrize("backend", ["santa-prop", "santa-flash"])
@@ -140,16 +159,108 @@ def test_santa_model_with_large_budget_generates_the_dense_tokens(tiny_model, ba
     # The kernels' torch emulation, not the Triton interpreter, which takes minutes at S = 8192;
     # tests/test_kernels.py checks the kernels against that emulation.
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    prompt = torch.randint(0, TINY.vocab_size, (2, 20), generator=torch.Generator().manual_seed(5))
-    dense = generate(tiny_model, prompt, 4, backend="sdpa")
-    sampled = generate(tiny_model, prompt, 4, backend=backend, budget=8192)
-    assert torch.equal(sampled, dense)
+    prompts = prompts_of_lengths(20, 7, 13, seed=5)
+    dense = generate(tiny_model, prompts, 4, backend="sdpa")
+    sampled = generate(tiny_model, prompts, 4, backend=backend, budget=8192)
+    assert all(torch.equal(s, d) for s, d in zip(sampled, dense, strict=True))
 
 
-def test_weights_only_backend_runs_and_differs_from_dense(tiny_model):
+def test_topk_reference_backend_covering_every_key_generates_the_dense_tokens(tiny_model):
+    prompts = prompts_of_lengths(20, 7, 13, seed=6)
+    dense = generate(tiny_model, prompts, 6, backend="sdpa")
+    topk = generate(tiny_model, prompts, 6, backend="topk", budget=256)  # k = the whole 256-key cache
+    assert all(torch.equal(t, d) for t, d in zip(topk, dense, strict=True))
+
+
+def test_weights_only_backend_differs_from_dense(tiny_model):
     prompt = torch.randint(0, TINY.vocab_size, (1, 12), generator=torch.Generator().manual_seed(6))
-    tokens = generate(tiny_model, prompt, 3, backend="weights-only")
-    assert tokens.shape == (1, 3)
+    tokens = generate(tiny_model, prompt, 3, backend="weights-only")[0]
+    assert tokens.shape == (3,) and not torch.equal(tokens, generate(tiny_model, prompt, 3)[0])
+
+
+def prefilled_layer(model, lengths, seed=7):
+    """Layer 0 after a right-padded prefill of prompts of ``lengths``, the next query ``[B, H, d]``
+    and the cache, with every sequence's next key already written (as a decode step has it)."""
+    prompts = prompts_of_lengths(*lengths, seed=seed)
+    padded, lens = pad_prompts(prompts, vocab_size=TINY.vocab_size)
+    model.setup_caches(len(lengths), padded.shape[1] + 1)
+    with torch.inference_mode():
+        prefill(model, padded, lengths=lens)
+    cache = model.layers[0].attention.kv_cache
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(len(lengths), TINY.n_head, TINY.head_dim, generator=gen)
+    for b, n in enumerate(lengths):  # the new token's K/V at position n
+        cache.k_cache[b, n] = torch.randn(TINY.n_kv_head, TINY.head_dim, generator=gen)
+        cache.v_cache[b, n] = torch.randn(TINY.n_kv_head, TINY.head_dim, generator=gen)
+    return model.layers[0].attention, q, cache, lens + 1  # seq_lens: prompt + the new key
+
+
+@pytest.mark.parametrize("kernel", ["prop", "flash"])
+def test_santa_decode_of_the_model_equals_the_kernel_reference_on_its_cache(tiny_model, kernel):
+    # Under TRITON_INTERPRET=1 this runs the Triton kernel; its oracle is santa.kernels.reference.
+    attn, q, cache, seq_lens = prefilled_layer(tiny_model, (5, 130, 40))
+    ctx = make_context(tiny_model, f"santa-{kernel}", prompt_len=seq_lens, budget=16, seed=3)
+    ctx.offset.fill_(11)
+    with torch.inference_mode():
+        out = attn.decode(q, cache.k_cache, cache.v_cache, ctx)
+    kwargs = {"tile": flash_tile(TINY.head_dim)} if kernel == "flash" else {}
+    ref = prop_reference if kernel == "prop" else flash_reference
+    expected, _ = ref(q, cache.k_cache, cache.v_cache, 16, seq_lens=ctx.seq_lens, seed=3 * 1000003 + 0, offset=11, **kwargs)
+    assert torch.allclose(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "santa-prop", "santa-flash", *REFERENCE_BACKENDS])
+def test_keys_beyond_a_sequences_length_never_reach_its_output(tiny_model, backend):
+    attn, q, cache, seq_lens = prefilled_layer(tiny_model, (5, 130, 40))
+    beyond = torch.arange(cache.k_cache.shape[1]) >= seq_lens.unsqueeze(-1)  # [B, L_max]: pads and unwritten slots
+
+    def decode():
+        ctx = make_context(tiny_model, backend, prompt_len=seq_lens, budget=8, seed=1)
+        with torch.inference_mode():
+            return attn.decode(q, cache.k_cache, cache.v_cache, ctx)
+
+    cache.k_cache[beyond], cache.v_cache[beyond] = 0.0, 0.0
+    clean = decode()
+    cache.k_cache[beyond], cache.v_cache[beyond] = 1e4, 1e4  # would dominate any score or value it entered
+    assert torch.equal(decode(), clean)
+
+
+def test_make_context_gives_each_sequence_its_own_visible_keys(tiny_model):
+    tiny_model.setup_caches(3, 10)
+    ctx = make_context(tiny_model, "sdpa", prompt_len=torch.tensor([2, 9, 4]))
+    ctx.prepare(torch.tensor([3, 9, 4]))  # new tokens at these positions
+    assert ctx.seq_lens.tolist() == [4, 10, 5]
+    visible = (ctx.attn_bias[:, 0, 0] == 0).sum(-1)
+    assert visible.tolist() == [4, 10, 5] and torch.isinf(ctx.attn_bias[0, 0, 0, 4:]).all()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"prompts": []}, ValueError, "non-empty list"),
+        ({"prompts": [[1, 2], []]}, ValueError, r"prompts\[1\] is empty"),
+        ({"prompts": [[1.5, 2.0]]}, TypeError, r"prompts\[0\] must be a 1-D sequence of int"),
+        ({"prompts": [[1, 999]]}, ValueError, r"outside \[0, 256\)"),
+        ({"max_new_tokens": 0}, ValueError, "max_new_tokens must be an int ≥ 1"),
+        ({"budget": 0}, ValueError, "budget must be ≥ 1"),
+        ({"backend": "dense"}, ValueError, "backend must be one of"),
+        ({"backend": "flashinfer"}, ValueError, "santa bench e2e"),
+        ({"santa_impl": "cuda"}, ValueError, "santa_impl must be one of"),
+        ({"cuda_graph": True}, ValueError, "cuda_graph=True needs a CUDA model"),
+    ],
+)
+def test_generate_refuses_bad_arguments_by_name(tiny_model, kwargs, error, message):
+    call = {"prompts": [[1, 2, 3]], "max_new_tokens": 2, **kwargs}
+    with pytest.raises(error, match=message):
+        generate(tiny_model, call.pop("prompts"), call.pop("max_new_tokens"), **call)
+
+
+def test_random_qwen_shaped_model_carries_qkv_biases():
+    args = ModelArgs(**{**TINY.__dict__, "qkv_bias": True, "tie_embeddings": True})
+    model = Transformer.random(args, device="cpu", dtype=torch.float32)
+    bias = model.layers[0].attention.wqkv.bias
+    assert bias.shape == ((args.n_head + 2 * args.n_kv_head) * args.head_dim,) and bias.abs().sum() > 0
+    assert model.output.weight is model.tok_embeddings.weight
 
 
 def test_llama31_rope_scaling_matches_transformers():
@@ -183,39 +294,3 @@ def test_bench_e2e_runs_every_cpu_backend_on_the_tiny_config(tmp_path):
     assert all("ms_per_token" in r for r in rows.values())
     assert rows["sdpa"]["attn_rel_err_layer0"] < 1e-5
     assert "amdahl_limit" in report["summary"][0]
-
-
-@pytest.fixture(scope="module")
-def hf_and_ours():
-    from santa.assets import load_model
-
-    hf, tokenizer = load_model("smollm2-135m")
-    return hf, tokenizer, Transformer.from_hf(hf).eval()
-
-
-@pytest.mark.slow
-class TestBundledModel:
-    def test_config_matches_the_bundled_checkpoint(self, hf_and_ours):
-        hf, _, _ = hf_and_ours
-        args = ModelArgs.from_hf_config(hf.config)
-        expected = CONFIGS["smollm2-135m"]
-        assert args.norm_eps == pytest.approx(expected.norm_eps, rel=1e-6)
-        assert args == ModelArgs(**{**expected.__dict__, "norm_eps": args.norm_eps})
-
-    def test_prefill_logits_equal_hf(self, hf_and_ours):
-        hf, tokenizer, ours = hf_and_ours
-        ids = tokenizer("The quick brown fox jumps over the lazy dog because", return_tensors="pt").input_ids
-        with torch.inference_mode():
-            expected = hf(ids).logits
-            ours.setup_caches(1, ids.shape[1])
-            got = ours(ids, torch.arange(ids.shape[1]))
-        assert torch.allclose(got, expected, atol=2e-4, rtol=1e-4)
-
-    def test_dense_greedy_tokens_equal_hf_generate(self, hf_and_ours):
-        hf, tokenizer, ours = hf_and_ours
-        text = "Paris is the capital of France. Berlin is the capital of Germany. Rome is the capital of"
-        ids = tokenizer(text, return_tensors="pt").input_ids
-        with torch.inference_mode():
-            expected = hf.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)[0, ids.shape[1] :]
-        got = generate(ours, ids, 12, backend="sdpa")[0]
-        assert torch.equal(got, expected)

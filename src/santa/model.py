@@ -1,4 +1,4 @@
-"""A compact Llama decoder for end-to-end decode (in the spirit of gpt-fast's ``model.py``).
+"""A compact Llama / Qwen2 decoder for end-to-end decode (in the spirit of gpt-fast's ``model.py``).
 
 One :class:`ModelArgs`, a static :class:`KVCache` with one ``update``, dense prefill, and a decode
 step whose attention is chosen per call by a :class:`DecodeContext`:
@@ -6,26 +6,45 @@ step whose attention is chosen per call by a :class:`DecodeContext`:
 - ``"sdpa"``: ``scaled_dot_product_attention`` over the whole static cache with an additive mask
   (the caller picks the SDPA backend; the benchmark pins cuDNN on the GPU);
 - ``"flashinfer"``: FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper`` over the same cache,
-  viewed as pages (planned on the host once per step, outside any CUDA graph);
+  viewed as pages (planned on the host once per step, outside any CUDA graph; benchmark only);
 - ``"santa-prop"`` / ``"santa-flash"``: :func:`santa.kernels.decode` (reads all of K, S sampled V
-  rows per head); where ``santa.kernels`` cannot be imported, a torch path with the same estimator;
+  rows per head); ``santa_impl="torch"`` runs :mod:`santa.kernels.reference` instead (eager);
+- ``"iid"``, ``"stratified"``, ``"systematic"``, ``"topk"`` (:data:`REFERENCE_BACKENDS`): the spec,
+  :func:`santa.attention.sampled_attention`, on the same cache (eager: it checks on the host);
 - ``"weights-only"``: no attention at all (its output is q): the rest of the model, for Amdahl.
 
+Each sequence of a batch has its own length: prefill is right-padded and causal (a real token never
+sees a pad), and decode gives sequence b its own position ``input_pos[b]`` and ``seq_lens[b]``.
 Every decode-step input lives in a device buffer updated inside the step, so the whole step can be
 captured in one CUDA graph and replayed with no host work (FlashInfer needs its host ``plan``).
+
+Weights: :meth:`Transformer.from_hf` (a transformers model), :meth:`Transformer.from_checkpoint`
+(a local folder of config.json + safetensors), :func:`load_bundled` (the bundled models).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+import santa.kernels as santa_kernels
+from santa.attention import sampled_attention
+from santa.checkpoint import args_from_config, read_config, read_state_dict, state_dict_from_hf
+from santa.kernels import reference
+from santa.sampling import check_budget
+
 BACKENDS = ("sdpa", "flashinfer", "santa-prop", "santa-flash", "weights-only")
+REFERENCE_BACKENDS = ("iid", "stratified", "systematic", "topk")  # sampled_attention's samplers, eager
+SANTA_IMPLS = ("auto", "kernels", "torch")
 CACHE_ALIGN = 256  # static cache length is a multiple of this (FlashInfer pages, kernel tiles)
+GRAPH_CHECK_EVERY = 16  # decode steps between host checks that every sequence has stopped
 
 
 @dataclass(frozen=True)
@@ -41,6 +60,7 @@ class ModelArgs:
     tie_embeddings: bool = False
     # Llama-3.1 frequency scaling: (factor, low_freq_factor, high_freq_factor, original_max_position)
     rope_scaling: tuple[float, float, float, int] | None = None
+    qkv_bias: bool = False  # Qwen2: q_proj, k_proj and v_proj carry a bias (o_proj and the MLP do not)
 
     @property
     def head_dim(self) -> int:
@@ -48,24 +68,9 @@ class ModelArgs:
 
     @classmethod
     def from_hf_config(cls, config) -> ModelArgs:
-        """Arguments of a transformers ``LlamaConfig`` (llama-architecture checkpoints)."""
-        rope = getattr(config, "rope_parameters", None) or {}
-        theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-        scaling = None
-        if rope.get("rope_type") == "llama3":
-            scaling = (rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"], rope["original_max_position_embeddings"])
-        return cls(
-            n_layer=config.num_hidden_layers,
-            n_head=config.num_attention_heads,
-            n_kv_head=config.num_key_value_heads,
-            dim=config.hidden_size,
-            intermediate_size=config.intermediate_size,
-            vocab_size=config.vocab_size,
-            rope_base=float(theta),
-            norm_eps=float(config.rms_norm_eps),
-            tie_embeddings=bool(config.tie_word_embeddings),
-            rope_scaling=scaling,
-        )
+        """Arguments of a Llama or Qwen2 checkpoint: a transformers config, or its config.json dict
+        (ValueError naming what santa.model does not implement: see :func:`santa.checkpoint.args_from_config`)."""
+        return cls(**args_from_config(config))
 
 
 CONFIGS = {
@@ -73,6 +78,10 @@ CONFIGS = {
     "smollm2-135m": ModelArgs(
         n_layer=30, n_head=9, n_kv_head=3, dim=576, intermediate_size=1536, vocab_size=49152,
         rope_base=100000.0, tie_embeddings=True,
+    ),
+    "qwen2.5-0.5b": ModelArgs(
+        n_layer=24, n_head=14, n_kv_head=2, dim=896, intermediate_size=4864, vocab_size=151936,
+        rope_base=1000000.0, norm_eps=1e-6, tie_embeddings=True, qkv_bias=True,
     ),
     "tiny": ModelArgs(n_layer=2, n_head=4, n_kv_head=2, dim=64, intermediate_size=128, vocab_size=256, rope_base=10000.0),
 }
@@ -86,22 +95,35 @@ class KVCache(nn.Module):
         shape = (batch, max_len, n_kv_head, head_dim)
         self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("rows", torch.arange(batch, device=device), persistent=False)
 
     def update(self, input_pos: Tensor, k_val: Tensor, v_val: Tensor) -> tuple[Tensor, Tensor]:
-        # input_pos: [T], k_val: [B, T, H_kv, d]
-        self.k_cache.index_copy_(1, input_pos, k_val)
-        self.v_cache.index_copy_(1, input_pos, v_val)
+        # k_val: [B, T, H_kv, d]. T > 1: input_pos [T], shared by the batch (prefill);
+        # T = 1: input_pos [B] (or [1]), sequence b writes at its own position input_pos[b].
+        if k_val.shape[1] == 1:
+            self.k_cache.index_put_((self.rows, input_pos), k_val[:, 0])
+            self.v_cache.index_put_((self.rows, input_pos), v_val[:, 0])
+        else:
+            self.k_cache.index_copy_(1, input_pos, k_val)
+            self.v_cache.index_copy_(1, input_pos, v_val)
         return self.k_cache, self.v_cache
+
+
+def visibility_bias(seq_lens: Tensor, max_len: int, dtype: torch.dtype) -> Tensor:
+    """``[B, 1, 1, L_max]``: 0 on the first ``seq_lens[b]`` keys of sequence b, −inf beyond."""
+    visible = torch.arange(max_len, device=seq_lens.device) < seq_lens.unsqueeze(-1)  # [B, L_max]
+    return torch.zeros(visible.shape, dtype=dtype, device=seq_lens.device).masked_fill_(~visible, -math.inf)[:, None, None]
 
 
 @dataclass
 class DecodeContext:
     """Device state of one decode step (all updated in place, so a captured graph stays valid).
 
-    seq_lens: int32 ``[B]``, keys visible to the new token (``input_pos + 1``).
+    seq_lens: int32 ``[B]``, keys visible to each sequence's new token (``input_pos + 1``).
     attn_bias: ``[B, 1, 1, L_max]`` in the model dtype, 0 on visible keys and −inf beyond (sdpa).
     offset: int64 ``[1]``, the Philox counter of santa's kernels, advanced once per step; the
         layer index goes into the seed, so every (layer, step) draws fresh uniforms.
+    generators: one ``torch.Generator`` per layer (reference backends), seeded from (seed, layer).
     """
 
     backend: str
@@ -113,44 +135,58 @@ class DecodeContext:
     workspace: Tensor | None = None
     flashinfer: object | None = None
     page_size: int = 16
-    santa_impl: str = "auto"  # "auto" (kernels if importable), "kernels", "torch"
+    santa_impl: str = "auto"  # "auto" / "kernels": santa.kernels.decode; "torch": santa.kernels.reference
+    generators: list[torch.Generator] | None = None
 
     def prepare(self, input_pos: Tensor) -> None:
-        """Make key ``input_pos`` visible: ``seq_lens = pos + 1``; bias at pos = 0. input_pos: [1]."""
+        """Make key ``input_pos[b]`` visible to sequence b: ``seq_lens = input_pos + 1``. input_pos: [B] or [1]."""
         self.seq_lens.copy_((input_pos + 1).to(torch.int32).expand_as(self.seq_lens))
         if self.attn_bias is not None:
-            self.attn_bias.index_fill_(-1, input_pos, 0.0)
+            self.attn_bias.copy_(visibility_bias(self.seq_lens, self.attn_bias.shape[-1], self.attn_bias.dtype))
 
     def advance(self) -> None:
         if self.offset is not None:
             self.offset.add_(1)
 
 
-def make_context(model: Transformer, backend: str, *, prompt_len: int, budget: int = 128, seed: int = 0, santa_impl: str = "auto") -> DecodeContext:
-    """A context for decoding after a prompt of ``prompt_len`` tokens (caches already set up)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+def make_context(
+    model: Transformer, backend: str, *, prompt_len: int | Tensor, budget: int = 128, seed: int = 0, santa_impl: str = "auto"
+) -> DecodeContext:
+    """A context for decoding after prompts of ``prompt_len`` tokens (caches already set up).
+
+    prompt_len: one int for the batch, or int ``[B]`` per sequence (not with flashinfer).
+    """
+    if backend not in BACKENDS + REFERENCE_BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS + REFERENCE_BACKENDS}, got {backend!r}")
+    if santa_impl not in SANTA_IMPLS:
+        raise ValueError(f"santa_impl must be one of {SANTA_IMPLS}, got {santa_impl!r}")
+    budget = check_budget(budget)
     cache = model.layers[0].attention.kv_cache
+    if cache is None:
+        raise ValueError("model has no KV cache: call model.setup_caches(batch, max_len) before make_context")
     batch, max_len = cache.k_cache.shape[:2]
     device, dtype = cache.k_cache.device, cache.k_cache.dtype
+    seq_lens = torch.as_tensor(prompt_len, device=device).to(torch.int32).reshape(-1)
+    if seq_lens.numel() not in (1, batch) or not ((seq_lens >= 1) & (seq_lens <= max_len)).all():
+        raise ValueError(f"prompt_len must be an int or [B={batch}] ints in [1, {max_len}], got {prompt_len!r}")
     ctx = DecodeContext(
         backend=backend,
-        seq_lens=torch.full((batch,), prompt_len, dtype=torch.int32, device=device),
+        seq_lens=seq_lens.expand(batch).clone(),
         budget=budget,
         seed=seed,
         offset=torch.zeros(1, dtype=torch.int64, device=device),
         santa_impl=santa_impl,
     )
     if backend == "sdpa":
-        bias = torch.full((batch, 1, 1, max_len), -math.inf, dtype=dtype, device=device)
-        bias[..., :prompt_len] = 0.0
-        ctx.attn_bias = bias
+        ctx.attn_bias = visibility_bias(ctx.seq_lens, max_len, dtype)
     elif backend in ("santa-prop", "santa-flash") and _santa_kernels(santa_impl) is not None:
-        kernels = _santa_kernels(santa_impl)
         q = torch.empty(batch, model.args.n_head, model.args.head_dim, dtype=dtype, device=device)
-        kernel = backend.removeprefix("santa-")
-        ctx.workspace = kernels.make_workspace(q, cache.k_cache, budget, kernel=kernel)
+        ctx.workspace = santa_kernels.make_workspace(q, cache.k_cache, budget, kernel=backend.removeprefix("santa-"))
+    elif backend in REFERENCE_BACKENDS:
+        ctx.generators = [torch.Generator(device=device).manual_seed(seed * 1000003 + i) for i in range(model.args.n_layer)]
     elif backend == "flashinfer":
+        if (ctx.seq_lens != ctx.seq_lens[0]).any():
+            raise ValueError("flashinfer plans one length for the batch: prompt_len must be one int")
         ctx.flashinfer = FlashInferDecode(model, page_size=ctx.page_size)
     return ctx
 
@@ -199,91 +235,15 @@ class FlashInferDecode:
 
 
 def _santa_kernels(impl: str):
-    """``santa.kernels`` when it is importable and wanted, else None (the torch path)."""
-    if impl == "torch":
-        return None
-    try:
-        import santa.kernels as kernels
-
-        kernels.decode  # noqa: B018 - present only once the kernels land
-    except (ImportError, AttributeError):
-        if impl == "kernels":
-            raise
-        return None
-    return kernels
-
-
-def systematic_indices(probs: Tensor, budget: int, uniforms: Tensor) -> Tensor:
-    """Graph-safe S²ANTA-sys draw: ``probs [..., n]``, ``uniforms [...]`` → key indices ``[..., S]``.
-
-    Same indices as ``santa.sample_indices(probs, S, "systematic", uniforms=u)`` (which checks its
-    inputs on the host and so cannot be captured): ``T_m = (m + U)/S``, ``F⁻¹(t) = min{j : F(j) > t}``,
-    clamped to the last key with nonzero probability.
-    """
-    cdf = torch.cumsum(probs.double(), dim=-1)
-    points = (torch.arange(budget, device=probs.device, dtype=torch.float64) + uniforms.double().unsqueeze(-1)) / budget
-    index = torch.searchsorted(cdf.contiguous(), points.contiguous(), right=True)
-    positions = torch.arange(probs.shape[-1], device=probs.device)
-    last_visible = torch.where(probs > 0, positions, -1).amax(dim=-1, keepdim=True).clamp_min(0)
-    return torch.minimum(index, last_visible)
-
-
-def _gather_rows(v_cache: Tensor, index: Tensor) -> Tensor:
-    """``v_cache [B, L, H_kv, d]``, ``index [B, H_kv, ..., S]`` → rows ``[B, H_kv, ..., S, d]``."""
-    batch, _, kv_heads, dim = v_cache.shape
-    flat = index.reshape(batch, kv_heads, -1)  # [B, H_kv, N]
-    rows = v_cache.transpose(1, 2).gather(2, flat.unsqueeze(-1).expand(-1, -1, -1, dim))  # [B, H_kv, N, d]
-    return rows.view(*index.shape, dim)
-
-
-def santa_decode_torch(q: Tensor, k_cache: Tensor, v_cache: Tensor, budget: int, *, kernel: str, seq_lens: Tensor, tile: int = 128) -> Tensor:
-    """Torch S²ANTA decode with the kernels' semantics (fresh ``torch.rand`` uniforms, not Philox).
-
-    q: ``[B, H, d]``; caches ``[B, L_max, H_kv, d]``; seq_lens int32 ``[B]``. Returns ``[B, H, d]``.
-    prop: global systematic sampling, ``ô = (1/S) Σ_m v_{F⁻¹(T_m)}``; graph-safe.
-    flash: ``⌈S/T⌉`` systematic samples per tile of ``tile`` keys and the merge
-    ``ô = Σ_t (W_t/Z) (1/S_t) Σ_{j∈t} c_j v_j``; reads ``seq_lens`` on the host (eager only).
-    """
-    batch, heads, dim = q.shape
-    max_len, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group = heads // kv_heads
-    qg = q.view(batch, kv_heads, group, dim)
-    scores = torch.einsum("bkgd,blkd->bkgl", qg, k_cache).float() / math.sqrt(dim)  # [B, H_kv, G, L]
-    visible = torch.arange(max_len, device=q.device) < seq_lens.unsqueeze(-1)  # [B, L]
-    scores = scores.masked_fill(~visible[:, None, None, :], -math.inf)
-    if kernel == "prop":
-        probs = torch.softmax(scores, dim=-1)
-        uniforms = torch.rand(batch, kv_heads, group, device=q.device)
-        index = systematic_indices(probs, budget, uniforms)  # [B, H_kv, G, S]
-        out = _gather_rows(v_cache, index).float().mean(dim=-2)  # (1/S) Σ_m v_{i_m}
-        return out.reshape(batch, heads, dim).to(q.dtype)
-    n_tiles = -(-max_len // tile)
-    scores = F.pad(scores, (0, n_tiles * tile - max_len), value=-math.inf).view(batch, kv_heads, group, n_tiles, tile)
-    tile_max = scores.amax(dim=-1)  # [B, H_kv, G, T]
-    safe_max = tile_max.masked_fill(tile_max == -math.inf, 0.0)
-    unnorm = torch.exp(scores - safe_max.unsqueeze(-1))
-    tile_mass = unnorm.sum(-1)  # ℓ_t
-    local = unnorm / tile_mass.masked_fill(tile_mass == 0, 1.0).unsqueeze(-1)
-    row_max = safe_max.amax(dim=-1, keepdim=True)
-    weight = torch.exp(safe_max - row_max) * tile_mass  # W_t = exp(m_t − m*) ℓ_t
-    weight = weight / weight.sum(-1, keepdim=True)
-    tiles_used = (seq_lens.long() + tile - 1) // tile  # [B]
-    s_tile = (budget + tiles_used.clamp_min(1) - 1) // tiles_used.clamp_min(1)  # ⌈S/T⌉ per sequence
-    out = torch.zeros(batch, kv_heads, group, dim, dtype=torch.float32, device=q.device)
-    for b in range(batch):
-        s_b = int(s_tile[b])
-        uniforms = torch.rand(kv_heads, group, n_tiles, device=q.device)
-        index = systematic_indices(local[b], s_b, uniforms) + torch.arange(n_tiles, device=q.device).view(-1, 1) * tile
-        index = index.clamp_max(max_len - 1)  # empty padded tiles carry weight 0
-        rows = _gather_rows(v_cache[b : b + 1], index.unsqueeze(0))[0].float()  # [H_kv, G, T, S_t, d]
-        out[b] = (weight[b].unsqueeze(-1) * rows.mean(dim=-2)).sum(dim=-2)
-    return out.reshape(batch, heads, dim).to(q.dtype)
+    """:mod:`santa.kernels` (Triton on CUDA or under TRITON_INTERPRET=1, its torch reference
+    otherwise), or None for ``impl="torch"``: :mod:`santa.kernels.reference` on every device."""
+    return None if impl == "torch" else santa_kernels
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
-    # x: [B, T, H, d]; cos, sin_signed: [T, d] in x's dtype. HF's rotate_half convention,
+    # x: [B, T, H, d]; cos, sin_signed: [B or 1, T, 1, d] in x's dtype. HF's rotate_half convention,
     # x·cos + rotate_half(x)·sin with rotate_half(x) = [−x2, x1] = roll(x, d/2)·[−1, 1]: three kernels.
-    return torch.addcmul(x * cos[:, None, :], x.roll(x.shape[-1] // 2, dims=-1), sin_signed[:, None, :])
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
 
 
 def rope_tables(args: ModelArgs, max_len: int, device=None) -> tuple[Tensor, Tensor]:
@@ -323,12 +283,12 @@ class Attention(nn.Module):
         super().__init__()
         self.args, self.layer_id = args, layer_id
         d, h, hkv = args.head_dim, args.n_head, args.n_kv_head
-        self.wqkv = nn.Linear(args.dim, (h + 2 * hkv) * d, bias=False)
+        self.wqkv = nn.Linear(args.dim, (h + 2 * hkv) * d, bias=args.qkv_bias)
         self.wo = nn.Linear(h * d, args.dim, bias=False)
         self.kv_cache: KVCache | None = None
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, input_pos: Tensor, ctx: DecodeContext | None) -> Tensor:
-        # x: [B, T, D]; cos, sin: [T, d]; input_pos: [T]
+        # x: [B, T, D]; cos, sin: [B or 1, T, 1, d]; input_pos: [T] (prefill) or [B] (decode, T = 1)
         bsz, seqlen, _ = x.shape
         d, h, hkv = self.args.head_dim, self.args.n_head, self.args.n_kv_head
         qkv = self.wqkv(x).view(bsz, seqlen, h + 2 * hkv, d)
@@ -345,7 +305,7 @@ class Attention(nn.Module):
         return self.wo(y.reshape(bsz, seqlen, h * d))
 
     def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext) -> Tensor:
-        # q: [B, H, d] contiguous → [B, H, d]
+        # q: [B, H, d] contiguous; caches [B, L_max, H_kv, d]; sequence b sees its first seq_lens[b] keys → [B, H, d]
         if ctx.backend == "sdpa":
             y = F.scaled_dot_product_attention(
                 q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), attn_mask=ctx.attn_bias, enable_gqa=True
@@ -355,13 +315,23 @@ class Attention(nn.Module):
             return ctx.flashinfer.run(q, k_cache, v_cache)
         if ctx.backend == "weights-only":
             return q
+        if ctx.backend in REFERENCE_BACKENDS:
+            visible = torch.arange(k_cache.shape[1], device=q.device) < ctx.seq_lens.unsqueeze(-1)  # [B, L_max]
+            y = sampled_attention(
+                q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), ctx.budget, sampler=ctx.backend,
+                attn_mask=visible[:, None, None], enable_gqa=True, generator=ctx.generators[self.layer_id],
+            )  # [B, H, 1, d]
+            return y.squeeze(2)
         kernel = ctx.backend.removeprefix("santa-")
+        seed = ctx.seed * 1000003 + self.layer_id
         kernels = _santa_kernels(ctx.santa_impl)
-        if kernels is None:
-            return santa_decode_torch(q, k_cache, v_cache, ctx.budget, kernel=kernel, seq_lens=ctx.seq_lens)
+        if kernels is None:  # reads the offset on the host: eager only
+            kwargs = {"tile": santa_kernels.flash_tile(q.shape[-1])} if kernel == "flash" else {}
+            ref = reference.prop_reference if kernel == "prop" else reference.flash_reference
+            return ref(q, k_cache, v_cache, ctx.budget, seq_lens=ctx.seq_lens, seed=seed, offset=int(ctx.offset), **kwargs)[0]
         return kernels.decode(
             q, k_cache, v_cache, ctx.budget, kernel=kernel, seq_lens=ctx.seq_lens,
-            seed=ctx.seed * 1000003 + self.layer_id, offset=ctx.offset, workspace=ctx.workspace,
+            seed=seed, offset=ctx.offset, workspace=ctx.workspace,
         )
 
 
@@ -414,39 +384,46 @@ class Transformer(nn.Module):
         self.rope_cos, self.rope_sin = cos, signed_sin(sin)
         return max_len
 
-    def forward(self, idx: Tensor, input_pos: Tensor, ctx: DecodeContext | None = None, *, last_only: bool = False) -> Tensor:
-        # idx: [B, T]; input_pos: [T]. ctx None: dense prefill from position 0; else one decode step.
-        # Returns logits [B, T, V] (or [B, 1, V] with last_only).
+    def forward(self, idx: Tensor, input_pos: Tensor, ctx: DecodeContext | None = None, *, lengths: Tensor | None = None) -> Tensor:
+        # idx: [B, T]. ctx None: dense prefill from position 0, input_pos [T] shared by the batch;
+        # else one decode step (T = 1), input_pos [B] (or [1]): each sequence at its own position.
+        # Returns logits [B, T, V] float32, or [B, 1, V] at position lengths[b] − 1 with lengths [B].
         x = self.tok_embeddings(idx)  # [B, T, D]
-        cos, sin = self.rope_cos[input_pos].to(x.dtype), self.rope_sin[input_pos].to(x.dtype)  # [T, d]
+        cos, sin = self.rope_cos[input_pos].to(x.dtype), self.rope_sin[input_pos].to(x.dtype)  # [T or B, d]
+        rope_shape = (1, -1, 1, cos.shape[-1]) if ctx is None else (-1, 1, 1, cos.shape[-1])
+        cos, sin = cos.view(rope_shape), sin.view(rope_shape)  # [1, T, 1, d] or [B, 1, 1, d]
         for layer in self.layers:
             x = layer(x, cos, sin, input_pos, ctx)
-        if last_only:
-            x = x[:, -1:]
+        if lengths is not None:  # the last real token of each right-padded prompt
+            x = x[torch.arange(x.shape[0], device=x.device), lengths - 1].unsqueeze(1)  # [B, 1, D]
         return self.output(self.norm(x)).float()
 
     @classmethod
     def from_hf(cls, hf_model, dtype: torch.dtype | None = None) -> Transformer:
-        """The same weights as a transformers Llama model (``LlamaForCausalLM``)."""
+        """The same weights as a transformers ``LlamaForCausalLM`` or ``Qwen2ForCausalLM``."""
+        if not hasattr(hf_model, "config") or not hasattr(hf_model, "state_dict"):
+            raise TypeError(f"hf_model must be a transformers causal LM (with .config), got {type(hf_model).__name__}")
         args = ModelArgs.from_hf_config(hf_model.config)
-        sd = hf_model.state_dict()
+        return cls.from_hf_state_dict(args, hf_model.state_dict(), dtype=dtype)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> Transformer:
+        """A local Llama / Qwen2 checkpoint folder: config.json and model.safetensors, or shards with
+        model.safetensors.index.json. Read with safetensors (no transformers, no hub); dtype None
+        keeps the checkpoint's."""
+        args = ModelArgs.from_hf_config(read_config(path))
+        return cls.from_hf_state_dict(args, read_state_dict(path, device=device), dtype=dtype)
+
+    @classmethod
+    def from_hf_state_dict(cls, args: ModelArgs, state: Mapping[str, Tensor], *, dtype: torch.dtype | None = None) -> Transformer:
+        """Our model from tensors under transformers' names (checked against ``args``: see check_hf_state_dict)."""
+        ours = state_dict_from_hf(args, state)
         with torch.device("meta"):
             model = cls(args)
-        ours = {"tok_embeddings.weight": sd["model.embed_tokens.weight"], "norm.weight": sd["model.norm.weight"]}
-        ours["output.weight"] = sd["model.embed_tokens.weight" if args.tie_embeddings else "lm_head.weight"]
-        for i in range(args.n_layer):
-            p = f"model.layers.{i}."
-            a = p + "self_attn."
-            ours[f"layers.{i}.attention.wqkv.weight"] = torch.cat([sd[a + "q_proj.weight"], sd[a + "k_proj.weight"], sd[a + "v_proj.weight"]])
-            ours[f"layers.{i}.attention.wo.weight"] = sd[a + "o_proj.weight"]
-            ours[f"layers.{i}.feed_forward.w13.weight"] = torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]])
-            ours[f"layers.{i}.feed_forward.w2.weight"] = sd[p + "mlp.down_proj.weight"]
-            ours[f"layers.{i}.attention_norm.weight"] = sd[p + "input_layernorm.weight"]
-            ours[f"layers.{i}.ffn_norm.weight"] = sd[p + "post_attention_layernorm.weight"]
         model.load_state_dict(ours, assign=True, strict=True)
         if args.tie_embeddings:
             model.output.weight = model.tok_embeddings.weight
-        return model.to(dtype=dtype) if dtype is not None else model
+        return model.to(dtype=dtype or model.tok_embeddings.weight.dtype)
 
     @classmethod
     def random(cls, args: ModelArgs, *, device=None, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> Transformer:
@@ -463,20 +440,66 @@ class Transformer(nn.Module):
                     p.fill_(1.0)
                 elif name == "tok_embeddings.weight":
                     p.normal_(0.0, 1.0, generator=gen)
+                elif name.endswith(".bias"):
+                    p.normal_(0.0, 0.02, generator=gen)
                 else:  # keeps activations O(1) through the residual stream
                     p.normal_(0.0, 1.0 / math.sqrt(p.shape[1]), generator=gen)
         return model
 
 
-def prefill(model: Transformer, prompt: Tensor) -> Tensor:
-    """Dense prefill of ``prompt [B, T]`` into the caches; returns the first new token ``[B, 1]``."""
+def load_bundled(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """A bundled model (:data:`santa.assets.MODELS`) as ``(Transformer, tokenizer)``, offline."""
+    from santa.assets import load_model
+
+    hf_model, tokenizer = load_model(name, dtype=dtype, device=device)
+    return Transformer.from_hf(hf_model).eval(), tokenizer
+
+
+def pad_prompts(prompts: Tensor | Sequence, *, vocab_size: int, device=None) -> tuple[Tensor, Tensor]:
+    """Right-padded tokens ``[B, T_max]`` int64 (pad 0) and lengths ``[B]`` int64 on ``device``.
+
+    prompts: an int tensor ``[B, T]`` (every prompt T tokens), or a non-empty sequence of 1-D int
+    tensors or lists of ints, each at least one token in ``[0, vocab_size)``.
+    """
+    if isinstance(prompts, Tensor):
+        if prompts.dim() != 2 or prompts.shape[0] < 1 or prompts.shape[1] < 1:
+            raise ValueError(f"prompts as a tensor must be [B ≥ 1, T ≥ 1] token ids, got shape {tuple(prompts.shape)}")
+        prompts = list(prompts)
+    if not isinstance(prompts, Sequence) or isinstance(prompts, (str, bytes)) or len(prompts) == 0:
+        raise ValueError(f"prompts must be a non-empty list of token-id sequences or a [B, T] tensor, got {prompts!r:.80}")
+    rows = []
+    for i, p in enumerate(prompts):
+        row = torch.as_tensor(p).reshape(-1) if not isinstance(p, Tensor) or p.dim() == 1 else None
+        if row is None or (row.numel() and (row.is_floating_point() or row.is_complex() or row.dtype == torch.bool)):
+            raise TypeError(f"prompts[{i}] must be a 1-D sequence of int token ids, got {p!r:.80}")
+        if row.numel() == 0:
+            raise ValueError(f"prompts[{i}] is empty: every prompt needs at least one token")
+        if ((row < 0) | (row >= vocab_size)).any():
+            raise ValueError(f"prompts[{i}] holds token ids outside [0, {vocab_size})")
+        rows.append(row.long())
+    lengths = torch.tensor([len(r) for r in rows])
+    padded = torch.zeros(len(rows), int(lengths.max()), dtype=torch.long)
+    for i, r in enumerate(rows):
+        padded[i, : len(r)] = r
+    return padded.to(device), lengths.to(device)
+
+
+def prefill(model: Transformer, prompt: Tensor, *, lengths: Tensor | None = None) -> Tensor:
+    """Dense prefill of right-padded ``prompt [B, T]`` into the caches; returns the first new token ``[B, 1]``.
+
+    lengths: int64 ``[B]``, real tokens per sequence (default T). Causal attention keeps the pads
+    after a sequence's last token out of its logits; their K/V lie beyond its seq_lens.
+    """
     input_pos = torch.arange(prompt.shape[1], device=prompt.device)
-    logits = model(prompt, input_pos, last_only=True)  # [B, 1, V]
+    if lengths is None:
+        lengths = torch.full((prompt.shape[0],), prompt.shape[1], device=prompt.device)
+    logits = model(prompt, input_pos, lengths=lengths)  # [B, 1, V]
     return logits[:, -1].argmax(-1, keepdim=True)
 
 
 def decode_step(model: Transformer, token: Tensor, input_pos: Tensor, ctx: DecodeContext) -> Tensor:
-    """One greedy step: ``token [B, 1]`` at position ``input_pos [1]`` → next token ``[B, 1]``.
+    """One greedy step: ``token [B, 1]``, sequence b at position ``input_pos[b]`` (``[B]``, or ``[1]``
+    shared) → next token ``[B, 1]``.
 
     Device work only (no host sync), so it can be captured; the caller advances input_pos and
     ctx.offset (:func:`advance`), inside the graph too.
@@ -486,35 +509,97 @@ def decode_step(model: Transformer, token: Tensor, input_pos: Tensor, ctx: Decod
     return logits[:, -1].argmax(-1, keepdim=True)
 
 
-def advance(token: Tensor, next_token: Tensor, input_pos: Tensor, ctx: DecodeContext) -> None:
+def advance(token: Tensor, next_token: Tensor, input_pos: Tensor, ctx: DecodeContext, *, stop_tokens: Tensor | None = None, done: Tensor | None = None) -> None:
+    """``token ← next_token``, ``input_pos += 1``, Philox offset ``+= 1``: device work only (capturable).
+
+    With ``done`` (bool ``[B]``, input_pos ``[B]``) and ``stop_tokens`` (int64 ``[n_stop]``): a
+    finished sequence keeps its token and position (it is no longer extended), and ``done`` gains
+    every sequence whose new token is a stop token.
+    """
+    if done is not None:
+        next_token = torch.where(done.unsqueeze(-1), token, next_token)  # [B, 1]
+        input_pos.add_((~done).to(input_pos.dtype))
+        done.logical_or_((next_token == stop_tokens).any(-1))
+    else:
+        input_pos.add_(1)
     token.copy_(next_token)
-    input_pos.add_(1)
     ctx.advance()
+
+
+def cuda_graph_of(step) -> torch.cuda.CUDAGraph:
+    """Run ``step()`` once on a side stream (a real step that warms up Triton, cuBLAS and the
+    allocator), then capture it; replaying the graph runs one more step."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
 
 
 @torch.inference_mode()
 def generate(
-    model: Transformer, prompt: Tensor, max_new_tokens: int, *, backend: str = "sdpa", budget: int = 128, seed: int = 0, santa_impl: str = "auto"
-) -> Tensor:
-    """Greedy generation (eager): ``prompt [B, T]`` → new tokens ``[B, max_new_tokens]``."""
-    batch, length = prompt.shape
-    model.setup_caches(batch, length + max_new_tokens)
-    token = prefill(model, prompt)
-    ctx = make_context(model, backend, prompt_len=length, budget=budget, seed=seed, santa_impl=santa_impl)
-    input_pos = torch.tensor([length], device=prompt.device)
-    out = [token.clone()]
-    for _ in range(max_new_tokens - 1):
-        if ctx.flashinfer is not None:
-            ctx.flashinfer.plan(int(input_pos) + 1)
-        nxt = decode_step(model, token, input_pos, ctx)
-        advance(token, nxt, input_pos, ctx)
+    model: Transformer,
+    prompts: Tensor | Sequence,
+    max_new_tokens: int,
+    *,
+    backend: str = "sdpa",
+    budget: int = 128,
+    seed: int = 0,
+    santa_impl: str = "auto",
+    stop_tokens: Sequence[int] = (),
+    cuda_graph: bool | None = None,
+) -> list[Tensor]:
+    """Greedy batched generation: prompts of any lengths (see :func:`pad_prompts`) → one int64 1-D
+    tensor of new tokens per prompt, ``max_new_tokens`` long or ending at its first stop token.
+
+    backend: one of :data:`BACKENDS` but flashinfer, or :data:`REFERENCE_BACKENDS`; budget: S
+    (k for topk). cuda_graph: replay the decode step from one CUDA graph (default: on CUDA
+    whenever the backend is capturable, i.e. not a reference backend or santa_impl="torch").
+    """
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int ≥ 1, got {max_new_tokens!r}")
+    if backend == "flashinfer":
+        raise ValueError("backend 'flashinfer' needs a host plan per step with one length for the batch: use it in santa bench e2e")
+    device = model.output.weight.device
+    capturable = device.type == "cuda" and backend not in REFERENCE_BACKENDS and not (backend.startswith("santa-") and santa_impl == "torch")
+    if cuda_graph and not capturable:
+        raise ValueError(f"cuda_graph=True needs a CUDA model and a capturable backend, got {device.type} and {backend!r} ({santa_impl=})")
+    padded, lengths = pad_prompts(prompts, vocab_size=model.args.vocab_size, device=device)  # [B, T_max], [B]
+    stops = torch.tensor([int(t) for t in stop_tokens], dtype=torch.long, device=device)  # [n_stop]
+    model.setup_caches(padded.shape[0], padded.shape[1] + max_new_tokens)
+    token = prefill(model, padded, lengths=lengths)  # [B, 1]
+    ctx = make_context(model, backend, prompt_len=lengths, budget=budget, seed=seed, santa_impl=santa_impl)
+    input_pos = lengths.clone()  # [B]: the position of each sequence's `token`
+    done = (token == stops).any(-1)  # [B]
+
+    def step():
+        advance(token, decode_step(model, token, input_pos, ctx), input_pos, ctx, stop_tokens=stops, done=done)
+
+    out, graph = [token.clone()], None
+    for i in range(1, max_new_tokens):
+        if i % GRAPH_CHECK_EVERY == 0 and bool(done.all()):  # one host sync per 16 steps
+            break
+        if graph is not None:
+            graph.replay()
+        elif cuda_graph if cuda_graph is not None else capturable:
+            graph = cuda_graph_of(step)
+        else:
+            step()
         out.append(token.clone())
-    return torch.cat(out, dim=1)
+    rows = torch.cat(out, dim=1).tolist()
+    stop_set = set(stops.tolist())
+    ends = [next((j + 1 for j, t in enumerate(row) if t in stop_set), len(row)) for row in rows]
+    return [torch.tensor(row[:end], dtype=torch.long) for row, end in zip(rows, ends, strict=True)]
 
 
 __all__ = [
     "BACKENDS",
     "CONFIGS",
+    "REFERENCE_BACKENDS",
     "DecodeContext",
     "KVCache",
     "ModelArgs",
@@ -522,8 +607,8 @@ __all__ = [
     "advance",
     "decode_step",
     "generate",
+    "load_bundled",
     "make_context",
+    "pad_prompts",
     "prefill",
-    "santa_decode_torch",
-    "systematic_indices",
 ]
