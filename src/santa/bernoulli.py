@@ -27,12 +27,14 @@ softmax of an unbiased score is not unbiased, which is the price of the score-st
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass
 
 import torch
 
-from santa.sampling import check_budget, check_sampler, check_uniforms
+from santa import sampling
+from santa.sampling import check_budget, check_generator, check_sampler, check_uniforms
 
 SCORE_SAMPLERS = ("iid", "stratified")
 
@@ -98,7 +100,11 @@ def bernoulli_query(
     Hq (default Hq: one group per head); the ``Hq / Hkv`` heads of a group share one draw (mean
     group query). sampler: ``"stratified"`` (default) or ``"iid"``. uniforms: values in [0, 1) of
     shape ``[B, Hkv, Lq, D]`` (stratified) or ``[B, Hkv, Lq, D, samples]`` (iid), on query's device;
-    drawn from ``generator`` when None.
+    drawn from ``generator`` when None. Stratified draws one uniform per feature for any B; iid
+    draws B, refused past ``santa.sampling.MAX_DRAWS`` uniforms.
+
+    NaN or inf in a query head gives NaN in every head of its KV group (same batch element and
+    query row): the group shares one draw, scaled by ``max_i mean_g |q_gi|``.
     """
     if not isinstance(query, torch.Tensor) or not query.is_floating_point():
         raise TypeError(f"query must be a floating-point torch.Tensor, got {getattr(query, 'dtype', type(query).__name__)}")
@@ -111,9 +117,15 @@ def bernoulli_query(
     if isinstance(kv_heads, bool) or not isinstance(kv_heads, numbers.Integral) or kv_heads < 1 or hq % kv_heads:
         raise ValueError(f"kv_heads must be an int ≥ 1 dividing the {hq} query heads, got {kv_heads!r}")
     kv_heads = int(kv_heads)
+    expected = uniforms_shape((query.shape[0], kv_heads, *query.shape[2:]), samples, sampler)
+    if sampler == "iid" and math.prod(expected) > sampling.MAX_DRAWS:
+        raise ValueError(
+            f"samples={samples} with sampler='iid' needs {math.prod(expected):,} uniforms (shape {list(expected)}), past "
+            f"santa.sampling.MAX_DRAWS = {sampling.MAX_DRAWS:,}: use sampler='stratified' (one uniform per feature) or fewer samples"
+        )
+    check_generator(generator, query.device)
     grouped = group_heads(query, kv_heads)
     m, norm, probs = feature_probabilities(grouped)
-    expected = uniforms_shape(probs.shape, samples, sampler)
     if uniforms is None:
         uniforms = torch.rand(expected, generator=generator, device=query.device, dtype=torch.float64)
     else:

@@ -7,6 +7,11 @@ uniforms, the result is deterministic.
 - ``iid`` (SANTA): ``T_m ~ U[0, 1)`` independently, S of them.
 - ``stratified`` (S²ANTA-strat): ``T_m = (m + U_m) / S`` with ``U_m ~ U[0, 1)`` independent.
 - ``systematic`` (S²ANTA-sys): ``T_m = (m + U) / S`` with one ``U ~ U[0, 1)`` per row.
+
+The draws are materialised: ``rows × S`` points. A budget up to the number of keys n never costs
+more than the probabilities already in memory; a budget above n is refused once the draws would
+pass :data:`MAX_DRAWS` (a budget of 10**9 would otherwise end in an allocator error or run for
+hours). Raise ``santa.sampling.MAX_DRAWS`` on a machine with more memory.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import numbers
 import torch
 
 SAMPLERS = ("iid", "stratified", "systematic")
+MAX_DRAWS = 2**26  # draws per call once S > n: 64 Mi points, ~1.5 GiB of float64 uniforms, points and int64 indices
 
 
 def check_budget(budget: object, name: str = "budget") -> int:
@@ -34,6 +40,27 @@ def check_sampler(sampler: object, allowed: tuple[str, ...] = SAMPLERS, name: st
     return sampler
 
 
+def check_draws(rows: int, budget: int, n_keys: int, name: str = "budget") -> None:
+    """Refuse ``rows × budget`` draws past :data:`MAX_DRAWS` when ``budget > n_keys`` (S ≤ n is always drawn)."""
+    draws = rows * budget
+    if budget > n_keys and draws > MAX_DRAWS:
+        raise ValueError(
+            f"{name}={budget} is above the {n_keys} keys and needs rows × {name} = {rows:,} × {budget:,} = {draws:,} draws, "
+            f"past santa.sampling.MAX_DRAWS = {MAX_DRAWS:,}: use {name} ≤ {n_keys} (or fewer rows per call, or raise MAX_DRAWS)"
+        )
+
+
+def check_generator(generator: object, device: torch.device) -> torch.Generator | None:
+    """Return ``generator``, or raise unless it is None or a ``torch.Generator`` on ``device``'s type."""
+    if generator is None:
+        return None
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if generator.device.type != torch.device(device).type:
+        raise ValueError(f"generator is on {generator.device} but the tensors are on {device}")
+    return generator
+
+
 def uniforms_shape(batch_shape: torch.Size, budget: int, sampler: str) -> tuple[int, ...]:
     """Shape of the uniforms a sampler consumes: ``[..., S]`` for iid and stratified, ``[...]`` for systematic."""
     return tuple(batch_shape) if sampler == "systematic" else (*batch_shape, budget)
@@ -49,7 +76,7 @@ def draw_uniforms(
 ) -> torch.Tensor:
     """Fresh float64 uniforms in [0, 1) in the shape ``sampler`` consumes."""
     shape = uniforms_shape(batch_shape, budget, sampler)
-    return torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+    return torch.rand(shape, generator=check_generator(generator, device), device=device, dtype=torch.float64)
 
 
 def sample_points(uniforms: torch.Tensor, budget: int, sampler: str) -> torch.Tensor:
@@ -87,7 +114,9 @@ def counts_from_indices(indices: torch.Tensor, n_keys: int) -> torch.Tensor:
     return counts.scatter_add_(-1, indices, torch.ones_like(indices))
 
 
-def _check_probs(probs: object) -> torch.Tensor:
+def check_probs(probs: object) -> torch.Tensor:
+    """Return ``probs``, or raise unless it is a float ``[..., n]`` tensor of finite, non-negative
+    rows each summing to 1 (within ``max(1e-3, 64·eps)`` of its dtype) or to 0 (an empty row)."""
     if not isinstance(probs, torch.Tensor):
         raise TypeError(f"probs must be a torch.Tensor, got {type(probs).__name__}")
     if not probs.is_floating_point():
@@ -98,6 +127,14 @@ def _check_probs(probs: object) -> torch.Tensor:
         raise ValueError("probs contains NaN: a NaN distribution has no samples")
     if (probs < 0).any():
         raise ValueError("probs must be non-negative")
+    total = probs.sum(dim=-1, dtype=torch.float64)
+    tolerance = max(1e-3, 64 * torch.finfo(probs.dtype).eps)
+    bad = ~(((total - 1).abs() <= tolerance) | (total == 0))
+    if bad.any():
+        raise ValueError(
+            f"probs rows must sum to 1 (or be all zero), got a row summing to {float(total[bad][0]):.6g}: "
+            "normalise the weights (e.g. softmax) first"
+        )
     return probs
 
 
@@ -110,10 +147,11 @@ def sample_indices(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """S key indices per row: ``probs [..., n]`` → ``[..., S]`` int64 (see :func:`sample_counts`)."""
-    probs = _check_probs(probs)
+    probs = check_probs(probs)
     budget = check_budget(budget)
     sampler = check_sampler(sampler)
     batch_shape = probs.shape[:-1]
+    check_draws(batch_shape.numel(), budget, probs.shape[-1])
     if uniforms is None:
         uniforms = draw_uniforms(batch_shape, budget, sampler, device=probs.device, generator=generator)
     else:
@@ -144,7 +182,8 @@ def sample_counts(
 
     probs: ``[..., n]`` float, non-negative, each row summing to 1 (or all zero: such a row,
         e.g. a fully masked query, gets zero counts).
-    budget: S ≥ 1 samples per row.
+    budget: S ≥ 1 samples per row. S ≤ n always; S > n only while ``rows × S`` ≤
+        :data:`MAX_DRAWS` (the draws are materialised), else a ValueError naming ``budget``.
     sampler: ``"iid"``, ``"stratified"`` or ``"systematic"``.
     uniforms: optional, values in [0, 1): ``[..., S]`` for iid and stratified, ``[...]`` for
         systematic. Given them, the counts are deterministic; otherwise drawn from ``generator``.
