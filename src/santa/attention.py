@@ -7,11 +7,12 @@ tested against, not a fast path.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
 from santa.bernoulli import SCORE_SAMPLERS, bernoulli_query
-from santa.sampling import SAMPLERS, check_budget, check_sampler, sample_counts
+from santa.sampling import SAMPLERS, check_budget, check_draws, check_generator, check_sampler, sample_counts
 
 ATTENTION_SAMPLERS = (*SAMPLERS, "topk", "dense")
 
@@ -36,7 +37,12 @@ def check_qkv(
         raise ValueError(
             f"query, key and value must be on one device, got {query.device}, {key.device}, {value.device}"
         )
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(f"query, key and value must have one dtype (as in SDPA), got {query.dtype}, {key.dtype}, {value.dtype}")
+    check_flag("enable_gqa", enable_gqa)
     batch, hq, _, dim = query.shape
+    if hq < 1 or dim < 1:
+        raise ValueError(f"query must have Hq ≥ 1 heads and head dim D ≥ 1, got shape {tuple(query.shape)}")
     if key.shape != value.shape:
         raise ValueError(f"key and value must have the same shape [B, Hkv, Lk, D], got {tuple(key.shape)} and {tuple(value.shape)}")
     if key.shape[0] != batch:
@@ -54,37 +60,70 @@ def check_qkv(
     return hq, hkv
 
 
+def check_flag(name: str, value: object) -> bool:
+    """Return ``value``, or raise unless it is a bool (``is_causal="no"`` is truthy, not False)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_scale(scale: object, dim: int) -> float:
+    """The score scale: ``1/√D`` for None, else ``scale`` as a finite float (0 and negatives are allowed)."""
+    if scale is None:
+        if dim < 1:
+            raise ValueError(f"head dim D must be ≥ 1 for the default scale 1/√D, got D={dim}")
+        return 1.0 / math.sqrt(dim)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__} {scale!r}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    return float(scale)
+
+
+def check_mask(attn_mask: object, shape: tuple[int, int, int, int], device: torch.device) -> torch.Tensor:
+    """Return ``attn_mask``, or raise unless it is a bool or float tensor on ``device`` that
+    broadcasts to ``shape = [B, Hq, Lq, Lk]`` (the output's batch and heads stay those of q)."""
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise TypeError(f"attn_mask must be bool or floating point, got {attn_mask.dtype}")
+    if attn_mask.device != device:
+        raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {device}")
+    try:
+        broadcast = torch.broadcast_shapes(attn_mask.shape, shape)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != torch.Size(shape):
+        raise ValueError(f"attn_mask must broadcast to [B, Hq, Lq, Lk] = {list(shape)}, got {list(attn_mask.shape)}")
+    return attn_mask
+
+
 def attention_bias(
-    n_queries: int,
-    n_keys: int,
+    shape: tuple[int, int, int, int],
     *,
     is_causal: bool,
     attn_mask: torch.Tensor | None,
     device: torch.device,
 ) -> torch.Tensor | None:
-    """Additive float32 bias broadcastable to ``[B, H, Lq, Lk]`` (−inf where masked), or None.
+    """Additive float32 bias broadcastable to ``shape = [B, Hq, Lq, Lk]`` (−inf where masked), or None.
 
     A causal mask aligns the last query with the last key (as in KV-cached decoding), so
-    ``Lq = 1`` sees every key; bool masks mark *visible* keys with True, as in SDPA.
+    ``Lq = 1`` sees every key; bool masks mark *visible* keys with True, as in SDPA. Given both,
+    both apply. A float mask is added as is: NaN or +inf in it gives NaN rows, as in SDPA.
     """
+    check_flag("is_causal", is_causal)
+    n_queries, n_keys = shape[2], shape[3]
     bias = None
     if is_causal:
         q_pos = torch.arange(n_queries, device=device).unsqueeze(-1) + (n_keys - n_queries)
         visible = torch.arange(n_keys, device=device) <= q_pos
         bias = torch.zeros(n_queries, n_keys, device=device).masked_fill(~visible, -math.inf)
     if attn_mask is not None:
-        if not isinstance(attn_mask, torch.Tensor):
-            raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
-        if attn_mask.device != device:
-            raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {device}")
-        if attn_mask.dim() > 4 or attn_mask.shape[-1] != n_keys:
-            raise ValueError(f"attn_mask must broadcast to [B, H, Lq, Lk=({n_keys})], got {tuple(attn_mask.shape)}")
+        check_mask(attn_mask, shape, device)
         if attn_mask.dtype == torch.bool:
             extra = torch.zeros(attn_mask.shape, device=device).masked_fill(~attn_mask, -math.inf)
-        elif attn_mask.is_floating_point():
-            extra = attn_mask.float()
         else:
-            raise TypeError(f"attn_mask must be bool or floating point, got {attn_mask.dtype}")
+            extra = attn_mask.float()
         bias = extra if bias is None else bias + extra
     return bias
 
@@ -100,17 +139,18 @@ def attention_probs(
     """Softmax weights ``p = softmax(q·kᵀ·scale + bias)`` in float32: ``[B, Hq, Lq, Lk]``.
 
     key may have fewer heads (GQA, ``Hkv`` dividing ``Hq``): query head h reads KV head
-    h // (Hq / Hkv), without copying K. A fully masked row gets all-zero
-    weights (not NaN); a NaN in q or k gives a NaN row.
+    h // (Hq / Hkv), without copying K. A fully masked row gets all-zero weights (not NaN).
+    Non-finite scores follow SDPA: a NaN or +inf score (from NaN/inf in q or k, or in a float
+    mask) gives a NaN row; a −inf score is a masked key.
     """
     b, hq, lq, d = query.shape
     hkv, lk = key.shape[1], key.shape[2]
     _check_groups(hq, hkv, "key")
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    scale = check_scale(scale, d)
     # Query head h reads KV head h // G: view the G heads of a group as G·Lq rows, no copy of K.
     grouped = query.float().reshape(b, hkv, (hq // hkv) * lq, d)
     scores = torch.matmul(grouped, key.float().transpose(-1, -2)).reshape(b, hq, lq, lk) * scale
-    bias = attention_bias(query.shape[2], key.shape[2], is_causal=is_causal, attn_mask=attn_mask, device=query.device)
+    bias = attention_bias((b, hq, lq, lk), is_causal=is_causal, attn_mask=attn_mask, device=query.device)
     if bias is not None:
         scores = scores + bias
     row_max = scores.amax(dim=-1, keepdim=True)
@@ -153,6 +193,21 @@ def weighted_values(weights: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     return torch.matmul(grouped, value.float()).reshape(b, hq, lq, value.shape[-1])
 
 
+def sampled_values(
+    probs: torch.Tensor, value: torch.Tensor, budget: int, sampler: str, *, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``ô [B, Hq, Lq, D]`` float32 from ``probs [B, Hq, Lq, n]`` and ``value [B, Hkv, n, D]``, and the
+    counts (None for dense, top-k).
+
+    A NaN row of probs (NaN or +inf among its scores) gives a NaN output row and zero counts; the
+    other rows are drawn as if it were finite (the same uniforms). NaN or inf in value reaches
+    every output row of its batch element and KV group through ``w·V`` (``0·NaN = NaN``), as in SDPA.
+    """
+    nan_rows = torch.isnan(probs).any(dim=-1, keepdim=True)
+    weights, counts = value_weights(probs.masked_fill(nan_rows, 0.0), budget, sampler, generator=generator)
+    return weighted_values(weights, value).masked_fill(nan_rows, math.nan), counts
+
+
 def _check_groups(hq: int, hkv: int, name: str) -> None:
     if hkv == 0 or hq % hkv:
         raise ValueError(f"{name} has {hkv} heads, which must divide the {hq} query heads (GQA)")
@@ -176,7 +231,9 @@ def sampled_attention(
     """SANTA attention with the signature of ``torch.nn.functional.scaled_dot_product_attention``.
 
     query: ``[B, Hq, Lq, D]``; key, value: ``[B, Hkv, Lk, D]`` (``Hkv < Hq`` needs ``enable_gqa``).
-    budget: S ≥ 1 samples per query row and head (the k of ``"topk"``; ignored by ``"dense"``).
+    budget: S ≥ 1 samples per query row and head (the k of ``"topk"``, capped at Lk; ignored by
+        ``"dense"``). The draws are materialised: S > Lk is refused once ``B·Hq·Lq·S`` passes
+        ``santa.sampling.MAX_DRAWS`` (see :func:`santa.sample_counts`).
     sampler: ``"iid"`` (SANTA), ``"stratified"``, ``"systematic"`` (S²ANTA), ``"topk"``, ``"dense"``.
     Returns ``[B, Hq, Lq, D]`` in query's dtype: ``ô = (1/S) Σ_j c_j v_j`` with counts c from
     :func:`santa.sample_counts` on ``p = softmax(q kᵀ·scale + mask)``.
@@ -184,19 +241,29 @@ def sampled_attention(
     ternary draws of ``score_sampler``, one per KV-head group): ``p = softmax(q̃ kᵀ·scale + mask)``.
 
     A fully masked query row returns zeros (SDPA's math backend returns NaN there; zeros keep a
-    padded batch finite). NaN in query, key or value propagates to NaN in the output.
+    padded batch finite). Non-finite input gives NaN, never a finite answer, in the rows it
+    reaches, as in SDPA: NaN in q or k, or a +inf score, makes its query row NaN (for every
+    sampler, and with Bernoulli scores for every head of the GQA group, which share one draw);
+    NaN or inf in value reaches the rows of its batch element and KV group. A −inf score is a
+    masked key. Other batch elements and rows keep their values and draws.
+    Bad arguments raise TypeError (types) or ValueError (values, shapes) naming the argument.
     """
     budget = check_budget(budget)
     check_sampler(sampler, ATTENTION_SAMPLERS)
     check_qkv(query, key, value, enable_gqa=enable_gqa)
     check_sampler(score_sampler, SCORE_SAMPLERS, "score_sampler")
+    check_flag("is_causal", is_causal)
+    check_scale(scale, query.shape[-1])
+    check_generator(generator, query.device)
+    b, hq, lq, _ = query.shape
+    if attn_mask is not None:
+        check_mask(attn_mask, (b, hq, lq, key.shape[2]), query.device)
+    if sampler in SAMPLERS:
+        check_draws(b * hq * lq, budget, key.shape[2])
     scored = query  # the query the scores use: q, or Bernoulli qKᵀ's sampled q̃
     if score_samples is not None:
         score_samples = check_budget(score_samples, "score_samples")
         scored = bernoulli_query(query, score_samples, kv_heads=key.shape[1], sampler=score_sampler, generator=generator).query
     probs = attention_probs(scored, key, scale=scale, is_causal=is_causal, attn_mask=attn_mask)
-    nan_rows = torch.isnan(probs).any(dim=-1, keepdim=True)
-    weights, _ = value_weights(probs.nan_to_num(0.0), budget, sampler, generator=generator)
-    out = weighted_values(weights, value)  # [B, Hq, Lq, D]
-    out = out.masked_fill(nan_rows, math.nan)
+    out, _ = sampled_values(probs, value, budget, sampler, generator=generator)  # [B, Hq, Lq, D]
     return out.to(query.dtype)
