@@ -15,6 +15,8 @@ prompt with the same seed generates the same tokens, with no state to reset betw
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -22,13 +24,32 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from santa.attention import ATTENTION_SAMPLERS, attention_probs, value_weights, weighted_values
+from santa.attention import ATTENTION_SAMPLERS, attention_probs, check_flag, sampled_values
 from santa.bernoulli import SCORE_SAMPLERS, bernoulli_query
 from santa.sampling import check_budget, check_sampler
 from santa.stats import unique_keys
 
 IMPLEMENTATION = "santa"
 KERNEL_CHOICES = ("auto", "prop", "flash", "reference")
+MAX_SEED = 2**63  # seeds are ints in [0, 2**63): the kernels' Philox key and torch.manual_seed both take them
+
+
+def check_layer(name: str, layer: object) -> int:
+    """Return ``layer`` as an int, or raise unless it is an int layer index ≥ 0."""
+    if isinstance(layer, bool) or not isinstance(layer, numbers.Integral):
+        raise TypeError(f"{name} must be an int layer index, got {type(layer).__name__} {layer!r}")
+    if layer < 0:
+        raise ValueError(f"{name} must be a layer index ≥ 0, got {layer}")
+    return int(layer)
+
+
+def check_seed(seed: object) -> int:
+    """Return ``seed`` as an int, or raise unless it is an int in [0, 2**63)."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be an int in [0, 2**63), got {type(seed).__name__} {seed!r}")
+    if not 0 <= seed < MAX_SEED:
+        raise ValueError(f"seed must be an int in [0, 2**63), got {seed}")
+    return int(seed)
 
 
 @dataclass
@@ -64,12 +85,14 @@ class DecodeStats:
 class SantaConfig:
     """How the ``"santa"`` attention samples.
 
-    budget: samples per query row and head (S).
+    budget: samples per query row and head (S), an int ≥ 1.
     sampler: ``"systematic"`` (S²ANTA-sys), ``"stratified"``, ``"iid"`` (SANTA), ``"topk"``, ``"dense"``.
-    layer_budgets: per-layer overrides of ``budget``, ``{layer_index: S}``.
-    dense_layers: layers that always use exact attention.
+    layer_budgets: per-layer overrides of ``budget``, a mapping ``{layer_index: S}`` (int keys ≥ 0,
+        budgets ≥ 1; :func:`configure` refuses indices the model does not have).
+    dense_layers: layers that always use exact attention, a collection of layer indices such as
+        ``(0,)`` or ``range(2)`` (stored as a tuple; checked against the model by :func:`configure`).
     prefill: ``"dense"`` (SDPA for every query block with more than one row) or ``"sampled"``.
-    seed: root of all randomness.
+    seed: root of all randomness, an int in [0, 2**63).
     exact_when_budget_covers: when S ≥ the number of keys, sampling cannot read fewer value rows
         than dense attention, so use exact attention instead (turn off to sample regardless).
     record_stats: accumulate :class:`DecodeStats` (value rows read) over sampled calls.
@@ -99,27 +122,60 @@ class SantaConfig:
     stats: DecodeStats = field(default_factory=DecodeStats)
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise TypeError/ValueError naming the first bad field (run at construction and by :func:`configure`)."""
         check_budget(self.budget)
         check_sampler(self.sampler, ATTENTION_SAMPLERS)
-        for layer, budget in self.layer_budgets.items():
-            check_budget(budget, f"layer_budgets[{layer}]")
+        if not isinstance(self.layer_budgets, Mapping):
+            raise TypeError(f"layer_budgets must be a mapping {{layer_index: budget}}, got {type(self.layer_budgets).__name__}")
+        self.layer_budgets = {
+            check_layer("layer_budgets key", layer): check_budget(budget, f"layer_budgets[{layer!r}]")
+            for layer, budget in self.layer_budgets.items()
+        }
+        if isinstance(self.dense_layers, (str, bytes, Mapping)) or not isinstance(self.dense_layers, Iterable):
+            raise TypeError(
+                f"dense_layers must be a collection of layer indices such as (0,) or range(2), got {type(self.dense_layers).__name__} {self.dense_layers!r}"
+            )
+        self.dense_layers = tuple(check_layer("dense_layers entry", layer) for layer in self.dense_layers)
         if self.prefill not in ("dense", "sampled"):
             raise ValueError(f"prefill must be 'dense' or 'sampled', got {self.prefill!r}")
+        check_seed(self.seed)
+        check_flag("exact_when_budget_covers", self.exact_when_budget_covers)
+        check_flag("record_stats", self.record_stats)
         if self.kernel not in KERNEL_CHOICES:
             raise ValueError(f"kernel must be one of {KERNEL_CHOICES}, got {self.kernel!r}")
         if self.score_samples is not None:
             check_budget(self.score_samples, "score_samples")
         check_sampler(self.score_sampler, SCORE_SAMPLERS, "score_sampler")
+        if not isinstance(self.stats, DecodeStats):
+            raise TypeError(f"stats must be a DecodeStats, got {type(self.stats).__name__}")
 
     def budget_for(self, layer: int) -> int:
         return self.layer_budgets.get(layer, self.budget)
 
 
 def configure(model: torch.nn.Module, config: SantaConfig) -> torch.nn.Module:
-    """Switch ``model`` to ``attn_implementation="santa"`` with ``config`` on every attention layer."""
+    """Switch ``model`` to ``attn_implementation="santa"`` with ``config`` on every attention layer.
+
+    Raises TypeError unless config is a :class:`SantaConfig` (re-validated here, so fields changed
+    after construction are checked too), and ValueError when ``layer_budgets`` or ``dense_layers``
+    name a layer the model does not have.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module (a transformers model), got {type(model).__name__}")
+    if not isinstance(config, SantaConfig):
+        raise TypeError(f"config must be a santa.hf.SantaConfig, got {type(config).__name__} {config!r}")
+    config.validate()
     layers = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "num_key_value_groups")]
     if not layers:
         raise ValueError("model has no attention layers with `layer_idx`: is it a transformers decoder?")
+    known = sorted({m.layer_idx for m in layers})
+    for name, named in (("layer_budgets", config.layer_budgets), ("dense_layers", config.dense_layers)):
+        unknown = sorted(set(named) - set(known))
+        if unknown:
+            raise ValueError(f"{name} names layers {unknown} the model does not have (its {len(known)} attention layers are {known[0]}–{known[-1]})")
     for module in layers:
         module.santa_config = config
     model.set_attn_implementation(IMPLEMENTATION)
@@ -210,10 +266,15 @@ def santa_attention_forward(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
+    if dropout:
+        raise ValueError(
+            f"santa's sampled attention has no dropout, got dropout={dropout} (attention_dropout in training mode): "
+            "call model.eval(), or list the layer in dense_layers"
+        )
     kernel = kernel_for(config, query, attention_mask)
     if kernel is not None:
         return kernel_decode(module, config, kernel, query, key, value, scaling), None
-    causal = attention_mask is None and n_queries > 1 and (is_causal if is_causal is not None else True)
+    causal = attention_mask is None and n_queries > 1 and bool(is_causal if is_causal is not None else True)
     generator = layer_generator(config.seed, layer, n_keys, n_queries, query.device)
     scored = query  # the query the scores use: q, or Bernoulli qKᵀ's sampled q̃
     if config.score_samples is not None:
@@ -223,10 +284,10 @@ def santa_attention_forward(
             config.stats.features_read += int(drawn.features_read.sum())
             config.stats.features_total += drawn.features_read.numel()
     probs = attention_probs(scored, key, scale=scaling, is_causal=causal, attn_mask=attention_mask)  # [B, Hq, Lq, Lk]
-    weights, counts = value_weights(probs, budget, "dense" if exact_values else config.sampler, generator=generator)
+    out, counts = sampled_values(probs, value, budget, "dense" if exact_values else config.sampler, generator=generator)
     if config.record_stats and counts is not None:
         _record(config.stats, counts, probs, module.num_key_value_groups)
-    out = weighted_values(weights, value).to(query.dtype)  # [B, Hq, Lq, D]
+    out = out.to(query.dtype)  # [B, Hq, Lq, D]; NaN rows where q or k held NaN, as in SDPA
     return out.transpose(1, 2).contiguous(), None
 
 
