@@ -44,7 +44,7 @@ BACKENDS = ("sdpa", "flashinfer", "santa-prop", "santa-flash", "weights-only")
 REFERENCE_BACKENDS = ("iid", "stratified", "systematic", "topk")  # sampled_attention's samplers, eager
 SANTA_IMPLS = ("auto", "kernels", "torch")
 CACHE_ALIGN = 256  # static cache length is a multiple of this (FlashInfer pages, kernel tiles)
-GRAPH_CHECK_EVERY = 16  # decode steps between host checks that every sequence has stopped
+STOP_CHECK_EVERY = 16  # decode steps between host checks that every sequence has stopped (a sync)
 
 
 @dataclass(frozen=True)
@@ -469,8 +469,11 @@ def pad_prompts(prompts: Tensor | Sequence, *, vocab_size: int, device=None) -> 
         raise ValueError(f"prompts must be a non-empty list of token-id sequences or a [B, T] tensor, got {prompts!r:.80}")
     rows = []
     for i, p in enumerate(prompts):
-        row = torch.as_tensor(p).reshape(-1) if not isinstance(p, Tensor) or p.dim() == 1 else None
-        if row is None or (row.numel() and (row.is_floating_point() or row.is_complex() or row.dtype == torch.bool)):
+        try:
+            row = torch.as_tensor(p)
+        except (TypeError, ValueError, RuntimeError):
+            row = None
+        if row is None or row.dim() != 1 or (row.numel() and (row.is_floating_point() or row.is_complex() or row.dtype == torch.bool)):
             raise TypeError(f"prompts[{i}] must be a 1-D sequence of int token ids, got {p!r:.80}")
         if row.numel() == 0:
             raise ValueError(f"prompts[{i}] is empty: every prompt needs at least one token")
@@ -568,11 +571,12 @@ def generate(
     capturable = device.type == "cuda" and backend not in REFERENCE_BACKENDS and not (backend.startswith("santa-") and santa_impl == "torch")
     if cuda_graph and not capturable:
         raise ValueError(f"cuda_graph=True needs a CUDA model and a capturable backend, got {device.type} and {backend!r} ({santa_impl=})")
+    use_graph = capturable if cuda_graph is None else cuda_graph
     padded, lengths = pad_prompts(prompts, vocab_size=model.args.vocab_size, device=device)  # [B, T_max], [B]
     stops = torch.tensor([int(t) for t in stop_tokens], dtype=torch.long, device=device)  # [n_stop]
     model.setup_caches(padded.shape[0], padded.shape[1] + max_new_tokens)
-    token = prefill(model, padded, lengths=lengths)  # [B, 1]
     ctx = make_context(model, backend, prompt_len=lengths, budget=budget, seed=seed, santa_impl=santa_impl)
+    token = prefill(model, padded, lengths=lengths)  # [B, 1]
     input_pos = lengths.clone()  # [B]: the position of each sequence's `token`
     done = (token == stops).any(-1)  # [B]
 
@@ -581,12 +585,12 @@ def generate(
 
     out, graph = [token.clone()], None
     for i in range(1, max_new_tokens):
-        if i % GRAPH_CHECK_EVERY == 0 and bool(done.all()):  # one host sync per 16 steps
+        if i % STOP_CHECK_EVERY == 0 and bool(done.all()):
             break
         if graph is not None:
             graph.replay()
-        elif cuda_graph if cuda_graph is not None else capturable:
-            graph = cuda_graph_of(step)
+        elif use_graph:
+            graph = cuda_graph_of(step)  # this step runs eagerly, the next ones replay
         else:
             step()
         out.append(token.clone())
