@@ -71,16 +71,13 @@ def tile_scores(
 @triton.jit
 def tile_softmax_stats(s):
     """Tile max ``m_t``, ``u = exp(s − m_t)`` and mass ``ℓ_t = Σ u`` per row of base-2 scores ``s``
-    ``[BLOCK_G, BLOCK_N]``; a row holding a NaN or +inf score (NaN/inf in q or K, a bad page id) gets
-    ``ℓ_t = NaN``, which every later stage turns into a NaN output. A row of −inf (no visible key,
-    or −inf scores) gets ``m_t = −inf``, ``u = 0``, ``ℓ_t = 0``."""
-    poisoned = (s != s) | (s == float("inf"))
-    finite = tl.where(poisoned, -float("inf"), s)
-    m = tl.max(finite, axis=1)
+    ``[BLOCK_G, BLOCK_N]``. A NaN or +inf score (NaN/inf in q or K, a bad page id) makes ``u`` NaN
+    there (``s − m`` is NaN or ``inf − inf``), hence ``ℓ_t = NaN``, which every later stage turns into
+    a NaN output. A row of −inf (no visible key, or −inf scores) gets ``u = 0``, ``ℓ_t = 0``."""
+    m = tl.max(s, axis=1)
     m_safe = tl.where(m == -float("inf"), 0.0, m)
-    u = tl.exp2(finite - m_safe[:, None])
+    u = tl.exp2(s - m_safe[:, None])
     mass = tl.sum(u, axis=1)
-    mass = tl.where(tl.max(poisoned.to(tl.int32), axis=1) > 0, float("nan"), mass)
     return m, u, mass
 
 

@@ -7,8 +7,9 @@ validation or host work, plan once with :func:`santa.kernels.plan_decode` and ca
 
 Non-finite input: a NaN or +inf score (NaN/inf in q or in a visible key) makes the output of every
 affected (sequence, head) NaN on every path; −inf scores get weight 0, as in a softmax. A V row is
-read only where it is sampled: a NaN/inf value makes its element of the output NaN for every head
-that samples its row, and goes unseen otherwise.
+read only where it is sampled: a NaN/inf value makes its element of the output non-finite for every
+head that samples its row (flash: for every head of the KV group, where one of them samples it in
+the tile, since a tile reads each row once for the group), and goes unseen otherwise.
 """
 
 from __future__ import annotations

@@ -77,10 +77,6 @@ def _flash_partial_kernel(
         needed = (tl.max(counts, axis=0) > 0) & (pos < seq_len)  # one V read serves every head of the group
         v_rows, v_ok = row_offsets(b, pos, needed, kvh, bt_ptr, stride_bt, n_pages, stride_vb, stride_vn, stride_vh, PAGED, PAGE_SIZE)
         v = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :], mask=v_ok[:, None] & mask_d[None, :], other=0.0)
-        finite = (v == v) & (tl.abs(v.to(tl.float32)) != float("inf"))
-        v = tl.where(finite, v, 0.0)
-        # [BLOCK_G, BLOCK_D]: a head sampled a non-finite value there (0/1 products: exact in any dtype)
-        hits_bad = tl.dot((counts > 0).to(v.dtype), (~finite).to(v.dtype)) > 0
         if IEEE_DOT:
             o = tl.dot(counts.to(tl.float32), v.to(tl.float32), input_precision="ieee")
         else:
@@ -88,7 +84,6 @@ def _flash_partial_kernel(
             c_lo = (counts % 256).to(v.dtype)
             c_hi = (counts // 256).to(v.dtype)
             o = tl.dot(c_lo, v) + 256.0 * tl.dot(c_hi, v)
-        o = tl.where(hits_bad, float("nan"), o)
         part_rows = rows.to(tl.int64) * stride_part + t
         tl.store(part_ptr + part_rows[:, None] * BLOCK_D + offs_d[None, :], o, mask=mask_g[:, None])
         tl.store(tile_max_ptr + rows * stride_stats + t, m, mask=mask_g)

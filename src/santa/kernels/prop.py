@@ -192,10 +192,7 @@ def _prop_chunk(
     mask_d = offs_d < D
     v_rows, v_ok = row_offsets(b, key, ok, kvh, bt_ptr, stride_bt, n_pages, stride_vb, stride_vn, stride_vh, PAGED, PAGE_SIZE)
     vals = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :], mask=v_ok[:, None] & mask_d[None, :], other=0.0)
-    vals = vals.to(tl.float32)
-    finite = (vals == vals) & (tl.abs(vals) != float("inf"))
-    acc = tl.sum(tl.where(finite, vals, 0.0), axis=0)  # Σ over this chunk's samples of v_{J_m}
-    acc = tl.where(tl.sum((~finite).to(tl.int32), axis=0) > 0, float("nan"), acc)  # a sampled non-finite row: NaN
+    acc = tl.sum(vals.to(tl.float32), axis=0)  # Σ over this chunk's samples of v_{J_m} (non-finite if a sampled row is)
     if RETURN_COUNTS:
         tl.atomic_add(counts_ptr + row.to(tl.int64) * stride_counts + key, 1, mask=ok)
 

@@ -10,7 +10,8 @@
   ``S_tile = ⌈S / T⌉`` and the FlashDecoding merge ``ô = Σ_t (W_t/Z)(1/S_tile) Σ_{j∈t} c_j v_j``.
 
 Non-finite input behaves as in the kernels: a NaN or +inf score makes the (sequence, head)'s output
-NaN (and its counts zero); a non-finite value makes its output element NaN where its row is sampled.
+NaN (and its counts zero); a non-finite value makes its output element NaN where its row is read
+(prop: by a head that samples it; flash: by every head of the KV group, where one head samples it).
 
 Computed in float64 on the inputs' device; the kernels compute in float32, so counts can differ
 where a comb point lies within rounding of a CDF step (tests account for exactly that).
@@ -215,7 +216,11 @@ def flash_reference(
     vv = torch.nn.functional.pad(vv, (0, 0, 0, 0, 0, pad)).reshape(batch, n_tiles_max, tile, heads, dim)
     bad = ~torch.isfinite(vv)  # [B, T, tile, H, d]
     tile_out = torch.einsum("bhtn,btnhd->bhtd", counts.double(), vv.masked_fill(bad, 0.0))  # Σ_{j∈t} c_j v_j
-    hits_bad = torch.einsum("bhtn,btnhd->bhd", (counts > 0).double(), bad.double()) > 0  # [B, H, d]
+    # a tile reads a V row once for its whole KV group (where any head of the group sampled it), so a
+    # non-finite value there reaches every head of the group in that tile, as in the kernel's dot
+    group = heads // k.shape[2]
+    read = (counts > 0).reshape(batch, heads // group, group, n_tiles_max, tile).any(2).repeat_interleave(group, dim=1)
+    hits_bad = torch.einsum("bhtn,btnhd->bhd", read.double(), bad.double()) > 0  # [B, H, d]
     coef = weight / z.masked_fill(z == 0, 1.0) / s_tile.double().view(batch, 1, 1)
     out = torch.einsum("bht,bhtd->bhd", coef, tile_out)
     out = out.masked_fill(nan_rows.unsqueeze(-1) | hits_bad, math.nan)

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One device call for the kernel issue: the CUDA tests, then `python -m santa.bench.kernels` on the
+# Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
+# FlashInfer travels as wheels in the ignored folder .whl (copied from ../shared/wheels).
+#   bash benchmarks/kernels/gpu_run.sh [tests] [llama] [small] [tune]
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+if [ -d .whl ] && [ ! -d /tmp/site/flashinfer ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || true
+fi
+for stage in "$@"; do
+  case $stage in
+    tests)
+      python3 -m pytest -q -x -p no:cacheprovider tests/test_kernels.py tests/test_kernels_bad_inputs.py tests/test_hf_cuda.py \
+        tests/test_model_real.py 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
+    llama)
+      python3 -m santa.bench.kernels --sizes 8192 32768 131072 --prop-budgets 128 --flash-budgets 2048 --no-tune \
+        --out /tmp/llama > "$OUT/llama.log" 2>&1; cp /tmp/llama/kernels.json "$OUT/llama.json" ;;
+    small)
+      python3 -m santa.bench.kernels --heads 9 --kv-heads 3 --head-dim 64 --sizes 4096 8192 --prop-budgets 64 \
+        --flash-budgets 2048 --batches 16 64 --batch-keys 8192 --no-tune --out /tmp/smollm2 > "$OUT/smollm2.log" 2>&1
+      cp /tmp/smollm2/kernels.json "$OUT/smollm2.json"
+      python3 -m santa.bench.kernels --heads 14 --kv-heads 2 --head-dim 64 --sizes 4096 32768 --prop-budgets 128 \
+        --flash-budgets 2048 --batches 16 --batch-keys 32768 --no-tune --out /tmp/qwen > "$OUT/qwen.log" 2>&1
+      cp /tmp/qwen/kernels.json "$OUT/qwen.json" ;;
+    tune)
+      python3 -m santa.bench.kernels --sizes 32768 --prop-budgets 128 --flash-budgets 2048 --no-batch \
+        --out /tmp/tune > "$OUT/tune.log" 2>&1; cp /tmp/tune/kernels.json "$OUT/tune.json" ;;
+  esac
+done
