@@ -1,4 +1,7 @@
-"""``santa eval run|report|variance|bernoulli``: accuracy sweeps, their report, variance and Bernoulli qKᵀ diagnostics."""
+"""``santa eval run|report|variance|bernoulli``: accuracy sweeps, their report, variance and Bernoulli qKᵀ diagnostics.
+
+Every flag is checked before any work (no model loads for a bad command line).
+"""
 
 from __future__ import annotations
 
@@ -6,201 +9,271 @@ import argparse
 import json
 import sys
 
-from santa.eval.runner import MAX_NEW_TOKENS, METHODS, grid, run_sweep
-from santa.eval.tasks import TASKS
+from santa import cliargs
+from santa.eval.runner import MAX_NEW_TOKENS, METHODS, PREFILLS, SweepFileError, grid, run_sweep
+from santa.eval.tasks import FIXED_LENGTH_TASKS, TASKS
+
+EXIT_STATUS = (
+    "exit status: 0 done; 1 a sweep file cannot be used (missing, locked by another run, not a sweep "
+    "file: one line names the file and line) or the work failed; 2 a bad command line (nothing run)"
+)
+# Prompt length floors above cliargs.MIN_PROMPT_TOKENS: cwe lists its words in the question (~380 tokens)
+MIN_LENGTH = {"cwe": 512}
 
 
-def _ints(text: str) -> list[int]:
-    """``"16,32,64"`` or a range ``"0-49"`` (inclusive) → list of ints."""
-    out: list[int] = []
-    for part in text.split(","):
-        if "-" in part.strip()[1:]:
-            lo, hi = part.split("-")
-            out += list(range(int(lo), int(hi) + 1))
-        elif part.strip():
-            out.append(int(part))
-    return out
+def min_length(task: str) -> int:
+    """Shortest ``--lengths`` value a task is built at (its question and template must fit, with a haystack)."""
+    return MIN_LENGTH.get(task, cliargs.MIN_PROMPT_TOKENS)
 
 
-def _strs(text: str) -> list[str]:
-    return [p.strip() for p in text.split(",") if p.strip()]
+def sweep_out(text: str) -> str:
+    """``--out`` of ``eval run``: a writable plain JSONL path (gzip cannot be appended to)."""
+    if text.endswith(".gz"):
+        raise argparse.ArgumentTypeError(f"{text}: a sweep appends lines and cannot write gzip; give a .jsonl path")
+    return cliargs.output_file(text)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="santa eval", description="Accuracy of SANTA / S²ANTA on the bundled real models."
+def method_pair(text: str) -> list[str]:
+    """``--compare A,B``: two different sampled or top-k methods."""
+    pair = [p.strip() for p in text.split(",")]
+    allowed = METHODS[1:]
+    if len(pair) != 2:
+        raise argparse.ArgumentTypeError(f"expected two methods A,B (e.g. systematic,topk), got {text!r}")
+    for name in pair:
+        if name not in allowed:
+            raise argparse.ArgumentTypeError(f"unknown method {name!r}; choose from {', '.join(allowed)}")
+    if pair[0] == pair[1]:
+        raise argparse.ArgumentTypeError(f"compare two different methods, got {pair[0]!r} twice")
+    return pair
+
+
+def add_run(sub) -> None:
+    run = sub.add_parser("run", help="run a sweep grid; appends to --out and skips jobs already there", epilog=EXIT_STATUS)
+    run.add_argument("--out", required=True, type=sweep_out, help="JSONL results file (appended to; re-run to resume; one writer at a time)")
+    run.add_argument("--model", default="smollm2-135m", type=cliargs.model_list, help="comma list: smollm2-135m, qwen2.5-coder-0.5b")
+    run.add_argument("--tasks", default="niah_single", type=cliargs.choice_list("task", TASKS), help=f"comma list of {', '.join(TASKS)}")
+    run.add_argument(
+        "--lengths",
+        default="2048",
+        type=cliargs.int_list("length", 1),
+        help=f"prompt lengths in tokens, comma list (≥ {cliargs.MIN_PROMPT_TOKENS}; cwe ≥ {MIN_LENGTH['cwe']}; ignored by gsm8k, mmlu)",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    run = sub.add_parser("run", help="run a sweep grid; appends to --out and skips jobs already there")
-    run.add_argument("--out", required=True, help="JSONL results file (appended to; re-run to resume)")
-    run.add_argument("--model", default="smollm2-135m", type=_strs, help="comma list: smollm2-135m, qwen2.5-coder-0.5b")
-    run.add_argument("--tasks", default="niah_single", type=_strs, help=f"comma list of {', '.join(TASKS)}")
-    run.add_argument("--lengths", default="2048", type=_ints, help="prompt lengths in tokens, comma list")
-    run.add_argument("--methods", default=",".join(METHODS), type=_strs)
-    run.add_argument("--budgets", default="16,32,64,128,256", type=_ints)
-    run.add_argument("--prompts", default="0-9", type=_ints, help="prompt seeds: '0-49' or a comma list")
-    run.add_argument("--seeds", default="0", type=_ints, help="sampler seeds for stochastic methods")
-    run.add_argument("--prefill", default="dense", type=_strs, help="dense (decode-only sampling) and/or sampled")
-    run.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS)
+    run.add_argument("--methods", default=",".join(METHODS), type=cliargs.choice_list("method", METHODS), help=f"comma list of {', '.join(METHODS)}")
+    run.add_argument("--budgets", default="16,32,64,128,256", type=cliargs.int_list("budget", 1), help="S (top-k: k), integers ≥ 1")
+    run.add_argument("--prompts", default="0-9", type=cliargs.int_list("prompt seed", 0), help="prompt seeds ≥ 0: '0-49' or a comma list")
+    run.add_argument("--seeds", default="0", type=cliargs.int_list("seed", 0, cliargs.MAX_SEED), help="sampler seeds for stochastic methods, in [0, 2**63)")
+    run.add_argument("--prefill", default="dense", type=cliargs.choice_list("prefill", PREFILLS), help="dense (decode-only sampling) and/or sampled")
+    run.add_argument("--max-new-tokens", type=cliargs.positive_int, default=MAX_NEW_TOKENS, help=f"answer tokens, ≥ 1 (default {MAX_NEW_TOKENS})")
     run.add_argument(
         "--score-samples",
         default="0",
-        type=_ints,
+        type=cliargs.int_list("score sample count", 0),
         help="Bernoulli qKᵀ draws B for the decode scores, e.g. 0,8,16 (0: exact scores; dense with B > 0 samples the scores alone)",
     )
     run.add_argument(
-        "--kl-tokens", type=int, default=32, help="teacher-forced tokens per KL prompt (T; T−1 are scored)"
+        "--kl-tokens", type=cliargs.int_in(2), default=32, help="teacher-forced tokens per KL prompt, T ≥ 2 (T−1 are scored)"
     )
     run.add_argument(
         "--exact-when-covers", action="store_true", help="use exact attention when S ≥ keys (off: always sample)"
     )
-    run.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    run.add_argument("--batch", type=int, default=8, help="prompts run together (left-padded)")
-    run.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    run.add_argument("--device", default=None, type=cliargs.device, help="cpu or cuda (default: cuda when present)")
+    run.add_argument("--batch", type=cliargs.positive_int, default=8, help="prompts run together (left-padded), ≥ 1")
+    run.add_argument("--threads", type=cliargs.positive_int, default=None, help="torch CPU threads, ≥ 1")
+    run.set_defaults(error=run.error)
 
-    rep = sub.add_parser("report", help="table with bootstrap CIs, and plots")
-    rep.add_argument("jsonl", nargs="+")
-    rep.add_argument("--plots", default=None, help="folder for the plots")
-    rep.add_argument("--pivot", action="store_true", help="paper-style tables: methods × S per task")
-    rep.add_argument("--delta", action="store_true", help="with --pivot: paired difference to dense (points)")
-    rep.add_argument(
+
+def add_report(sub) -> None:
+    rep = sub.add_parser(
+        "report",
+        help="table with bootstrap CIs, and plots",
+        description="One record per job key is reported: duplicates (a job written twice) are dropped, and "
+        "lines cut short by a killed run are skipped, both noted on stderr.",
+        epilog=EXIT_STATUS,
+    )
+    rep.add_argument("jsonl", nargs="+", help="sweep files (.jsonl, or gzip)")
+    rep.add_argument("--plots", default=None, type=cliargs.output_folder, help="folder for the plots")
+    view = rep.add_mutually_exclusive_group()
+    view.add_argument("--pivot", action="store_true", help="paper-style tables: methods × S per task")
+    view.add_argument(
         "--smallest-budgets", action="store_true", help="per task: smallest S matching dense from there on"
     )
-    rep.add_argument(
+    view.add_argument(
         "--compare",
         default=None,
+        type=method_pair,
         metavar="A,B",
         help="paired difference A − B of two sampled or top-k methods on the same prompts, e.g. systematic,topk",
     )
+    rep.add_argument("--delta", action="store_true", help="with --pivot: paired difference to dense (points)")
+    rep.set_defaults(error=rep.error)
 
-    var = sub.add_parser("variance", help="variance trace and unique keys vs S on real prompts")
-    var.add_argument("--model", default="smollm2-135m")
-    var.add_argument("--task", default="niah_single")
-    var.add_argument("--length", type=int, default=2048)
-    var.add_argument("--prompts", type=int, default=4)
-    var.add_argument("--budgets", default="8,16,32,64,128,256,512", type=_ints)
-    var.add_argument("--replicates", type=int, default=32, help="systematic: replicate offsets R")
-    var.add_argument("--out", default="benchmarks/eval/variance.json")
-    var.add_argument("--plot", default="benchmarks/eval/variance.png")
-    var.add_argument("--device", default=None)
 
-    ber = sub.add_parser("bernoulli", help="Bernoulli qKᵀ: key features read and KL vs the number of draws B")
-    ber.add_argument("--model", default="smollm2-135m")
-    ber.add_argument("--task", default="niah_single")
-    ber.add_argument("--length", type=int, default=2048)
-    ber.add_argument("--prompts", type=int, default=4)
-    ber.add_argument("--samples", default="1,2,4,8,16,32", type=_ints, help="numbers of ternary draws B")
-    ber.add_argument("--out", default="benchmarks/eval/bernoulli.json")
-    ber.add_argument("--plot", default="benchmarks/eval/bernoulli.png")
-    ber.add_argument("--device", default=None)
+def add_diagnostics(sub, name: str, help_text: str, out: str) -> argparse.ArgumentParser:
+    """The flags ``variance`` and ``bernoulli`` share."""
+    p = sub.add_parser(name, help=help_text, epilog=EXIT_STATUS)
+    p.add_argument("--model", default="smollm2-135m", type=cliargs.bundled_model)
+    p.add_argument("--task", default="niah_single", choices=list(TASKS))
+    p.add_argument("--length", type=cliargs.positive_int, default=2048, help=f"prompt tokens (≥ {cliargs.MIN_PROMPT_TOKENS})")
+    p.add_argument("--prompts", type=cliargs.positive_int, default=4, help="prompts, ≥ 1")
+    p.add_argument("--out", default=f"benchmarks/eval/{out}.json", type=cliargs.output_file)
+    p.add_argument("--plot", default=f"benchmarks/eval/{out}.png", type=cliargs.figure_file)
+    p.add_argument("--device", default=None, type=cliargs.device)
+    p.set_defaults(error=p.error)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="santa eval", description="Accuracy of SANTA / S²ANTA on the bundled real models.", epilog=EXIT_STATUS
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_run(sub)
+    add_report(sub)
+    var = add_diagnostics(sub, "variance", "variance trace and unique keys vs S on real prompts", "variance")
+    var.add_argument("--budgets", default="8,16,32,64,128,256,512", type=cliargs.int_list("budget", 1), help="at least two S ≥ 1")
+    var.add_argument("--replicates", type=cliargs.int_in(2), default=32, help="systematic: replicate offsets R ≥ 2")
+    ber = add_diagnostics(sub, "bernoulli", "Bernoulli qKᵀ: key features read and KL vs the number of draws B", "bernoulli")
+    ber.add_argument("--samples", default="1,2,4,8,16,32", type=cliargs.int_list("number of draws", 1), help="numbers of ternary draws B ≥ 1")
     return parser
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Checks that join flags (each flag's own value is checked by its ``type``); ``args.error`` is
+    the subcommand's ``parser.error`` (status 2)."""
+    if args.command == "run":
+        for task in args.tasks:
+            short = [n for n in args.lengths if n < min_length(task)]
+            if task not in FIXED_LENGTH_TASKS and short:
+                args.error(f"argument --lengths: task {task} needs prompts of ≥ {min_length(task)} tokens, got {short[0]}")
+        if "kl" in args.tasks and args.kl_tokens >= min(args.lengths):
+            args.error(f"argument --kl-tokens: must be below every --lengths value (the KL context), got {args.kl_tokens} ≥ {min(args.lengths)}")
+    elif args.command == "report":
+        if args.delta and not args.pivot:
+            args.error("argument --delta: only with --pivot")
+    else:
+        if args.task not in FIXED_LENGTH_TASKS and args.length < min_length(args.task):
+            args.error(f"argument --length: task {args.task} needs prompts of ≥ {min_length(args.task)} tokens, got {args.length}")
+        if args.command == "variance" and len(set(args.budgets)) < 2:
+            args.error(f"argument --budgets: the variance slope needs at least two budgets, got {args.budgets}")
+
+
+def fail(command: str, error: Exception) -> int:
+    """One line on stderr, status 1: a sweep file that cannot be used, or work that failed."""
+    print(f"santa eval {command}: error: {error}", file=sys.stderr)
+    return 1
+
+
+def run_command(args: argparse.Namespace) -> int:
+    jobs = grid(
+        models=args.model,
+        tasks=args.tasks,
+        lengths=args.lengths,
+        methods=args.methods,
+        budgets=args.budgets,
+        prompts=args.prompts,
+        seeds=args.seeds,
+        prefills=args.prefill,
+        max_new_tokens=args.max_new_tokens,
+        kl_tokens=args.kl_tokens,
+        score_samples=args.score_samples,
+        exact_when_covers=args.exact_when_covers,
+    )
+    ran = run_sweep(jobs, args.out, device=args.device, batch_size=args.batch)
+    print(f"{len(jobs)} jobs in the grid, {ran} run now, {len(jobs) - ran} already in {args.out}")
+    return 0
+
+
+def report_command(args: argparse.Namespace) -> int:
+    from santa.eval.report import (
+        cells,
+        compare_methods,
+        load_records,
+        pivot,
+        plot,
+        plot_delta,
+        smallest_matching_budgets,
+        table,
+    )
+
+    loaded = load_records(args.jsonl)
+    for note in loaded.notes():
+        print(f"santa eval report: {note}", file=sys.stderr)
+    records = loaded.records
+    # the cells (a bootstrap each) are needed by every output but --compare, and by the plots
+    all_cells = cells(records) if args.compare is None or args.plots else []
+    if args.compare is not None:
+        print(compare_methods(records, *args.compare))
+    elif args.smallest_budgets:
+        print(smallest_matching_budgets(all_cells))
+    else:
+        print(pivot(all_cells, delta=args.delta) if args.pivot else table(all_cells))
+    if args.plots and all_cells:
+        for path in plot(all_cells, args.plots) + plot_delta(all_cells, args.plots):
+            print(f"wrote {path}")
+    return 0
+
+
+def variance_command(args: argparse.Namespace) -> int:
+    from santa.assets import load_model
+    from santa.eval.variance import diagnostics, plot_diagnostics, save
+
+    model, tokenizer = load_model(args.model, device=default_device(args.device))
+    result = diagnostics(
+        model,
+        tokenizer,
+        task=args.task,
+        length=args.length,
+        prompts=args.prompts,
+        budgets=args.budgets,
+        replicates=args.replicates,
+        group_size=model.config.num_attention_heads // model.config.num_key_value_heads,
+    )
+    result["model"] = args.model
+    save(result, args.out)
+    plot_diagnostics(result, args.plot)
+    print(json.dumps({k: result[k] for k in ("slopes", "trace", "unique_keys", "unique_keys_kv", "mean_keys")}, indent=1))
+    print(f"wrote {args.out} and {args.plot}")
+    return 0
+
+
+def bernoulli_command(args: argparse.Namespace) -> int:
+    from santa.assets import load_model
+    from santa.eval.score_stage import bernoulli_diagnostics, plot_bernoulli
+    from santa.eval.variance import save
+
+    model, tokenizer = load_model(args.model, device=default_device(args.device))
+    result = bernoulli_diagnostics(
+        model, tokenizer, task=args.task, length=args.length, prompts=args.prompts, samples=args.samples
+    )
+    result["model"] = args.model
+    save(result, args.out)
+    plot_bernoulli(result, args.plot)
+    print(json.dumps({k: result[k] for k in ("samples", "read_kv", "read_head_kv", "kl")}, indent=1))
+    print(f"wrote {args.out} and {args.plot}")
+    return 0
+
+
+def default_device(device: str | None) -> str:
+    import torch
+
+    return device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+COMMANDS = {"run": run_command, "report": report_command, "variance": variance_command, "bernoulli": bernoulli_command}
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(args)
     if getattr(args, "threads", None):
         import torch
 
         torch.set_num_threads(args.threads)
-    if args.command == "run":
-        jobs = grid(
-            models=args.model,
-            tasks=args.tasks,
-            lengths=args.lengths,
-            methods=args.methods,
-            budgets=args.budgets,
-            prompts=args.prompts,
-            seeds=args.seeds,
-            prefills=args.prefill,
-            max_new_tokens=args.max_new_tokens,
-            kl_tokens=args.kl_tokens,
-            score_samples=args.score_samples,
-            exact_when_covers=args.exact_when_covers,
-        )
-        ran = run_sweep(jobs, args.out, device=args.device, batch_size=args.batch)
-        print(f"{len(jobs)} jobs in the grid, {ran} run now, {len(jobs) - ran} already in {args.out}")
-        return 0
-    if args.command == "report":
-        from santa.eval.report import (
-            cells,
-            compare_methods,
-            pivot,
-            plot,
-            plot_delta,
-            smallest_matching_budgets,
-            table,
-        )
-        from santa.eval.runner import read_records
-
-        pair = None if args.compare is None else args.compare.split(",")
-        if pair is not None and len(pair) != 2:
-            raise SystemExit(f"--compare takes two methods A,B (e.g. systematic,topk), got {args.compare!r}")
-        records = [r for path in args.jsonl for r in read_records(path)]
-        # the cells (a bootstrap each) are needed by every output but --compare, and by the plots
-        all_cells = cells(records) if pair is None or args.plots else []
-        if pair is not None:
-            try:
-                print(compare_methods(records, *pair))
-            except ValueError as error:
-                raise SystemExit(f"--compare: {error}") from None
-        elif args.smallest_budgets:
-            print(smallest_matching_budgets(all_cells))
-        else:
-            print(pivot(all_cells, delta=args.delta) if args.pivot else table(all_cells))
-        if args.plots and all_cells:
-            for path in plot(all_cells, args.plots) + plot_delta(all_cells, args.plots):
-                print(f"wrote {path}")
-        return 0
-    if args.command == "variance":
-        import torch
-
-        from santa.assets import load_model
-        from santa.eval.variance import diagnostics, plot_diagnostics, save
-
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        model, tokenizer = load_model(args.model, device=device)
-        result = diagnostics(
-            model,
-            tokenizer,
-            task=args.task,
-            length=args.length,
-            prompts=args.prompts,
-            budgets=args.budgets,
-            replicates=args.replicates,
-            group_size=model.config.num_attention_heads // model.config.num_key_value_heads,
-        )
-        result["model"] = args.model
-        save(result, args.out)
-        plot_diagnostics(result, args.plot)
-        print(
-            json.dumps(
-                {k: result[k] for k in ("slopes", "trace", "unique_keys", "unique_keys_kv", "mean_keys")}, indent=1
-            )
-        )
-        print(f"wrote {args.out} and {args.plot}")
-        return 0
-    if args.command == "bernoulli":
-        import torch
-
-        from santa.assets import load_model
-        from santa.eval.score_stage import bernoulli_diagnostics, plot_bernoulli
-        from santa.eval.variance import save
-
-        if not args.samples or min(args.samples) < 1:
-            raise SystemExit(f"--samples must be integers ≥ 1, got {args.samples}")
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        model, tokenizer = load_model(args.model, device=device)
-        result = bernoulli_diagnostics(
-            model, tokenizer, task=args.task, length=args.length, prompts=args.prompts, samples=args.samples
-        )
-        result["model"] = args.model
-        save(result, args.out)
-        plot_bernoulli(result, args.plot)
-        print(json.dumps({k: result[k] for k in ("samples", "read_kv", "read_head_kv", "kl")}, indent=1))
-        print(f"wrote {args.out} and {args.plot}")
-        return 0
-    return 2
+    try:
+        return COMMANDS[args.command](args)
+    except (SweepFileError, ValueError, FileNotFoundError) as error:  # one line, no traceback
+        return fail(args.command, error)
 
 
 if __name__ == "__main__":

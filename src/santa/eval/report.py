@@ -4,12 +4,80 @@ average tokens; accuracy vs budget per task (dense as a band) and KL vs budget (
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from santa.eval.runner import MAX_NEW_TOKENS, METHODS, read_records
+from santa.eval.runner import MAX_NEW_TOKENS, METHODS, SweepFileError, load_sweep
+
+# The fields every output of this module reads, with their types (others are optional).
+RECORD_FIELDS = {
+    "key": str,
+    "model": str,
+    "task": str,
+    "length": int,
+    "prefill": str,
+    "method": str,
+    "budget": int,
+    "prompt": int,
+    "score": (int, float),
+    "prompt_tokens": int,
+    "new_tokens": int,
+}
+
+
+@dataclass
+class Records:
+    """The records of one or more sweep files, one per job key, and what was left out."""
+
+    records: list[dict] = field(default_factory=list)
+    duplicates: int = 0  # records whose job key an earlier record (same file or an earlier one) had
+    torn: list[tuple[Path, int]] = field(default_factory=list)  # (file, line) cut mid-write, skipped
+
+    def notes(self) -> list[str]:
+        """One line per thing left out, for stderr."""
+        lines = [f"{path}, line {line}: a record cut short by a killed run; skipped" for path, line in self.torn]
+        if self.duplicates:
+            lines.append(f"dropped {self.duplicates} duplicate record(s): a job key seen before (the first record of each key is kept)")
+        return lines
+
+
+def check_record(path: Path, line: int, record: dict) -> None:
+    """``SweepFileError`` naming the file and line unless ``record`` has every :data:`RECORD_FIELDS` field."""
+    missing = [name for name in RECORD_FIELDS if name not in record]
+    if missing:
+        raise SweepFileError(f"{path}, line {line}: a record without {', '.join(missing)}")
+    for name, kind in RECORD_FIELDS.items():
+        value = record[name]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            expected = "a number" if kind == (int, float) else f"a {kind.__name__}"
+            raise SweepFileError(f"{path}, line {line}: {name} must be {expected}, got {value!r}")
+
+
+def load_records(paths: Iterable[str | Path]) -> Records:
+    """The records of sweep files, checked and with one record per job key.
+
+    Two writers on one file (before the runner locked it) or the same sweep passed twice write a
+    job twice; the report counts each job once, keeping its first record, and says how many it
+    dropped. Raises :class:`SweepFileError` (file and line) for a file that cannot be read, holds
+    no record, or holds a record without the fields the report reads.
+    """
+    out, seen = Records(), set()
+    for path in paths:
+        sweep = load_sweep(path)
+        if not sweep.records:
+            raise SweepFileError(f"{sweep.path}: no sweep records in it")
+        out.torn += [(sweep.path, line) for line in sweep.torn]
+        for line, record in sweep.records:
+            check_record(sweep.path, line, record)
+            if record["key"] in seen:
+                out.duplicates += 1
+                continue
+            seen.add(record["key"])
+            out.records.append(record)
+    return out
 
 
 def bootstrap_ci(values, *, n_resamples: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
@@ -418,6 +486,6 @@ def plot_delta(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
 
 
 def report(jsonl: str | Path, plot_dir: str | Path | None = None) -> tuple[str, list[Path]]:
-    all_cells = cells(read_records(jsonl))
+    all_cells = cells(load_records([jsonl]).records)
     paths = plot(all_cells, plot_dir) if plot_dir is not None and all_cells else []
     return table(all_cells), paths

@@ -6,10 +6,15 @@ rewinds the KV cache to the prompt and decodes from there, so a sweep of M metho
 prefill, not M. Each finished job is appended to the JSONL file at once (one ``write`` of one line
 on an ``O_APPEND`` descriptor, then ``fsync``), and a re-run skips every job whose key is already in
 the file: a killed sweep loses only the method it was running on the batch in flight.
+
+One writer per file: :func:`run_sweep` holds an exclusive ``flock`` on the file while it runs, so a
+second sweep on the same file stops at once (:class:`SweepLocked`) instead of writing every record
+twice. The kernel drops the lock with the process, so a killed sweep leaves no stale lock behind.
 """
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import itertools
 import json
@@ -18,8 +23,10 @@ import os
 import platform
 import subprocess
 import time
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+import zlib
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,11 +34,13 @@ import torch
 import santa.hf
 from santa.decoding import greedy_continue_batch, left_pad, padded_forward, returned_cache
 from santa.eval.grading import grade
-from santa.eval.tasks import FIXED_LENGTH_TASKS, Prompt, build_prompt
+from santa.eval.tasks import FIXED_LENGTH_TASKS, TASKS, Prompt, build_prompt
 
 METHODS = ("dense", "iid", "stratified", "systematic", "topk")
 MAX_NEW_TOKENS = 64  # default answer budget of the generation tasks (RULER-style: 64, as the paper)
 STOCHASTIC = ("iid", "stratified", "systematic")
+PREFILLS = ("dense", "sampled")
+MAX_SEED = 2**63  # sampler seeds are ints in [0, 2**63)
 
 
 @dataclass(frozen=True, order=True)
@@ -99,14 +108,19 @@ def grid(
     score_samples: Bernoulli qKᵀ draws B per job (0: exact scores); ``dense`` with B > 0 samples
     the decode scores alone.
     """
+    models, tasks, lengths, prompts = list(models), list(tasks), list(lengths), list(prompts)
     methods, budgets, seeds, prefills = list(methods), list(budgets), list(seeds), list(prefills)
     score_samples = list(score_samples)
-    for b in score_samples:
-        if isinstance(b, bool) or not isinstance(b, int) or b < 0:
-            raise ValueError(f"score_samples must be integers ≥ 0 (0 = exact scores), got {b!r}")
-    for m in methods:
-        if m not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {m!r}")
+    _check_ints("score_samples", score_samples, 0, note=" (0 = exact scores)")
+    _check_ints("budgets", budgets, 1)
+    _check_ints("seeds", seeds, 0, MAX_SEED)
+    _check_ints("prompts", prompts, 0)
+    _check_ints("lengths", lengths, 1)
+    _check_ints("max_new_tokens", [max_new_tokens], 1)
+    _check_ints("kl_tokens", [kl_tokens], 2, note=" (T − 1 tokens are scored)")
+    _check_names("method", methods, METHODS)
+    _check_names("prefill", prefills, PREFILLS)
+    _check_names("task", tasks, tuple(TASKS))
     jobs: set[Job] = set()
     for model, task, length, prompt in itertools.product(models, tasks, lengths, prompts):
         length = 0 if task in FIXED_LENGTH_TASKS else length
@@ -137,25 +151,135 @@ def grid(
     )
 
 
+def _check_ints(name: str, values: list, low: int, high: int | None = None, *, note: str = "") -> None:
+    """Every value an int in ``[low, high)``, else ``ValueError`` naming ``name``."""
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < low or (high is not None and v >= high):
+            span = f"≥ {low}" if high is None else f"in [{low}, {high})"
+            raise ValueError(f"{name} must be integers {span}{note}, got {v!r}")
+
+
+def _check_names(name: str, values: list, allowed: tuple[str, ...]) -> None:
+    for v in values:
+        if v not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {v!r}")
+
+
 # --- JSONL store ---------------------------------------------------------------------------------
 
 
-def read_records(path: str | Path) -> list[dict]:
-    """Every complete record of a JSONL file, plain or ``.gz`` (a torn last line from a killed run
-    is ignored)."""
+class SweepFileError(ValueError):
+    """A sweep file that cannot be read or written; the message names the file (and the line)."""
+
+
+class SweepLocked(SweepFileError):
+    """Another sweep is writing the file (it holds the file's lock)."""
+
+
+@dataclass
+class SweepFile:
+    """The records of one sweep file with their line numbers, and the lines a killed writer cut short."""
+
+    path: Path
+    records: list[tuple[int, dict]] = field(default_factory=list)  # (line number, record)
+    torn: list[int] = field(default_factory=list)  # line numbers of records cut mid-write (skipped)
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _file_bytes(path: Path) -> bytes:
+    """The file's bytes, gunzipped when it is gzip (found by its magic number, whatever its name)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise SweepFileError(f"{path}: no such file") from None
+    except OSError as error:
+        raise SweepFileError(f"{path}: cannot read it ({error.strerror or error})") from None
+    if not data.startswith(GZIP_MAGIC):
+        if path.suffix == ".gz" and data:
+            raise SweepFileError(f"{path}: named .gz but not a gzip file")
+        return data
+    try:
+        return gzip.decompress(data)
+    except EOFError:
+        raise SweepFileError(f"{path}: the gzip data is cut short (a truncated copy?)") from None
+    except (gzip.BadGzipFile, zlib.error) as error:
+        raise SweepFileError(f"{path}: corrupt gzip data ({error})") from None
+
+
+def _is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+
+
+def _text(path: Path, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise SweepFileError(f"{path}, line {line}: not UTF-8 text (byte {error.start}); not a sweep JSONL file") from None
+
+
+def load_sweep(path: str | Path) -> SweepFile:
+    """Every record of a sweep JSONL file, plain or gzip, with its line number.
+
+    A line that starts like a record (``{"``) but is not valid JSON was cut mid-write by a killed
+    writer: it is skipped and its line number kept in ``torn`` (its job has no record, so a re-run
+    runs it again). Blank lines are skipped. Anything else — a missing file, binary data, a cut-short
+    gzip, a line that is not JSON or a JSON value without a ``"key"`` — raises
+    :class:`SweepFileError` naming the file and line.
+    """
     path = Path(path)
-    if not path.exists():
-        return []
-    data = path.read_bytes()
-    if path.suffix == ".gz":
-        data = gzip.decompress(data)
-    records = []
-    for line in data.decode("utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
+    sweep = SweepFile(path)
+    for number, line in enumerate(_text(path, _file_bytes(path)).splitlines(), start=1):
+        if not line.strip():
             continue
-    return [r for r in records if isinstance(r, dict) and "key" in r]
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if line.lstrip().startswith('{"'):
+                sweep.torn.append(number)
+                continue
+            raise SweepFileError(f"{path}, line {number}: not a JSON record: {line[:60]!r}") from None
+        if not isinstance(record, dict) or not isinstance(record.get("key"), str):
+            raise SweepFileError(f"{path}, line {number}: not a sweep record (a JSON object with a \"key\"): {line[:60]!r}")
+        sweep.records.append((number, record))
+    return sweep
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """Every complete record of a sweep file (see :func:`load_sweep`: torn lines are skipped)."""
+    return [record for _, record in load_sweep(path).records]
+
+
+@contextmanager
+def sweep_lock(path: str | Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the sweep file ``path`` (created if missing) for one writer.
+
+    A second holder is refused at once with :class:`SweepLocked`. The lock lives on the open file
+    description, so the kernel drops it when this process ends in any way — exit, exception,
+    ``kill -9`` — and no stale lock can block a resume. No lock file is made.
+    """
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as error:
+        raise SweepFileError(f"{path}: cannot open it for writing ({error.strerror or error})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SweepLocked(
+            f"{path}: another `santa eval run` is writing this file; wait for it to end or use another --out"
+        ) from None
+    except OSError as error:
+        os.close(fd)
+        raise SweepFileError(f"{path}: cannot lock it ({error.strerror or error})") from None
+    try:
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def append_record(path: str | Path, record: dict) -> None:
@@ -201,8 +325,21 @@ class Batch:
         return [p.seed for p in self.prompts].index(prompt_seed)
 
 
+def check_prompt_length(prompt: Prompt, n_tokens: int) -> None:
+    """Refuse a prompt that came out well over the ``n_tokens`` asked for: its question and template
+    alone are longer, so it holds little or no haystack (``ValueError``)."""
+    if prompt.n_tokens > n_tokens + max(16, n_tokens // 10):
+        raise ValueError(
+            f"a {prompt.task} prompt does not fit in {n_tokens} tokens (its question and template alone make "
+            f"it {prompt.n_tokens}); ask for a longer prompt"
+        )
+
+
 def make_batch(task: str, tokenizer, length: int, prompt_seeds: list[int], device) -> Batch:
     prompts = [build_prompt(task, tokenizer, length, seed) for seed in prompt_seeds]
+    if task not in FIXED_LENGTH_TASKS:
+        for prompt in prompts:
+            check_prompt_length(prompt, length)
     token_lists = [tokenizer(p.text, add_special_tokens=False).input_ids for p in prompts]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ids, mask = left_pad(token_lists, pad_id or 0, device)
@@ -421,17 +558,31 @@ def run_sweep(
 
     batch_size: prompts run together (left-padded); every method of the grid runs on the batch.
     ``load(model_name, device)`` → (model, tokenizer) defaults to :func:`santa.assets.load_model`.
+    The file is locked for the whole run (:func:`sweep_lock`): a second sweep on it raises
+    :class:`SweepLocked` before it reads or loads anything. A plain (not gzip) JSONL file only.
     """
-    from tqdm import tqdm
-
+    _check_ints("batch_size", [batch_size], 1)
     if load is None:
         from santa.assets import load_model as load
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    done = {r["key"] for r in read_records(out)}
-    pending = [j for j in jobs if j.key() not in done]
-    if not pending:
-        return 0
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    out = Path(out)
+    if out.suffix == ".gz":
+        raise SweepFileError(f"{out}: a sweep appends lines and cannot write gzip; run on the uncompressed .jsonl")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with sweep_lock(out):
+        if _is_gzip(out):
+            raise SweepFileError(f"{out}: a gzip file cannot be appended to; gunzip it and run on the .jsonl")
+        done = {r["key"] for r in read_records(out)}
+        pending = [j for j in jobs if j.key() not in done]
+        if pending:
+            _run_pending(pending, out, device, batch_size, progress, load)
+    return len(pending)
+
+
+def _run_pending(pending: list[Job], out: Path, device: str, batch_size: int, progress: bool, load) -> None:
+    """Run ``pending`` in batches, appending each record to ``out`` as it finishes."""
+    from tqdm import tqdm
+
     environment = {
         "device": torch.cuda.get_device_name()
         if device.startswith("cuda")
@@ -457,4 +608,3 @@ def run_sweep(
         model, tokenizer = loaded[model_name]
         run_batch(model, tokenizer, batch_jobs, on_done)
     bar.close()
-    return len(pending)
