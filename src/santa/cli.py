@@ -1,4 +1,9 @@
-"""The ``santa`` command: ``santa generate``, ``santa bench …``, ``santa eval …``."""
+"""The ``santa`` command: ``santa generate``, and ``santa bench|eval|ablate|tune …`` delegated to
+their modules.
+
+Exit status: 0 done; 1 the work failed with a one-line error (a library refusal, a missing asset);
+2 a bad command line, refused before any work (argparse's status).
+"""
 
 from __future__ import annotations
 
@@ -7,28 +12,45 @@ import importlib
 import os
 import sys
 
-from tqdm import tqdm
+from santa import cliargs
+
+# santa <name> … runs <module>.main(argv) with the arguments after <name>, -h included
+DELEGATED = {
+    "bench": ("santa.bench.cli", "benchmarks: `santa bench kernels|e2e|capture`"),
+    "eval": ("santa.eval.cli", "accuracy sweeps: `santa eval run|report|variance|bernoulli`"),
+    "ablate": ("santa.budgets.ablate_cli", "budget ablations: `santa ablate -h`"),
+    "tune": ("santa.budgets.tune_cli", "budget tuning: `santa tune -h`"),
+}
+SAMPLERS = ("systematic", "stratified", "iid", "topk", "dense")
+NEEDLE_DEFAULTS = {"length": 2048, "depth": 0.5}  # --length and --depth: the needle prompt only
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from santa.generate import run
 
     bar = tqdm(total=2, desc="answering (dense, then sampled)", unit="method")
-    prompt, answers = run(
-        model_name=args.model,
-        n_tokens=args.length,
-        budget=args.budget,
-        sampler=args.sampler,
-        seed=args.seed,
-        prompt_seed=args.prompt_seed,
-        depth=args.depth,
-        prefill=args.prefill,
-        max_new_tokens=args.max_new_tokens,
-        prompt_text=args.prompt,
-        expected=tuple(args.expect),
-        device=args.device,
-        progress=lambda name: bar.update(1),
-    )
+    try:
+        prompt, answers = run(
+            model_name=args.model,
+            n_tokens=args.length,
+            budget=args.budget,
+            sampler=args.sampler,
+            seed=args.seed,
+            prompt_seed=args.prompt_seed,
+            depth=args.depth,
+            prefill=args.prefill,
+            max_new_tokens=args.max_new_tokens,
+            prompt_text=args.prompt,
+            expected=tuple(args.expect),
+            device=args.device,
+            progress=lambda name: bar.update(1),
+        )
+    except (ValueError, FileNotFoundError) as error:  # the library's refusals: one line, no traceback
+        bar.close()
+        print(f"santa generate: error: {error}", file=sys.stderr)
+        return 1
     bar.close()
     print(f"\nprompt: {prompt.task}, {prompt.n_tokens} tokens; expected answer: {', '.join(prompt.answers) or '(none given)'}")
     header = f"{'method':<22} {'found':<6} {'V rows read/head':>16} {'(GQA union)':>11} {'prefill s':>9} {'decode tok/s':>12}  answer"
@@ -42,47 +64,86 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _delegate(module: str):
-    """Run ``module.main(argv)`` with the remaining arguments."""
+def non_empty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a non-empty string")
+    return text
 
-    def run(args: argparse.Namespace) -> int:
-        return importlib.import_module(module).main(args.rest) or 0
 
-    return run
+def add_generate(sub) -> argparse.ArgumentParser:
+    gen = sub.add_parser("generate", help="answer a needle-in-a-haystack prompt with dense attention and with SANTA")
+    gen.add_argument("--model", default="smollm2-135m", type=cliargs.bundled_model, help="bundled model: smollm2-135m (default) or qwen2.5-coder-0.5b")
+    gen.add_argument(
+        "--length",
+        type=cliargs.int_in(cliargs.MIN_PROMPT_TOKENS),
+        default=None,
+        help=f"needle prompt length in tokens, ≥ {cliargs.MIN_PROMPT_TOKENS} (default {NEEDLE_DEFAULTS['length']})",
+    )
+    gen.add_argument("--budget", type=cliargs.positive_int, default=64, help="samples per query head, S ≥ 1 (default 64)")
+    gen.add_argument("--sampler", default="systematic", choices=SAMPLERS)
+    gen.add_argument("--seed", type=cliargs.seed, default=0, help="seed of the sampler's randomness, in [0, 2**63)")
+    gen.add_argument("--prompt-seed", type=cliargs.nonnegative_int, default=0, help="seed of the needle and haystack, ≥ 0")
+    gen.add_argument("--depth", type=cliargs.unit_interval, default=None, help="needle depth in the haystack, 0..1 (default 0.5)")
+    gen.add_argument("--prefill", default="dense", choices=["dense", "sampled"], help="sample the prefill too")
+    gen.add_argument("--max-new-tokens", type=cliargs.positive_int, default=32, help="tokens to generate, ≥ 1 (default 32)")
+    gen.add_argument("--prompt", default=None, type=non_empty, help="your own prompt instead of the needle task")
+    gen.add_argument("--expect", action="append", default=[], type=non_empty, help="string the answer must contain (with --prompt)")
+    gen.add_argument("--device", default="cpu", type=cliargs.device, help="cpu (default), cuda or cuda:N")
+    gen.set_defaults(func=_generate, check=check_generate, error=gen.error)
+    return gen
+
+
+def check_generate(args: argparse.Namespace) -> None:
+    """Flags that only make sense together (or apart); fills the needle defaults. ``args.error`` is
+    ``santa generate``'s ``parser.error`` (status 2)."""
+    if args.prompt is None:
+        if args.expect:
+            args.error("--expect needs --prompt (the needle prompt brings its own answer)")
+        for name, value in NEEDLE_DEFAULTS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+        return
+    for name in NEEDLE_DEFAULTS:
+        if getattr(args, name) is not None:
+            args.error(f"--{name} sets the needle prompt; it does not apply with --prompt")
+        setattr(args, name, NEEDLE_DEFAULTS[name])
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="santa", description="Stochastic sparse attention for LLM decoding.")
+    parser = argparse.ArgumentParser(
+        prog="santa",
+        description="Stochastic sparse attention for LLM decoding.",
+        epilog="exit status: 0 done, 1 the work failed (one-line error), 2 a bad command line (nothing run)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-
-    gen = sub.add_parser("generate", help="answer a needle-in-a-haystack prompt with dense attention and with SANTA")
-    gen.add_argument("--model", default="smollm2-135m", help="bundled model: smollm2-135m (default) or qwen2.5-coder-0.5b")
-    gen.add_argument("--length", type=int, default=2048, help="prompt length in tokens (default 2048)")
-    gen.add_argument("--budget", type=int, default=64, help="samples per query head, S (default 64)")
-    gen.add_argument("--sampler", default="systematic", choices=["systematic", "stratified", "iid", "topk", "dense"])
-    gen.add_argument("--seed", type=int, default=0, help="seed of the sampler's randomness")
-    gen.add_argument("--prompt-seed", type=int, default=0, help="seed of the needle and haystack")
-    gen.add_argument("--depth", type=float, default=0.5, help="needle depth in the haystack, 0..1")
-    gen.add_argument("--prefill", default="dense", choices=["dense", "sampled"], help="sample the prefill too")
-    gen.add_argument("--max-new-tokens", type=int, default=32)
-    gen.add_argument("--prompt", default=None, help="your own prompt instead of the needle task")
-    gen.add_argument("--expect", action="append", default=[], help="string the answer must contain (with --prompt)")
-    gen.add_argument("--device", default="cpu")
-    gen.set_defaults(func=_generate)
-
-    for name, module, text in (
-        ("bench", "santa.bench.cli", "benchmarks: `santa bench kernels`, `santa bench e2e`"),
-        ("eval", "santa.eval.cli", "accuracy sweeps: `santa eval run|report|variance`"),
-    ):
+    add_generate(sub)
+    for name, (_, text) in DELEGATED.items():  # listed for `santa -h`; main() hands them over before parsing
         p = sub.add_parser(name, help=text, add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=_delegate(module))
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def delegate(name: str, argv: list[str]) -> int:
+    """Run ``santa <name> argv`` by its module's ``main(argv)``; a module that cannot be loaded is a
+    one-line error (status 2)."""
+    module_name = DELEGATED[name][0]
     try:
+        module = importlib.import_module(module_name)
+        entry = module.main
+    except (ImportError, AttributeError) as error:
+        print(f"santa {name}: error: `santa {name}` is not available here: {module_name}.main cannot be loaded ({error})", file=sys.stderr)
+        return 2
+    return entry(argv) or 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] in DELEGATED:  # before argparse, so that `santa eval -h` reaches eval's parser
+            return delegate(argv[0], argv[1:])
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        args.check(args)
         return args.func(args)
     except BrokenPipeError:  # `santa eval report … | head`: the reader left; stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -15,6 +15,7 @@ import torch
 import santa.hf
 from santa.assets import DEFAULT_MODEL, load_model
 from santa.decoding import cache_keyword, greedy_continue, padded_forward, returned_cache  # noqa: F401 (cache_keyword: re-exported)
+from santa.eval.runner import check_prompt_length
 from santa.eval.tasks import Prompt, chat, contains_all, needle_prompt
 
 
@@ -63,18 +64,23 @@ def run(
     device: str = "cpu",
     progress=None,
 ) -> tuple[Prompt, list[Answer]]:
-    """Build the prompt, answer it with dense attention and with ``sampler`` at ``budget``."""
-    model, tokenizer = load_model(model_name, device=device)
-    if prompt_text is None:
-        prompt = needle_prompt(tokenizer, n_tokens, seed=prompt_seed, depth=depth)
-    else:
-        text = chat(tokenizer, prompt_text)
-        n = len(tokenizer.encode(text, add_special_tokens=False))
-        prompt = Prompt(task="user", text=text, answers=tuple(expected), n_tokens=n, seed=prompt_seed)
+    """Build the prompt, answer it with dense attention and with ``sampler`` at ``budget``.
+
+    Every argument is checked before the model loads (``ValueError`` naming it).
+    """
     methods = [("dense (SDPA)", santa.hf.SantaConfig(sampler="dense"))]
     methods.append(
         (f"{sampler} S={budget}", santa.hf.SantaConfig(budget=budget, sampler=sampler, seed=seed, prefill=prefill, record_stats=True))
     )
+    check_run_arguments(n_tokens=n_tokens, depth=depth, max_new_tokens=max_new_tokens, prompt_text=prompt_text)
+    model, tokenizer = load_model(model_name, device=device)
+    if prompt_text is None:
+        prompt = needle_prompt(tokenizer, n_tokens, seed=prompt_seed, depth=depth)
+        check_prompt_length(prompt, n_tokens)
+    else:
+        text = chat(tokenizer, prompt_text)
+        n = len(tokenizer.encode(text, add_special_tokens=False))
+        prompt = Prompt(task="user", text=text, answers=tuple(expected), n_tokens=n, seed=prompt_seed)
     answers = []
     for name, config in methods:
         santa.hf.configure(model, config)
@@ -95,3 +101,12 @@ def run(
         if progress is not None:
             progress(name)
     return prompt, answers
+
+
+def check_run_arguments(*, n_tokens: int, depth: float, max_new_tokens: int, prompt_text: str | None) -> None:
+    """The arguments of :func:`run` that no constructor checks before the model loads."""
+    for name, value in (("max_new_tokens", max_new_tokens), ("n_tokens", n_tokens)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int ≥ 1, got {value!r}")
+    if prompt_text is None and not (isinstance(depth, (int, float)) and 0.0 <= depth <= 1.0):
+        raise ValueError(f"depth must lie in [0, 1], got {depth!r}")

@@ -1,8 +1,12 @@
 """``santa bench``: ``santa bench kernels …`` (decode kernels), ``santa bench e2e …`` (whole model),
-``santa bench capture …`` (real attention inputs for ``kernels --real``)."""
+``santa bench capture …`` (real attention inputs for ``kernels --real``).
+
+Each benchmark parses its own flags (``santa bench kernels -h``); this module only picks it.
+"""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 
@@ -13,21 +17,28 @@ COMMANDS = {
 }
 
 
-def usage() -> str:
-    lines = ["usage: santa bench {kernels,e2e,capture} [options]", ""]
-    lines += [f"  {name:<8} {text}" for name, (_, text) in COMMANDS.items()]
-    return "\n".join(lines)
+def build_parser() -> argparse.ArgumentParser:
+    """The usage, help and errors of ``santa bench`` (argparse-style; the benchmark's own flags are not parsed here)."""
+    lines = [f"  {name:<8} {text}" for name, (_, text) in COMMANDS.items()]
+    return argparse.ArgumentParser(
+        prog="santa bench",
+        usage="santa bench {kernels,e2e,capture} [options]",
+        description="benchmarks:\n" + "\n".join(lines) + "\n\n`santa bench <benchmark> -h` lists its options.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(usage())
-        return 0 if argv else 2
+    parser = build_parser()
+    if not argv:
+        parser.error(f"choose a benchmark: {', '.join(COMMANDS)}")
+    if argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"santa bench: unknown benchmark {name!r}\n\n{usage()}", file=sys.stderr)
-        return 2
+        parser.error(f"unknown benchmark {name!r}; choose from {', '.join(COMMANDS)}")
     return importlib.import_module(COMMANDS[name][0]).main(rest) or 0
 
 
