@@ -13,7 +13,7 @@ fi
 for stage in "$@"; do
   case $stage in
     tests)
-      python3 -m pytest -q -x -p no:cacheprovider tests/test_kernels.py tests/test_kernels_bad_inputs.py tests/test_hf_cuda.py \
+      python3 -m pytest -q -m "not slow" -p no:cacheprovider tests/test_kernels.py tests/test_kernels_bad_inputs.py tests/test_hf_cuda.py \
         tests/test_model_real.py 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
     llama)
       python3 -m santa.bench.kernels --sizes 8192 32768 131072 --prop-budgets 128 --flash-budgets 2048 --no-tune \
@@ -28,5 +28,23 @@ for stage in "$@"; do
     tune)
       python3 -m santa.bench.kernels --sizes 32768 --prop-budgets 128 --flash-budgets 2048 --no-batch \
         --out /tmp/tune > "$OUT/tune.log" 2>&1; cp /tmp/tune/kernels.json "$OUT/tune.json" ;;
+    e2e)  # whole decode step in one CUDA graph, random weights: Llama-3.1-8B at 30k, SmolLM2 at 8k, Qwen2.5-0.5B at 32k
+      python3 -m santa.bench.e2e --batches 6,16 --prompts 30000 --new-tokens 64 --backends sdpa,santa-prop,weights-only \
+        --no-prefill --out /tmp/e2e_llama > "$OUT/e2e.log" 2>&1
+      python3 -m santa.bench.e2e --config smollm2-135m --batches 1,16,64 --prompts 8000 --new-tokens 64 --budget-prop 64 \
+        --backends sdpa,santa-prop,weights-only --no-prefill --out /tmp/e2e_smollm2 >> "$OUT/e2e.log" 2>&1
+      python3 -m santa.bench.e2e --config qwen2.5-0.5b --batches 1,16 --prompts 32000 --new-tokens 64 \
+        --backends sdpa,santa-prop,weights-only --no-prefill --out /tmp/e2e_qwen >> "$OUT/e2e.log" 2>&1
+      python3 - "$OUT/e2e.json" /tmp/e2e_llama/e2e.json /tmp/e2e_smollm2/e2e.json /tmp/e2e_qwen/e2e.json <<'PY'
+import json, sys
+out = {}
+for path in sys.argv[2:]:
+    try:
+        out[path.split("/")[2]] = json.load(open(path))
+    except OSError as exc:
+        out[path.split("/")[2]] = {"error": str(exc)}
+json.dump(out, open(sys.argv[1], "w"), indent=1)
+PY
+      ;;
   esac
 done
