@@ -144,38 +144,41 @@ def flash_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_
 
     shape = plan.shape
     paged = shape.page_size is not None
-    partial = Launcher(_flash_partial_kernel, grid=(plan.tiles, shape.batch * shape.kv_heads), meta=dict(
+    from santa.kernels.plan import workspace_strides
+
+    n_keys, qk_scale = shape.n_keys, plan.scale * LOG2E
+    _, stride_stats = workspace_strides(plan.workspace_key)
+    stats_fixed = dict(stride_part=plan.tiles, stride_stats=stride_stats, budget=plan.budget, n_keys=n_keys)
+    partial = Launcher(_flash_partial_kernel, grid=(plan.tiles, shape.batch * shape.kv_heads),
+                       fixed=dict(stats_fixed, n_kv_heads=shape.kv_heads, qk_scale=qk_scale), meta=dict(
         G=plan.group, D=shape.head_dim, BLOCK_G=plan.block_g, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
         PAGED=paged, PAGE_SIZE=shape.page_size or 1, HAS_SEQ_LENS=has_seq_lens, IEEE_DOT=plan.ieee_dot,
         OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts,
         num_warps=8 if shape.head_dim > 128 else 4, num_stages=1,
     ))
-    merge = Launcher(_flash_merge_kernel, grid=(shape.batch * shape.heads,), meta=dict(
+    merge = Launcher(_flash_merge_kernel, grid=(shape.batch * shape.heads,),
+                     fixed=dict(stats_fixed, n_heads=shape.heads, tiles_max=plan.tiles), meta=dict(
         D=shape.head_dim, BLOCK_D=plan.block_d, BLOCK_N=plan.block_n, BLOCK_T=min(64, triton.next_power_of_2(plan.tiles)),
         HAS_SEQ_LENS=has_seq_lens, num_warps=4, num_stages=1,
     ))
 
     def stats(ws: dict) -> dict:
-        return dict(part_ptr=ws["partial"], tile_max_ptr=ws["tile_max"], tile_mass_ptr=ws["tile_mass"],
-                    stride_part=plan.tiles, stride_stats=ws["tile_max"].stride(0))
-    n_keys, qk_scale = shape.n_keys, plan.scale * LOG2E
+        return dict(part_ptr=ws["partial"], tile_max_ptr=ws["tile_max"], tile_mass_ptr=ws["tile_mass"])
 
     def partial_args(a: dict) -> dict:
         kb, kn, kh = a["k_strides"]
         vb, vn, vh = a["v_strides"]
         return dict(
             q_ptr=a["q"], k_ptr=a["k"], v_ptr=a["v"], bt_ptr=a["block_table"], seq_lens_ptr=a["seq_lens"], **stats(a["ws"]),
-            counts_ptr=a["counts"], offset_ptr=a["offset_ptr"], seed=a["seed"], offset=a["offset"], budget=plan.budget,
-            n_keys=n_keys, n_pages=a["n_pages"], n_kv_heads=shape.kv_heads,
+            counts_ptr=a["counts"], offset_ptr=a["offset_ptr"], seed=a["seed"], offset=a["offset"], n_pages=a["n_pages"],
             stride_qb=a["q"].stride(0), stride_qh=a["q"].stride(1), stride_bt=a["stride_bt"],
             stride_kb=kb, stride_kn=kn, stride_kh=kh, stride_vb=vb, stride_vn=vn, stride_vh=vh,
-            stride_counts=a["counts"].stride(1) if return_counts else 0, qk_scale=qk_scale,
+            stride_counts=a["counts"].stride(1) if return_counts else 0,
         )
 
     def merge_args(a: dict) -> dict:
         return dict(
-            **stats(a["ws"]), seq_lens_ptr=a["seq_lens"], out_ptr=a["out"], budget=plan.budget, n_keys=n_keys, n_heads=shape.heads,
-            tiles_max=plan.tiles, stride_ob=a["out"].stride(0), stride_oh=a["out"].stride(1),
+            **stats(a["ws"]), seq_lens_ptr=a["seq_lens"], out_ptr=a["out"], stride_ob=a["out"].stride(0), stride_oh=a["out"].stride(1),
         )
 
     return [("partial", partial, partial_args), ("merge", merge, merge_args)]

@@ -114,6 +114,12 @@ def workspace_regions(key: WorkspaceKey) -> tuple[tuple[str, torch.dtype, tuple[
     return tuple(layout)
 
 
+def workspace_strides(key: WorkspaceKey) -> tuple[int, int]:
+    """Row strides (elements) of the stash (prop; 0 for flash) and of the tile statistics."""
+    regions = {name: shape for name, _, shape, _ in workspace_regions(key)}
+    return (regions["stash"][1] if "stash" in regions else 0), regions["tile_max"][1]
+
+
 def workspace_nbytes(key: WorkspaceKey) -> int:
     name, dtype, shape, start = workspace_regions(key)[-1]
     return start + math.prod(shape) * _ELEMENT_SIZE[dtype]

@@ -261,28 +261,34 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
         G=plan.group, D=shape.head_dim, BLOCK_D=plan.block_d, BLOCK_N=plan.block_n,
         PAGED=shape.page_size is not None, PAGE_SIZE=shape.page_size or 1, HAS_SEQ_LENS=has_seq_lens,
     )
-    pass1 = Launcher(_prop_scores_kernel, grid=(plan.tiles, shape.batch * shape.kv_heads), meta=dict(
+    n_keys, qk_scale = shape.n_keys, plan.scale * LOG2E
+    ws_key = plan.workspace_key  # the stats' strides follow from the workspace's key
+    from santa.kernels.plan import workspace_strides
+
+    stride_stash, stride_stats = workspace_strides(ws_key)
+    fixed1 = dict(n_keys=n_keys, n_kv_heads=shape.kv_heads, stride_stash=stride_stash, stride_stats=stride_stats, qk_scale=qk_scale)
+    fixed2 = dict(budget=plan.budget, n_keys=n_keys, n_heads=shape.heads, tiles_max=plan.tiles,
+                  stride_stash=stride_stash, stride_stats=stride_stats)
+    pass1 = Launcher(_prop_scores_kernel, grid=(plan.tiles, shape.batch * shape.kv_heads), fixed=fixed1, meta=dict(
         common, BLOCK_G=plan.block_g, IEEE_DOT=plan.ieee_dot,
         num_warps=tuning.warps_pass1 or (8 if shape.head_dim > 128 else 4), num_stages=tuning.stages_pass1 or 1,
     ))
-    pass2 = Launcher(_prop_gather_kernel, grid=(n_chunks, shape.batch * shape.heads), meta=dict(
+    pass2 = Launcher(_prop_gather_kernel, grid=(n_chunks, shape.batch * shape.heads), fixed=fixed2, meta=dict(
         common, BLOCK_T=block_t, SBLOCK=sblock, N_CHUNKS=n_chunks, CHUNK_BLOCK=min(32, triton.next_power_of_2(n_chunks)),
         ONE_CHUNK_T=plan.tiles <= block_t, OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts, USE_PDL=plan.pdl,
         # 8 warps up to 256 tiles (32k: 31.2 vs 34.5 µs), 4 beyond (128k: 95.1 with 8 vs 86.7 with 4; H200, 2026-11-29)
         num_warps=tuning.warps_pass2 or (8 if plan.tiles <= 256 else 4), num_stages=1, launch_pdl=plan.pdl,
     ))
-    n_keys, qk_scale = shape.n_keys, plan.scale * LOG2E
 
     def stats(ws: dict) -> dict:
-        return dict(stash_ptr=ws["stash"], tile_max_ptr=ws["tile_max"], tile_mass_ptr=ws["tile_mass"],
-                    stride_stash=ws["stash"].stride(0), stride_stats=ws["tile_max"].stride(0))
+        return dict(stash_ptr=ws["stash"], tile_max_ptr=ws["tile_max"], tile_mass_ptr=ws["tile_mass"])
 
     def pass1_args(a: dict) -> dict:
         kb, kn, kh = a["k_strides"]
         return dict(
             q_ptr=a["q"], k_ptr=a["k"], bt_ptr=a["block_table"], seq_lens_ptr=a["seq_lens"], **stats(a["ws"]),
-            n_keys=n_keys, n_pages=a["n_pages"], n_kv_heads=shape.kv_heads, stride_qb=a["q"].stride(0), stride_qh=a["q"].stride(1),
-            stride_bt=a["stride_bt"], stride_kb=kb, stride_kn=kn, stride_kh=kh, qk_scale=qk_scale,
+            n_pages=a["n_pages"], stride_qb=a["q"].stride(0), stride_qh=a["q"].stride(1),
+            stride_bt=a["stride_bt"], stride_kb=kb, stride_kn=kn, stride_kh=kh,
         )
 
     def pass2_args(a: dict) -> dict:
@@ -290,8 +296,8 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
         return dict(
             v_ptr=a["v"], bt_ptr=a["block_table"], seq_lens_ptr=a["seq_lens"], **stats(a["ws"]),
             partial_ptr=a["ws"]["partial"], sem_ptr=a["ws"]["sem"], out_ptr=a["out"], counts_ptr=a["counts"], offset_ptr=a["offset_ptr"],
-            seed=a["seed"], offset=a["offset"], budget=plan.budget, n_keys=n_keys, n_pages=a["n_pages"], n_heads=shape.heads,
-            tiles_max=plan.tiles, stride_bt=a["stride_bt"], stride_vb=vb, stride_vn=vn, stride_vh=vh,
+            seed=a["seed"], offset=a["offset"], n_pages=a["n_pages"],
+            stride_bt=a["stride_bt"], stride_vb=vb, stride_vn=vn, stride_vh=vh,
             stride_ob=a["out"].stride(0), stride_oh=a["out"].stride(1), stride_counts=a["counts"].stride(1) if return_counts else 0,
         )
 
