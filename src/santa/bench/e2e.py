@@ -35,31 +35,33 @@ SANTA = ("santa-prop", "santa-flash")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Every flag checked before any work (argparse errors, exit 2)."""
+    from santa import cliargs
+
     p = argparse.ArgumentParser(prog="santa bench e2e", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="llama-3.1-8b", choices=sorted(CONFIGS))
-    p.add_argument("--batches", default="1,6,16", help="comma-separated batch sizes (default 1,6,16)")
-    p.add_argument("--prompts", default="30000", help="comma-separated prompt lengths (default 30000)")
-    p.add_argument("--new-tokens", type=int, default=128, help="tokens decoded per backend (default 128)")
-    p.add_argument("--warmup", type=int, default=3, help="eager warm-up steps (compile, JIT, cuDNN plans)")
-    p.add_argument("--eager-steps", type=int, default=4, help="eager (no graph) steps timed per backend")
-    p.add_argument("--backends", default=",".join(BACKENDS + EXTRA), help=f"comma-separated, from {BACKENDS + EXTRA}")
-    p.add_argument("--budget-prop", type=int, default=128, help="S for santa-prop (default 128)")
-    p.add_argument("--budget-flash", type=int, default=2048, help="S for santa-flash (default 2048)")
+    p.add_argument("--batches", default=[1, 6, 16], type=cliargs.int_list("batch size", 1),
+                   help="comma-separated batch sizes (default 1,6,16)")
+    p.add_argument("--prompts", default=[30000], type=cliargs.int_list("prompt length", 1),
+                   help="comma-separated prompt lengths (default 30000)")
+    p.add_argument("--new-tokens", type=cliargs.int_in(1), default=128, help="tokens decoded per backend (default 128)")
+    p.add_argument("--warmup", type=cliargs.int_in(0), default=3, help="eager warm-up steps (compile, JIT, cuDNN plans)")
+    p.add_argument("--eager-steps", type=cliargs.int_in(1), default=4, help="eager (no graph) steps timed per backend")
+    p.add_argument("--backends", default=list(BACKENDS + EXTRA), type=cliargs.choice_list("backend", BACKENDS + EXTRA),
+                   help=f"comma-separated, from {BACKENDS + EXTRA}")
+    p.add_argument("--budget-prop", type=cliargs.int_in(1), default=128, help="S for santa-prop (default 128)")
+    p.add_argument("--budget-flash", type=cliargs.int_in(1), default=2048, help="S for santa-flash (default 2048)")
     p.add_argument("--santa-impl", default="auto", choices=["auto", "kernels", "torch"])
-    p.add_argument("--sdpa", default="cudnn,efficient,flash", help="SDPA backends to try for decode, in order; the first that runs is used")
+    p.add_argument("--sdpa", default=["cudnn", "efficient", "flash"],
+                   type=cliargs.choice_list("SDPA backend", ("cudnn", "efficient", "flash", "math")),
+                   help="SDPA backends to try for decode, in order; the first that runs is used")
     p.add_argument("--no-prefill", action="store_true", help="skip the batch-1 prefill timing")
     p.add_argument("--no-graph", action="store_true", help="time eager steps only (CPU)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", type=cliargs.device, default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=os.environ.get("OUT", "runs/e2e"), help="folder for e2e.json and e2e.png")
+    p.add_argument("--seed", type=cliargs.int_in(0, 2**40), default=0)
+    p.add_argument("--out", type=cliargs.output_folder, default=os.environ.get("OUT", "runs/e2e"), help="folder for e2e.json and e2e.png")
     args = p.parse_args(argv)
-    args.batches = [int(x) for x in args.batches.split(",")]
-    args.prompts = [int(x) for x in args.prompts.split(",")]
-    args.backends = args.backends.split(",")
-    for b in args.backends:
-        if b not in BACKENDS + EXTRA:
-            p.error(f"unknown backend {b!r}; choose from {BACKENDS + EXTRA}")
     if args.device == "cpu":
         args.no_graph = True
     return args
@@ -215,7 +217,7 @@ def run_backend(model: Transformer, backend: str, batch: int, prompt: int, args:
     token = token0.clone()
     input_pos = torch.tensor([prompt], device=device)
     use_sdpa_ctx = backend.startswith("sdpa") and device.type == "cuda"
-    sdpa_names = [probe_sdpa(model, ctx, prompt, args.sdpa.split(","), row)] if use_sdpa_ctx else []
+    sdpa_names = [probe_sdpa(model, ctx, prompt, args.sdpa, row)] if use_sdpa_ctx else []
 
     def cm():
         return sdpa_context(sdpa_names) if use_sdpa_ctx else contextlib.nullcontext()

@@ -607,9 +607,21 @@ def main(argv=None) -> int:
     for name in ("sizes", "prop_budgets", "flash_budgets", "batches"):
         if any(x < 1 for x in getattr(args, name)):
             parser.error(f"--{name.replace('_', '-')}: every value must be ≥ 1, got {getattr(args, name)}")
+    if args.real_seeds < 1:
+        parser.error(f"--real-seeds must be ≥ 1, got {args.real_seeds}")
+    if any(n < 0 for n in args.real_sizes):
+        parser.error(f"--real-sizes must be ≥ 0 (0 = the captured length), got {args.real_sizes}")
+    if not args.max_seconds >= 0:  # also refuses nan
+        parser.error(f"--max-seconds must be ≥ 0, got {args.max_seconds}")
+    if args.real is not None and not os.path.isfile(args.real):
+        parser.error(f"--real: no such file {args.real!r} (make one with `santa bench capture`)")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        parser.error(f"--out {args.out!r} exists and is not a folder")
+    for name in ("sizes", "prop_budgets", "flash_budgets"):
+        if not getattr(args, name):
+            parser.error(f"--{name.replace('_', '-')} needs at least one value")
     if not torch.cuda.is_available():
-        print("santa bench kernels needs a CUDA GPU", file=sys.stderr)
-        return 2
+        parser.error("needs a CUDA GPU (torch.cuda.is_available() is False)")
     os.makedirs(args.out, exist_ok=True)
     fi = None
     if not args.no_flashinfer:
