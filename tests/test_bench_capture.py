@@ -51,4 +51,4 @@ def test_capture_and_real_accuracy(tmp_path):
 def test_bench_cli_lists_capture():
     from santa.bench import cli
 
-    assert "capture" in cli.COMMANDS and "capture" in cli.usage()
+    assert "capture" in cli.COMMANDS and "capture" in cli.build_parser().format_help()

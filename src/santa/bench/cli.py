@@ -11,7 +11,7 @@ import importlib
 import sys
 
 COMMANDS = {
-    "kernels": ("santa.bench.kernels", "decode-step kernel benchmark (BENCH.md protocol)"),
+    "kernels": ("santa.bench.kernels", "decode-step kernel benchmark (benchmarks/PROTOCOL.md)"),
     "e2e": ("santa.bench.e2e", "end-to-end batched long-context decode (Llama-3.1-8B shapes)"),
     "capture": ("santa.bench.capture", "real decode-step q/K/V from the bundled model (for kernels --real)"),
 }
