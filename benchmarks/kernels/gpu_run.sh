@@ -26,7 +26,7 @@ for stage in "$@"; do
         --flash-budgets 2048 --batches 16 --batch-keys 32768 --no-tune --out /tmp/qwen > "$OUT/qwen.log" 2>&1
       cp /tmp/qwen/kernels.json "$OUT/qwen.json" ;;
     tune)
-      python3 -m santa.bench.kernels --sizes 32768 --prop-budgets 128 --flash-budgets 2048 --no-batch \
+      python3 -m santa.bench.kernels --sizes 8192 --prop-budgets 128 --flash-budgets 2048 --no-batch --no-flashinfer \
         --out /tmp/tune > "$OUT/tune.log" 2>&1; cp /tmp/tune/kernels.json "$OUT/tune.json" ;;
     e2e)  # whole decode step in one CUDA graph, random weights: Llama-3.1-8B at 30k, SmolLM2 at 8k, Qwen2.5-0.5B at 32k
       python3 -m santa.bench.e2e --batches 6,16 --prompts 30000 --new-tokens 64 --backends sdpa,santa-prop,weights-only \

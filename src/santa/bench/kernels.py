@@ -505,21 +505,22 @@ def plot_real(results, path):
     fig.savefig(path, dpi=120)
 
 
-def sweep_prop_tuning(results, flusher, args, n_keys=32768):
+def sweep_prop_tuning(results, flusher, args, n_keys=32768, batch=1):
     """prop launch variants (:class:`santa.kernels.Tuning`) at one size: speed only, samples do not change."""
     from santa.kernels import Tuning
 
     torch.manual_seed(0)
     dev = torch.device("cuda")
-    q = torch.randn(1, args.heads, args.head_dim, device=dev, dtype=DTYPE)
-    k = torch.randn(1, n_keys, args.kv_heads, args.head_dim, device=dev, dtype=DTYPE)
-    v = torch.randn(1, n_keys, args.kv_heads, args.head_dim, device=dev, dtype=DTYPE)
+    q = torch.randn(batch, args.heads, args.head_dim, device=dev, dtype=DTYPE)
+    k = torch.randn(batch, n_keys, args.kv_heads, args.head_dim, device=dev, dtype=DTYPE)
+    v = torch.randn(batch, n_keys, args.kv_heads, args.head_dim, device=dev, dtype=DTYPE)
     reference_out = santa_plan(q, k, 128, "prop").run(q, k, v, seed=5)
     best = None
     variants = [
         Tuning(),  # the measured defaults
         Tuning(warps_pass2=4), Tuning(warps_pass2=8),
-        Tuning(samples_per_program=16), Tuning(samples_per_program=64),
+        Tuning(samples_per_program=16), Tuning(samples_per_program=64), Tuning(samples_per_program=128),
+        Tuning(samples_per_program=128, warps_pass2=4),
         Tuning(block_n=64), Tuning(block_n=256), Tuning(warps_pass1=8), Tuning(stages_pass1=2),
         Tuning(pdl=False),
     ]
@@ -528,14 +529,14 @@ def sweep_prop_tuning(results, flusher, args, n_keys=32768):
         try:
             plan = santa_plan(q, k, 128, "prop", tuning=tuning)
             out = torch.empty_like(q)
-            e = measure(results, f"tune/n{n_keys}/prop_S128/{name}", lambda plan=plan, out=out: plan.run(q, k, v, out=out), flusher)
+            e = measure(results, f"tune/b{batch}/n{n_keys}/prop_S128/{name}", lambda plan=plan, out=out: plan.run(q, k, v, out=out), flusher)
             e["close_to_default"] = bool(torch.allclose(plan.run(q, k, v, seed=5).float(), reference_out.float(), atol=2e-2, rtol=2e-2))
             t = e.get("graph", {}).get("median_us")
             if t is not None and (best is None or t < best[0]):
                 best = (t, name)
         except Exception as exc:
             print("  tuning variant failed:", tuning, exc)
-    results[f"tune/best/n{n_keys}"] = best
+    results[f"tune/best/b{batch}/n{n_keys}"] = best
     return best
 
 
@@ -648,9 +649,9 @@ def main(argv=None) -> int:
     sizes = [8192, 32768] if args.quick else args.sizes
     t0 = time.time()
     if not args.no_tune:
-        for n in (8192, 32768, 131072):
-            print(f"prop launch variants at n_k = {n}:")
-            sweep_prop_tuning(results, flusher, args, n)
+        for batch, n in ((1, 8192), (1, 32768), (1, 131072), (8, 32768), (32, 32768)):
+            print(f"prop launch variants at batch {batch}, n_k = {n}:")
+            sweep_prop_tuning(results, flusher, args, n, batch)
     for n in sizes:
         print(f"batch 1, n_k = {n}:")
         bench_single(n, results, flusher, args, fi)

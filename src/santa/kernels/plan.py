@@ -292,21 +292,33 @@ class DecodePlan:
             has_seq_lens=seq_lens is not None, offset_in_memory=isinstance(offset, torch.Tensor), return_counts=counts is not None
         )
         args = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace)
-        return [(name, lambda launch=launch, make_args=make_args: launch(**make_args(args))) for name, launch, make_args in launchers]
+        return [(name, lambda launch=launch, make_args=make_args: launch(args["key"], make_args(args))) for name, launch, make_args in launchers]
 
     def _arguments(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace) -> dict:
         s = self.shape
         k_strides = _cache_strides(k_cache, s.kv_layout)
         v_strides = _cache_strides(v_cache, s.kv_layout)
         offset_in_memory = isinstance(offset, torch.Tensor)
+        counts = counts if counts is not None else q
+        seq_lens = seq_lens if seq_lens is not None else q
+        stride_bt = block_table.stride(0) if block_table is not None else 0
+        block_table = block_table if block_table is not None else q
+        offset_ptr = offset if offset_in_memory else q
+        seed, offset = int(seed), 0 if offset_in_memory else int(offset)
+        # everything Triton's specialisation of these launches can depend on that may change between
+        # calls of one plan (pointer alignment, strides, the pool size, 32- or 64-bit Philox words);
+        # the workspace is 256-byte aligned with strides fixed by its key
+        key = (
+            q.data_ptr() & 15, k_cache.data_ptr() & 15, v_cache.data_ptr() & 15, out.data_ptr() & 15,
+            counts.data_ptr() & 15, seq_lens.data_ptr() & 15, block_table.data_ptr() & 15, offset_ptr.data_ptr() & 15,
+            q.stride(), out.stride(), k_strides, v_strides, stride_bt, k_cache.shape[0], seed < 2**31, offset < 2**31,
+        )
         return dict(
-            q=q, k=k_cache, v=v_cache, out=out, counts=counts if counts is not None else q,
+            key=key, q=q, k=k_cache, v=v_cache, out=out, counts=counts,
             ws=(workspace if workspace is not None else self.workspace).views,
-            seq_lens=seq_lens if seq_lens is not None else q,
-            block_table=block_table if block_table is not None else q,
-            stride_bt=block_table.stride(0) if block_table is not None else 0,
+            seq_lens=seq_lens, block_table=block_table, stride_bt=stride_bt,
             n_pages=k_cache.shape[0], k_strides=k_strides, v_strides=v_strides,
-            seed=int(seed), offset=0 if offset_in_memory else int(offset), offset_ptr=offset if offset_in_memory else q,
+            seed=seed, offset=offset, offset_ptr=offset_ptr,
         )
 
     def run(self, q, k_cache, v_cache, *, seq_lens=None, block_table=None, seed: int = 0, offset=0, out=None, counts=None,
@@ -325,8 +337,9 @@ class DecodePlan:
             has_seq_lens=seq_lens is not None, offset_in_memory=isinstance(offset, torch.Tensor), return_counts=counts is not None
         )
         args = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace)
+        key = args["key"]
         for _, launch, make_args in launchers:
-            launch(**make_args(args))
+            launch(key, make_args(args))
         return out
 
 
