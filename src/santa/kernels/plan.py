@@ -53,10 +53,17 @@ def flash_tile(dim: int) -> int:
     return 128 if dim <= 128 else 64
 
 
-def prop_sample_chunks(budget: int, tiles: int, tuning: Tuning = Tuning()) -> tuple[int, int]:
-    """(samples per pass-2 program, pass-2 programs per head): fewer samples per program when the
-    tile search, O(samples × tiles) per program, grows with long sequences."""
-    per_program = tuning.samples_per_program or (32 if tiles <= 256 else 16 if tiles <= 512 else 8)
+def prop_sample_chunks(budget: int, tiles: int, rows: int, tuning: Tuning = Tuning()) -> tuple[int, int]:
+    """(samples per pass-2 program, pass-2 programs per head) for ``rows = B·H`` heads: fewer samples
+    per program when the tile search, O(samples × tiles) per program, grows with long sequences;
+    more when many heads already fill the GPU (H200, 2026-12-01, 32k keys: 64 per program 159.3 /
+    596.7 µs against 164.2 / 613.4 with 32 at B = 8 / 32; worse at batch 1, 32.1 against 31.2)."""
+    if tuning.samples_per_program:
+        per_program = tuning.samples_per_program
+    elif tiles <= 256:
+        per_program = 64 if rows >= 256 else 32
+    else:
+        per_program = 16 if tiles <= 512 else 8
     sblock = min(per_program, next_pow2(budget))
     return sblock, cdiv(budget, sblock)
 
@@ -83,7 +90,7 @@ class WorkspaceKey:
     def of(cls, *, kernel: str, batch: int, heads: int, head_dim: int, n_keys: int, budget: int, device: str,
            tuning: Tuning = Tuning()) -> WorkspaceKey:
         block_n = prop_tile(head_dim, tuning) if kernel == "prop" else flash_tile(head_dim)
-        chunks = prop_sample_chunks(budget, cdiv(n_keys, block_n), tuning)[1] if kernel == "prop" else 0
+        chunks = prop_sample_chunks(budget, cdiv(n_keys, block_n), batch * heads, tuning)[1] if kernel == "prop" else 0
         return cls(kernel, batch, heads, head_dim, n_keys, budget, block_n, chunks, device)
 
 

@@ -255,7 +255,7 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
     from santa.kernels.plan import prop_sample_chunks
 
     shape, tuning = plan.shape, plan.tuning
-    sblock, n_chunks = prop_sample_chunks(plan.budget, plan.tiles, tuning)
+    sblock, n_chunks = prop_sample_chunks(plan.budget, plan.tiles, shape.batch * shape.heads, tuning)
     block_t = min(triton.next_power_of_2(plan.tiles), 1024)
     common = dict(
         G=plan.group, D=shape.head_dim, BLOCK_D=plan.block_d, BLOCK_N=plan.block_n,
