@@ -83,7 +83,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
 
 
-def check_model_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, *, metric: str) -> None:
+def check_model_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, *, metric: str, auto_device: bool = False) -> None:
     """Errors (exit 2) for a model, metric or device santa cannot use, before anything loads."""
     from santa.assets import MODELS
 
@@ -91,7 +91,9 @@ def check_model_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
         parser.error(f"--model must be one of {', '.join(sorted(MODELS))} or {TINY}, got {args.model!r}")
     if metric not in metric_choices():
         parser.error(f"metric must be one of {', '.join(metric_choices())}, got {metric!r}")
-    if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
+    if auto_device and args.device not in ("auto", "cpu", "cuda"):
+        parser.error(f"--device must be auto, cpu or cuda, got {args.device!r}")
+    if not auto_device and args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
         parser.error(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     if metric == "kl" and args.kl_tokens >= args.length:
         parser.error(f"--kl-tokens ({args.kl_tokens}) must be below --length ({args.length})")

@@ -1,15 +1,16 @@
 """``santa tune budgets`` on Ray: workers evaluate episodes, the driver is the aggregator.
 
 Workers are Ray actors (one per GPU, or CPU workers), each building its model once. A *run* is
-``E`` episodes drawn from one policy snapshot: the driver queues E ``episode`` calls on an idle
-worker with the newest θ, and each returns ``(id, schedule, reward)`` as soon as it is done. When
+``E`` episodes drawn from one policy snapshot: the driver gives an idle worker the newest θ and
+sends it the run's episodes one at a time (the next as soon as the last one's
+``(id, schedule, reward)`` has arrived: one episode in flight per worker). When
 one or more runs have resolved, the driver makes one REINFORCE update from all their episodes (a
 double batch when two land together, as in the paper), writes it to the history
 (:mod:`santa.budgets.checkpoint`), and hands the freed workers a new run with the new θ. It never
 waits for a slow worker.
 
-Faults: a worker that dies (killed, OOM, preempted) fails its episode in flight and the ones it
-had not started; the episodes it finished are accepted with its run, and a new worker replaces it.
+Faults: a worker that dies (killed, OOM, preempted) loses its one episode in flight; the episodes
+of its run that had arrived are accepted with the run, and a new worker replaces it.
 A killed driver loses the runs in flight; re-running the command resumes from the history.
 Worker count: ``--workers N`` (a resume may use another N), ``auto`` (one per GPU of the cluster,
 else one per ``threads`` CPUs, re-read as nodes join or leave), or an integer written to
@@ -98,18 +99,21 @@ def worker_lost(ray) -> tuple[type[BaseException], ...]:
 
 @dataclass
 class Run:
-    """E episodes queued on one worker with one policy version; ``results[e]`` is None when lost."""
+    """E episodes on one worker with one policy version, sent one at a time (each after the last
+    one's result arrived, so a worker has one episode in flight). ``results``: those finished."""
 
     id: int
     worker: str
     version: int
+    theta: tuple[float, ...]
     size: int
-    results: dict[int, dict | None] = field(default_factory=dict)
+    results: list[dict] = field(default_factory=list)
+    sent: int = 0
     worker_died: bool = False
 
     @property
     def resolved(self) -> bool:
-        return len(self.results) == self.size
+        return self.worker_died or len(self.results) == self.size
 
 
 @dataclass(frozen=True)
@@ -167,15 +171,19 @@ class Driver:
         return name
 
     def dispatch(self, worker: str) -> None:
-        """Queue a run of E episodes on ``worker`` with the newest policy."""
-        run = Run(self.next_run, worker, self.state.version, self.spec.episodes)
+        """Start a run of E episodes on ``worker`` with the newest policy."""
+        run = Run(self.next_run, worker, self.state.version, self.state.theta, self.spec.episodes)
         self.next_run += 1
         self.runs[run.id] = run
-        actor = self.actors[worker]
-        for e in range(run.size):
-            episode_id = f"{self.session}-{run.id}-{e}"
-            seed = episode_seed(self.spec.seed, episode_id)
-            self.pending[actor.episode.remote(list(self.state.theta), run.version, episode_id, seed)] = (run.id, e)
+        self.send(run)
+
+    def send(self, run: Run) -> None:
+        """Send the run's next episode to its worker."""
+        episode_id = f"{self.session}-{run.id}-{run.sent}"
+        seed = episode_seed(self.spec.seed, episode_id)
+        ref = self.actors[run.worker].episode.remote(list(run.theta), run.version, episode_id, seed)
+        self.pending[ref] = (run.id, run.sent)
+        run.sent += 1
 
     def busy(self) -> set[str]:
         return {r.worker for r in self.runs.values()}
@@ -211,14 +219,17 @@ class Driver:
             return []
         ready, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=0)  # all that landed
         for ref in ready:
-            run_id, e = self.pending.pop(ref)
+            run_id, _ = self.pending.pop(ref)
             run = self.runs[run_id]
             try:
-                run.results[e] = ray.get(ref)
+                run.results.append(ray.get(ref))
                 self.failures = 0
             except worker_lost(ray) as error:
-                run.results[e], run.worker_died = None, True
+                run.worker_died = True
                 self.last_error = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                continue
+            if not run.resolved:
+                self.send(run)
         resolved = [r for r in self.runs.values() if r.resolved]
         for run in resolved:
             del self.runs[run.id]
@@ -226,7 +237,7 @@ class Driver:
 
     def accept(self, runs: list[Run]) -> None:
         """One REINFORCE update from every finished episode of ``runs``, written before anything else."""
-        episodes = [Episode(**{**d, "schedule": tuple(d["schedule"])}) for r in runs for d in r.results.values() if d is not None]
+        episodes = [Episode(**{**d, "schedule": tuple(d["schedule"])}) for r in runs for d in r.results]
         if not episodes:
             return
         step = reinforce_step(
@@ -250,7 +261,7 @@ class Driver:
         for run in runs:
             if run.worker_died:
                 self.stop(run.worker)
-                if not any(d is not None for d in run.results.values()):
+                if not run.results:
                     self.failures += 1
                 if self.failures > 3 + len(self.actors):
                     raise RuntimeError(f"workers keep dying before finishing an episode; the last said: {self.last_error}")

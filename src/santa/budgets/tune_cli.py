@@ -12,7 +12,6 @@ from santa.budgets.cli_args import (
     check_model_arguments,
     check_plot,
     int_list,
-    metric_choices,
     nonnegative_int,
     positive_float,
     positive_int,
@@ -79,12 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def budgets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    if args.reward != "synthetic":
-        check_model_arguments(parser, args, metric=args.reward)
-    elif args.reward not in metric_choices() + ["synthetic"]:
-        parser.error(f"--reward must be one of {', '.join(metric_choices())} or synthetic")
-    if args.device not in ("auto", "cpu", "cuda"):
-        parser.error(f"--device must be auto, cpu or cuda, got {args.device!r}")
+    check_model_arguments(parser, args, metric="kl" if args.reward == "synthetic" else args.reward, auto_device=True)
     if args.questions > len(args.train_prompts):
         parser.error(f"--questions ({args.questions}) exceeds the {len(args.train_prompts)} --train-prompts")
     check_plot(parser, not args.no_plots)
