@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from santa.bench import capture as cap_mod
@@ -52,3 +53,29 @@ def test_bench_cli_lists_capture():
     from santa.bench import cli
 
     assert "capture" in cli.COMMANDS and "capture" in cli.build_parser().format_help()
+
+
+@pytest.mark.slow
+def test_bench_real_times_and_grades_every_backend_on_the_bundled_model(tmp_path):
+    """santa bench real on CPU, tiny settings: one record per backend with a time and a needle score."""
+    import json
+
+    from santa.bench.real import main
+
+    rc = main(["--device", "cpu", "--dtype", "float32", "--lengths", "256", "--batches", "2", "--new-tokens", "4",
+               "--warm-tokens", "2", "--repeats", "1", "--out", str(tmp_path)])
+    assert rc == 0
+    report = json.loads((tmp_path / "real.json").read_text())
+    (case,) = report["cases"]
+    assert set(case["backends"]) == {"sdpa", "santa-prop"} and len(case["prompt_tokens"]) == 2
+    for row in case["backends"].values():
+        assert row["ms_per_token_median"] > 0 and 0.0 <= row["found"] <= 1.0
+    assert case["backends"]["santa-prop"]["share_of_v_read"] == min(1.0, 64 / min(case["prompt_tokens"]))
+
+
+def test_bench_real_refuses_warm_tokens_not_below_new_tokens(capsys):
+    from santa.bench.real import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--new-tokens", "4", "--warm-tokens", "4", "--device", "cpu"])
+    assert exit_info.value.code == 2 and "--warm-tokens (4) must be below --new-tokens (4)" in capsys.readouterr().err

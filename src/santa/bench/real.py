@@ -1,0 +1,110 @@
+"""``santa bench real``: decode speed of a real bundled model, dense vs santa, with the answers checked.
+
+For each (length, batch): ``batch`` needle prompts of about ``length`` tokens (needle seeds 0…B−1,
+so their lengths differ a little and run as one batch with per-sequence lengths) go through
+:func:`santa.model.generate` once per backend. The decode time per token is the difference of two
+runs, ``(t(new_tokens) − t(warm_tokens)) / (new_tokens − warm_tokens)``, so the prefill and the
+graph capture cancel; CUDA events, medians of ``--repeats``. The answers of the longer run are
+graded as ``santa generate`` grades them (the needle's value in the answer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from santa import cliargs
+
+
+def _timed_generate(model, prompts, tokens: int, **kwargs) -> tuple[float, list]:
+    """Seconds of one :func:`santa.model.generate` call (synchronised) and its outputs."""
+    from santa.model import generate
+
+    if torch.cuda.is_available() and next(model.parameters()).is_cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    outputs = generate(model, prompts, tokens, **kwargs)
+    if torch.cuda.is_available() and next(model.parameters()).is_cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0, outputs
+
+
+def bench_case(model, tokenizer, *, length: int, batch: int, backends: list[str], budget: int,
+               new_tokens: int, warm_tokens: int, repeats: int, seed: int) -> dict:
+    """ms per decode token and the needle score per backend for one (length, batch)."""
+    from santa.eval.tasks import contains_all, needle_prompt
+
+    prompts = [needle_prompt(tokenizer, length, seed=s) for s in range(batch)]
+    ids = [torch.tensor(tokenizer(p.text, add_special_tokens=False)["input_ids"]) for p in prompts]
+    case = {"length": length, "batch": batch, "prompt_tokens": [len(x) for x in ids], "backends": {}}
+    for backend in backends:
+        kwargs = dict(backend=backend, budget=budget, seed=seed)
+        per_token = []
+        for _ in range(repeats):
+            t_short, _ = _timed_generate(model, ids, warm_tokens, **kwargs)
+            t_long, outputs = _timed_generate(model, ids, new_tokens, **kwargs)
+            per_token.append((t_long - t_short) / (new_tokens - warm_tokens) * 1e3)
+        answers = [tokenizer.decode(o.tolist(), skip_special_tokens=True) for o in outputs]
+        found = [contains_all(a, p.answers) for a, p in zip(answers, prompts, strict=True)]
+        case["backends"][backend] = {
+            "ms_per_token_median": statistics.median(per_token), "ms_per_token_all": per_token,
+            "found": sum(found) / len(found), "answers": answers[:4],
+            "share_of_v_read": None if backend == "sdpa" else min(1.0, budget / min(case["prompt_tokens"])),
+        }
+        row = case["backends"][backend]
+        print(f"  n≈{length} B={batch} {backend:11s} {row['ms_per_token_median']:8.3f} ms/token  found {row['found']:.2f}", flush=True)
+    dense = case["backends"].get("sdpa")
+    if dense:
+        for row in case["backends"].values():
+            row["speedup_vs_sdpa"] = dense["ms_per_token_median"] / row["ms_per_token_median"]
+    return case
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="santa bench real", description=__doc__.splitlines()[0])
+    p.add_argument("--model", type=cliargs.bundled_model, default="smollm2-135m")
+    p.add_argument("--lengths", type=cliargs.int_list("prompt length", 256), default=[8192])
+    p.add_argument("--batches", type=cliargs.int_list("batch size", 1), default=[1, 16])
+    p.add_argument("--backends", type=cliargs.choice_list("backend", ("sdpa", "santa-prop", "santa-flash")),
+                   default=["sdpa", "santa-prop"])
+    p.add_argument("--budget", type=cliargs.int_in(1), default=64, help="S for the santa backends (default 64)")
+    p.add_argument("--new-tokens", type=cliargs.int_in(2), default=64, help="tokens of the timed (and graded) run")
+    p.add_argument("--warm-tokens", type=cliargs.int_in(1), default=16, help="tokens of the run subtracted from it")
+    p.add_argument("--repeats", type=cliargs.int_in(1), default=3)
+    p.add_argument("--seed", type=cliargs.int_in(0, 2**40), default=0)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--device", type=cliargs.device, default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", type=cliargs.output_folder, default=os.environ.get("OUT", "runs/bench_real"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.warm_tokens >= args.new_tokens:
+        parser.error(f"--warm-tokens ({args.warm_tokens}) must be below --new-tokens ({args.new_tokens})")
+    from santa.model import load_bundled
+
+    model, tokenizer = load_bundled(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+    results = {"model": args.model, "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
+               "dtype": args.dtype, "budget": args.budget, "date": time.strftime("%Y-%m-%d"),
+               "commit": os.environ.get("SANTA_COMMIT", ""), "cases": []}
+    os.makedirs(args.out, exist_ok=True)
+    for length in args.lengths:
+        for batch in args.batches:
+            results["cases"].append(bench_case(
+                model, tokenizer, length=length, batch=batch, backends=args.backends, budget=args.budget,
+                new_tokens=args.new_tokens, warm_tokens=args.warm_tokens, repeats=args.repeats, seed=args.seed))
+            with open(os.path.join(args.out, "real.json"), "w") as f:  # after every case: survives a crash
+                json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
