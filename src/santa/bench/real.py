@@ -4,7 +4,7 @@ For each (length, batch): ``batch`` needle prompts of about ``length`` tokens (n
 so their lengths differ a little and run as one batch with per-sequence lengths) go through
 :func:`santa.model.generate` once per backend. The decode time per token is the difference of two
 runs, ``(t(new_tokens) − t(warm_tokens)) / (new_tokens − warm_tokens)``, so the prefill and the
-graph capture cancel; CUDA events, medians of ``--repeats``. The answers of the longer run are
+graph capture cancel; one untimed warm-up call per backend, then medians of ``--repeats``. The answers of the longer run are
 graded as ``santa generate`` grades them (the needle's value in the answer).
 """
 
@@ -45,6 +45,7 @@ def bench_case(model, tokenizer, *, length: int, batch: int, backends: list[str]
     case = {"length": length, "batch": batch, "prompt_tokens": [len(x) for x in ids], "backends": {}}
     for backend in backends:
         kwargs = dict(backend=backend, budget=budget, seed=seed)
+        _timed_generate(model, ids, warm_tokens, **kwargs)  # warm-up: compilation, autotuning, allocator
         per_token = []
         for _ in range(repeats):
             t_short, _ = _timed_generate(model, ids, warm_tokens, **kwargs)
