@@ -53,12 +53,13 @@ def rounded_schedule(probs: Sequence[float], *, total: int, floor: int = 1) -> l
 
 
 def write_json_atomic(path: str | Path, obj: object) -> Path:
-    """Write ``obj`` as JSON to ``path`` all at once: a temporary file, fsync, rename, fsync of the folder."""
+    """Write ``obj`` as JSON to ``path`` all at once: a temporary file, fsync, rename, fsync of the folder.
+    Keys keep their order (layers in numeric order, not "0", "1", "10", …)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(staging, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
+        json.dump(obj, f, indent=1)
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())
