@@ -112,6 +112,7 @@ def cli(argv, capsys):
         (["--kl-tokens", "200"], "--kl-tokens"),
         (["--device", "tpu"], "--device"),
         (["--sampler", "dense"], "--sampler"),
+        (["--metric", "niah_multivalue", "--length", "200"], "at --length 200"),
     ],
 )
 def test_ablate_cli_refuses_bad_flags(tmp_path, capsys, flags, complaint):

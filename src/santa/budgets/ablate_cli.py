@@ -41,12 +41,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     check_model_arguments(parser, args, metric=args.metric)
     check_plot(parser, args.plot is not None)
-    from santa.budgets.rewards import model_layers
+    from santa.budgets.rewards import check_prompts, model_layers
 
     try:
         n_layers = model_layers(args.model)
     except (OSError, ValueError) as error:
         parser.error(f"cannot read the layers of {args.model!r}: {error}")
+    try:
+        check_prompts(args.model, metric=args.metric, length=args.length, prompt=args.prompts[0])
+    except ValueError as error:
+        parser.error(f"--metric {args.metric} at --length {args.length}: {error}")
     if args.layers is not None and max(args.layers) >= n_layers:
         parser.error(f"--layers must lie in 0-{n_layers - 1} ({args.model} has {n_layers} layers), got {max(args.layers)}")
     return run(args, n_layers)

@@ -61,6 +61,27 @@ def load(model: str, device: str = "cpu"):
     return load_model(model, device=device)
 
 
+def load_tokenizer(model: str):
+    """The model's tokenizer alone (no weights): to check prompts before any worker starts."""
+    if model == TINY:
+        from santa.budgets.tiny import byte_tokenizer
+
+        return byte_tokenizer()
+    from transformers import AutoTokenizer
+
+    from santa.assets import cache_dir
+
+    model_layers(model)  # builds the cache when missing
+    return AutoTokenizer.from_pretrained(cache_dir() / model)
+
+
+def check_prompts(model: str, *, metric: str, length: int, prompt: int) -> None:
+    """Build one prompt of the metric at ``length`` tokens; ValueError when it cannot be built (too short)."""
+    from santa.eval.runner import make_batch
+
+    make_batch(metric, load_tokenizer(model), length, [prompt], "cpu")
+
+
 def model_layers(model: str) -> int:
     """Number of decoder layers of a model, read from its config (the bundled cache, or tiny-random)."""
     if model == TINY:

@@ -88,12 +88,17 @@ def budgets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         import_ray()
     except RayMissing as error:
         parser.error(str(error))
-    from santa.budgets.rewards import RewardSpec, model_layers
+    from santa.budgets.rewards import RewardSpec, check_prompts, model_layers
 
     try:
         n_layers = model_layers(args.model)
     except (OSError, ValueError) as error:
         parser.error(f"cannot read the layers of {args.model!r}: {error}")
+    if args.reward != "synthetic":
+        try:
+            check_prompts(args.model, metric=args.reward, length=args.length, prompt=args.train_prompts[0])
+        except ValueError as error:
+            parser.error(f"--reward {args.reward} at --length {args.length}: {error}")
     total = args.total if args.total is not None else 8 * n_layers
     if total < args.floor * n_layers:
         parser.error(f"--total ({total}) is below --floor × layers ({args.floor} × {n_layers})")
@@ -115,6 +120,9 @@ def budgets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         )
     except CheckpointError as error:
         parser.error(str(error))
+    except RuntimeError as error:  # workers that cannot start (a model that does not load, …)
+        print(f"santa tune: error: {error}", file=sys.stderr)
+        return 1
     print(f"updates {result.state.version}, episodes {result.state.reward_count}, running mean reward {result.state.running_mean}")
     print(f"schedule (N = {total}): {result.schedule}")
     print(f"wrote {Path(args.out) / 'schedule.json'}")
@@ -146,10 +154,14 @@ def evaluate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if len(shapes) > 1:
         parser.error(f"the schedules must share their layer count and total, got (layers, total) {sorted(shapes)}")
     (n_layers, total), = shapes
-    from santa.budgets.rewards import model_layers
+    from santa.budgets.rewards import check_prompts, model_layers
 
     if model_layers(args.model) != n_layers:
         parser.error(f"the schedules have {n_layers} layers, {args.model} has {model_layers(args.model)}")
+    try:
+        check_prompts(args.model, metric=args.metric, length=args.length, prompt=args.prompts[0])
+    except ValueError as error:
+        parser.error(f"--metric {args.metric} at --length {args.length}: {error}")
     if args.ablation and not Path(args.ablation).exists():
         parser.error(f"--ablation {args.ablation}: no such file")
     if args.threads:
