@@ -25,9 +25,15 @@ for stage in "$@"; do
       python3 -m santa.bench.kernels --heads 14 --kv-heads 2 --head-dim 64 --sizes 4096 32768 --prop-budgets 128 \
         --flash-budgets 2048 --batches 16 --batch-keys 32768 --no-tune --out /tmp/qwen > "$OUT/qwen.log" 2>&1
       cp /tmp/qwen/kernels.json "$OUT/qwen.json" ;;
-    tune)
-      python3 -m santa.bench.kernels --sizes 8192 --prop-budgets 128 --flash-budgets 2048 --no-batch --no-flashinfer \
-        --out /tmp/tune > "$OUT/tune.log" 2>&1; cp /tmp/tune/kernels.json "$OUT/tune.json" ;;
+    tune)  # the prop Tuning sweep on the three models' shapes
+      V="--tune-variants default samples_per_program64 one_launchTrue samples_per_program64_one_launchTrue samples_per_program128_one_launchTrue"
+      python3 -m santa.bench.kernels --only-tune --no-flashinfer $V --out /tmp/tune > "$OUT/tune.log" 2>&1
+      cp /tmp/tune/kernels.json "$OUT/tune.json"
+      python3 -m santa.bench.kernels --only-tune --no-flashinfer $V --heads 9 --kv-heads 3 --head-dim 64 \
+        --tune-cases 1x4096,1x8192,16x8192,64x8192 --out /tmp/tune_s > "$OUT/tune_small.log" 2>&1
+      python3 -m santa.bench.kernels --only-tune --no-flashinfer $V --heads 14 --kv-heads 2 --head-dim 64 \
+        --tune-cases 1x4096,1x32768,16x32768 --out /tmp/tune_q >> "$OUT/tune_small.log" 2>&1
+      cp /tmp/tune_s/kernels.json "$OUT/tune_smollm2.json"; cp /tmp/tune_q/kernels.json "$OUT/tune_qwen.json" ;;
     stash1)  # the SmolLM2 GGUF travels in two ignored folders, one per call (.gguf1, then .gguf2), with .pkgs and .whlgg
       mkdir -p /tmp/pkgs /tmp/chunks; cp -r .pkgs/. /tmp/pkgs/
       python3 -m pip install -q --no-index --no-deps --target /tmp/site .whlgg/*.whl

@@ -505,6 +505,14 @@ def plot_real(results, path):
     fig.savefig(path, dpi=120)
 
 
+def tuning_name(tuning) -> str:
+    """``"default"``, or the fields that differ from it, e.g. ``one_launchTrue_samples_per_program64``."""
+    from santa.kernels import Tuning
+
+    base = vars(Tuning())
+    return "_".join(f"{k_}{v_}" for k_, v_ in vars(tuning).items() if v_ != base[k_]) or "default"
+
+
 def sweep_prop_tuning(results, flusher, args, n_keys=32768, batch=1):
     """prop launch variants (:class:`santa.kernels.Tuning`) at one size: speed only, samples do not change."""
     from santa.kernels import Tuning
@@ -523,9 +531,14 @@ def sweep_prop_tuning(results, flusher, args, n_keys=32768, batch=1):
         Tuning(samples_per_program=128, warps_pass2=4),
         Tuning(block_n=64), Tuning(block_n=256), Tuning(warps_pass1=8), Tuning(stages_pass1=2),
         Tuning(pdl=False),
+        Tuning(one_launch=True), Tuning(one_launch=True, samples_per_program=64),
+        Tuning(one_launch=True, samples_per_program=128),
     ]
+    if args.tune_variants:
+        names = {tuning_name(t): t for t in variants}
+        variants = [names[n] for n in args.tune_variants if n in names]
     for tuning in variants:
-        name = "_".join(f"{k_}{v_}" for k_, v_ in vars(tuning).items() if v_ is not None) or "default"
+        name = tuning_name(tuning)
         try:
             plan = santa_plan(q, k, 128, "prop", tuning=tuning)
             out = torch.empty_like(q)
@@ -589,6 +602,11 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-keys", type=int, default=32768, help="keys per sequence in the batched case")
     parser.add_argument("--no-flashinfer", action="store_true")
     parser.add_argument("--no-tune", action="store_true")
+    parser.add_argument("--only-tune", action="store_true", help="the prop tuning sweep alone")
+    parser.add_argument("--tune-variants", nargs="*", default=None,
+                        help="names of the sweep's variants to run (default: all), e.g. default one_launchTrue")
+    parser.add_argument("--tune-cases", default="1x8192,1x32768,1x131072,8x32768,32x32768",
+                        help="batch×keys cases of the tuning sweep (comma list)")
     parser.add_argument("--no-batch", action="store_true")
     parser.add_argument("--real", metavar="FILE", help="only the real-attention run, on a `santa bench capture` file "
                         "(writes real_attention.json/png)")
@@ -601,6 +619,14 @@ def main(argv=None) -> int:
     for name in ("heads", "kv_heads", "head_dim", "batch_keys"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(args, name)}")
+    try:
+        args.tune_cases = [tuple(int(x) for x in case.split("x")) for case in args.tune_cases.split(",")]
+    except ValueError:
+        parser.error(f"--tune-cases must be a comma list of BATCHxKEYS, got {args.tune_cases!r}")
+    if any(len(c) != 2 or min(c) < 1 for c in args.tune_cases):
+        parser.error(f"--tune-cases must be a comma list of BATCHxKEYS with both ≥ 1, got {args.tune_cases!r}")
+    if args.only_tune and args.no_tune:
+        parser.error("--only-tune and --no-tune exclude each other")
     if args.heads % args.kv_heads:
         parser.error(f"--heads {args.heads} must be a multiple of --kv-heads {args.kv_heads}")
     if args.head_dim not in (64, 128, 256):
@@ -649,9 +675,11 @@ def main(argv=None) -> int:
     sizes = [8192, 32768] if args.quick else args.sizes
     t0 = time.time()
     if not args.no_tune:
-        for batch, n in ((1, 8192), (1, 32768), (1, 131072), (8, 32768), (32, 32768)):
+        for batch, n in args.tune_cases:
             print(f"prop launch variants at batch {batch}, n_k = {n}:")
             sweep_prop_tuning(results, flusher, args, n, batch)
+        if args.only_tune:
+            sizes, args.no_batch = [], True
     for n in sizes:
         print(f"batch 1, n_k = {n}:")
         bench_single(n, results, flusher, args, fi)
