@@ -228,8 +228,8 @@ def test_eval_run_out_under_a_file_is_refused(capsys, tmp_path):
 def test_eval_run_parses_lists_and_ranges_into_the_grid(monkeypatch, tmp_path):
     seen = {}
 
-    def fake_sweep(jobs, out, *, device, batch_size):
-        seen.update(jobs=jobs, batch=batch_size)
+    def fake_sweep(jobs, out, *, device, batch_size, path):
+        seen.update(jobs=jobs, batch=batch_size, path=path)
         return len(jobs)
 
     monkeypatch.setattr(santa.eval.cli, "run_sweep", fake_sweep)
@@ -238,6 +238,7 @@ def test_eval_run_parses_lists_and_ranges_into_the_grid(monkeypatch, tmp_path):
     assert sorted({j.prompt for j in seen["jobs"]}) == [0, 1, 2, 7]
     assert sorted({j.budget for j in seen["jobs"] if j.method == "topk"}) == [16, 32]
     assert seen["batch"] == 3
+    assert seen["path"] in ("hf", "fast")  # --path auto, resolved before the sweep
 
 
 # --- santa eval report, variance, bernoulli ----------------------------------------------------------

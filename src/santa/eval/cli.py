@@ -10,7 +10,19 @@ import json
 import sys
 
 from santa import cliargs
-from santa.eval.runner import MAX_NEW_TOKENS, METHODS, PREFILLS, SweepFileError, grid, run_sweep
+from santa.eval.runner import (
+    FAST_ONLY,
+    HF_METHODS,
+    MAX_NEW_TOKENS,
+    METHODS,
+    PATHS,
+    PREFILLS,
+    SweepFileError,
+    check_paths,
+    grid,
+    resolve_path,
+    run_sweep,
+)
 from santa.eval.tasks import FIXED_LENGTH_TASKS, TASKS
 
 EXIT_STATUS = (
@@ -58,7 +70,12 @@ def add_run(sub) -> None:
         type=cliargs.int_list("length", 1),
         help=f"prompt lengths in tokens, comma list (≥ {cliargs.MIN_PROMPT_TOKENS}; cwe ≥ {MIN_LENGTH['cwe']}; ignored by gsm8k, mmlu)",
     )
-    run.add_argument("--methods", default=",".join(METHODS), type=cliargs.choice_list("method", METHODS), help=f"comma list of {', '.join(METHODS)}")
+    run.add_argument(
+        "--methods",
+        default=",".join(HF_METHODS),
+        type=cliargs.choice_list("method", METHODS),
+        help=f"comma list of {', '.join(METHODS)} (default {','.join(HF_METHODS)}; {' and '.join(FAST_ONLY)}: santa's kernels, fast path only)",
+    )
     run.add_argument("--budgets", default="16,32,64,128,256", type=cliargs.int_list("budget", 1), help="S (top-k: k), integers ≥ 1")
     run.add_argument("--prompts", default="0-9", type=cliargs.int_list("prompt seed", 0), help="prompt seeds ≥ 0: '0-49' or a comma list")
     run.add_argument("--seeds", default="0", type=cliargs.int_list("seed", 0, cliargs.MAX_SEED), help="sampler seeds for stochastic methods, in [0, 2**63)")
@@ -77,7 +94,15 @@ def add_run(sub) -> None:
         "--exact-when-covers", action="store_true", help="use exact attention when S ≥ keys (off: always sample)"
     )
     run.add_argument("--device", default=None, type=cliargs.device, help="cpu or cuda (default: cuda when present)")
-    run.add_argument("--batch", type=cliargs.positive_int, default=8, help="prompts run together (left-padded), ≥ 1")
+    run.add_argument("--batch", type=cliargs.positive_int, default=8, help="prompts run together, ≥ 1")
+    run.add_argument(
+        "--path",
+        default="auto",
+        choices=PATHS,
+        help="hf: transformers + santa.hf (left-padded); fast: santa.model (kernels for prop/flash, the reference for "
+        "iid/stratified/systematic/topk, sdpa for dense; KL, sampled prefill and Bernoulli scores stay on hf); "
+        "auto (default): fast on CUDA, hf elsewhere",
+    )
     run.add_argument("--threads", type=cliargs.positive_int, default=None, help="torch CPU threads, ≥ 1")
     run.set_defaults(error=run.error)
 
@@ -147,6 +172,13 @@ def check_args(args: argparse.Namespace) -> None:
                 args.error(f"argument --lengths: task {task} needs prompts of ≥ {min_length(task)} tokens, got {short[0]}")
         if "kl" in args.tasks and args.kl_tokens >= min(args.lengths):
             args.error(f"argument --kl-tokens: must be below every --lengths value (the KL context), got {args.kl_tokens} ≥ {min(args.lengths)}")
+        args.path = resolve_path(args.path, default_device(args.device))
+        if args.path == "hf" and set(args.methods) & set(FAST_ONLY):
+            args.error(f"argument --methods: {' and '.join(FAST_ONLY)} run on the fast path only (--path fast; auto picks it on CUDA)")
+        try:
+            check_paths(run_grid(args), args.path)
+        except ValueError as error:
+            args.error(f"argument --methods: {error}")
     elif args.command == "report":
         if args.delta and not args.pivot:
             args.error("argument --delta: only with --pivot")
@@ -163,8 +195,9 @@ def fail(command: str, error: Exception) -> int:
     return 1
 
 
-def run_command(args: argparse.Namespace) -> int:
-    jobs = grid(
+def run_grid(args: argparse.Namespace) -> list:
+    """The jobs of ``eval run``'s flags."""
+    return grid(
         models=args.model,
         tasks=args.tasks,
         lengths=args.lengths,
@@ -178,7 +211,11 @@ def run_command(args: argparse.Namespace) -> int:
         score_samples=args.score_samples,
         exact_when_covers=args.exact_when_covers,
     )
-    ran = run_sweep(jobs, args.out, device=args.device, batch_size=args.batch)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    jobs = run_grid(args)
+    ran = run_sweep(jobs, args.out, device=args.device, batch_size=args.batch, path=args.path)
     print(f"{len(jobs)} jobs in the grid, {ran} run now, {len(jobs) - ran} already in {args.out}")
     return 0
 

@@ -7,6 +7,21 @@ prefill, not M. Each finished job is appended to the JSONL file at once (one ``w
 on an ``O_APPEND`` descriptor, then ``fsync``), and a re-run skips every job whose key is already in
 the file: a killed sweep loses only the method it was running on the batch in flight.
 
+Two paths run a job (``path=`` of :func:`run_sweep`, recorded in each record's ``"path"``):
+
+- ``"hf"``: the transformers model with :mod:`santa.hf`'s attention (left-padded batches, the
+  reference samplers); every job can run here but ``prop`` / ``flash``.
+- ``"fast"``: :mod:`santa.model` on the same weights: right-padded batch with per-sequence lengths,
+  one dense prefill, the decode step as one CUDA graph on CUDA. ``prop`` / ``flash`` run
+  :func:`santa.kernels.decode` (record ``"santa.model/kernels"``; ``"santa.model/kernels-torch"``
+  where Triton does not run, i.e. on CPU without ``TRITON_INTERPRET=1``), iid / stratified /
+  systematic / top-k the reference on the same cache (``"santa.model/reference"``), dense SDPA
+  (``"santa.model/sdpa"``). Jobs it cannot run — teacher-forced KL, sampled prefill, Bernoulli
+  scores, ``exact_when_covers`` — stay on the HF path, with ``"path_reason"`` in their record.
+
+The path is not part of the job key: a sweep resumes across paths (both run the same estimator
+on the same prompts; records say which ran).
+
 One writer per file: :func:`run_sweep` holds an exclusive ``flock`` on the file while it runs, so a
 second sweep on the same file stops at once (:class:`SweepLocked`) instead of writing every record
 twice. The kernel drops the lock with the process, so a killed sweep leaves no stale lock behind.
@@ -32,11 +47,17 @@ from pathlib import Path
 import torch
 
 import santa.hf
-from santa.decoding import greedy_continue_batch, left_pad, padded_forward, returned_cache
+import santa.model
+from santa.decoding import greedy_continue_batch, left_pad, padded_forward, returned_cache, stop_token_ids
 from santa.eval.grading import grade
 from santa.eval.tasks import FIXED_LENGTH_TASKS, TASKS, Prompt, build_prompt
 
-METHODS = ("dense", "iid", "stratified", "systematic", "topk")
+HF_METHODS = ("dense", "iid", "stratified", "systematic", "topk")
+FAST_ONLY = ("prop", "flash")  # santa.kernels' decode: the fast path only
+METHODS = HF_METHODS + FAST_ONLY
+PATHS = ("auto", "hf", "fast")
+# method → santa.model backend on the fast path
+FAST_BACKENDS = {"dense": "sdpa", "prop": "santa-prop", "flash": "santa-flash"} | {m: m for m in santa.model.REFERENCE_BACKENDS}
 MAX_NEW_TOKENS = 64  # default answer budget of the generation tasks (RULER-style: 64, as the paper)
 STOCHASTIC = ("iid", "stratified", "systematic")
 PREFILLS = ("dense", "sampled")
@@ -91,7 +112,7 @@ def grid(
     models: Iterable[str],
     tasks: Iterable[str],
     lengths: Iterable[int],
-    methods: Iterable[str] = METHODS,
+    methods: Iterable[str] = HF_METHODS,
     budgets: Iterable[int] = (16, 32, 64, 128, 256),
     prompts: Iterable[int] = range(10),
     seeds: Iterable[int] = (0,),
@@ -335,12 +356,17 @@ def check_prompt_length(prompt: Prompt, n_tokens: int) -> None:
         )
 
 
-def make_batch(task: str, tokenizer, length: int, prompt_seeds: list[int], device) -> Batch:
+def batch_prompts(task: str, tokenizer, length: int, prompt_seeds: list[int]) -> tuple[list[Prompt], list[list[int]]]:
+    """The prompts of one (task, length), checked against the length, and their token ids."""
     prompts = [build_prompt(task, tokenizer, length, seed) for seed in prompt_seeds]
     if task not in FIXED_LENGTH_TASKS:
         for prompt in prompts:
             check_prompt_length(prompt, length)
-    token_lists = [tokenizer(p.text, add_special_tokens=False).input_ids for p in prompts]
+    return prompts, [tokenizer(p.text, add_special_tokens=False).input_ids for p in prompts]
+
+
+def make_batch(task: str, tokenizer, length: int, prompt_seeds: list[int], device) -> Batch:
+    prompts, token_lists = batch_prompts(task, tokenizer, length, prompt_seeds)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     ids, mask = left_pad(token_lists, pad_id or 0, device)
     return Batch(prompts, ids, mask, [len(t) for t in token_lists])
@@ -512,6 +538,178 @@ def _run_kl_batch(model, batch: Batch, batch_jobs: list[Job], on_done) -> None:
             )
 
 
+# --- the fast path: santa.model on the same weights --------------------------------------------
+
+
+def resolve_path(path: str, device: str | torch.device) -> str:
+    """``"auto"`` → ``"fast"`` on CUDA, ``"hf"`` elsewhere; ``"hf"`` / ``"fast"`` as given."""
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    if path != "auto":
+        return path
+    return "fast" if torch.device(device).type == "cuda" else "hf"
+
+
+def fast_dtype(device: str | torch.device) -> torch.dtype:
+    """The fast path's weights and cache: bfloat16 on CUDA (the product's), float32 elsewhere."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def to_fast_model(hf_model) -> santa.model.Transformer:
+    """santa.model's :class:`~santa.model.Transformer` on the HF model's device, in :func:`fast_dtype`."""
+    device = next(hf_model.parameters()).device
+    return santa.model.Transformer.from_hf(hf_model, dtype=fast_dtype(device)).eval()
+
+
+def path_label(backend: str, device: str | torch.device) -> str:
+    """The ``"path"`` a fast-path record carries for a santa.model backend."""
+    if backend in santa.model.REFERENCE_BACKENDS:
+        return "santa.model/reference"
+    if backend.startswith("santa-"):
+        from santa.kernels import use_triton
+
+        return "santa.model/kernels" if use_triton(torch.device(device)) else "santa.model/kernels-torch"
+    return f"santa.model/{backend}"
+
+
+def hf_reason(job: Job) -> str | None:
+    """Why ``job`` must run on the HF path (None: the fast path can run it)."""
+    if job.task == "kl":
+        return "teacher-forced KL: santa.model has no teacher-forced chunk, so KL runs on the HF path"
+    if job.prefill == "sampled":
+        return "sampled prefill: santa.model prefills densely, so this runs on the HF path"
+    if job.score_samples:
+        return "Bernoulli qKᵀ scores run on the HF path only"
+    if job.exact_when_covers:
+        return "exact_when_covers runs on the HF path only"
+    return None
+
+
+def check_paths(jobs: Iterable[Job], path: str) -> None:
+    """Refuse (``ValueError``) prop / flash jobs that would have to run on the HF path, which has no
+    kernel path for left-padded batches. ``path``: ``"hf"`` or ``"fast"`` (resolved)."""
+    for job in jobs:
+        if job.method in FAST_ONLY:
+            reason = "--path hf was asked for" if path == "hf" else hf_reason(job)
+            if reason is not None:
+                raise ValueError(f"method {job.method} runs on the fast path only (santa.kernels), but {reason}")
+
+
+@dataclass
+class FastPrefill:
+    """One dense prefill of a right-padded batch into santa.model's static cache, shared by every
+    method: decode never writes below ``lengths[b]``, so each method restarts from ``first``."""
+
+    first: torch.Tensor  # [B, 1] int64: the prefill's greedy token
+    lengths: torch.Tensor  # [B] int64: prompt tokens per sequence
+    max_new_tokens: int  # the cache holds T_max + this
+    seconds: float
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def fast_prefill(model: santa.model.Transformer, token_lists: list[list[int]], max_new_tokens: int) -> FastPrefill:
+    """Set up caches for ``B = len(token_lists)`` prompts plus ``max_new_tokens`` and prefill them densely."""
+    device = model.output.weight.device
+    padded, lengths = santa.model.pad_prompts(token_lists, vocab_size=model.args.vocab_size, device=device)  # [B, T], [B]
+    model.setup_caches(padded.shape[0], padded.shape[1] + max_new_tokens)
+    _sync(device)
+    start = time.perf_counter()
+    first = santa.model.prefill(model, padded, lengths=lengths)  # [B, 1]
+    _sync(device)
+    return FastPrefill(first, lengths, max_new_tokens, time.perf_counter() - start)
+
+
+@torch.inference_mode()
+def fast_decode(
+    model: santa.model.Transformer, pre: FastPrefill, max_new_tokens: int, *, backend: str, budget: int, seed: int, stop_tokens: Iterable[int]
+) -> tuple[list[list[int]], float]:
+    """Greedy decode from a shared :class:`FastPrefill` with one santa.model backend → (each row's
+    tokens, up to and including its first stop token; seconds). The loop of
+    :func:`santa.model.generate`, after its prefill; on CUDA the step is one CUDA graph (not for
+    the reference backends, which check on the host)."""
+    if not 1 <= max_new_tokens <= pre.max_new_tokens:
+        raise ValueError(f"max_new_tokens must be in [1, {pre.max_new_tokens}] (the cache's room), got {max_new_tokens}")
+    device = pre.first.device
+    ctx = santa.model.make_context(model, backend, prompt_len=pre.lengths, budget=max(budget, 1), seed=seed)  # dense: budget 0
+    stops = torch.tensor(sorted(stop_tokens), dtype=torch.long, device=device)  # [n_stop]
+    token, input_pos = pre.first.clone(), pre.lengths.clone()  # [B, 1], [B]
+    done = (token == stops).any(-1)  # [B]
+    use_graph = device.type == "cuda" and backend not in santa.model.REFERENCE_BACKENDS
+
+    def step():
+        santa.model.advance(token, santa.model.decode_step(model, token, input_pos, ctx), input_pos, ctx, stop_tokens=stops, done=done)
+
+    _sync(device)
+    start = time.perf_counter()
+    out, graph = [token.clone()], None
+    for i in range(1, max_new_tokens):
+        if i % santa.model.STOP_CHECK_EVERY == 0 and bool(done.all()):
+            break
+        if graph is not None:
+            graph.replay()
+        elif use_graph:
+            graph = santa.model.cuda_graph_of(step)
+        else:
+            step()
+        out.append(token.clone())
+    rows = torch.cat(out, dim=1).tolist()
+    seconds = time.perf_counter() - start
+    stop = set(stops.tolist())
+    return [row[: next((j + 1 for j, t in enumerate(row) if t in stop), len(row))] for row in rows], seconds
+
+
+def nominal_share(backend: str, budget: int, n_prompt: int, steps: int) -> float:
+    """Share of visible V rows a fast-path backend reads per query head, averaged over ``steps``
+    decode steps after ``n_prompt`` prompt tokens: ``min(S, n) / n`` for the sampled ones (S rows
+    drawn, at most every row), 1 for dense."""
+    if backend == "sdpa" or steps == 0:
+        return 1.0
+    shares = [min(budget, n) / n for n in range(n_prompt + 1, n_prompt + 1 + steps)]
+    return sum(shares) / len(shares)
+
+
+def run_fast_batch(model: santa.model.Transformer, tokenizer, batch_jobs: list[Job], on_done) -> None:
+    """The jobs of one batch of prompts on the fast path: one dense prefill, then each method
+    decodes the whole batch from it; ``on_done(job, record)`` after each job."""
+    first = batch_jobs[0]
+    device = model.output.weight.device
+    seeds = sorted({j.prompt for j in batch_jobs})
+    prompts, token_lists = batch_prompts(first.task, tokenizer, first.length, seeds)
+    pre = fast_prefill(model, token_lists, max(j.max_new_tokens for j in batch_jobs))
+    stops = stop_token_ids(tokenizer)
+    for cell in method_cells(batch_jobs):
+        job = cell[0]
+        backend = FAST_BACKENDS[job.method]
+        rows, decode_s = fast_decode(model, pre, job.max_new_tokens, backend=backend, budget=job.budget, seed=job.seed, stop_tokens=stops)
+        for job in cell:
+            i = seeds.index(job.prompt)
+            answer = tokenizer.decode(rows[i], skip_special_tokens=True).strip()
+            on_done(
+                job,
+                {
+                    "score": grade(prompts[i], answer),
+                    "answer": answer,
+                    "expected": list(prompts[i].answers),
+                    "prompt_tokens": len(token_lists[i]),
+                    "new_tokens": len(rows[i]),
+                    "v_rows_read": nominal_share(backend, job.budget, len(token_lists[i]), len(rows[i]) - 1),
+                    "v_rows_read_kv": 1.0 if backend == "sdpa" else None,
+                    "v_rows_read_mode": "nominal min(S, n)/n",
+                    "k_features_read": None,
+                    "batch": len(prompts),
+                    "prefill_s": pre.seconds,
+                    "decode_s": decode_s,
+                    "path": path_label(backend, device),
+                    "dtype": str(model.output.weight.dtype).removeprefix("torch."),
+                },
+            )
+
+
 def git_commit() -> str | None:
     try:
         return subprocess.run(
@@ -553,10 +751,14 @@ def run_sweep(
     batch_size: int = 8,
     progress: bool = True,
     load=None,
+    path: str = "auto",
 ) -> int:
     """Run every job of ``jobs`` not yet in ``out``; returns the number run.
 
-    batch_size: prompts run together (left-padded); every method of the grid runs on the batch.
+    batch_size: prompts run together; every method of the grid runs on the batch.
+    path: ``"hf"``, ``"fast"`` or ``"auto"`` (fast on CUDA, hf elsewhere): see the module
+    docstring; prop / flash jobs that cannot run on the fast path are refused (``ValueError``)
+    before anything loads.
     ``load(model_name, device)`` → (model, tokenizer) defaults to :func:`santa.assets.load_model`.
     The file is locked for the whole run (:func:`sweep_lock`): a second sweep on it raises
     :class:`SweepLocked` before it reads or loads anything. A plain (not gzip) JSONL file only.
@@ -565,6 +767,8 @@ def run_sweep(
     if load is None:
         from santa.assets import load_model as load
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    path = resolve_path(path, device)
+    check_paths(jobs, path)
     out = Path(out)
     if out.suffix == ".gz":
         raise SweepFileError(f"{out}: a sweep appends lines and cannot write gzip; run on the uncompressed .jsonl")
@@ -575,12 +779,12 @@ def run_sweep(
         done = {r["key"] for r in read_records(out)}
         pending = [j for j in jobs if j.key() not in done]
         if pending:
-            _run_pending(pending, out, device, batch_size, progress, load)
+            _run_pending(pending, out, device, batch_size, progress, load, path)
     return len(pending)
 
 
-def _run_pending(pending: list[Job], out: Path, device: str, batch_size: int, progress: bool, load) -> None:
-    """Run ``pending`` in batches, appending each record to ``out`` as it finishes."""
+def _run_pending(pending: list[Job], out: Path, device: str, batch_size: int, progress: bool, load, path: str) -> None:
+    """Run ``pending`` in batches on ``path`` ("hf" or "fast"), appending each record to ``out`` as it finishes."""
     from tqdm import tqdm
 
     environment = {
@@ -594,11 +798,20 @@ def _run_pending(pending: list[Job], out: Path, device: str, batch_size: int, pr
     bar = tqdm(total=len(pending), desc="santa eval", unit="job", disable=not progress)
     loaded: dict[str, tuple] = {}
 
-    def on_done(job: Job, result: dict) -> None:
-        append_record(out, {"key": job.key(), **asdict(job), **result, **environment, "time": time.time()})
-        bar.update(1)
-        score = f" qK B={job.score_samples}" if job.score_samples else ""
-        bar.set_postfix_str(f"{job.task} {job.length} {job.method} S={job.budget}{score}")
+    def recorder(on_hf: bool):
+        """on_hf: the records of run_batch (the HF path), with why it ran there when the fast path was asked for."""
+
+        def on_done(job: Job, result: dict) -> None:
+            extra = {"path": "hf"} if on_hf else {}
+            if on_hf and path == "fast":
+                extra["path_reason"] = hf_reason(job)
+            record = {"key": job.key(), **asdict(job), **extra, **result, **environment, "time": time.time()}
+            append_record(out, record)
+            bar.update(1)
+            score = f" qK B={job.score_samples}" if job.score_samples else ""
+            bar.set_postfix_str(f"{job.task} {job.length} {job.method} S={job.budget}{score} ({record['path']})")
+
+        return on_done
 
     for batch_jobs in batches(pending, batch_size):
         model_name = batch_jobs[0].model
@@ -606,5 +819,15 @@ def _run_pending(pending: list[Job], out: Path, device: str, batch_size: int, pr
             loaded.clear()
             loaded[model_name] = load(model_name, device=device)
         model, tokenizer = loaded[model_name]
-        run_batch(model, tokenizer, batch_jobs, on_done)
+        if path == "hf":
+            run_batch(model, tokenizer, batch_jobs, recorder(on_hf=True))
+            continue
+        fast_jobs = [j for j in batch_jobs if hf_reason(j) is None]
+        hf_jobs = [j for j in batch_jobs if hf_reason(j) is not None]
+        if fast_jobs:
+            if len(loaded[model_name]) == 2:
+                loaded[model_name] += (to_fast_model(model),)
+            run_fast_batch(loaded[model_name][2], tokenizer, fast_jobs, recorder(on_hf=False))
+        if hf_jobs:
+            run_batch(model, tokenizer, hf_jobs, recorder(on_hf=True))
     bar.close()
