@@ -306,26 +306,6 @@ def test_planned_run_equals_eager_decode_and_leaves_the_semaphores_at_zero(paged
         assert not plan.workspace.views["sem"].any()
 
 
-@pytest.mark.parametrize("samples_per_program", [8, 64])
-def test_one_launch_prop_gives_the_two_launch_counts_and_resets_its_counters(samples_per_program):
-    from santa.kernels import Tuning, plan_decode
-
-    q, k, v = make_inputs(2, 6, 2, 32, 300, seed=16)
-    seq_lens = torch.tensor([300, 77], dtype=torch.int32, device=DEVICE)
-    plans = [plan_decode(batch=2, heads=6, kv_heads=2, head_dim=32, n_keys=300, budget=48, dtype=q.dtype, device=DEVICE,
-                         tuning=Tuning(samples_per_program=samples_per_program, one_launch=one)) for one in (False, True)]
-    results = []
-    for plan in plans:
-        for _ in range(2):  # the second run reuses the counters
-            counts = torch.zeros(2, 6, 300, dtype=torch.int32, device=DEVICE)
-            results.append((plan.run(q, k, v, seq_lens=seq_lens, seed=3, offset=1, counts=counts), counts))
-        assert not plan.workspace.views["sem"].any() and not plan.workspace.views["group_sem"].any()
-    (two_out, two_counts), _, (one_out, one_counts), (again_out, again_counts) = results
-    assert torch.equal(one_counts, two_counts) and torch.equal(again_counts, two_counts)
-    torch.testing.assert_close(one_out, two_out, rtol=1e-5, atol=1e-6)
-    assert torch.equal(again_out, one_out)
-
-
 def test_cpu_fallback_without_interpreter_computes_the_same_estimator(monkeypatch):
     q, k, v = make_inputs(2, 4, 2, 32, 100, seed=10)
     q, k, v = q.cpu(), k.cpu(), v.cpu()

@@ -26,7 +26,7 @@ for stage in "$@"; do
         --flash-budgets 2048 --batches 16 --batch-keys 32768 --no-tune --out /tmp/qwen > "$OUT/qwen.log" 2>&1
       cp /tmp/qwen/kernels.json "$OUT/qwen.json" ;;
     tune)  # the prop Tuning sweep on the three models' shapes
-      V="--tune-variants default samples_per_program64 one_launchTrue samples_per_program64_one_launchTrue samples_per_program128_one_launchTrue"
+      V="--tune-variants default samples_per_program64 samples_per_program128 warps_pass24"
       python3 -m santa.bench.kernels --only-tune --no-flashinfer $V --out /tmp/tune > "$OUT/tune.log" 2>&1
       cp /tmp/tune/kernels.json "$OUT/tune.json"
       python3 -m santa.bench.kernels --only-tune --no-flashinfer $V --heads 9 --kv-heads 3 --head-dim 64 \

@@ -506,7 +506,7 @@ def plot_real(results, path):
 
 
 def tuning_name(tuning) -> str:
-    """``"default"``, or the fields that differ from it, e.g. ``one_launchTrue_samples_per_program64``."""
+    """``"default"``, or the fields that differ from it, e.g. ``warps_pass24_samples_per_program64``."""
     from santa.kernels import Tuning
 
     base = vars(Tuning())
@@ -531,8 +531,6 @@ def sweep_prop_tuning(results, flusher, args, n_keys=32768, batch=1):
         Tuning(samples_per_program=128, warps_pass2=4),
         Tuning(block_n=64), Tuning(block_n=256), Tuning(warps_pass1=8), Tuning(stages_pass1=2),
         Tuning(pdl=False),
-        Tuning(one_launch=True), Tuning(one_launch=True, samples_per_program=64),
-        Tuning(one_launch=True, samples_per_program=128),
     ]
     if args.tune_variants:
         names = {tuning_name(t): t for t in variants}
@@ -604,7 +602,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-tune", action="store_true")
     parser.add_argument("--only-tune", action="store_true", help="the prop tuning sweep alone")
     parser.add_argument("--tune-variants", nargs="*", default=None,
-                        help="names of the sweep's variants to run (default: all), e.g. default one_launchTrue")
+                        help="names of the sweep's variants to run (default: all), e.g. default samples_per_program64")
     parser.add_argument("--tune-cases", default="1x8192,1x32768,1x131072,8x32768,32x32768",
                         help="batch×keys cases of the tuning sweep (comma list)")
     parser.add_argument("--no-batch", action="store_true")

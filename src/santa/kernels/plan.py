@@ -41,7 +41,6 @@ class Tuning:
     warps_pass2: int | None = None
     samples_per_program: int | None = None  # pass-2 samples per program
     pdl: bool | None = None  # pass 2 as a programmatic dependent launch (Hopper)
-    one_launch: bool = False  # both passes in one launch: the last pass-1 program of a group gathers its samples
 
 
 def prop_tile(dim: int, tuning: Tuning = Tuning()) -> int:
@@ -104,7 +103,6 @@ def workspace_regions(key: WorkspaceKey) -> tuple[tuple[str, torch.dtype, tuple[
         n_chunks = key.sample_chunks
         regions = [
             ("sem", torch.int32, (rows,)),  # zero when made; every call leaves it at zero
-            ("group_sem", torch.int32, (rows,)),  # one-launch prop: arrivals per (sequence, KV head), also left at zero
             ("stash", torch.float32, (rows, tiles * key.block_n)),
             ("tile_max", torch.float32, (rows, tiles)),
             ("tile_mass", torch.float32, (rows, tiles)),

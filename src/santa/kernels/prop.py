@@ -248,50 +248,6 @@ def _prop_gather_kernel(
     )
 
 
-@triton.jit(do_not_specialize=["seed", "offset", "budget"])
-def _prop_one_launch_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, partial_ptr, sem_ptr,
-    group_sem_ptr, out_ptr, counts_ptr, offset_ptr,
-    seed, offset, budget, n_keys, n_pages, n_kv_heads, tiles_max,
-    stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
-    stride_stash, stride_stats, stride_ob, stride_oh, stride_counts, qk_scale,
-    G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_T: tl.constexpr, SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr,
-    ONE_CHUNK_T: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
-    IEEE_DOT: tl.constexpr, OFFSET_IN_MEMORY: tl.constexpr, RETURN_COUNTS: tl.constexpr,
-):
-    """Both passes in one launch, with no waiting: every program does its pass-1 tile, then arrives
-    at its (sequence, KV head)'s counter; the last to arrive, which sees every tile of the group
-    written, runs pass 2 for the group's G heads (``N_CHUNKS`` chunks each) and resets the counter."""
-    t = tl.program_id(0)
-    pid_bk = tl.program_id(1)
-    b = pid_bk // n_kv_heads
-    kvh = pid_bk % n_kv_heads
-    seq_len, bad_len = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
-    _prop_tile(
-        q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, n_pages, n_kv_heads,
-        stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, qk_scale,
-        G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT,
-    )
-    tl.debug_barrier()
-    arrived = tl.atomic_add(group_sem_ptr + pid_bk, 1, sem="acq_rel")
-    if arrived == tiles_max - 1:
-        off_lo, off_hi = load_offset(offset, offset_ptr, OFFSET_IN_MEMORY)
-        n_heads = n_kv_heads * G
-        for g in range(G):
-            h = kvh * G + g
-            row = b * n_heads + h
-            u = philox_uniform(seed, off_lo, off_hi, row, 0, [SBLOCK])  # one U per (sequence, head)
-            for c in range(N_CHUNKS):
-                _prop_chunk(
-                    v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
-                    c, row, b, h, kvh, seq_len, bad_len, n_pages, u, budget, tiles_max,
-                    stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
-                    D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, N_CHUNKS, CHUNK_BLOCK, ONE_CHUNK_T, PAGED, PAGE_SIZE, RETURN_COUNTS, ".cg",
-                )
-        tl.atomic_xchg(group_sem_ptr + pid_bk, 0)
-
-
 def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool) -> list:
     """prop's two launches for a :class:`santa.kernels.plan.DecodePlan`: ``[(name, Launcher, make_args)]``,
     ``make_args`` mapping the call's arguments (``DecodePlan._arguments``) to the kernel's keywords."""
@@ -327,29 +283,6 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
     def stats(ws: dict) -> dict:
         return dict(stash_ptr=ws["stash"], tile_max_ptr=ws["tile_max"], tile_mass_ptr=ws["tile_mass"])
 
-    if tuning.one_launch:
-        one = Launcher(_prop_one_launch_kernel, grid=(plan.tiles, shape.batch * shape.kv_heads), fixed=dict(
-            fixed1, budget=plan.budget, tiles_max=plan.tiles,
-        ), meta=dict(
-            common, BLOCK_G=plan.block_g, IEEE_DOT=plan.ieee_dot, BLOCK_T=block_t, SBLOCK=sblock, N_CHUNKS=n_chunks,
-            CHUNK_BLOCK=min(32, triton.next_power_of_2(n_chunks)), ONE_CHUNK_T=plan.tiles <= block_t,
-            OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts,
-            num_warps=tuning.warps_pass1 or (8 if shape.head_dim > 128 else 4), num_stages=tuning.stages_pass1 or 1,
-        ))
-
-        def one_args(a: dict) -> dict:
-            kb, kn, kh = a["k_strides"]
-            vb, vn, vh = a["v_strides"]
-            return dict(
-                q_ptr=a["q"], k_ptr=a["k"], v_ptr=a["v"], bt_ptr=a["block_table"], seq_lens_ptr=a["seq_lens"], **stats(a["ws"]),
-                partial_ptr=a["ws"]["partial"], sem_ptr=a["ws"]["sem"], group_sem_ptr=a["ws"]["group_sem"], out_ptr=a["out"],
-                counts_ptr=a["counts"], offset_ptr=a["offset_ptr"], seed=a["seed"], offset=a["offset"], n_pages=a["n_pages"],
-                stride_qb=a["q"].stride(0), stride_qh=a["q"].stride(1), stride_bt=a["stride_bt"],
-                stride_kb=kb, stride_kn=kn, stride_kh=kh, stride_vb=vb, stride_vn=vn, stride_vh=vh,
-                stride_ob=a["out"].stride(0), stride_oh=a["out"].stride(1), stride_counts=a["counts"].stride(1) if return_counts else 0,
-            )
-
-        return [("one_launch", one, one_args)]
 
     def pass1_args(a: dict) -> dict:
         kb, kn, kh = a["k_strides"]
