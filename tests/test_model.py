@@ -294,3 +294,30 @@ def test_bench_e2e_runs_every_cpu_backend_on_the_tiny_config(tmp_path):
     assert all("ms_per_token" in r for r in rows.values())
     assert rows["sdpa"]["attn_rel_err_layer0"] < 1e-5
     assert "amdahl_limit" in report["summary"][0]
+
+
+@pytest.mark.parametrize("backend", ["santa-prop", "systematic"])
+def test_layer_budgets_set_the_budget_of_each_layer(backend, monkeypatch, tiny_model):
+    """A ``santa tune budgets`` schedule: layer 1 samples 7 per head, layer 0 the default 5."""
+    import santa.model as model_mod
+
+    seen = []
+    if backend == "santa-prop":
+        real = model_mod.santa_kernels.decode
+        monkeypatch.setattr(model_mod.santa_kernels, "decode", lambda q, k, v, budget, **kw: seen.append(budget) or real(q, k, v, budget, **kw))
+    else:
+        real = model_mod.sampled_attention
+        monkeypatch.setattr(model_mod, "sampled_attention", lambda q, k, v, budget, **kw: seen.append(budget) or real(q, k, v, budget, **kw))
+    generate(tiny_model, [[1, 2, 3, 4, 5]], 3, backend=backend, budget=5, layer_budgets={1: 7}, cuda_graph=False)
+    assert seen == [5, 7] * 2  # two decode steps after the prefill's token, layers 0 and 1
+
+
+@pytest.mark.parametrize("layer_budgets,error,match", [
+    ({2: 4}, ValueError, r"layer indices in \[0, 2\)"),
+    ({"0": 4}, ValueError, "layer indices"),
+    ({0: 0}, ValueError, r"layer_budgets\[0\]"),
+    ([4, 4], TypeError, "layer_budgets must be a dict"),
+])
+def test_layer_budgets_are_checked(layer_budgets, error, match, tiny_model):
+    with pytest.raises(error, match=match):
+        generate(tiny_model, [[1, 2, 3]], 2, backend="santa-prop", budget=4, layer_budgets=layer_budgets, cuda_graph=False)

@@ -130,9 +130,11 @@ class DecodeContext:
     seq_lens: Tensor
     attn_bias: Tensor | None = None
     budget: int = 128
+    layer_budgets: dict[int, int] | None = None  # {layer: S} overriding ``budget`` there (santa tune budgets)
     seed: int = 0
     offset: Tensor | None = None
-    workspace: Tensor | None = None
+    workspace: Tensor | None = None  # the kernels' workspace for ``budget``; ``workspaces`` for the per-layer ones
+    workspaces: dict[int, object] | None = None
     flashinfer: object | None = None
     page_size: int = 16
     santa_impl: str = "auto"  # "auto" / "kernels": santa.kernels.decode; "torch": santa.kernels.reference
@@ -148,19 +150,38 @@ class DecodeContext:
         if self.offset is not None:
             self.offset.add_(1)
 
+    def budget_of(self, layer: int) -> int:
+        """S in ``layer``: its entry of ``layer_budgets``, else ``budget``."""
+        return self.layer_budgets.get(layer, self.budget) if self.layer_budgets else self.budget
+
+    def workspace_of(self, layer: int):
+        budget = self.budget_of(layer)
+        return self.workspace if budget == self.budget else self.workspaces[budget]
+
 
 def make_context(
-    model: Transformer, backend: str, *, prompt_len: int | Tensor, budget: int = 128, seed: int = 0, santa_impl: str = "auto"
+    model: Transformer, backend: str, *, prompt_len: int | Tensor, budget: int = 128, seed: int = 0, santa_impl: str = "auto",
+    layer_budgets: dict[int, int] | None = None,
 ) -> DecodeContext:
     """A context for decoding after prompts of ``prompt_len`` tokens (caches already set up).
 
     prompt_len: one int for the batch, or int ``[B]`` per sequence (not with flashinfer).
+    layer_budgets: ``{layer: S}`` for the sampled backends (e.g. from
+    :func:`santa.budgets.schedule.load_layer_budgets`); layers not in it use ``budget``.
     """
     if backend not in BACKENDS + REFERENCE_BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS + REFERENCE_BACKENDS}, got {backend!r}")
     if santa_impl not in SANTA_IMPLS:
         raise ValueError(f"santa_impl must be one of {SANTA_IMPLS}, got {santa_impl!r}")
     budget = check_budget(budget)
+    if layer_budgets is not None:
+        if not isinstance(layer_budgets, dict):
+            raise TypeError(f"layer_budgets must be a dict {{layer: budget}}, got {type(layer_budgets).__name__}")
+        for layer, s in layer_budgets.items():
+            if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < model.args.n_layer:
+                raise ValueError(f"layer_budgets keys must be layer indices in [0, {model.args.n_layer}), got {layer!r}")
+            check_budget(s, f"layer_budgets[{layer}]")
+        layer_budgets = dict(layer_budgets)
     cache = model.layers[0].attention.kv_cache
     if cache is None:
         raise ValueError("model has no KV cache: call model.setup_caches(batch, max_len) before make_context")
@@ -173,6 +194,7 @@ def make_context(
         backend=backend,
         seq_lens=seq_lens.expand(batch).clone(),
         budget=budget,
+        layer_budgets=layer_budgets,
         seed=seed,
         offset=torch.zeros(1, dtype=torch.int64, device=device),
         santa_impl=santa_impl,
@@ -181,7 +203,10 @@ def make_context(
         ctx.attn_bias = visibility_bias(ctx.seq_lens, max_len, dtype)
     elif backend in ("santa-prop", "santa-flash") and _santa_kernels(santa_impl) is not None:
         q = torch.empty(batch, model.args.n_head, model.args.head_dim, dtype=dtype, device=device)
-        ctx.workspace = santa_kernels.make_workspace(q, cache.k_cache, budget, kernel=backend.removeprefix("santa-"))
+        kernel = backend.removeprefix("santa-")
+        ctx.workspace = santa_kernels.make_workspace(q, cache.k_cache, budget, kernel=kernel)
+        ctx.workspaces = {s: santa_kernels.make_workspace(q, cache.k_cache, s, kernel=kernel)
+                          for s in set((layer_budgets or {}).values()) - {budget}}
     elif backend in REFERENCE_BACKENDS:
         ctx.generators = [torch.Generator(device=device).manual_seed(seed * 1000003 + i) for i in range(model.args.n_layer)]
     elif backend == "flashinfer":
@@ -318,7 +343,7 @@ class Attention(nn.Module):
         if ctx.backend in REFERENCE_BACKENDS:
             visible = torch.arange(k_cache.shape[1], device=q.device) < ctx.seq_lens.unsqueeze(-1)  # [B, L_max]
             y = sampled_attention(
-                q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), ctx.budget, sampler=ctx.backend,
+                q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), ctx.budget_of(self.layer_id), sampler=ctx.backend,
                 attn_mask=visible[:, None, None], enable_gqa=True, generator=ctx.generators[self.layer_id],
             )  # [B, H, 1, d]
             return y.squeeze(2)
@@ -328,10 +353,11 @@ class Attention(nn.Module):
         if kernels is None:  # reads the offset on the host: eager only
             kwargs = {"tile": santa_kernels.flash_tile(q.shape[-1])} if kernel == "flash" else {}
             ref = reference.prop_reference if kernel == "prop" else reference.flash_reference
-            return ref(q, k_cache, v_cache, ctx.budget, seq_lens=ctx.seq_lens, seed=seed, offset=int(ctx.offset), **kwargs)[0]
+            return ref(q, k_cache, v_cache, ctx.budget_of(self.layer_id), seq_lens=ctx.seq_lens, seed=seed,
+                       offset=int(ctx.offset), **kwargs)[0]
         return kernels.decode(
-            q, k_cache, v_cache, ctx.budget, kernel=kernel, seq_lens=ctx.seq_lens,
-            seed=seed, offset=ctx.offset, workspace=ctx.workspace,
+            q, k_cache, v_cache, ctx.budget_of(self.layer_id), kernel=kernel, seq_lens=ctx.seq_lens,
+            seed=seed, offset=ctx.offset, workspace=ctx.workspace_of(self.layer_id),
         )
 
 
@@ -551,6 +577,7 @@ def generate(
     *,
     backend: str = "sdpa",
     budget: int = 128,
+    layer_budgets: dict[int, int] | None = None,
     seed: int = 0,
     santa_impl: str = "auto",
     stop_tokens: Sequence[int] = (),
@@ -560,7 +587,8 @@ def generate(
     tensor of new tokens per prompt, ``max_new_tokens`` long or ending at its first stop token.
 
     backend: one of :data:`BACKENDS` but flashinfer, or :data:`REFERENCE_BACKENDS`; budget: S
-    (k for topk). cuda_graph: replay the decode step from one CUDA graph (default: on CUDA
+    (k for topk); layer_budgets: ``{layer: S}`` overriding it per layer (a ``santa tune budgets``
+    schedule). cuda_graph: replay the decode step from one CUDA graph (default: on CUDA
     whenever the backend is capturable, i.e. not a reference backend or santa_impl="torch").
     """
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
@@ -575,7 +603,8 @@ def generate(
     padded, lengths = pad_prompts(prompts, vocab_size=model.args.vocab_size, device=device)  # [B, T_max], [B]
     stops = torch.tensor([int(t) for t in stop_tokens], dtype=torch.long, device=device)  # [n_stop]
     model.setup_caches(padded.shape[0], padded.shape[1] + max_new_tokens)
-    ctx = make_context(model, backend, prompt_len=lengths, budget=budget, seed=seed, santa_impl=santa_impl)
+    ctx = make_context(model, backend, prompt_len=lengths, budget=budget, seed=seed, santa_impl=santa_impl,
+                       layer_budgets=layer_budgets)
     token = prefill(model, padded, lengths=lengths)  # [B, 1]
     input_pos = lengths.clone()  # [B]: the position of each sequence's `token`
     done = (token == stops).any(-1)  # [B]
