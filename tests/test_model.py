@@ -321,3 +321,9 @@ def test_layer_budgets_set_the_budget_of_each_layer(backend, monkeypatch, tiny_m
 def test_layer_budgets_are_checked(layer_budgets, error, match, tiny_model):
     with pytest.raises(error, match=match):
         generate(tiny_model, [[1, 2, 3]], 2, backend="santa-prop", budget=4, layer_budgets=layer_budgets, cuda_graph=False)
+
+
+@pytest.mark.parametrize("seed", [-1, 2**62, 1.5])
+def test_seeds_the_kernels_would_refuse_are_refused_by_name(seed, tiny_model):
+    with pytest.raises(ValueError, match="seed must be an int"):
+        generate(tiny_model, [[1, 2, 3]], 2, backend="santa-prop", seed=seed, cuda_graph=False)

@@ -174,6 +174,9 @@ def make_context(
     if santa_impl not in SANTA_IMPLS:
         raise ValueError(f"santa_impl must be one of {SANTA_IMPLS}, got {santa_impl!r}")
     budget = check_budget(budget)
+    max_seed = (2**63 - model.args.n_layer) // 1000003  # each layer's kernel seed, seed·1000003 + layer, must stay < 2**63
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < max_seed:
+        raise ValueError(f"seed must be an int in [0, {max_seed}), got {seed!r}")
     if layer_budgets is not None:
         if not isinstance(layer_budgets, dict):
             raise TypeError(f"layer_budgets must be a dict {{layer: budget}}, got {type(layer_budgets).__name__}")
