@@ -32,7 +32,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     bar = tqdm(total=2, desc="answering (dense, then sampled)", unit="method")
     try:
-        prompt, answers = run(
+        prompts, answers = run(
             model_name=args.model,
             n_tokens=args.length,
             budget=args.budget,
@@ -45,6 +45,9 @@ def _generate(args: argparse.Namespace) -> int:
             prompt_text=args.prompt,
             expected=tuple(args.expect),
             device=args.device,
+            batch=args.batch,
+            kernel=args.kernel,
+            path=args.path,
             progress=lambda name: bar.update(1),
         )
     except (ValueError, FileNotFoundError) as error:  # the library's refusals: one line, no traceback
@@ -52,16 +55,37 @@ def _generate(args: argparse.Namespace) -> int:
         print(f"santa generate: error: {error}", file=sys.stderr)
         return 1
     bar.close()
-    print(f"\nprompt: {prompt.task}, {prompt.n_tokens} tokens; expected answer: {', '.join(prompt.answers) or '(none given)'}")
-    header = f"{'method':<22} {'found':<6} {'V rows read/head':>16} {'(GQA union)':>11} {'prefill s':>9} {'decode tok/s':>12}  answer"
+    print_answers(prompts, answers, fast=args.path == "fast")
+    return 0
+
+
+def print_answers(prompts: list, answers: list, *, fast: bool) -> None:
+    """The answers table: one row per (method, prompt); a prompt column when the batch holds several."""
+    first = prompts[0]
+    if len(prompts) == 1:
+        print(f"\nprompt: {first.task}, {first.n_tokens} tokens; expected answer: {', '.join(first.answers) or '(none given)'}")
+    else:
+        lengths = ", ".join(str(p.n_tokens) for p in prompts)
+        print(f"\nprompts: {len(prompts)} × {first.task} (needle seeds {prompts[0].seed}–{prompts[-1].seed}), {lengths} tokens")
+    if fast:
+        paths = ", ".join(dict.fromkeys(a.path for a in answers))
+        print(f"path: santa.model ({paths}); V rows read: min(S, n)/n per head; decode tok/s of the whole batch")
+    column = f"{'prompt':>6} " if len(prompts) > 1 else ""
+    header = f"{'method':<22} {column}{'found':<6} {'V rows read/head':>16} {'(GQA union)':>11} {'prefill s':>9} {'decode tok/s':>12}  answer"
     print(header)
     print("-" * len(header))
     for a in answers:
         share = f"{100 * a.share_per_head:.1f} %" if a.share_per_head is not None else "100 %"
-        union = f"{100 * a.share_per_kv_head:.1f} %" if a.share_per_kv_head is not None else "100 %"
+        sampled_without_union = a.share_per_head is not None and a.share_per_kv_head is None
+        union = "–" if sampled_without_union else f"{100 * a.share_per_kv_head:.1f} %" if a.share_per_kv_head is not None else "100 %"
+        prompt = prompts[a.prompt]
         found = ("yes" if a.found else "no") if prompt.answers else "-"
-        print(f"{a.method:<22} {found:<6} {share:>16} {union:>11} {a.prefill_s:>9.2f} {a.tokens_per_s:>12.1f}  {a.text!r}")
-    return 0
+        seed = f"{prompt.seed:>6} " if len(prompts) > 1 else ""
+        print(f"{a.method:<22} {seed}{found:<6} {share:>16} {union:>11} {a.prefill_s:>9.2f} {a.tokens_per_s:>12.1f}  {a.text!r}")
+    if len(prompts) > 1:
+        for name in dict.fromkeys(a.method for a in answers):
+            rows = [a for a in answers if a.method == name]
+            print(f"{name}: needle found in {sum(a.found for a in rows)}/{len(rows)} prompts")
 
 
 def non_empty(text: str) -> str:
@@ -88,14 +112,24 @@ def add_generate(sub) -> argparse.ArgumentParser:
     gen.add_argument("--max-new-tokens", type=cliargs.positive_int, default=32, help="tokens to generate, ≥ 1 (default 32)")
     gen.add_argument("--prompt", default=None, type=non_empty, help="your own prompt instead of the needle task")
     gen.add_argument("--expect", action="append", default=[], type=non_empty, help="string the answer must contain (with --prompt)")
-    gen.add_argument("--device", default="cpu", type=cliargs.device, help="cpu (default), cuda or cuda:N")
+    gen.add_argument("--device", default="auto", type=cliargs.device_or_auto, help="auto (default: cuda when present, else cpu), cpu, cuda or cuda:N")
+    gen.add_argument(
+        "--path",
+        default="auto",
+        choices=["auto", "hf", "fast"],
+        help="fast: santa.model (one batch, CUDA graph, santa's kernels); hf: transformers + santa.hf; "
+        "auto (default): fast on CUDA, hf on CPU and with --prefill sampled",
+    )
+    gen.add_argument("--batch", type=cliargs.positive_int, default=1, help="needle prompts (seeds --prompt-seed …) answered together, ≥ 1 (default 1)")
+    gen.add_argument("--kernel", default=None, choices=["prop", "flash"], help="santa's kernel for --sampler systematic (default prop on the fast path)")
     gen.set_defaults(func=_generate, check=check_generate, error=gen.error)
     return gen
 
 
 def check_generate(args: argparse.Namespace) -> None:
-    """Flags that only make sense together (or apart); fills the needle defaults. ``args.error`` is
-    ``santa generate``'s ``parser.error`` (status 2)."""
+    """Flags that only make sense together (or apart); fills the needle defaults and resolves
+    ``--device auto`` and ``--path auto``. ``args.error`` is ``santa generate``'s ``parser.error`` (status 2)."""
+    check_generate_path(args)
     if args.prompt is None:
         if args.expect:
             args.error("--expect needs --prompt (the needle prompt brings its own answer)")
@@ -107,6 +141,23 @@ def check_generate(args: argparse.Namespace) -> None:
         if getattr(args, name) is not None:
             args.error(f"--{name} sets the needle prompt; it does not apply with --prompt")
         setattr(args, name, NEEDLE_DEFAULTS[name])
+
+
+def check_generate_path(args: argparse.Namespace) -> None:
+    """``--device auto`` → cuda when present; ``--path auto`` → fast on CUDA with a dense prefill,
+    else hf; and the flags that need one path, or one sampler."""
+    import torch
+
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.path == "auto":
+        args.path = "fast" if torch.device(args.device).type == "cuda" and args.prefill == "dense" else "hf"
+    if args.path == "fast" and args.prefill != "dense":
+        args.error("--prefill sampled runs on the HF path only (santa.model prefills densely): use --path hf")
+    if args.kernel is not None and args.sampler != "systematic":
+        args.error(f"--kernel picks santa's kernel for --sampler systematic, not for --sampler {args.sampler}")
+    if args.batch > 1 and args.prompt is not None:
+        args.error("--batch builds needle prompts of different seeds; it does not apply with --prompt")
 
 
 def build_parser() -> argparse.ArgumentParser:

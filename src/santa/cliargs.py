@@ -137,6 +137,11 @@ def device(text: str) -> str:
     return text
 
 
+def device_or_auto(text: str) -> str:
+    """``auto`` (the caller picks cuda when present, else cpu) or a :func:`device`."""
+    return text if text == "auto" else device(text)
+
+
 def bundled_model(text: str) -> str:
     """A key of :data:`santa.assets.MODELS` whose weights are installed (or already cached)."""
     from santa import assets

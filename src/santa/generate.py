@@ -1,8 +1,18 @@
 """The main job: answer a needle-in-a-haystack prompt with dense attention and with SANTA.
 
-One prefill per method (dense SDPA prefill in both, unless ``prefill="sampled"``), greedy decoding,
-and a report of the answers, whether the needle was found, the share of value rows read and the
-decode speed.
+Two paths (``path=`` of :func:`run`):
+
+- ``"hf"`` (the CPU default): the transformers model with :mod:`santa.hf`'s attention; one prefill
+  per method (dense SDPA prefill in both, unless ``prefill="sampled"``), greedy decoding, the
+  batch's prompts one after another.
+- ``"fast"`` (the CUDA default): :mod:`santa.model` on the same weights (bfloat16 on CUDA): the
+  batch's prompts, of different lengths, in one right-padded batch; one dense prefill shared by
+  both methods, the decode step as one CUDA graph on CUDA; SANTA is santa's kernel
+  (``kernel="prop"`` or ``"flash"``) for ``sampler="systematic"``, the reference sampler on the
+  same cache otherwise. The share of V rows read is the nominal ``min(S, n)/n`` per head.
+
+Both report the answers (decoded with the model's tokenizer), whether the needle was found, the
+share of value rows read and the decode speed.
 """
 
 from __future__ import annotations
@@ -14,8 +24,16 @@ import torch
 
 import santa.hf
 from santa.assets import DEFAULT_MODEL, load_model
-from santa.decoding import cache_keyword, greedy_continue, padded_forward, returned_cache  # noqa: F401 (cache_keyword: re-exported)
-from santa.eval.runner import check_prompt_length
+from santa.decoding import cache_keyword, greedy_continue, padded_forward, returned_cache, stop_token_ids  # noqa: F401 (cache_keyword: re-exported)
+from santa.eval.runner import (
+    FAST_BACKENDS,
+    check_prompt_length,
+    fast_decode,
+    fast_prefill,
+    nominal_share,
+    path_label,
+    to_fast_model,
+)
 from santa.eval.tasks import Prompt, chat, contains_all, needle_prompt
 
 
@@ -29,10 +47,14 @@ class Answer:
     new_tokens: int
     share_per_head: float | None  # share of visible V rows read per query head (sampled decode)
     share_per_kv_head: float | None  # the same for the union over each KV head's query group
+    prompt: int = 0  # index of its prompt in the batch
+    batch_tokens: int | None = None  # fast path: new tokens of the whole batch in decode_s
+    path: str = "hf"  # "hf", or the santa.model path (see santa.eval.runner.path_label)
 
     @property
     def tokens_per_s(self) -> float:
-        return self.new_tokens / max(self.decode_s, 1e-9)
+        """Decode tokens/s: of the whole batch on the fast path, of this prompt on the HF path."""
+        return (self.batch_tokens or self.new_tokens) / max(self.decode_s, 1e-9)
 
 
 @torch.inference_mode()
@@ -62,45 +84,134 @@ def run(
     prompt_text: str | None = None,
     expected: tuple[str, ...] = (),
     device: str = "cpu",
+    batch: int = 1,
+    kernel: str | None = None,
+    path: str = "hf",
     progress=None,
-) -> tuple[Prompt, list[Answer]]:
-    """Build the prompt, answer it with dense attention and with ``sampler`` at ``budget``.
+) -> tuple[list[Prompt], list[Answer]]:
+    """Build the prompts (``batch`` needle prompts, seeds ``prompt_seed …``), answer them with dense
+    attention and with ``sampler`` at ``budget``; returns (prompts, answers: dense ones first).
 
-    Every argument is checked before the model loads (``ValueError`` naming it).
+    kernel: ``"prop"`` / ``"flash"``: santa's kernel for ``sampler="systematic"`` (None: prop on the
+    fast path, santa.hf's ``"auto"`` on the HF path). Every argument is checked before the model
+    loads (``ValueError`` naming it).
     """
     methods = [("dense (SDPA)", santa.hf.SantaConfig(sampler="dense"))]
     methods.append(
-        (f"{sampler} S={budget}", santa.hf.SantaConfig(budget=budget, sampler=sampler, seed=seed, prefill=prefill, record_stats=True))
+        (
+            f"{sampler} S={budget}",
+            santa.hf.SantaConfig(budget=budget, sampler=sampler, seed=seed, prefill=prefill, record_stats=True, kernel=kernel or "auto"),
+        )
     )
     check_run_arguments(n_tokens=n_tokens, depth=depth, max_new_tokens=max_new_tokens, prompt_text=prompt_text)
-    model, tokenizer = load_model(model_name, device=device)
+    check_path_arguments(path=path, batch=batch, kernel=kernel, sampler=sampler, prefill=prefill, prompt_text=prompt_text)
+    dtype = torch.bfloat16 if path == "fast" and torch.device(device).type == "cuda" else torch.float32
+    model, tokenizer = load_model(model_name, device=device, dtype=dtype)
     if prompt_text is None:
-        prompt = needle_prompt(tokenizer, n_tokens, seed=prompt_seed, depth=depth)
-        check_prompt_length(prompt, n_tokens)
+        prompts = [needle_prompt(tokenizer, n_tokens, seed=prompt_seed + i, depth=depth) for i in range(batch)]
+        for prompt in prompts:
+            check_prompt_length(prompt, n_tokens)
     else:
         text = chat(tokenizer, prompt_text)
         n = len(tokenizer.encode(text, add_special_tokens=False))
-        prompt = Prompt(task="user", text=text, answers=tuple(expected), n_tokens=n, seed=prompt_seed)
+        prompts = [Prompt(task="user", text=text, answers=tuple(expected), n_tokens=n, seed=prompt_seed)]
+    if path == "fast":
+        backends = [("dense (sdpa)", "sdpa"), fast_method(sampler, budget, kernel)]
+        return prompts, answer_fast(to_fast_model(model), tokenizer, prompts, backends, budget=budget, seed=seed, max_new_tokens=max_new_tokens, progress=progress)
     answers = []
     for name, config in methods:
         santa.hf.configure(model, config)
-        text, prefill_s, decode_s, new_tokens = greedy_answer(model, tokenizer, prompt, max_new_tokens)
-        sampled = config.stats.calls > 0
-        answers.append(
-            Answer(
-                method=name,
-                text=text,
-                found=bool(prompt.answers) and contains_all(text, prompt.answers) == 1.0,
-                prefill_s=prefill_s,
-                decode_s=decode_s,
-                new_tokens=new_tokens,
-                share_per_head=config.stats.share_per_head if sampled else None,
-                share_per_kv_head=config.stats.share_per_kv_head if sampled else None,
+        for i, prompt in enumerate(prompts):
+            config.stats = santa.hf.DecodeStats()
+            text, prefill_s, decode_s, new_tokens = greedy_answer(model, tokenizer, prompt, max_new_tokens)
+            sampled = config.stats.calls > 0
+            answers.append(
+                Answer(
+                    method=name,
+                    text=text,
+                    found=graded_found(prompt, text),
+                    prefill_s=prefill_s,
+                    decode_s=decode_s,
+                    new_tokens=new_tokens,
+                    share_per_head=config.stats.share_per_head if sampled else None,
+                    share_per_kv_head=config.stats.share_per_kv_head if sampled else None,
+                    prompt=i,
+                )
             )
-        )
         if progress is not None:
             progress(name)
-    return prompt, answers
+    return prompts, answers
+
+
+def graded_found(prompt: Prompt, text: str) -> bool:
+    """Whether ``text`` holds every expected answer of ``prompt`` (False when none is expected)."""
+    return bool(prompt.answers) and contains_all(text, prompt.answers) == 1.0
+
+
+def fast_method(sampler: str, budget: int, kernel: str | None) -> tuple[str, str]:
+    """(name, santa.model backend) of the sampled method on the fast path."""
+    if sampler == "dense":
+        return "dense (sdpa)", "sdpa"
+    if sampler == "systematic":
+        return f"santa-{kernel or 'prop'} S={budget}", f"santa-{kernel or 'prop'}"
+    return f"{sampler} S={budget}", FAST_BACKENDS[sampler]
+
+
+def answer_fast(model, tokenizer, prompts: list[Prompt], backends: list[tuple[str, str]], *, budget: int, seed: int, max_new_tokens: int, progress=None) -> list[Answer]:
+    """Answer every prompt in one batch with each (name, backend) of santa.model, from one shared
+    dense prefill. On CUDA each backend first decodes a few warm-up tokens (Triton compile and the
+    CUDA graph capture stay out of the timing)."""
+    token_lists = [tokenizer(p.text, add_special_tokens=False).input_ids for p in prompts]
+    pre = fast_prefill(model, token_lists, max_new_tokens)
+    stops = stop_token_ids(tokenizer)
+    device = model.output.weight.device
+    answers = []
+    for name, backend in backends:
+        kwargs = {"backend": backend, "budget": budget, "seed": seed, "stop_tokens": stops}
+        if device.type == "cuda":
+            fast_decode(model, pre, min(max_new_tokens, 4), **kwargs)
+        rows, decode_s = fast_decode(model, pre, max_new_tokens, **kwargs)
+        for i, (prompt, row) in enumerate(zip(prompts, rows, strict=True)):
+            text = tokenizer.decode(row, skip_special_tokens=True).strip()
+            sampled = backend != "sdpa"
+            answers.append(
+                Answer(
+                    method=name,
+                    text=text,
+                    found=graded_found(prompt, text),
+                    prefill_s=pre.seconds,
+                    decode_s=decode_s,
+                    new_tokens=len(row),
+                    share_per_head=nominal_share(backend, budget, len(token_lists[i]), len(row) - 1) if sampled else None,
+                    share_per_kv_head=None,
+                    prompt=i,
+                    batch_tokens=sum(len(r) for r in rows),
+                    path=path_label(backend, device),
+                )
+            )
+        if progress is not None:
+            progress(name)
+    return answers
+
+
+PATHS = ("hf", "fast")
+KERNELS = ("prop", "flash")
+
+
+def check_path_arguments(*, path: str, batch: int, kernel: str | None, sampler: str, prefill: str, prompt_text: str | None) -> None:
+    """The arguments of :func:`run` that pick the path, checked before the model loads (``ValueError``)."""
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be an int ≥ 1, got {batch!r}")
+    if batch > 1 and prompt_text is not None:
+        raise ValueError("batch > 1 builds needle prompts of different seeds; it does not apply with prompt_text")
+    if kernel is not None and kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS} or None, got {kernel!r}")
+    if kernel is not None and sampler != "systematic":
+        raise ValueError(f"kernel picks santa's kernel for sampler 'systematic', got sampler {sampler!r}")
+    if path == "fast" and prefill != "dense":
+        raise ValueError("prefill 'sampled' runs on the HF path only (santa.model prefills densely)")
 
 
 def check_run_arguments(*, n_tokens: int, depth: float, max_new_tokens: int, prompt_text: str | None) -> None:

@@ -1,0 +1,134 @@
+"""``santa eval run`` on the fast path (santa.model): the path logic, its flags, and its records."""
+
+import os
+
+import pytest
+import torch
+
+import santa.assets
+import santa.eval.cli
+from santa.cli import main
+from santa.eval.runner import Job, check_paths, grid, hf_reason, nominal_share, read_records, resolve_path, run_sweep
+
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def job(**kwargs) -> Job:
+    fields = {"model": "m", "task": "niah_single", "length": 512, "prompt": 0, "prefill": "dense", "method": "prop", "budget": 16, "seed": 0, "max_new_tokens": 4}
+    return Job(**(fields | kwargs))
+
+
+def kernels_label() -> str:
+    triton = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+    return "santa.model/kernels" if triton else "santa.model/kernels-torch"
+
+
+def test_auto_path_is_fast_on_cuda_and_hf_on_cpu():
+    assert (resolve_path("auto", "cuda"), resolve_path("auto", "cpu"), resolve_path("fast", "cpu")) == ("fast", "hf", "fast")
+
+
+def test_resolve_path_refuses_an_unknown_path():
+    with pytest.raises(ValueError, match="path must be one of"):
+        resolve_path("gpu", "cpu")
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [({"task": "kl"}, "teacher-forced KL"), ({"prefill": "sampled"}, "sampled prefill"), ({"score_samples": 8}, "Bernoulli")],
+)
+def test_jobs_the_fast_path_cannot_run_say_why(fields, reason):
+    assert reason in hf_reason(job(method="systematic", **fields))
+
+
+def test_a_plain_decode_job_runs_on_the_fast_path():
+    assert hf_reason(job(method="topk")) is None
+
+
+def test_prop_on_the_hf_path_is_refused():
+    with pytest.raises(ValueError, match="method prop runs on the fast path only"):
+        check_paths([job()], "hf")
+
+
+def test_flash_with_sampled_prefill_is_refused_on_the_fast_path():
+    with pytest.raises(ValueError, match="method flash runs on the fast path only .* sampled prefill"):
+        check_paths([job(method="flash", prefill="sampled")], "fast")
+
+
+def test_nominal_share_is_s_over_n_capped_at_one():
+    assert nominal_share("santa-prop", 8, 7, 2) == pytest.approx((1.0 + 8 / 9) / 2)
+    assert nominal_share("sdpa", 8, 100, 5) == 1.0
+
+
+def test_the_path_is_not_part_of_the_job_key():
+    assert "path" not in job().key()
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("work started before the flags were checked")
+
+    monkeypatch.setattr(santa.assets, "load_model", refuse)
+    monkeypatch.setattr(santa.eval.cli, "run_sweep", refuse)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--path", "gpu"], "argument --path: invalid choice: 'gpu'"),
+        (["--path", "hf", "--methods", "dense,prop"], "argument --methods: prop and flash run on the fast path only"),
+        (["--path", "fast", "--methods", "flash", "--tasks", "kl"], "argument --methods: method flash runs on the fast path only (santa.kernels), but teacher-forced KL"),
+    ],
+)
+def test_eval_run_refuses_a_bad_path_flag_before_any_work(no_work, capsys, tmp_path, argv, message):
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", "run", "--out", str(tmp_path / "s.jsonl"), *argv])
+    assert stop.value.code == 2
+    assert f"santa eval run: error: {message}" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return santa.assets.load_model("smollm2-135m")
+
+
+def sweep(loaded, out, path, methods, **kwargs):
+    jobs = grid(models=["smollm2-135m"], tasks=["niah_single"], lengths=[256], methods=methods, budgets=[16], prompts=[0, 1], max_new_tokens=6, **kwargs)
+    return jobs, run_sweep(jobs, out, device="cpu", progress=False, load=lambda name, device: loaded, path=path)
+
+
+@pytest.mark.slow
+def test_fast_records_name_the_path_each_method_ran(loaded, tmp_path):
+    sweep(loaded, tmp_path / "s.jsonl", "fast", ["dense", "systematic", "prop"])
+    paths = {r["method"]: r["path"] for r in read_records(tmp_path / "s.jsonl")}
+    assert paths == {"dense": "santa.model/sdpa", "systematic": "santa.model/reference", "prop": kernels_label()}
+
+
+@pytest.mark.slow
+def test_fast_dense_answers_equal_the_hf_paths(loaded, tmp_path):
+    sweep(loaded, tmp_path / "hf.jsonl", "hf", ["dense"])
+    sweep(loaded, tmp_path / "fast.jsonl", "fast", ["dense"])
+    answers = {path: [r["answer"] for r in read_records(tmp_path / f"{path}.jsonl")] for path in ("hf", "fast")}
+    assert answers["fast"] == answers["hf"]
+
+
+@pytest.mark.slow
+def test_a_sweep_written_on_the_hf_path_resumes_on_the_fast_path_with_nothing_to_run(loaded, tmp_path):
+    sweep(loaded, tmp_path / "s.jsonl", "hf", ["dense"])
+    assert sweep(loaded, tmp_path / "s.jsonl", "fast", ["dense"])[1] == 0
+
+
+@pytest.mark.slow
+def test_sampled_prefill_jobs_asked_on_the_fast_path_run_on_hf_and_say_why(loaded, tmp_path):
+    sweep(loaded, tmp_path / "s.jsonl", "fast", ["systematic"], prefills=["sampled"])
+    records = read_records(tmp_path / "s.jsonl")
+    assert {(r["path"], r["path_reason"].split(":")[0]) for r in records} == {("hf", "sampled prefill")}
+
+
+@GPU
+@pytest.mark.slow
+def test_on_cuda_prop_and_flash_run_the_kernels(tmp_path):
+    cuda = santa.assets.load_model("smollm2-135m", device="cuda")
+    jobs = grid(models=["smollm2-135m"], tasks=["niah_single"], lengths=[1024], methods=["prop", "flash"], budgets=[128], prompts=[0, 1], max_new_tokens=8)
+    run_sweep(jobs, tmp_path / "s.jsonl", device="cuda", progress=False, load=lambda name, device: cuda, path="auto")
+    assert {r["path"] for r in read_records(tmp_path / "s.jsonl")} == {"santa.model/kernels"}
