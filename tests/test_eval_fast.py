@@ -92,14 +92,16 @@ def loaded():
     return santa.assets.load_model("smollm2-135m")
 
 
-def sweep(loaded, out, path, methods, **kwargs):
-    jobs = grid(models=["smollm2-135m"], tasks=["niah_single"], lengths=[256], methods=methods, budgets=[16], prompts=[0, 1], max_new_tokens=6, **kwargs)
+def sweep(loaded, out, path, methods, *, prompts=(0, 1), max_new_tokens=6, **kwargs):
+    jobs = grid(
+        models=["smollm2-135m"], tasks=["niah_single"], lengths=[256], methods=methods, budgets=[16], prompts=prompts, max_new_tokens=max_new_tokens, **kwargs
+    )
     return jobs, run_sweep(jobs, out, device="cpu", progress=False, load=lambda name, device: loaded, path=path)
 
 
 @pytest.mark.slow
 def test_fast_records_name_the_path_each_method_ran(loaded, tmp_path):
-    sweep(loaded, tmp_path / "s.jsonl", "fast", ["dense", "systematic", "prop"])
+    sweep(loaded, tmp_path / "s.jsonl", "fast", ["dense", "systematic", "prop"], prompts=[0], max_new_tokens=2)  # the interpreter is slow
     paths = {r["method"]: r["path"] for r in read_records(tmp_path / "s.jsonl")}
     assert paths == {"dense": "santa.model/sdpa", "systematic": "santa.model/reference", "prop": kernels_label()}
 
