@@ -65,9 +65,10 @@ def test_minus_inf_scores_get_zero_weight_like_a_mask(kernel):
     q = q.abs() + 0.1
     k[0, 5:, 0, :] = -math.inf  # keys 5.. score −inf: as if masked
     out = decode(q, k, v, 8, kernel=kernel, seed=1)
-    masked = decode(q, k[:, :5].contiguous(), v[:, :5].contiguous(), 8, kernel=kernel, seed=1)
     assert torch.isfinite(out).all()
-    if kernel == "prop":  # the same distribution and uniforms: the same samples
+    torch.testing.assert_close(out.cpu(), reference(kernel, q, k, v, 8, seed=1)[0].cpu(), rtol=1e-5, atol=1e-6)
+    if kernel == "prop":  # the same distribution and uniforms: the same samples as with the keys cut off
+        masked = decode(q, k[:, :5].contiguous(), v[:, :5].contiguous(), 8, kernel=kernel, seed=1)
         torch.testing.assert_close(out, masked, rtol=1e-5, atol=1e-6)
 
 
@@ -94,7 +95,7 @@ def test_a_sampled_nan_value_row_gives_nan_and_an_unsampled_one_is_unseen(kernel
 def test_unchecked_bad_seq_len_gives_nan_for_that_sequence_and_reads_nothing_outside(kernel):
     q, k, v = make_inputs(3, 4, 2, 32, 100, seed=5)
     plan = plan_decode(batch=3, heads=4, kv_heads=2, head_dim=32, n_keys=100, budget=16, dtype=q.dtype, device=DEVICE, kernel=kernel)
-    seq_lens = torch.tensor([100, 101, -3], dtype=torch.int32, device=DEVICE)
+    seq_lens = torch.tensor([100, -3, 2**30], dtype=torch.int32, device=DEVICE)  # unclamped, 2**30 reads far past the cache
     out = plan.run(q, k, v, seq_lens=seq_lens, seed=1).cpu()
     assert torch.isnan(out[1:]).all()
     good = decode(q[:1], k[:1], v[:1], 16, kernel=kernel, seed=1).cpu()
@@ -108,7 +109,7 @@ def test_unchecked_bad_page_id_gives_nan_for_the_heads_that_read_it(kernel):
     vp, _ = to_paged(v, 16, seed=2)
     seq_lens = torch.tensor([64, 40], dtype=torch.int32, device=DEVICE)
     bad = table.clone()
-    bad[0, 2] = kp.shape[0] + 1000  # past the pool: never followed
+    bad[0, 2] = 2**30  # far past the pool: never followed
     bad[1, 3] = 10**6  # past sequence 1's 3 pages: never read, legal
     plan = plan_decode(batch=2, heads=4, kv_heads=2, head_dim=32, n_keys=64, budget=16, dtype=q.dtype, device=DEVICE,
                        kernel=kernel, page_size=16)
@@ -201,3 +202,42 @@ def test_plan_decode_refuses_bad_shapes(change, error, match):
     args = dict(batch=1, heads=4, kv_heads=2, head_dim=32, n_keys=64, budget=8, dtype=torch.float32, device="cpu") | change
     with pytest.raises(error, match=match):
         plan_decode(**args)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_sampled_inf_value_gives_the_same_non_finite_output_as_the_reference(kernel):
+    q, k, v = make_inputs(1, 2, 1, 16, 64, seed=10)
+    q[0, 1] = 30 * k[0, 7, 0]  # head 1: all its mass on key 7
+    v[0, 7, 0, 0] = math.inf
+    out = decode(q, k, v, 8, kernel=kernel, seed=0).cpu()
+    ref = reference(kernel, q, k, v, 8, seed=0)[0].cpu()
+    assert out[0, 1, 0] == math.inf and ref[0, 1, 0] == math.inf  # Σ c_j v_j / S: inf stays inf
+    same = torch.isfinite(ref) | torch.isfinite(out)
+    torch.testing.assert_close(out[same], ref[same], rtol=1e-5, atol=1e-6)
+    assert torch.equal(torch.isnan(out), torch.isnan(ref))
+
+
+def test_strided_seq_lens_are_refused():
+    q, k, v = make_inputs(2, 4, 2, 32, 64, seed=11)
+    both = torch.tensor([[10, 99], [64, 99]], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="seq_lens must be contiguous"):
+        decode(q, k, v, 8, seq_lens=both[:, 0])
+
+
+def test_the_torch_fallback_checks_tables_even_unasked(monkeypatch):
+    q, k, v = make_inputs(1, 4, 2, 32, 40, seed=12)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match=r"seq_lens\[0\] = 41"):
+        decode(q.cpu(), k.cpu(), v.cpu(), 8, seq_lens=torch.tensor([41], dtype=torch.int32), check=False)
+
+
+@pytest.mark.parametrize("tuning,match", [
+    (dict(block_n=100), "block_n"), (dict(block_n=0), "block_n"), (dict(samples_per_program=48), "samples_per_program"),
+    (dict(warps_pass2=-4), "warps_pass2"), (dict(stages_pass1=9), "stages_pass1"), (dict(pdl="yes"), "pdl"),
+])
+def test_bad_tuning_fields_are_refused_by_name(tuning, match):
+    from santa.kernels import Tuning
+
+    with pytest.raises((ValueError, TypeError), match=match):
+        plan_decode(batch=1, heads=4, kv_heads=2, head_dim=32, n_keys=64, budget=8, dtype=torch.float32, device="cpu",
+                    tuning=Tuning(**tuning))

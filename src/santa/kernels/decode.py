@@ -116,6 +116,8 @@ def _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_lay
             raise TypeError(f"seq_lens must be an int32 tensor [B={batch}], got {got}")
         if seq_lens.device != device:
             raise ValueError(f"seq_lens is on {seq_lens.device} but q is on {device}")
+        if batch > 1 and seq_lens.stride(0) != 1:
+            raise ValueError(f"seq_lens must be contiguous (stride 1), got stride {seq_lens.stride(0)}: pass seq_lens.contiguous()")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale)):
         raise TypeError(f"scale must be a finite float or None, got {scale!r}")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**63:
@@ -262,9 +264,10 @@ def decode(
         allocates nothing and can be captured in a CUDA graph (return_counts=False, check off).
     return_counts: also return per-key sample counts ``[B, H, n_max]`` int32 (tests, diagnostics).
         For prop, ``out = (1/S) Σ_j c_j v_j`` over them; for flash they are the per-tile counts.
-    check: check the values of seq_lens and block_table on the host (default: on CPU only, where
-        it costs no synchronisation). Unchecked, the kernels still never read outside the cache:
-        a bad length or page id gives NaN for the sequences or heads it touches.
+    check: check the values of seq_lens and block_table on the host: always on CPU (it costs no
+        synchronisation there) and in the torch fallback; on CUDA only with ``check=True``.
+        Unchecked, the kernels still never read outside the cache for a bad value: a bad length or
+        page id gives NaN for the sequences or heads it touches.
     Returns out, or ``(out, counts)``. Non-finite input: see the module docstring.
     """
     q, k_cache, v_cache, budget, n_keys, kv_heads = _validate(
@@ -274,11 +277,10 @@ def decode(
     paged = block_table is not None
     pos_axis = 1 if kv_layout == "NHD" else 2
     page_size = k_cache.shape[pos_axis] if paged else 1
-    if check is None:
-        check = q.device.type == "cpu"
-    elif not isinstance(check, bool):
+    if check is not None and not isinstance(check, bool):
         raise TypeError(f"check must be a bool or None, got {type(check).__name__}")
-    if check:
+    # the torch fallback has no in-kernel guards, and on the CPU a check costs no synchronisation
+    if check or q.device.type == "cpu" or not use_triton(q.device):
         _check_tables(seq_lens, block_table, n_keys=n_keys, page_size=page_size, n_pages=k_cache.shape[0])
     batch, heads, dim = q.shape
     if workspace is not None:

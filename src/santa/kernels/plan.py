@@ -2,9 +2,11 @@
 budget and launch parameters and owns its typed :class:`Workspace`; :meth:`DecodePlan.run` only
 launches (no validation, no allocation, no host synchronisation: CUDA-graph capturable).
 
-The kernels guard memory on their own, whatever ``run`` is given: a ``seq_lens`` entry outside
-``[0, n_keys]`` is clamped for every read and the sequence's output is NaN; a ``block_table`` page
-id outside ``[0, pages)`` is never followed and the heads that would have read it get NaN.
+``run`` trusts its tensors to have the planned shapes, dtypes and layout (check them once, e.g.
+with :func:`santa.decode` on the first step). Against bad *values* the kernels guard memory on
+their own: a ``seq_lens`` entry outside ``[0, n_keys]`` is clamped for every read and the
+sequence's output is NaN; a ``block_table`` page id outside ``[0, pages)`` is never followed and
+the heads that would have read it get NaN.
 """
 
 from __future__ import annotations
@@ -235,6 +237,16 @@ def plan_decode(
     tuning = Tuning() if tuning is None else tuning
     if not isinstance(tuning, Tuning):
         raise TypeError(f"tuning must be a santa.kernels.Tuning, got {type(tuning).__name__}")
+    for name, low, high in (("block_n", 16, 512), ("warps_pass1", 1, 16), ("warps_pass2", 1, 16),
+                            ("samples_per_program", 1, 1024)):
+        value = getattr(tuning, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high
+                                  or value & (value - 1)):
+            raise ValueError(f"Tuning.{name} must be None or a power of two in [{low}, {high}], got {value!r}")
+    if tuning.stages_pass1 is not None and (isinstance(tuning.stages_pass1, bool) or tuning.stages_pass1 not in range(1, 5)):
+        raise ValueError(f"Tuning.stages_pass1 must be None or an int in [1, 4], got {tuning.stages_pass1!r}")
+    if tuning.pdl is not None and not isinstance(tuning.pdl, bool):
+        raise TypeError(f"Tuning.pdl must be None or a bool, got {tuning.pdl!r}")
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -269,7 +281,9 @@ class DecodePlan:
         self.block_d = max(16, next_pow2(s.head_dim))
         self.block_g = max(16, next_pow2(self.group))
         device = torch.device(s.device)
-        self.ieee_dot = s.dtype == torch.float32 or device.type != "cuda"  # the interpreter's bf16 dot rounds
+        # fp32 dots: fp32 inputs, the interpreter (its bf16 dot rounds), and flash budgets whose per-key
+        # counts could pass 65535 (flash splits counts into bytes: the high byte is exact in bf16 up to 256)
+        self.ieee_dot = s.dtype == torch.float32 or device.type != "cuda" or (kernel == "flash" and budget > 65535)
         self.pdl = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9 and tuning.pdl is not False
         self._launchers: dict[tuple, tuple] = {}
 
@@ -318,7 +332,9 @@ class DecodePlan:
         key = (
             q.data_ptr() & 15, k_cache.data_ptr() & 15, v_cache.data_ptr() & 15, out.data_ptr() & 15,
             counts.data_ptr() & 15, seq_lens.data_ptr() & 15, block_table.data_ptr() & 15, offset_ptr.data_ptr() & 15,
-            q.stride(), out.stride(), k_strides, v_strides, stride_bt, k_cache.shape[0], seed < 2**31, offset < 2**31,
+            q.dtype, k_cache.dtype, v_cache.dtype, out.dtype, counts.dtype, seq_lens.dtype, block_table.dtype, offset_ptr.dtype,
+            q.stride(), out.stride(), counts.stride(), k_strides, v_strides, stride_bt, k_cache.shape[0],
+            seed < 2**31, offset < 2**31,
         )
         return dict(
             key=key, q=q, k=k_cache, v=v_cache, out=out, counts=counts,

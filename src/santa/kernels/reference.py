@@ -10,8 +10,9 @@
   ``S_tile = ⌈S / T⌉`` and the FlashDecoding merge ``ô = Σ_t (W_t/Z)(1/S_tile) Σ_{j∈t} c_j v_j``.
 
 Non-finite input behaves as in the kernels: a NaN or +inf score makes the (sequence, head)'s output
-NaN (and its counts zero); a non-finite value makes its output element NaN where its row is read
-(prop: by a head that samples it; flash: by every head of the KV group, where one head samples it).
+NaN (its counts zero; flash: the counts of its poisoned tiles); a non-finite value makes its output
+element non-finite where its row is read (prop: by a head that samples it; flash: by every head of
+the KV group, where one head samples it in the tile).
 
 Computed in float64 on the inputs' device; the kernels compute in float32, so counts can differ
 where a comb point lies within rounding of a CDF step (tests account for exactly that).
@@ -115,17 +116,15 @@ def _softmax_rows(s: torch.Tensor) -> torch.Tensor:
 
 
 def _sampled_values(counts: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
-    """``Σ_j c_j v_j`` ``[B, H, d]`` float64 over the sampled rows only (a V row is read only where
-    sampled, as in the kernels: a non-finite value makes its element of the result NaN only where
-    ``c_j > 0``).
+    """``Σ_j c_j v_j`` ``[B, H, d]`` float64 over the sampled rows only: a V row is read only where
+    sampled, as in the kernels, so a non-finite value reaches (its element of) the result only where
+    ``c_j > 0``, and then as the kernels' sum makes it (inf stays inf, NaN or inf − inf is NaN).
 
     counts ``[B, H, L]``, v ``[B, L, H_kv, d]``.
     """
     vv = v.double().repeat_interleave(heads // v.shape[2], dim=2)  # [B, L, H, d]
-    bad = ~torch.isfinite(vv)  # [B, L, H, d]
-    total = torch.einsum("bhl,blhd->bhd", counts.double(), vv.masked_fill(bad, 0.0))
-    hits_bad = torch.einsum("bhl,blhd->bhd", (counts > 0).double(), bad.double()) > 0
-    return total.masked_fill(hits_bad, math.nan)
+    read = (counts > 0).transpose(1, 2).unsqueeze(-1)  # [B, L, H, 1]
+    return torch.einsum("bhl,blhd->bhd", counts.double(), torch.where(read, vv, 0.0))
 
 
 def _rows(batch: int, heads: int, device: torch.device) -> torch.Tensor:
@@ -211,18 +210,17 @@ def flash_reference(
     counts = torch.zeros(batch, heads, n_tiles_max, tile, dtype=torch.int64, device=q.device)
     for b in range(batch):
         counts[b] = sample_counts(local[b], int(s_tile[b]), "systematic", uniforms=uniforms[b])
-    counts = counts.masked_fill(nan_rows[..., None, None], 0)
+    counts = counts.masked_fill(poisoned.any(-1).unsqueeze(-1), 0)  # a poisoned tile samples nothing (its row is NaN)
     vv = v.double().repeat_interleave(heads // k.shape[2], dim=2)  # [B, L, H, d]
     vv = torch.nn.functional.pad(vv, (0, 0, 0, 0, 0, pad)).reshape(batch, n_tiles_max, tile, heads, dim)
-    bad = ~torch.isfinite(vv)  # [B, T, tile, H, d]
-    tile_out = torch.einsum("bhtn,btnhd->bhtd", counts.double(), vv.masked_fill(bad, 0.0))  # Σ_{j∈t} c_j v_j
-    # a tile reads a V row once for its whole KV group (where any head of the group sampled it), so a
-    # non-finite value there reaches every head of the group in that tile, as in the kernel's dot
+    # a tile reads a V row once for its whole KV group (where any head of the group sampled it): its
+    # values enter every head's Σ c_j v_j of the group, c_j = 0 included (0·inf = NaN), as in the kernel's dot
     group = heads // k.shape[2]
     read = (counts > 0).reshape(batch, heads // group, group, n_tiles_max, tile).any(2).repeat_interleave(group, dim=1)
-    hits_bad = torch.einsum("bhtn,btnhd->bhd", read.double(), bad.double()) > 0  # [B, H, d]
+    read_v = torch.where(read.permute(0, 2, 3, 1).unsqueeze(-1), vv, 0.0)  # [B, T, tile, H, d]
+    tile_out = torch.einsum("bhtn,btnhd->bhtd", counts.double(), read_v)  # Σ_{j∈t} c_j v_j
     coef = weight / z.masked_fill(z == 0, 1.0) / s_tile.double().view(batch, 1, 1)
     out = torch.einsum("bht,bhtd->bhd", coef, tile_out)
-    out = out.masked_fill(nan_rows.unsqueeze(-1) | hits_bad, math.nan)
+    out = out.masked_fill(nan_rows.unsqueeze(-1), math.nan)
     counts = counts.reshape(batch, heads, n_tiles_max * tile)[..., :n_max]
     return out.to(q.dtype), counts
