@@ -93,6 +93,11 @@ def add_run(sub) -> None:
     run.add_argument(
         "--exact-when-covers", action="store_true", help="use exact attention when S ≥ keys (off: always sample)"
     )
+    run.add_argument(
+        "--layer-budgets", type=schedule_file, default=None, metavar="FILE",
+        help="a per-layer schedule (santa tune budgets' schedule.json) for every sampled method; layers not in it use "
+        "--budgets; records name it by the file's stem",
+    )
     run.add_argument("--device", default=None, type=cliargs.device, help="cpu or cuda (default: cuda when present)")
     run.add_argument("--batch", type=cliargs.positive_int, default=8, help="prompts run together, ≥ 1")
     run.add_argument(
@@ -210,7 +215,22 @@ def run_grid(args: argparse.Namespace) -> list:
         kl_tokens=args.kl_tokens,
         score_samples=args.score_samples,
         exact_when_covers=args.exact_when_covers,
+        layer_budgets=args.layer_budgets[1] if args.layer_budgets else None,
+        schedule=args.layer_budgets[0] if args.layer_budgets else "schedule",
     )
+
+
+def schedule_file(text: str) -> tuple[str, dict[int, int]]:
+    """``--layer-budgets FILE`` → (the file's stem, ``{layer: S}``), checked before any work."""
+    from pathlib import Path
+
+    from santa.budgets.schedule import load_layer_budgets  # the CLI sits above both eval and budgets
+
+    try:
+        budgets = load_layer_budgets(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return Path(text).stem, budgets
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -124,6 +124,8 @@ def setting_label(record: dict) -> str:
         label += "/stepwise"  # KL scored by single-token decode steps (an earlier mode)
     if record.get("score_samples"):
         label += f"+bqk{record['score_samples']}"
+    if record.get("schedule"):
+        label += f"+{record['schedule']}"  # a per-layer budget schedule
     return label
 
 

@@ -79,11 +79,14 @@ class Job:
     max_new_tokens: int  # new tokens to generate; for task "kl", tokens scored under teacher forcing
     exact_when_covers: bool = False  # SantaConfig.exact_when_budget_covers
     score_samples: int = 0  # Bernoulli qKᵀ draws B for the sampled rows' scores; 0 = exact scores
+    schedule: str = ""  # name of a per-layer budget schedule ("" = ``budget`` in every layer)
+    layer_budgets: tuple[tuple[int, int], ...] = ()  # the schedule's (layer, S) pairs
 
     def key(self) -> str:
         fields = asdict(self)
-        if not fields["score_samples"]:
-            del fields["score_samples"]  # exact-score jobs keep the keys of records written before it
+        for name in ("score_samples", "schedule", "layer_budgets"):
+            if not fields[name]:
+                del fields[name]  # jobs without them keep the keys of records written before they existed
         return json.dumps(fields, sort_keys=True)
 
     @property
@@ -104,6 +107,7 @@ class Job:
             record_stats=True,
             kernel="reference",  # the spec's samplers on every device (on CUDA "auto" would run the prop kernel)
             score_samples=self.score_samples or None,
+            layer_budgets=dict(self.layer_budgets),
         )
 
 
@@ -121,6 +125,8 @@ def grid(
     kl_tokens: int = 32,
     exact_when_covers: bool = False,
     score_samples: Iterable[int] = (0,),
+    layer_budgets: dict[int, int] | None = None,
+    schedule: str = "schedule",
 ) -> list[Job]:
     """Every job of the grid, ordered so that jobs sharing a prompt (one group) are adjacent.
 
@@ -128,6 +134,8 @@ def grid(
     prefill is only meaningful for sampled methods, so dense-prefill dense is the baseline of both.
     score_samples: Bernoulli qKᵀ draws B per job (0: exact scores); ``dense`` with B > 0 samples
     the decode scores alone.
+    layer_budgets: a per-layer schedule ``{layer: S}`` (``santa tune budgets``) for every sampled
+    job, named ``schedule`` in the records; layers not in it use the job's budget.
     """
     models, tasks, lengths, prompts = list(models), list(tasks), list(lengths), list(prompts)
     methods, budgets, seeds, prefills = list(methods), list(budgets), list(seeds), list(prefills)
@@ -142,6 +150,14 @@ def grid(
     _check_names("method", methods, METHODS)
     _check_names("prefill", prefills, PREFILLS)
     _check_names("task", tasks, tuple(TASKS))
+    if layer_budgets is not None:
+        if not isinstance(layer_budgets, dict) or not layer_budgets:
+            raise ValueError(f"layer_budgets must be a non-empty dict {{layer: S}}, got {layer_budgets!r}")
+        _check_ints("layer_budgets layers", list(layer_budgets), 0)
+        _check_ints("layer_budgets budgets", list(layer_budgets.values()), 1)
+        if not isinstance(schedule, str) or not schedule:
+            raise ValueError(f"schedule must be a non-empty name, got {schedule!r}")
+    per_layer = tuple(sorted(layer_budgets.items())) if layer_budgets else ()
     jobs: set[Job] = set()
     for model, task, length, prompt in itertools.product(models, tasks, lengths, prompts):
         length = 0 if task in FIXED_LENGTH_TASKS else length
@@ -154,7 +170,8 @@ def grid(
             else:
                 cells = [(prefill, b, s) for b in budgets for s in seeds]
             for (pre, budget, seed), b in itertools.product(cells, score_samples):
-                jobs.add(Job(model, task, length, prompt, pre, method, budget, seed, new_tokens, exact_when_covers, b))
+                sched = ("", ()) if method == "dense" or not per_layer else (schedule, per_layer)
+                jobs.add(Job(model, task, length, prompt, pre, method, budget, seed, new_tokens, exact_when_covers, b, *sched))
     # Prompt-major order: an interrupted sweep holds about as many prompts for every task.
     return sorted(
         jobs,
@@ -401,7 +418,8 @@ def method_cells(jobs: list[Job]) -> list[list[Job]]:
     score samples), order kept."""
     cells: dict[tuple, list[Job]] = {}
     for job in jobs:
-        cells.setdefault((job.prefill, job.method, job.budget, job.seed, job.max_new_tokens, job.score_samples), []).append(job)
+        cells.setdefault((job.prefill, job.method, job.budget, job.seed, job.max_new_tokens, job.score_samples,
+                          job.layer_budgets), []).append(job)
     return list(cells.values())
 
 
@@ -626,7 +644,8 @@ def fast_prefill(model: santa.model.Transformer, token_lists: list[list[int]], m
 
 @torch.inference_mode()
 def fast_decode(
-    model: santa.model.Transformer, pre: FastPrefill, max_new_tokens: int, *, backend: str, budget: int, seed: int, stop_tokens: Iterable[int]
+    model: santa.model.Transformer, pre: FastPrefill, max_new_tokens: int, *, backend: str, budget: int, seed: int,
+    stop_tokens: Iterable[int], layer_budgets: dict[int, int] | None = None,
 ) -> tuple[list[list[int]], float]:
     """Greedy decode from a shared :class:`FastPrefill` with one santa.model backend → (each row's
     tokens, up to and including its first stop token; seconds). The loop of
@@ -635,7 +654,8 @@ def fast_decode(
     if not 1 <= max_new_tokens <= pre.max_new_tokens:
         raise ValueError(f"max_new_tokens must be in [1, {pre.max_new_tokens}] (the cache's room), got {max_new_tokens}")
     device = pre.first.device
-    ctx = santa.model.make_context(model, backend, prompt_len=pre.lengths, budget=max(budget, 1), seed=seed)  # dense: budget 0
+    ctx = santa.model.make_context(model, backend, prompt_len=pre.lengths, budget=max(budget, 1), seed=seed,  # dense: budget 0
+                                   layer_budgets=layer_budgets or None)
     stops = torch.tensor(sorted(stop_tokens), dtype=torch.long, device=device)  # [n_stop]
     token, input_pos = pre.first.clone(), pre.lengths.clone()  # [B, 1], [B]
     done = (token == stops).any(-1)  # [B]
@@ -685,7 +705,8 @@ def run_fast_batch(model: santa.model.Transformer, tokenizer, batch_jobs: list[J
     for cell in method_cells(batch_jobs):
         job = cell[0]
         backend = FAST_BACKENDS[job.method]
-        rows, decode_s = fast_decode(model, pre, job.max_new_tokens, backend=backend, budget=job.budget, seed=job.seed, stop_tokens=stops)
+        rows, decode_s = fast_decode(model, pre, job.max_new_tokens, backend=backend, budget=job.budget, seed=job.seed,
+                                     stop_tokens=stops, layer_budgets=dict(job.layer_budgets))
         for job in cell:
             i = seeds.index(job.prompt)
             answer = tokenizer.decode(rows[i], skip_special_tokens=True).strip()
