@@ -609,11 +609,22 @@ def generate(
     ctx = make_context(model, backend, prompt_len=lengths, budget=budget, seed=seed, santa_impl=santa_impl,
                        layer_budgets=layer_budgets)
     token = prefill(model, padded, lengths=lengths)  # [B, 1]
-    input_pos = lengths.clone()  # [B]: the position of each sequence's `token`
-    done = (token == stops).any(-1)  # [B]
+    rows = decode_tokens(model, ctx, token, lengths, max_new_tokens, stop_tokens=stops, cuda_graph=use_graph)
+    return [torch.tensor(row, dtype=torch.long) for row in rows]
+
+
+def decode_tokens(
+    model: Transformer, ctx: DecodeContext, token: Tensor, lengths: Tensor, max_new_tokens: int, *,
+    stop_tokens: Tensor, cuda_graph: bool,
+) -> list[list[int]]:
+    """The greedy decode loop after a prefill: ``token`` ``[B, 1]`` (the prefill's next tokens, at
+    positions ``lengths`` ``[B]``) → each row's ``max_new_tokens`` tokens, cut after its first stop
+    token. With ``cuda_graph`` the first step is captured and the others replay it."""
+    token, input_pos = token.clone(), lengths.clone()  # [B, 1], [B]: the position of each sequence's `token`
+    done = (token == stop_tokens).any(-1)  # [B]
 
     def step():
-        advance(token, decode_step(model, token, input_pos, ctx), input_pos, ctx, stop_tokens=stops, done=done)
+        advance(token, decode_step(model, token, input_pos, ctx), input_pos, ctx, stop_tokens=stop_tokens, done=done)
 
     out, graph = [token.clone()], None
     for i in range(1, max_new_tokens):
@@ -621,15 +632,14 @@ def generate(
             break
         if graph is not None:
             graph.replay()
-        elif use_graph:
+        elif cuda_graph:
             graph = cuda_graph_of(step)  # this step runs eagerly, the next ones replay
         else:
             step()
         out.append(token.clone())
     rows = torch.cat(out, dim=1).tolist()
-    stop_set = set(stops.tolist())
-    ends = [next((j + 1 for j, t in enumerate(row) if t in stop_set), len(row)) for row in rows]
-    return [torch.tensor(row[:end], dtype=torch.long) for row, end in zip(rows, ends, strict=True)]
+    stop_set = set(stop_tokens.tolist())
+    return [row[: next((j + 1 for j, t in enumerate(row) if t in stop_set), len(row))] for row in rows]
 
 
 __all__ = [

@@ -657,30 +657,12 @@ def fast_decode(
     ctx = santa.model.make_context(model, backend, prompt_len=pre.lengths, budget=max(budget, 1), seed=seed,  # dense: budget 0
                                    layer_budgets=layer_budgets or None)
     stops = torch.tensor(sorted(stop_tokens), dtype=torch.long, device=device)  # [n_stop]
-    token, input_pos = pre.first.clone(), pre.lengths.clone()  # [B, 1], [B]
-    done = (token == stops).any(-1)  # [B]
     use_graph = device.type == "cuda" and backend not in santa.model.REFERENCE_BACKENDS
-
-    def step():
-        santa.model.advance(token, santa.model.decode_step(model, token, input_pos, ctx), input_pos, ctx, stop_tokens=stops, done=done)
-
     _sync(device)
     start = time.perf_counter()
-    out, graph = [token.clone()], None
-    for i in range(1, max_new_tokens):
-        if i % santa.model.STOP_CHECK_EVERY == 0 and bool(done.all()):
-            break
-        if graph is not None:
-            graph.replay()
-        elif use_graph:
-            graph = santa.model.cuda_graph_of(step)
-        else:
-            step()
-        out.append(token.clone())
-    rows = torch.cat(out, dim=1).tolist()
-    seconds = time.perf_counter() - start
-    stop = set(stops.tolist())
-    return [row[: next((j + 1 for j, t in enumerate(row) if t in stop), len(row))] for row in rows], seconds
+    rows = santa.model.decode_tokens(model, ctx, pre.first, pre.lengths, max_new_tokens, stop_tokens=stops, cuda_graph=use_graph)
+    _sync(device)
+    return rows, time.perf_counter() - start
 
 
 def nominal_share(backend: str, budget: int, n_prompt: int, steps: int) -> float:
