@@ -34,6 +34,7 @@ from santa.kernels.plan import (
     check_workspace,
     flash_tile,
     plan_decode,
+    resolve_device,
     workspace_nbytes,
 )
 
@@ -170,11 +171,8 @@ def _workspace_key(kernel: str, batch: int, heads: int, dim: int, n_keys: int, b
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     kernel = "prop" if kernel == "auto" else kernel
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
     return WorkspaceKey.of(kernel=kernel, batch=batch, heads=heads, head_dim=dim, n_keys=n_keys,
-                           budget=check_budget_for_kernels(budget), device=str(device))
+                           budget=check_budget_for_kernels(budget), device=str(resolve_device(device)))
 
 
 def make_workspace(

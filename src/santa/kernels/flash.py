@@ -24,6 +24,8 @@ from santa.kernels._common import (
     tile_scores,
     tile_softmax_stats,
 )
+from santa.kernels._launch import Launcher
+from santa.kernels.plan import workspace_strides
 
 
 @triton.jit(do_not_specialize=["seed", "offset", "budget"])
@@ -140,12 +142,8 @@ def _flash_merge_kernel(
 
 def flash_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool) -> list:
     """flash's two launches for a :class:`santa.kernels.plan.DecodePlan`: ``[(name, Launcher, make_args)]``."""
-    from santa.kernels._launch import Launcher
-
     shape = plan.shape
     paged = shape.page_size is not None
-    from santa.kernels.plan import workspace_strides
-
     n_keys, qk_scale = shape.n_keys, plan.scale * LOG2E
     _, stride_stats = workspace_strides(plan.workspace_key)
     stats_fixed = dict(stride_part=plan.tiles, stride_stats=stride_stats, budget=plan.budget, n_keys=n_keys)

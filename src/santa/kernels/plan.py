@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from santa.sampling import check_budget
+
 KERNELS = ("prop", "flash", "auto")
 KV_LAYOUTS = ("NHD", "HND")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -183,11 +185,18 @@ def _positive_int(name: str, value: object) -> int:
 
 def check_budget_for_kernels(budget: object) -> int:
     """The budget as an int in ``[1, MAX_BUDGET]`` (S > n is legal: counts repeat)."""
-    if isinstance(budget, bool) or not isinstance(budget, int):
-        raise TypeError(f"budget must be an int, got {type(budget).__name__}")
-    if not 1 <= budget <= MAX_BUDGET:
+    budget = check_budget(budget)
+    if budget > MAX_BUDGET:
         raise ValueError(f"budget must lie in [1, {MAX_BUDGET}] samples per head for the decode kernels, got {budget}")
     return budget
+
+
+def resolve_device(device: torch.device | str) -> torch.device:
+    """``device`` with its CUDA index made explicit (``"cuda"`` → the current device), so that keys compare equal."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def plan_decode(
@@ -247,16 +256,14 @@ def plan_decode(
         raise ValueError(f"Tuning.stages_pass1 must be None or an int in [1, 4], got {tuning.stages_pass1!r}")
     if tuning.pdl is not None and not isinstance(tuning.pdl, bool):
         raise TypeError(f"Tuning.pdl must be None or a bool, got {tuning.pdl!r}")
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = resolve_device(device)
     shape = DecodeShape(batch, heads, kv_heads, head_dim, n_keys, page_size, kv_layout, dtype, str(device))
     key = WorkspaceKey.of(kernel=kernel, batch=batch, heads=heads, head_dim=head_dim, n_keys=n_keys, budget=budget,
                           device=str(device), tuning=tuning)
     if workspace is not None:
         check_workspace(workspace, key)
     return DecodePlan(shape=shape, kernel=kernel, budget=budget, scale=1.0 / math.sqrt(head_dim) if scale is None else float(scale),
-                      tuning=tuning, block_n=key.block_n, workspace_key=key, workspace=workspace)
+                      tuning=tuning, workspace_key=key, workspace=workspace)
 
 
 def check_workspace(workspace: object, key: WorkspaceKey) -> Workspace:
@@ -271,13 +278,14 @@ def check_workspace(workspace: object, key: WorkspaceKey) -> Workspace:
 class DecodePlan:
     """A validated decode shape with frozen launches; :meth:`run` launches the kernels only."""
 
-    def __init__(self, *, shape: DecodeShape, kernel: str, budget: int, scale: float, tuning: Tuning, block_n: int,
+    def __init__(self, *, shape: DecodeShape, kernel: str, budget: int, scale: float, tuning: Tuning,
                  workspace_key: WorkspaceKey, workspace: Workspace | None):
         self.shape, self.kernel, self.budget, self.scale = shape, kernel, budget, scale
-        self.tuning, self.block_n, self.workspace_key, self._workspace = tuning, block_n, workspace_key, workspace
+        self.tuning, self.workspace_key, self._workspace = tuning, workspace_key, workspace
         s = shape
+        self.block_n = workspace_key.block_n  # keys per tile: the workspace is laid out for it
         self.group = s.heads // s.kv_heads
-        self.tiles = cdiv(s.n_keys, block_n)
+        self.tiles = cdiv(s.n_keys, self.block_n)
         self.block_d = max(16, next_pow2(s.head_dim))
         self.block_g = max(16, next_pow2(self.group))
         device = torch.device(s.device)
@@ -309,11 +317,15 @@ class DecodePlan:
     def stages(self, q, k_cache, v_cache, *, seq_lens=None, block_table=None, seed: int = 0, offset=0, out=None,
                counts=None, workspace: Workspace | None = None) -> list:
         """The call's launches as ``[(name, zero-argument callable)]`` in order (benchmarks time them one by one)."""
+        launchers, args = self._bind(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace)
+        return [(name, lambda launch=launch, make_args=make_args: launch(args["key"], make_args(args))) for name, launch, make_args in launchers]
+
+    def _bind(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace) -> tuple[list, dict]:
+        """The launchers for this call's flags and the call's arguments (shared by :meth:`run` and :meth:`stages`)."""
         launchers = self._stage_launchers(
             has_seq_lens=seq_lens is not None, offset_in_memory=isinstance(offset, torch.Tensor), return_counts=counts is not None
         )
-        args = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace)
-        return [(name, lambda launch=launch, make_args=make_args: launch(args["key"], make_args(args))) for name, launch, make_args in launchers]
+        return launchers, self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace)
 
     def _arguments(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace) -> dict:
         s = self.shape
@@ -356,10 +368,7 @@ class DecodePlan:
         """
         if out is None:
             out = torch.empty_like(q)
-        launchers = self._stage_launchers(
-            has_seq_lens=seq_lens is not None, offset_in_memory=isinstance(offset, torch.Tensor), return_counts=counts is not None
-        )
-        args = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace)
+        launchers, args = self._bind(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace)
         key = args["key"]
         for _, launch, make_args in launchers:
             launch(key, make_args(args))

@@ -30,6 +30,8 @@ from santa.kernels._common import (
     tile_scores,
     tile_softmax_stats,
 )
+from santa.kernels._launch import Launcher
+from santa.kernels.plan import prop_sample_chunks, workspace_strides
 
 
 @triton.jit
@@ -251,9 +253,6 @@ def _prop_gather_kernel(
 def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool) -> list:
     """prop's two launches for a :class:`santa.kernels.plan.DecodePlan`: ``[(name, Launcher, make_args)]``,
     ``make_args`` mapping the call's arguments (``DecodePlan._arguments``) to the kernel's keywords."""
-    from santa.kernels._launch import Launcher
-    from santa.kernels.plan import prop_sample_chunks
-
     shape, tuning = plan.shape, plan.tuning
     sblock, n_chunks = prop_sample_chunks(plan.budget, plan.tiles, shape.batch * shape.heads, tuning)
     block_t = min(triton.next_power_of_2(plan.tiles), 1024)
@@ -262,10 +261,7 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
         PAGED=shape.page_size is not None, PAGE_SIZE=shape.page_size or 1, HAS_SEQ_LENS=has_seq_lens,
     )
     n_keys, qk_scale = shape.n_keys, plan.scale * LOG2E
-    ws_key = plan.workspace_key  # the stats' strides follow from the workspace's key
-    from santa.kernels.plan import workspace_strides
-
-    stride_stash, stride_stats = workspace_strides(ws_key)
+    stride_stash, stride_stats = workspace_strides(plan.workspace_key)  # fixed by the workspace's key
     fixed1 = dict(n_keys=n_keys, n_kv_heads=shape.kv_heads, stride_stash=stride_stash, stride_stats=stride_stats, qk_scale=qk_scale)
     fixed2 = dict(budget=plan.budget, n_keys=n_keys, n_heads=shape.heads, tiles_max=plan.tiles,
                   stride_stash=stride_stash, stride_stats=stride_stats)
@@ -282,7 +278,6 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
 
     def stats(ws: dict) -> dict:
         return dict(stash_ptr=ws["stash"], tile_max_ptr=ws["tile_max"], tile_mass_ptr=ws["tile_mass"])
-
 
     def pass1_args(a: dict) -> dict:
         kb, kn, kh = a["k_strides"]
