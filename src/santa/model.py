@@ -133,8 +133,7 @@ class DecodeContext:
     layer_budgets: dict[int, int] | None = None  # {layer: S} overriding ``budget`` there (santa tune budgets)
     seed: int = 0
     offset: Tensor | None = None
-    workspace: Tensor | None = None  # the kernels' workspace for ``budget``; ``workspaces`` for the per-layer ones
-    workspaces: dict[int, object] | None = None
+    workspaces: dict[int, santa_kernels.Workspace] | None = None  # the kernels' workspace per budget in use
     flashinfer: object | None = None
     page_size: int = 16
     santa_impl: str = "auto"  # "auto" / "kernels": santa.kernels.decode; "torch": santa.kernels.reference
@@ -154,9 +153,8 @@ class DecodeContext:
         """S in ``layer``: its entry of ``layer_budgets``, else ``budget``."""
         return self.layer_budgets.get(layer, self.budget) if self.layer_budgets else self.budget
 
-    def workspace_of(self, layer: int):
-        budget = self.budget_of(layer)
-        return self.workspace if budget == self.budget else self.workspaces[budget]
+    def workspace_of(self, layer: int) -> santa_kernels.Workspace | None:
+        return None if self.workspaces is None else self.workspaces[self.budget_of(layer)]
 
 
 def make_context(
@@ -207,9 +205,8 @@ def make_context(
     elif backend in ("santa-prop", "santa-flash") and _santa_kernels(santa_impl) is not None:
         q = torch.empty(batch, model.args.n_head, model.args.head_dim, dtype=dtype, device=device)
         kernel = backend.removeprefix("santa-")
-        ctx.workspace = santa_kernels.make_workspace(q, cache.k_cache, budget, kernel=kernel)
         ctx.workspaces = {s: santa_kernels.make_workspace(q, cache.k_cache, s, kernel=kernel)
-                          for s in set((layer_budgets or {}).values()) - {budget}}
+                          for s in {budget, *(layer_budgets or {}).values()}}
     elif backend in REFERENCE_BACKENDS:
         ctx.generators = [torch.Generator(device=device).manual_seed(seed * 1000003 + i) for i in range(model.args.n_layer)]
     elif backend == "flashinfer":
