@@ -10,8 +10,8 @@ from santa.budgets.cli_args import (
     check_model_arguments,
     check_plot,
     int_list,
-    positive_int,
 )
+from santa.cliargs import positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,6 +7,7 @@ import argparse
 import importlib.util
 
 from santa.budgets.rewards import TINY
+from santa.cliargs import positive_int
 
 SAMPLERS = ("systematic", "stratified", "iid", "topk")
 
@@ -31,26 +32,6 @@ def int_list(text: str) -> list[int]:
     if not out or min(out) < 0:
         raise argparse.ArgumentTypeError(f"expected one or more integers ≥ 0, got {text!r}")
     return sorted(out)
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer ≥ 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer ≥ 1, got {value}")
-    return value
-
-
-def nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {value}")
-    return value
 
 
 def positive_float(text: str) -> float:

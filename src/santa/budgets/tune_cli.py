@@ -12,10 +12,9 @@ from santa.budgets.cli_args import (
     check_model_arguments,
     check_plot,
     int_list,
-    nonnegative_int,
     positive_float,
-    positive_int,
 )
+from santa.cliargs import nonnegative_int, positive_int
 
 
 def workers_arg(text: str) -> int | None:
