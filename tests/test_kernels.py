@@ -306,6 +306,48 @@ def test_planned_run_equals_eager_decode_and_leaves_the_semaphores_at_zero(paged
         assert not plan.workspace.views["sem"].any()
 
 
+@pytest.mark.parametrize(
+    "n_keys,block_n,per_program,paged",
+    [
+        (300, 16, 4, False),  # 19 tiles, several pass-2 chunks per head
+        (300, 16, 64, True),  # one chunk per head, paged
+        (1030 * 16 + 5, 16, 8, False),  # 1031 tiles: over 1024, so the search walks the tiles in chunks
+    ],
+)
+def test_bisect_and_scan_tile_searches_give_equal_counts(n_keys, block_n, per_program, paged):
+    """The binary search over the stored prefix finds the same tile and bounds as comparing every
+    sample with every tile: the same counts, bit for bit, also for short, empty and poisoned rows."""
+    from santa.kernels import Tuning, plan_decode
+
+    batch, heads, kv_heads, dim, budget = 3, 4, 2, 16, 40
+    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, seed=n_keys, q_scale=3.0)
+    q[2, 1, 0] = float("nan")  # a poisoned row: NaN output, no counts
+    seq_lens = torch.tensor([n_keys, 0, min(n_keys // 3 + 1, 301)], dtype=torch.int32, device=DEVICE)
+    block_table = None
+    if paged:
+        k, block_table = to_paged(k, 16, seed=2)
+        v, _ = to_paged(v, 16, seed=2)
+    planned_keys = k.shape[1] * (block_table.shape[1] if paged else 1)
+    results = {}
+    for search in ("scan", "bisect"):
+        tuning = Tuning(block_n=block_n, samples_per_program=per_program, tile_search=search)
+        plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=planned_keys, budget=budget,
+                           dtype=q.dtype, device=DEVICE, page_size=16 if paged else None, tuning=tuning)
+        counts = torch.zeros(batch, heads, planned_keys, dtype=torch.int32, device=DEVICE)
+        out = plan.run(q, k, v, seq_lens=seq_lens, block_table=block_table, seed=3, offset=5, counts=counts)
+        results[search] = out, counts
+    (scan_out, scan_counts), (bisect_out, bisect_counts) = results["scan"], results["bisect"]
+    assert torch.equal(bisect_counts, scan_counts)
+    assert torch.equal(bisect_out.isnan(), scan_out.isnan()) and bisect_out[2, 1].isnan().all()
+    torch.testing.assert_close(bisect_out.nan_to_num(), scan_out.nan_to_num(), rtol=1e-5, atol=1e-6)
+    per_head = bisect_counts.sum(-1)  # [B, H]: S for every live head, 0 for the empty sequence and the poisoned head
+    assert (per_head[0] == budget).all() and not per_head[1].any() and per_head[2].tolist() == [budget, 0, budget, budget]
+    if not paged:
+        probs = dense_probs(q[[0, 2]], k[[0, 2]], seq_lens[[0, 2]])[:, [0, 2, 3]]
+        rows = bisect_counts[[0, 2]][:, [0, 2, 3]]
+        assert_counts_match_systematic(rows, probs, budget, prop_uniforms(batch, heads, 3, 5)[[0, 2]][:, [0, 2, 3]])
+
+
 def test_cpu_fallback_without_interpreter_computes_the_same_estimator(monkeypatch):
     q, k, v = make_inputs(2, 4, 2, 32, 100, seed=10)
     q, k, v = q.cpu(), k.cpu(), v.cpu()
@@ -393,3 +435,18 @@ def test_large_gpu_shapes_match_the_reference():
     ref_out, ref_counts = prop_reference(q, k, v, 128, seed=1)
     same = (counts.long() == ref_counts).all(-1)
     torch.testing.assert_close(out[same].float(), ref_out[same].float(), rtol=1e-2, atol=1e-2)
+
+
+@needs_cuda
+def test_bisect_equals_scan_on_long_gpu_sequences():
+    from santa.kernels import Tuning, plan_decode
+
+    q, k, v = make_inputs(2, 32, 8, 128, 131072, torch.bfloat16, seed=15, q_scale=4.0)
+    seq_lens = torch.tensor([131072, 70001], dtype=torch.int32, device=DEVICE)
+    counts = {}
+    for search in ("scan", "bisect"):
+        plan = plan_decode(batch=2, heads=32, kv_heads=8, head_dim=128, n_keys=131072, budget=128, dtype=q.dtype,
+                           device=DEVICE, tuning=Tuning(tile_search=search))
+        counts[search] = torch.zeros(2, 32, 131072, dtype=torch.int32, device=DEVICE)
+        plan.run(q, k, v, seq_lens=seq_lens, seed=2, counts=counts[search])
+    assert torch.equal(counts["scan"], counts["bisect"])

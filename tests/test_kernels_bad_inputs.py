@@ -234,6 +234,7 @@ def test_the_torch_fallback_checks_tables_even_unasked(monkeypatch):
 @pytest.mark.parametrize("tuning,match", [
     (dict(block_n=100), "block_n"), (dict(block_n=0), "block_n"), (dict(samples_per_program=48), "samples_per_program"),
     (dict(warps_pass2=-4), "warps_pass2"), (dict(stages_pass1=9), "stages_pass1"), (dict(pdl="yes"), "pdl"),
+    (dict(tile_search="binary"), "tile_search"), (dict(tile_search=["scan"]), "tile_search"),
 ])
 def test_bad_tuning_fields_are_refused_by_name(tuning, match):
     from santa.kernels import Tuning
@@ -241,3 +242,28 @@ def test_bad_tuning_fields_are_refused_by_name(tuning, match):
     with pytest.raises((ValueError, TypeError), match=match):
         plan_decode(batch=1, heads=4, kv_heads=2, head_dim=32, n_keys=64, budget=8, dtype=torch.float32, device="cpu",
                     tuning=Tuning(**tuning))
+
+
+def test_a_validated_call_signature_never_lets_a_bad_call_through():
+    """decode() skips re-validating a signature it has seen; every other call is still refused by name."""
+    q, k, v = make_inputs(1, 4, 2, 32, 40, seed=3)
+    seq_lens = torch.tensor([40], dtype=torch.int32, device=DEVICE)
+    good = decode(q, k, v, 8, seq_lens=seq_lens, seed=1)
+    assert torch.equal(decode(q, k, v, 8, seq_lens=seq_lens, seed=1), good)  # the cached signature: same result
+    bad_calls = [
+        (dict(seed=-1), ValueError, "seed"), (dict(seed=True), ValueError, "seed"), (dict(offset=2**63), ValueError, "offset"),
+        (dict(budget=True), (TypeError, ValueError), "budget"), (dict(budget=8.0), (TypeError, ValueError), "budget"),
+        (dict(check="yes"), TypeError, "check"), (dict(seq_lens=seq_lens.long()), TypeError, "seq_lens"),
+        (dict(seq_lens=torch.tensor([41], dtype=torch.int32, device=DEVICE), check=True), ValueError, "seq_lens"),
+        (dict(out=torch.empty(1, 4, 32, dtype=torch.float16, device=DEVICE)), ValueError, "out"),
+        (dict(v=v[..., :16]), ValueError, "shape"), (dict(kernel=["prop"]), (TypeError, ValueError), "kernel"),
+        (dict(scale=float("nan")), TypeError, "scale"),
+    ]
+    for change, error, match in bad_calls:
+        args = dict(q=q, k_cache=k, v_cache=v, budget=8, seq_lens=seq_lens, seed=1)
+        if "v" in change:
+            args["v_cache"] = change.pop("v")
+        args.update(change)
+        with pytest.raises(error, match=match):
+            decode(**args)
+    assert torch.equal(decode(q, k, v, 8, seq_lens=seq_lens, seed=1), good)

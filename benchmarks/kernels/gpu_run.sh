@@ -2,7 +2,7 @@
 # One device call for the kernel issue: the CUDA tests, then `python -m santa.bench.kernels` on the
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (copied from ../shared/wheels).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [llama] [small] [tune]
+#   bash benchmarks/kernels/gpu_run.sh [tests] [llama] [small] [tune] [host] [e2e]
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -26,7 +26,7 @@ for stage in "$@"; do
         --flash-budgets 2048 --batches 16 --batch-keys 32768 --no-tune --out /tmp/qwen > "$OUT/qwen.log" 2>&1
       cp /tmp/qwen/kernels.json "$OUT/qwen.json" ;;
     tune)  # the prop Tuning sweep on the three models' shapes
-      V="--tune-variants default samples_per_program64 samples_per_program128 warps_pass24"
+      V="--tune-variants default tile_searchscan tile_searchbisect samples_per_program64_tile_searchbisect samples_per_program128_tile_searchbisect samples_per_program64 block_n64"
       python3 -m santa.bench.kernels --only-tune --no-flashinfer $V --out /tmp/tune > "$OUT/tune.log" 2>&1
       cp /tmp/tune/kernels.json "$OUT/tune.json"
       python3 -m santa.bench.kernels --only-tune --no-flashinfer $V --heads 9 --kv-heads 3 --head-dim 64 \
@@ -34,6 +34,8 @@ for stage in "$@"; do
       python3 -m santa.bench.kernels --only-tune --no-flashinfer $V --heads 14 --kv-heads 2 --head-dim 64 \
         --tune-cases 1x4096,1x32768,16x32768 --out /tmp/tune_q >> "$OUT/tune_small.log" 2>&1
       cp /tmp/tune_s/kernels.json "$OUT/tune_smollm2.json"; cp /tmp/tune_q/kernels.json "$OUT/tune_qwen.json" ;;
+    host)  # where the host time of eager decode() and plan.run goes (cProfile)
+      python3 benchmarks/kernels/host_profile.py > "$OUT/host.log" 2>&1 ;;
     stash1)  # the SmolLM2 GGUF travels in two ignored folders, one per call (.gguf1, then .gguf2), with .pkgs and .whlgg
       mkdir -p /tmp/pkgs /tmp/chunks; cp -r .pkgs/. /tmp/pkgs/
       python3 -m pip install -q --no-index --no-deps --target /tmp/site .whlgg/*.whl

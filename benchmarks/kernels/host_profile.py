@@ -2,6 +2,7 @@
 
 import cProfile
 import pstats
+import statistics
 import sys
 import time
 
@@ -20,12 +21,15 @@ for fn, name in ((lambda: plan.run(q, k, v, out=out), "plan.run"), (lambda: deco
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(500):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    print(f"==== {name}: {(t1 - t0) / 500 * 1e6:.1f} µs per call (host, 500 back-to-back)")
+    rounds = []
+    for _ in range(7):  # the host is noisy: the median of 7 rounds of 500 back-to-back calls
+        t0 = time.perf_counter()
+        for _ in range(500):
+            fn()
+        rounds.append((time.perf_counter() - t0) / 500 * 1e6)
+        torch.cuda.synchronize()
+    print(f"==== {name}: {statistics.median(rounds):.1f} µs per call (host, median of 7 × 500 back-to-back; "
+          f"rounds {', '.join(f'{r:.1f}' for r in rounds)})")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(500):

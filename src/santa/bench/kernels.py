@@ -531,6 +531,8 @@ def sweep_prop_tuning(results, flusher, args, n_keys=32768, batch=1):
         Tuning(samples_per_program=128, warps_pass2=4),
         Tuning(block_n=64), Tuning(block_n=256), Tuning(warps_pass1=8), Tuning(stages_pass1=2),
         Tuning(pdl=False),
+        Tuning(tile_search="scan"), Tuning(tile_search="bisect"),
+        Tuning(samples_per_program=64, tile_search="bisect"), Tuning(samples_per_program=128, tile_search="bisect"),
     ]
     if args.tune_variants:
         names = {tuning_name(t): t for t in variants}

@@ -19,6 +19,7 @@ import math
 import numbers
 import os
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import torch
 
@@ -121,13 +122,10 @@ def _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_lay
             raise ValueError(f"seq_lens must be contiguous (stride 1), got stride {seq_lens.stride(0)}: pass seq_lens.contiguous()")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale)):
         raise TypeError(f"scale must be a finite float or None, got {scale!r}")
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**63:
-        raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
+    _check_seed_and_offset(seed, offset)
     if isinstance(offset, torch.Tensor):
         if offset.dtype != torch.int64 or offset.numel() != 1 or offset.device != device:
             raise ValueError(f"offset as a tensor must be one int64 element on {device}, got {offset.dtype} {tuple(offset.shape)} on {offset.device}")
-    elif isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or not 0 <= offset < 2**63:
-        raise ValueError(f"offset must be an int in [0, 2**63) or a one-element int64 tensor, got {offset!r}")
     if out is not None:
         if not isinstance(out, torch.Tensor) or out.shape != q.shape or out.dtype != q.dtype or out.device != device:
             got = f"{out.dtype} {tuple(out.shape)} on {out.device}" if isinstance(out, torch.Tensor) else type(out).__name__
@@ -137,6 +135,16 @@ def _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_lay
     if not isinstance(return_counts, bool):
         raise TypeError(f"return_counts must be a bool, got {type(return_counts).__name__}")
     return q, k_cache, v_cache, budget, n_keys, kv_heads
+
+
+def _check_seed_and_offset(seed, offset) -> None:
+    """The per-call scalars (their values are not part of a call's signature)."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
+    if not isinstance(offset, torch.Tensor) and (
+        isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or not 0 <= offset < 2**63
+    ):
+        raise ValueError(f"offset must be an int in [0, 2**63) or a one-element int64 tensor, got {offset!r}")
 
 
 def _check_tables(seq_lens, block_table, *, n_keys: int, page_size: int, n_pages: int) -> None:
@@ -220,6 +228,72 @@ def _cached_plan(batch, heads, kv_heads, dim, n_keys, budget, dtype, device, ker
     return plan
 
 
+@dataclass(frozen=True)
+class _Call:
+    """A validated call signature: what decode() needs besides the tensors."""
+
+    budget: int
+    kernel: str  # "prop" or "flash"
+    n_keys: int
+    page_size: int  # 1 for a contiguous cache
+    workspace_key: WorkspaceKey
+    plan: DecodePlan | None  # None: the torch fallback
+
+
+_CALLS: dict[tuple, _Call] = {}  # call signature → its validation (cleared past _CALL_CACHE_SIZE entries)
+_CALL_CACHE_SIZE = 256
+
+
+def _meta(x) -> tuple | None:
+    return None if x is None else (x.shape, x.stride(), x.dtype, x.device)
+
+
+def _signature(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts):
+    """Everything :func:`_validate` reads (shapes, strides, dtypes, devices, the non-tensor arguments
+    with their types), or None when some argument is not of a kind it can key on (then the call is
+    validated in full, which raises for it)."""
+    for x in (q, k_cache, v_cache):
+        if not isinstance(x, torch.Tensor):
+            return None
+    for x in (seq_lens, block_table, out):
+        if x is not None and not isinstance(x, torch.Tensor):
+            return None
+    offset_meta = _meta(offset) if isinstance(offset, torch.Tensor) else type(offset)
+    return (_meta(q), _meta(k_cache), _meta(v_cache), _meta(seq_lens), _meta(block_table), _meta(out), offset_meta,
+            type(budget), budget, type(kernel), kernel, type(kv_layout), kv_layout, type(scale), scale,
+            type(return_counts), return_counts)
+
+
+def _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out,
+                    return_counts) -> _Call:
+    """The call's validation: from the cache for a signature seen before, else :func:`_validate` in full."""
+    sig = _signature(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts)
+    try:
+        call = None if sig is None else _CALLS.get(sig)
+    except TypeError:  # an unhashable argument: _validate names it
+        sig = call = None
+    if call is not None:
+        return call
+    q, k_cache, v_cache, budget, n_keys, kv_heads = _validate(
+        q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out, return_counts
+    )
+    kernel = "prop" if kernel == "auto" else kernel
+    paged = block_table is not None
+    page_size = k_cache.shape[1 if kv_layout == "NHD" else 2] if paged else 1
+    batch, heads, dim = q.shape
+    plan = None
+    if use_triton(q.device):
+        plan = _cached_plan(batch, heads, kv_heads, dim, n_keys, budget, q.dtype, q.device, kernel, kv_layout,
+                            page_size if paged else None, None if scale is None else float(scale))
+    call = _Call(budget=budget, kernel=kernel, n_keys=n_keys, page_size=page_size,
+                 workspace_key=_workspace_key(kernel, batch, heads, dim, n_keys, budget, q.device), plan=plan)
+    if sig is not None:
+        if len(_CALLS) >= _CALL_CACHE_SIZE:
+            _CALLS.clear()
+        _CALLS[sig] = call
+    return call
+
+
 def decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -268,30 +342,22 @@ def decode(
         page id gives NaN for the sequences or heads it touches.
     Returns out, or ``(out, counts)``. Non-finite input: see the module docstring.
     """
-    q, k_cache, v_cache, budget, n_keys, kv_heads = _validate(
-        q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out, return_counts
-    )
-    kernel = "prop" if kernel == "auto" else kernel
-    paged = block_table is not None
-    pos_axis = 1 if kv_layout == "NHD" else 2
-    page_size = k_cache.shape[pos_axis] if paged else 1
+    call = _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out,
+                           return_counts)
+    _check_seed_and_offset(seed, offset)
     if check is not None and not isinstance(check, bool):
         raise TypeError(f"check must be a bool or None, got {type(check).__name__}")
     # the torch fallback has no in-kernel guards, and on the CPU a check costs no synchronisation
-    if check or q.device.type == "cpu" or not use_triton(q.device):
-        _check_tables(seq_lens, block_table, n_keys=n_keys, page_size=page_size, n_pages=k_cache.shape[0])
-    batch, heads, dim = q.shape
+    if check or call.plan is None or q.device.type == "cpu":
+        _check_tables(seq_lens, block_table, n_keys=call.n_keys, page_size=call.page_size, n_pages=k_cache.shape[0])
     if workspace is not None:
-        check_workspace(workspace, _workspace_key(kernel, batch, heads, dim, n_keys, budget, q.device))
-    if not use_triton(q.device):
-        return _decode_reference(
-            q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out, return_counts
-        )
-    plan = _cached_plan(batch, heads, kv_heads, dim, n_keys, budget, q.dtype, q.device, kernel, kv_layout,
-                        page_size if paged else None, None if scale is None else float(scale))
-    counts = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device=q.device) if return_counts else None
-    out = plan.run(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=int(seed), offset=offset,
-                   out=out, counts=counts, workspace=workspace)
+        check_workspace(workspace, call.workspace_key)
+    if call.plan is None:
+        return _decode_reference(q, k_cache, v_cache, call.budget, call.kernel, seq_lens, block_table, kv_layout, scale,
+                                 seed, offset, out, return_counts)
+    counts = torch.zeros(q.shape[0], q.shape[1], call.n_keys, dtype=torch.int32, device=q.device) if return_counts else None
+    out = call.plan.run(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
+                        out=out, counts=counts, workspace=workspace)
     return (out, counts) if return_counts else out
 
 

@@ -30,7 +30,7 @@ from santa.kernels.plan import workspace_strides
 
 @triton.jit(do_not_specialize=["seed", "offset", "budget"])
 def _flash_partial_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, part_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, offset_ptr,
+    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, partial_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, offset_ptr,
     seed, offset, budget, n_keys, n_pages, n_kv_heads,
     stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
     stride_part, stride_stats, stride_counts, qk_scale,
@@ -87,7 +87,7 @@ def _flash_partial_kernel(
             c_hi = (counts // 256).to(v.dtype)
             o = tl.dot(c_lo, v) + 256.0 * tl.dot(c_hi, v)
         part_rows = rows.to(tl.int64) * stride_part + t
-        tl.store(part_ptr + part_rows[:, None] * BLOCK_D + offs_d[None, :], o, mask=mask_g[:, None])
+        tl.store(partial_ptr + part_rows[:, None] * BLOCK_D + offs_d[None, :], o, mask=mask_g[:, None])
         tl.store(tile_max_ptr + rows * stride_stats + t, m, mask=mask_g)
         tl.store(tile_mass_ptr + rows * stride_stats + t, tl.where(healthy, mass, float("nan")), mask=mask_g)
         if RETURN_COUNTS:
@@ -97,7 +97,7 @@ def _flash_partial_kernel(
 
 @triton.jit(do_not_specialize=["budget"])
 def _flash_merge_kernel(
-    part_ptr, tile_max_ptr, tile_mass_ptr, seq_lens_ptr, out_ptr,
+    partial_ptr, tile_max_ptr, tile_mass_ptr, seq_lens_ptr, out_ptr,
     budget, n_keys, n_heads, tiles_max, stride_part, stride_stats, stride_ob, stride_oh,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
     HAS_SEQ_LENS: tl.constexpr,
@@ -129,7 +129,7 @@ def _flash_merge_kernel(
         tmass = tl.load(tile_mass_ptr + stats_row + t0 + offs_t, mask=mask_t, other=0.0)
         w = tl.where(mask_t, tl.exp2(tmax - m_star) * tmass, 0.0)  # W_t = exp(m_t − m*) ℓ_t
         part_rows = row.to(tl.int64) * stride_part + t0 + offs_t
-        part = tl.load(part_ptr + part_rows[:, None] * BLOCK_D + offs_d[None, :], mask=mask_t[:, None], other=0.0)
+        part = tl.load(partial_ptr + part_rows[:, None] * BLOCK_D + offs_d[None, :], mask=mask_t[:, None], other=0.0)
         n_poisoned += tl.sum((tmass != tmass).to(tl.int32), axis=0)
         acc += tl.sum(tl.where(mask_t[:, None], w[:, None] * part, 0.0), axis=0)
         z += tl.sum(w, axis=0)
@@ -141,7 +141,8 @@ def _flash_merge_kernel(
 
 
 def flash_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool) -> list:
-    """flash's two launches for a :class:`santa.kernels.plan.DecodePlan`: ``[(name, Launcher, make_args)]``."""
+    """flash's two launches for a :class:`santa.kernels.plan.DecodePlan`: ``[(name, Launcher)]``; each
+    call's other arguments come by kernel name from ``DecodePlan._arguments``."""
     shape = plan.shape
     paged = shape.page_size is not None
     n_keys, qk_scale = shape.n_keys, plan.scale * LOG2E
@@ -160,23 +161,4 @@ def flash_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_
         HAS_SEQ_LENS=has_seq_lens, num_warps=4, num_stages=1,
     ))
 
-    def stats(ws: dict) -> dict:
-        return dict(part_ptr=ws["partial"], tile_max_ptr=ws["tile_max"], tile_mass_ptr=ws["tile_mass"])
-
-    def partial_args(a: dict) -> dict:
-        kb, kn, kh = a["k_strides"]
-        vb, vn, vh = a["v_strides"]
-        return dict(
-            q_ptr=a["q"], k_ptr=a["k"], v_ptr=a["v"], bt_ptr=a["block_table"], seq_lens_ptr=a["seq_lens"], **stats(a["ws"]),
-            counts_ptr=a["counts"], offset_ptr=a["offset_ptr"], seed=a["seed"], offset=a["offset"], n_pages=a["n_pages"],
-            stride_qb=a["q"].stride(0), stride_qh=a["q"].stride(1), stride_bt=a["stride_bt"],
-            stride_kb=kb, stride_kn=kn, stride_kh=kh, stride_vb=vb, stride_vn=vn, stride_vh=vh,
-            stride_counts=a["counts"].stride(1) if return_counts else 0,
-        )
-
-    def merge_args(a: dict) -> dict:
-        return dict(
-            **stats(a["ws"]), seq_lens_ptr=a["seq_lens"], out_ptr=a["out"], stride_ob=a["out"].stride(0), stride_oh=a["out"].stride(1),
-        )
-
-    return [("partial", partial, partial_args), ("merge", merge, merge_args)]
+    return [("partial", partial), ("merge", merge)]

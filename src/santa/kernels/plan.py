@@ -11,15 +11,18 @@ the heads that would have read it get NaN.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
 import torch
 
+from santa.kernels import _launch
 from santa.sampling import check_budget
 
 KERNELS = ("prop", "flash", "auto")
 KV_LAYOUTS = ("NHD", "HND")
+TILE_SEARCHES = ("scan", "bisect")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634
 ALIGN = 256  # bytes; every workspace region starts on this boundary
@@ -44,6 +47,7 @@ class Tuning:
     stages_pass1: int | None = None
     warps_pass2: int | None = None
     samples_per_program: int | None = None  # pass-2 samples per program
+    tile_search: str | None = None  # pass 2's tile of each sample: "scan" (compare with every tile) or "bisect"
     pdl: bool | None = None  # pass 2 as a programmatic dependent launch (Hopper)
 
 
@@ -70,6 +74,12 @@ def prop_sample_chunks(budget: int, tiles: int, rows: int, tuning: Tuning = Tuni
         per_program = 16 if tiles <= 512 else 8
     sblock = min(per_program, next_pow2(budget))
     return sblock, cdiv(budget, sblock)
+
+
+def prop_tile_search(tiles: int, tuning: Tuning = Tuning()) -> str:
+    """How pass 2 finds each sample's tile: ``"scan"`` compares every sample of a program with every
+    tile (O(samples × T)), ``"bisect"`` binary-searches the stored prefix (O(T + samples · log T))."""
+    return tuning.tile_search or ("bisect" if tiles > 256 else "scan")
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,7 @@ def workspace_regions(key: WorkspaceKey) -> tuple[tuple[str, torch.dtype, tuple[
             ("stash", torch.float32, (rows, tiles * key.block_n)),
             ("tile_max", torch.float32, (rows, tiles)),
             ("tile_mass", torch.float32, (rows, tiles)),
+            ("prefix", torch.float32, (rows, tiles)),  # P_t = S·C_t, written by pass 2 for its tile search
             ("partial", torch.float32, (rows * n_chunks, block_d)),
         ]
     else:
@@ -147,6 +158,7 @@ class Workspace:
     key: WorkspaceKey
     buffer: torch.Tensor
     views: dict = field(repr=False)
+    pointers: dict = field(repr=False)  # the kernels' argument names ("stash_ptr", …) → the regions' data_ptr()
 
     @classmethod
     def zeros(cls, key: WorkspaceKey) -> Workspace:
@@ -155,7 +167,12 @@ class Workspace:
         for name, dtype, shape, start in workspace_regions(key):
             nbytes = math.prod(shape) * _ELEMENT_SIZE[dtype]
             views[name] = buffer[start : start + nbytes].view(dtype).view(shape)
-        return cls(key=key, buffer=buffer, views=views)
+        pointers = {f"{name}_ptr": view.data_ptr() for name, view in views.items()}
+        return cls(key=key, buffer=buffer, views=views, pointers=pointers)
+
+    def tensors(self) -> dict:
+        """The regions by kernel argument name (``"stash_ptr"`` → the stash view)."""
+        return {f"{name}_ptr": view for name, view in self.views.items()}
 
     @property
     def nbytes(self) -> int:
@@ -254,6 +271,8 @@ def plan_decode(
             raise ValueError(f"Tuning.{name} must be None or a power of two in [{low}, {high}], got {value!r}")
     if tuning.stages_pass1 is not None and (isinstance(tuning.stages_pass1, bool) or tuning.stages_pass1 not in range(1, 5)):
         raise ValueError(f"Tuning.stages_pass1 must be None or an int in [1, 4], got {tuning.stages_pass1!r}")
+    if tuning.tile_search not in (None, *TILE_SEARCHES):
+        raise ValueError(f"Tuning.tile_search must be None or one of {TILE_SEARCHES}, got {tuning.tile_search!r}")
     if tuning.pdl is not None and not isinstance(tuning.pdl, bool):
         raise TypeError(f"Tuning.pdl must be None or a bool, got {tuning.pdl!r}")
     device = resolve_device(device)
@@ -293,6 +312,7 @@ class DecodePlan:
         # counts could pass 65535 (flash splits counts into bytes: the high byte is exact in bf16 up to 256)
         self.ieee_dot = s.dtype == torch.float32 or device.type != "cuda" or (kernel == "flash" and budget > 65535)
         self.pdl = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9 and tuning.pdl is not False
+        self.cuda_index = device.index if device.type == "cuda" else None  # launches go to this device's current stream
         self._launchers: dict[tuple, tuple] = {}
 
     @property
@@ -317,44 +337,52 @@ class DecodePlan:
     def stages(self, q, k_cache, v_cache, *, seq_lens=None, block_table=None, seed: int = 0, offset=0, out=None,
                counts=None, workspace: Workspace | None = None) -> list:
         """The call's launches as ``[(name, zero-argument callable)]`` in order (benchmarks time them one by one)."""
-        launchers, args = self._bind(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace)
-        return [(name, lambda launch=launch, make_args=make_args: launch(args["key"], make_args(args))) for name, launch, make_args in launchers]
-
-    def _bind(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace) -> tuple[list, dict]:
-        """The launchers for this call's flags and the call's arguments (shared by :meth:`run` and :meth:`stages`)."""
         launchers = self._stage_launchers(
             has_seq_lens=seq_lens is not None, offset_in_memory=isinstance(offset, torch.Tensor), return_counts=counts is not None
         )
-        return launchers, self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace)
+        key, args, tensors = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace)
 
-    def _arguments(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace) -> dict:
-        s = self.shape
-        k_strides = _cache_strides(k_cache, s.kv_layout)
-        v_strides = _cache_strides(v_cache, s.kv_layout)
-        offset_in_memory = isinstance(offset, torch.Tensor)
-        counts = counts if counts is not None else q
-        seq_lens = seq_lens if seq_lens is not None else q
-        stride_bt = block_table.stride(0) if block_table is not None else 0
-        block_table = block_table if block_table is not None else q
-        offset_ptr = offset if offset_in_memory else q
-        seed, offset = int(seed), 0 if offset_in_memory else int(offset)
-        # everything Triton's specialisation of these launches can depend on that may change between
-        # calls of one plan (pointer alignment, strides, the pool size, 32- or 64-bit Philox words);
-        # the workspace is 256-byte aligned with strides fixed by its key
+        def launch(launcher):
+            with _on_device(self.cuda_index):
+                launcher(key, args, tensors, _launch.current_stream(self.cuda_index))
+
+        return [(name, lambda launcher=launcher: launch(launcher)) for name, launcher in launchers]
+
+    def _arguments(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace) -> tuple:
+        """(key, args, tensors) of one call: the launches' varying arguments by kernel name, pointers
+        as ints (one dict for every launch of the plan); ``key``, everything Triton's specialisation
+        of them can depend on that may change between calls of one plan (pointer alignment, strides,
+        the pool size, 32- or 64-bit Philox words; the workspace is 256-byte aligned, its strides
+        fixed by its key); ``tensors()``, the pointer arguments as tensors, for the JIT's first call."""
+        ws = self.workspace if workspace is None else workspace
+        q_ptr, k_ptr, v_ptr, out_ptr = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr()
+        q_strides, out_strides, k_strides, v_strides = q.stride(), out.stride(), k_cache.stride(), v_cache.stride()
+        seq_lens_ptr = q_ptr if seq_lens is None else seq_lens.data_ptr()
+        bt_ptr, stride_bt = (q_ptr, 0) if block_table is None else (block_table.data_ptr(), block_table.stride(0))
+        counts_ptr, stride_counts = (q_ptr, 0) if counts is None else (counts.data_ptr(), counts.stride(1))
+        offset_tensor = offset if isinstance(offset, torch.Tensor) else None
+        offset_ptr, offset = (q_ptr, int(offset)) if offset_tensor is None else (offset_tensor.data_ptr(), 0)
+        seed, n_pages = int(seed), k_cache.shape[0]
+        kb, kn, kh = (k_strides[0], k_strides[1], k_strides[2]) if self.shape.kv_layout == "NHD" else (k_strides[0], k_strides[2], k_strides[1])
+        vb, vn, vh = (v_strides[0], v_strides[1], v_strides[2]) if self.shape.kv_layout == "NHD" else (v_strides[0], v_strides[2], v_strides[1])
         key = (
-            q.data_ptr() & 15, k_cache.data_ptr() & 15, v_cache.data_ptr() & 15, out.data_ptr() & 15,
-            counts.data_ptr() & 15, seq_lens.data_ptr() & 15, block_table.data_ptr() & 15, offset_ptr.data_ptr() & 15,
-            q.dtype, k_cache.dtype, v_cache.dtype, out.dtype, counts.dtype, seq_lens.dtype, block_table.dtype, offset_ptr.dtype,
-            q.stride(), out.stride(), counts.stride(), k_strides, v_strides, stride_bt, k_cache.shape[0],
-            seed < 2**31, offset < 2**31,
+            q_ptr & 15, k_ptr & 15, v_ptr & 15, out_ptr & 15, seq_lens_ptr & 15, bt_ptr & 15, counts_ptr & 15, offset_ptr & 15,
+            q_strides, out_strides, k_strides, v_strides, stride_bt, stride_counts, n_pages, seed < 2**31, offset < 2**31,
         )
-        return dict(
-            key=key, q=q, k=k_cache, v=v_cache, out=out, counts=counts,
-            ws=(workspace if workspace is not None else self.workspace).views,
-            seq_lens=seq_lens, block_table=block_table, stride_bt=stride_bt,
-            n_pages=k_cache.shape[0], k_strides=k_strides, v_strides=v_strides,
-            seed=seed, offset=offset, offset_ptr=offset_ptr,
+        args = dict(
+            ws.pointers, q_ptr=q_ptr, k_ptr=k_ptr, v_ptr=v_ptr, out_ptr=out_ptr, seq_lens_ptr=seq_lens_ptr, bt_ptr=bt_ptr,
+            counts_ptr=counts_ptr, offset_ptr=offset_ptr, seed=seed, offset=offset, n_pages=n_pages,
+            stride_qb=q_strides[0], stride_qh=q_strides[1], stride_ob=out_strides[0], stride_oh=out_strides[1],
+            stride_kb=kb, stride_kn=kn, stride_kh=kh, stride_vb=vb, stride_vn=vn, stride_vh=vh,
+            stride_bt=stride_bt, stride_counts=stride_counts,
         )
+
+        def tensors() -> dict:
+            given = dict(q_ptr=q, k_ptr=k_cache, v_ptr=v_cache, out_ptr=out, seq_lens_ptr=seq_lens, bt_ptr=block_table,
+                         counts_ptr=counts, offset_ptr=offset_tensor)
+            return {**ws.tensors(), **{name: (q if x is None else x) for name, x in given.items()}}
+
+        return key, args, tensors
 
     def run(self, q, k_cache, v_cache, *, seq_lens=None, block_table=None, seed: int = 0, offset=0, out=None, counts=None,
             workspace: Workspace | None = None) -> torch.Tensor:
@@ -364,19 +392,26 @@ class DecodePlan:
         seq_lens int32 ``[B]`` (default: every sequence holds n_keys keys); seed, offset: Philox key
         and counter (offset may be a one-element int64 device tensor); counts: an int32
         ``[B, H, n_keys]`` zero tensor to receive per-key sample counts; workspace: one made for this
-        plan's shape (default: the plan's own). Nothing is checked here.
+        plan's shape (default: the plan's own). Nothing is checked here. The kernels run on the
+        plan's device (its current stream), whichever device is current.
         """
+        index = self.cuda_index
+        if index is not None and torch.cuda.current_device() != index:
+            with torch.cuda.device(index):
+                return self.run(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
+                                out=out, counts=counts, workspace=workspace)
         if out is None:
             out = torch.empty_like(q)
-        launchers, args = self._bind(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace)
-        key = args["key"]
-        for _, launch, make_args in launchers:
-            launch(key, make_args(args))
+        launchers = self._stage_launchers(
+            has_seq_lens=seq_lens is not None, offset_in_memory=isinstance(offset, torch.Tensor), return_counts=counts is not None
+        )
+        key, args, tensors = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace)
+        stream = _launch.current_stream(index)
+        for _, launcher in launchers:
+            launcher(key, args, tensors, stream)
         return out
 
 
-def _cache_strides(x: torch.Tensor, kv_layout: str) -> tuple[int, int, int]:
-    """(batch or page, position, kv head) strides of a cache in ``kv_layout``."""
-    if kv_layout == "NHD":  # [B or pages, L or page_size, H_kv, d]
-        return x.stride(0), x.stride(1), x.stride(2)
-    return x.stride(0), x.stride(2), x.stride(1)  # HND: [B or pages, H_kv, L or page_size, d]
+def _on_device(index: int | None):
+    """A context that makes CUDA device ``index`` current (nothing for None)."""
+    return contextlib.nullcontext() if index is None else torch.cuda.device(index)

@@ -31,7 +31,7 @@ from santa.kernels._common import (
     tile_softmax_stats,
 )
 from santa.kernels._launch import Launcher
-from santa.kernels.plan import prop_sample_chunks, workspace_strides
+from santa.kernels.plan import prop_sample_chunks, prop_tile_search, workspace_strides
 
 
 @triton.jit
@@ -80,15 +80,34 @@ def _prop_scores_kernel(
 
 
 @triton.jit
+def _bisect_tiles(prefix_ptr, prefix_row, n_tiles, u, m_f, ok, LOG_T: tl.constexpr):
+    """``tile = #{t < n_tiles : P_t − m ≤ U}`` by binary search over the stored prefix (P is
+    non-decreasing, so the predicate holds on a prefix of the tiles), and ``P_{tile−1}, P_tile``:
+    the same tile and bounds as comparing with every tile, in O(log T) loads per sample."""
+    pos = tl.zeros(m_f.shape, dtype=tl.int32)
+    for level in tl.static_range(LOG_T):  # pos + 2^k for k = LOG_T−1 … 0: the largest pos whose predicate holds
+        cand = pos + (1 << (LOG_T - 1 - level))
+        inside = ok & (cand <= n_tiles)
+        p = tl.load(prefix_ptr + prefix_row + cand - 1, mask=inside, other=0.0, cache_modifier=".cg")
+        pos = tl.where(inside & ((p - m_f) <= u), cand, pos)
+    lo = tl.load(prefix_ptr + prefix_row + pos - 1, mask=ok & (pos > 0), other=0.0, cache_modifier=".cg")
+    hi = tl.load(prefix_ptr + prefix_row + pos, mask=ok & (pos < n_tiles), other=float("inf"), cache_modifier=".cg")
+    return pos, lo, hi
+
+
+@triton.jit
 def _tile_prefix_search(
-    tile_max_ptr, tile_mass_ptr, stats_row, n_tiles, tiles_max, u, m_f, budget_f,
-    SBLOCK: tl.constexpr, BLOCK_T: tl.constexpr, ONE_CHUNK_T: tl.constexpr, CM: tl.constexpr,
+    tile_max_ptr, tile_mass_ptr, prefix_ptr, stats_row, n_tiles, tiles_max, u, m_f, budget_f, valid_s,
+    SBLOCK: tl.constexpr, BLOCK_T: tl.constexpr, ONE_CHUNK_T: tl.constexpr, BISECT: tl.constexpr,
+    LOG_T: tl.constexpr, CM: tl.constexpr,
 ):
     """Tile of each sample, the tile's prefix bounds ``P_{t−1}, P_t`` (``P_t = S·C_t``), Z, and whether
     some tile mass is NaN (a poisoned row: its output is NaN).
 
     Sample m lies in tile t iff ``P_{t−1} ≤ m + U < P_t``; comparisons are made as
     ``P − m ≤ U`` so that no rounding of ``m + U`` can push a point past ``P_{last} = S``.
+    BISECT: store P (each program of the row writes the same values) and binary-search it, instead
+    of comparing every sample with every tile (O(SBLOCK · T) per program).
     """
     offs_t = tl.arange(0, BLOCK_T)
     if ONE_CHUNK_T:
@@ -103,10 +122,13 @@ def _tile_prefix_search(
         z = tl.max(cs, axis=0)  # the last prefix, so that P_last = (Z/Z)·S = S exactly
         zs = tl.where(z > 0, z, 1.0)
         p = (cs / zs) * budget_f  # P_t = S·C_t
-        le = (p[None, :] - m_f[:, None]) <= u[:, None]  # [SBLOCK, BLOCK_T]
-        tile = tl.sum(le.to(tl.int32), axis=1)
-        lo = tl.max(tl.where(le, p[None, :], 0.0), axis=1)
-        hi = tl.min(tl.where(le, float("inf"), p[None, :]), axis=1)
+        if BISECT:
+            tl.store(prefix_ptr + stats_row + offs_t, p, mask=mask_t)
+        else:
+            le = (p[None, :] - m_f[:, None]) <= u[:, None]  # [SBLOCK, BLOCK_T]
+            tile = tl.sum(le.to(tl.int32), axis=1)
+            lo = tl.max(tl.where(le, p[None, :], 0.0), axis=1)
+            hi = tl.min(tl.where(le, float("inf"), p[None, :]), axis=1)
     else:
         m_star = -float("inf")
         t0 = 0
@@ -142,22 +164,30 @@ def _tile_prefix_search(
             cs = tl.cumsum(w, axis=0)
             p = ((carry + cs) / zs) * budget_f
             p = tl.where(mask_t, p, budget_f)
-            le = (p[None, :] - m_f[:, None]) <= u[:, None]
-            tile += tl.sum(le.to(tl.int32), axis=1)
-            lo = tl.maximum(lo, tl.max(tl.where(le, p[None, :], 0.0), axis=1))
-            hi = tl.minimum(hi, tl.min(tl.where(le, float("inf"), p[None, :]), axis=1))
+            if BISECT:
+                tl.store(prefix_ptr + stats_row + t0 + offs_t, p, mask=mask_t)
+            else:
+                le = (p[None, :] - m_f[:, None]) <= u[:, None]
+                tile += tl.sum(le.to(tl.int32), axis=1)
+                lo = tl.maximum(lo, tl.max(tl.where(le, p[None, :], 0.0), axis=1))
+                hi = tl.minimum(hi, tl.min(tl.where(le, float("inf"), p[None, :]), axis=1))
             carry = carry + tl.max(cs, axis=0)
             t0 += BLOCK_T
+    if BISECT:
+        tl.debug_barrier()  # this program's stores of P are visible to all its threads
+        searched = valid_s & ((tl.zeros([SBLOCK], dtype=tl.float32) + z) > 0)  # (a vector: the interpreter's & wants one)
+        tile, lo, hi = _bisect_tiles(prefix_ptr, stats_row, n_tiles, u, m_f, searched, LOG_T)
     return tile, lo, hi, z, poisoned
 
 
 @triton.jit
 def _prop_chunk(
-    v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
+    v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
     pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, budget, tiles_max,
     stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
     SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
+    BISECT: tl.constexpr, LOG_T: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, RETURN_COUNTS: tl.constexpr, CM: tl.constexpr,
 ):
     """Pass-2 work of one chunk of samples of one (sequence, head) row: place them, gather V, reduce."""
@@ -168,7 +198,8 @@ def _prop_chunk(
     budget_f = budget.to(tl.float32)
     stats_row = row.to(tl.int64) * stride_stats
     tile, lo, hi, z, poisoned = _tile_prefix_search(
-        tile_max_ptr, tile_mass_ptr, stats_row, n_tiles, tiles_max, u, m_f, budget_f, SBLOCK, BLOCK_T, ONE_CHUNK_T, CM
+        tile_max_ptr, tile_mass_ptr, prefix_ptr, stats_row, n_tiles, tiles_max, u, m_f, budget_f, valid_s,
+        SBLOCK, BLOCK_T, ONE_CHUNK_T, BISECT, LOG_T, CM,
     )
     nan_row = poisoned | bad_len  # NaN/+inf scores, a bad page id or a bad seq_len: the output is NaN
     ok = valid_s & ((tl.zeros([SBLOCK], dtype=tl.float32) + z) > 0) & ~nan_row
@@ -223,12 +254,13 @@ def _prop_chunk(
 
 @triton.jit(do_not_specialize=["seed", "offset", "budget"])
 def _prop_gather_kernel(
-    v_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, partial_ptr, sem_ptr,
+    v_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr,
     out_ptr, counts_ptr, offset_ptr,
     seed, offset, budget, n_keys, n_pages, n_heads, tiles_max,
     stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
     G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
     SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
+    BISECT: tl.constexpr, LOG_T: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, OFFSET_IN_MEMORY: tl.constexpr,
     RETURN_COUNTS: tl.constexpr, USE_PDL: tl.constexpr,
 ):
@@ -243,16 +275,17 @@ def _prop_gather_kernel(
     if USE_PDL:
         gdc_wait()  # launched early (programmatic dependent launch): wait for pass 1's writes here
     _prop_chunk(
-        v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
+        v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
         pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, budget, tiles_max,
         stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
-        D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, N_CHUNKS, CHUNK_BLOCK, ONE_CHUNK_T, PAGED, PAGE_SIZE, RETURN_COUNTS, "",
+        D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, N_CHUNKS, CHUNK_BLOCK, ONE_CHUNK_T, BISECT, LOG_T,
+        PAGED, PAGE_SIZE, RETURN_COUNTS, "",
     )
 
 
 def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool) -> list:
-    """prop's two launches for a :class:`santa.kernels.plan.DecodePlan`: ``[(name, Launcher, make_args)]``,
-    ``make_args`` mapping the call's arguments (``DecodePlan._arguments``) to the kernel's keywords."""
+    """prop's two launches for a :class:`santa.kernels.plan.DecodePlan`: ``[(name, Launcher)]``; each
+    call's other arguments come by kernel name from ``DecodePlan._arguments``."""
     shape, tuning = plan.shape, plan.tuning
     sblock, n_chunks = prop_sample_chunks(plan.budget, plan.tiles, shape.batch * shape.heads, tuning)
     block_t = min(triton.next_power_of_2(plan.tiles), 1024)
@@ -271,30 +304,10 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
     ))
     pass2 = Launcher(_prop_gather_kernel, grid=(n_chunks, shape.batch * shape.heads), fixed=fixed2, meta=dict(
         common, BLOCK_T=block_t, SBLOCK=sblock, N_CHUNKS=n_chunks, CHUNK_BLOCK=min(32, triton.next_power_of_2(n_chunks)),
-        ONE_CHUNK_T=plan.tiles <= block_t, OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts, USE_PDL=plan.pdl,
+        ONE_CHUNK_T=plan.tiles <= block_t, BISECT=prop_tile_search(plan.tiles, tuning) == "bisect",
+        LOG_T=max(1, plan.tiles.bit_length()), OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts, USE_PDL=plan.pdl,
         # 8 warps up to 256 tiles (32k: 31.2 vs 34.5 µs), 4 beyond (128k: 95.1 with 8 vs 86.7 with 4; H200, 2026-11-29)
         num_warps=tuning.warps_pass2 or (8 if plan.tiles <= 256 else 4), num_stages=1, launch_pdl=plan.pdl,
     ))
 
-    def stats(ws: dict) -> dict:
-        return dict(stash_ptr=ws["stash"], tile_max_ptr=ws["tile_max"], tile_mass_ptr=ws["tile_mass"])
-
-    def pass1_args(a: dict) -> dict:
-        kb, kn, kh = a["k_strides"]
-        return dict(
-            q_ptr=a["q"], k_ptr=a["k"], bt_ptr=a["block_table"], seq_lens_ptr=a["seq_lens"], **stats(a["ws"]),
-            n_pages=a["n_pages"], stride_qb=a["q"].stride(0), stride_qh=a["q"].stride(1),
-            stride_bt=a["stride_bt"], stride_kb=kb, stride_kn=kn, stride_kh=kh,
-        )
-
-    def pass2_args(a: dict) -> dict:
-        vb, vn, vh = a["v_strides"]
-        return dict(
-            v_ptr=a["v"], bt_ptr=a["block_table"], seq_lens_ptr=a["seq_lens"], **stats(a["ws"]),
-            partial_ptr=a["ws"]["partial"], sem_ptr=a["ws"]["sem"], out_ptr=a["out"], counts_ptr=a["counts"], offset_ptr=a["offset_ptr"],
-            seed=a["seed"], offset=a["offset"], n_pages=a["n_pages"],
-            stride_bt=a["stride_bt"], stride_vb=vb, stride_vn=vn, stride_vh=vh,
-            stride_ob=a["out"].stride(0), stride_oh=a["out"].stride(1), stride_counts=a["counts"].stride(1) if return_counts else 0,
-        )
-
-    return [("pass1", pass1, pass1_args), ("pass2", pass2, pass2_args)]
+    return [("pass1", pass1), ("pass2", pass2)]
