@@ -107,6 +107,15 @@ def test_fast_records_name_the_path_each_method_ran(loaded, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_fast_sweep_runs_every_batch_on_the_model_it_converted_once(loaded, tmp_path):
+    jobs = grid(models=["smollm2-135m"], tasks=["niah_single"], lengths=[256], methods=["dense"], budgets=[16], prompts=[0, 1],
+                max_new_tokens=2)
+    ran = run_sweep(jobs, tmp_path / "s.jsonl", device="cpu", progress=False, load=lambda name, device: loaded, path="fast", batch_size=1)
+    records = read_records(tmp_path / "s.jsonl")
+    assert ran == 2 and sorted(r["prompt"] for r in records) == [0, 1] and {r["batch"] for r in records} == {1}
+
+
+@pytest.mark.slow
 def test_fast_dense_answers_equal_the_hf_paths(loaded, tmp_path):
     sweep(loaded, tmp_path / "hf.jsonl", "hf", ["dense"])
     sweep(loaded, tmp_path / "fast.jsonl", "fast", ["dense"])

@@ -821,7 +821,7 @@ def _run_pending(pending: list[Job], out: Path, device: str, batch_size: int, pr
         if model_name not in loaded:
             loaded.clear()
             loaded[model_name] = load(model_name, device=device)
-        model, tokenizer = loaded[model_name]
+        model, tokenizer = loaded[model_name][:2]  # (hf model, tokenizer[, its santa.model copy once the fast path ran])
         if path == "hf":
             run_batch(model, tokenizer, batch_jobs, recorder(on_hf=True))
             continue
