@@ -143,9 +143,9 @@ def test_plot_writes_one_figure_per_task(tmp_path):
             "nll": 1.0,
         }
         for task in ("niah_single", "kl")
-        for method, budget in (("dense", 0), ("systematic", 16), ("systematic", 32), ("topk", 16))
+        for method, budget in (("dense", 0), ("systematic", 16), ("systematic", 32), ("topk", 16), ("prop", 16), ("flash", 64))
         for p in range(3)
-    ]
+    ]  # every method the runner has (the kernels' prop and flash included) gets a line
     paths = plot(cells(records), tmp_path)
     assert sorted(p.name for p in paths) == ["accuracy_m_niah_single_512.png", "kl_m_kl_512.png"]
     (delta,) = plot_delta(cells(records), tmp_path)  # KL cells have no paired difference

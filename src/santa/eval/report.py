@@ -392,7 +392,8 @@ def save_figure(fig, path: str | Path, dpi: int) -> Path:
     return path
 
 
-COLORS = {"iid": "tab:orange", "stratified": "tab:green", "systematic": "tab:blue", "topk": "tab:red"}
+COLORS = {"iid": "tab:orange", "stratified": "tab:green", "systematic": "tab:blue", "topk": "tab:red", "prop": "tab:purple",
+          "flash": "tab:brown"}  # every method of runner.METHODS but dense
 
 
 def plot(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
