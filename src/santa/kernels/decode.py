@@ -238,30 +238,28 @@ class _Call:
     page_size: int  # 1 for a contiguous cache
     workspace_key: WorkspaceKey
     plan: DecodePlan | None  # None: the torch fallback
+    host_checks: bool  # check the tables' values on every call (CPU, the torch fallback)
 
 
 _CALLS: dict[tuple, _Call] = {}  # call signature → its validation (cleared past _CALL_CACHE_SIZE entries)
 _CALL_CACHE_SIZE = 256
 
 
-def _meta(x) -> tuple | None:
-    return None if x is None else (x.shape, x.stride(), x.dtype, x.device)
-
-
 def _signature(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts):
-    """Everything :func:`_validate` reads (shapes, strides, dtypes, devices, the non-tensor arguments
-    with their types), or None when some argument is not of a kind it can key on (then the call is
-    validated in full, which raises for it)."""
-    for x in (q, k_cache, v_cache):
-        if not isinstance(x, torch.Tensor):
-            return None
-    for x in (seq_lens, block_table, out):
-        if x is not None and not isinstance(x, torch.Tensor):
-            return None
-    offset_meta = _meta(offset) if isinstance(offset, torch.Tensor) else type(offset)
-    return (_meta(q), _meta(k_cache), _meta(v_cache), _meta(seq_lens), _meta(block_table), _meta(out), offset_meta,
-            type(budget), budget, type(kernel), kernel, type(kv_layout), kv_layout, type(scale), scale,
-            type(return_counts), return_counts)
+    """Everything :func:`_validate` reads (types, shapes, strides, dtypes, devices, the non-tensor
+    arguments with their types), or None when some argument is not of a kind it can key on (then
+    the call is validated in full, which raises for it)."""
+    try:
+        tensors = (type(q), q.shape, q.stride(), q.dtype, q.device, type(k_cache), k_cache.shape, k_cache.stride(),
+                   k_cache.dtype, k_cache.device, type(v_cache), v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device)
+        optional = tuple(
+            None if x is None else (type(x), x.shape, x.stride(), x.dtype, x.device)
+            for x in (seq_lens, block_table, out, offset if isinstance(offset, torch.Tensor) else None)
+        )
+    except (AttributeError, TypeError):  # not tensors: _validate names the argument
+        return None
+    return (tensors, optional, type(offset), type(budget), budget, type(kernel), kernel, type(kv_layout), kv_layout,
+            type(scale), scale, type(return_counts), return_counts)
 
 
 def _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out,
@@ -286,7 +284,8 @@ def _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, 
         plan = _cached_plan(batch, heads, kv_heads, dim, n_keys, budget, q.dtype, q.device, kernel, kv_layout,
                             page_size if paged else None, None if scale is None else float(scale))
     call = _Call(budget=budget, kernel=kernel, n_keys=n_keys, page_size=page_size,
-                 workspace_key=_workspace_key(kernel, batch, heads, dim, n_keys, budget, q.device), plan=plan)
+                 workspace_key=_workspace_key(kernel, batch, heads, dim, n_keys, budget, q.device), plan=plan,
+                 host_checks=plan is None or q.device.type == "cpu")
     if sig is not None:
         if len(_CALLS) >= _CALL_CACHE_SIZE:
             _CALLS.clear()
@@ -348,7 +347,7 @@ def decode(
     if check is not None and not isinstance(check, bool):
         raise TypeError(f"check must be a bool or None, got {type(check).__name__}")
     # the torch fallback has no in-kernel guards, and on the CPU a check costs no synchronisation
-    if check or call.plan is None or q.device.type == "cpu":
+    if check or call.host_checks:
         _check_tables(seq_lens, block_table, n_keys=call.n_keys, page_size=call.page_size, n_pages=k_cache.shape[0])
     if workspace is not None:
         check_workspace(workspace, call.workspace_key)
