@@ -2,7 +2,7 @@
 # One device call for the kernel issue: the CUDA tests, then `python -m santa.bench.kernels` on the
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (copied from ../shared/wheels).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [llama] [small] [tune] [host] [e2e]
+#   bash benchmarks/kernels/gpu_run.sh [tests] [llama] [small] [tune] [host] [hf] [e2e]
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -34,6 +34,8 @@ for stage in "$@"; do
       python3 -m santa.bench.kernels --only-tune --no-flashinfer $V --heads 14 --kv-heads 2 --head-dim 64 \
         --tune-cases 1x4096,1x32768,16x32768 --out /tmp/tune_q >> "$OUT/tune_small.log" 2>&1
       cp /tmp/tune_s/kernels.json "$OUT/tune_smollm2.json"; cp /tmp/tune_q/kernels.json "$OUT/tune_qwen.json" ;;
+    hf)  # HF generate() ms/token: SDPA, santa prop (one plan per 1024-key bucket), santa prop planned per step
+      python3 benchmarks/kernels/hf_generate.py "$OUT/hf_generate.json" 8192 30000 > "$OUT/hf_generate.log" 2>&1 ;;
     host)  # where the host time of eager decode() and plan.run goes (cProfile)
       python3 benchmarks/kernels/host_profile.py > "$OUT/host.log" 2>&1 ;;
     stash1)  # the SmolLM2 GGUF travels in two ignored folders, one per call (.gguf1, then .gguf2), with .pkgs and .whlgg
