@@ -1,5 +1,6 @@
 """``santa eval run`` on the fast path (santa.model): the path logic, its flags, and its records."""
 
+import math
 import os
 
 import pytest
@@ -34,7 +35,12 @@ def test_resolve_path_refuses_an_unknown_path():
 
 @pytest.mark.parametrize(
     ("fields", "reason"),
-    [({"task": "kl"}, "teacher-forced KL"), ({"prefill": "sampled"}, "sampled prefill"), ({"score_samples": 8}, "Bernoulli")],
+    [
+        ({"prefill": "sampled"}, "sampled prefill"),
+        ({"task": "kl", "prefill": "sampled"}, "sampled prefill"),
+        ({"score_samples": 8}, "Bernoulli"),
+        ({"task": "kl", "exact_when_covers": True}, "exact_when_covers"),
+    ],
 )
 def test_jobs_the_fast_path_cannot_run_say_why(fields, reason):
     assert reason in hf_reason(job(method="systematic", **fields))
@@ -42,6 +48,12 @@ def test_jobs_the_fast_path_cannot_run_say_why(fields, reason):
 
 def test_a_plain_decode_job_runs_on_the_fast_path():
     assert hf_reason(job(method="topk")) is None
+
+
+def test_teacher_forced_kl_runs_on_the_fast_path_for_every_method():
+    kl = grid(models=["m"], tasks=["kl"], lengths=[512], methods=["dense", "prop", "flash", "systematic", "topk"], budgets=[16], prompts=[0])
+    assert [hf_reason(j) for j in kl] == [None] * len(kl)
+    check_paths(kl, "fast")  # prop and flash KL are no longer refused
 
 
 def test_prop_on_the_hf_path_is_refused():
@@ -77,7 +89,8 @@ def no_work(monkeypatch):
     [
         (["--path", "gpu"], "argument --path: invalid choice: 'gpu'"),
         (["--path", "hf", "--methods", "dense,prop"], "argument --methods: prop and flash run on the fast path only"),
-        (["--path", "fast", "--methods", "flash", "--tasks", "kl"], "argument --methods: method flash runs on the fast path only (santa.kernels), but teacher-forced KL"),
+        (["--path", "fast", "--methods", "flash", "--tasks", "kl", "--lengths", "512", "--prefill", "sampled"],
+         "argument --methods: method flash runs on the fast path only (santa.kernels), but sampled prefill"),
     ],
 )
 def test_eval_run_refuses_a_bad_path_flag_before_any_work(no_work, capsys, tmp_path, argv, message):
@@ -143,3 +156,46 @@ def test_on_cuda_prop_and_flash_run_the_kernels(tmp_path):
     jobs = grid(models=["smollm2-135m"], tasks=["niah_single"], lengths=[1024], methods=["prop", "flash"], budgets=[128], prompts=[0, 1], max_new_tokens=8)
     run_sweep(jobs, tmp_path / "s.jsonl", device="cuda", progress=False, load=lambda name, device: cuda, path="auto")
     assert {r["path"] for r in read_records(tmp_path / "s.jsonl")} == {"santa.model/kernels"}
+
+
+def kl_sweep(loaded, out, path, methods, *, prompts=(0, 1), kl_tokens=4, budgets=(16,)):
+    jobs = grid(models=["smollm2-135m"], tasks=["kl"], lengths=[256], methods=methods, budgets=list(budgets), prompts=prompts, kl_tokens=kl_tokens)
+    run_sweep(jobs, out, device="cpu", progress=False, load=lambda name, device: loaded, path=path)
+    return {(r["method"], r["prompt"]): r for r in read_records(out)}
+
+
+@pytest.mark.slow
+def test_fast_kl_is_stepwise_with_dense_exactly_zero_and_systematic_above(loaded, tmp_path):
+    records = kl_sweep(loaded, tmp_path / "s.jsonl", "fast", ["dense", "systematic"])
+    assert sorted(records) == [("dense", 0), ("dense", 1), ("systematic", 0), ("systematic", 1)]
+    assert {(r["method"], r["path"], r["kl_mode"], r["new_tokens"], r["dtype"]) for r in records.values()} == {
+        ("dense", "santa.model/sdpa", "stepwise", 3, "float32"), ("systematic", "santa.model/reference", "stepwise", 3, "float32")}
+    assert all(records["dense", p]["kl"] == 0.0 and records["dense", p]["kl_per_token"] == [0.0] * 3 for p in (0, 1))
+    for p in (0, 1):
+        r = records["systematic", p]
+        assert math.isfinite(r["kl"]) and r["kl"] > 0 and r["score"] == r["kl"] and len(r["kl_per_token"]) == 3
+        assert math.isfinite(r["nll"]) and r["ppl"] == pytest.approx(math.exp(r["nll"]))
+
+
+@pytest.mark.slow
+def test_fast_stepwise_kl_matches_the_hf_paths_chunk_for_the_deterministic_methods(loaded, tmp_path):
+    """Teacher-forcing alignment: the fast path's dense steps (santa.model, right-padded, SDPA one token
+    at a time) and the HF path's dense chunk (left-padded, one forward) score the same 7 tokens, both in
+    float32 on the CPU: their nll differ only by float32 rounding through 30 layers (~1e-6 measured),
+    where feeding or scoring one token off would move it by O(1) nats. Top-k is deterministic and
+    per-row as well, so stepwise and chunked give the same KL too."""
+    fast = kl_sweep(loaded, tmp_path / "fast.jsonl", "fast", ["dense", "topk"], kl_tokens=8)
+    hf = kl_sweep(loaded, tmp_path / "hf.jsonl", "hf", ["dense", "topk"], kl_tokens=8)
+    assert {r["kl_mode"] for r in fast.values()} == {"stepwise"} and {r["kl_mode"] for r in hf.values()} == {"chunked"}
+    for key in hf:
+        assert fast[key]["nll"] == pytest.approx(hf[key]["nll"], abs=1e-4), key
+        assert fast[key]["kl"] == pytest.approx(hf[key]["kl"], abs=1e-4), key
+    assert all(fast["topk", p]["kl"] > 1e-3 for p in (0, 1))  # the comparison is not 0 ≈ 0
+
+
+@pytest.mark.slow
+def test_fast_kl_for_prop_runs_the_kernels(loaded, tmp_path):
+    records = kl_sweep(loaded, tmp_path / "s.jsonl", "fast", ["prop"], prompts=[0], kl_tokens=2)  # the interpreter is slow
+    (r,) = records.values()
+    assert (r["path"], r["kl_mode"], r["new_tokens"]) == (kernels_label(), "stepwise", 1)
+    assert math.isfinite(r["kl"]) and r["kl"] > 0

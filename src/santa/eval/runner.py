@@ -16,8 +16,12 @@ Two paths run a job (``path=`` of :func:`run_sweep`, recorded in each record's `
   :func:`santa.kernels.decode` (record ``"santa.model/kernels"``; ``"santa.model/kernels-torch"``
   where Triton does not run, i.e. on CPU without ``TRITON_INTERPRET=1``), iid / stratified /
   systematic / top-k the reference on the same cache (``"santa.model/reference"``), dense SDPA
-  (``"santa.model/sdpa"``). Jobs it cannot run — teacher-forced KL, sampled prefill, Bernoulli
-  scores, ``exact_when_covers`` — stay on the HF path, with ``"path_reason"`` in their record.
+  (``"santa.model/sdpa"``). Teacher-forced KL (task ``"kl"``) runs stepwise here
+  (:func:`run_fast_kl_batch`, ``"kl_mode": "stepwise"``): one dense prefill of the context, then
+  T − 1 single-token steps that feed the text's own tokens, against a stepwise dense SDPA
+  reference — so prop and flash get KL too. Jobs it cannot run — sampled prefill, Bernoulli
+  scores, ``exact_when_covers`` — stay on the HF path, with ``"path_reason"`` in their record
+  (the HF path scores KL in one teacher-forced chunk, ``"kl_mode": "chunked"``).
 
 The path is not part of the job key: a sweep resumes across paths (both run the same estimator
 on the same prompts; records say which ran).
@@ -592,8 +596,6 @@ def path_label(backend: str, device: str | torch.device) -> str:
 
 def hf_reason(job: Job) -> str | None:
     """Why ``job`` must run on the HF path (None: the fast path can run it)."""
-    if job.task == "kl":
-        return "teacher-forced KL: santa.model has no teacher-forced chunk, so KL runs on the HF path"
     if job.prefill == "sampled":
         return "sampled prefill: santa.model prefills densely, so this runs on the HF path"
     if job.score_samples:
@@ -679,6 +681,9 @@ def run_fast_batch(model: santa.model.Transformer, tokenizer, batch_jobs: list[J
     """The jobs of one batch of prompts on the fast path: one dense prefill, then each method
     decodes the whole batch from it; ``on_done(job, record)`` after each job."""
     first = batch_jobs[0]
+    if first.task == "kl":
+        run_fast_kl_batch(model, tokenizer, batch_jobs, on_done)
+        return
     device = model.output.weight.device
     seeds = sorted({j.prompt for j in batch_jobs})
     prompts, token_lists = batch_prompts(first.task, tokenizer, first.length, seeds)
@@ -711,6 +716,121 @@ def run_fast_batch(model: santa.model.Transformer, tokenizer, batch_jobs: list[J
                     "dtype": str(model.output.weight.dtype).removeprefix("torch."),
                 },
             )
+
+
+@dataclass
+class TeacherForced:
+    """One method's teacher-forced steps over the prefilled context: per scored token ``[B, T−1]``."""
+
+    nll: torch.Tensor  # −log p(continuation[b, i+1]), float32
+    kl: torch.Tensor | None  # KL(reference ‖ method), float32, ≥ 0; None for the reference itself
+    logprobs: torch.Tensor | None  # [B, T−1, V] float32: kept for the reference only
+    seconds: float
+
+
+@torch.inference_mode()
+def teacher_forced(
+    model: santa.model.Transformer, pre: FastPrefill, continuation: torch.Tensor, *, backend: str, budget: int = 0,
+    seed: int = 0, layer_budgets: dict[int, int] | None = None, reference: torch.Tensor | None = None,
+) -> TeacherForced:
+    """T − 1 teacher-forced decode steps from the prefilled context (eager, device work only).
+
+    continuation: int64 ``[B, T]``, the last T tokens of each text; ``pre`` prefilled the first
+    ``pre.lengths[b]`` (the context). Step i feeds ``continuation[b, i]`` at position
+    ``pre.lengths[b] + i`` and its log-softmax scores ``continuation[b, i+1]``. The steps write the
+    cache at positions ≥ ``pre.lengths[b]`` only (and see no key beyond their own position), so
+    every method restarts from the same prefix. reference: the dense steps' log-probs
+    ``[B, T−1, V]``; with it the per-token KL is accumulated step by step and no ``[B, T−1, V]``
+    tensor is kept, without it (the reference run) the log-probs are returned.
+    """
+    n_steps = continuation.shape[1] - 1
+    if not 1 <= n_steps <= pre.max_new_tokens:
+        raise ValueError(f"continuation must be 2 to {pre.max_new_tokens + 1} tokens (the cache's room), got {n_steps + 1}")
+    device = continuation.device
+    ctx = santa.model.make_context(model, backend, prompt_len=pre.lengths, budget=max(budget, 1), seed=seed,  # dense: budget 0
+                                   layer_budgets=layer_budgets or None)
+    batch = continuation.shape[0]
+    nll = torch.empty(batch, n_steps, dtype=torch.float32, device=device)
+    kl = None if reference is None else torch.empty_like(nll)
+    logprobs = None if reference is not None else torch.empty(batch, n_steps, model.args.vocab_size, dtype=torch.float32, device=device)
+    input_pos = pre.lengths.clone()  # [B]: where step i writes, lengths[b] + i
+    _sync(device)
+    start = time.perf_counter()
+    for i in range(n_steps):
+        ctx.prepare(input_pos)
+        logits = model(continuation[:, i : i + 1], input_pos, ctx)  # [B, 1, V] float32
+        lp = torch.log_softmax(logits[:, 0].float(), dim=-1)  # [B, V]
+        nll[:, i] = -lp.gather(-1, continuation[:, i + 1 : i + 2])[:, 0]
+        if reference is None:
+            logprobs[:, i] = lp
+        else:
+            ref = reference[:, i]  # [B, V]
+            kl[:, i] = (ref.exp() * (ref - lp)).sum(-1).clamp_min(0.0)
+        input_pos.add_(1)
+        ctx.advance()
+    _sync(device)
+    return TeacherForced(nll, kl, logprobs, time.perf_counter() - start)
+
+
+def run_fast_kl_batch(model: santa.model.Transformer, tokenizer, batch_jobs: list[Job], on_done) -> None:
+    """KL(dense ‖ method) and perplexity under teacher forcing on the fast path, stepwise.
+
+    The semantics of :func:`_run_kl_batch`: of each text's L tokens the first L − T are prefilled
+    densely (one prefill, right-padded, shared by every method), the last T are the continuation,
+    and T − 1 of them are scored (the first is the dense prefill's prediction for every method).
+    Unlike the HF path's one sampled chunk, every method — and the dense reference, SDPA — runs T − 1
+    single-token decode steps of its santa.model backend (prop / flash: santa.kernels), so the
+    sampled methods are compared with dense on the same stepwise decoding
+    (``"kl_mode": "stepwise"``). Jobs with different T in one batch get a prefill each.
+    """
+    first = batch_jobs[0]
+    device = model.output.weight.device
+    dtype = str(model.output.weight.dtype).removeprefix("torch.")
+    seeds = sorted({j.prompt for j in batch_jobs})
+    prompts, token_lists = batch_prompts(first.task, tokenizer, first.length, seeds)
+    for n_scored in sorted({j.max_new_tokens for j in batch_jobs}):
+        jobs = [j for j in batch_jobs if j.max_new_tokens == n_scored]
+        if min(len(t) for t in token_lists) <= n_scored:
+            raise ValueError(f"KL prompts need more than {n_scored} tokens, got {min(len(t) for t in token_lists)}")
+        pre = fast_prefill(model, [t[:-n_scored] for t in token_lists], n_scored)
+        continuation = torch.tensor([t[-n_scored:] for t in token_lists], dtype=torch.long, device=device)  # [B, T]
+        dense = teacher_forced(model, pre, continuation, backend="sdpa")
+        for cell in method_cells(jobs):
+            job = cell[0]
+            backend = FAST_BACKENDS[job.method]
+            if job.method == "dense":
+                nll, kl, decode_s = dense.nll, torch.zeros_like(dense.nll), dense.seconds
+            else:
+                run = teacher_forced(model, pre, continuation, backend=backend, budget=job.budget, seed=job.seed,
+                                     layer_budgets=dict(job.layer_budgets), reference=dense.logprobs)
+                nll, kl, decode_s = run.nll, run.kl, run.seconds
+            nll, kl = nll.cpu(), kl.cpu()
+            share = 1.0 if job.method == "dense" else None
+            for job in cell:
+                i = seeds.index(job.prompt)
+                on_done(
+                    job,
+                    {
+                        "score": float(kl[i].mean()),
+                        "kl": float(kl[i].mean()),
+                        "kl_per_token": [round(float(x), 6) for x in kl[i]],
+                        "kl_mode": "stepwise",
+                        "nll": float(nll[i].mean()),
+                        "ppl": math.exp(float(nll[i].mean())),
+                        "prompt_tokens": len(token_lists[i]),
+                        "new_tokens": n_scored - 1,
+                        "v_rows_read": share,
+                        "v_rows_read_kv": share,
+                        "k_features_read": None,
+                        "batch": len(prompts),
+                        "prefill_s": pre.seconds,
+                        "decode_s": decode_s,
+                        "reference_s": dense.seconds,
+                        "path": path_label(backend, device),
+                        "dtype": dtype,
+                    },
+                )
+        del dense, pre
 
 
 def git_commit() -> str | None:
