@@ -105,7 +105,8 @@ def add_run(sub) -> None:
         default="auto",
         choices=PATHS,
         help="hf: transformers + santa.hf (left-padded); fast: santa.model (kernels for prop/flash, the reference for "
-        "iid/stratified/systematic/topk, sdpa for dense; KL, sampled prefill and Bernoulli scores stay on hf); "
+        "iid/stratified/systematic/topk, sdpa for dense; teacher-forced KL stepwise; sampled prefill, Bernoulli scores "
+        "and exact_when_covers stay on hf); "
         "auto (default): fast on CUDA, hf elsewhere",
     )
     run.add_argument("--threads", type=cliargs.positive_int, default=None, help="torch CPU threads, ≥ 1")
