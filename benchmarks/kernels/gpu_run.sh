@@ -34,7 +34,7 @@ for stage in "$@"; do
       python3 -m santa.bench.kernels --only-tune --no-flashinfer $V --heads 14 --kv-heads 2 --head-dim 64 \
         --tune-cases 1x4096,1x32768,16x32768 --out /tmp/tune_q >> "$OUT/tune_small.log" 2>&1
       cp /tmp/tune_s/kernels.json "$OUT/tune_smollm2.json"; cp /tmp/tune_q/kernels.json "$OUT/tune_qwen.json" ;;
-    hf)  # HF generate() ms/token: SDPA, santa prop (one plan per 1024-key bucket), santa prop planned per step
+    hf)  # HF generate() ms/token: SDPA against santa prop S=128 on a random Llama-3.1-8B-shaped model
       python3 benchmarks/kernels/hf_generate.py "$OUT/hf_generate.json" 8192 30000 > "$OUT/hf_generate.log" 2>&1 ;;
     host)  # where the host time of eager decode() and plan.run goes (cProfile)
       python3 benchmarks/kernels/host_profile.py > "$OUT/host.log" 2>&1 ;;

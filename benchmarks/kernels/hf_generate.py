@@ -1,8 +1,7 @@
-"""HF ``generate()`` ms/token with santa's attention: dense (SDPA) against santa prop, on a random
-Llama-3.1-8B-shaped model (bf16, CUDA). ms/token = (t(LONG new tokens) − t(SHORT)) / (LONG − SHORT),
-median of 3 after one warm-up pair, so the prefill cancels. "santa prop, a plan per step" patches
-``santa.hf.KEY_BUCKET`` to 1: every decode step plans its exact length (how the HF path ran before the
-1024-key buckets). Writes JSON to argv[1].
+"""HF ``generate()`` ms/token with santa's attention: dense (SDPA) against santa prop S=128 (the
+kernels through ``santa.decode``), on a random Llama-3.1-8B-shaped model (bf16, CUDA).
+ms/token = (t(LONG new tokens) − t(SHORT)) / (LONG − SHORT), median of 3 after one warm-up pair,
+so the prefill cancels. Writes JSON to argv[1].
 
     python benchmarks/kernels/hf_generate.py out.json [prompt_tokens ...]
 """
@@ -11,7 +10,6 @@ import json
 import statistics
 import sys
 import time
-import unittest.mock
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -40,12 +38,10 @@ results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "
 for n in lengths:
     ids = torch.randint(0, config.vocab_size, (1, n), generator=torch.Generator().manual_seed(n)).cuda()
     case = {"prompt_tokens": n}
-    for name, sampler, bucket in (("sdpa", "dense", santa.hf.KEY_BUCKET), ("santa-prop", "systematic", santa.hf.KEY_BUCKET),
-                                  ("santa-prop, a plan per step", "systematic", 1)):
-        santa.hf._PLANS.clear()
+    for name, sampler in (("sdpa", "dense"), ("santa-prop", "systematic")):
         santa.hf.configure(model, santa.hf.SantaConfig(sampler=sampler, budget=128))
         per_token = []
-        with torch.inference_mode(), unittest.mock.patch.object(santa.hf, "KEY_BUCKET", bucket):
+        with torch.inference_mode():
             timed(ids, SHORT), timed(ids, LONG)  # warm-up: compilation, plans, allocator
             for _ in range(3):
                 t_short, _ = timed(ids, SHORT)

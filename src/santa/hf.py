@@ -206,54 +206,19 @@ def kernel_for(config: SantaConfig, query: torch.Tensor, attention_mask: torch.T
     return "prop" if config.kernel == "auto" else config.kernel
 
 
-KEY_BUCKET = 1024  # growing HF caches are planned for their length rounded up to this: one plan per 1024 steps
-_PLAN_CACHE_SIZE = 64
-_PLANS: dict[tuple, object] = {}
-
-
-def bucket_plan(q: torch.Tensor, key: torch.Tensor, budget: int, kernel: str, scaling: float | None):
-    """A :class:`santa.kernels.DecodePlan` for q ``[B, Hq, D]`` over an HND cache ``[B, Hkv, L, D]``
-    planned for ``L`` rounded up to :data:`KEY_BUCKET` keys. HF's cache grows by one key a step, so
-    planning for exactly ``L`` would validate, plan and allocate a workspace at every step and layer;
-    with ``seq_lens = L`` the kernels read only the ``L`` keys that exist."""
-    from santa.kernels import plan_decode
-
-    batch, heads, dim = q.shape
-    kv_heads, n_keys = key.shape[1], key.shape[2]
-    capacity = -(-n_keys // KEY_BUCKET) * KEY_BUCKET
-    plan_key = (batch, heads, kv_heads, dim, capacity, budget, kernel, q.dtype, q.device, scaling)
-    plan = _PLANS.get(plan_key)
-    if plan is None:
-        if len(_PLANS) >= _PLAN_CACHE_SIZE:
-            _PLANS.clear()
-        plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=capacity, budget=budget,
-                           dtype=q.dtype, device=q.device, kernel=kernel, kv_layout="HND", scale=scaling)
-        _PLANS[plan_key] = plan
-    return plan
-
-
 def kernel_decode(
     module: torch.nn.Module, config: SantaConfig, kernel: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None
 ) -> torch.Tensor:
-    """One decode step with the santa kernels. query ``[B, Hq, 1, D]``, key/value ``[B, Hkv, Lk, D]``
-    (read in place as the HND layout). Returns ``[B, 1, Hq, D]``.
-
-    On CUDA a plan of :func:`bucket_plan` runs (the tensors come from HF's own cache, so the
-    per-call checks of :func:`santa.kernels.decode` are not repeated); with ``record_stats`` (per-key
-    counts for the statistics) and elsewhere, :func:`santa.kernels.decode`. Both draw the same
-    samples (up to float rounding of the tile prefix, which depends on the planned length)."""
+    """One decode step with :func:`santa.kernels.decode`. query ``[B, Hq, 1, D]``, key/value
+    ``[B, Hkv, Lk, D]`` (read in place as the HND layout). Returns ``[B, 1, Hq, D]``."""
     from santa.kernels import decode
 
     layer, n_keys = module.layer_idx, key.shape[2]
     offset = stream_id(0, layer, n_keys, 1)
-    q, key, value = query[:, :, 0].contiguous(), key.contiguous(), value.contiguous()
-    if query.is_cuda and not config.record_stats:
-        plan = bucket_plan(q, key, config.budget_for(layer), kernel, None if scaling is None else float(scaling))
-        seq_lens = torch.full((q.shape[0],), n_keys, dtype=torch.int32, device=q.device)
-        return plan.run(q, key, value, seq_lens=seq_lens, seed=config.seed, offset=offset).unsqueeze(1)
     result = decode(
-        q, key, value, config.budget_for(layer), kernel=kernel, kv_layout="HND", scale=scaling, seed=config.seed,
-        offset=offset, return_counts=config.record_stats,
+        query[:, :, 0].contiguous(), key.contiguous(), value.contiguous(), config.budget_for(layer),
+        kernel=kernel, kv_layout="HND", scale=scaling, seed=config.seed, offset=offset,
+        return_counts=config.record_stats,
     )
     if config.record_stats:
         result, counts = result
