@@ -199,3 +199,12 @@ def test_fast_kl_for_prop_runs_the_kernels(loaded, tmp_path):
     (r,) = records.values()
     assert (r["path"], r["kl_mode"], r["new_tokens"]) == (kernels_label(), "stepwise", 1)
     assert math.isfinite(r["kl"]) and r["kl"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ["hf", "fast"])
+def test_kl_jobs_of_two_teacher_forced_lengths_in_one_batch_each_score_their_own(loaded, tmp_path, path):
+    jobs = [job for kl_tokens in (4, 6) for job in grid(models=["smollm2-135m"], tasks=["kl"], lengths=[256], methods=["dense"],
+                                                         budgets=[16], prompts=[0], kl_tokens=kl_tokens)]
+    run_sweep(jobs, tmp_path / "s.jsonl", device="cpu", progress=False, load=lambda name, device: loaded, path=path)
+    assert sorted((r["max_new_tokens"], r["new_tokens"]) for r in read_records(tmp_path / "s.jsonl")) == [(4, 3), (6, 5)]

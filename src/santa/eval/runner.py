@@ -438,7 +438,8 @@ def run_batch(model, tokenizer, batch_jobs: list[Job], on_done) -> None:
     seeds = sorted({j.prompt for j in batch_jobs})
     batch = make_batch(first.task, tokenizer, first.length, seeds, device)
     if first.task == "kl":
-        _run_kl_batch(model, batch, batch_jobs, on_done)
+        for n_scored in sorted({j.max_new_tokens for j in batch_jobs}):  # one teacher-forced length per pass
+            _run_kl_batch(model, batch, [j for j in batch_jobs if j.max_new_tokens == n_scored], on_done)
         return
     n_padded = batch.ids.shape[1]
     shared = None
