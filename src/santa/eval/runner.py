@@ -482,6 +482,19 @@ def run_batch(model, tokenizer, batch_jobs: list[Job], on_done) -> None:
             )
 
 
+def kl_fields(kl: torch.Tensor, nll: torch.Tensor, mode: str) -> dict:
+    """A KL record's scores from one prompt's per-token ``kl`` and ``nll`` ``[T−1]`` (``mode``: how
+    the teacher-forced tokens ran, ``"chunked"`` or ``"stepwise"``)."""
+    return {
+        "score": float(kl.mean()),
+        "kl": float(kl.mean()),
+        "kl_per_token": [round(float(x), 6) for x in kl],
+        "kl_mode": mode,
+        "nll": float(nll.mean()),
+        "ppl": math.exp(float(nll.mean())),
+    }
+
+
 def _run_kl_batch(model, batch: Batch, batch_jobs: list[Job], on_done) -> None:
     """KL(dense ‖ method) and perplexity on held-out text under teacher forcing.
 
@@ -543,12 +556,7 @@ def _run_kl_batch(model, batch: Batch, batch_jobs: list[Job], on_done) -> None:
             on_done(
                 job,
                 {
-                    "score": float(kl[i].mean()),
-                    "kl": float(kl[i].mean()),
-                    "kl_per_token": [round(float(x), 6) for x in kl[i]],
-                    "kl_mode": "chunked",
-                    "nll": float(nll[i].mean()),
-                    "ppl": math.exp(float(nll[i].mean())),
+                    **kl_fields(kl[i], nll[i], "chunked"),
                     "prompt_tokens": batch.lengths[i],
                     "new_tokens": n_scored - 1,
                     "v_rows_read": share,
@@ -812,12 +820,7 @@ def run_fast_kl_batch(model: santa.model.Transformer, tokenizer, batch_jobs: lis
                 on_done(
                     job,
                     {
-                        "score": float(kl[i].mean()),
-                        "kl": float(kl[i].mean()),
-                        "kl_per_token": [round(float(x), 6) for x in kl[i]],
-                        "kl_mode": "stepwise",
-                        "nll": float(nll[i].mean()),
-                        "ppl": math.exp(float(nll[i].mean())),
+                        **kl_fields(kl[i], nll[i], "stepwise"),
                         "prompt_tokens": len(token_lists[i]),
                         "new_tokens": n_scored - 1,
                         "v_rows_read": share,
