@@ -267,3 +267,21 @@ def test_a_validated_call_signature_never_lets_a_bad_call_through():
         with pytest.raises(error, match=match):
             decode(**args)
     assert torch.equal(decode(q, k, v, 8, seq_lens=seq_lens, seed=1), good)
+
+
+def test_a_cached_signature_follows_triton_interpret(monkeypatch):
+    """Whether a CPU call runs the kernels (TRITON_INTERPRET=1) or the torch fallback is read per call,
+    also for a signature whose validation is cached."""
+    import importlib
+
+    if DEVICE.type != "cpu":
+        pytest.skip("on CUDA the kernels always run")
+    decode_module = importlib.import_module("santa.kernels.decode")
+    q, k, v = make_inputs(1, 4, 2, 32, 48, seed=5)
+    decode(q, k, v, 8, seed=2)  # under the interpreter (the fixture sets it): the kernels
+    fallback = []
+    real_reference = decode_module._decode_reference
+    monkeypatch.setattr(decode_module, "_decode_reference", lambda *a: fallback.append(1) or real_reference(*a))
+    monkeypatch.delenv("TRITON_INTERPRET")
+    decode(q, k, v, 8, seed=2)
+    assert fallback == [1]

@@ -64,7 +64,8 @@ def _check_float_tensor(name: str, x: object, dims: int, shape_doc: str) -> torc
     return x
 
 
-def _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out, return_counts):
+def _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts):
+    """Everything but the values of seed, offset and the tables (:func:`_check_seed_and_offset`, :func:`_check_tables`)."""
     q = _check_float_tensor("q", q, 3, "[B, H, d]")
     paged = block_table is not None
     cache_doc = "[pages, page_size, H_kv, d]" if paged else "[B, L_max, H_kv, d]"
@@ -122,7 +123,6 @@ def _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_lay
             raise ValueError(f"seq_lens must be contiguous (stride 1), got stride {seq_lens.stride(0)}: pass seq_lens.contiguous()")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale)):
         raise TypeError(f"scale must be a finite float or None, got {scale!r}")
-    _check_seed_and_offset(seed, offset)
     if isinstance(offset, torch.Tensor):
         if offset.dtype != torch.int64 or offset.numel() != 1 or offset.device != device:
             raise ValueError(f"offset as a tensor must be one int64 element on {device}, got {offset.dtype} {tuple(offset.shape)} on {offset.device}")
@@ -246,8 +246,8 @@ _CALL_CACHE_SIZE = 256
 
 
 def _signature(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts):
-    """Everything :func:`_validate` reads (types, shapes, strides, dtypes, devices, the non-tensor
-    arguments with their types), or None when some argument is not of a kind it can key on (then
+    """Everything :func:`_validate` and :func:`use_triton` read (types, shapes, strides, dtypes,
+    devices, the non-tensor arguments with their types, ``TRITON_INTERPRET``), or None when some argument is not of a kind it can key on (then
     the call is validated in full, which raises for it)."""
     try:
         tensors = (type(q), q.shape, q.stride(), q.dtype, q.device, type(k_cache), k_cache.shape, k_cache.stride(),
@@ -258,11 +258,12 @@ def _signature(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_la
         )
     except (AttributeError, TypeError):  # not tensors: _validate names the argument
         return None
+    # TRITON_INTERPRET decides, with the device, between the kernels and the torch fallback (use_triton)
     return (tensors, optional, type(offset), type(budget), budget, type(kernel), kernel, type(kv_layout), kv_layout,
-            type(scale), scale, type(return_counts), return_counts)
+            type(scale), scale, type(return_counts), return_counts, os.environ.get("TRITON_INTERPRET"))
 
 
-def _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out,
+def _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out,
                     return_counts) -> _Call:
     """The call's validation: from the cache for a signature seen before, else :func:`_validate` in full."""
     sig = _signature(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts)
@@ -273,7 +274,7 @@ def _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, 
     if call is not None:
         return call
     q, k_cache, v_cache, budget, n_keys, kv_heads = _validate(
-        q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out, return_counts
+        q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts
     )
     kernel = "prop" if kernel == "auto" else kernel
     paged = block_table is not None
@@ -341,9 +342,9 @@ def decode(
         page id gives NaN for the sequences or heads it touches.
     Returns out, or ``(out, counts)``. Non-finite input: see the module docstring.
     """
-    call = _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out,
-                           return_counts)
     _check_seed_and_offset(seed, offset)
+    call = _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out,
+                           return_counts)
     if check is not None and not isinstance(check, bool):
         raise TypeError(f"check must be a bool or None, got {type(check).__name__}")
     # the torch fallback has no in-kernel guards, and on the CPU a check costs no synchronisation
