@@ -283,9 +283,209 @@ def _prop_gather_kernel(
     )
 
 
+# --------------------------------------------------------------------------- one launch
+
+
+@triton.jit
+def _publish_prefix(tile_max_ptr, tile_mass_ptr, prefix_ptr, row_z_ptr, first_row, n_tiles, budget_f, stride_stats,
+                    G: tl.constexpr, BLOCK_T: tl.constexpr):
+    """For the G heads of a group: ``P_t = S·C_t`` (as pass 2's one-chunk search computes it) into the
+    prefix and ``Z`` into row_z (NaN when some tile mass is NaN: a poisoned row)."""
+    offs_t = tl.arange(0, BLOCK_T)
+    mask_t = offs_t < n_tiles
+    for g in range(G):
+        stats_row = (first_row + g).to(tl.int64) * stride_stats
+        tmax = tl.load(tile_max_ptr + stats_row + offs_t, mask=mask_t, other=-float("inf"), cache_modifier=".cg")
+        tmass = tl.load(tile_mass_ptr + stats_row + offs_t, mask=mask_t, other=0.0, cache_modifier=".cg")
+        m_star = tl.max(tmax, axis=0)
+        m_star = tl.where(m_star == -float("inf"), 0.0, m_star)
+        w = tl.where(mask_t, tl.exp2(tmax - m_star) * tmass, 0.0)  # W_t = exp(m_t − m*) ℓ_t
+        poisoned = tl.max((tmass != tmass).to(tl.int32), axis=0) > 0
+        cs = tl.cumsum(w, axis=0)
+        z = tl.max(cs, axis=0)  # the last prefix, so that P_last = (Z/Z)·S = S exactly
+        zs = tl.where(z > 0, z, 1.0)
+        tl.store(prefix_ptr + stats_row + offs_t, (cs / zs) * budget_f, mask=mask_t)
+        tl.store(row_z_ptr + first_row + g, tl.where(poisoned, float("nan"), z))
+
+
+@triton.jit
+def _place_tile_samples(u, us, prefix_ptr, row_z_ptr, keys_ptr, counts_ptr, t, first_row, n_tiles, budget, bad_len,
+                        stride_stats, stride_keys, stride_counts,
+                        G: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, SBLOCK: tl.constexpr,
+                        RETURN_COUNTS: tl.constexpr):
+    """Place the samples that fall in tile t from its on-chip ``u = exp(s − m_t)`` ``[BLOCK_G, BLOCK_N]``.
+
+    Sample m of head g lies in tile t iff ``P_{t−1} − m ≤ U < P_t − m`` (``P_{−1} = 0``): a run of
+    consecutive m, found within ±1 of ``⌈P − U⌉`` and then tested exactly as pass 2 tests it; its key
+    is ``min{j : F_t(j) > x}`` with x the point's position in ``[P_{t−1}, P_t)``, as in pass 2.
+    """
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, SBLOCK)
+    budget_f = budget.to(tl.float32)
+    for g in range(G):
+        row = first_row + g
+        z = tl.load(row_z_ptr + row, cache_modifier=".cg")
+        stats_row = row.to(tl.int64) * stride_stats
+        hi = tl.load(prefix_ptr + stats_row + t, cache_modifier=".cg")
+        lo = tl.load(prefix_ptr + stats_row + t - 1, mask=t > 0, other=0.0, cache_modifier=".cg")
+        if (z > 0) & (hi > lo) & ~bad_len:  # NaN Z (poisoned) and empty tiles place nothing
+            ug = tl.sum(tl.where(offs_g == g, us, 0.0), axis=0)  # this head's U
+            row_u = tl.sum(tl.where(offs_g[:, None] == g, u, 0.0), axis=0)  # [BLOCK_N]
+            cu = tl.cumsum(row_u, axis=0)
+            tile_total = tl.max(cu, axis=0)
+            frac = cu / tl.where(tile_total > 0, tile_total, 1.0)
+            last_nonzero = tl.max(tl.where(row_u > 0, offs_n, 0), axis=0)
+            width = hi - lo
+            first = tl.maximum(tl.ceil(lo - ug).to(tl.int32) - 1, 0)
+            end = tl.minimum(tl.ceil(hi - ug).to(tl.int32) + 1, budget)
+            c0 = first
+            while c0 < end:
+                m = c0 + offs_m
+                m_f = m.to(tl.float32)
+                inside = (m < end) & ((lo - m_f) <= ug) & ((hi - m_f) > ug)
+                x = (ug - (lo - m_f)) / width
+                j = tl.sum((frac[None, :] <= x[:, None]).to(tl.int32), axis=1)
+                key = t * BLOCK_N + tl.minimum(j, last_nonzero)
+                tl.store(keys_ptr + row.to(tl.int64) * stride_keys + m, key, mask=inside)
+                if RETURN_COUNTS:
+                    tl.atomic_add(counts_ptr + row.to(tl.int64) * stride_counts + key, 1, mask=inside)
+                c0 += SBLOCK
+
+
+@triton.jit
+def _reduce_head(v_ptr, bt_ptr, row_z_ptr, keys_ptr, out_ptr, row, b, h, kvh, bad_len, n_pages, budget,
+                 stride_bt, stride_vb, stride_vn, stride_vh, stride_keys, stride_ob, stride_oh,
+                 D: tl.constexpr, BLOCK_D: tl.constexpr, RBLOCK: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr):
+    """``ô = (1/S) Σ_m v_{J_m}`` in sample order from the stored keys (NaN on a poisoned row, 0 without mass)."""
+    z = tl.load(row_z_ptr + row, cache_modifier=".cg")
+    nan_row = (z != z) | bad_len
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    if (z > 0) & ~nan_row:
+        c0 = 0
+        while c0 < budget:  # a while loop keeps the interpreter happy
+            m = c0 + tl.arange(0, RBLOCK)
+            live = m < budget
+            key = tl.load(keys_ptr + row.to(tl.int64) * stride_keys + m, mask=live, other=0, cache_modifier=".cg")
+            v_rows, v_ok = row_offsets(b, key, live, kvh, bt_ptr, stride_bt, n_pages, stride_vb, stride_vn, stride_vh, PAGED, PAGE_SIZE)
+            vals = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :], mask=v_ok[:, None] & mask_d[None, :], other=0.0)
+            acc += tl.sum(vals.to(tl.float32), axis=0)
+            c0 += RBLOCK
+    result = tl.where(nan_row, float("nan"), acc / budget.to(tl.float32))
+    tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, result.to(out_ptr.dtype.element_ty), mask=mask_d)
+
+
+@triton.jit
+def _wait_at_least(sem, target):
+    """Spin until the counter at ``sem`` reaches ``target`` (acquire: later loads see what the arrivals wrote)."""
+    seen = tl.atomic_add(sem, 0, sem="acquire")
+    while seen < target:
+        seen = tl.atomic_add(sem, 0, sem="acquire")
+
+
+@triton.jit(do_not_specialize=["seed", "offset", "budget"])
+def _prop_one_launch_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, row_z_ptr, keys_ptr, sem_ptr,
+    out_ptr, counts_ptr, offset_ptr,
+    seed, offset, budget, n_keys, n_pages, n_kv_heads,
+    stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
+    stride_stats, stride_keys, stride_ob, stride_oh, stride_counts, qk_scale,
+    G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_T: tl.constexpr, SBLOCK: tl.constexpr, RBLOCK: tl.constexpr, N_REDUCERS: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, OFFSET_IN_MEMORY: tl.constexpr,
+    RETURN_COUNTS: tl.constexpr, IEEE_DOT: tl.constexpr, PHASE: tl.constexpr,
+):
+    """prop in one launch, one program per (tile, sequence·KV head); the group's counter ``c`` orders it:
+
+    1. scores of the G heads from one K read, ``m_t`` and ``ℓ_t`` stored, arrive (``c += 1``); the
+       last of the group's n programs publishes the tile prefix P and Z, then ``c += 1`` (c = n + 1);
+    2. wait for c ≥ n + 1, place this tile's samples from the scores still on chip, store their keys,
+       arrive (c += 1, up to 2n + 1);
+    3. the last ``min(N_REDUCERS, G, n)`` arrivals wait for c ≥ 2n + 1, then each gathers the V rows of
+       its heads in sample order; the last of them resets c to 0 for the next call.
+    Waiting needs a group's programs resident together (≤ ONE_LAUNCH_MAX_TILES tiles). PHASE 2 runs all
+    of it; the interpreter, which runs programs one after another, launches PHASE 0 (step 1) and then
+    PHASE 1 (steps 2–3, recomputing the same scores), where no program waits for a later one.
+    """
+    t = tl.program_id(0)
+    group = tl.program_id(1)  # b·H_kv + kvh
+    b = group // n_kv_heads
+    kvh = group % n_kv_heads
+    seq_len, bad_len = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
+    n_tiles = tl.cdiv(seq_len, BLOCK_N)
+    n_prog = tl.maximum(n_tiles, 1)  # an empty sequence still has one program, to write its output
+    if t < n_prog:
+        s = tile_scores(
+            q_ptr, k_ptr, bt_ptr, b, kvh, t * BLOCK_N, seq_len, n_pages,
+            stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale,
+            G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT,
+        )
+        m_t, u, mass = tile_softmax_stats(s)
+        first_row = group * G  # b·H + h of the group's first head
+        offs_g = tl.arange(0, BLOCK_G)
+        mask_g = offs_g < G
+        sem = sem_ptr + group
+        if PHASE != 1:
+            tl.store(tile_max_ptr + (first_row + offs_g) * stride_stats + t, m_t, mask=mask_g)
+            tl.store(tile_mass_ptr + (first_row + offs_g) * stride_stats + t, mass, mask=mask_g)
+            tl.debug_barrier()
+            if tl.atomic_add(sem, 1, sem="acq_rel") == n_prog - 1:
+                _publish_prefix(tile_max_ptr, tile_mass_ptr, prefix_ptr, row_z_ptr, first_row, n_tiles,
+                                budget.to(tl.float32), stride_stats, G, BLOCK_T)
+                tl.debug_barrier()
+                tl.atomic_add(sem, 1, sem="release")
+        if PHASE != 0:
+            if PHASE == 2:
+                _wait_at_least(sem, n_prog + 1)
+            off_lo, off_hi = load_offset(offset, offset_ptr, OFFSET_IN_MEMORY)
+            us = philox_uniform(seed, off_lo, off_hi, first_row + offs_g, 0, [BLOCK_G])  # U of each head
+            _place_tile_samples(u, us, prefix_ptr, row_z_ptr, keys_ptr, counts_ptr, t, first_row, n_tiles, budget, bad_len,
+                                stride_stats, stride_keys, stride_counts, G, BLOCK_G, BLOCK_N, SBLOCK, RETURN_COUNTS)
+            tl.debug_barrier()
+            rank = 2 * n_prog - tl.atomic_add(sem, 1, sem="acq_rel")  # 0 for the group's last arrival
+            n_red = tl.minimum(n_prog, N_REDUCERS)  # N_REDUCERS ≤ G
+            if rank < n_red:
+                if PHASE == 2:
+                    _wait_at_least(sem, 2 * n_prog + 1)
+                g = rank
+                while g < G:  # heads rank, rank + n_red, … (a while loop: the interpreter's range wants ints)
+                    _reduce_head(v_ptr, bt_ptr, row_z_ptr, keys_ptr, out_ptr, first_row + g, b, kvh * G + g, kvh, bad_len,
+                                 n_pages, budget, stride_bt, stride_vb, stride_vn, stride_vh, stride_keys, stride_ob, stride_oh,
+                                 D, BLOCK_D, RBLOCK, PAGED, PAGE_SIZE)
+                    g += n_red
+                tl.debug_barrier()
+                if tl.atomic_add(sem, 1, sem="acq_rel") == 2 * n_prog + n_red:
+                    tl.atomic_xchg(sem, 0)
+
+
+def _one_launch_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool) -> list:
+    shape = plan.shape
+    _, stride_stats = workspace_strides(plan.workspace_key)
+    meta = dict(
+        G=plan.group, D=shape.head_dim, BLOCK_G=plan.block_g, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
+        BLOCK_T=triton.next_power_of_2(plan.tiles), SBLOCK=16, RBLOCK=min(64, triton.next_power_of_2(plan.budget)),
+        PAGED=shape.page_size is not None, PAGE_SIZE=shape.page_size or 1, HAS_SEQ_LENS=has_seq_lens,
+        OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts, IEEE_DOT=plan.ieee_dot,
+        num_warps=plan.tuning.warps_pass1 or (8 if shape.head_dim > 128 else 4), num_stages=plan.tuning.stages_pass1 or 1,
+    )
+    fixed = dict(budget=plan.budget, n_keys=shape.n_keys, n_kv_heads=shape.kv_heads, stride_stats=stride_stats,
+                 stride_keys=plan.budget, qk_scale=plan.scale * LOG2E)
+    grid = (plan.tiles, shape.batch * shape.kv_heads)
+    if plan.shape.device.startswith("cuda"):
+        return [("one_launch", Launcher(_prop_one_launch_kernel, grid=grid, fixed=fixed,
+                                        meta=dict(meta, N_REDUCERS=plan.group, PHASE=2)))]
+    # the interpreter runs programs in turn: no program may wait for a later one
+    return [(name, Launcher(_prop_one_launch_kernel, grid=grid, fixed=fixed, meta=dict(meta, N_REDUCERS=1, PHASE=phase)))
+            for name, phase in (("scores", 0), ("place_and_gather", 1))]
+
+
 def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool) -> list:
     """prop's two launches for a :class:`santa.kernels.plan.DecodePlan`: ``[(name, Launcher)]``; each
     call's other arguments come by kernel name from ``DecodePlan._arguments``."""
+    if plan.workspace_key.launches == 1:
+        return _one_launch_launchers(plan, has_seq_lens=has_seq_lens, offset_in_memory=offset_in_memory, return_counts=return_counts)
     shape, tuning = plan.shape, plan.tuning
     sblock, n_chunks = prop_sample_chunks(plan.budget, plan.tiles, shape.batch * shape.heads, tuning)
     block_t = min(triton.next_power_of_2(plan.tiles), 1024)
