@@ -4,6 +4,7 @@ with the uniform schedule of the same total on held-out prompts."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -41,11 +42,20 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--questions", type=positive_int, default=16, help="prompts per episode (default 16)")
     tune.add_argument("--train-prompts", type=int_list, default=list(range(1000, 2000)), help="training prompt seeds (default 1000-1999)")
     tune.add_argument("--iterations", type=positive_int, default=500, help="policy updates to reach (default 500; the paper ran 501)")
+    tune.add_argument(
+        "--max-seconds", type=positive_float, default=None,
+        help="stop dispatching after this many seconds of this session, accept the runs in flight and end (re-run to resume)",
+    )
     tune.add_argument("--baseline", default="running", choices=("running", "batch"), help="running mean of all rewards (default) or the batch mean")
     tune.add_argument("--seed", type=nonnegative_int, default=0)
     tune.add_argument("--workers", type=workers_arg, default=None, help="workers, or auto: one per GPU, else one per --threads CPUs (default auto)")
+    tune.add_argument(
+        "--cpu-workers", type=nonnegative_int, default=0,
+        help="with --device cuda: this many CPU workers beside the GPU workers, --threads torch threads (and Ray CPUs) each (default 0)",
+    )
     tune.add_argument("--address", default=None, help="join this Ray cluster (e.g. auto, or host:6379) instead of starting a local Ray")
     tune.add_argument("--num-cpus", type=positive_int, default=None, help="CPUs of the local Ray (default: all)")
+    tune.add_argument("--num-gpus", type=nonnegative_int, default=None, help="GPUs of the local Ray (default: all it finds)")
     tune.add_argument("--no-plots", action="store_true", help="skip the learning-curve and schedule plots")
     tune.add_argument("--no-progress", action="store_true")
     add_model_arguments(tune)
@@ -81,6 +91,7 @@ def budgets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.questions > len(args.train_prompts):
         parser.error(f"--questions ({args.questions}) exceeds the {len(args.train_prompts)} --train-prompts")
     check_plot(parser, not args.no_plots)
+    check_workers(parser, args)
     from santa.budgets.distributed import RayMissing, import_ray
 
     try:
@@ -115,7 +126,8 @@ def budgets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         result = tune(
             spec, out=args.out, iterations=args.iterations, workers=args.workers, address=args.address, num_cpus=args.num_cpus,
-            device=args.device, threads=args.threads or 1, progress=not args.no_progress,
+            num_gpus=args.num_gpus, device=args.device, threads=args.threads or 1, cpu_workers=args.cpu_workers,
+            max_seconds=args.max_seconds, progress=not args.no_progress,
         )
     except CheckpointError as error:
         parser.error(str(error))
@@ -134,6 +146,27 @@ def budgets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         probs = softmax(result.state.theta)
         print(f"wrote {plot_schedule(result.schedule, Path(args.out) / 'schedule.png', probs=probs, floor=args.floor, title=title)}")
     return 0
+
+
+def check_workers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--cpu-workers needs --device cuda; --num-gpus is for a local Ray; a local Ray must have the CPUs
+    (and the GPUs, where --num-gpus says) for every worker asked for, since none could ever start otherwise."""
+    from santa.budgets.distributed import missing_resources
+
+    if args.cpu_workers and args.device != "cuda":
+        parser.error(f"--cpu-workers adds CPU workers beside the GPU workers: it needs --device cuda, got --device {args.device} (for CPU workers alone use --device cpu --workers N)")
+    if args.address is not None:
+        if args.num_gpus is not None or args.num_cpus is not None:
+            parser.error("--num-cpus and --num-gpus size the local Ray; with --address the cluster has its own")
+        return
+    if args.device == "auto":
+        return  # CPU or GPU workers: known once Ray has started
+    threads = args.threads or 1
+    cpus = args.num_cpus or len(os.sched_getaffinity(0))
+    gpus = args.num_gpus if args.num_gpus is not None else (args.workers or 1)  # without --num-gpus: checked once Ray has started
+    problem = missing_resources({"CPU": cpus, "GPU": gpus}, device=args.device, workers=args.workers, cpu_workers=args.cpu_workers, threads=threads)
+    if problem:
+        parser.error(f"the local Ray cannot run these workers ({'--num-cpus' if args.num_cpus else 'this machine'}: {cpus} CPUs): {problem}")
 
 
 def evaluate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

@@ -1,0 +1,270 @@
+"""Mixed workers for ``santa tune budgets``: GPU workers plus ``--cpu-workers N`` CPU workers.
+
+A CUDA worker cannot run here, but its scheduling can: the local Ray of this module declares one
+GPU (``num_gpus=1``) that no process uses, and the ``synthetic`` reward ignores its device. The
+driver's spawn/replace logic is also checked against a fake Ray, with no timing at all.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from santa.budgets.checkpoint import HISTORY, TuneSpec, replay  # noqa: E402
+from santa.budgets.distributed import Driver, Hooks, actor_options, missing_resources, tune, worker_kind  # noqa: E402
+from santa.budgets.rewards import RewardSpec  # noqa: E402
+from santa.eval.runner import read_records  # noqa: E402
+
+SYNTHETIC = TuneSpec(reward=RewardSpec(kind="synthetic", model="tiny-random"), n_layers=4, total=16, floor=1, alpha=0.5, episodes=3)
+
+
+@pytest.fixture(scope="module")
+def fake_gpu_ray():
+    """A local Ray with 2 CPUs and one declared (fake) GPU."""
+    os.environ["RAY_memory_monitor_refresh_ms"] = "0"  # see test_budgets_tune.py
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def history(out):
+    return sorted(read_records(Path(out) / HISTORY), key=lambda r: r["update"])
+
+
+def episodes(updates):
+    return [e for u in updates for e in u["episodes"]]
+
+
+def assert_consistent(updates, spec=SYNTHETIC):
+    assert [u["update"] for u in updates] == list(range(1, len(updates) + 1))
+    ids = [e["id"] for e in episodes(updates)]
+    assert len(ids) == len(set(ids))
+    for record, state in zip(updates, replay(updates, spec), strict=True):
+        assert record["theta"] == pytest.approx(list(state.theta), abs=1e-12)
+
+
+# --- pure functions -------------------------------------------------------------------------------
+
+
+def test_actor_options_give_a_cuda_worker_one_gpu_and_a_cpu_worker_its_threads():
+    assert actor_options("cuda", 4) == {"num_cpus": 1, "num_gpus": 1}
+    assert actor_options("cuda:1", 4) == {"num_cpus": 1, "num_gpus": 1}
+    assert actor_options("cpu", 4) == {"num_cpus": 4}
+    assert [worker_kind(d) for d in ("cuda", "cuda:3", "cpu")] == ["cuda", "cuda", "cpu"]
+
+
+@pytest.mark.parametrize(
+    ("cluster", "kwargs", "complaint"),
+    [
+        ({"CPU": 16, "GPU": 1}, dict(device="cuda", workers=1, cpu_workers=3, threads=4), None),  # 1 + 3·4 = 13 ≤ 16
+        ({"CPU": 16, "GPU": 1}, dict(device="cuda", workers=None, cpu_workers=4, threads=4), "need 17 CPUs"),
+        ({"CPU": 16}, dict(device="cuda", workers=None, cpu_workers=0, threads=1), "need 1 GPU"),
+        ({"CPU": 16, "GPU": 1}, dict(device="cuda", workers=2, cpu_workers=0, threads=1), "need 2 GPU"),
+        ({"CPU": 2}, dict(device="cpu", workers=3, cpu_workers=0, threads=1), "need 3 CPUs"),
+        ({"CPU": 2}, dict(device="cpu", workers=None, cpu_workers=0, threads=2), None),
+    ],
+)
+def test_missing_resources(cluster, kwargs, complaint):
+    problem = missing_resources(cluster, **kwargs)
+    assert problem is None if complaint is None else complaint in problem
+
+
+def test_cpu_workers_need_cuda_workers(tmp_path):
+    with pytest.raises(ValueError, match="device cuda"):
+        tune(SYNTHETIC, out=tmp_path, iterations=1, device="cpu", cpu_workers=1)
+
+
+# --- the driver against a fake Ray: which workers it starts and how it replaces them ----------------
+
+
+class FakeActor:
+    def __init__(self, options, args):
+        self.options, self.args = options, args
+        self.episode = self
+
+    def remote(self, *args):  # episode.remote(...): a reference nobody waits for here
+        return object()
+
+
+class FakeRemote:
+    def __init__(self, log):
+        self.log, self.next_options = log, {}
+
+    def options(self, **options):
+        self.next_options = options
+        return self
+
+    def remote(self, *args):
+        actor = FakeActor(self.next_options, args)
+        self.log.append(actor)
+        return actor
+
+
+class FakeRay:
+    def __init__(self):
+        self.started, self.killed = [], []
+
+    def remote(self, cls):
+        return FakeRemote(self.started)
+
+    def kill(self, actor):
+        self.killed.append(actor)
+
+    def cluster_resources(self):
+        return {"CPU": 16, "GPU": 1}
+
+
+def fake_driver(tmp_path, **kwargs):
+    fake = FakeRay()
+    driver = Driver(fake, SYNTHETIC, out=tmp_path, hooks=Hooks(), poll_s=0.1, **kwargs)
+    return fake, driver
+
+
+def test_driver_starts_gpu_workers_then_cpu_workers_with_their_resources(tmp_path):
+    fake, driver = fake_driver(tmp_path, requested=1, device="cuda", threads=4, cpu_workers=3)
+    driver.rescale()
+    assert [a.options for a in fake.started] == [{"num_cpus": 1, "num_gpus": 1, "max_restarts": 0}] + [{"num_cpus": 4, "max_restarts": 0}] * 3
+    assert [a.args[2] for a in fake.started] == ["cuda", "cpu", "cpu", "cpu"]  # the device each worker builds its model on
+    assert driver.counts() == {"cuda": 1, "cpu": 3}
+    driver.rescale()  # nothing more to start
+    assert len(fake.started) == 4
+
+
+def test_driver_replaces_a_dead_worker_with_one_of_its_kind(tmp_path):
+    fake, driver = fake_driver(tmp_path, requested=1, device="cuda", threads=2, cpu_workers=2)
+    driver.rescale()
+    for kind in ("cpu", "cuda"):
+        run = next(r for r in driver.runs.values() if driver.devices[r.worker] == kind)
+        dead = driver.actors[run.worker]
+        del driver.runs[run.id]
+        run.worker_died = True
+        driver.release([run], more=True)
+        assert fake.killed[-1] is dead and fake.started[-1].args[2] == kind
+        assert run.worker not in driver.actors and driver.counts() == {"cuda": 1, "cpu": 2}
+    assert [a.options.get("num_gpus", 0) for a in fake.started] == [1, 0, 0, 0, 1]
+
+
+def test_workers_file_scales_the_gpu_workers_only(tmp_path):
+    fake, driver = fake_driver(tmp_path, requested=None, device="cuda", threads=1, cpu_workers=1)
+    driver.rescale()
+    assert driver.counts() == {"cuda": 1, "cpu": 1}  # auto: one per GPU of the (fake) cluster
+    (tmp_path / "workers").write_text("2\n")
+    driver.rescale()
+    assert driver.counts() == {"cuda": 2, "cpu": 1}
+    (tmp_path / "workers").write_text("0\n")
+    driver.rescale()  # the GPU workers retire when their run ends; the CPU worker stays
+    assert {driver.devices[w] for w in driver.actors if w not in driver.retiring} == {"cpu"}
+
+
+def test_driver_without_cpu_workers_starts_as_before(tmp_path):
+    fake, driver = fake_driver(tmp_path, requested=2, device="cpu", threads=3)
+    driver.rescale()
+    assert [a.options for a in fake.started] == [{"num_cpus": 3, "max_restarts": 0}] * 2
+    assert driver.counts() == {"cpu": 2}
+
+
+# --- a mixed run on a local Ray with a declared GPU -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mixed_run(fake_gpu_ray, tmp_path_factory):
+    out = tmp_path_factory.mktemp("mixed")
+    result = tune(SYNTHETIC, out=out, iterations=4, workers=1, cpu_workers=1, device="cuda", threads=1, poll_s=0.2, progress=False)
+    return out, result
+
+
+def test_mixed_run_records_the_kind_of_worker_of_every_episode(mixed_run):
+    out, _ = mixed_run
+    updates = history(out)
+    kinds = {e["worker"]: e["device"] for e in episodes(updates)}
+    assert sorted(kinds.values()) == ["cpu", "cuda"]  # both first runs are accepted (the drain keeps the run in flight)
+    assert all(u["devices"] == {"cuda": 1, "cpu": 1} for u in updates)
+    pids = {e["device"]: e["pid"] for e in episodes(updates)}
+    assert pids["cuda"] != pids["cpu"] and all(p > 0 for p in pids.values())
+    assert all(e["finished"] > 0 and e["seconds"] >= 0 for e in episodes(updates))
+
+
+def test_mixed_run_history_is_consistent(mixed_run):
+    out, result = mixed_run
+    assert 4 <= result.state.version <= 5
+    assert_consistent(history(out))
+
+
+def test_mixed_run_replaces_a_killed_cpu_worker_with_a_cpu_worker(fake_gpu_ray, tmp_path):
+    # Both first workers (0: cuda, 1: cpu) die as their 2nd episode starts: each run keeps episode 0,
+    # two updates at most, so replacements must finish the third.
+    tune(SYNTHETIC, out=tmp_path, iterations=3, workers=1, cpu_workers=1, device="cuda", threads=1, poll_s=0.2, progress=False,
+         hooks=Hooks(worker_faults={0: 2, 1: 2}))
+    updates = history(tmp_path)
+    kinds = {e["worker"]: e["device"] for e in episodes(updates)}
+    assert {"0-0-0", "0-1-0"} <= {e["id"] for e in episodes(updates)}
+    assert kinds.get("0-w0") == "cuda" and kinds.get("0-w1") == "cpu"
+    assert set(kinds) - {"0-w0", "0-w1"}  # a replacement worked
+    assert_consistent(updates)
+
+
+def test_max_seconds_ends_a_run_and_a_resume_goes_on(fake_gpu_ray, tmp_path):
+    result = tune(SYNTHETIC, out=tmp_path, iterations=10**6, workers=1, device="cpu", poll_s=0.2, progress=False, max_seconds=1.0)
+    assert 1 <= result.state.version < 10**6
+    first = result.state.version
+    result = tune(SYNTHETIC, out=tmp_path, iterations=first + 2, workers=1, device="cpu", poll_s=0.2, progress=False)
+    assert result.state.version == first + 2
+    assert_consistent(history(tmp_path))
+
+
+def test_old_histories_without_the_new_fields_replay(tmp_path, fake_gpu_ray):
+    tune(SYNTHETIC, out=tmp_path, iterations=2, workers=1, device="cpu", poll_s=0.2, progress=False)
+    updates = history(tmp_path)
+    for u in updates:
+        u.pop("devices")
+        for e in u["episodes"]:
+            for key in ("device", "pid", "finished"):
+                e.pop(key)
+    (tmp_path / HISTORY).write_text("".join(json.dumps(u) + "\n" for u in updates))
+    assert_consistent(history(tmp_path))
+    assert tune(SYNTHETIC, out=tmp_path, iterations=3, workers=1, device="cpu", poll_s=0.2, progress=False).state.version == 3
+
+
+# --- the command line --------------------------------------------------------------------------------
+
+
+def cli(argv, capsys):
+    from santa.budgets.tune_cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    return exit_.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "complaint"),
+    [
+        (["--cpu-workers", "2"], "--cpu-workers"),  # the default --device auto
+        (["--device", "cpu", "--cpu-workers", "2"], "needs --device cuda"),
+        (["--device", "cuda", "--cpu-workers", "-1"], "--cpu-workers"),
+        (["--device", "cuda", "--cpu-workers", "x"], "--cpu-workers"),
+        (["--device", "cuda", "--cpu-workers", "3", "--threads", "4", "--num-cpus", "8"], "need 13 CPUs"),
+        (["--device", "cuda", "--num-gpus", "1", "--workers", "2", "--num-cpus", "8"], "need 2 GPU"),
+        (["--device", "cpu", "--workers", "3", "--num-cpus", "2"], "need 3 CPUs"),
+        (["--num-gpus", "-1"], "--num-gpus"),
+        (["--address", "auto", "--num-gpus", "1"], "--num-gpus"),
+        (["--max-seconds", "0"], "--max-seconds"),
+        (["--max-seconds", "nan"], "--max-seconds"),
+    ],
+)
+def test_tune_cli_refuses_bad_worker_flags(tmp_path, capsys, flags, complaint):
+    code, err = cli(["budgets", "--out", str(tmp_path), "--model", "tiny-random", "--reward", "synthetic", "--no-plots", *flags], capsys)
+    assert code == 2 and complaint in err and "Traceback" not in err
+
+
+def test_tune_cli_mixed_run(fake_gpu_ray, tmp_path, capsys):
+    from santa.budgets.tune_cli import main
+
+    argv = ["budgets", "--out", str(tmp_path), "--model", "tiny-random", "--reward", "synthetic", "--no-plots", "--no-progress",
+            "--device", "cuda", "--workers", "1", "--cpu-workers", "1", "--threads", "1", "--num-cpus", "2", "--num-gpus", "1",
+            "--episodes", "2", "--iterations", "2"]
+    assert main(argv) == 0
+    assert {e["device"] for e in episodes(history(tmp_path))} == {"cuda", "cpu"}
