@@ -398,68 +398,6 @@ def test_philox_emulation_reproduces_the_kernels_uniforms():
     assert torch.equal(got.cpu(), expected)
     assert 0.4 < float(expected.mean()) < 0.6 and bool(((expected >= 0) & (expected < 1)).all())
 
-def run_prop(q, k, v, budget, *, launches, seq_lens=None, block_table=None, block_n=None, seed=3, offset=5):
-    """(out, counts, plan) of one planned prop call with ``Tuning(launches=launches)``."""
-    from santa.kernels import Tuning, plan_decode
-
-    batch, heads, dim = q.shape
-    n_keys = k.shape[1] * (1 if block_table is None else block_table.shape[1])
-    plan = plan_decode(batch=batch, heads=heads, kv_heads=k.shape[2], head_dim=dim, n_keys=n_keys, budget=budget,
-                       dtype=q.dtype, device=DEVICE, page_size=None if block_table is None else k.shape[1],
-                       tuning=Tuning(launches=launches, block_n=block_n))
-    counts = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device=DEVICE)
-    out = plan.run(q, k, v, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset, counts=counts)
-    return out, counts, plan
-
-
-@pytest.mark.parametrize(
-    "batch,heads,kv_heads,dim,n_keys,budget,block_n,paged",
-    [
-        (3, 8, 2, 32, 300, 48, 16, False),  # 19 tiles, a short and an empty sequence
-        (2, 6, 2, 32, 129, 200, 32, True),  # S > n, paged
-        (1, 7, 1, 64, 1, 5, None, False),  # one key, G = 7
-        (2, 3, 3, 16, 70, 512, 16, False),  # G = 1, 4 tiles but 512 samples: runs of many samples in one tile
-    ],
-)
-def test_one_launch_gives_the_two_launch_counts_and_leaves_its_counters_at_zero(batch, heads, kv_heads, dim, n_keys, budget,
-                                                                                block_n, paged):
-    """Tuning(launches=1): every pass-1 program places its own tile's samples from the scores on chip, after the
-    group's last program published the tile prefix. The same prefix and in-tile arithmetic as pass 2, so the same
-    counts; on a poisoned row NaN, on an empty sequence zeros."""
-    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, seed=n_keys, q_scale=3.0)
-    q[0, heads - 1, 0] = float("nan")  # a poisoned head
-    seq_lens = torch.tensor([n_keys, max(n_keys // 3, 1), 0][:batch], dtype=torch.int32, device=DEVICE)
-    block_table = None
-    if paged:
-        k, block_table = to_paged(k, 16, seed=4)
-        v, _ = to_paged(v, 16, seed=4)
-    two_out, two_counts, _ = run_prop(q, k, v, budget, launches=2, seq_lens=seq_lens, block_table=block_table, block_n=block_n)
-    for _ in range(2):  # the second call reuses the counters the first one left at zero
-        out, counts, plan = run_prop(q, k, v, budget, launches=1, seq_lens=seq_lens, block_table=block_table, block_n=block_n)
-        assert plan.workspace_key.launches == 1
-        assert torch.equal(counts, two_counts)
-        assert torch.equal(out.isnan(), two_out.isnan()) and out[0, heads - 1].isnan().all()
-        torch.testing.assert_close(out.nan_to_num(), two_out.nan_to_num(), rtol=1e-5, atol=1e-6)
-        assert not plan.workspace.views["sem"].any()
-    if batch == 3:
-        assert not out[2].any() and not counts[2].any()
-    if not paged:
-        live = [h for h in range(heads - 1)]
-        probs = dense_probs(q[:1], k[:1], seq_lens[:1])[:, live]
-        assert_counts_match_systematic(counts[:1, live], probs, budget, prop_uniforms(batch, heads, 3, 5)[:1, live])
-
-
-def test_one_launch_applies_up_to_its_tile_limit():
-    from santa.kernels import Tuning
-    from santa.kernels.plan import ONE_LAUNCH_MAX_TILES, WorkspaceKey, prop_launches
-
-    assert prop_launches(ONE_LAUNCH_MAX_TILES, Tuning(launches=1)) == 1
-    assert prop_launches(ONE_LAUNCH_MAX_TILES + 1, Tuning(launches=1)) == 2  # its groups might not fit on the GPU at once
-    key = WorkspaceKey.of(kernel="prop", batch=1, heads=4, head_dim=64, n_keys=1000, budget=32, device="cpu",
-                          tuning=Tuning(launches=1))
-    assert key.launches == 1 and key.sample_chunks == 0
-
-
 
 # --------------------------------------------------------------------------- CUDA only
 
@@ -497,24 +435,6 @@ def test_large_gpu_shapes_match_the_reference():
     ref_out, ref_counts = prop_reference(q, k, v, 128, seed=1)
     same = (counts.long() == ref_counts).all(-1)
     torch.testing.assert_close(out[same].float(), ref_out[same].float(), rtol=1e-2, atol=1e-2)
-
-
-@needs_cuda
-@pytest.mark.parametrize("heads,kv_heads,dim,n_keys", [(32, 8, 128, 32768), (14, 2, 64, 32768), (9, 3, 64, 8192)])
-def test_one_launch_equals_two_launches_on_gpu_shapes(heads, kv_heads, dim, n_keys):
-    q, k, v = make_inputs(4, heads, kv_heads, dim, n_keys, torch.bfloat16, seed=16, q_scale=4.0)
-    seq_lens = torch.tensor([n_keys, n_keys // 2 + 3, 1, 0], dtype=torch.int32, device=DEVICE)
-    two_out, two_counts, _ = run_prop(q, k, v, 128, launches=2, seq_lens=seq_lens)
-    for _ in range(3):
-        out, counts, plan = run_prop(q, k, v, 128, launches=1, seq_lens=seq_lens)
-        # the in-tile cumulative sums may add in another order than pass 2's: a sample may move across a step
-        assert (counts == two_counts).float().mean() > 0.9999
-        assert torch.equal(counts.sum(-1), two_counts.sum(-1))
-        same = (counts == two_counts).all(-1)
-        torch.testing.assert_close(out[same].float(), two_out[same].float(), rtol=1e-2, atol=1e-2)
-        assert not plan.workspace.views["sem"].any()
-    probs = dense_probs(q[:1], k[:1])
-    assert_counts_match_systematic(counts[:1], probs, 128, prop_uniforms(4, heads, 3, 5)[:1])
 
 
 @needs_cuda
