@@ -26,7 +26,6 @@ TILE_SEARCHES = ("scan", "bisect")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634
 ALIGN = 256  # bytes; every workspace region starts on this boundary
-ONE_LAUNCH_MAX_TILES = 256  # the groups of a one-launch prop call spin-wait: a group's programs must fit on the GPU together
 MAX_BUDGET = 1 << 20  # samples per head the kernels accept (pass 2 launches ⌈S/32⌉ programs per head)
 _ELEMENT_SIZE = {torch.float32: 4, torch.int32: 4}
 
@@ -49,7 +48,6 @@ class Tuning:
     warps_pass2: int | None = None
     samples_per_program: int | None = None  # pass-2 samples per program
     tile_search: str | None = None  # pass 2's tile of each sample: "scan" (compare with every tile) or "bisect"
-    launches: int | None = None  # 1: scores stay on chip, samples placed in the same launch (≤ ONE_LAUNCH_MAX_TILES tiles); 2: stash + pass 2
     pdl: bool | None = None  # pass 2 as a programmatic dependent launch (Hopper)
 
 
@@ -78,15 +76,6 @@ def prop_sample_chunks(budget: int, tiles: int, rows: int, tuning: Tuning = Tuni
     return sblock, cdiv(budget, sblock)
 
 
-def prop_launches(tiles: int, tuning: Tuning = Tuning()) -> int:
-    """prop's launches per call: 1 (each pass-1 program keeps its tile's scores on chip, waits for its
-    group's tile prefix and places its own samples; every program of a group must be resident at
-    once, hence at most ONE_LAUNCH_MAX_TILES tiles per sequence) or 2 (score stash + pass 2)."""
-    if tuning.launches is not None:
-        return tuning.launches if tiles <= ONE_LAUNCH_MAX_TILES else 2
-    return 2
-
-
 def prop_tile_search(tiles: int, tuning: Tuning = Tuning()) -> str:
     """How pass 2 finds each sample's tile: ``"scan"`` compares every sample of a program with every
     tile (O(samples × T)), ``"bisect"`` binary-searches the stored prefix (O(T + samples · log T))."""
@@ -104,23 +93,19 @@ class WorkspaceKey:
     n_keys: int
     budget: int
     block_n: int
-    sample_chunks: int  # prop: pass-2 programs per head (0 for flash and for one-launch prop)
+    sample_chunks: int  # prop: pass-2 programs per head (0 for flash)
     device: str
-    launches: int = 2  # prop: 1 or 2 (see prop_launches); the regions differ
 
     def describe(self) -> str:
         return (f"kernel={self.kernel!r}, B={self.batch}, H={self.heads}, d={self.head_dim}, n_keys={self.n_keys}, "
-                f"budget={self.budget}, tile={self.block_n}, chunks={self.sample_chunks}, device={self.device}, "
-                f"launches={self.launches}")
+                f"budget={self.budget}, tile={self.block_n}, chunks={self.sample_chunks}, device={self.device}")
 
     @classmethod
     def of(cls, *, kernel: str, batch: int, heads: int, head_dim: int, n_keys: int, budget: int, device: str,
            tuning: Tuning = Tuning()) -> WorkspaceKey:
         block_n = prop_tile(head_dim, tuning) if kernel == "prop" else flash_tile(head_dim)
-        tiles = cdiv(n_keys, block_n)
-        launches = prop_launches(tiles, tuning) if kernel == "prop" else 2
-        chunks = prop_sample_chunks(budget, tiles, batch * heads, tuning)[1] if kernel == "prop" and launches == 2 else 0
-        return cls(kernel, batch, heads, head_dim, n_keys, budget, block_n, chunks, device, launches)
+        chunks = prop_sample_chunks(budget, cdiv(n_keys, block_n), batch * heads, tuning)[1] if kernel == "prop" else 0
+        return cls(kernel, batch, heads, head_dim, n_keys, budget, block_n, chunks, device)
 
 
 def workspace_regions(key: WorkspaceKey) -> tuple[tuple[str, torch.dtype, tuple[int, ...], int], ...]:
@@ -128,16 +113,7 @@ def workspace_regions(key: WorkspaceKey) -> tuple[tuple[str, torch.dtype, tuple[
     block_d = max(16, next_pow2(key.head_dim))
     tiles = cdiv(key.n_keys, key.block_n)
     rows = key.batch * key.heads
-    if key.kernel == "prop" and key.launches == 1:
-        regions = [
-            ("sem", torch.int32, (rows,)),  # one counter per (sequence, KV head); zero when made, every call leaves it at zero
-            ("tile_max", torch.float32, (rows, tiles)),
-            ("tile_mass", torch.float32, (rows, tiles)),
-            ("prefix", torch.float32, (rows, tiles)),  # P_t = S·C_t, published by the group's last pass-1 program
-            ("row_z", torch.float32, (rows,)),  # Z per (sequence, head), NaN on a poisoned row
-            ("keys", torch.int32, (rows, key.budget)),  # the key of each sample m, in m order
-        ]
-    elif key.kernel == "prop":
+    if key.kernel == "prop":
         n_chunks = key.sample_chunks
         regions = [
             ("sem", torch.int32, (rows,)),  # zero when made; every call leaves it at zero
@@ -295,8 +271,6 @@ def plan_decode(
             raise ValueError(f"Tuning.{name} must be None or a power of two in [{low}, {high}], got {value!r}")
     if tuning.stages_pass1 is not None and (isinstance(tuning.stages_pass1, bool) or tuning.stages_pass1 not in range(1, 5)):
         raise ValueError(f"Tuning.stages_pass1 must be None or an int in [1, 4], got {tuning.stages_pass1!r}")
-    if isinstance(tuning.launches, bool) or tuning.launches not in (None, 1, 2):
-        raise ValueError(f"Tuning.launches must be None, 1 or 2, got {tuning.launches!r}")
     if tuning.tile_search not in (None, *TILE_SEARCHES):
         raise ValueError(f"Tuning.tile_search must be None or one of {TILE_SEARCHES}, got {tuning.tile_search!r}")
     if tuning.pdl is not None and not isinstance(tuning.pdl, bool):
