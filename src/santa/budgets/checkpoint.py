@@ -6,7 +6,8 @@
 
     {"key": "update 7", "update": 7, "session": 1, "theta": [...L], "baseline": b, "gradient": [...L],
      "reward_sum": Σr, "reward_count": n, "episodes": [{"id": "1-12-3", "schedule": [...L],
-     "reward": r, "version": 6, "worker": "1-w2", "seconds": 3.1}, ...], "workers": 2, "time": t}
+     "reward": r, "version": 6, "worker": "1-w2", "seconds": 3.1, "device": "cuda", "pid": 4711,
+     "finished": t}, ...], "workers": 2, "devices": {"cuda": 1, "cpu": 1}, "time": t}
 
 An update is accepted exactly when its line is in the file: the driver applies an update, writes
 its line, and only then dispatches work with the new policy. A killed driver therefore resumes
@@ -106,7 +107,11 @@ def resume(out: str | Path, n_layers: int) -> Resumed:
     return Resumed(state, thetas, frozenset(ids), session, records)
 
 
-def update_record(*, state: PolicyState, session: int, baseline: float, gradient, episodes: list[Episode], workers: int, time: float) -> dict:
+def update_record(
+    *, state: PolicyState, session: int, baseline: float, gradient, episodes: list[Episode], workers: int, time: float,
+    devices: dict[str, int] | None = None,
+) -> dict:
+    """One history line. devices: workers per kind when it was written, e.g. ``{"cuda": 1, "cpu": 3}``."""
     return {
         "key": f"update {state.version}",
         "update": state.version,
@@ -118,6 +123,7 @@ def update_record(*, state: PolicyState, session: int, baseline: float, gradient
         "reward_count": state.reward_count,
         "episodes": [asdict(e) | {"schedule": list(e.schedule)} for e in episodes],
         "workers": workers,
+        "devices": dict(devices or {}),
         "time": time,
     }
 

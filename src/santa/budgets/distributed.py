@@ -15,7 +15,13 @@ A killed driver loses the runs in flight; re-running the command resumes from th
 Worker count: ``--workers N`` (a resume may use another N), ``auto`` (one per GPU of the cluster,
 else one per ``threads`` CPUs, re-read as nodes join or leave), or an integer written to
 ``OUT/workers`` at any time (extra workers retire when their run ends).
-At the end the driver stops dispatching and accepts the runs still in flight (at most W − 1 more updates).
+Mixed workers: with GPU workers, ``cpu_workers`` (``--cpu-workers N``) adds N CPU workers beside
+them, each of ``threads`` torch threads on as many Ray CPUs; ``--workers`` and ``OUT/workers``
+count the GPU workers only, and a dead CPU worker is replaced by a CPU worker. Every episode
+records its worker's device (``"cuda"`` or ``"cpu"``), process and end time, so that episodes
+per minute can be read per kind of worker from the history.
+At the end (``iterations`` updates reached, or ``max_seconds`` of this session spent) the driver
+stops dispatching and accepts the runs still in flight (at most W − 1 more updates).
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ class EpisodeWorker:
         from santa.budgets.rewards import build_reward
 
         self.spec, self.name, self.die_on_episode = TuneSpec.from_dict(spec), name, die_on_episode
+        self.device = worker_kind(device)
         self.reward = build_reward(self.spec.reward, n_layers=self.spec.n_layers, device=device, threads=threads)
         self.started = 0
 
@@ -87,8 +94,23 @@ class EpisodeWorker:
         schedule = sample_schedule(theta, total=self.spec.total, floor=self.spec.floor, rng=np.random.default_rng(seed))
         start = time.perf_counter()
         reward = float(self.reward([int(s) for s in schedule], seed))
-        episode = Episode(episode_id, tuple(int(s) for s in schedule), reward, version, self.name, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        episode = Episode(
+            episode_id, tuple(int(s) for s in schedule), reward, version, self.name, seconds, self.device, os.getpid(), time.time()
+        )
         return asdict(episode)
+
+
+def worker_kind(device: str) -> str:
+    """``"cuda"`` for any CUDA device (``cuda``, ``cuda:1``), else ``"cpu"``: the kind an episode records."""
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
+def actor_options(device: str, threads: int) -> dict:
+    """Ray resources of one worker: a GPU and one CPU for a CUDA worker, ``threads`` CPUs for a CPU one."""
+    if worker_kind(device) == "cuda":
+        return {"num_cpus": 1, "num_gpus": 1}
+    return {"num_cpus": threads}
 
 
 def worker_lost(ray) -> tuple[type[BaseException], ...]:
@@ -124,6 +146,24 @@ class TuneResult:
     out: Path
 
 
+def missing_resources(cluster: Mapping[str, float], *, device: str, workers: int | None, cpu_workers: int, threads: int) -> str | None:
+    """Why the workers asked for can never all run on ``cluster`` (its Ray resources), or None.
+
+    workers: the main kind's count (None: auto, at least one); ``cpu_workers`` CPU workers of
+    ``threads`` CPUs come beside CUDA workers. A worker Ray cannot place would wait forever.
+    """
+    gpus, cpus = cluster.get("GPU", 0), cluster.get("CPU", 0)
+    cuda = worker_kind(device) == "cuda"
+    main = workers if workers is not None else max(1, int(gpus)) if cuda else 1
+    if cuda and gpus < main:
+        return f"{main} CUDA worker(s) need {main} GPU(s), and the Ray cluster has {gpus:g}"
+    need = main * actor_options(device, threads)["num_cpus"] + cpu_workers * threads
+    if need > cpus:
+        kinds = f"{main} {worker_kind(device)} worker(s)" + (f" + {cpu_workers} CPU worker(s) of {threads} threads" if cpu_workers else "")
+        return f"{kinds} need {need} CPUs, and the Ray cluster has {cpus:g}"
+    return None
+
+
 def desired_workers(*, requested: int | None, out: Path, cluster: Mapping[str, float], gpu: bool, threads: int) -> int:
     """Workers wanted now: ``OUT/workers`` if it holds an integer ≥ 0, else ``requested``, else one
     per GPU (``gpu``) or one per ``threads`` CPUs of the cluster."""
@@ -143,13 +183,19 @@ def desired_workers(*, requested: int | None, out: Path, cluster: Mapping[str, f
 class Driver:
     """The aggregator's loop over Ray (see the module docstring)."""
 
-    def __init__(self, ray, spec: TuneSpec, *, out: Path, requested: int | None, device: str, threads: int, hooks: Hooks, poll_s: float) -> None:
+    def __init__(
+        self, ray, spec: TuneSpec, *, out: Path, requested: int | None, device: str, threads: int, hooks: Hooks, poll_s: float,
+        cpu_workers: int = 0, max_seconds: float | None = None,
+    ) -> None:
         self.ray, self.spec, self.out, self.requested = ray, spec, out, requested
         self.device, self.threads, self.hooks, self.poll_s = device, threads, hooks, poll_s
+        self.cpu_workers = cpu_workers  # CPU workers beside the GPU workers (device cuda)
+        self.deadline = None if max_seconds is None else time.monotonic() + max_seconds
         resumed = resume(out, spec.n_layers)
         self.state, self.thetas, self.session = resumed.state, dict(resumed.thetas), resumed.session
         self.updates = list(resumed.updates)
         self.actors: dict[str, object] = {}
+        self.devices: dict[str, str] = {}  # worker → its device (self.device, or "cpu" for the extra CPU workers)
         self.retiring: set[str] = set()
         self.runs: dict[int, Run] = {}
         self.pending: dict[object, tuple[int, int]] = {}  # object ref → (run id, episode index)
@@ -160,13 +206,13 @@ class Driver:
 
     # --- workers ---------------------------------------------------------------------------------
 
-    def spawn(self) -> str:
+    def spawn(self, device: str) -> str:
+        """Start a worker on ``device`` (its Ray resources: :func:`actor_options`) → its name."""
         name = f"{self.session}-w{self.created}"
-        gpu = self.device.startswith("cuda")
-        options = {"num_cpus": 1, "num_gpus": 1} if gpu else {"num_cpus": self.threads}
-        self.actors[name] = self.remote.options(**options, max_restarts=0).remote(
-            self.spec.to_dict(), name, self.device, self.threads, self.hooks.worker_faults.get(self.created)
+        self.actors[name] = self.remote.options(**actor_options(device, self.threads), max_restarts=0).remote(
+            self.spec.to_dict(), name, device, self.threads, self.hooks.worker_faults.get(self.created)
         )
+        self.devices[name] = device
         self.created += 1
         return name
 
@@ -188,23 +234,38 @@ class Driver:
     def busy(self) -> set[str]:
         return {r.worker for r in self.runs.values()}
 
+    def active(self, device: str) -> list[str]:
+        """The workers on ``device`` that are not retiring, oldest first."""
+        return [w for w in self.actors if self.devices[w] == device and w not in self.retiring]
+
     def rescale(self) -> None:
-        """Start or retire workers to match :func:`desired_workers`."""
+        """Start or retire workers to match :func:`desired_workers` (and top the CPU workers up to ``cpu_workers``)."""
         cluster = self.ray.cluster_resources() if self.requested is None else {}
-        wanted = desired_workers(requested=self.requested, out=self.out, cluster=cluster, gpu=self.device.startswith("cuda"), threads=self.threads)
-        active = [w for w in self.actors if w not in self.retiring]
+        wanted = desired_workers(requested=self.requested, out=self.out, cluster=cluster, gpu=worker_kind(self.device) == "cuda", threads=self.threads)
+        active = self.active(self.device)
         for worker in active[wanted:]:
             self.retiring.add(worker)
             if worker not in self.busy():
                 self.stop(worker)
         for _ in range(wanted - len(active)):
-            self.dispatch(self.spawn())
+            self.dispatch(self.spawn(self.device))
+        if self.cpu_workers:
+            for _ in range(self.cpu_workers - len(self.active("cpu"))):
+                self.dispatch(self.spawn("cpu"))
 
     def stop(self, worker: str) -> None:
         actor = self.actors.pop(worker, None)
+        self.devices.pop(worker, None)
         self.retiring.discard(worker)
         if actor is not None:
             self.ray.kill(actor)
+
+    def counts(self) -> dict[str, int]:
+        """Workers per device now, e.g. ``{"cuda": 1, "cpu": 3}``."""
+        out: dict[str, int] = {}
+        for device in self.devices.values():
+            out[worker_kind(device)] = out.get(worker_kind(device), 0) + 1
+        return out
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -246,7 +307,7 @@ class Driver:
         )
         record = update_record(
             state=step.state, session=self.session, baseline=step.baseline, gradient=step.gradient,
-            episodes=episodes, workers=len(self.actors), time=time.time(),
+            episodes=episodes, workers=len(self.actors), time=time.time(), devices=self.counts(),
         )
         append_update(self.out, record)  # accepted from here on
         self.state = step.state
@@ -260,24 +321,29 @@ class Driver:
         """Replace dead workers, retire extra ones, and give the others a new run if ``more``."""
         for run in runs:
             if run.worker_died:
+                device = self.devices[run.worker]
                 self.stop(run.worker)
                 if not run.results:
                     self.failures += 1
                 if self.failures > 3 + len(self.actors):
                     raise RuntimeError(f"workers keep dying before finishing an episode; the last said: {self.last_error}")
                 if more:
-                    self.dispatch(self.spawn())
+                    self.dispatch(self.spawn(device))  # a worker of the same kind replaces it
             elif run.worker in self.retiring:
                 self.stop(run.worker)
             elif more:
                 self.dispatch(run.worker)
+
+    def more(self, iterations: int) -> bool:
+        """Whether to dispatch more runs: fewer than ``iterations`` updates and time left."""
+        return self.state.version < iterations and (self.deadline is None or time.monotonic() < self.deadline)
 
     def loop(self, iterations: int, progress: bool) -> None:
         from tqdm import tqdm
 
         bar = tqdm(total=iterations, initial=min(self.state.version, iterations), desc="santa tune", unit="update", disable=not progress)
         last_rescale = 0.0
-        while self.state.version < iterations:
+        while self.more(iterations):
             if time.monotonic() - last_rescale > self.poll_s:
                 self.rescale()
                 last_rescale = time.monotonic()
@@ -286,12 +352,13 @@ class Driver:
                 continue
             before = self.state.version
             self.accept(runs)
-            self.release(runs, more=self.state.version < iterations)
+            self.release(runs, more=self.more(iterations))
             bar.update(min(self.state.version, iterations) - min(before, iterations))
             if self.updates and self.state.version > before:
                 rewards = [e["reward"] for e in self.updates[-1]["episodes"]]
+                workers = " + ".join(f"{n} {d}" for d, n in sorted(self.counts().items()))
                 bar.set_postfix_str(
-                    f"reward {np.mean(rewards):.4f} (mean {self.state.running_mean:.4f}), workers {len(self.actors)}, episodes {self.state.reward_count}"
+                    f"reward {np.mean(rewards):.4f} (mean {self.state.running_mean:.4f}), workers {workers}, episodes {self.state.reward_count}"
                 )
         bar.close()
         while self.runs:  # drain: the runs in flight are accepted, not thrown away
@@ -325,19 +392,27 @@ def tune(
     workers: int | None = None,
     address: str | None = None,
     num_cpus: int | None = None,
+    num_gpus: int | None = None,
     device: str = "auto",
     threads: int = 1,
+    cpu_workers: int = 0,
+    max_seconds: float | None = None,
     poll_s: float = 2.0,
     progress: bool = True,
     hooks: Hooks = Hooks(),
 ) -> TuneResult:
-    """Run (or resume) Algorithm 1 until ``iterations`` updates are in ``out``'s history.
+    """Run (or resume) Algorithm 1 until ``iterations`` updates are in ``out``'s history, or until
+    ``max_seconds`` have passed (then the runs in flight are accepted and the run ends; resumable).
 
     Ray: an already initialised Ray is used as it is; else ``address`` joins a cluster, and
-    without one a local Ray with ``num_cpus`` CPUs is started (and stopped at the end).
+    without one a local Ray with ``num_cpus`` CPUs and ``num_gpus`` GPUs (None: all it finds) is
+    started (and stopped at the end).
     device ``"auto"``: CUDA workers (one GPU each) when the cluster has GPUs, else CPU workers
-    of ``threads`` torch threads (one Ray CPU each thread).
+    of ``threads`` torch threads (one Ray CPU each thread). cpu_workers: CPU workers beside the
+    CUDA workers (device ``"cuda"`` only). Workers the cluster can never place raise RuntimeError.
     """
+    if cpu_workers and worker_kind(device) != "cuda":
+        raise ValueError(f"cpu_workers ({cpu_workers}) come beside CUDA workers: they need device cuda, got {device!r}")
     ray = import_ray()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -347,11 +422,24 @@ def tune(
         if address:
             ray.init(address=address, log_to_driver=False)
         else:
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=False)
         connected = True
-    if device == "auto":  # one worker per GPU where the cluster has GPUs, CPU workers otherwise
-        device = "cuda" if ray.cluster_resources().get("GPU", 0) >= 1 else "cpu"
-    driver = Driver(ray, spec, out=out, requested=workers, device=device, threads=threads, hooks=hooks, poll_s=poll_s)
+    try:
+        cluster = ray.cluster_resources()
+        if device == "auto":  # one worker per GPU where the cluster has GPUs, CPU workers otherwise
+            device = "cuda" if cluster.get("GPU", 0) >= 1 else "cpu"
+        if connected and not address:  # a local Ray does not grow: a worker it cannot place would wait forever
+            problem = missing_resources(cluster, device=device, workers=workers, cpu_workers=cpu_workers, threads=threads)
+            if problem:
+                raise RuntimeError(f"the local Ray cannot run these workers: {problem}")
+    except BaseException:
+        if connected:
+            ray.shutdown()
+        raise
+    driver = Driver(
+        ray, spec, out=out, requested=workers, device=device, threads=threads, hooks=hooks, poll_s=poll_s,
+        cpu_workers=cpu_workers, max_seconds=max_seconds,
+    )
     try:
         if driver.state.version < iterations:
             driver.loop(iterations, progress)

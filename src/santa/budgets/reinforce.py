@@ -69,7 +69,13 @@ def score_function(counts: Sequence[int], theta: Sequence[float], n: int) -> np.
 
 @dataclass(frozen=True)
 class Episode:
-    """One evaluated schedule. ``version``: the policy version (update count) that drew it."""
+    """One evaluated schedule. ``version``: the policy version (update count) that drew it.
+
+    Where it ran (records only; the update does not read them): ``worker`` (its name),
+    ``device`` (the worker's kind: ``"cuda"`` or ``"cpu"``), ``pid`` (its process), ``seconds``
+    (the reward's evaluation time) and ``finished`` (wall-clock time at its end, Unix seconds).
+    Histories written before a field existed hold its default.
+    """
 
     id: str
     schedule: tuple[int, ...]
@@ -77,6 +83,9 @@ class Episode:
     version: int
     worker: str = ""
     seconds: float = 0.0
+    device: str = ""
+    pid: int = 0
+    finished: float = 0.0
 
 
 @dataclass(frozen=True)
