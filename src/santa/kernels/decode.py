@@ -137,8 +137,13 @@ def _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_lay
     return q, k_cache, v_cache, budget, n_keys, kv_heads
 
 
+_TWO_63 = 2**63
+
+
 def _check_seed_and_offset(seed, offset) -> None:
     """The per-call scalars (their values are not part of a call's signature)."""
+    if type(seed) is int and type(offset) is int and 0 <= seed < _TWO_63 and 0 <= offset < _TWO_63:
+        return  # the common case, without the slower ABC checks below
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**63:
         raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
     if not isinstance(offset, torch.Tensor) and (
@@ -252,15 +257,21 @@ def _signature(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_la
     try:
         tensors = (type(q), q.shape, q.stride(), q.dtype, q.device, type(k_cache), k_cache.shape, k_cache.stride(),
                    k_cache.dtype, k_cache.device, type(v_cache), v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device)
-        optional = tuple(
-            None if x is None else (type(x), x.shape, x.stride(), x.dtype, x.device)
-            for x in (seq_lens, block_table, out, offset if isinstance(offset, torch.Tensor) else None)
+        offset_tensor = offset if isinstance(offset, torch.Tensor) else None
+        optional = (  # spelled out: a generator here costs more than the rest of the signature
+            None if seq_lens is None else (type(seq_lens), seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.device),
+            None if block_table is None else (type(block_table), block_table.shape, block_table.stride(), block_table.dtype,
+                                              block_table.device),
+            None if out is None else (type(out), out.shape, out.stride(), out.dtype, out.device),
+            None if offset_tensor is None else (type(offset_tensor), offset_tensor.shape, offset_tensor.stride(),
+                                                offset_tensor.dtype, offset_tensor.device),
         )
     except (AttributeError, TypeError):  # not tensors: _validate names the argument
         return None
-    # TRITON_INTERPRET decides, with the device, between the kernels and the torch fallback (use_triton)
+    # on the CPU, TRITON_INTERPRET decides between the kernels and the torch fallback (use_triton); CUDA always runs them
+    interpret = None if q.device.type == "cuda" else os.environ.get("TRITON_INTERPRET")
     return (tensors, optional, type(offset), type(budget), budget, type(kernel), kernel, type(kv_layout), kv_layout,
-            type(scale), scale, type(return_counts), return_counts, os.environ.get("TRITON_INTERPRET"))
+            type(scale), scale, type(return_counts), return_counts, interpret)
 
 
 def _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out,
