@@ -49,6 +49,7 @@ class Tuning:
     samples_per_program: int | None = None  # pass-2 samples per program
     tile_search: str | None = None  # pass 2's tile of each sample: "scan" (compare with every tile) or "bisect"
     pdl: bool | None = None  # pass 2 as a programmatic dependent launch (Hopper)
+    cumulative_stash: bool | None = None  # pass 1 stores the in-tile CDF (pass 2 skips its cumulative sum)
 
 
 def prop_tile(dim: int, tuning: Tuning = Tuning()) -> int:
@@ -273,6 +274,8 @@ def plan_decode(
         raise ValueError(f"Tuning.stages_pass1 must be None or an int in [1, 4], got {tuning.stages_pass1!r}")
     if tuning.tile_search not in (None, *TILE_SEARCHES):
         raise ValueError(f"Tuning.tile_search must be None or one of {TILE_SEARCHES}, got {tuning.tile_search!r}")
+    if tuning.cumulative_stash is not None and not isinstance(tuning.cumulative_stash, bool):
+        raise TypeError(f"Tuning.cumulative_stash must be None or a bool, got {tuning.cumulative_stash!r}")
     if tuning.pdl is not None and not isinstance(tuning.pdl, bool):
         raise TypeError(f"Tuning.pdl must be None or a bool, got {tuning.pdl!r}")
     device = resolve_device(device)

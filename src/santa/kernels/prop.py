@@ -39,7 +39,7 @@ def _prop_tile(
     q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, n_pages, n_kv_heads,
     stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE_DOT: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE_DOT: tl.constexpr, CUMULATIVE: tl.constexpr,
 ):
     """Pass-1 work of one (tile, sequence, KV head): stash, tile max and mass of the G grouped heads."""
     start = t * BLOCK_N
@@ -54,7 +54,11 @@ def _prop_tile(
         rows = (b * n_kv_heads + kvh) * G + offs_g  # b·H + h
         mask_g = offs_g < G
         offs_n = start + tl.arange(0, BLOCK_N)
-        tl.store(stash_ptr + rows.to(tl.int64)[:, None] * stride_stash + offs_n[None, :], u, mask=mask_g[:, None])
+        stash_at = stash_ptr + rows.to(tl.int64)[:, None] * stride_stash + offs_n[None, :]
+        if CUMULATIVE:  # the in-tile CDF Σ_{j'≤j} u (its total past the sequence)
+            tl.store(stash_at, tl.cumsum(u, axis=1), mask=mask_g[:, None])
+        else:
+            tl.store(stash_at, u, mask=mask_g[:, None])
         tl.store(tile_max_ptr + rows * stride_stats + t, m, mask=mask_g)
         tl.store(tile_mass_ptr + rows * stride_stats + t, mass, mask=mask_g)
 
@@ -66,6 +70,7 @@ def _prop_scores_kernel(
     stride_stash, stride_stats, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, IEEE_DOT: tl.constexpr,
+    CUMULATIVE: tl.constexpr,
 ):
     t = tl.program_id(0)
     pid_bk = tl.program_id(1)
@@ -75,7 +80,7 @@ def _prop_scores_kernel(
     _prop_tile(
         q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, n_pages, n_kv_heads,
         stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, qk_scale,
-        G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT,
+        G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, CUMULATIVE,
     )
 
 
@@ -189,6 +194,7 @@ def _prop_chunk(
     SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
     BISECT: tl.constexpr, LOG_T: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, RETURN_COUNTS: tl.constexpr, CM: tl.constexpr,
+    CUMULATIVE: tl.constexpr,
 ):
     """Pass-2 work of one chunk of samples of one (sequence, head) row: place them, gather V, reduce."""
     n_tiles = tl.cdiv(seq_len, BLOCK_N)
@@ -208,16 +214,21 @@ def _prop_chunk(
     # inside the tile: key = min{ j : F_tile(j) > x } with x the point's position in [P_{t−1}, P_t)
     offs_n = tl.arange(0, BLOCK_N)
     pos = tile[:, None] * BLOCK_N + offs_n[None, :]  # [SBLOCK, BLOCK_N]
-    stash = tl.load(
-        stash_ptr + row.to(tl.int64) * stride_stash + pos,
-        mask=ok[:, None] & (pos < seq_len), other=0.0, cache_modifier=CM,
-    )
-    cu = tl.cumsum(stash, axis=1)
-    tile_total = tl.max(cu, axis=1)
+    if CUMULATIVE:  # pass 1 stored the in-tile CDF, its total also past the sequence (inside the tile)
+        cu = tl.load(stash_ptr + row.to(tl.int64) * stride_stash + pos, mask=ok[:, None], other=0.0, cache_modifier=CM)
+        tile_total = tl.max(cu, axis=1)
+        last_nonzero = tl.sum((cu < tile_total[:, None]).to(tl.int32), axis=1)  # the first j with F(j) = total
+    else:
+        stash = tl.load(
+            stash_ptr + row.to(tl.int64) * stride_stash + pos,
+            mask=ok[:, None] & (pos < seq_len), other=0.0, cache_modifier=CM,
+        )
+        cu = tl.cumsum(stash, axis=1)
+        tile_total = tl.max(cu, axis=1)
+        last_nonzero = tl.max(tl.where(stash > 0, offs_n[None, :], 0), axis=1)
     frac = cu / tl.where(tile_total > 0, tile_total, 1.0)[:, None]
     width = hi - lo
     x = (u - (lo - m_f)) / tl.where(width > 0, width, 1.0)
-    last_nonzero = tl.max(tl.where(stash > 0, offs_n[None, :], 0), axis=1)
     j = tl.sum((frac <= x[:, None]).to(tl.int32), axis=1)
     key = tile * BLOCK_N + tl.minimum(j, last_nonzero)
 
@@ -262,7 +273,7 @@ def _prop_gather_kernel(
     SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
     BISECT: tl.constexpr, LOG_T: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, OFFSET_IN_MEMORY: tl.constexpr,
-    RETURN_COUNTS: tl.constexpr, USE_PDL: tl.constexpr,
+    RETURN_COUNTS: tl.constexpr, USE_PDL: tl.constexpr, CUMULATIVE: tl.constexpr,
 ):
     pid_s = tl.program_id(0)
     row = tl.program_id(1)  # b·H + h
@@ -279,7 +290,7 @@ def _prop_gather_kernel(
         pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, budget, tiles_max,
         stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
         D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, N_CHUNKS, CHUNK_BLOCK, ONE_CHUNK_T, BISECT, LOG_T,
-        PAGED, PAGE_SIZE, RETURN_COUNTS, "",
+        PAGED, PAGE_SIZE, RETURN_COUNTS, "", CUMULATIVE,
     )
 
 
@@ -292,6 +303,7 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
     common = dict(
         G=plan.group, D=shape.head_dim, BLOCK_D=plan.block_d, BLOCK_N=plan.block_n,
         PAGED=shape.page_size is not None, PAGE_SIZE=shape.page_size or 1, HAS_SEQ_LENS=has_seq_lens,
+        CUMULATIVE=bool(tuning.cumulative_stash),
     )
     n_keys, qk_scale = shape.n_keys, plan.scale * LOG2E
     stride_stash, stride_stats = workspace_strides(plan.workspace_key)  # fixed by the workspace's key
