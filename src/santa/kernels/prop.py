@@ -2,7 +2,8 @@
 
 Pass 1 (:func:`_prop_scores_kernel`), one program per (tile, sequence·KV head): the scores of the
 G grouped heads from one read of the K tile, tile max ``m_t`` and mass ``ℓ_t = Σ exp(s − m_t)``,
-and the stash ``u = exp(s − m_t)``.
+and the stash ``u = exp(s − m_t)`` (or, once B·H ≥ 256 heads fill the GPU, its in-tile cumulative
+sum, so that pass 2 skips it: :func:`santa.kernels.plan.prop_cumulative_stash`).
 
 Pass 2 (:func:`_prop_gather_kernel`), one program per (chunk of samples, sequence·head): with one
 offset U per (sequence, head), sample m sits at ``(m + U)/S`` on the global CDF. The tile prefix
@@ -31,7 +32,7 @@ from santa.kernels._common import (
     tile_softmax_stats,
 )
 from santa.kernels._launch import Launcher
-from santa.kernels.plan import prop_sample_chunks, prop_tile_search, workspace_strides
+from santa.kernels.plan import prop_cumulative_stash, prop_sample_chunks, prop_tile_search, workspace_strides
 
 
 @triton.jit
@@ -303,7 +304,7 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
     common = dict(
         G=plan.group, D=shape.head_dim, BLOCK_D=plan.block_d, BLOCK_N=plan.block_n,
         PAGED=shape.page_size is not None, PAGE_SIZE=shape.page_size or 1, HAS_SEQ_LENS=has_seq_lens,
-        CUMULATIVE=bool(tuning.cumulative_stash),
+        CUMULATIVE=prop_cumulative_stash(shape.batch * shape.heads, tuning),
     )
     n_keys, qk_scale = shape.n_keys, plan.scale * LOG2E
     stride_stash, stride_stats = workspace_strides(plan.workspace_key)  # fixed by the workspace's key
