@@ -268,3 +268,54 @@ def test_tune_cli_mixed_run(fake_gpu_ray, tmp_path, capsys):
             "--episodes", "2", "--iterations", "2"]
     assert main(argv) == 0
     assert {e["device"] for e in episodes(history(tmp_path))} == {"cuda", "cpu"}
+
+
+# --- benchmarks/tune/tune_report.py: the analysis the device run relies on ------------------------
+
+
+@pytest.fixture(scope="module")
+def report():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "tune" / "tune_report.py"
+    spec = importlib.util.spec_from_file_location("tune_report", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def fake_episode(worker, device, finished, pid=1, run=0, k=0):
+    return {"id": f"0-{run}-{k}", "worker": worker, "device": device, "finished": finished, "seconds": 0.5, "pid": pid}
+
+
+def test_report_union_length(report):
+    assert report.union_length([(0, 2), (1, 3), (5, 6)]) == 4
+    assert report.union_length([]) == 0
+
+
+def test_report_rates_add_side_by_side_workers_and_chain_replacements(report):
+    episodes = [fake_episode("0-w0", "cuda", t) for t in (10, 11, 12)]  # 2 steady episodes in 2 s, then killed
+    episodes += [fake_episode("0-w2", "cuda", t) for t in (14, 15, 16)]  # its replacement: 2 in 2 s
+    episodes += [fake_episode(w, "cpu", t) for w in ("0-w1", "0-w3") for t in (10, 16)]  # 1 each in 6 s
+    r = report.rates(episodes)
+    assert r["kinds"]["cuda"]["per_min"] == pytest.approx(4 / 4 * 60)  # not 2 × 60: the two never ran together
+    assert r["kinds"]["cpu"]["per_min"] == pytest.approx(2 / 6 * 60)
+    assert r["all"]["episodes"] == 10 and r["all"]["session_per_min"] == pytest.approx(10 / 6 * 60)
+
+
+def test_report_kill_check_finds_the_victim_and_its_replacement(report):
+    updates = [{"session": 1, "episodes": [fake_episode("1-w0", "cuda", 10, pid=7), fake_episode("1-w1", "cpu", 12, pid=8),
+                                           fake_episode("1-w2", "cuda", 20, pid=9)]}]
+    check = report.kill_check(updates, {"session": 1, "time": 11.0, "pid": 7, "device": "cuda"})
+    assert check["worker"] == "1-w0" and check["episodes_after_kill"] == 0
+    assert check["replaced"] and check["replacements"] == ["1-w2"]
+    assert not report.kill_check(updates, {"session": 1, "time": 30.0, "pid": 7, "device": "cuda"})["replaced"]
+
+
+def test_report_checks_a_mixed_run(report, mixed_run):
+    out, _ = mixed_run
+    result = report.summary({"mixed": out}, kill=None, eval_path=None)["runs"]["mixed"]
+    check = result["check"]
+    assert check["updates_contiguous"] and check["episode_ids_unique"] and check["replay_matches"]
+    assert check["runs_are_prefixes"] and check["short_runs"] == {}
+    assert set(result["sessions"]["0"]["kinds"]) == {"cuda", "cpu"}
