@@ -398,45 +398,6 @@ def test_philox_emulation_reproduces_the_kernels_uniforms():
     assert torch.equal(got.cpu(), expected)
     assert 0.4 < float(expected.mean()) < 0.6 and bool(((expected >= 0) & (expected < 1)).all())
 
-@pytest.mark.parametrize("paged", [False, True])
-def test_a_cumulative_stash_gives_the_same_counts(paged):
-    """Tuning(cumulative_stash=True): pass 1 stores the in-tile CDF instead of u (the default once
-    B·H ≥ 256); pass 2 reads it instead of summing u. Same counts, also for short, empty and poisoned rows."""
-    from santa.kernels import Tuning, plan_decode
-    from santa.kernels.plan import prop_cumulative_stash
-
-    assert not prop_cumulative_stash(255) and prop_cumulative_stash(256)
-    assert not prop_cumulative_stash(4096, Tuning(cumulative_stash=False))
-    batch, heads, kv_heads, dim, n_keys, budget = 3, 6, 2, 16, 300, 40
-    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, seed=21, q_scale=3.0)
-    q[2, 1, 0] = float("nan")
-    seq_lens = torch.tensor([n_keys, 0, 101], dtype=torch.int32, device=DEVICE)
-    block_table = None
-    if paged:
-        k, block_table = to_paged(k, 16, seed=3)
-        v, _ = to_paged(v, 16, seed=3)
-    planned_keys = k.shape[1] * (block_table.shape[1] if paged else 1)
-    results = {}
-    for cumulative in (False, True):
-        plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=planned_keys, budget=budget,
-                           dtype=q.dtype, device=DEVICE, page_size=16 if paged else None,
-                           tuning=Tuning(block_n=32, samples_per_program=8, cumulative_stash=cumulative))
-        counts = torch.zeros(batch, heads, planned_keys, dtype=torch.int32, device=DEVICE)
-        out = plan.run(q, k, v, seq_lens=seq_lens, block_table=block_table, seed=4, offset=1, counts=counts)
-        results[cumulative] = out, counts
-    (plain_out, plain_counts), (cum_out, cum_counts) = results[False], results[True]
-    if CUDA:  # the two cumulative sums may add in another order: a sample may move across a step
-        assert (cum_counts == plain_counts).float().mean() > 0.999 and torch.equal(cum_counts.sum(-1), plain_counts.sum(-1))
-    else:
-        assert torch.equal(cum_counts, plain_counts)
-        torch.testing.assert_close(cum_out.nan_to_num(), plain_out.nan_to_num(), rtol=1e-5, atol=1e-6)
-    assert torch.equal(cum_out.isnan(), plain_out.isnan()) and cum_out[2, 1].isnan().all()
-    assert not cum_out[1].any() and not cum_counts[1].any()
-    if not paged:
-        probs = dense_probs(q[:1], k[:1], seq_lens[:1])
-        assert_counts_match_systematic(cum_counts[:1], probs, budget, prop_uniforms(batch, heads, 4, 1)[:1])
-
-
 
 # --------------------------------------------------------------------------- CUDA only
 
@@ -474,18 +435,6 @@ def test_large_gpu_shapes_match_the_reference():
     ref_out, ref_counts = prop_reference(q, k, v, 128, seed=1)
     same = (counts.long() == ref_counts).all(-1)
     torch.testing.assert_close(out[same].float(), ref_out[same].float(), rtol=1e-2, atol=1e-2)
-
-
-@needs_cuda
-def test_many_heads_use_the_cumulative_stash_and_match_the_reference():
-    from santa.kernels.plan import prop_cumulative_stash
-
-    q, k, v = make_inputs(8, 32, 8, 128, 4096, torch.bfloat16, seed=17, q_scale=4.0)
-    assert prop_cumulative_stash(8 * 32)
-    out, counts = decode(q, k, v, 128, seed=2, return_counts=True)
-    assert_counts_match_systematic(counts, dense_probs(q, k), 128, prop_uniforms(8, 32, 2, 0))
-    vv = v.double().repeat_interleave(4, dim=2)
-    torch.testing.assert_close(out.double(), torch.einsum("bhl,blhd->bhd", counts.double(), vv) / 128, rtol=2e-2, atol=2e-2)
 
 
 @needs_cuda

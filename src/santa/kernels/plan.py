@@ -49,7 +49,6 @@ class Tuning:
     samples_per_program: int | None = None  # pass-2 samples per program
     tile_search: str | None = None  # pass 2's tile of each sample: "scan" (compare with every tile) or "bisect"
     pdl: bool | None = None  # pass 2 as a programmatic dependent launch (Hopper)
-    cumulative_stash: bool | None = None  # pass 1 stores the in-tile CDF Σ u, so pass 2 skips its cumulative sum
 
 
 def prop_tile(dim: int, tuning: Tuning = Tuning()) -> int:
@@ -75,14 +74,6 @@ def prop_sample_chunks(budget: int, tiles: int, rows: int, tuning: Tuning = Tuni
         per_program = 16 if tiles <= 512 else 8
     sblock = min(per_program, next_pow2(budget))
     return sblock, cdiv(budget, sblock)
-
-
-def prop_cumulative_stash(rows: int, tuning: Tuning = Tuning()) -> bool:
-    """Whether pass 1 stores the in-tile CDF (pass 2 then skips its cumulative sum) for ``rows = B·H``
-    heads: pays once many heads fill the GPU, costs pass 1's latency below (H200, 2026-12-01, prop
-    S = 128: B = 32 × 32k 598 against 656 µs, B = 8 161.6 against 172.5, SmolLM2 B = 64 × 8k 94.8
-    against 101.3; batch 1 at 8k / 32k / 128k 18.1 / 31.8 / 87.7 against 17.3 / 31.3 / 86.3)."""
-    return tuning.cumulative_stash if tuning.cumulative_stash is not None else rows >= 256
 
 
 def prop_tile_search(tiles: int, tuning: Tuning = Tuning()) -> str:
@@ -282,8 +273,6 @@ def plan_decode(
         raise ValueError(f"Tuning.stages_pass1 must be None or an int in [1, 4], got {tuning.stages_pass1!r}")
     if tuning.tile_search not in (None, *TILE_SEARCHES):
         raise ValueError(f"Tuning.tile_search must be None or one of {TILE_SEARCHES}, got {tuning.tile_search!r}")
-    if tuning.cumulative_stash is not None and not isinstance(tuning.cumulative_stash, bool):
-        raise TypeError(f"Tuning.cumulative_stash must be None or a bool, got {tuning.cumulative_stash!r}")
     if tuning.pdl is not None and not isinstance(tuning.pdl, bool):
         raise TypeError(f"Tuning.pdl must be None or a bool, got {tuning.pdl!r}")
     device = resolve_device(device)

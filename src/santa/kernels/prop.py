@@ -2,8 +2,7 @@
 
 Pass 1 (:func:`_prop_scores_kernel`), one program per (tile, sequence·KV head): the scores of the
 G grouped heads from one read of the K tile, tile max ``m_t`` and mass ``ℓ_t = Σ exp(s − m_t)``,
-and the stash ``u = exp(s − m_t)`` (or, once B·H ≥ 256 heads fill the GPU, its in-tile cumulative
-sum, so that pass 2 skips it: :func:`santa.kernels.plan.prop_cumulative_stash`).
+and the stash ``u = exp(s − m_t)``.
 
 Pass 2 (:func:`_prop_gather_kernel`), one program per (chunk of samples, sequence·head): with one
 offset U per (sequence, head), sample m sits at ``(m + U)/S`` on the global CDF. The tile prefix
@@ -32,7 +31,7 @@ from santa.kernels._common import (
     tile_softmax_stats,
 )
 from santa.kernels._launch import Launcher
-from santa.kernels.plan import prop_cumulative_stash, prop_sample_chunks, prop_tile_search, workspace_strides
+from santa.kernels.plan import prop_sample_chunks, prop_tile_search, workspace_strides
 
 
 @triton.jit
@@ -40,7 +39,7 @@ def _prop_tile(
     q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, n_pages, n_kv_heads,
     stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE_DOT: tl.constexpr, CUMULATIVE: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE_DOT: tl.constexpr,
 ):
     """Pass-1 work of one (tile, sequence, KV head): stash, tile max and mass of the G grouped heads."""
     start = t * BLOCK_N
@@ -55,11 +54,7 @@ def _prop_tile(
         rows = (b * n_kv_heads + kvh) * G + offs_g  # b·H + h
         mask_g = offs_g < G
         offs_n = start + tl.arange(0, BLOCK_N)
-        stash_at = stash_ptr + rows.to(tl.int64)[:, None] * stride_stash + offs_n[None, :]
-        if CUMULATIVE:  # the in-tile CDF Σ_{j'≤j} u (its total past the sequence)
-            tl.store(stash_at, tl.cumsum(u, axis=1), mask=mask_g[:, None])
-        else:
-            tl.store(stash_at, u, mask=mask_g[:, None])
+        tl.store(stash_ptr + rows.to(tl.int64)[:, None] * stride_stash + offs_n[None, :], u, mask=mask_g[:, None])
         tl.store(tile_max_ptr + rows * stride_stats + t, m, mask=mask_g)
         tl.store(tile_mass_ptr + rows * stride_stats + t, mass, mask=mask_g)
 
@@ -71,7 +66,6 @@ def _prop_scores_kernel(
     stride_stash, stride_stats, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, IEEE_DOT: tl.constexpr,
-    CUMULATIVE: tl.constexpr,
 ):
     t = tl.program_id(0)
     pid_bk = tl.program_id(1)
@@ -81,7 +75,7 @@ def _prop_scores_kernel(
     _prop_tile(
         q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, n_pages, n_kv_heads,
         stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, qk_scale,
-        G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, CUMULATIVE,
+        G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT,
     )
 
 
@@ -195,7 +189,6 @@ def _prop_chunk(
     SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
     BISECT: tl.constexpr, LOG_T: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, RETURN_COUNTS: tl.constexpr, CM: tl.constexpr,
-    CUMULATIVE: tl.constexpr,
 ):
     """Pass-2 work of one chunk of samples of one (sequence, head) row: place them, gather V, reduce."""
     n_tiles = tl.cdiv(seq_len, BLOCK_N)
@@ -215,21 +208,16 @@ def _prop_chunk(
     # inside the tile: key = min{ j : F_tile(j) > x } with x the point's position in [P_{t−1}, P_t)
     offs_n = tl.arange(0, BLOCK_N)
     pos = tile[:, None] * BLOCK_N + offs_n[None, :]  # [SBLOCK, BLOCK_N]
-    if CUMULATIVE:  # pass 1 stored the in-tile CDF, its total also past the sequence (inside the tile)
-        cu = tl.load(stash_ptr + row.to(tl.int64) * stride_stash + pos, mask=ok[:, None], other=0.0, cache_modifier=CM)
-        tile_total = tl.max(cu, axis=1)
-        last_nonzero = tl.sum((cu < tile_total[:, None]).to(tl.int32), axis=1)  # the first j with F(j) = total
-    else:
-        stash = tl.load(
-            stash_ptr + row.to(tl.int64) * stride_stash + pos,
-            mask=ok[:, None] & (pos < seq_len), other=0.0, cache_modifier=CM,
-        )
-        cu = tl.cumsum(stash, axis=1)
-        tile_total = tl.max(cu, axis=1)
-        last_nonzero = tl.max(tl.where(stash > 0, offs_n[None, :], 0), axis=1)
+    stash = tl.load(
+        stash_ptr + row.to(tl.int64) * stride_stash + pos,
+        mask=ok[:, None] & (pos < seq_len), other=0.0, cache_modifier=CM,
+    )
+    cu = tl.cumsum(stash, axis=1)
+    tile_total = tl.max(cu, axis=1)
     frac = cu / tl.where(tile_total > 0, tile_total, 1.0)[:, None]
     width = hi - lo
     x = (u - (lo - m_f)) / tl.where(width > 0, width, 1.0)
+    last_nonzero = tl.max(tl.where(stash > 0, offs_n[None, :], 0), axis=1)
     j = tl.sum((frac <= x[:, None]).to(tl.int32), axis=1)
     key = tile * BLOCK_N + tl.minimum(j, last_nonzero)
 
@@ -274,7 +262,7 @@ def _prop_gather_kernel(
     SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
     BISECT: tl.constexpr, LOG_T: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, OFFSET_IN_MEMORY: tl.constexpr,
-    RETURN_COUNTS: tl.constexpr, USE_PDL: tl.constexpr, CUMULATIVE: tl.constexpr,
+    RETURN_COUNTS: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_s = tl.program_id(0)
     row = tl.program_id(1)  # b·H + h
@@ -291,7 +279,7 @@ def _prop_gather_kernel(
         pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, budget, tiles_max,
         stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
         D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, N_CHUNKS, CHUNK_BLOCK, ONE_CHUNK_T, BISECT, LOG_T,
-        PAGED, PAGE_SIZE, RETURN_COUNTS, "", CUMULATIVE,
+        PAGED, PAGE_SIZE, RETURN_COUNTS, "",
     )
 
 
@@ -304,7 +292,6 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
     common = dict(
         G=plan.group, D=shape.head_dim, BLOCK_D=plan.block_d, BLOCK_N=plan.block_n,
         PAGED=shape.page_size is not None, PAGE_SIZE=shape.page_size or 1, HAS_SEQ_LENS=has_seq_lens,
-        CUMULATIVE=prop_cumulative_stash(shape.batch * shape.heads, tuning),
     )
     n_keys, qk_scale = shape.n_keys, plan.scale * LOG2E
     stride_stash, stride_stats = workspace_strides(plan.workspace_key)  # fixed by the workspace's key
