@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from cli_helpers import exit_code_and_stderr
 from santa.budgets.ablate import layer_cells
 from santa.budgets.schedule import write_schedule
 from santa.budgets.sweep import Cell, run_cells
@@ -97,9 +98,7 @@ def test_task_scorer_grades_tiny_model_answers(tmp_path):
 def cli(argv, capsys):
     from santa.budgets.ablate_cli import main
 
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
-    return exit_.value.code, capsys.readouterr().err
+    return exit_code_and_stderr(main, argv, capsys)
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from cli_helpers import exit_code_and_stderr
+
 ray = pytest.importorskip("ray")
 
 from santa.budgets.checkpoint import HISTORY, TuneSpec, replay  # noqa: E402
@@ -200,9 +202,7 @@ def test_desired_workers_auto_is_one_per_gpu_else_per_threads_cpus(tmp_path):
 def cli(argv, capsys):
     from santa.budgets.tune_cli import main
 
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
-    return exit_.value.code, capsys.readouterr().err
+    return exit_code_and_stderr(main, argv, capsys)
 
 
 @pytest.mark.parametrize(

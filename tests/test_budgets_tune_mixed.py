@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from cli_helpers import exit_code_and_stderr
+
 ray = pytest.importorskip("ray")
 
 from santa.budgets.checkpoint import HISTORY, TuneSpec, replay  # noqa: E402
@@ -234,9 +236,7 @@ def test_old_histories_without_the_new_fields_replay(tmp_path, fake_gpu_ray):
 def cli(argv, capsys):
     from santa.budgets.tune_cli import main
 
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
-    return exit_.value.code, capsys.readouterr().err
+    return exit_code_and_stderr(main, argv, capsys)
 
 
 @pytest.mark.parametrize(

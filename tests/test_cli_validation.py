@@ -11,6 +11,7 @@ import pytest
 import santa.assets
 import santa.eval.cli
 import santa.generate
+from cli_helpers import refusal as cli_refusal
 from santa.cli import main
 
 REAL_RUN = santa.generate.run  # before the fixture replaces it
@@ -38,13 +39,8 @@ def exit_status(argv: list[str]) -> int:
 
 
 def refusal(capsys, argv: list[str]) -> str:
-    """The stderr of a command that must stop with status 2 before any work."""
-    with pytest.raises(SystemExit) as stop:
-        main(argv)
-    assert stop.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err
+    """The stderr of a ``santa`` command that must stop with status 2 before any work."""
+    return cli_refusal(main, argv, capsys)
 
 
 # --- help and dispatch -----------------------------------------------------------------------------

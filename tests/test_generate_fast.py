@@ -6,6 +6,7 @@ import torch
 
 import santa.assets
 import santa.generate
+from cli_helpers import refusal as cli_refusal
 from santa.cli import main
 from santa.generate import check_path_arguments
 
@@ -26,12 +27,8 @@ def no_work(monkeypatch):
 
 
 def refusal(capsys, argv: list[str]) -> str:
-    with pytest.raises(SystemExit) as stop:
-        main(argv)
-    assert stop.value.code == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return err
+    """The stderr of a ``santa`` command that must stop with status 2 before any work."""
+    return cli_refusal(main, argv, capsys)
 
 
 @pytest.mark.parametrize(
