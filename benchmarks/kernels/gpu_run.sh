@@ -3,6 +3,7 @@
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (copied from ../shared/wheels).
 #   bash benchmarks/kernels/gpu_run.sh [tests] [llama] [small] [tune] [host] [hf] [e2e]
+# Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from santa.model import BACKENDS, CONFIGS, Transformer, _santa_kernels, advance, decode_step, make_context, prefill
+from santa.provenance import code_commit
 
 DENSE = ("sdpa", "flashinfer")
 EXTRA = ("sdpa-nomask",)  # speed probe only: SDPA over the whole static cache, no mask (reads ≤ 0.5 % more keys)
@@ -104,11 +105,11 @@ def env_info(device: torch.device) -> dict:
         info["cudnn"] = torch.backends.cudnn.version()
     else:
         info["device"] = platform.processor() or "cpu"
+    info["commit"] = code_commit() or "unknown"
     try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
         info["dirty"] = bool(subprocess.run(["git", "status", "--porcelain", "--", "src"], capture_output=True, text=True).stdout.strip())
-    except Exception:  # noqa: BLE001 - the device copy may have no .git
-        info["commit"] = os.environ.get("SANTA_COMMIT", "unknown")
+    except OSError:  # no git here
+        pass
     return info
 
 

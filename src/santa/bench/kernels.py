@@ -13,11 +13,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
+
+from santa.provenance import code_commit
 
 READ_BW = 4.5e12  # bytes/s a read-only kernel reaches on the H200 (benchmarks/PROTOCOL.md)
 H, H_KV, D = 32, 8, 128  # Llama-3.1-8B (the defaults of --heads/--kv-heads/--head-dim)
@@ -561,11 +562,7 @@ def environment():
         info["triton"] = triton.__version__
     except ImportError:
         pass
-    try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        pass
-    info["commit"] = info.get("commit") or os.environ.get("SANTA_COMMIT", "")
+    info["commit"] = code_commit() or ""
     return info
 
 

@@ -20,7 +20,8 @@ import numpy as np
 
 from santa.budgets.schedule import as_layer_budgets
 from santa.eval.report import bootstrap_ci
-from santa.eval.runner import append_record, git_commit, read_records
+from santa.eval.runner import append_record, read_records
+from santa.provenance import code_commit
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def run_cells(
         return 0
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     scorer = make_scorer()
-    commit = git_commit()
+    commit = code_commit()
     bar = tqdm(total=len(pending), desc="santa budgets", unit="cell", disable=not progress)
     for cell in pending:
         bar.set_postfix_str(f"{cell.name} seed {cell.seed}")

@@ -40,7 +40,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import time
 import zlib
 from collections.abc import Iterable, Iterator
@@ -55,6 +54,7 @@ import santa.model
 from santa.decoding import greedy_continue_batch, left_pad, padded_forward, returned_cache, stop_token_ids
 from santa.eval.grading import grade
 from santa.eval.tasks import FIXED_LENGTH_TASKS, TASKS, Prompt, build_prompt
+from santa.provenance import code_commit
 
 HF_METHODS = ("dense", "iid", "stratified", "systematic", "topk")
 FAST_ONLY = ("prop", "flash")  # santa.kernels' decode: the fast path only
@@ -837,17 +837,6 @@ def run_fast_kl_batch(model: santa.model.Transformer, tokenizer, batch_jobs: lis
         del dense, pre
 
 
-def git_commit() -> str | None:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).parent,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def batches(jobs: list[Job], batch_size: int) -> list[list[Job]]:
@@ -920,7 +909,7 @@ def _run_pending(pending: list[Job], out: Path, device: str, batch_size: int, pr
         else platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "commit": git_commit(),
+        "commit": code_commit(),
     }
     bar = tqdm(total=len(pending), desc="santa eval", unit="job", disable=not progress)
     loaded: dict[str, tuple] = {}
