@@ -19,7 +19,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -28,7 +27,7 @@ from pathlib import Path
 import torch
 
 from santa.model import BACKENDS, CONFIGS, Transformer, _santa_kernels, advance, decode_step, make_context, prefill
-from santa.provenance import code_commit
+from santa.provenance import code_commit, source_dirty
 
 DENSE = ("sdpa", "flashinfer")
 EXTRA = ("sdpa-nomask",)  # speed probe only: SDPA over the whole static cache, no mask (reads ≤ 0.5 % more keys)
@@ -106,10 +105,9 @@ def env_info(device: torch.device) -> dict:
     else:
         info["device"] = platform.processor() or "cpu"
     info["commit"] = code_commit() or "unknown"
-    try:
-        info["dirty"] = bool(subprocess.run(["git", "status", "--porcelain", "--", "src"], capture_output=True, text=True).stdout.strip())
-    except OSError:  # no git here
-        pass
+    dirty = source_dirty()
+    if dirty is not None:
+        info["dirty"] = dirty
     return info
 
 

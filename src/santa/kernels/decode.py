@@ -144,10 +144,10 @@ def _check_seed_and_offset(seed, offset) -> None:
     """The per-call scalars (their values are not part of a call's signature)."""
     if type(seed) is int and type(offset) is int and 0 <= seed < _TWO_63 and 0 <= offset < _TWO_63:
         return  # the common case, without the slower ABC checks below
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**63:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < _TWO_63:
         raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
     if not isinstance(offset, torch.Tensor) and (
-        isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or not 0 <= offset < 2**63
+        isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or not 0 <= offset < _TWO_63
     ):
         raise ValueError(f"offset must be an int in [0, 2**63) or a one-element int64 tensor, got {offset!r}")
 
