@@ -348,54 +348,6 @@ def test_bisect_and_scan_tile_searches_give_equal_counts(n_keys, block_n, per_pr
         assert_counts_match_systematic(rows, probs, budget, prop_uniforms(batch, heads, 3, 5)[[0, 2]][:, [0, 2, 3]])
 
 
-@pytest.mark.parametrize("pieces,paged", [(2, False), (3, True), (9, False)])
-def test_batch_pieces_give_the_unsplit_counts_and_outputs(pieces, paged):
-    """Cutting the batch into pieces (pass 2 of one beside pass 1 of the next) changes no sample: rows
-    keep their global index, so the Philox draws, counts and outputs equal the unsplit call's, bit for
-    bit, for per-sequence lengths, an empty sequence, a poisoned head and a device offset; more pieces
-    than sequences means one sequence per piece. The semaphores are left at zero."""
-    from santa.kernels import Tuning, plan_decode
-
-    batch, heads, kv_heads, dim, n_keys, budget = 5, 4, 2, 16, 200, 24
-    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, seed=31, q_scale=2.0)
-    q[3, 2, 0] = float("nan")
-    seq_lens = torch.tensor([200, 0, 77, 150, 1], dtype=torch.int32, device=DEVICE)
-    block_table = None
-    if paged:
-        k, block_table = to_paged(k, 16, seed=3)
-        v, _ = to_paged(v, 16, seed=3)
-    planned_keys = k.shape[1] * (block_table.shape[1] if paged else 1)
-    offset = torch.tensor([7], dtype=torch.int64, device=DEVICE)
-    results = []
-    for tuning in (Tuning(samples_per_program=8), Tuning(samples_per_program=8, batch_pieces=pieces)):
-        plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=planned_keys, budget=budget,
-                           dtype=q.dtype, device=DEVICE, page_size=16 if paged else None, tuning=tuning)
-        assert plan.pieces == min(pieces, batch) or tuning.batch_pieces is None
-        counts = torch.zeros(batch, heads, planned_keys, dtype=torch.int32, device=DEVICE)
-        out = plan.run(q, k, v, seq_lens=seq_lens, block_table=block_table, seed=2, offset=offset, counts=counts)
-        assert not plan.workspace.views["sem"].any()
-        results.append((out, counts))
-    (whole_out, whole_counts), (piece_out, piece_counts) = results
-    assert torch.equal(piece_counts, whole_counts)
-    assert torch.equal(piece_out.isnan(), whole_out.isnan()) and piece_out[3, 2].isnan().all()
-    assert torch.equal(piece_out.nan_to_num(), whole_out.nan_to_num())
-    assert whole_counts.sum(-1)[[0, 2, 4]].eq(budget).all() and not whole_counts[1].any()
-
-
-def test_batch_pieces_are_consecutive_and_near_equal():
-    from santa.kernels.plan import batch_pieces
-
-    assert batch_pieces(6, 4) == [(0, 1), (1, 2), (3, 1), (4, 2)]
-    assert batch_pieces(32, 2) == [(0, 16), (16, 16)]
-    assert batch_pieces(1, 1) == [(0, 1)]
-    for batch in range(1, 20):
-        for pieces in range(1, batch + 1):
-            cut = batch_pieces(batch, pieces)
-            assert len(cut) == pieces and sum(n for _, n in cut) == batch
-            assert all(start == prev_start + prev_n for (prev_start, prev_n), (start, _) in zip(cut, cut[1:]))
-            assert max(n for _, n in cut) - min(n for _, n in cut) <= 1
-
-
 def test_cpu_fallback_without_interpreter_computes_the_same_estimator(monkeypatch):
     q, k, v = make_inputs(2, 4, 2, 32, 100, seed=10)
     q, k, v = q.cpu(), k.cpu(), v.cpu()
@@ -473,46 +425,6 @@ def test_cuda_graph_replay_matches_eager_and_advances_with_device_offset():
         offset.fill_(3)
         graph.replay()
         assert not torch.equal(first, out)
-
-
-@needs_cuda
-@pytest.mark.parametrize("pieces", [2, 4])
-def test_batch_pieces_on_two_streams_equal_the_unsplit_call_eager_and_in_a_graph(pieces):
-    """Pass 2 of each piece runs on a side stream: back-to-back eager calls (no sync between them, so a
-    call's pass 1 would overwrite a stash the last call's pass 2 still reads if the streams were not
-    joined) and a captured graph replayed with a moving device offset give the unsplit counts and outputs."""
-    from santa.kernels import Tuning, plan_decode
-
-    batch, n_keys = 6, 9000
-    q, k, v = make_inputs(batch, 32, 8, 128, n_keys, torch.bfloat16, seed=17, q_scale=3.0)
-    seq_lens = torch.tensor([9000, 4097, 1, 8999, 0, 6000], dtype=torch.int32, device=DEVICE)
-    kwargs = dict(batch=batch, heads=32, kv_heads=8, head_dim=128, n_keys=n_keys, budget=128, dtype=q.dtype, device=DEVICE)
-    whole, split = plan_decode(**kwargs), plan_decode(**kwargs, tuning=Tuning(batch_pieces=pieces))
-    assert split.pieces == pieces
-    expected = []
-    for step in range(3):
-        counts = torch.zeros(batch, 32, n_keys, dtype=torch.int32, device=DEVICE)
-        expected.append((whole.run(q, k, v, seq_lens=seq_lens, seed=1, offset=step, counts=counts), counts))
-    got = []
-    for step in range(3):
-        counts = torch.zeros(batch, 32, n_keys, dtype=torch.int32, device=DEVICE)
-        got.append((split.run(q, k, v, seq_lens=seq_lens, seed=1, offset=step, counts=counts), counts))
-    torch.cuda.synchronize()
-    for (out, counts), (want, want_counts) in zip(got, expected):
-        assert torch.equal(counts, want_counts) and torch.equal(out, want)
-    offset = torch.tensor([0], dtype=torch.int64, device=DEVICE)
-    out = torch.empty_like(q)
-    split.run(q, k, v, seq_lens=seq_lens, seed=1, offset=offset, out=out)  # compile the device-offset launches
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        split.run(q, k, v, seq_lens=seq_lens, seed=1, offset=offset, out=out)
-    for step in (2, 1):
-        offset.fill_(step)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, expected[step][0]), step
-    assert not split.workspace.views["sem"].any()
 
 
 @needs_cuda

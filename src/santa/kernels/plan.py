@@ -49,7 +49,6 @@ class Tuning:
     samples_per_program: int | None = None  # pass-2 samples per program
     tile_search: str | None = None  # pass 2's tile of each sample: "scan" (compare with every tile) or "bisect"
     pdl: bool | None = None  # pass 2 as a programmatic dependent launch (Hopper)
-    batch_pieces: int | None = None  # pieces of the batch: pass 2 of one runs beside pass 1 of the next (two streams)
 
 
 def prop_tile(dim: int, tuning: Tuning = Tuning()) -> int:
@@ -81,18 +80,6 @@ def prop_tile_search(tiles: int, tuning: Tuning = Tuning()) -> str:
     """How pass 2 finds each sample's tile: ``"scan"`` compares every sample of a program with every
     tile (O(samples × T)), ``"bisect"`` binary-searches the stored prefix (O(T + samples · log T))."""
     return tuning.tile_search or ("bisect" if tiles > 256 else "scan")
-
-
-def prop_batch_pieces(batch: int, tuning: Tuning = Tuning()) -> int:
-    """Pieces the batch is cut into (at most one sequence per piece): with more than one, pass 1 of
-    piece i + 1 runs while pass 2 of piece i does, on a second, higher-priority stream."""
-    return min(batch, tuning.batch_pieces or 1)
-
-
-def batch_pieces(batch: int, pieces: int) -> list[tuple[int, int]]:
-    """``[(first sequence, sequences)]`` of ``pieces`` near-equal consecutive pieces of the batch."""
-    bounds = [i * batch // pieces for i in range(pieces + 1)]
-    return [(lo, hi - lo) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
 
 
 @dataclass(frozen=True)
@@ -277,12 +264,11 @@ def plan_decode(
     if not isinstance(tuning, Tuning):
         raise TypeError(f"tuning must be a santa.kernels.Tuning, got {type(tuning).__name__}")
     for name, low, high in (("block_n", 16, 512), ("warps_pass1", 1, 16), ("warps_pass2", 1, 16),
-                            ("samples_per_program", 1, 1024), ("batch_pieces", 1, 64)):
+                            ("samples_per_program", 1, 1024)):
         value = getattr(tuning, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high
-                                  or (value & (value - 1) and name != "batch_pieces")):
-            kind = "an int" if name == "batch_pieces" else "a power of two"
-            raise ValueError(f"Tuning.{name} must be None or {kind} in [{low}, {high}], got {value!r}")
+                                  or value & (value - 1)):
+            raise ValueError(f"Tuning.{name} must be None or a power of two in [{low}, {high}], got {value!r}")
     if tuning.stages_pass1 is not None and (isinstance(tuning.stages_pass1, bool) or tuning.stages_pass1 not in range(1, 5)):
         raise ValueError(f"Tuning.stages_pass1 must be None or an int in [1, 4], got {tuning.stages_pass1!r}")
     if tuning.tile_search not in (None, *TILE_SEARCHES):
@@ -327,10 +313,7 @@ class DecodePlan:
         self.ieee_dot = s.dtype == torch.float32 or device.type != "cuda" or (kernel == "flash" and budget > 65535)
         self.pdl = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9 and tuning.pdl is not False
         self.cuda_index = device.index if device.type == "cuda" else None  # launches go to this device's current stream
-        self.pieces = prop_batch_pieces(s.batch, tuning) if kernel == "prop" else 1
         self._launchers: dict[tuple, tuple] = {}
-        self._pieces: dict[tuple, list] = {}
-        self._side = None  # (stream, events) for pieces > 1 on CUDA, made on first use
 
     @property
     def workspace(self) -> Workspace:
@@ -351,49 +334,9 @@ class DecodePlan:
             self._launchers[flags] = stages
         return stages
 
-    def _piece_launchers(self, flags: tuple) -> list:
-        pieces = self._pieces.get(flags)
-        if pieces is None:
-            from santa.kernels.prop import prop_piece_launchers
-
-            has_seq_lens, offset_in_memory, return_counts = flags
-            pieces = prop_piece_launchers(self, has_seq_lens=has_seq_lens, offset_in_memory=offset_in_memory,
-                                          return_counts=return_counts)
-            self._pieces[flags] = pieces
-        return pieces
-
-    def _run_pieces(self, pieces: list, key, args, tensors) -> None:
-        """Pass 1 of every piece on the current stream, each followed by an event; pass 2 of each piece
-        on a high-priority side stream once its event fired; the current stream then waits for the side
-        one (so the next call's pass 1 cannot overwrite a stash still being read). Without CUDA (the
-        interpreter): the pieces one after another."""
-        if self.cuda_index is None:
-            for pass1, pass2 in pieces:
-                pass1(key, args, tensors, 0)
-                pass2(key, args, tensors, 0)
-            return
-        if self._side is None:
-            side = torch.cuda.Stream(device=self.cuda_index, priority=-1)  # higher than the default 0
-            self._side = (side, [torch.cuda.Event() for _ in range(len(pieces) + 1)])
-        side, events = self._side
-        main = torch.cuda.current_stream(self.cuda_index)
-        main_raw = main.cuda_stream
-        for (pass1, _), done in zip(pieces, events):
-            pass1(key, args, tensors, main_raw)
-            done.record(main)
-        with torch.cuda.stream(side):  # a first call goes through the JIT, which launches on the current stream
-            side_raw = side.cuda_stream
-            for (_, pass2), done in zip(pieces, events):
-                side.wait_event(done)
-                pass2(key, args, tensors, side_raw)
-            events[-1].record(side)
-        main.wait_event(events[-1])
-
     def stages(self, q, k_cache, v_cache, *, seq_lens=None, block_table=None, seed: int = 0, offset=0, out=None,
                counts=None, workspace: Workspace | None = None) -> list:
-        """The call's launches as ``[(name, zero-argument callable)]`` in order (benchmarks time them one by
-        one), each over the whole batch, on the current stream (a plan with ``pieces > 1`` runs them cut
-        into pieces on two streams instead)."""
+        """The call's launches as ``[(name, zero-argument callable)]`` in order (benchmarks time them one by one)."""
         launchers = self._stage_launchers(
             has_seq_lens=seq_lens is not None, offset_in_memory=isinstance(offset, torch.Tensor), return_counts=counts is not None
         )
@@ -459,14 +402,10 @@ class DecodePlan:
                                 out=out, counts=counts, workspace=workspace)
         if out is None:
             out = torch.empty_like(q)
+        launchers = self._stage_launchers(
+            has_seq_lens=seq_lens is not None, offset_in_memory=isinstance(offset, torch.Tensor), return_counts=counts is not None
+        )
         key, args, tensors = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace)
-        flags = (seq_lens is not None, isinstance(offset, torch.Tensor), counts is not None)
-        if self.pieces > 1:
-            self._run_pieces(self._piece_launchers(flags), key, args, tensors)
-            return out
-        launchers = self._launchers.get(flags)
-        if launchers is None:
-            launchers = self._stage_launchers(has_seq_lens=flags[0], offset_in_memory=flags[1], return_counts=flags[2])
         stream = _launch.current_stream(index)
         for _, launcher in launchers:
             launcher(key, args, tensors, stream)

@@ -31,7 +31,7 @@ from santa.kernels._common import (
     tile_softmax_stats,
 )
 from santa.kernels._launch import Launcher
-from santa.kernels.plan import batch_pieces, prop_sample_chunks, prop_tile_search, workspace_strides
+from santa.kernels.plan import prop_sample_chunks, prop_tile_search, workspace_strides
 
 
 @triton.jit
@@ -59,16 +59,16 @@ def _prop_tile(
         tl.store(tile_mass_ptr + rows * stride_stats + t, mass, mask=mask_g)
 
 
-@triton.jit(do_not_specialize=["batch_start"])
+@triton.jit
 def _prop_scores_kernel(
     q_ptr, k_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr,
-    batch_start, n_keys, n_pages, n_kv_heads, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh,
+    n_keys, n_pages, n_kv_heads, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh,
     stride_stash, stride_stats, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, IEEE_DOT: tl.constexpr,
 ):
     t = tl.program_id(0)
-    pid_bk = batch_start * n_kv_heads + tl.program_id(1)  # the grid may cover sequences [batch_start, …) only
+    pid_bk = tl.program_id(1)
     b = pid_bk // n_kv_heads
     kvh = pid_bk % n_kv_heads
     seq_len, _ = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
@@ -252,11 +252,11 @@ def _prop_chunk(
             tl.atomic_xchg(sem_ptr + row, 0)
 
 
-@triton.jit(do_not_specialize=["seed", "offset", "budget", "batch_start"])
+@triton.jit(do_not_specialize=["seed", "offset", "budget"])
 def _prop_gather_kernel(
     v_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr,
     out_ptr, counts_ptr, offset_ptr,
-    seed, offset, budget, batch_start, n_keys, n_pages, n_heads, tiles_max,
+    seed, offset, budget, n_keys, n_pages, n_heads, tiles_max,
     stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
     G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
     SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
@@ -265,7 +265,7 @@ def _prop_gather_kernel(
     RETURN_COUNTS: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pid_s = tl.program_id(0)
-    row = batch_start * n_heads + tl.program_id(1)  # b·H + h; the grid may cover sequences [batch_start, …) only
+    row = tl.program_id(1)  # b·H + h
     b = row // n_heads
     h = row % n_heads
     kvh = h // G
@@ -283,16 +283,10 @@ def _prop_gather_kernel(
     )
 
 
-def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool,
-                   batch_start: int = 0, batch: int | None = None, pdl: bool | None = None) -> list:
+def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool) -> list:
     """prop's two launches for a :class:`santa.kernels.plan.DecodePlan`: ``[(name, Launcher)]``; each
-    call's other arguments come by kernel name from ``DecodePlan._arguments``. ``batch_start``,
-    ``batch``: launch only sequences ``[batch_start, batch_start + batch)`` (default: all); the
-    samples do not change (rows keep their global index). ``pdl``: pass 2 as a programmatic dependent
-    launch of pass 1 (default: the plan's choice; only right when pass 2 follows pass 1 on one stream)."""
+    call's other arguments come by kernel name from ``DecodePlan._arguments``."""
     shape, tuning = plan.shape, plan.tuning
-    batch = shape.batch - batch_start if batch is None else batch
-    pdl = plan.pdl if pdl is None else pdl
     sblock, n_chunks = prop_sample_chunks(plan.budget, plan.tiles, shape.batch * shape.heads, tuning)
     block_t = min(triton.next_power_of_2(plan.tiles), 1024)
     common = dict(
@@ -301,31 +295,19 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
     )
     n_keys, qk_scale = shape.n_keys, plan.scale * LOG2E
     stride_stash, stride_stats = workspace_strides(plan.workspace_key)  # fixed by the workspace's key
-    fixed1 = dict(batch_start=batch_start, n_keys=n_keys, n_kv_heads=shape.kv_heads, stride_stash=stride_stash,
-                  stride_stats=stride_stats, qk_scale=qk_scale)
-    fixed2 = dict(budget=plan.budget, batch_start=batch_start, n_keys=n_keys, n_heads=shape.heads, tiles_max=plan.tiles,
+    fixed1 = dict(n_keys=n_keys, n_kv_heads=shape.kv_heads, stride_stash=stride_stash, stride_stats=stride_stats, qk_scale=qk_scale)
+    fixed2 = dict(budget=plan.budget, n_keys=n_keys, n_heads=shape.heads, tiles_max=plan.tiles,
                   stride_stash=stride_stash, stride_stats=stride_stats)
-    pass1 = Launcher(_prop_scores_kernel, grid=(plan.tiles, batch * shape.kv_heads), fixed=fixed1, meta=dict(
+    pass1 = Launcher(_prop_scores_kernel, grid=(plan.tiles, shape.batch * shape.kv_heads), fixed=fixed1, meta=dict(
         common, BLOCK_G=plan.block_g, IEEE_DOT=plan.ieee_dot,
         num_warps=tuning.warps_pass1 or (8 if shape.head_dim > 128 else 4), num_stages=tuning.stages_pass1 or 1,
     ))
-    pass2 = Launcher(_prop_gather_kernel, grid=(n_chunks, batch * shape.heads), fixed=fixed2, meta=dict(
+    pass2 = Launcher(_prop_gather_kernel, grid=(n_chunks, shape.batch * shape.heads), fixed=fixed2, meta=dict(
         common, BLOCK_T=block_t, SBLOCK=sblock, N_CHUNKS=n_chunks, CHUNK_BLOCK=min(32, triton.next_power_of_2(n_chunks)),
         ONE_CHUNK_T=plan.tiles <= block_t, BISECT=prop_tile_search(plan.tiles, tuning) == "bisect",
-        LOG_T=max(1, plan.tiles.bit_length()), OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts, USE_PDL=pdl,
+        LOG_T=max(1, plan.tiles.bit_length()), OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts, USE_PDL=plan.pdl,
         # 8 warps up to 256 tiles (32k: 31.2 vs 34.5 µs), 4 beyond (128k: 95.1 with 8 vs 86.7 with 4; H200, 2026-11-29)
-        num_warps=tuning.warps_pass2 or (8 if plan.tiles <= 256 else 4), num_stages=1, launch_pdl=pdl,
+        num_warps=tuning.warps_pass2 or (8 if plan.tiles <= 256 else 4), num_stages=1, launch_pdl=plan.pdl,
     ))
 
     return [("pass1", pass1), ("pass2", pass2)]
-
-
-def prop_piece_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool) -> list:
-    """``[(pass1, pass2)]`` per piece of the batch (:func:`santa.kernels.plan.batch_pieces`): pass 2 of a
-    piece runs on a second stream beside pass 1 of the next, so it is launched without PDL."""
-    pieces = []
-    for start, size in batch_pieces(plan.shape.batch, plan.pieces):
-        stages = dict(prop_launchers(plan, has_seq_lens=has_seq_lens, offset_in_memory=offset_in_memory,
-                                     return_counts=return_counts, batch_start=start, batch=size, pdl=False))
-        pieces.append((stages["pass1"], stages["pass2"]))
-    return pieces
