@@ -348,30 +348,6 @@ def test_bisect_and_scan_tile_searches_give_equal_counts(n_keys, block_n, per_pr
         assert_counts_match_systematic(rows, probs, budget, prop_uniforms(batch, heads, 3, 5)[[0, 2]][:, [0, 2, 3]])
 
 
-@pytest.mark.parametrize("search,per_program,step", [("scan", 32, 8), ("scan", 16, 1), ("bisect", 32, 4)])
-def test_sample_steps_inside_a_program_give_the_same_counts(search, per_program, step):
-    """Placing a program's samples STEP at a time (a loop) instead of all at once changes no count,
-    and the output only by the order of its float sums; a short, an empty and a poisoned row too."""
-    from santa.kernels import Tuning, plan_decode
-
-    batch, heads, kv_heads, dim, n_keys, budget = 3, 4, 2, 16, 300, 40
-    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, seed=41, q_scale=2.0)
-    q[2, 3, 1] = float("nan")
-    seq_lens = torch.tensor([300, 0, 101], dtype=torch.int32, device=DEVICE)
-    results = []
-    for samples_per_step in (None, step):
-        tuning = Tuning(block_n=16, samples_per_program=per_program, tile_search=search, samples_per_step=samples_per_step)
-        plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget,
-                           dtype=q.dtype, device=DEVICE, tuning=tuning)
-        counts = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device=DEVICE)
-        results.append((plan.run(q, k, v, seq_lens=seq_lens, seed=8, offset=3, counts=counts), counts))
-    (whole_out, whole_counts), (step_out, step_counts) = results
-    assert torch.equal(step_counts, whole_counts)
-    assert torch.equal(step_out.isnan(), whole_out.isnan()) and step_out[2, 3].isnan().all() and not step_out[1].any()
-    torch.testing.assert_close(step_out.nan_to_num(), whole_out.nan_to_num(), rtol=1e-5, atol=1e-6)
-    assert whole_counts.sum(-1)[0].eq(budget).all() and not whole_counts[1].any()
-
-
 def test_cpu_fallback_without_interpreter_computes_the_same_estimator(monkeypatch):
     q, k, v = make_inputs(2, 4, 2, 32, 100, seed=10)
     q, k, v = q.cpu(), k.cpu(), v.cpu()

@@ -47,7 +47,6 @@ class Tuning:
     stages_pass1: int | None = None
     warps_pass2: int | None = None
     samples_per_program: int | None = None  # pass-2 samples per program
-    samples_per_step: int | None = None  # of those, placed and gathered together (a loop over steps)
     tile_search: str | None = None  # pass 2's tile of each sample: "scan" (compare with every tile) or "bisect"
     pdl: bool | None = None  # pass 2 as a programmatic dependent launch (Hopper)
 
@@ -75,11 +74,6 @@ def prop_sample_chunks(budget: int, tiles: int, rows: int, tuning: Tuning = Tuni
         per_program = 16 if tiles <= 512 else 8
     sblock = min(per_program, next_pow2(budget))
     return sblock, cdiv(budget, sblock)
-
-
-def prop_sample_step(sblock: int, tuning: Tuning = Tuning()) -> int:
-    """Samples a pass-2 program places and gathers at once (its loop runs ``sblock / step`` times)."""
-    return min(sblock, tuning.samples_per_step or sblock)
 
 
 def prop_tile_search(tiles: int, tuning: Tuning = Tuning()) -> str:
@@ -270,7 +264,7 @@ def plan_decode(
     if not isinstance(tuning, Tuning):
         raise TypeError(f"tuning must be a santa.kernels.Tuning, got {type(tuning).__name__}")
     for name, low, high in (("block_n", 16, 512), ("warps_pass1", 1, 16), ("warps_pass2", 1, 16),
-                            ("samples_per_program", 1, 1024), ("samples_per_step", 1, 1024)):
+                            ("samples_per_program", 1, 1024)):
         value = getattr(tuning, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high
                                   or value & (value - 1)):

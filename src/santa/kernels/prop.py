@@ -31,7 +31,7 @@ from santa.kernels._common import (
     tile_softmax_stats,
 )
 from santa.kernels._launch import Launcher
-from santa.kernels.plan import prop_sample_chunks, prop_sample_step, prop_tile_search, workspace_strides
+from santa.kernels.plan import prop_sample_chunks, prop_tile_search, workspace_strides
 
 
 @triton.jit
@@ -181,32 +181,33 @@ def _tile_prefix_search(
 
 
 @triton.jit
-def _place_and_gather(
-    v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, counts_ptr,
-    first, row, b, kvh, seq_len, nan_in, n_pages, u, budget, n_tiles, tiles_max,
-    stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_counts,
+def _prop_chunk(
+    v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
+    pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, budget, tiles_max,
+    stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-    STEP: tl.constexpr, ONE_CHUNK_T: tl.constexpr, BISECT: tl.constexpr, LOG_T: tl.constexpr,
+    SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
+    BISECT: tl.constexpr, LOG_T: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, RETURN_COUNTS: tl.constexpr, CM: tl.constexpr,
 ):
-    """Samples ``first … first + STEP − 1`` of one (sequence, head) row: their tiles, keys and
-    ``Σ v_{J_m}`` ``[BLOCK_D]``, and whether the row is NaN (poisoned tile masses or ``nan_in``)."""
-    offs_s = first + tl.arange(0, STEP)
+    """Pass-2 work of one chunk of samples of one (sequence, head) row: place them, gather V, reduce."""
+    n_tiles = tl.cdiv(seq_len, BLOCK_N)
+    offs_s = pid_s * SBLOCK + tl.arange(0, SBLOCK)
     valid_s = offs_s < budget
     m_f = offs_s.to(tl.float32)
     budget_f = budget.to(tl.float32)
     stats_row = row.to(tl.int64) * stride_stats
     tile, lo, hi, z, poisoned = _tile_prefix_search(
         tile_max_ptr, tile_mass_ptr, prefix_ptr, stats_row, n_tiles, tiles_max, u, m_f, budget_f, valid_s,
-        STEP, BLOCK_T, ONE_CHUNK_T, BISECT, LOG_T, CM,
+        SBLOCK, BLOCK_T, ONE_CHUNK_T, BISECT, LOG_T, CM,
     )
-    nan_row = poisoned | nan_in  # NaN/+inf scores, a bad page id or a bad seq_len: the output is NaN
-    ok = valid_s & ((tl.zeros([STEP], dtype=tl.float32) + z) > 0) & ~nan_row
+    nan_row = poisoned | bad_len  # NaN/+inf scores, a bad page id or a bad seq_len: the output is NaN
+    ok = valid_s & ((tl.zeros([SBLOCK], dtype=tl.float32) + z) > 0) & ~nan_row
     tile = tl.minimum(tile, tl.maximum(n_tiles - 1, 0))
 
     # inside the tile: key = min{ j : F_tile(j) > x } with x the point's position in [P_{t−1}, P_t)
     offs_n = tl.arange(0, BLOCK_N)
-    pos = tile[:, None] * BLOCK_N + offs_n[None, :]  # [STEP, BLOCK_N]
+    pos = tile[:, None] * BLOCK_N + offs_n[None, :]  # [SBLOCK, BLOCK_N]
     stash = tl.load(
         stash_ptr + row.to(tl.int64) * stride_stash + pos,
         mask=ok[:, None] & (pos < seq_len), other=0.0, cache_modifier=CM,
@@ -224,37 +225,9 @@ def _place_and_gather(
     mask_d = offs_d < D
     v_rows, v_ok = row_offsets(b, key, ok, kvh, bt_ptr, stride_bt, n_pages, stride_vb, stride_vn, stride_vh, PAGED, PAGE_SIZE)
     vals = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :], mask=v_ok[:, None] & mask_d[None, :], other=0.0)
+    acc = tl.sum(vals.to(tl.float32), axis=0)  # Σ over this chunk's samples of v_{J_m} (non-finite if a sampled row is)
     if RETURN_COUNTS:
         tl.atomic_add(counts_ptr + row.to(tl.int64) * stride_counts + key, 1, mask=ok)
-    return tl.sum(vals.to(tl.float32), axis=0), nan_row  # (non-finite if a sampled row is)
-
-
-@triton.jit
-def _prop_chunk(
-    v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
-    pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, budget, tiles_max,
-    stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-    SBLOCK: tl.constexpr, STEP: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr,
-    ONE_CHUNK_T: tl.constexpr, BISECT: tl.constexpr, LOG_T: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, RETURN_COUNTS: tl.constexpr, CM: tl.constexpr,
-):
-    """Pass-2 work of one chunk of SBLOCK samples of one (sequence, head) row, STEP samples at a
-    time (fewer registers per step: more programs resident): place them, gather V, reduce."""
-    n_tiles = tl.cdiv(seq_len, BLOCK_N)
-    budget_f = budget.to(tl.float32)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < D
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    nan_row = bad_len
-    for step in range(0, SBLOCK, STEP):  # a loop, not unrolled: one step's tensors live at a time
-        part, nan_row = _place_and_gather(
-            v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, counts_ptr,
-            pid_s * SBLOCK + step, row, b, kvh, seq_len, bad_len, n_pages, u, budget, n_tiles, tiles_max,
-            stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_counts,
-            D, BLOCK_D, BLOCK_N, BLOCK_T, STEP, ONE_CHUNK_T, BISECT, LOG_T, PAGED, PAGE_SIZE, RETURN_COUNTS, CM,
-        )
-        acc += part
 
     out_offs = b.to(tl.int64) * stride_ob + h * stride_oh + offs_d
     if N_CHUNKS == 1:
@@ -286,8 +259,8 @@ def _prop_gather_kernel(
     seed, offset, budget, n_keys, n_pages, n_heads, tiles_max,
     stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
     G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-    SBLOCK: tl.constexpr, STEP: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr,
-    ONE_CHUNK_T: tl.constexpr, BISECT: tl.constexpr, LOG_T: tl.constexpr,
+    SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
+    BISECT: tl.constexpr, LOG_T: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, OFFSET_IN_MEMORY: tl.constexpr,
     RETURN_COUNTS: tl.constexpr, USE_PDL: tl.constexpr,
 ):
@@ -298,14 +271,14 @@ def _prop_gather_kernel(
     kvh = h // G
     seq_len, bad_len = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
     off_lo, off_hi = load_offset(offset, offset_ptr, OFFSET_IN_MEMORY)
-    u = philox_uniform(seed, off_lo, off_hi, row, 0, [STEP])  # one U per (sequence, head)
+    u = philox_uniform(seed, off_lo, off_hi, row, 0, [SBLOCK])  # one U per (sequence, head)
     if USE_PDL:
         gdc_wait()  # launched early (programmatic dependent launch): wait for pass 1's writes here
     _prop_chunk(
         v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
         pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, budget, tiles_max,
         stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
-        D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, STEP, N_CHUNKS, CHUNK_BLOCK, ONE_CHUNK_T, BISECT, LOG_T,
+        D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, N_CHUNKS, CHUNK_BLOCK, ONE_CHUNK_T, BISECT, LOG_T,
         PAGED, PAGE_SIZE, RETURN_COUNTS, "",
     )
 
@@ -330,7 +303,7 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
         num_warps=tuning.warps_pass1 or (8 if shape.head_dim > 128 else 4), num_stages=tuning.stages_pass1 or 1,
     ))
     pass2 = Launcher(_prop_gather_kernel, grid=(n_chunks, shape.batch * shape.heads), fixed=fixed2, meta=dict(
-        common, BLOCK_T=block_t, SBLOCK=sblock, STEP=prop_sample_step(sblock, tuning), N_CHUNKS=n_chunks, CHUNK_BLOCK=min(32, triton.next_power_of_2(n_chunks)),
+        common, BLOCK_T=block_t, SBLOCK=sblock, N_CHUNKS=n_chunks, CHUNK_BLOCK=min(32, triton.next_power_of_2(n_chunks)),
         ONE_CHUNK_T=plan.tiles <= block_t, BISECT=prop_tile_search(plan.tiles, tuning) == "bisect",
         LOG_T=max(1, plan.tiles.bit_length()), OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts, USE_PDL=plan.pdl,
         # 8 warps up to 256 tiles (32k: 31.2 vs 34.5 µs), 4 beyond (128k: 95.1 with 8 vs 86.7 with 4; H200, 2026-11-29)
