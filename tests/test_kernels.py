@@ -348,36 +348,6 @@ def test_bisect_and_scan_tile_searches_give_equal_counts(n_keys, block_n, per_pr
         assert_counts_match_systematic(rows, probs, budget, prop_uniforms(batch, heads, 3, 5)[[0, 2]][:, [0, 2, 3]])
 
 
-@pytest.mark.parametrize("per_program,paged", [(4, False), (8, True), (64, False)])
-def test_several_tiles_per_pass1_program_give_the_same_counts_and_outputs(per_program, paged):
-    """Pass 1 scoring several tiles per program (a loop; 19 tiles, so the last program runs past the
-    tiles) writes the same statistics and stash: the same counts and outputs, bit for bit, for
-    per-sequence lengths, an empty sequence and a poisoned head."""
-    from santa.kernels import Tuning, plan_decode
-
-    batch, heads, kv_heads, dim, n_keys, budget = 3, 4, 2, 16, 300, 40
-    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, seed=43, q_scale=2.0)
-    q[2, 0, 3] = float("nan")
-    seq_lens = torch.tensor([300, 0, 129], dtype=torch.int32, device=DEVICE)
-    block_table = None
-    if paged:
-        k, block_table = to_paged(k, 16, seed=4)
-        v, _ = to_paged(v, 16, seed=4)
-    planned_keys = k.shape[1] * (block_table.shape[1] if paged else 1)
-    results = []
-    for tiles_per_program in (None, per_program):
-        plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=planned_keys, budget=budget,
-                           dtype=q.dtype, device=DEVICE, page_size=16 if paged else None,
-                           tuning=Tuning(block_n=16, tiles_per_program=tiles_per_program))
-        counts = torch.zeros(batch, heads, planned_keys, dtype=torch.int32, device=DEVICE)
-        results.append((plan.run(q, k, v, seq_lens=seq_lens, block_table=block_table, seed=9, offset=1, counts=counts), counts))
-    (one_out, one_counts), (many_out, many_counts) = results
-    assert torch.equal(many_counts, one_counts)
-    assert torch.equal(many_out.isnan(), one_out.isnan()) and many_out[2, 0].isnan().all()
-    assert torch.equal(many_out.nan_to_num(), one_out.nan_to_num())
-    assert one_counts.sum(-1)[0].eq(budget).all() and not one_counts[1].any()
-
-
 def test_cpu_fallback_without_interpreter_computes_the_same_estimator(monkeypatch):
     q, k, v = make_inputs(2, 4, 2, 32, 100, seed=10)
     q, k, v = q.cpu(), k.cpu(), v.cpu()
@@ -455,22 +425,6 @@ def test_cuda_graph_replay_matches_eager_and_advances_with_device_offset():
         offset.fill_(3)
         graph.replay()
         assert not torch.equal(first, out)
-
-
-@needs_cuda
-@pytest.mark.parametrize("per_program", [4, 16])
-def test_several_tiles_per_pass1_program_match_systematic_on_gpu_shapes(per_program):
-    """The looped pass 1 (its K loads pipelined) at Llama shapes with per-sequence lengths: counts are
-    systematic sampling's but for samples within float32 rounding of a CDF step."""
-    from santa.kernels import Tuning, plan_decode
-
-    q, k, v = make_inputs(2, 32, 8, 128, 20000, torch.bfloat16, seed=19, q_scale=4.0)
-    seq_lens = torch.tensor([20000, 7777], dtype=torch.int32, device=DEVICE)
-    plan = plan_decode(batch=2, heads=32, kv_heads=8, head_dim=128, n_keys=20000, budget=128, dtype=q.dtype, device=DEVICE,
-                       tuning=Tuning(tiles_per_program=per_program))
-    counts = torch.zeros(2, 32, 20000, dtype=torch.int32, device=DEVICE)
-    plan.run(q, k, v, seq_lens=seq_lens, seed=3, counts=counts)
-    assert_counts_match_systematic(counts, dense_probs(q, k, seq_lens), 128, prop_uniforms(2, 32, 3, 0))
 
 
 @needs_cuda

@@ -534,9 +534,6 @@ def sweep_prop_tuning(results, flusher, args, n_keys=32768, batch=1):
         Tuning(pdl=False),
         Tuning(tile_search="scan"), Tuning(tile_search="bisect"),
         Tuning(samples_per_program=64, tile_search="bisect"), Tuning(samples_per_program=128, tile_search="bisect"),
-        Tuning(tiles_per_program=2), Tuning(tiles_per_program=4), Tuning(tiles_per_program=8), Tuning(tiles_per_program=16),
-        Tuning(tiles_per_program=4, stages_pass1=3), Tuning(tiles_per_program=8, stages_pass1=3),
-        Tuning(tiles_per_program=4, stages_pass1=1),
     ]
     if args.tune_variants:
         names = {tuning_name(t): t for t in variants}

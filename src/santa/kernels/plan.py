@@ -45,7 +45,6 @@ class Tuning:
     block_n: int | None = None  # keys per pass-1 tile
     warps_pass1: int | None = None
     stages_pass1: int | None = None
-    tiles_per_program: int | None = None  # pass-1 tiles per program, in a loop that prefetches the next tiles' K
     warps_pass2: int | None = None
     samples_per_program: int | None = None  # pass-2 samples per program
     tile_search: str | None = None  # pass 2's tile of each sample: "scan" (compare with every tile) or "bisect"
@@ -75,11 +74,6 @@ def prop_sample_chunks(budget: int, tiles: int, rows: int, tuning: Tuning = Tuni
         per_program = 16 if tiles <= 512 else 8
     sblock = min(per_program, next_pow2(budget))
     return sblock, cdiv(budget, sblock)
-
-
-def prop_tiles_per_program(tiles: int, tuning: Tuning = Tuning()) -> int:
-    """Key tiles one pass-1 program scores (a loop; the tile statistics and stash do not change)."""
-    return min(tuning.tiles_per_program or 1, next_pow2(tiles))
 
 
 def prop_tile_search(tiles: int, tuning: Tuning = Tuning()) -> str:
@@ -270,7 +264,7 @@ def plan_decode(
     if not isinstance(tuning, Tuning):
         raise TypeError(f"tuning must be a santa.kernels.Tuning, got {type(tuning).__name__}")
     for name, low, high in (("block_n", 16, 512), ("warps_pass1", 1, 16), ("warps_pass2", 1, 16),
-                            ("samples_per_program", 1, 1024), ("tiles_per_program", 1, 64)):
+                            ("samples_per_program", 1, 1024)):
         value = getattr(tuning, name)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high
                                   or value & (value - 1)):

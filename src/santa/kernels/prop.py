@@ -31,7 +31,7 @@ from santa.kernels._common import (
     tile_softmax_stats,
 )
 from santa.kernels._launch import Launcher
-from santa.kernels.plan import prop_sample_chunks, prop_tile_search, prop_tiles_per_program, workspace_strides
+from santa.kernels.plan import prop_sample_chunks, prop_tile_search, workspace_strides
 
 
 @triton.jit
@@ -41,24 +41,22 @@ def _prop_tile(
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE_DOT: tl.constexpr,
 ):
-    """Pass-1 work of one (tile, sequence, KV head): stash, tile max and mass of the G grouped heads.
-    A tile past the sequence reads and writes nothing (pass 2 never reads it); masks, not a branch,
-    so that a loop over tiles can prefetch the next tile's K."""
+    """Pass-1 work of one (tile, sequence, KV head): stash, tile max and mass of the G grouped heads."""
     start = t * BLOCK_N
-    live = start < seq_len
-    s = tile_scores(
-        q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len, n_pages,
-        stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale,
-        G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT,
-    )  # [BLOCK_G, BLOCK_N], log2 units
-    m, u, mass = tile_softmax_stats(s)  # u = exp(s − m_t), 0 off the sequence; ℓ_t NaN on a poisoned row
-    offs_g = tl.arange(0, BLOCK_G)
-    rows = (b * n_kv_heads + kvh) * G + offs_g  # b·H + h
-    mask_g = (offs_g < G) & live
-    offs_n = start + tl.arange(0, BLOCK_N)
-    tl.store(stash_ptr + rows.to(tl.int64)[:, None] * stride_stash + offs_n[None, :], u, mask=mask_g[:, None])
-    tl.store(tile_max_ptr + rows * stride_stats + t, m, mask=mask_g)
-    tl.store(tile_mass_ptr + rows * stride_stats + t, mass, mask=mask_g)
+    if start < seq_len:  # tiles past the sequence are never read by pass 2
+        s = tile_scores(
+            q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len, n_pages,
+            stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale,
+            G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT,
+        )  # [BLOCK_G, BLOCK_N], log2 units
+        m, u, mass = tile_softmax_stats(s)  # u = exp(s − m_t), 0 off the sequence; ℓ_t NaN on a poisoned row
+        offs_g = tl.arange(0, BLOCK_G)
+        rows = (b * n_kv_heads + kvh) * G + offs_g  # b·H + h
+        mask_g = offs_g < G
+        offs_n = start + tl.arange(0, BLOCK_N)
+        tl.store(stash_ptr + rows.to(tl.int64)[:, None] * stride_stash + offs_n[None, :], u, mask=mask_g[:, None])
+        tl.store(tile_max_ptr + rows * stride_stats + t, m, mask=mask_g)
+        tl.store(tile_mass_ptr + rows * stride_stats + t, mass, mask=mask_g)
 
 
 @triton.jit
@@ -67,29 +65,18 @@ def _prop_scores_kernel(
     n_keys, n_pages, n_kv_heads, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh,
     stride_stash, stride_stats, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    TILES_PER_PROGRAM: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, IEEE_DOT: tl.constexpr,
 ):
-    pid_t = tl.program_id(0)
+    t = tl.program_id(0)
     pid_bk = tl.program_id(1)
     b = pid_bk // n_kv_heads
     kvh = pid_bk % n_kv_heads
     seq_len, _ = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
-    if TILES_PER_PROGRAM == 1:
-        if pid_t * BLOCK_N < seq_len:  # a tile past the sequence: nothing to read (pass 2 never reads it)
-            _prop_tile(
-                q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, pid_t, b, kvh, seq_len, n_pages, n_kv_heads,
-                stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, qk_scale,
-                G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT,
-            )
-    else:
-        for i in tl.range(0, TILES_PER_PROGRAM):  # pipelined by the launch's num_stages: K of the next tiles in flight
-            _prop_tile(
-                q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, pid_t * TILES_PER_PROGRAM + i, b, kvh,
-                seq_len, n_pages, n_kv_heads,
-                stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, qk_scale,
-                G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT,
-            )
+    _prop_tile(
+        q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, n_pages, n_kv_heads,
+        stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, qk_scale,
+        G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT,
+    )
 
 
 @triton.jit
@@ -311,12 +298,9 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
     fixed1 = dict(n_keys=n_keys, n_kv_heads=shape.kv_heads, stride_stash=stride_stash, stride_stats=stride_stats, qk_scale=qk_scale)
     fixed2 = dict(budget=plan.budget, n_keys=n_keys, n_heads=shape.heads, tiles_max=plan.tiles,
                   stride_stash=stride_stash, stride_stats=stride_stats)
-    per_program = prop_tiles_per_program(plan.tiles, tuning)
-    pass1 = Launcher(_prop_scores_kernel, grid=(triton.cdiv(plan.tiles, per_program), shape.batch * shape.kv_heads),
-                     fixed=fixed1, meta=dict(
-        common, BLOCK_G=plan.block_g, IEEE_DOT=plan.ieee_dot, TILES_PER_PROGRAM=per_program,
-        num_warps=tuning.warps_pass1 or (8 if shape.head_dim > 128 else 4),
-        num_stages=tuning.stages_pass1 or (1 if per_program == 1 else 2),
+    pass1 = Launcher(_prop_scores_kernel, grid=(plan.tiles, shape.batch * shape.kv_heads), fixed=fixed1, meta=dict(
+        common, BLOCK_G=plan.block_g, IEEE_DOT=plan.ieee_dot,
+        num_warps=tuning.warps_pass1 or (8 if shape.head_dim > 128 else 4), num_stages=tuning.stages_pass1 or 1,
     ))
     pass2 = Launcher(_prop_gather_kernel, grid=(n_chunks, shape.batch * shape.heads), fixed=fixed2, meta=dict(
         common, BLOCK_T=block_t, SBLOCK=sblock, N_CHUNKS=n_chunks, CHUNK_BLOCK=min(32, triton.next_power_of_2(n_chunks)),
