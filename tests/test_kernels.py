@@ -348,6 +348,30 @@ def test_bisect_and_scan_tile_searches_give_equal_counts(n_keys, block_n, per_pr
         assert_counts_match_systematic(rows, probs, budget, prop_uniforms(batch, heads, 3, 5)[[0, 2]][:, [0, 2, 3]])
 
 
+def test_k_evict_first_is_chosen_by_the_stash_size_and_never_changes_a_sample():
+    """The K loads' L2 hint is on only where the stash fits the L2 but is not tiny (the measured rule),
+    can be forced either way, and changes no count or output."""
+    from santa.kernels import Tuning, plan_decode
+    from santa.kernels.plan import prop_k_evict_first
+
+    l2 = 60 << 20
+    assert not prop_k_evict_first(4 << 20, l2) and prop_k_evict_first(16 << 20, l2) and prop_k_evict_first(45 << 20, l2)
+    assert not prop_k_evict_first(64 << 20, l2) and not prop_k_evict_first(32 << 20, None)
+    assert prop_k_evict_first(1, l2, Tuning(k_evict_first=True)) and not prop_k_evict_first(16 << 20, l2, Tuning(k_evict_first=False))
+    q, k, v = make_inputs(2, 4, 2, 16, 100, seed=44)
+    results = []
+    for hint in (False, True):
+        plan = plan_decode(batch=2, heads=4, kv_heads=2, head_dim=16, n_keys=100, budget=24, dtype=q.dtype, device=DEVICE,
+                           tuning=Tuning(k_evict_first=hint))
+        assert plan.k_evict_first is hint
+        counts = torch.zeros(2, 4, 100, dtype=torch.int32, device=DEVICE)
+        results.append((plan.run(q, k, v, seed=2, counts=counts), counts))
+    assert torch.equal(results[0][1], results[1][1]) and torch.equal(results[0][0], results[1][0])
+    flash = plan_decode(batch=2, heads=4, kv_heads=2, head_dim=16, n_keys=100, budget=24, dtype=q.dtype, device=DEVICE,
+                        kernel="flash", tuning=Tuning(k_evict_first=True))
+    assert not flash.k_evict_first  # flash keeps its loads as they are
+
+
 def test_cpu_fallback_without_interpreter_computes_the_same_estimator(monkeypatch):
     q, k, v = make_inputs(2, 4, 2, 32, 100, seed=10)
     q, k, v = q.cpu(), k.cpu(), v.cpu()

@@ -45,10 +45,12 @@ def tile_scores(
     q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len, n_pages,
     stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE_DOT: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE_DOT: tl.constexpr, K_EVICTION: tl.constexpr = "",
 ):
     """Scores of the G grouped heads on one K tile, in log2 units: ``[BLOCK_G, BLOCK_N]`` fp32, −inf off
-    the sequence, NaN on rows behind a page id outside the pool (so that the heads' outputs are NaN)."""
+    the sequence, NaN on rows behind a page id outside the pool (so that the heads' outputs are NaN).
+    K_EVICTION: the K load's L2 eviction policy (``"evict_first"``: K is read once, so that what the
+    caller writes, e.g. prop's stash, stays in L2 for the next launch)."""
     offs_g = tl.arange(0, BLOCK_G)
     offs_n = start + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -58,7 +60,8 @@ def tile_scores(
     q_rows = b.to(tl.int64) * stride_qb + (kvh * G + offs_g).to(tl.int64) * stride_qh
     q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)
     k_rows, k_ok = row_offsets(b, offs_n, mask_n, kvh, bt_ptr, stride_bt, n_pages, stride_kb, stride_kn, stride_kh, PAGED, PAGE_SIZE)
-    k = tl.load(k_ptr + k_rows[:, None] + offs_d[None, :], mask=k_ok[:, None] & mask_d[None, :], other=0.0)
+    k = tl.load(k_ptr + k_rows[:, None] + offs_d[None, :], mask=k_ok[:, None] & mask_d[None, :], other=0.0,
+                eviction_policy=K_EVICTION)
     if IEEE_DOT:
         s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
     else:
