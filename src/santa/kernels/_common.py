@@ -45,11 +45,11 @@ def tile_scores(
     q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len, n_pages,
     stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE_DOT: tl.constexpr, K_EVICTION: tl.constexpr = "",
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE_DOT: tl.constexpr, K_EVICTION: tl.constexpr,
 ):
     """Scores of the G grouped heads on one K tile, in log2 units: ``[BLOCK_G, BLOCK_N]`` fp32, −inf off
     the sequence, NaN on rows behind a page id outside the pool (so that the heads' outputs are NaN).
-    K_EVICTION: the K load's L2 eviction policy (``"evict_first"``: K is read once, so that what the
+    K_EVICTION: the K load's L2 eviction policy (``""``: the default; ``"evict_first"``: K is read once, so that what the
     caller writes, e.g. prop's stash, stays in L2 for the next launch)."""
     offs_g = tl.arange(0, BLOCK_G)
     offs_n = start + tl.arange(0, BLOCK_N)

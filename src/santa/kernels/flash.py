@@ -48,7 +48,7 @@ def _flash_partial_kernel(
         s = tile_scores(
             q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len, n_pages,
             stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale,
-            G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT,
+            G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, "",
         )  # [BLOCK_G, BLOCK_N], log2 units
         m, u, poisoned_mass = tile_softmax_stats(s)  # ℓ_t NaN on a row with NaN/+inf scores
         healthy = poisoned_mass == poisoned_mass  # [BLOCK_G]
