@@ -253,6 +253,8 @@ def cli(argv, capsys):
         (["--address", "auto", "--num-gpus", "1"], "--num-gpus"),
         (["--max-seconds", "0"], "--max-seconds"),
         (["--max-seconds", "nan"], "--max-seconds"),
+        (["--max-staleness", "-1"], "--max-staleness"),
+        (["--max-staleness", "two"], "--max-staleness"),
     ],
 )
 def test_tune_cli_refuses_bad_worker_flags(tmp_path, capsys, flags, complaint):
@@ -268,6 +270,10 @@ def test_tune_cli_mixed_run(fake_gpu_ray, tmp_path, capsys):
             "--episodes", "2", "--iterations", "2"]
     assert main(argv) == 0
     assert {e["device"] for e in episodes(history(tmp_path))} == {"cuda", "cpu"}
+    from santa.budgets.tune_cli import DEFAULT_MAX_STALENESS
+
+    assert json.loads((tmp_path / "run.json").read_text())["max_staleness"] == DEFAULT_MAX_STALENESS
+    assert f"dropped as more than {DEFAULT_MAX_STALENESS} versions stale" in capsys.readouterr().out
 
 
 # --- benchmarks/tune/tune_report.py: the analysis the device run relies on ------------------------
@@ -319,3 +325,59 @@ def test_report_checks_a_mixed_run(report, mixed_run):
     assert check["updates_contiguous"] and check["episode_ids_unique"] and check["replay_matches"]
     assert check["runs_are_prefixes"] and check["short_runs"] == {}
     assert set(result["sessions"]["0"]["kinds"]) == {"cuda", "cpu"}
+
+
+# --- the staleness limit ------------------------------------------------------------------------------
+
+
+class Landed:
+    """A finished run as :meth:`Driver.accept` sees it: its episodes' result dicts."""
+
+    def __init__(self, *versions, start=0):
+        self.results = [
+            dict(id=f"9-{start}-{i}", schedule=[4, 4, 4, 4], reward=float(i + start), version=v, worker="9-w0", seconds=0.1,
+                 device="cpu", pid=1, finished=1.0)
+            for i, v in enumerate(versions)
+        ]
+
+
+def test_episodes_older_than_the_staleness_limit_are_recorded_but_not_learned_from(tmp_path):
+    import dataclasses
+
+    spec = dataclasses.replace(SYNTHETIC, max_staleness=1)
+    driver = Driver(FakeRay(), spec, out=tmp_path, requested=1, device="cpu", threads=1, hooks=Hooks(), poll_s=0.1)
+    driver.accept([Landed(0, 0)])
+    driver.accept([Landed(0, 1, start=10)])  # at version 1: both within 1 version
+    assert driver.state.version == 2 and not driver.dropped
+    driver.accept([Landed(0, start=20)])  # at version 2, drawn at 0: too stale, and nothing else landed
+    assert driver.state.version == 2 and [e.id for e in driver.dropped] == ["9-20-0"]
+    driver.accept([Landed(2, 0, start=30)])  # one fresh, one stale: an update from the fresh one only
+    updates = history(tmp_path)
+    assert [u["update"] for u in updates] == [1, 2, 3]
+    assert [e["id"] for e in updates[2]["episodes"]] == ["9-30-0"]
+    assert [e["id"] for e in updates[2]["dropped"]] == ["9-20-0", "9-30-1"]
+    assert updates[2]["reward_count"] == 5 and not driver.dropped
+    assert_consistent(updates, spec)  # replaying the accepted episodes gives the recorded θ
+    from santa.budgets.checkpoint import resume
+
+    assert {"9-20-0", "9-30-1"} <= resume(tmp_path, spec.n_layers).episode_ids  # dropped ids stay used
+
+
+def test_no_staleness_limit_learns_from_every_episode(tmp_path):
+    driver = Driver(FakeRay(), SYNTHETIC, out=tmp_path, requested=1, device="cpu", threads=1, hooks=Hooks(), poll_s=0.1)
+    for step in range(4):
+        driver.accept([Landed(0, start=10 * step)])
+    assert driver.state.version == 4 and all(not u["dropped"] for u in history(tmp_path))
+
+
+def test_cli_staleness_default_is_the_saved_value_on_resume(tmp_path):
+    from santa.budgets.tune_cli import DEFAULT_MAX_STALENESS, resolve_staleness
+
+    assert resolve_staleness("auto", tmp_path / "new") == DEFAULT_MAX_STALENESS
+    assert resolve_staleness(None, tmp_path) is None and resolve_staleness(3, tmp_path) == 3
+    (tmp_path / "run.json").write_text(json.dumps(SYNTHETIC.to_dict() | {"max_staleness": 7}))
+    assert resolve_staleness("auto", tmp_path) == 7
+    old = SYNTHETIC.to_dict()
+    old.pop("max_staleness")  # a run made before the limit existed keeps every episode
+    (tmp_path / "run.json").write_text(json.dumps(old))
+    assert resolve_staleness("auto", tmp_path) is None

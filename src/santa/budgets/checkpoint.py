@@ -7,7 +7,10 @@
     {"key": "update 7", "update": 7, "session": 1, "theta": [...L], "baseline": b, "gradient": [...L],
      "reward_sum": Σr, "reward_count": n, "episodes": [{"id": "1-12-3", "schedule": [...L],
      "reward": r, "version": 6, "worker": "1-w2", "seconds": 3.1, "device": "cuda", "pid": 4711,
-     "finished": t}, ...], "workers": 2, "devices": {"cuda": 1, "cpu": 1}, "time": t}
+     "finished": t}, ...], "dropped": [...], "workers": 2, "devices": {"cuda": 1, "cpu": 1}, "time": t}
+
+``dropped``: episodes that arrived since the last update but were drawn more than
+``TuneSpec.max_staleness`` policy versions ago: recorded (their ids are used), not in the gradient.
 
 An update is accepted exactly when its line is in the file: the driver applies an update, writes
 its line, and only then dispatches work with the new policy. A killed driver therefore resumes
@@ -42,6 +45,7 @@ class TuneSpec:
     episodes: int = 10  # E, episodes per worker run (one policy snapshot)
     baseline: str = "running"
     seed: int = 0
+    max_staleness: int | None = None  # drop episodes drawn more than this many versions ago (None: keep all)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "reward": self.reward.to_dict()}
@@ -95,7 +99,7 @@ def resume(out: str | Path, n_layers: int) -> Resumed:
     for expected, record in enumerate(records, start=1):
         if record["update"] != expected:
             raise CheckpointError(f"{path}: update {record['update']} where {expected} was expected (a gap or a duplicate)")
-        for e in record["episodes"]:
+        for e in record["episodes"] + record.get("dropped", []):
             if e["id"] in ids:
                 raise CheckpointError(f"{path}: episode {e['id']} is accepted twice (update {expected})")
             ids.add(e["id"])
@@ -109,9 +113,10 @@ def resume(out: str | Path, n_layers: int) -> Resumed:
 
 def update_record(
     *, state: PolicyState, session: int, baseline: float, gradient, episodes: list[Episode], workers: int, time: float,
-    devices: dict[str, int] | None = None,
+    devices: dict[str, int] | None = None, dropped: list[Episode] = (),
 ) -> dict:
-    """One history line. devices: workers per kind when it was written, e.g. ``{"cuda": 1, "cpu": 3}``."""
+    """One history line. devices: workers per kind when it was written, e.g. ``{"cuda": 1, "cpu": 3}``;
+    dropped: the too-stale episodes that arrived since the last update (not in the gradient)."""
     return {
         "key": f"update {state.version}",
         "update": state.version,
@@ -122,6 +127,7 @@ def update_record(
         "reward_sum": state.reward_sum,
         "reward_count": state.reward_count,
         "episodes": [asdict(e) | {"schedule": list(e.schedule)} for e in episodes],
+        "dropped": [asdict(e) | {"schedule": list(e.schedule)} for e in dropped],
         "workers": workers,
         "devices": dict(devices or {}),
         "time": time,

@@ -194,6 +194,7 @@ class Driver:
         resumed = resume(out, spec.n_layers)
         self.state, self.thetas, self.session = resumed.state, dict(resumed.thetas), resumed.session
         self.updates = list(resumed.updates)
+        self.dropped: list[Episode] = []  # too stale for the gradient; written with the next update
         self.actors: dict[str, object] = {}
         self.devices: dict[str, str] = {}  # worker → its device (self.device, or "cpu" for the extra CPU workers)
         self.retiring: set[str] = set()
@@ -297,19 +298,25 @@ class Driver:
         return resolved
 
     def accept(self, runs: list[Run]) -> None:
-        """One REINFORCE update from every finished episode of ``runs``, written before anything else."""
+        """One REINFORCE update from every finished episode of ``runs`` drawn at most
+        ``spec.max_staleness`` versions ago, written before anything else; older ones are dropped
+        (kept for the next update's record, so that their ids stay used)."""
         episodes = [Episode(**{**d, "schedule": tuple(d["schedule"])}) for r in runs for d in r.results]
-        if not episodes:
+        limit = self.spec.max_staleness
+        fresh = [e for e in episodes if limit is None or self.state.version - e.version <= limit]
+        self.dropped += [e for e in episodes if not (limit is None or self.state.version - e.version <= limit)]
+        if not fresh:
             return
         step = reinforce_step(
-            self.state, episodes, theta_of=self.thetas.__getitem__, total=self.spec.total, floor=self.spec.floor,
+            self.state, fresh, theta_of=self.thetas.__getitem__, total=self.spec.total, floor=self.spec.floor,
             alpha=self.spec.alpha, baseline=self.spec.baseline,
         )
         record = update_record(
             state=step.state, session=self.session, baseline=step.baseline, gradient=step.gradient,
-            episodes=episodes, workers=len(self.actors), time=time.time(), devices=self.counts(),
+            episodes=fresh, workers=len(self.actors), time=time.time(), devices=self.counts(), dropped=self.dropped,
         )
         append_update(self.out, record)  # accepted from here on
+        self.dropped = []
         self.state = step.state
         self.thetas[self.state.version] = self.state.theta
         self.updates.append(record)

@@ -18,10 +18,38 @@ from santa.budgets.cli_args import (
 from santa.cliargs import nonnegative_int, positive_int
 
 
+DEFAULT_MAX_STALENESS = 4  # policy versions; a run's episodes lag by about (workers − 1) versions when workers keep pace
+
+
 def workers_arg(text: str) -> int | None:
     if text == "auto":
         return None
     return positive_int(text)
+
+
+def staleness_arg(text: str) -> int | str | None:
+    """``auto``, ``none`` (keep every episode) or an int ≥ 0."""
+    if text in ("auto", "none"):
+        return None if text == "none" else text
+    return nonnegative_int(text)
+
+
+def resolve_staleness(value: int | str | None, out: str) -> int | None:
+    """``--max-staleness``: as given; ``auto`` is the saved value of a run being resumed (none for a
+    run made before the limit existed) and :data:`DEFAULT_MAX_STALENESS` for a new one."""
+    if value != "auto":
+        return value
+    import json
+
+    from santa.budgets.checkpoint import RUN
+
+    path = Path(out) / RUN
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("max_staleness")
+    except FileNotFoundError:
+        return DEFAULT_MAX_STALENESS
+    except (OSError, ValueError, AttributeError):
+        return DEFAULT_MAX_STALENESS  # checkpoint.prepare names the unreadable file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument(
         "--max-seconds", type=positive_float, default=None,
         help="stop dispatching after this many seconds of this session, accept the runs in flight and end (re-run to resume)",
+    )
+    tune.add_argument(
+        "--max-staleness", type=staleness_arg, default="auto",
+        help=f"drop episodes drawn more than this many policy versions ago (slow CPU workers beside GPU ones lag "
+             f"by many); none keeps all (default auto: {DEFAULT_MAX_STALENESS} for a new run, the saved value on resume)",
     )
     tune.add_argument("--baseline", default="running", choices=("running", "batch"), help="running mean of all rewards (default) or the batch mean")
     tune.add_argument("--seed", type=nonnegative_int, default=0)
@@ -122,7 +155,8 @@ def budgets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         kind=args.reward, model=args.model, length=args.length, questions=args.questions, pool=tuple(args.train_prompts),
         sampler=args.sampler, prefill=args.prefill, kl_tokens=args.kl_tokens, max_new_tokens=args.max_new_tokens,
     )
-    spec = TuneSpec(reward=reward, n_layers=n_layers, total=total, floor=args.floor, alpha=args.alpha, episodes=args.episodes, baseline=args.baseline, seed=args.seed)
+    spec = TuneSpec(reward=reward, n_layers=n_layers, total=total, floor=args.floor, alpha=args.alpha, episodes=args.episodes,
+                    baseline=args.baseline, seed=args.seed, max_staleness=resolve_staleness(args.max_staleness, args.out))
     try:
         result = tune(
             spec, out=args.out, iterations=args.iterations, workers=args.workers, address=args.address, num_cpus=args.num_cpus,
@@ -134,7 +168,10 @@ def budgets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except RuntimeError as error:  # workers that cannot start (a model that does not load, …)
         print(f"santa tune: error: {error}", file=sys.stderr)
         return 1
-    print(f"updates {result.state.version}, episodes {result.state.reward_count}, running mean reward {result.state.running_mean}")
+    dropped = sum(len(u.get("dropped", [])) for u in result.updates)
+    limit = "none" if spec.max_staleness is None else spec.max_staleness
+    print(f"updates {result.state.version}, episodes {result.state.reward_count} "
+          f"(+{dropped} dropped as more than {limit} versions stale), running mean reward {result.state.running_mean}")
     print(f"schedule (N = {total}): {result.schedule}")
     print(f"wrote {Path(args.out) / 'schedule.json'}")
     if not args.no_plots:
