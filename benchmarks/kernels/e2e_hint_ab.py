@@ -6,10 +6,9 @@ hint forced off ("off"), in one process, alternating, so that the two share the 
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
-
-import importlib
 
 import santa.kernels.plan as plan
 from santa.bench import e2e

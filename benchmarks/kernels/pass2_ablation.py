@@ -15,14 +15,13 @@ module (Triton reads a kernel's source from its file) and launched with the plan
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
+from kernel_variants import case_inputs, load_module, shape_parser
 
 SEARCH = """    tile, lo, hi, z, poisoned = _tile_prefix_search(
         tile_max_ptr, tile_mass_ptr, prefix_ptr, stats_row, n_tiles, tiles_max, u, m_f, budget_f, valid_s,
@@ -67,52 +66,28 @@ VARIANTS = {
 }
 
 
-def load_variant(name: str, removed: set[str], folder: Path):
-    import santa.kernels.prop as prop
-
-    path = folder / f"prop_{name}.py"
-    path.write_text(variant_source(Path(prop.__file__).read_text(), removed))
-    spec = importlib.util.spec_from_file_location(f"prop_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def main(argv=None) -> int:
+    import santa.kernels.prop as prop
     from santa.bench.kernels import Flusher, measure
-    from santa.kernels import plan_decode
     from santa.kernels._launch import current_stream
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("out")
-    parser.add_argument("--cases", default="1x8192,1x32768,1x131072,8x32768,32x32768")
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--kv-heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--budget", type=int, default=128)
-    args = parser.parse_args(argv)
+    args = shape_parser(__doc__.splitlines()[0]).parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="santa_ablation_"))
-    modules = {name: load_variant(name, removed, folder) for name, removed in VARIANTS.items()}
+    source = Path(prop.__file__).read_text()
+    modules = {name: load_module(f"prop_{name}", variant_source(source, removed), folder) for name, removed in VARIANTS.items()}
     flusher = Flusher(torch.device("cuda"))
     results = {}
     for case in args.cases.split(","):
-        batch, n_keys = (int(x) for x in case.split("x"))
-        torch.manual_seed(0)
-        q = torch.randn(batch, args.heads, args.head_dim, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(batch, n_keys, args.kv_heads, args.head_dim, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        out = torch.empty_like(q)
-        plan = plan_decode(batch=batch, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, n_keys=n_keys,
-                           budget=args.budget, dtype=q.dtype, device="cuda")
-        key, call_args, tensors = plan._arguments(q, k, v, None, None, 0, 0, out, None, None)
+        tag, plan, (key, call_args, tensors) = case_inputs(args, case)
         stream = current_stream(plan.cuda_index)
         for name, module in modules.items():
             stages = dict(module.prop_launchers(plan, has_seq_lens=False, offset_in_memory=False, return_counts=False))
             stages["pass1"](key, call_args, tensors, stream)
             stages["pass2"](key, call_args, tensors, stream)  # compile; the stash now holds this input's pass 1
             torch.cuda.synchronize()
-            measure(results, f"b{batch}/n{n_keys}/pass2/{name}",
-                    lambda p2=stages["pass2"]: p2(key, call_args, tensors, current_stream(plan.cuda_index)), flusher)
+            measure(results, f"{tag}/pass2/{name}",
+                    lambda p2=stages["pass2"], plan=plan, launch=(key, call_args, tensors): p2(*launch, current_stream(plan.cuda_index)),
+                    flusher)
     Path(args.out).write_text(json.dumps(results, indent=1))
     return 0
 
