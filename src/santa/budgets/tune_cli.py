@@ -17,7 +17,6 @@ from santa.budgets.cli_args import (
 )
 from santa.cliargs import nonnegative_int, positive_int
 
-
 DEFAULT_MAX_STALENESS = 4  # policy versions; a run's episodes lag by about (workers − 1) versions when workers keep pace
 
 
