@@ -325,6 +325,7 @@ def test_report_checks_a_mixed_run(report, mixed_run):
     assert check["updates_contiguous"] and check["episode_ids_unique"] and check["replay_matches"]
     assert check["runs_are_prefixes"] and check["short_runs"] == {}
     assert set(result["sessions"]["0"]["kinds"]) == {"cuda", "cpu"}
+    assert check["dropped"] == 0 and check["max_staleness"] is None and set(check["staleness"]) == {"cuda", "cpu"}
 
 
 # --- the staleness limit ------------------------------------------------------------------------------
@@ -341,10 +342,13 @@ class Landed:
         ]
 
 
-def test_episodes_older_than_the_staleness_limit_are_recorded_but_not_learned_from(tmp_path):
+def test_episodes_older_than_the_staleness_limit_are_recorded_but_not_learned_from(tmp_path, report):
     import dataclasses
 
+    from santa.budgets.checkpoint import prepare
+
     spec = dataclasses.replace(SYNTHETIC, max_staleness=1)
+    prepare(tmp_path, spec)
     driver = Driver(FakeRay(), spec, out=tmp_path, requested=1, device="cpu", threads=1, hooks=Hooks(), poll_s=0.1)
     driver.accept([Landed(0, 0)])
     driver.accept([Landed(0, 1, start=10)])  # at version 1: both within 1 version
@@ -361,6 +365,9 @@ def test_episodes_older_than_the_staleness_limit_are_recorded_but_not_learned_fr
     from santa.budgets.checkpoint import resume
 
     assert {"9-20-0", "9-30-1"} <= resume(tmp_path, spec.n_layers).episode_ids  # dropped ids stay used
+    check = report.check_history(tmp_path, updates)
+    assert check["dropped"] == 2 and check["max_staleness"] == 1 and check["episode_ids_unique"] and check["replay_matches"]
+    assert check["staleness"] == {"cpu": {"mean": 0.2, "max": 1}}  # lags 0, 0 | 1, 0 | 0 of the accepted five
 
 
 def test_no_staleness_limit_learns_from_every_episode(tmp_path):

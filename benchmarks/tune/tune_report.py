@@ -112,24 +112,35 @@ def rates(episodes: list[dict]) -> dict:
 
 
 def check_history(run: Path, updates: list[dict]) -> dict:
-    """Updates contiguous, episode ids unique, θ of every line equal to its replay, and each worker
-    run's accepted episodes a prefix 0…m−1 of its E (a run cut short: its worker died)."""
+    """Updates contiguous, episode ids unique (accepted and dropped together), θ of every line equal to
+    its replay, each worker run's episodes a prefix 0…m−1 of its E (a run cut short: its worker died),
+    and how stale the accepted episodes were per kind of worker (versions behind the update that
+    used them) beside the number dropped as too stale."""
     from santa.budgets.checkpoint import TuneSpec, replay
 
     spec = TuneSpec.from_dict(json.loads((Path(run) / "run.json").read_text()))
     ids = [e["id"] for e in episodes_of(updates)]
+    dropped = [e for u in updates for e in u.get("dropped", [])]
+    every = ids + [e["id"] for e in dropped]
     runs: dict[str, list[int]] = defaultdict(list)
-    for episode_id in ids:  # "{session}-{run}-{episode}"
+    for episode_id in every:  # "{session}-{run}-{episode}"
         session, run_id, k = episode_id.split("-")
         runs[f"{session}-{run_id}"].append(int(k))
+    lag: dict[str, list[int]] = defaultdict(list)
+    for u in updates:
+        for e in u["episodes"]:
+            lag[e.get("device") or "?"].append(u["update"] - 1 - e["version"])
     states = replay(updates, spec)
     worst = max((abs(a - b) for u, s in zip(updates, states, strict=True) for a, b in zip(u["theta"], s.theta, strict=True)), default=0.0)
     return {
         "updates": len(updates),
         "episodes": len(ids),
+        "dropped": len(dropped),
+        "max_staleness": spec.max_staleness,
+        "staleness": {kind: {"mean": sum(v) / len(v), "max": max(v)} for kind, v in lag.items()},
         "sessions": sorted({u["session"] for u in updates}),
         "updates_contiguous": [u["update"] for u in updates] == list(range(1, len(updates) + 1)),
-        "episode_ids_unique": len(ids) == len(set(ids)),
+        "episode_ids_unique": len(every) == len(set(every)),
         "replay_max_abs_diff": worst,
         "replay_matches": worst <= 1e-9,
         "runs": len(runs),
@@ -189,7 +200,9 @@ def summary(runs: dict[str, Path], *, kill: dict | None, eval_path: Path | None)
 def print_summary(result: dict) -> None:
     for label, run in result["runs"].items():
         c = run["check"]
-        print(f"run {label} ({run['folder']}): {c['updates']} updates, {c['episodes']} episodes, sessions {c['sessions']}; "
+        stale = ", ".join(f"{kind} {v['mean']:.2f} (max {v['max']})" for kind, v in c["staleness"].items())
+        print(f"run {label} ({run['folder']}): {c['updates']} updates, {c['episodes']} episodes (+{c['dropped']} dropped, "
+              f"limit {c['max_staleness']}; versions stale: {stale}), sessions {c['sessions']}; "
               f"contiguous {c['updates_contiguous']}, ids unique {c['episode_ids_unique']}, replay matches {c['replay_matches']}, "
               f"{c['runs']} worker runs, each a prefix {c['runs_are_prefixes']}, cut short {c['short_runs']}")
         for session, r in run["sessions"].items():
