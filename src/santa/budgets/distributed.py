@@ -303,8 +303,9 @@ class Driver:
         (kept for the next update's record, so that their ids stay used)."""
         episodes = [Episode(**{**d, "schedule": tuple(d["schedule"])}) for r in runs for d in r.results]
         limit = self.spec.max_staleness
-        fresh = [e for e in episodes if limit is None or self.state.version - e.version <= limit]
-        self.dropped += [e for e in episodes if not (limit is None or self.state.version - e.version <= limit)]
+        fresh = []
+        for e in episodes:
+            (fresh if limit is None or self.state.version - e.version <= limit else self.dropped).append(e)
         if not fresh:
             return
         step = reinforce_step(

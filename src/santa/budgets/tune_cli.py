@@ -4,6 +4,7 @@ with the uniform schedule of the same total on held-out prompts."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -27,10 +28,10 @@ def workers_arg(text: str) -> int | None:
 
 
 def staleness_arg(text: str) -> int | str | None:
-    """``auto``, ``none`` (keep every episode) or an int ≥ 0."""
-    if text in ("auto", "none"):
-        return None if text == "none" else text
-    return nonnegative_int(text)
+    """``auto`` (kept as the string), ``none`` (None: keep every episode) or an int ≥ 0."""
+    if text == "none":
+        return None
+    return text if text == "auto" else nonnegative_int(text)
 
 
 def resolve_staleness(value: int | str | None, out: str) -> int | None:
@@ -38,17 +39,12 @@ def resolve_staleness(value: int | str | None, out: str) -> int | None:
     run made before the limit existed) and :data:`DEFAULT_MAX_STALENESS` for a new one."""
     if value != "auto":
         return value
-    import json
-
     from santa.budgets.checkpoint import RUN
 
-    path = Path(out) / RUN
     try:
-        return json.loads(path.read_text(encoding="utf-8")).get("max_staleness")
-    except FileNotFoundError:
+        return json.loads((Path(out) / RUN).read_text(encoding="utf-8")).get("max_staleness")
+    except (OSError, ValueError, AttributeError):  # a new run; or an unreadable run.json, which checkpoint.prepare names
         return DEFAULT_MAX_STALENESS
-    except (OSError, ValueError, AttributeError):
-        return DEFAULT_MAX_STALENESS  # checkpoint.prepare names the unreadable file
 
 
 def build_parser() -> argparse.ArgumentParser:

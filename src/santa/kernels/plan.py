@@ -326,9 +326,11 @@ class DecodePlan:
         self.ieee_dot = s.dtype == torch.float32 or device.type != "cuda" or (kernel == "flash" and budget > 65535)
         self.pdl = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9 and tuning.pdl is not False
         self.cuda_index = device.index if device.type == "cuda" else None  # launches go to this device's current stream
-        l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else None
-        stash_bytes = s.batch * s.heads * self.tiles * self.block_n * 4
-        self.k_evict_first = kernel == "prop" and prop_k_evict_first(stash_bytes, l2_bytes, tuning)
+        self.k_evict_first = False
+        if kernel == "prop":  # the stash's size as the workspace lays it out: B·H rows of stride_stash fp32
+            l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else None
+            stash_bytes = s.batch * s.heads * workspace_strides(workspace_key)[0] * 4
+            self.k_evict_first = prop_k_evict_first(stash_bytes, l2_bytes, tuning)
         self._launchers: dict[tuple, tuple] = {}
 
     @property
