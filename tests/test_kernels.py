@@ -368,8 +368,9 @@ def test_k_evict_first_is_chosen_by_the_stash_size_and_never_changes_a_sample():
         results.append((plan.run(q, k, v, seed=2, counts=counts), counts))
     assert torch.equal(results[0][1], results[1][1]) and torch.equal(results[0][0], results[1][0])
     flash = plan_decode(batch=2, heads=4, kv_heads=2, head_dim=16, n_keys=100, budget=24, dtype=q.dtype, device=DEVICE,
-                        kernel="flash", tuning=Tuning(k_evict_first=True))
-    assert not flash.k_evict_first  # flash keeps its loads as they are
+                        kernel="flash", tuning=Tuning(k_evict_first=True, discard_stash=True))
+    assert not flash.k_evict_first and not flash.discard_stash  # flash keeps its loads as they are and has no stash
+    assert plan.discard_stash is CUDA  # PTX discard on the GPU; the interpreter has none
 
 
 def test_cpu_fallback_without_interpreter_computes_the_same_estimator(monkeypatch):
@@ -449,6 +450,29 @@ def test_cuda_graph_replay_matches_eager_and_advances_with_device_offset():
         offset.fill_(3)
         graph.replay()
         assert not torch.equal(first, out)
+
+
+@needs_cuda
+@pytest.mark.parametrize("per_program", [None, 128])  # several chunks per head (the last one discards), and one
+def test_discarding_the_stash_changes_no_sample_across_calls(per_program):
+    """Pass 2 drops each row's stash from L2 once its samples are placed; the next call rewrites it.
+    Back-to-back calls with the discard give the counts and outputs of calls without it."""
+    from santa.kernels import Tuning, plan_decode
+
+    q, k, v = make_inputs(3, 14, 2, 64, 20000, torch.bfloat16, seed=23, q_scale=3.0)
+    seq_lens = torch.tensor([20000, 9999, 1], dtype=torch.int32, device=DEVICE)
+    kwargs = dict(batch=3, heads=14, kv_heads=2, head_dim=64, n_keys=20000, budget=128, dtype=q.dtype, device=DEVICE)
+    runs = {}
+    for discard in (False, True):
+        plan = plan_decode(**kwargs, tuning=Tuning(discard_stash=discard, samples_per_program=per_program))
+        assert plan.discard_stash is discard
+        runs[discard] = []
+        for step in range(3):
+            counts = torch.zeros(3, 14, 20000, dtype=torch.int32, device=DEVICE)
+            runs[discard].append((plan.run(q, k, v, seq_lens=seq_lens, seed=4, offset=step, counts=counts), counts))
+    torch.cuda.synchronize()
+    for (out, counts), (want, want_counts) in zip(runs[True], runs[False], strict=True):
+        assert torch.equal(counts, want_counts) and torch.equal(out, want)
 
 
 @needs_cuda

@@ -12,6 +12,7 @@ the first layer alone after a cold-L2 flush (the kernel benchmark's regime):
 - ``santa_ws_per_layer``: the same with a workspace per layer (the stash of one layer is not the next's)
 - ``santa_int_offset``: an int offset instead of the device tensor
 - ``santa_plan_run``: ``plan.run`` with a preallocated ``out``
+- ``…_no_discard``: ``Tuning(discard_stash=False)``: pass 2 leaves the dead stash in L2 (dirty)
 
     python benchmarks/kernels/layer_sequence.py OUT.json [--batch 16 --prompt 32000 --cache 32256 --layers 24 …]
 """
@@ -54,7 +55,7 @@ def graph_us(fn, *, replays: int = 20, flush=None) -> float:
 
 def main(argv=None) -> int:
     from santa.bench.kernels import Flusher
-    from santa.kernels import decode, make_workspace, plan_decode
+    from santa.kernels import Tuning, decode, make_workspace, plan_decode
     from santa.model import visibility_bias
 
     parser = argparse.ArgumentParser()
@@ -79,8 +80,10 @@ def main(argv=None) -> int:
     out = torch.empty_like(q)
     shared = make_workspace(q, caches[0][0], args.budget)
     per_layer = [make_workspace(q, k, args.budget) for k, _ in caches]
-    plan = plan_decode(batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, n_keys=args.cache,
-                       budget=args.budget, dtype=dtype, device=dev)
+    shape = dict(batch=args.batch, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim, n_keys=args.cache,
+                 budget=args.budget, dtype=dtype, device=dev)
+    plan = plan_decode(**shape)
+    kept = plan_decode(**shape, tuning=Tuning(discard_stash=False))
 
     def layer_calls(name):
         if name == "sdpa":
@@ -95,13 +98,19 @@ def main(argv=None) -> int:
         if name == "santa_int_offset":
             return [lambda k=k, v=v, i=i: decode(q, k, v, args.budget, seq_lens=seq_lens, seed=i, offset=0, workspace=shared)
                     for i, (k, v) in enumerate(caches)]
+        if name == "santa_no_discard":
+            return [lambda k=k, v=v, i=i: kept.run(q, k, v, seq_lens=seq_lens, seed=i, offset=offset, out=out, workspace=shared)
+                    for i, (k, v) in enumerate(caches)]
+        if name == "santa_ws_per_layer_no_discard":
+            return [lambda k=k, v=v, i=i: kept.run(q, k, v, seq_lens=seq_lens, seed=i, offset=offset, out=out, workspace=per_layer[i])
+                    for i, (k, v) in enumerate(caches)]
         return [lambda k=k, v=v, i=i: plan.run(q, k, v, seq_lens=seq_lens, seed=i, offset=offset, out=out)
                 for i, (k, v) in enumerate(caches)]
 
     flusher = Flusher(dev)
     results = {}
     for round_ in range(2):
-        names = ["sdpa", "santa", "santa_ws_per_layer", "santa_int_offset", "santa_plan_run"]
+        names = ["sdpa", "santa", "santa_no_discard", "santa_ws_per_layer", "santa_ws_per_layer_no_discard", "santa_plan_run"]
         for name in names if round_ == 0 else names[::-1]:
             calls = layer_calls(name)
 

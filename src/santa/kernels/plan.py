@@ -50,6 +50,7 @@ class Tuning:
     tile_search: str | None = None  # pass 2's tile of each sample: "scan" (compare with every tile) or "bisect"
     pdl: bool | None = None  # pass 2 as a programmatic dependent launch (Hopper)
     k_evict_first: bool | None = None  # pass 1 loads K with L2 policy evict_first, so the stash stays in L2
+    discard_stash: bool | None = None  # pass 2 drops each row's dead stash from L2 (no write-back to DRAM)
 
 
 def prop_tile(dim: int, tuning: Tuning = Tuning()) -> int:
@@ -285,7 +286,7 @@ def plan_decode(
         raise ValueError(f"Tuning.stages_pass1 must be None or an int in [1, 4], got {tuning.stages_pass1!r}")
     if tuning.tile_search not in (None, *TILE_SEARCHES):
         raise ValueError(f"Tuning.tile_search must be None or one of {TILE_SEARCHES}, got {tuning.tile_search!r}")
-    for name in ("pdl", "k_evict_first"):
+    for name in ("pdl", "k_evict_first", "discard_stash"):
         if getattr(tuning, name) is not None and not isinstance(getattr(tuning, name), bool):
             raise TypeError(f"Tuning.{name} must be None or a bool, got {getattr(tuning, name)!r}")
     device = resolve_device(device)
@@ -331,6 +332,9 @@ class DecodePlan:
             l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else None
             stash_bytes = s.batch * s.heads * workspace_strides(workspace_key)[0] * 4
             self.k_evict_first = prop_k_evict_first(stash_bytes, l2_bytes, tuning)
+        # discard.global.L2 needs sm_80; the interpreter has no PTX
+        can_discard = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
+        self.discard_stash = kernel == "prop" and can_discard and tuning.discard_stash is not False
         self._launchers: dict[tuple, tuple] = {}
 
     @property

@@ -182,6 +182,23 @@ def _tile_prefix_search(
 
 
 @triton.jit
+def _discard_stash_row(stash_ptr, row, stride_stash, LINES: tl.constexpr):
+    """Drop one row's stash from L2 without writing it back (PTX ``discard.global.L2``, sm_80+): it is
+    dead once its samples are placed, and a dirty stash left in L2 is written to DRAM while later
+    kernels (the rest of a decode step) evict it. Rows start on 256-byte boundaries and hold
+    ``stride_stash`` fp32 (a multiple of 32: whole 128-byte lines); lines past the row are never named."""
+    base = stash_ptr + row.to(tl.int64) * stride_stash
+    n_lines = stride_stash // 32
+    for l0 in range(0, n_lines, LINES):
+        offs = l0 + tl.arange(0, LINES)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p discard.global.L2 [$1], 128; mov.u32 $0, 0; }",
+            "=r,l,r", [base + offs.to(tl.int64) * 32, (offs < n_lines).to(tl.int32)],
+            dtype=tl.int32, is_pure=False, pack=1,
+        )
+
+
+@triton.jit
 def _prop_chunk(
     v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
     pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, budget, tiles_max,
@@ -190,8 +207,10 @@ def _prop_chunk(
     SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
     BISECT: tl.constexpr, LOG_T: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, RETURN_COUNTS: tl.constexpr, CM: tl.constexpr,
+    DISCARD: tl.constexpr,
 ):
-    """Pass-2 work of one chunk of samples of one (sequence, head) row: place them, gather V, reduce."""
+    """Pass-2 work of one chunk of samples of one (sequence, head) row: place them, gather V, reduce;
+    the row's last chunk (DISCARD) then drops the row's stash from L2."""
     n_tiles = tl.cdiv(seq_len, BLOCK_N)
     offs_s = pid_s * SBLOCK + tl.arange(0, SBLOCK)
     valid_s = offs_s < budget
@@ -234,6 +253,9 @@ def _prop_chunk(
     if N_CHUNKS == 1:
         result = tl.where(nan_row, float("nan"), acc / budget_f)
         tl.store(out_ptr + out_offs, result.to(out_ptr.dtype.element_ty), mask=mask_d)
+        if DISCARD:
+            tl.debug_barrier()  # every thread's stash loads are done
+            _discard_stash_row(stash_ptr, row, stride_stash, 1024)
     else:
         part_row = row.to(tl.int64) * N_CHUNKS
         tl.store(partial_ptr + (part_row + pid_s) * BLOCK_D + offs_d, acc)
@@ -251,6 +273,8 @@ def _prop_chunk(
             result = tl.where(nan_row, float("nan"), total / budget_f)
             tl.store(out_ptr + out_offs, result.to(out_ptr.dtype.element_ty), mask=mask_d)
             tl.atomic_xchg(sem_ptr + row, 0)
+            if DISCARD:  # every chunk of the row has read its stash (they arrived before this one)
+                _discard_stash_row(stash_ptr, row, stride_stash, 1024)
 
 
 @triton.jit(do_not_specialize=["seed", "offset", "budget"])
@@ -263,7 +287,7 @@ def _prop_gather_kernel(
     SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
     BISECT: tl.constexpr, LOG_T: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, OFFSET_IN_MEMORY: tl.constexpr,
-    RETURN_COUNTS: tl.constexpr, USE_PDL: tl.constexpr,
+    RETURN_COUNTS: tl.constexpr, USE_PDL: tl.constexpr, DISCARD: tl.constexpr,
 ):
     pid_s = tl.program_id(0)
     row = tl.program_id(1)  # b·H + h
@@ -280,7 +304,7 @@ def _prop_gather_kernel(
         pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, budget, tiles_max,
         stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
         D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, N_CHUNKS, CHUNK_BLOCK, ONE_CHUNK_T, BISECT, LOG_T,
-        PAGED, PAGE_SIZE, RETURN_COUNTS, "",
+        PAGED, PAGE_SIZE, RETURN_COUNTS, "", DISCARD,
     )
 
 
@@ -307,6 +331,7 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
         common, BLOCK_T=block_t, SBLOCK=sblock, N_CHUNKS=n_chunks, CHUNK_BLOCK=min(32, triton.next_power_of_2(n_chunks)),
         ONE_CHUNK_T=plan.tiles <= block_t, BISECT=prop_tile_search(plan.tiles, tuning) == "bisect",
         LOG_T=max(1, plan.tiles.bit_length()), OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts, USE_PDL=plan.pdl,
+        DISCARD=plan.discard_stash,
         # 8 warps up to 256 tiles (32k: 31.2 vs 34.5 µs), 4 beyond (128k: 95.1 with 8 vs 86.7 with 4; H200, 2026-11-29)
         num_warps=tuning.warps_pass2 or (8 if plan.tiles <= 256 else 4), num_stages=1, launch_pdl=plan.pdl,
     ))
