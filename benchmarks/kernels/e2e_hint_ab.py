@@ -29,9 +29,15 @@ def main() -> int:
     for round_ in range(2):
         for name in (("rule", "off") if round_ == 0 else ("off", "rule")):
             decode.plan_decode = PLAN_DECODE if name == "rule" else planned_off
-            decode._PLANS.clear()  # decode() keeps its plans: make them anew under this rule
+            # decode() keeps its plans, and each call signature's plan: make them anew under this rule
+            decode._PLANS.clear()
+            decode._CALLS.clear()
             print(f"=== {name} round {round_}", flush=True)
             e2e.main([*rest, "--out", str(out / f"{name}_{round_}")])
+            used = sorted({getattr(p, field) for p in decode._PLANS.values() if p.kernel == "prop"})
+            print(f"=== {name} round {round_}: the prop plans ran with {field} = {used}", flush=True)
+            if name == "off" and any(used):
+                raise SystemExit(f"the 'off' arm ran a plan with {field} on: the A/B is void")
     return 0
 
 
