@@ -453,22 +453,25 @@ def test_cuda_graph_replay_matches_eager_and_advances_with_device_offset():
 
 
 @needs_cuda
-@pytest.mark.parametrize("per_program", [None, 128])  # several chunks per head (the last one discards), and one
-def test_discarding_the_stash_changes_no_sample_across_calls(per_program):
-    """Pass 2 drops each row's stash from L2 once its samples are placed; the next call rewrites it.
-    Back-to-back calls with the discard give the counts and outputs of calls without it."""
+@pytest.mark.parametrize("n_keys", [20000, 40000])  # the scan and the bisect tile search
+@pytest.mark.parametrize("per_program", [None, 128])  # several chunks per head (each drops its part), and one
+def test_discarding_the_stash_changes_no_sample_across_calls(per_program, n_keys):
+    """Pass 2 drops from L2 the stash lines no other chunk of the row reads; the next call rewrites them.
+    Back-to-back calls on different queries (so a line dropped too early would read another call's
+    scores back from DRAM) give the counts and outputs of calls without the discard."""
     from santa.kernels import Tuning, plan_decode
 
-    q, k, v = make_inputs(3, 14, 2, 64, 20000, torch.bfloat16, seed=23, q_scale=3.0)
-    seq_lens = torch.tensor([20000, 9999, 1], dtype=torch.int32, device=DEVICE)
-    kwargs = dict(batch=3, heads=14, kv_heads=2, head_dim=64, n_keys=20000, budget=128, dtype=q.dtype, device=DEVICE)
+    _, k, v = make_inputs(3, 14, 2, 64, n_keys, torch.bfloat16, seed=23, q_scale=3.0)
+    queries = [make_inputs(3, 14, 2, 64, 16, torch.bfloat16, seed=30 + step, q_scale=3.0)[0] for step in range(4)]
+    seq_lens = torch.tensor([n_keys, n_keys // 2 - 1, 1], dtype=torch.int32, device=DEVICE)
+    kwargs = dict(batch=3, heads=14, kv_heads=2, head_dim=64, n_keys=n_keys, budget=128, dtype=k.dtype, device=DEVICE)
     runs = {}
     for discard in (False, True):
         plan = plan_decode(**kwargs, tuning=Tuning(discard_stash=discard, samples_per_program=per_program))
         assert plan.discard_stash is discard
         runs[discard] = []
-        for step in range(3):
-            counts = torch.zeros(3, 14, 20000, dtype=torch.int32, device=DEVICE)
+        for step, q in enumerate(queries):
+            counts = torch.zeros(3, 14, n_keys, dtype=torch.int32, device=DEVICE)
             runs[discard].append((plan.run(q, k, v, seq_lens=seq_lens, seed=4, offset=step, counts=counts), counts))
     torch.cuda.synchronize()
     for (out, counts), (want, want_counts) in zip(runs[True], runs[False], strict=True):

@@ -534,7 +534,7 @@ def sweep_prop_tuning(results, flusher, args, n_keys=32768, batch=1):
         Tuning(pdl=False),
         Tuning(tile_search="scan"), Tuning(tile_search="bisect"),
         Tuning(samples_per_program=64, tile_search="bisect"), Tuning(samples_per_program=128, tile_search="bisect"),
-        Tuning(k_evict_first=True), Tuning(k_evict_first=False),
+        Tuning(k_evict_first=True), Tuning(k_evict_first=False), Tuning(discard_stash=False),
     ]
     if args.tune_variants:
         names = {tuning_name(t): t for t in variants}

@@ -182,18 +182,17 @@ def _tile_prefix_search(
 
 
 @triton.jit
-def _discard_stash_row(stash_ptr, row, stride_stash, LINES: tl.constexpr):
-    """Drop one row's stash from L2 without writing it back (PTX ``discard.global.L2``, sm_80+): it is
-    dead once its samples are placed, and a dirty stash left in L2 is written to DRAM while later
-    kernels (the rest of a decode step) evict it. Rows start on 256-byte boundaries and hold
-    ``stride_stash`` fp32 (a multiple of 32: whole 128-byte lines); lines past the row are never named."""
+def _discard_stash_lines(stash_ptr, row, stride_stash, line_lo, line_hi, LINES: tl.constexpr):
+    """Drop lines ``[line_lo, line_hi)`` of one row's stash from L2 without writing them back (PTX
+    ``discard.global.L2``, sm_80+): dead once their samples are placed, a dirty stash left in L2 is
+    written to DRAM while later kernels (the rest of a decode step) evict it. Rows start on 256-byte
+    boundaries and hold ``stride_stash`` fp32 (a multiple of 32), so a line is 32 fp32 of one row."""
     base = stash_ptr + row.to(tl.int64) * stride_stash
-    n_lines = stride_stash // 32
-    for l0 in range(0, n_lines, LINES):
+    for l0 in range(line_lo, line_hi, LINES):
         offs = l0 + tl.arange(0, LINES)
         tl.inline_asm_elementwise(
             "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p discard.global.L2 [$1], 128; mov.u32 $0, 0; }",
-            "=r,l,r", [base + offs.to(tl.int64) * 32, (offs < n_lines).to(tl.int32)],
+            "=r,l,r", [base + offs.to(tl.int64) * 32, (offs < line_hi).to(tl.int32)],
             dtype=tl.int32, is_pure=False, pack=1,
         )
 
@@ -210,7 +209,7 @@ def _prop_chunk(
     DISCARD: tl.constexpr,
 ):
     """Pass-2 work of one chunk of samples of one (sequence, head) row: place them, gather V, reduce;
-    the row's last chunk (DISCARD) then drops the row's stash from L2."""
+    with DISCARD, drop from L2 the part of the row's stash that no other chunk reads."""
     n_tiles = tl.cdiv(seq_len, BLOCK_N)
     offs_s = pid_s * SBLOCK + tl.arange(0, SBLOCK)
     valid_s = offs_s < budget
@@ -250,12 +249,22 @@ def _prop_chunk(
         tl.atomic_add(counts_ptr + row.to(tl.int64) * stride_counts + key, 1, mask=ok)
 
     out_offs = b.to(tl.int64) * stride_ob + h * stride_oh + offs_d
+    if DISCARD:
+        # The tile of sample m never decreases with m, so this chunk's samples lie in tiles [first, last]
+        # and every other chunk's in tiles ≤ first or ≥ last: the tiles strictly between are read by this
+        # chunk alone, the ones before the first chunk's and after the last chunk's by nobody. Each chunk
+        # drops those once its own loads are done; the few tiles two chunks may share stay in L2.
+        first = tl.min(tl.where(ok, tile, 2147483647), axis=0)
+        last = tl.max(tl.where(ok, tile, -1), axis=0)
+        tile_lo = tl.where(pid_s == 0, 0, first + 1)
+        line_lo = tl.cdiv(tile_lo * BLOCK_N, 32)  # whole lines only
+        line_hi = tl.where(pid_s == N_CHUNKS - 1, stride_stash // 32, (last * BLOCK_N) // 32)
+        tl.debug_barrier()  # every thread's stash loads are done
+        if last >= 0:
+            _discard_stash_lines(stash_ptr, row, stride_stash, line_lo, line_hi, 512)
     if N_CHUNKS == 1:
         result = tl.where(nan_row, float("nan"), acc / budget_f)
         tl.store(out_ptr + out_offs, result.to(out_ptr.dtype.element_ty), mask=mask_d)
-        if DISCARD:
-            tl.debug_barrier()  # every thread's stash loads are done
-            _discard_stash_row(stash_ptr, row, stride_stash, 1024)
     else:
         part_row = row.to(tl.int64) * N_CHUNKS
         tl.store(partial_ptr + (part_row + pid_s) * BLOCK_D + offs_d, acc)
@@ -273,8 +282,6 @@ def _prop_chunk(
             result = tl.where(nan_row, float("nan"), total / budget_f)
             tl.store(out_ptr + out_offs, result.to(out_ptr.dtype.element_ty), mask=mask_d)
             tl.atomic_xchg(sem_ptr + row, 0)
-            if DISCARD:  # every chunk of the row has read its stash (they arrived before this one)
-                _discard_stash_row(stash_ptr, row, stride_stash, 1024)
 
 
 @triton.jit(do_not_specialize=["seed", "offset", "budget"])
