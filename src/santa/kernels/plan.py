@@ -84,6 +84,16 @@ def prop_tile_search(tiles: int, tuning: Tuning = Tuning()) -> str:
     return tuning.tile_search or ("bisect" if tiles > 256 else "scan")
 
 
+def prop_discard_mode(chunks_per_head: int) -> int:
+    """How pass 2 drops the dead stash from L2 (when ``DecodePlan.discard_stash``): 1, the last chunk
+    of a head drops the whole row; 2, every chunk drops the part no other chunk reads. H200,
+    2026-12-01, graph µs, cold L2 (no discard / 1 / 2): B = 8 × 32k (2 chunks) 155.3 / 159.9 / 174.7,
+    Qwen B = 16 × 32k (4 chunks) 62.7 / 66.9 / 73.5, so 1 where there are few chunks; at 128k, batch
+    1 (16 chunks) the last chunk's serial drop of 4,096 lines costs pass 2 +6 µs and 2 is free
+    (81.8 / 81.9)."""
+    return 2 if chunks_per_head >= 8 else 1
+
+
 def prop_k_evict_first(stash_bytes: int, l2_bytes: int | None, tuning: Tuning = Tuning()) -> bool:
     """Whether pass 1 loads K as evict-first: when prop's stash (``B·H·n·4`` bytes, read by pass 2
     right after) fits in L2 but is not tiny. H200, 2026-12-01, same call, graph µs (no hint → hint):

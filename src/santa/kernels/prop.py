@@ -31,7 +31,7 @@ from santa.kernels._common import (
     tile_softmax_stats,
 )
 from santa.kernels._launch import Launcher
-from santa.kernels.plan import prop_sample_chunks, prop_tile_search, workspace_strides
+from santa.kernels.plan import prop_discard_mode, prop_sample_chunks, prop_tile_search, workspace_strides
 
 
 @triton.jit
@@ -208,8 +208,9 @@ def _prop_chunk(
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, RETURN_COUNTS: tl.constexpr, CM: tl.constexpr,
     DISCARD: tl.constexpr,
 ):
-    """Pass-2 work of one chunk of samples of one (sequence, head) row: place them, gather V, reduce;
-    with DISCARD, drop from L2 the part of the row's stash that no other chunk reads."""
+    """Pass-2 work of one chunk of samples of one (sequence, head) row: place them, gather V, reduce.
+    DISCARD (see :func:`santa.kernels.plan.prop_discard_mode`): 0 keeps the stash in L2, 1 has the
+    row's last chunk drop the whole row, 2 has every chunk drop the part that no other chunk reads."""
     n_tiles = tl.cdiv(seq_len, BLOCK_N)
     offs_s = pid_s * SBLOCK + tl.arange(0, SBLOCK)
     valid_s = offs_s < budget
@@ -249,7 +250,7 @@ def _prop_chunk(
         tl.atomic_add(counts_ptr + row.to(tl.int64) * stride_counts + key, 1, mask=ok)
 
     out_offs = b.to(tl.int64) * stride_ob + h * stride_oh + offs_d
-    if DISCARD:
+    if DISCARD == 2:
         # The tile of sample m never decreases with m, so this chunk's samples lie in tiles [first, last]
         # and every other chunk's in tiles ≤ first or ≥ last: the tiles strictly between are read by this
         # chunk alone, the ones before the first chunk's and after the last chunk's by nobody. Each chunk
@@ -265,6 +266,9 @@ def _prop_chunk(
     if N_CHUNKS == 1:
         result = tl.where(nan_row, float("nan"), acc / budget_f)
         tl.store(out_ptr + out_offs, result.to(out_ptr.dtype.element_ty), mask=mask_d)
+        if DISCARD == 1:
+            tl.debug_barrier()  # every thread's stash loads are done
+            _discard_stash_lines(stash_ptr, row, stride_stash, 0, stride_stash // 32, 1024)
     else:
         part_row = row.to(tl.int64) * N_CHUNKS
         tl.store(partial_ptr + (part_row + pid_s) * BLOCK_D + offs_d, acc)
@@ -282,6 +286,8 @@ def _prop_chunk(
             result = tl.where(nan_row, float("nan"), total / budget_f)
             tl.store(out_ptr + out_offs, result.to(out_ptr.dtype.element_ty), mask=mask_d)
             tl.atomic_xchg(sem_ptr + row, 0)
+            if DISCARD == 1:  # every chunk of the row has read its stash (they arrived before this one)
+                _discard_stash_lines(stash_ptr, row, stride_stash, 0, stride_stash // 32, 1024)
 
 
 @triton.jit(do_not_specialize=["seed", "offset", "budget"])
@@ -338,7 +344,7 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
         common, BLOCK_T=block_t, SBLOCK=sblock, N_CHUNKS=n_chunks, CHUNK_BLOCK=min(32, triton.next_power_of_2(n_chunks)),
         ONE_CHUNK_T=plan.tiles <= block_t, BISECT=prop_tile_search(plan.tiles, tuning) == "bisect",
         LOG_T=max(1, plan.tiles.bit_length()), OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts, USE_PDL=plan.pdl,
-        DISCARD=plan.discard_stash,
+        DISCARD=prop_discard_mode(n_chunks) if plan.discard_stash else 0,
         # 8 warps up to 256 tiles (32k: 31.2 vs 34.5 µs), 4 beyond (128k: 95.1 with 8 vs 86.7 with 4; H200, 2026-11-29)
         num_warps=tuning.warps_pass2 or (8 if plan.tiles <= 256 else 4), num_stages=1, launch_pdl=plan.pdl,
     ))
