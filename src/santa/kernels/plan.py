@@ -87,10 +87,11 @@ def prop_tile_search(tiles: int, tuning: Tuning = Tuning()) -> str:
 def prop_discard_mode(chunks_per_head: int) -> int:
     """How pass 2 drops the dead stash from L2 (when ``DecodePlan.discard_stash``): 1, the last chunk
     of a head drops the whole row; 2, every chunk drops the part no other chunk reads. H200,
-    2026-12-01, graph µs, cold L2 (no discard / 1 / 2): B = 8 × 32k (2 chunks) 155.3 / 159.9 / 174.7,
-    Qwen B = 16 × 32k (4 chunks) 62.7 / 66.9 / 73.5, so 1 where there are few chunks; at 128k, batch
-    1 (16 chunks) the last chunk's serial drop of 4,096 lines costs pass 2 +6 µs and 2 is free
-    (81.8 / 81.9)."""
+    2026-12-01, graph µs, cold L2, no discard → discard in one call: 1 at B = 8 × 32k (2 chunks)
+    155.0 → 156.1 and Qwen B = 16 × 32k (4) 63.0 → 63.8, 2 there 155.2 → 174.3 and 63.2 → 73.9; at
+    128k, batch 1 (16 chunks) 1's serial drop of 4,096 lines costs pass 2 +6 µs, 2 82.0 → 82.5. End to
+    end (the write-back it saves is real there) 1 gave −1.6…−1.9 % per token at Qwen B = 16, Llama
+    B = 6 × 30k and SmolLM2 B = 64, and 2 −0.7…−1.4 % at Llama 128k, batch 1."""
     return 2 if chunks_per_head >= 8 else 1
 
 
@@ -99,7 +100,8 @@ def prop_k_evict_first(stash_bytes: int, l2_bytes: int | None, tuning: Tuning = 
     right after) fits in L2 but is not tiny. H200, 2026-12-01, same call, graph µs (no hint → hint):
     Llama shapes 128k 86.4 → 81.5, B = 6 × 30k 119.4 → 113.1, B = 8 × 32k 160.5 → 155.1; SmolLM2
     B = 64 80.6 → 77.4; Qwen B = 16 65.4 → 63.4; but +0.5 µs with a stash of ≤ 4 MB and +1–4 % once
-    it outgrows L2 (Llama B = 24, 32; Qwen B = 32, 64). Without a known L2 size (CPU): no hint."""
+    it outgrows L2 (Llama B = 24, 32; Qwen B = 32, 64). End to end −2.1 % per token at Qwen B = 16
+    × 32k, −1.9 % at Llama B = 6 × 30k. Without a known L2 size (CPU): no hint."""
     if tuning.k_evict_first is not None:
         return tuning.k_evict_first
     return l2_bytes is not None and l2_bytes // 8 <= stash_bytes <= 3 * l2_bytes // 4
