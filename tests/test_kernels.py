@@ -373,6 +373,25 @@ def test_k_evict_first_is_chosen_by_the_stash_size_and_never_changes_a_sample():
     assert plan.discard_stash is CUDA  # PTX discard on the GPU; the interpreter has none
 
 
+def test_the_stash_discard_mode_follows_the_chunks_per_head():
+    """Where a head has few pass-2 chunks its last chunk drops the whole row; from 8 on every chunk
+    drops its own part (the measured rule); with the discard off, or on the CPU, nothing is dropped."""
+    from santa.kernels import plan_decode
+    from santa.kernels.plan import prop_discard_mode
+    from santa.kernels.prop import prop_launchers
+
+    assert [prop_discard_mode(c) for c in (1, 2, 4, 7, 8, 16)] == [1, 1, 1, 1, 2, 2]
+    for n_keys, chunks, mode in ((4096, 4, 1), (131072, 16, 2)):
+        plan = plan_decode(batch=1, heads=4, kv_heads=2, head_dim=64, n_keys=n_keys, budget=128, dtype=torch.bfloat16,
+                           device="cpu")
+        assert not plan.discard_stash  # the interpreter has no PTX
+        launch = dict(prop_launchers(plan, has_seq_lens=False, offset_in_memory=False, return_counts=False))["pass2"]
+        assert launch.grid[0] == chunks and launch.meta["DISCARD"] == 0
+        plan.discard_stash = True  # as on sm_80+
+        launch = dict(prop_launchers(plan, has_seq_lens=False, offset_in_memory=False, return_counts=False))["pass2"]
+        assert launch.meta["DISCARD"] == mode
+
+
 def test_cpu_fallback_without_interpreter_computes_the_same_estimator(monkeypatch):
     q, k, v = make_inputs(2, 4, 2, 32, 100, seed=10)
     q, k, v = q.cpu(), k.cpu(), v.cpu()
