@@ -392,6 +392,20 @@ def test_the_stash_discard_mode_follows_the_chunks_per_head():
         assert launch.meta["DISCARD"] == mode
 
 
+def test_stash_rows_are_whole_l2_lines_for_every_tile_size():
+    """discard.global.L2 takes 128-byte aligned lines: every stash row starts on one and spans whole
+    lines, also for 16-key tiles and an odd tile count (whose keys alone would end mid-line)."""
+    from santa.kernels import Tuning
+    from santa.kernels.plan import WorkspaceKey, workspace_regions, workspace_strides
+
+    for block_n, n_keys in ((16, 16 * 7 - 3), (32, 100), (128, 1000), (64, 4097)):
+        key = WorkspaceKey.of(kernel="prop", batch=3, heads=5, head_dim=64, n_keys=n_keys, budget=64, device="cpu",
+                              tuning=Tuning(block_n=block_n))
+        stride = workspace_strides(key)[0]
+        start = {name: offset for name, _, _, offset in workspace_regions(key)}["stash"]
+        assert stride % 32 == 0 and stride >= -(-n_keys // block_n) * block_n and start % 128 == 0
+
+
 def test_cpu_fallback_without_interpreter_computes_the_same_estimator(monkeypatch):
     q, k, v = make_inputs(2, 4, 2, 32, 100, seed=10)
     q, k, v = q.cpu(), k.cpu(), v.cpu()

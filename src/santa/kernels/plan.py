@@ -142,7 +142,8 @@ def workspace_regions(key: WorkspaceKey) -> tuple[tuple[str, torch.dtype, tuple[
         n_chunks = key.sample_chunks
         regions = [
             ("sem", torch.int32, (rows,)),  # zero when made; every call leaves it at zero
-            ("stash", torch.float32, (rows, tiles * key.block_n)),
+            # rows padded to whole 128-byte lines: pass 2 drops dead rows from L2 line by line
+            ("stash", torch.float32, (rows, cdiv(tiles * key.block_n, 32) * 32)),
             ("tile_max", torch.float32, (rows, tiles)),
             ("tile_mass", torch.float32, (rows, tiles)),
             ("prefix", torch.float32, (rows, tiles)),  # P_t = S·C_t, written by pass 2 for its tile search
