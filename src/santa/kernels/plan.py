@@ -338,7 +338,8 @@ class DecodePlan:
         # fp32 dots: fp32 inputs, the interpreter (its bf16 dot rounds), and flash budgets whose per-key
         # counts could pass 65535 (flash splits counts into bytes: the high byte is exact in bf16 up to 256)
         self.ieee_dot = s.dtype == torch.float32 or device.type != "cuda" or (kernel == "flash" and budget > 65535)
-        self.pdl = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9 and tuning.pdl is not False
+        major = torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 0  # 0: CPU / interpreter
+        self.pdl = major >= 9 and tuning.pdl is not False
         self.cuda_index = device.index if device.type == "cuda" else None  # launches go to this device's current stream
         self.k_evict_first = False
         if kernel == "prop":  # the stash's size as the workspace lays it out: B·H rows of stride_stash fp32
@@ -346,8 +347,7 @@ class DecodePlan:
             stash_bytes = s.batch * s.heads * workspace_strides(workspace_key)[0] * 4
             self.k_evict_first = prop_k_evict_first(stash_bytes, l2_bytes, tuning)
         # discard.global.L2 needs sm_80; the interpreter has no PTX
-        can_discard = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
-        self.discard_stash = kernel == "prop" and can_discard and tuning.discard_stash is not False
+        self.discard_stash = kernel == "prop" and major >= 8 and tuning.discard_stash is not False
         self._launchers: dict[tuple, tuple] = {}
 
     @property

@@ -185,8 +185,9 @@ def _tile_prefix_search(
 def _discard_stash_lines(stash_ptr, row, stride_stash, line_lo, line_hi, LINES: tl.constexpr):
     """Drop lines ``[line_lo, line_hi)`` of one row's stash from L2 without writing them back (PTX
     ``discard.global.L2``, sm_80+): dead once their samples are placed, a dirty stash left in L2 is
-    written to DRAM while later kernels (the rest of a decode step) evict it. Rows start on 256-byte
-    boundaries and hold ``stride_stash`` fp32 (a multiple of 32), so a line is 32 fp32 of one row."""
+    written to DRAM while later kernels (the rest of a decode step) evict it. The stash starts on a
+    256-byte boundary and its rows hold ``stride_stash`` fp32, a multiple of 32 (``workspace_regions``
+    pads them), so every row starts on a 128-byte line and a line is 32 fp32 of one row."""
     base = stash_ptr + row.to(tl.int64) * stride_stash
     for l0 in range(line_lo, line_hi, LINES):
         offs = l0 + tl.arange(0, LINES)
