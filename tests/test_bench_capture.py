@@ -55,6 +55,34 @@ def test_bench_cli_lists_capture():
     assert "capture" in cli.COMMANDS and "capture" in cli.build_parser().format_help()
 
 
+def test_bench_real_times_a_pair_again_when_its_difference_is_noise(monkeypatch, capsys):
+    """A (short, long) pair whose long run took no longer is timed again; after PAIR_ATTEMPTS such
+    pairs the last one is kept with a warning on stderr."""
+    from santa.bench import real
+    from santa.eval import tasks
+
+    class Tokenizer:
+        def __call__(self, text, add_special_tokens):
+            return {"input_ids": [1, 2, 3]}
+
+        def decode(self, ids, skip_special_tokens):
+            return "1234567"
+
+    monkeypatch.setattr(tasks, "needle_prompt", lambda tokenizer, n, seed: tasks.Prompt(task="needle", text="x", answers=("1234567",), n_tokens=3, seed=seed))
+    for durations, per_token, warned in (
+        ([1.0, 5.0, 0.5, 1.0, 3.0], 1000.0, False),  # warm-up, a noisy pair (5.0 then 0.5), then 1.0 → 3.0 over 2 tokens
+        ([1.0] + [2.0, 1.0] * real.PAIR_ATTEMPTS, -500.0, True),  # never longer: the last pair is kept
+    ):
+        calls = iter(durations)
+        monkeypatch.setattr(real, "_timed_generate", lambda model, ids, tokens, calls=calls, **kw: (next(calls), [torch.tensor([1])]))
+        case = real.bench_case(None, Tokenizer(), length=8, batch=1, backends=["sdpa"], budget=4, new_tokens=4,
+                               warm_tokens=2, repeats=1, seed=0)
+        assert next(calls, None) is None  # every timing was used, no more
+        row = case["backends"]["sdpa"]
+        assert row["ms_per_token_all"] == [pytest.approx(per_token)] and row["found"] == 1.0
+        assert ("below the noise" in capsys.readouterr().err) is warned
+
+
 @pytest.mark.slow
 def test_bench_real_times_and_grades_every_backend_on_the_bundled_model(tmp_path):
     """santa bench real on CPU, tiny settings: one record per backend with a time and a needle score."""
