@@ -226,7 +226,7 @@ def test_tune_cli_refuses_bad_flags(tmp_path, capsys, flags, complaint):
 def test_tune_cli_without_ray_says_how_to_install_it(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     code, err = cli(["budgets", "--out", str(tmp_path), "--model", "tiny-random", "--no-plots"], capsys)
-    assert code == 2 and "pip install 'santa[tune]'" in err
+    assert code == 2 and "pip install 'santa-attention[tune]'" in err
 
 
 def test_tune_cli_refuses_a_folder_of_another_run(tmp_path, capsys):

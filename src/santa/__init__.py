@@ -26,3 +26,10 @@ __all__ = [
     "variance_trace",
 ]
 __version__ = "0.1.0"
+# the name on the package index (`pip install santa-attention`); the import name stays `santa`
+DISTRIBUTION = "santa-attention"
+
+
+def install_hint(extra: str) -> str:
+    """``pip install 'santa-attention[extra]'``: the command that adds an optional dependency group."""
+    return f"pip install '{DISTRIBUTION}[{extra}]'"

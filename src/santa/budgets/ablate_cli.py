@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     layers.add_argument("--prompts", type=int_list, default=list(range(16)), help="held-out prompt seeds (default 0-15)")
     layers.add_argument("--seeds", type=int_list, default=[0], help="sampler seeds (default 0)")
     layers.add_argument("--batch", type=positive_int, default=16, help="prompts run together")
-    layers.add_argument("--plot", default=None, help="write the Fig. 8-style plot here (needs santa[plot])")
+    layers.add_argument("--plot", default=None, help="write the Fig. 8-style plot here (needs matplotlib: pip install 'santa-attention[plot]')")
     layers.add_argument("--no-progress", action="store_true")
     add_model_arguments(layers)
     return parser

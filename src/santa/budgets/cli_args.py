@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 
+from santa import install_hint
 from santa.budgets.rewards import TINY
 from santa.cliargs import positive_int
 
@@ -82,4 +83,4 @@ def check_model_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
 
 def check_plot(parser: argparse.ArgumentParser, wanted: bool) -> None:
     if wanted and importlib.util.find_spec("matplotlib") is None:
-        parser.error("plots need matplotlib: pip install 'santa[plot]' (or leave out the plot flags)")
+        parser.error(f"plots need matplotlib: {install_hint('plot')} (or leave out the plot flags)")

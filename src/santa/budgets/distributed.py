@@ -43,11 +43,12 @@ from santa.budgets.checkpoint import (
     resume,
     update_record,
 )
+from santa import install_hint
 from santa.budgets.reinforce import Episode, PolicyState, episode_seed, reinforce_step, sample_schedule, softmax
 from santa.budgets.schedule import rounded_schedule, write_json_atomic, write_schedule
 
 WORKERS_FILE = "workers"
-INSTALL_HINT = "santa tune needs Ray: pip install 'santa[tune]'"
+INSTALL_HINT = f"santa tune needs Ray: {install_hint('tune')}"
 
 
 class RayMissing(ImportError):
