@@ -33,7 +33,6 @@ twice. The kernel drops the lock with the process, so a killed sweep leaves no s
 
 from __future__ import annotations
 
-import fcntl
 import gzip
 import itertools
 import json
@@ -42,8 +41,8 @@ import os
 import platform
 import time
 import zlib
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -55,6 +54,7 @@ from santa.decoding import greedy_continue_batch, left_pad, padded_forward, retu
 from santa.eval.grading import grade
 from santa.eval.tasks import FIXED_LENGTH_TASKS, TASKS, Prompt, build_prompt
 from santa.provenance import code_commit
+from santa.writer_lock import writer_lock
 
 HF_METHODS = ("dense", "iid", "stratified", "systematic", "topk")
 FAST_ONLY = ("prop", "flash")  # santa.kernels' decode: the fast path only
@@ -295,33 +295,15 @@ def read_records(path: str | Path) -> list[dict]:
     return [record for _, record in load_sweep(path).records]
 
 
-@contextmanager
-def sweep_lock(path: str | Path) -> Iterator[None]:
+def sweep_lock(path: str | Path) -> AbstractContextManager[None]:
     """Hold an exclusive ``flock`` on the sweep file ``path`` (created if missing) for one writer.
 
     A second holder is refused at once with :class:`SweepLocked`. The lock lives on the open file
     description, so the kernel drops it when this process ends in any way — exit, exception,
-    ``kill -9`` — and no stale lock can block a resume. No lock file is made.
+    ``kill -9`` — and no stale lock can block a resume. No lock file is made
+    (:func:`santa.writer_lock.writer_lock`, shared with the other resumable commands).
     """
-    path = Path(path)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    except OSError as error:
-        raise SweepFileError(f"{path}: cannot open it for writing ({error.strerror or error})") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise SweepLocked(
-            f"{path}: another `santa eval run` is writing this file; wait for it to end or use another --out"
-        ) from None
-    except OSError as error:
-        os.close(fd)
-        raise SweepFileError(f"{path}: cannot lock it ({error.strerror or error})") from None
-    try:
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+    return writer_lock(path, holder="`santa eval run`", locked=SweepLocked, unusable=SweepFileError)
 
 
 def append_record(path: str | Path, record: dict) -> None:
