@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +36,15 @@ from torch import Tensor, nn
 
 import santa.kernels as santa_kernels
 from santa.attention import sampled_attention
-from santa.checkpoint import args_from_config, read_config, read_state_dict, state_dict_from_hf
+from santa.checkpoint import (
+    args_from_config,
+    checked_device,
+    checkpoint_folder,
+    read_config,
+    read_state_dict,
+    state_dict_from_hf,
+)
+from santa.checks import integer
 from santa.kernels import reference
 from santa.sampling import check_budget
 
@@ -45,6 +53,7 @@ REFERENCE_BACKENDS = ("iid", "stratified", "systematic", "topk")  # sampled_atte
 SANTA_IMPLS = ("auto", "kernels", "torch")
 CACHE_ALIGN = 256  # static cache length is a multiple of this (FlashInfer pages, kernel tiles)
 STOP_CHECK_EVERY = 16  # decode steps between host checks that every sequence has stopped (a sync)
+MAX_POSITIONS = 2**31 - CACHE_ALIGN  # prompt + new tokens: seq_lens and positions are int32 on the device
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,22 @@ class ModelArgs:
     rope_scaling: tuple[float, float, float, int] | None = None
     qkv_bias: bool = False  # Qwen2: q_proj, k_proj and v_proj carry a bias (o_proj and the MLP do not)
 
+    def __post_init__(self):
+        """Refuse arguments no model can have (TypeError: wrong type; ValueError: bad value), naming the field."""
+        for name in ("n_layer", "n_head", "n_kv_head", "dim", "intermediate_size", "vocab_size"):
+            object.__setattr__(self, name, integer(f"ModelArgs.{name}", getattr(self, name), low=1))
+        if self.dim % self.n_head or (self.dim // self.n_head) % 2:
+            raise ValueError(f"ModelArgs.dim must be n_head × an even head_dim (rotary halves), got dim={self.dim}, n_head={self.n_head}")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"ModelArgs.n_head must be a multiple of n_kv_head, got {self.n_head} and {self.n_kv_head}")
+        object.__setattr__(self, "rope_base", positive_float("ModelArgs.rope_base", self.rope_base))
+        object.__setattr__(self, "norm_eps", positive_float("ModelArgs.norm_eps", self.norm_eps, allow_zero=True))
+        for name in ("tie_embeddings", "qkv_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"ModelArgs.{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        if self.rope_scaling is not None:
+            object.__setattr__(self, "rope_scaling", checked_rope_scaling(self.rope_scaling))
+
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_head
@@ -71,6 +96,29 @@ class ModelArgs:
         """Arguments of a Llama or Qwen2 checkpoint: a transformers config, or its config.json dict
         (ValueError naming what santa.model does not implement: see :func:`santa.checkpoint.args_from_config`)."""
         return cls(**args_from_config(config))
+
+
+def positive_float(name: str, value: object, *, allow_zero: bool = False) -> float:
+    """``value`` as a finite float > 0 (≥ 0 with ``allow_zero``), or TypeError / ValueError naming ``name``."""
+    bound = "≥ 0" if allow_zero else "> 0"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number {bound}, got {type(value).__name__} {value!r:.80}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be a finite number {bound}, got {value}")
+    return value
+
+
+def checked_rope_scaling(scaling: object) -> tuple[float, float, float, int]:
+    """Llama-3.1's ``(factor, low_freq_factor, high_freq_factor, original_max_position)``, checked."""
+    if not isinstance(scaling, tuple) or len(scaling) != 4:
+        raise TypeError(f"ModelArgs.rope_scaling must be None or a tuple (factor, low_freq_factor, high_freq_factor, "
+                        f"original_max_position), got {scaling!r:.80}")
+    factor, low, high = (positive_float(f"ModelArgs.rope_scaling[{i}]", x) for i, x in enumerate(scaling[:3]))
+    original = integer("ModelArgs.rope_scaling[3] (original_max_position)", scaling[3], low=1)
+    if high <= low:
+        raise ValueError(f"ModelArgs.rope_scaling needs high_freq_factor > low_freq_factor, got {high} and {low}")
+    return factor, low, high, original
 
 
 CONFIGS = {
@@ -171,26 +219,17 @@ def make_context(
         raise ValueError(f"backend must be one of {BACKENDS + REFERENCE_BACKENDS}, got {backend!r}")
     if santa_impl not in SANTA_IMPLS:
         raise ValueError(f"santa_impl must be one of {SANTA_IMPLS}, got {santa_impl!r}")
+    check_model(model)
     budget = check_budget(budget)
     max_seed = (2**63 - model.args.n_layer) // 1000003  # each layer's kernel seed, seed·1000003 + layer, must stay < 2**63
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < max_seed:
-        raise ValueError(f"seed must be an int in [0, {max_seed}), got {seed!r}")
-    if layer_budgets is not None:
-        if not isinstance(layer_budgets, dict):
-            raise TypeError(f"layer_budgets must be a dict {{layer: budget}}, got {type(layer_budgets).__name__}")
-        for layer, s in layer_budgets.items():
-            if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < model.args.n_layer:
-                raise ValueError(f"layer_budgets keys must be layer indices in [0, {model.args.n_layer}), got {layer!r}")
-            check_budget(s, f"layer_budgets[{layer}]")
-        layer_budgets = dict(layer_budgets)
+    seed = integer("seed", seed, low=0, high=max_seed)
+    layer_budgets = checked_layer_budgets(layer_budgets, model.args.n_layer)
     cache = model.layers[0].attention.kv_cache
     if cache is None:
         raise ValueError("model has no KV cache: call model.setup_caches(batch, max_len) before make_context")
     batch, max_len = cache.k_cache.shape[:2]
     device, dtype = cache.k_cache.device, cache.k_cache.dtype
-    seq_lens = torch.as_tensor(prompt_len, device=device).to(torch.int32).reshape(-1)
-    if seq_lens.numel() not in (1, batch) or not ((seq_lens >= 1) & (seq_lens <= max_len)).all():
-        raise ValueError(f"prompt_len must be an int or [B={batch}] ints in [1, {max_len}], got {prompt_len!r}")
+    seq_lens = checked_prompt_len(prompt_len, batch, max_len).to(device)
     ctx = DecodeContext(
         backend=backend,
         seq_lens=seq_lens.expand(batch).clone(),
@@ -214,6 +253,41 @@ def make_context(
             raise ValueError("flashinfer plans one length for the batch: prompt_len must be one int")
         ctx.flashinfer = FlashInferDecode(model, page_size=ctx.page_size)
     return ctx
+
+
+def check_model(model: object) -> None:
+    if not isinstance(model, Transformer):
+        raise TypeError(f"model must be a santa.model.Transformer, got {type(model).__name__}")
+
+
+def checked_layer_budgets(layer_budgets: object, n_layer: int) -> dict[int, int] | None:
+    """``{layer: S}`` with layers in [0, n_layer) and budgets ≥ 1 (numpy ints accepted), or None."""
+    if layer_budgets is None:
+        return None
+    if not isinstance(layer_budgets, Mapping):
+        raise TypeError(f"layer_budgets must be a dict {{layer: budget}}, got {type(layer_budgets).__name__}")
+    checked = {}
+    for layer, s in layer_budgets.items():
+        layer = integer("layer_budgets key (a layer index)", layer, low=0, high=n_layer)
+        checked[layer] = check_budget(s, f"layer_budgets[{layer}]")
+    return checked
+
+
+def checked_prompt_len(prompt_len: object, batch: int, max_len: int) -> Tensor:
+    """int32 ``[1]`` or ``[B]``: one int for the batch, or B ints (a list or an integer tensor), each in [1, max_len]."""
+    expected = f"an int or [B={batch}] ints in [1, {max_len}]"
+    if isinstance(prompt_len, Tensor):
+        if prompt_len.is_floating_point() or prompt_len.is_complex() or prompt_len.dtype == torch.bool or prompt_len.dim() > 1:
+            raise TypeError(f"prompt_len must be {expected}, got a {prompt_len.dtype} tensor of shape {tuple(prompt_len.shape)}")
+        values = prompt_len.reshape(-1).tolist()
+    elif isinstance(prompt_len, Sequence) and not isinstance(prompt_len, (str, bytes)):
+        values = list(prompt_len)
+    else:
+        values = [prompt_len]
+    if len(values) not in (1, batch):
+        raise ValueError(f"prompt_len must be {expected}, got {len(values)} values")
+    values = [integer("prompt_len", n, low=1, high=max_len + 1) for n in values]
+    return torch.tensor(values, dtype=torch.int32)
 
 
 class FlashInferDecode:
@@ -399,7 +473,12 @@ class Transformer(nn.Module):
         self.rope_sin: Tensor | None = None  # signed: [−sin_half, sin_half]
 
     def setup_caches(self, batch: int, max_len: int) -> int:
-        """Allocate every layer's static cache; returns the cache length (rounded up to 256)."""
+        """Allocate every layer's static cache; returns the cache length (rounded up to 256).
+
+        batch ≥ 1 sequences; max_len in [1, MAX_POSITIONS] positions (int32 on the device).
+        """
+        batch = integer("batch", batch, low=1)
+        max_len = integer("max_len", max_len, low=1, high=MAX_POSITIONS + 1)
         max_len = -(-max_len // CACHE_ALIGN) * CACHE_ALIGN
         weight = self.output.weight
         for layer in self.layers:
@@ -436,13 +515,25 @@ class Transformer(nn.Module):
     def from_checkpoint(cls, path: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> Transformer:
         """A local Llama / Qwen2 checkpoint folder: config.json and model.safetensors, or shards with
         model.safetensors.index.json. Read with safetensors (no transformers, no hub); dtype None
-        keeps the checkpoint's."""
-        args = ModelArgs.from_hf_config(read_config(path))
+        keeps the checkpoint's (else a floating torch.dtype).
+
+        Raises ValueError naming the file and key of what cannot be used: a malformed config.json
+        value, an unreadable (empty, truncated, random) safetensors file, an index naming shards
+        outside the folder, tensors that do not match the config; and what santa.model does not
+        implement (:func:`santa.checkpoint.args_from_config`).
+        """
+        dtype = checked_dtype(dtype)
+        device = checked_device(device)
+        config = checkpoint_folder(path) / "config.json"
+        args = ModelArgs(**args_from_config(read_config(path), source=str(config)))
         return cls.from_hf_state_dict(args, read_state_dict(path, device=device), dtype=dtype)
 
     @classmethod
     def from_hf_state_dict(cls, args: ModelArgs, state: Mapping[str, Tensor], *, dtype: torch.dtype | None = None) -> Transformer:
         """Our model from tensors under transformers' names (checked against ``args``: see check_hf_state_dict)."""
+        if not isinstance(args, ModelArgs):
+            raise TypeError(f"args must be a santa.model.ModelArgs, got {type(args).__name__}")
+        dtype = checked_dtype(dtype)
         ours = state_dict_from_hf(args, state)
         with torch.device("meta"):
             model = cls(args)
@@ -454,6 +545,10 @@ class Transformer(nn.Module):
     @classmethod
     def random(cls, args: ModelArgs, *, device=None, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> Transformer:
         """Random weights made on ``device`` (speed does not depend on their values)."""
+        if not isinstance(args, ModelArgs):
+            raise TypeError(f"args must be a santa.model.ModelArgs, got {type(args).__name__}")
+        dtype = checked_dtype(dtype, allow_none=False)
+        seed = integer("seed", seed, low=0, high=2**63)
         with torch.device("meta"):
             model = cls(args).to(dtype)
         model = model.to_empty(device=device)
@@ -473,6 +568,17 @@ class Transformer(nn.Module):
         return model
 
 
+def checked_dtype(dtype: object, *, allow_none: bool = True) -> torch.dtype | None:
+    """``dtype`` if it is a floating torch.dtype (or None where allowed), else TypeError / ValueError."""
+    if dtype is None and allow_none:
+        return None
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a floating torch.dtype{' or None' if allow_none else ''}, got {type(dtype).__name__} {dtype!r:.80}")
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating torch.dtype (the weights are real numbers), got {dtype}")
+    return dtype
+
+
 def load_bundled(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
     """A bundled model (:data:`santa.assets.MODELS`) as ``(Transformer, tokenizer)``, offline."""
     from santa.assets import load_model
@@ -485,32 +591,47 @@ def pad_prompts(prompts: Tensor | Sequence, *, vocab_size: int, device=None) -> 
     """Right-padded tokens ``[B, T_max]`` int64 (pad 0) and lengths ``[B]`` int64 on ``device``.
 
     prompts: an int tensor ``[B, T]`` (every prompt T tokens), or a non-empty sequence of 1-D int
-    tensors or lists of ints, each at least one token in ``[0, vocab_size)``.
+    tensors, arrays or lists of ints, each at least one token in ``[0, vocab_size)``. A prompt
+    that is not a sequence of ints is a TypeError; an empty one or an id outside the vocabulary
+    a ValueError, naming ``prompts[i]``.
     """
+    vocab_size = integer("vocab_size", vocab_size, low=1)
     if isinstance(prompts, Tensor):
         if prompts.dim() != 2 or prompts.shape[0] < 1 or prompts.shape[1] < 1:
             raise ValueError(f"prompts as a tensor must be [B ≥ 1, T ≥ 1] token ids, got shape {tuple(prompts.shape)}")
         prompts = list(prompts)
-    if not isinstance(prompts, Sequence) or isinstance(prompts, (str, bytes)) or len(prompts) == 0:
-        raise ValueError(f"prompts must be a non-empty list of token-id sequences or a [B, T] tensor, got {prompts!r:.80}")
-    rows = []
-    for i, p in enumerate(prompts):
-        try:
-            row = torch.as_tensor(p)
-        except (TypeError, ValueError, RuntimeError):
-            row = None
-        if row is None or row.dim() != 1 or (row.numel() and (row.is_floating_point() or row.is_complex() or row.dtype == torch.bool)):
-            raise TypeError(f"prompts[{i}] must be a 1-D sequence of int token ids, got {p!r:.80}")
-        if row.numel() == 0:
-            raise ValueError(f"prompts[{i}] is empty: every prompt needs at least one token")
-        if ((row < 0) | (row >= vocab_size)).any():
-            raise ValueError(f"prompts[{i}] holds token ids outside [0, {vocab_size})")
-        rows.append(row.long())
+    if hasattr(prompts, "__array__") and hasattr(prompts, "ndim") and prompts.ndim == 2:  # a numpy [B, T]
+        prompts = list(prompts)
+    if not isinstance(prompts, Sequence) or isinstance(prompts, (str, bytes)):
+        raise TypeError(f"prompts must be a non-empty list of token-id sequences or a [B, T] tensor, got {type(prompts).__name__} {prompts!r:.80}")
+    if len(prompts) == 0:
+        raise ValueError("prompts must be a non-empty list of token-id sequences or a [B, T] tensor, got an empty one")
+    rows = [prompt_row(i, p, vocab_size) for i, p in enumerate(prompts)]
     lengths = torch.tensor([len(r) for r in rows])
     padded = torch.zeros(len(rows), int(lengths.max()), dtype=torch.long)
     for i, r in enumerate(rows):
         padded[i, : len(r)] = r
     return padded.to(device), lengths.to(device)
+
+
+def prompt_row(i: int, prompt: object, vocab_size: int) -> Tensor:
+    """``prompts[i]`` as int64 ``[T ≥ 1]`` of ids in [0, vocab_size), or TypeError / ValueError naming it."""
+    if isinstance(prompt, (str, bytes)):
+        raise TypeError(f"prompts[{i}] must be a 1-D sequence of int token ids (tokenize text first), got {prompt!r:.80}")
+    try:
+        row = torch.as_tensor(prompt)
+    except (TypeError, ValueError, RuntimeError):  # ragged, non-numeric, or an id past int64
+        items = list(prompt) if isinstance(prompt, Sequence) else None
+        if items and all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in items):
+            raise ValueError(f"prompts[{i}] holds token ids outside [0, {vocab_size})") from None
+        row = None
+    if row is None or row.dim() != 1 or (row.numel() and (row.is_floating_point() or row.is_complex() or row.dtype == torch.bool)):
+        raise TypeError(f"prompts[{i}] must be a 1-D sequence of int token ids, got {prompt!r:.80}")
+    if row.numel() == 0:
+        raise ValueError(f"prompts[{i}] is empty: every prompt needs at least one token")
+    if ((row < 0) | (row >= vocab_size)).any():
+        raise ValueError(f"prompts[{i}] holds token ids outside [0, {vocab_size})")
+    return row.long()
 
 
 def prefill(model: Transformer, prompt: Tensor, *, lengths: Tensor | None = None) -> Tensor:
@@ -580,19 +701,28 @@ def generate(
     layer_budgets: dict[int, int] | None = None,
     seed: int = 0,
     santa_impl: str = "auto",
-    stop_tokens: Sequence[int] = (),
+    stop_tokens: Iterable[int] = (),
     cuda_graph: bool | None = None,
 ) -> list[Tensor]:
     """Greedy batched generation: prompts of any lengths (see :func:`pad_prompts`) → one int64 1-D
     tensor of new tokens per prompt, ``max_new_tokens`` long or ending at its first stop token.
 
+    max_new_tokens: an int ≥ 1 (prompt + new tokens at most :data:`MAX_POSITIONS`).
     backend: one of :data:`BACKENDS` but flashinfer, or :data:`REFERENCE_BACKENDS`; budget: S
-    (k for topk); layer_budgets: ``{layer: S}`` overriding it per layer (a ``santa tune budgets``
-    schedule). cuda_graph: replay the decode step from one CUDA graph (default: on CUDA
-    whenever the backend is capturable, i.e. not a reference backend or santa_impl="torch").
+    (k for topk), an int ≥ 1; layer_budgets: ``{layer: S}`` overriding it per layer (a ``santa
+    tune budgets`` schedule). seed: an int ≥ 0. stop_tokens: an iterable (list, tuple, set,
+    1-D int tensor or array) of token ids, ints in ``[0, vocab_size)``; ``()`` for none (a bare
+    int, a string or None is refused: wrap one id as ``[id]``). cuda_graph: None or a bool:
+    replay the decode step from one CUDA graph (default: on CUDA whenever the backend is
+    capturable, i.e. not a reference backend or santa_impl="torch").
+
+    Integers may be Python or numpy ints; the wrong type (a float, a string, a bool) is a
+    TypeError, a bad value a ValueError, both naming the argument.
     """
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int ≥ 1, got {max_new_tokens!r}")
+    check_model(model)
+    max_new_tokens = integer("max_new_tokens", max_new_tokens, low=1)
+    if cuda_graph is not None and not isinstance(cuda_graph, bool):
+        raise TypeError(f"cuda_graph must be None or a bool, got {type(cuda_graph).__name__} {cuda_graph!r:.80}")
     if backend == "flashinfer":
         raise ValueError("backend 'flashinfer' needs a host plan per step with one length for the batch: use it in santa bench e2e")
     device = model.output.weight.device
@@ -600,14 +730,29 @@ def generate(
     if cuda_graph and not capturable:
         raise ValueError(f"cuda_graph=True needs a CUDA model and a capturable backend, got {device.type} and {backend!r} ({santa_impl=})")
     use_graph = capturable if cuda_graph is None else cuda_graph
+    stops = torch.tensor(checked_stop_tokens(stop_tokens, model.args.vocab_size), dtype=torch.long, device=device)  # [n_stop]
     padded, lengths = pad_prompts(prompts, vocab_size=model.args.vocab_size, device=device)  # [B, T_max], [B]
-    stops = torch.tensor([int(t) for t in stop_tokens], dtype=torch.long, device=device)  # [n_stop]
+    if padded.shape[1] + max_new_tokens > MAX_POSITIONS:
+        raise ValueError(f"max_new_tokens must keep prompt + new tokens ≤ {MAX_POSITIONS}, got {padded.shape[1]} + {max_new_tokens}")
     model.setup_caches(padded.shape[0], padded.shape[1] + max_new_tokens)
     ctx = make_context(model, backend, prompt_len=lengths, budget=budget, seed=seed, santa_impl=santa_impl,
                        layer_budgets=layer_budgets)
     token = prefill(model, padded, lengths=lengths)  # [B, 1]
     rows = decode_tokens(model, ctx, token, lengths, max_new_tokens, stop_tokens=stops, cuda_graph=use_graph)
     return [torch.tensor(row, dtype=torch.long) for row in rows]
+
+
+def checked_stop_tokens(stop_tokens: object, vocab_size: int) -> list[int]:
+    """``stop_tokens`` as a list of ints in [0, vocab_size): an iterable of ints (numpy ints and
+    1-D int tensors too); a bare int, a string, None or a float is a TypeError."""
+    if isinstance(stop_tokens, Tensor):
+        if stop_tokens.dim() > 1 or stop_tokens.is_floating_point() or stop_tokens.is_complex() or stop_tokens.dtype == torch.bool:
+            raise TypeError(f"stop_tokens as a tensor must be 1-D integer token ids, got {stop_tokens.dtype} of shape {tuple(stop_tokens.shape)}")
+        stop_tokens = stop_tokens.reshape(-1).tolist()
+    if isinstance(stop_tokens, (str, bytes)) or not isinstance(stop_tokens, Iterable):
+        hint = f" (wrap one id: [{stop_tokens}])" if isinstance(stop_tokens, numbers.Integral) else ""
+        raise TypeError(f"stop_tokens must be an iterable of token ids (ints), () for none, got {type(stop_tokens).__name__} {stop_tokens!r:.80}{hint}")
+    return [integer(f"stop_tokens[{i}]", t, low=0, high=vocab_size) for i, t in enumerate(stop_tokens)]
 
 
 def decode_tokens(
