@@ -204,7 +204,7 @@ def test_report_on_a_record_without_the_expected_fields_names_them(tmp_path, cap
 def test_report_on_a_field_of_the_wrong_type_names_it(tmp_path, capsys):
     path = tmp_path / "sweep.jsonl"
     write(path, [{**record(jobs()[0]), "score": "high"}])
-    assert f"{path}, line 1: score must be a number, got 'high'" in report_error(capsys, path)
+    assert f"{path}, line 1: score must be a finite number, got 'high'" in report_error(capsys, path)
 
 
 def test_report_on_a_truncated_gz_exits_1_naming_it(tmp_path, capsys):

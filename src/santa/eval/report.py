@@ -3,6 +3,7 @@ average tokens; accuracy vs budget per task (dense as a band) and KL vs budget (
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -10,22 +11,101 @@ from pathlib import Path
 
 import numpy as np
 
-from santa.eval.runner import MAX_NEW_TOKENS, METHODS, SweepFileError, load_sweep
+from santa.eval.runner import MAX_NEW_TOKENS, METHODS, PREFILLS, SweepFileError, load_sweep
+from santa.eval.tasks import TASKS
 
-# The fields every output of this module reads, with their types (others are optional).
+KL_MODES = ("chunked", "stepwise")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _count(low: int) -> tuple:
+    return (lambda v: _is_int(v) and v >= low), f"an integer ≥ {low}"
+
+
+def _one_of(names) -> tuple:
+    names = tuple(names)
+    return (lambda v: isinstance(v, str) and v in names), f"one of {', '.join(names)}"
+
+
+def _share() -> tuple:
+    return (lambda v: v is None or (_is_finite(v) and 0.0 <= v <= 1.0)), "a number in [0, 1] (or null)"
+
+
+_NAME = ((lambda v: isinstance(v, str) and v != ""), "a non-empty string")
+# The fields every output of this module reads: (test, what is expected). Scores are checked with
+# their task (accuracy in [0, 1], KL ≥ 0) and budgets with their method (dense: 0).
 RECORD_FIELDS = {
-    "key": str,
-    "model": str,
-    "task": str,
-    "length": int,
-    "prefill": str,
-    "method": str,
-    "budget": int,
-    "prompt": int,
-    "score": (int, float),
-    "prompt_tokens": int,
-    "new_tokens": int,
+    "key": _NAME,
+    "model": _NAME,
+    "task": _one_of(TASKS),
+    "length": _count(0),
+    "prefill": _one_of(PREFILLS),
+    "method": _one_of(METHODS),
+    "budget": _count(0),
+    "prompt": _count(0),
+    "score": ((lambda v: _is_finite(v)), "a finite number"),
+    "prompt_tokens": _count(0),
+    "new_tokens": _count(0),
 }
+# Fields the report reads when a record has them (older records lack some).
+OPTIONAL_FIELDS = {
+    "max_new_tokens": _count(1),
+    "score_samples": _count(0),
+    "schedule": ((lambda v: isinstance(v, str)), "a string"),
+    "kl_mode": _one_of(KL_MODES),
+    "nll": ((lambda v: _is_finite(v) and v >= 0), "a finite number ≥ 0"),
+    "v_rows_read": _share(),
+    "v_rows_read_kv": _share(),
+}
+
+
+def record_problem(record: dict, *, written: bool = True) -> str | None:
+    """What is wrong with one record for the report (``None``: nothing): a missing field, a field of
+    the wrong type or out of range, a score out of its task's range, a dense record with a budget.
+
+    written: a record read from a sweep file, which must have every field the report reads (the
+    job ``key`` and, for KL, ``nll`` too) and a score in its task's range. Records built in memory
+    (``written=False``) are checked field by field for the fields they have: a non-finite score,
+    an unknown method or a dense record with a budget is refused, a missing ``nll`` shows as "–".
+    """
+    if written:
+        required = list(RECORD_FIELDS) + ["nll"] * (record.get("task") == "kl")  # every KL record written has it
+        missing = [name for name in required if name not in record]
+        if missing:
+            return f"a record without {', '.join(missing)}"
+    for name, (valid, expected) in (RECORD_FIELDS | OPTIONAL_FIELDS).items():
+        if name in record and (written or name != "key") and not valid(record[name]):
+            return f"{name} must be {expected}, got {record[name]!r}"
+    score, task = record.get("score"), record.get("task")
+    if written and task == "kl" and score < 0:
+        return f"score of a KL record must be ≥ 0 (KL in nats/token), got {score!r}"
+    if written and task != "kl" and not 0.0 <= score <= 1.0:
+        return f"score of a {task} record must be in [0, 1], got {score!r}"
+    method, budget = record.get("method"), record.get("budget")
+    if method == "dense" and budget not in (None, 0):
+        return f"budget of a dense record must be 0 (dense reads every key), got {budget}"
+    if method not in (None, "dense") and budget is not None and budget < 1:
+        return f"budget of a {method} record must be ≥ 1, got {budget}"
+    return None
+
+
+def check_records(records: Iterable[dict]) -> list[dict]:
+    """``records`` as a list, or ``ValueError`` naming the first record the report cannot use (by index)."""
+    records = list(records)
+    for index, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise ValueError(f"records[{index}] must be a dict, got {type(record).__name__}")
+        problem = record_problem(record, written=False)
+        if problem:
+            raise ValueError(f"records[{index}]: {problem}")
+    return records
 
 
 @dataclass
@@ -45,15 +125,11 @@ class Records:
 
 
 def check_record(path: Path, line: int, record: dict) -> None:
-    """``SweepFileError`` naming the file and line unless ``record`` has every :data:`RECORD_FIELDS` field."""
-    missing = [name for name in RECORD_FIELDS if name not in record]
-    if missing:
-        raise SweepFileError(f"{path}, line {line}: a record without {', '.join(missing)}")
-    for name, kind in RECORD_FIELDS.items():
-        value = record[name]
-        if isinstance(value, bool) or not isinstance(value, kind):
-            expected = "a number" if kind == (int, float) else f"a {kind.__name__}"
-            raise SweepFileError(f"{path}, line {line}: {name} must be {expected}, got {value!r}")
+    """``SweepFileError`` naming the file and line unless the report can use ``record``
+    (:func:`record_problem`: every field it reads present, of its type and in its range)."""
+    problem = record_problem(record)
+    if problem:
+        raise SweepFileError(f"{path}, line {line}: {problem}")
 
 
 def load_records(paths: Iterable[str | Path]) -> Records:
@@ -62,7 +138,9 @@ def load_records(paths: Iterable[str | Path]) -> Records:
     Two writers on one file (before the runner locked it) or the same sweep passed twice write a
     job twice; the report counts each job once, keeping its first record, and says how many it
     dropped. Raises :class:`SweepFileError` (file and line) for a file that cannot be read, holds
-    no record, or holds a record without the fields the report reads.
+    no record, or holds a record the report cannot use (:func:`record_problem`: a field missing, of
+    the wrong type or out of range — a NaN score, a KL record without ``nll``, a dense record with a
+    budget, a method or task this version does not know).
     """
     out, seen = Records(), set()
     for path in paths:
@@ -174,7 +252,10 @@ def cells(records: list[dict]) -> list[Cell]:
     Each sampled or top-k cell of a RULER-style task also gets the paired difference to dense
     (dense-prefill dense on the same prompts): the mean of per-prompt (method − dense) and its
     bootstrap CI, much tighter than comparing two unpaired CIs.
+
+    ValueError naming the first record it cannot use (:func:`record_problem`).
     """
+    records = check_records(records)
     grouped: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
         grouped[(r["model"], task_label(r), r["length"], setting_label(r), r["method"], r["budget"])].append(r)
@@ -225,7 +306,8 @@ def table(all_cells: list[Cell]) -> str:
     ]
     for c in all_cells:
         if c.task == "kl":
-            score = f"KL {c.mean:.4f} [{c.low:.4f}, {c.high:.4f}], ppl {c.ppl:.2f}"
+            ppl = "–" if c.ppl is None else f"{c.ppl:.2f}"  # records passed in without nll
+            score = f"KL {c.mean:.4f} [{c.low:.4f}, {c.high:.4f}], ppl {ppl}"
         else:
             score = f"{100 * c.mean:.1f} [{100 * c.low:.1f}, {100 * c.high:.1f}]"
         kv = f"{100 * c.v_rows_read_kv:.1f} %" if c.v_rows_read_kv is not None else "–"
@@ -343,6 +425,7 @@ def compare_methods(records: list[dict], first: str, second: str) -> str:
             raise ValueError(f"{name} method must be one of {', '.join(METHODS[1:])}, got {method!r}")
     if first == second:
         raise ValueError(f"compare two different methods, got {first!r} twice")
+    records = check_records(records)
     # (model, task, length, prefill) → method → S → that cell's records
     grouped: dict[tuple, dict] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in records:
