@@ -13,14 +13,19 @@ import os
 import sys
 
 from santa import cliargs
+from santa.bench.cli import COMMANDS as BENCH_COMMANDS
 
+# The subcommands of `santa eval` (santa.eval.cli.COMMANDS, which imports the whole sweep runner:
+# too heavy for `santa -h`; a test keeps the two lists equal).
+EVAL_COMMANDS = ("run", "report", "variance", "bernoulli")
 # santa <name> … runs <module>.main(argv) with the arguments after <name>, -h included
 DELEGATED = {
-    "bench": ("santa.bench.cli", "benchmarks: `santa bench kernels|e2e|capture`"),
-    "eval": ("santa.eval.cli", "accuracy sweeps: `santa eval run|report|variance|bernoulli`"),
-    "ablate": ("santa.budgets.ablate_cli", "budget ablations: `santa ablate -h`"),
-    "tune": ("santa.budgets.tune_cli", "budget tuning: `santa tune -h`"),
+    "bench": ("santa.bench.cli", f"benchmarks: santa bench {'|'.join(BENCH_COMMANDS)}"),
+    "eval": ("santa.eval.cli", f"accuracy sweeps: santa eval {'|'.join(EVAL_COMMANDS)}"),
+    "ablate": ("santa.budgets.ablate_cli", "budget ablations: santa ablate -h"),
+    "tune": ("santa.budgets.tune_cli", "budget tuning: santa tune -h"),
 }
+EXIT_STATUS = "exit status: 0 done, 1 the work failed (one-line error), 2 a bad command line (nothing run)"
 SAMPLERS = ("systematic", "stratified", "iid", "topk", "dense")
 NEEDLE_DEFAULTS = {"length": 2048, "depth": 0.5}  # --length and --depth: the needle prompt only
 
@@ -30,6 +35,10 @@ def _generate(args: argparse.Namespace) -> int:
 
     from santa.generate import run
 
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     bar = tqdm(total=2, desc="answering (dense, then sampled)", unit="method")
     try:
         prompts, answers = run(
@@ -50,7 +59,7 @@ def _generate(args: argparse.Namespace) -> int:
             path=args.path,
             progress=lambda name: bar.update(1),
         )
-    except (ValueError, FileNotFoundError) as error:  # the library's refusals: one line, no traceback
+    except (ValueError, TypeError, OSError) as error:  # the library's refusals, a model that cannot load: one line, no traceback
         bar.close()
         print(f"santa generate: error: {error}", file=sys.stderr)
         return 1
@@ -95,7 +104,13 @@ def non_empty(text: str) -> str:
 
 
 def add_generate(sub) -> argparse.ArgumentParser:
-    gen = sub.add_parser("generate", help="answer a needle-in-a-haystack prompt with dense attention and with SANTA")
+    what = "answer a needle-in-a-haystack prompt with dense attention and with SANTA"
+    gen = sub.add_parser(
+        "generate",
+        help=what,
+        description=f"{what[0].upper()}{what[1:]}: the answers, whether the needle was found, the share of value rows read and the decode speed.",
+        epilog=EXIT_STATUS,
+    )
     gen.add_argument("--model", default="smollm2-135m", type=cliargs.bundled_model, help="bundled model: smollm2-135m (default) or qwen2.5-coder-0.5b")
     gen.add_argument(
         "--length",
@@ -104,7 +119,7 @@ def add_generate(sub) -> argparse.ArgumentParser:
         help=f"needle prompt length in tokens, ≥ {cliargs.MIN_PROMPT_TOKENS} (default {NEEDLE_DEFAULTS['length']})",
     )
     gen.add_argument("--budget", type=cliargs.positive_int, default=64, help="samples per query head, S ≥ 1 (default 64)")
-    gen.add_argument("--sampler", default="systematic", choices=SAMPLERS)
+    gen.add_argument("--sampler", default="systematic", choices=SAMPLERS, help="how SANTA picks the value rows it reads (default systematic)")
     gen.add_argument("--seed", type=cliargs.seed, default=0, help="seed of the sampler's randomness, in [0, 2**63)")
     gen.add_argument("--prompt-seed", type=cliargs.nonnegative_int, default=0, help="seed of the needle and haystack, ≥ 0")
     gen.add_argument("--depth", type=cliargs.unit_interval, default=None, help="needle depth in the haystack, 0..1 (default 0.5)")
@@ -122,6 +137,7 @@ def add_generate(sub) -> argparse.ArgumentParser:
     )
     gen.add_argument("--batch", type=cliargs.positive_int, default=1, help="needle prompts (seeds --prompt-seed …) answered together, ≥ 1 (default 1)")
     gen.add_argument("--kernel", default=None, choices=["prop", "flash"], help="santa's kernel for --sampler systematic (default prop on the fast path)")
+    gen.add_argument("--threads", type=cliargs.positive_int, default=None, help="torch CPU threads, ≥ 1 (default: torch's)")
     gen.set_defaults(func=_generate, check=check_generate, error=gen.error)
     return gen
 
@@ -164,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="santa",
         description="Stochastic sparse attention for LLM decoding.",
-        epilog="exit status: 0 done, 1 the work failed (one-line error), 2 a bad command line (nothing run)",
+        epilog=EXIT_STATUS,
     )
     sub = parser.add_subparsers(dest="command", required=True)
     add_generate(sub)
@@ -175,15 +191,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def delegate(name: str, argv: list[str]) -> int:
-    """Run ``santa <name> argv`` by its module's ``main(argv)``; a module that cannot be loaded is a
-    one-line error (status 2)."""
+    """Run ``santa <name> argv`` by its module's ``main(argv)``; a module that cannot be loaded (a
+    missing dependency: not a bad command line) is a one-line error (status 1)."""
     module_name = DELEGATED[name][0]
     try:
         module = importlib.import_module(module_name)
         entry = module.main
     except (ImportError, AttributeError) as error:
-        print(f"santa {name}: error: `santa {name}` is not available here: {module_name}.main cannot be loaded ({error})", file=sys.stderr)
-        return 2
+        print(f"santa {name}: error: santa {name} is not available here: {module_name}.main cannot be loaded ({error})", file=sys.stderr)
+        return 1
     return entry(argv) or 0
 
 

@@ -11,6 +11,8 @@ import inspect
 
 import torch
 
+from santa.checks import integer
+
 
 def left_pad(token_lists: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Stack prompts of different lengths, padded on the left.
@@ -18,6 +20,9 @@ def left_pad(token_lists: list[list[int]], pad_id: int, device) -> tuple[torch.T
     Returns ``ids`` ``[B, L]`` int64 and ``mask`` ``[B, L]`` int64 (1 = prompt token, 0 = padding),
     or ``mask=None`` when every prompt has the same length (no padding to mask).
     """
+    pad_id = integer("pad_id", pad_id, low=0)
+    if not token_lists or any(len(t) == 0 for t in token_lists):
+        raise ValueError("token_lists must hold at least one prompt, and every prompt at least one token")
     width = max(len(t) for t in token_lists)
     ids = torch.full((len(token_lists), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(token_lists), width), dtype=torch.long)
@@ -36,7 +41,7 @@ def padded_forward(model, ids: torch.Tensor, mask: torch.Tensor | None, *, cache
     count real tokens only, so a padded prompt sees the positions it would see alone.
     ``logits_to_keep``: logits of the last so many positions only (0 = all).
     """
-    kwargs = {"use_cache": True, "logits_to_keep": logits_to_keep}
+    kwargs = {"use_cache": True, "logits_to_keep": integer("logits_to_keep", logits_to_keep, low=0)}
     if cache is not None:
         kwargs[cache_keyword(model)] = cache
     if mask is not None:
@@ -56,8 +61,7 @@ def greedy_continue_batch(
     Returns each row's tokens up to and including its first stop token (at most ``max_new_tokens``).
     Rows that stopped keep decoding until every row has stopped; their extra tokens are dropped.
     """
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int ≥ 1 (the first new token comes from the prefill), got {max_new_tokens!r}")
+    max_new_tokens = integer("max_new_tokens", max_new_tokens, low=1)  # the first new token comes from the prefill
     stop = stop_token_ids(tokenizer)
     stop_ids = torch.tensor(sorted(stop), dtype=torch.long, device=last_logits.device)
     token = last_logits.argmax(-1, keepdim=True)  # [B, 1]

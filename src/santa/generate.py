@@ -24,6 +24,7 @@ import torch
 
 import santa.hf
 from santa.assets import DEFAULT_MODEL, load_model
+from santa.checks import integer
 from santa.decoding import cache_keyword, greedy_continue, padded_forward, returned_cache, stop_token_ids  # noqa: F401 (cache_keyword: re-exported)
 from santa.eval.runner import (
     FAST_BACKENDS,
@@ -103,17 +104,20 @@ def run(
             santa.hf.SantaConfig(budget=budget, sampler=sampler, seed=seed, prefill=prefill, record_stats=True, kernel=kernel or "auto"),
         )
     )
-    check_run_arguments(n_tokens=n_tokens, depth=depth, max_new_tokens=max_new_tokens, prompt_text=prompt_text)
+    check_run_arguments(n_tokens=n_tokens, depth=depth, max_new_tokens=max_new_tokens, prompt_text=prompt_text, prompt_seed=prompt_seed)
     check_path_arguments(path=path, batch=batch, kernel=kernel, sampler=sampler, prefill=prefill, prompt_text=prompt_text)
+    check_device(device)
     dtype = torch.bfloat16 if path == "fast" and torch.device(device).type == "cuda" else torch.float32
     model, tokenizer = load_model(model_name, device=device, dtype=dtype)
     if prompt_text is None:
+        check_context(model, model_name, n_tokens, max_new_tokens, "--length")
         prompts = [needle_prompt(tokenizer, n_tokens, seed=prompt_seed + i, depth=depth) for i in range(batch)]
         for prompt in prompts:
             check_prompt_length(prompt, n_tokens)
     else:
         text = chat(tokenizer, prompt_text)
         n = len(tokenizer.encode(text, add_special_tokens=False))
+        check_context(model, model_name, n, max_new_tokens, "the prompt")
         prompts = [Prompt(task="user", text=text, answers=tuple(expected), n_tokens=n, seed=prompt_seed)]
     if path == "fast":
         backends = [("dense (sdpa)", "sdpa"), fast_method(sampler, budget, kernel)]
@@ -202,8 +206,7 @@ def check_path_arguments(*, path: str, batch: int, kernel: str | None, sampler: 
     """The arguments of :func:`run` that pick the path, checked before the model loads (``ValueError``)."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch must be an int ≥ 1, got {batch!r}")
+    integer("batch", batch, low=1)
     if batch > 1 and prompt_text is not None:
         raise ValueError("batch > 1 builds needle prompts of different seeds; it does not apply with prompt_text")
     if kernel is not None and kernel not in KERNELS:
@@ -214,10 +217,37 @@ def check_path_arguments(*, path: str, batch: int, kernel: str | None, sampler: 
         raise ValueError("prefill 'sampled' runs on the HF path only (santa.model prefills densely)")
 
 
-def check_run_arguments(*, n_tokens: int, depth: float, max_new_tokens: int, prompt_text: str | None) -> None:
-    """The arguments of :func:`run` that no constructor checks before the model loads."""
-    for name, value in (("max_new_tokens", max_new_tokens), ("n_tokens", n_tokens)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int ≥ 1, got {value!r}")
-    if prompt_text is None and not (isinstance(depth, (int, float)) and 0.0 <= depth <= 1.0):
+def check_run_arguments(*, n_tokens: int, depth: float, max_new_tokens: int, prompt_text: str | None, prompt_seed: int = 0) -> None:
+    """The arguments of :func:`run` that no constructor checks before the model loads (integers
+    by :func:`santa.checks.integer`: TypeError for the wrong type, ValueError for a bad value)."""
+    integer("max_new_tokens", max_new_tokens, low=1)
+    integer("n_tokens", n_tokens, low=1)
+    integer("prompt_seed", prompt_seed, low=0)
+    if prompt_text is not None and (not isinstance(prompt_text, str) or not prompt_text.strip()):
+        raise ValueError(f"prompt_text must be a non-empty string or None, got {prompt_text!r}")
+    if prompt_text is None and not (isinstance(depth, (int, float)) and not isinstance(depth, bool) and 0.0 <= depth <= 1.0):
         raise ValueError(f"depth must lie in [0, 1], got {depth!r}")
+
+
+def check_device(device: object) -> None:
+    """``device`` must name a torch device this machine has (``ValueError`` before the model loads)."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: CUDA is not available on this machine (torch.cuda.is_available() is False)")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if parsed.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu, cuda or cuda:N, got {device!r}")
+
+
+def check_context(model, model_name: str, n_prompt: int, max_new_tokens: int, what: str) -> None:
+    """Refuse a prompt and answer longer than the model's context (``max_position_embeddings``):
+    past it the model still runs, but on positions it was never trained on."""
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(limit, int) and n_prompt + max_new_tokens > limit:
+        raise ValueError(
+            f"{what} ({n_prompt} tokens) and max_new_tokens ({max_new_tokens}) exceed the {limit}-token context of {model_name}"
+        )

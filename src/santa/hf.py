@@ -33,6 +33,29 @@ IMPLEMENTATION = "santa"
 KERNEL_CHOICES = ("auto", "prop", "flash", "reference")
 MAX_SEED = 2**63  # seeds are ints in [0, 2**63): the kernels' Philox key and torch.manual_seed both take them
 
+# Keywords transformers hands every attention function that do not change the attention santa
+# computes: bookkeeping, or packing that the mask already carries.
+IGNORED_KEYWORDS = frozenset(
+    {
+        "position_ids", "use_cache", "cache_position", "output_attentions", "output_hidden_states",
+        "output_router_logits", "num_items_in_batch", "cu_seq_lens_q", "cu_seq_lens_k",
+        "max_length_q", "max_length_k", "seq_idx", "deterministic",
+    }
+)
+# Attention keywords of model features santa does not implement: refused whenever they are set.
+UNSUPPORTED_KEYWORDS = {
+    "softcap": "attention-logit soft-capping (e.g. Gemma 2's attn_logit_softcapping)",
+    "s_aux": "attention sinks (e.g. gpt-oss)",
+    "sinks": "attention sinks (e.g. gpt-oss)",
+    "position_bias": "an additive relative position bias (T5-style)",
+    "indices": "sparse attention over selected key indices",
+    "block_indices": "sparse attention over selected key blocks",
+}
+# Model config fields of features santa does not implement, refused by configure when set.
+UNSUPPORTED_CONFIG_FIELDS = {
+    "attn_logit_softcapping": "attention-logit soft-capping",
+}
+
 
 def check_layer(name: str, layer: object) -> int:
     """Return ``layer`` as an int, or raise unless it is an int layer index ≥ 0."""
@@ -171,6 +194,7 @@ def configure(model: torch.nn.Module, config: SantaConfig) -> torch.nn.Module:
     layers = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "num_key_value_groups")]
     if not layers:
         raise ValueError("model has no attention layers with `layer_idx`: is it a transformers decoder?")
+    check_model_features(model, layers)
     known = sorted({m.layer_idx for m in layers})
     for name, named in (("layer_budgets", config.layer_budgets), ("dense_layers", config.dense_layers)):
         unknown = sorted(set(named) - set(known))
@@ -180,6 +204,57 @@ def configure(model: torch.nn.Module, config: SantaConfig) -> torch.nn.Module:
         module.santa_config = config
     model.set_attn_implementation(IMPLEMENTATION)
     return model
+
+
+def check_model_features(model: torch.nn.Module, layers: list[torch.nn.Module]) -> None:
+    """Raise ValueError naming the first model feature santa's attention does not implement.
+
+    Soft-capped attention logits (Gemma 2) and attention sinks (gpt-oss) change every attention
+    row; santa's sampled attention (and SDPA) would silently compute attention without them.
+    Sliding windows, GQA, a score scale other than 1/√D and value heads narrower than key heads
+    (MLA) are implemented (the window through the attention mask)."""
+    configs = [getattr(model, "config", None)]
+    if configs[0] is not None and hasattr(configs[0], "get_text_config"):
+        configs.append(configs[0].get_text_config())
+    for config in configs:
+        for name, feature in UNSUPPORTED_CONFIG_FIELDS.items():
+            value = getattr(config, name, None)
+            if value is not None and value is not False and value != 0:
+                raise ValueError(f"santa does not implement {feature}: the model config sets {name}={value!r}")
+    for module in layers:
+        for name in ("sinks", "s_aux"):
+            if isinstance(getattr(module, name, None), torch.Tensor):
+                raise ValueError(
+                    f"santa does not implement attention sinks: layer {module.layer_idx} ({type(module).__name__}) has `{name}`"
+                )
+
+
+def check_attention_keywords(module: torch.nn.Module, kwargs: dict, attention_mask: torch.Tensor | None, n_keys: int) -> None:
+    """Raise ValueError unless every keyword reaching the attention function is one santa
+    implements or one that does not change the attention (:data:`IGNORED_KEYWORDS`)."""
+    where = f"layer {getattr(module, 'layer_idx', '?')} ({type(module).__name__})"
+    for name, value in kwargs.items():
+        if name in IGNORED_KEYWORDS or name == "sliding_window" or value is None:
+            continue
+        if name in UNSUPPORTED_KEYWORDS:
+            raise ValueError(f"santa does not implement {UNSUPPORTED_KEYWORDS[name]}: {where} passed {name}")
+        raise ValueError(
+            f"santa's attention got the keyword {name}={_short(value)} from {where}, which it does not implement; "
+            "it refuses rather than ignore it (use attn_implementation='eager' or 'sdpa' for this model)"
+        )
+    window = kwargs.get("sliding_window")
+    if window is not None and attention_mask is None and n_keys > window:
+        raise ValueError(
+            f"{where} has a sliding window of {window} keys but no attention mask for {n_keys} keys: "
+            "santa applies sliding windows through the mask transformers builds"
+        )
+
+
+def _short(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"<tensor of shape {tuple(value.shape)}>"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def stream_id(seed: int, layer: int, n_keys: int, n_queries: int) -> int:
@@ -239,6 +314,14 @@ def _record(stats: DecodeStats, counts: torch.Tensor, probs: torch.Tensor, group
     stats.keys_per_kv_head += int(kv_visible.sum())
 
 
+def topk_rows_read(probs: torch.Tensor, budget: int) -> torch.Tensor:
+    """The value rows top-k reads, as counts ``[B, Hq, Lq, n]`` (1 read, 0 not): the k largest
+    weights of each row that are visible (a row with fewer than k visible keys reads those)."""
+    top = torch.topk(probs, min(budget, probs.shape[-1]), dim=-1).indices
+    chosen = torch.zeros_like(probs, dtype=torch.int32).scatter_(-1, top, 1)
+    return chosen * (probs > 0)
+
+
 def santa_attention_forward(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -255,6 +338,9 @@ def santa_attention_forward(
     Returns ``([B, Lq, Hq, D], None)``."""
     config: SantaConfig = getattr(module, "santa_config", None) or SantaConfig()
     layer, n_queries, n_keys = module.layer_idx, query.shape[2], key.shape[2]
+    check_attention_keywords(module, kwargs, attention_mask, n_keys)
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)  # as SDPA's attention function does
     budget = config.budget_for(layer)
     exact_values = config.sampler == "dense" or (config.exact_when_budget_covers and budget >= n_keys)
     exact = (
@@ -272,9 +358,18 @@ def santa_attention_forward(
             "call model.eval(), or list the layer in dense_layers"
         )
     kernel = kernel_for(config, query, attention_mask)
+    if kernel is not None and key.shape[-1] != value.shape[-1]:
+        if config.kernel != "auto":
+            raise ValueError(
+                f"kernel={config.kernel!r} needs keys and values of one head dim, but layer {layer} has {key.shape[-1]} and "
+                f"{value.shape[-1]} (e.g. multi-head latent attention): use kernel='auto' or 'reference'"
+            )
+        kernel = None
     if kernel is not None:
         return kernel_decode(module, config, kernel, query, key, value, scaling), None
-    causal = attention_mask is None and n_queries > 1 and bool(is_causal if is_causal is not None else True)
+    causal = attention_mask is None and n_queries > 1 and bool(is_causal)
+    if causal and n_keys > n_queries:  # SDPA's reading: an unmasked causal block aligns top-left (an empty static cache)
+        key, value, n_keys = key[:, :, :n_queries], value[:, :, :n_queries], n_queries
     generator = layer_generator(config.seed, layer, n_keys, n_queries, query.device)
     scored = query  # the query the scores use: q, or Bernoulli qKᵀ's sampled q̃
     if config.score_samples is not None:
@@ -284,7 +379,10 @@ def santa_attention_forward(
             config.stats.features_read += int(drawn.features_read.sum())
             config.stats.features_total += drawn.features_read.numel()
     probs = attention_probs(scored, key, scale=scaling, is_causal=causal, attn_mask=attention_mask)  # [B, Hq, Lq, Lk]
-    out, counts = sampled_values(probs, value, budget, "dense" if exact_values else config.sampler, generator=generator)
+    sampler = "dense" if exact_values else config.sampler
+    out, counts = sampled_values(probs, value, budget, sampler, generator=generator)
+    if config.record_stats and counts is None and sampler == "topk":
+        counts = topk_rows_read(probs, budget)
     if config.record_stats and counts is not None:
         _record(config.stats, counts, probs, module.num_key_value_groups)
     out = out.to(query.dtype)  # [B, Hq, Lq, D]; NaN rows where q or k held NaN, as in SDPA
