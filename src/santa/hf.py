@@ -149,7 +149,7 @@ class SantaConfig:
 
     def validate(self) -> None:
         """Raise TypeError/ValueError naming the first bad field (run at construction and by :func:`configure`)."""
-        check_budget(self.budget)
+        self.budget = check_budget(self.budget)  # stored as Python ints: a numpy seed would overflow in stream_id
         check_sampler(self.sampler, ATTENTION_SAMPLERS)
         if not isinstance(self.layer_budgets, Mapping):
             raise TypeError(f"layer_budgets must be a mapping {{layer_index: budget}}, got {type(self.layer_budgets).__name__}")
@@ -164,13 +164,13 @@ class SantaConfig:
         self.dense_layers = tuple(check_layer("dense_layers entry", layer) for layer in self.dense_layers)
         if self.prefill not in ("dense", "sampled"):
             raise ValueError(f"prefill must be 'dense' or 'sampled', got {self.prefill!r}")
-        check_seed(self.seed)
+        self.seed = check_seed(self.seed)
         check_flag("exact_when_budget_covers", self.exact_when_budget_covers)
         check_flag("record_stats", self.record_stats)
         if self.kernel not in KERNEL_CHOICES:
             raise ValueError(f"kernel must be one of {KERNEL_CHOICES}, got {self.kernel!r}")
         if self.score_samples is not None:
-            check_budget(self.score_samples, "score_samples")
+            self.score_samples = check_budget(self.score_samples, "score_samples")
         check_sampler(self.score_sampler, SCORE_SAMPLERS, "score_sampler")
         if not isinstance(self.stats, DecodeStats):
             raise TypeError(f"stats must be a DecodeStats, got {type(self.stats).__name__}")
