@@ -13,13 +13,17 @@ from pathlib import Path
 
 from santa.budgets.schedule import one_hot_schedule
 from santa.budgets.sweep import Cell, Comparison
+from santa.checks import integer
 
 BASELINE = "uniform"
 
 
 def layer_cells(*, n_layers: int, base: int, one_hot: int = 1, layers: Sequence[int] | None = None, seeds: Sequence[int] = (0,)) -> list[Cell]:
     """The baseline cell and one one-hot cell per layer, for every seed (seed-major order)."""
-    layers = range(n_layers) if layers is None else layers
+    n_layers = integer("n_layers", n_layers, low=1)
+    base, one_hot = integer("base", base, low=1), integer("one_hot", one_hot, low=1)
+    layers = range(n_layers) if layers is None else [integer("layers[]", l, low=0, high=n_layers) for l in layers]
+    seeds = [integer("seeds[]", s, low=0) for s in seeds]
     cells = []
     for seed in seeds:
         cells.append(Cell(BASELINE, (base,) * n_layers, seed))

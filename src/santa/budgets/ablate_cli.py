@@ -5,13 +5,23 @@ from __future__ import annotations
 import argparse
 import sys
 
+from santa import cliargs
 from santa.budgets.cli_args import (
     add_model_arguments,
+    cell_file,
     check_model_arguments,
     check_plot,
-    int_list,
+    layer_list,
+    prompt_list,
+    seed_list,
 )
 from santa.cliargs import positive_int
+
+PROG = "santa ablate layers"
+EXIT_STATUS = (
+    "exit status: 0 done; 1 the run failed or --out cannot be used (another run is writing it, or it is not a cells "
+    "file); 2 a bad command line (refused before any work)"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,17 +30,22 @@ def build_parser() -> argparse.ArgumentParser:
     layers = sub.add_parser(
         "layers",
         help="S = 1 in one layer, a base budget elsewhere, for every layer, vs the uniform baseline",
-        description="The one-hot ablation: appends one JSONL line per finished cell to --out and skips cells already there.",
+        description="The one-hot ablation: appends one JSONL line per finished cell to --out and skips cells already there. "
+        "One run per --out at a time.",
+        epilog=EXIT_STATUS,
     )
-    layers.add_argument("--out", required=True, help="JSONL records (appended to; re-run to resume)")
+    layers.add_argument("--out", required=True, type=cell_file, help="JSONL records (appended to; re-run to resume)")
     layers.add_argument("--metric", default="kl", help="kl (lower is better) or a task: niah_multivalue, variable_tracking, gsm8k, …")
     layers.add_argument("--base", type=positive_int, default=16, help="samples in every other layer (paper: 16 for DeepSeek-7B)")
     layers.add_argument("--one-hot", type=positive_int, default=1, help="samples in the ablated layer (default 1)")
-    layers.add_argument("--layers", type=int_list, default=None, help="layers to ablate, e.g. '0-9' (default: all)")
-    layers.add_argument("--prompts", type=int_list, default=list(range(16)), help="held-out prompt seeds (default 0-15)")
-    layers.add_argument("--seeds", type=int_list, default=[0], help="sampler seeds (default 0)")
+    layers.add_argument("--layers", type=layer_list, default=None, help="layers to ablate, e.g. '0-9' (default: all)")
+    layers.add_argument("--prompts", type=prompt_list, default=list(range(16)), help=f"held-out prompt seeds, at most {cliargs.MAX_VALUES} (default 0-15)")
+    layers.add_argument("--seeds", type=seed_list, default=[0], help="sampler seeds in [0, 2**63) (default 0)")
     layers.add_argument("--batch", type=positive_int, default=16, help="prompts run together")
-    layers.add_argument("--plot", default=None, help="write the Fig. 8-style plot here (needs matplotlib: pip install 'santa-attention[plot]')")
+    layers.add_argument(
+        "--plot", type=cliargs.figure_file, default=None,
+        help="write the Fig. 8-style plot here, e.g. ablation.png (needs matplotlib: pip install 'santa-attention[plot]')",
+    )
     layers.add_argument("--no-progress", action="store_true")
     add_model_arguments(layers)
     return parser
@@ -53,7 +68,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--metric {args.metric} at --length {args.length}: {error}")
     if args.layers is not None and max(args.layers) >= n_layers:
         parser.error(f"--layers must lie in 0-{n_layers - 1} ({args.model} has {n_layers} layers), got {max(args.layers)}")
-    return run(args, n_layers)
+    return failed_as_exit_1(PROG, lambda: run(args, n_layers))
+
+
+def failed_as_exit_1(prog: str, work) -> int:
+    """``work()``'s exit status, or 1 with one line on stderr when its output file cannot be used
+    (another run holds it, a malformed line: the message names the file and line)."""
+    from santa.eval.runner import SweepFileError
+
+    try:
+        return work()
+    except SweepFileError as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 1
 
 
 def run(args: argparse.Namespace, n_layers: int) -> int:

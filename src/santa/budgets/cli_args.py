@@ -5,34 +5,59 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
+from collections.abc import Callable
+from pathlib import Path
 
-from santa import install_hint
+from santa import cliargs, install_hint
 from santa.budgets.rewards import TINY
 from santa.cliargs import positive_int
 
 SAMPLERS = ("systematic", "stratified", "iid", "topk")
+MAX_THREADS = 1024  # torch CPU threads; torch.set_num_threads overflows past 2**31
 
 
-def int_list(text: str) -> list[int]:
-    """``"0-15"`` (inclusive), ``"1,3,5"`` or a mix → sorted unique ints ≥ 0."""
-    out: set[int] = set()
-    try:
-        for part in text.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-"))
-                if hi < lo:
-                    raise ValueError
-                out.update(range(lo, hi + 1))
-            else:
-                out.add(int(part))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers such as '0-15' or '1,3,5', got {text!r}") from None
-    if not out or min(out) < 0:
-        raise argparse.ArgumentTypeError(f"expected one or more integers ≥ 0, got {text!r}")
-    return sorted(out)
+def sorted_int_list(what: str, high: int | None = None) -> Callable[[str], list[int]]:
+    """``"0-15"`` (inclusive), ``"1,3,5"`` or a mix → sorted unique ints in ``[0, high)``, at most
+    ``santa.cliargs.MAX_VALUES`` of them (a range such as ``0-300000000`` is refused, not expanded)."""
+    parse = cliargs.int_list(what, 0, high)
+
+    def sorted_unique(text: str) -> list[int]:
+        return sorted(set(parse(text)))
+
+    sorted_unique.__name__ = f"{what}_list"
+    return sorted_unique
+
+
+prompt_list = sorted_int_list("prompt seed")
+seed_list = sorted_int_list("seed", cliargs.MAX_SEED)
+layer_list = sorted_int_list("layer")
+threads_arg = cliargs.int_in(1, MAX_THREADS + 1)
+
+
+def cell_file(text: str) -> str:
+    """``--out`` of ablate / evaluate: a writable plain JSONL path (cells are appended; gzip cannot be)."""
+    if text.endswith(".gz"):
+        raise argparse.ArgumentTypeError(f"{text}: cells are appended as lines and cannot be written to gzip; give a .jsonl path")
+    return cliargs.output_file(text)
+
+
+def existing_file(text: str) -> str:
+    """A file that exists and can be read (not a folder)."""
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text}: {'is a folder' if path.is_dir() else 'no such file'}; give a file")
+    if not os.access(path, os.R_OK):
+        raise argparse.ArgumentTypeError(f"{text}: cannot read it")
+    return text
+
+
+def tune_device(text: str) -> str:
+    """``--device`` of ``tune budgets``: auto, cpu or cuda, the workers' device (checked against this
+    machine only for a local Ray: see ``tune_cli.check_workers``)."""
+    if text not in ("auto", "cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"expected auto, cpu or cuda, got {text!r}")
+    return text
 
 
 def positive_float(text: str) -> float:
@@ -51,32 +76,29 @@ def metric_choices() -> list[str]:
     return ["kl"] + [t for t in TASKS if t != "kl"]
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags that say how a schedule is scored (shared by ablation, evaluation and tuning)."""
+def add_model_arguments(parser: argparse.ArgumentParser, *, device: Callable[[str], str] = cliargs.device) -> None:
+    """The flags that say how a schedule is scored (shared by ablation, evaluation and tuning).
+    device: the ``--device`` type (``cliargs.device``: cpu, cuda or cuda:N where CUDA is present)."""
     parser.add_argument("--model", default="smollm2-135m", help=f"bundled model (smollm2-135m, qwen2.5-coder-0.5b) or {TINY}")
     parser.add_argument("--length", type=positive_int, default=1024, help="prompt tokens (ignored by gsm8k/mmlu; default 1024)")
     parser.add_argument("--sampler", default="systematic", choices=SAMPLERS)
     parser.add_argument(
         "--prefill", default="dense", choices=("dense", "sampled"), help="task metrics: sample the prefill too (KL samples the scored rows)"
     )
-    parser.add_argument("--kl-tokens", type=positive_int, default=32, help="KL: teacher-forced tokens T (T−1 scored)")
+    parser.add_argument("--kl-tokens", type=cliargs.int_in(2), default=32, help="KL: teacher-forced tokens T ≥ 2 (T−1 scored)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=64, help="task metrics: answer tokens")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+    parser.add_argument("--device", default="cpu", type=device, help="cpu or cuda (cuda:N; CUDA must be present)")
+    parser.add_argument("--threads", type=threads_arg, default=None, help=f"torch CPU threads, 1-{MAX_THREADS}")
 
 
-def check_model_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, *, metric: str, auto_device: bool = False) -> None:
-    """Errors (exit 2) for a model, metric or device santa cannot use, before anything loads."""
+def check_model_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, *, metric: str) -> None:
+    """Errors (exit 2) for a model or metric santa cannot use, before anything loads."""
     from santa.assets import MODELS
 
     if args.model not in MODELS and args.model != TINY:
         parser.error(f"--model must be one of {', '.join(sorted(MODELS))} or {TINY}, got {args.model!r}")
     if metric not in metric_choices():
         parser.error(f"metric must be one of {', '.join(metric_choices())}, got {metric!r}")
-    if auto_device and args.device not in ("auto", "cpu", "cuda"):
-        parser.error(f"--device must be auto, cpu or cuda, got {args.device!r}")
-    if not auto_device and args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
-        parser.error(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     if metric == "kl" and args.kl_tokens >= args.length:
         parser.error(f"--kl-tokens ({args.kl_tokens}) must be below --length ({args.length})")
 

@@ -34,18 +34,22 @@ from pathlib import Path
 
 import numpy as np
 
+from santa import install_hint
 from santa.budgets.checkpoint import (
     POLICY,
     SCHEDULE,
+    CheckpointError,
+    Resumed,
     TuneSpec,
     append_update,
+    history_lock,
     prepare,
     resume,
     update_record,
 )
-from santa import install_hint
 from santa.budgets.reinforce import Episode, PolicyState, episode_seed, reinforce_step, sample_schedule, softmax
 from santa.budgets.schedule import rounded_schedule, write_json_atomic, write_schedule
+from santa.checks import integer
 
 WORKERS_FILE = "workers"
 INSTALL_HINT = f"santa tune needs Ray: {install_hint('tune')}"
@@ -170,7 +174,7 @@ def desired_workers(*, requested: int | None, out: Path, cluster: Mapping[str, f
     per GPU (``gpu``) or one per ``threads`` CPUs of the cluster."""
     try:
         text = (out / WORKERS_FILE).read_text().strip()
-        if text.isdigit():
+        if text.isascii() and text.isdigit():  # "²".isdigit() holds too, and int("²") fails
             return int(text)
     except OSError:
         pass
@@ -186,13 +190,14 @@ class Driver:
 
     def __init__(
         self, ray, spec: TuneSpec, *, out: Path, requested: int | None, device: str, threads: int, hooks: Hooks, poll_s: float,
-        cpu_workers: int = 0, max_seconds: float | None = None,
+        cpu_workers: int = 0, max_seconds: float | None = None, resumed: Resumed | None = None,
     ) -> None:
+        """resumed: the state read from ``out``'s history (read here when None)."""
         self.ray, self.spec, self.out, self.requested = ray, spec, out, requested
         self.device, self.threads, self.hooks, self.poll_s = device, threads, hooks, poll_s
         self.cpu_workers = cpu_workers  # CPU workers beside the GPU workers (device cuda)
         self.deadline = None if max_seconds is None else time.monotonic() + max_seconds
-        resumed = resume(out, spec.n_layers)
+        resumed = resumed or resume(out, spec.n_layers, spec=spec)
         self.state, self.thetas, self.session = resumed.state, dict(resumed.thetas), resumed.session
         self.updates = list(resumed.updates)
         self.dropped: list[Episode] = []  # too stale for the gradient; written with the next update
@@ -419,13 +424,44 @@ def tune(
     device ``"auto"``: CUDA workers (one GPU each) when the cluster has GPUs, else CPU workers
     of ``threads`` torch threads (one Ray CPU each thread). cpu_workers: CPU workers beside the
     CUDA workers (device ``"cuda"`` only). Workers the cluster can never place raise RuntimeError.
+    One driver per ``out``: the history is locked for the whole run (a second driver raises
+    :class:`~santa.budgets.checkpoint.RunLocked`), and ``run.json`` and every history line are
+    checked before Ray starts (:class:`~santa.budgets.checkpoint.CheckpointError` naming the file and line).
     """
+    iterations = integer("iterations", iterations, low=1)
+    threads = integer("threads", threads, low=1)
+    cpu_workers = integer("cpu_workers", cpu_workers, low=0)
+    if workers is not None:
+        workers = integer("workers", workers, low=1)
+    num_cpus = None if num_cpus is None else integer("num_cpus", num_cpus, low=1)
+    num_gpus = None if num_gpus is None else integer("num_gpus", num_gpus, low=0)
     if cpu_workers and worker_kind(device) != "cuda":
         raise ValueError(f"cpu_workers ({cpu_workers}) come beside CUDA workers: they need device cuda, got {device!r}")
     ray = import_ray()
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise CheckpointError(f"{out}: exists and is not a folder; a tuning run needs a folder")
     out.mkdir(parents=True, exist_ok=True)
-    prepare(out, spec)
+    with history_lock(out):
+        prepare(out, spec)
+        resumed = resume(out, spec.n_layers, spec=spec)
+        state, updates = _run_driver(
+            ray, spec, out=out, iterations=iterations, workers=workers, address=address, num_cpus=num_cpus, num_gpus=num_gpus,
+            device=device, threads=threads, cpu_workers=cpu_workers, max_seconds=max_seconds, poll_s=poll_s, progress=progress,
+            hooks=hooks, resumed=resumed,
+        )
+        write_outputs(out, spec, state)
+    schedule = rounded_schedule(softmax(state.theta), total=spec.total, floor=spec.floor)
+    return TuneResult(state, schedule, updates, out)
+
+
+def _run_driver(
+    ray, spec: TuneSpec, *, out: Path, iterations: int, workers: int | None, address: str | None, num_cpus: int | None,
+    num_gpus: int | None, device: str, threads: int, cpu_workers: int, max_seconds: float | None, poll_s: float,
+    progress: bool, hooks: Hooks, resumed: Resumed,
+) -> tuple[PolicyState, list[dict]]:
+    """Start (or join) Ray, run the driver from ``resumed`` until ``iterations``, stop what it started
+    → (the final state, every history record)."""
     connected = False
     if not ray.is_initialized():
         if address:
@@ -447,7 +483,7 @@ def tune(
         raise
     driver = Driver(
         ray, spec, out=out, requested=workers, device=device, threads=threads, hooks=hooks, poll_s=poll_s,
-        cpu_workers=cpu_workers, max_seconds=max_seconds,
+        cpu_workers=cpu_workers, max_seconds=max_seconds, resumed=resumed,
     )
     try:
         if driver.state.version < iterations:
@@ -456,6 +492,4 @@ def tune(
         driver.shutdown()
         if connected:
             ray.shutdown()
-    write_outputs(out, spec, driver.state)
-    schedule = rounded_schedule(softmax(driver.state.theta), total=spec.total, floor=spec.floor)
-    return TuneResult(driver.state, schedule, driver.updates, out)
+    return driver.state, driver.updates

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from santa.checks import integer
+
 BASELINES = ("running", "batch")
 
 
@@ -38,6 +40,7 @@ def softmax(theta: Sequence[float]) -> np.ndarray:
 
 def free_samples(*, n_layers: int, total: int, floor: int) -> int:
     """``N′ = N − floor·L``, the samples the multinomial spreads."""
+    n_layers, total, floor = integer("n_layers", n_layers, low=1), integer("total", total), integer("floor", floor)
     free = total - floor * n_layers
     if floor < 0 or free < 0:
         raise ValueError(f"need floor ≥ 0 and total ≥ floor·layers, got total {total}, floor {floor}, {n_layers} layers")
@@ -55,6 +58,7 @@ def log_prob(counts: Sequence[int], theta: Sequence[float], n: int) -> float:
     """``log Multinomial(counts; n, softmax θ)``."""
     from math import lgamma
 
+    n = integer("n", n, low=0)
     c = np.asarray(counts, dtype=np.float64)
     if c.sum() != n:
         raise ValueError(f"counts sum to {c.sum()}, not n = {n}")
@@ -99,7 +103,7 @@ class PolicyState:
 
     @classmethod
     def initial(cls, n_layers: int) -> PolicyState:
-        return cls(theta=(0.0,) * n_layers)
+        return cls(theta=(0.0,) * integer("n_layers", n_layers, low=1))
 
     @property
     def running_mean(self) -> float | None:
@@ -161,5 +165,8 @@ def reinforce_step(
 
 def episode_seed(seed: int, episode_id: str) -> int:
     """A 63-bit seed unique to (run seed, episode id): the schedule draw and the sampler's seed."""
+    seed = integer("seed", seed, low=0)
+    if not isinstance(episode_id, str):
+        raise TypeError(f"episode_id must be a str, got {type(episode_id).__name__} {episode_id!r}")
     digest = hashlib.sha256(f"{seed}:{episode_id}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from santa.budgets.schedule import as_layer_budgets
+from santa.checks import integer
 
 TINY = "tiny-random"
 
@@ -39,6 +40,11 @@ class RewardSpec:
     prefill: str = "dense"  # task rewards: "dense" (decode-only sampling) or "sampled"
     kl_tokens: int = 32
     max_new_tokens: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("length", "questions", "kl_tokens", "max_new_tokens"):
+            object.__setattr__(self, name, integer(name, getattr(self, name), low=1))
+        object.__setattr__(self, "pool", tuple(integer("pool[]", p, low=0) for p in self.pool))
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -99,7 +105,7 @@ def model_layers(model: str) -> int:
 
 def synthetic_target(n_layers: int) -> np.ndarray:
     """The synthetic reward's best share per layer ``[L]``: more in the first and the middle layers."""
-    layers = np.arange(n_layers)
+    layers = np.arange(integer("n_layers", n_layers, low=1))
     weight = 0.3 + np.exp(-(((layers - (n_layers - 1) / 2) / max(n_layers / 6, 1)) ** 2))
     weight[0] += 1.0
     return weight / weight.sum()
@@ -121,6 +127,7 @@ class ScorerReward:
     """Mean score of a scorer over the episode's prompts, negated for lower-is-better metrics (KL)."""
 
     def __init__(self, scorer, *, pool: Sequence[int], questions: int, sign: float) -> None:
+        questions = integer("questions", questions, low=1)
         if questions > len(pool):
             raise ValueError(f"questions ({questions}) exceed the training pool ({len(pool)} prompts)")
         self.scorer, self.pool, self.questions, self.sign = scorer, list(pool), questions, sign

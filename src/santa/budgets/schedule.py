@@ -14,14 +14,17 @@ from pathlib import Path
 
 import numpy as np
 
+from santa.checks import integer
+
 
 def as_layer_budgets(schedule: Sequence[int]) -> dict[int, int]:
-    """``[S_0, …, S_{L−1}]`` → ``{layer: S}`` (the form ``SantaConfig(layer_budgets=…)`` takes)."""
-    return {layer: int(s) for layer, s in enumerate(schedule)}
+    """``[S_0, …, S_{L−1}]`` → ``{layer: S}`` (the form ``SantaConfig(layer_budgets=…)`` takes); every S an int ≥ 1."""
+    return {layer: integer(f"schedule[{layer}]", s, low=1) for layer, s in enumerate(schedule)}
 
 
 def uniform_schedule(*, n_layers: int, total: int) -> list[int]:
     """``total`` samples spread evenly over ``n_layers`` layers (the first ``total mod L`` get one more)."""
+    n_layers, total = integer("n_layers", n_layers), integer("total", total)
     if n_layers < 1 or total < n_layers:
         raise ValueError(f"need n_layers ≥ 1 and total ≥ n_layers (one sample per layer), got {n_layers}, {total}")
     share, extra = divmod(total, n_layers)
@@ -30,6 +33,9 @@ def uniform_schedule(*, n_layers: int, total: int) -> list[int]:
 
 def one_hot_schedule(*, n_layers: int, layer: int, base: int, one_hot: int = 1) -> list[int]:
     """``base`` samples in every layer but ``layer``, which gets ``one_hot`` (the paper's S = 1)."""
+    n_layers = integer("n_layers", n_layers, low=1)
+    layer = integer("layer", layer)
+    base, one_hot = integer("base", base, low=1), integer("one_hot", one_hot, low=1)
     if not 0 <= layer < n_layers:
         raise ValueError(f"layer must lie in [0, {n_layers}), got {layer}")
     return [one_hot if i == layer else base for i in range(n_layers)]
@@ -41,6 +47,7 @@ def rounded_schedule(probs: Sequence[float], *, total: int, floor: int = 1) -> l
     probs ``[L]`` (sums to 1). Largest-remainder rounding, so the schedule sums to ``total``
     exactly; ties go to the lower layer index.
     """
+    total, floor = integer("total", total, low=1), integer("floor", floor, low=0)
     p = np.asarray(probs, dtype=np.float64)
     free = total - floor * p.size
     if free < 0:
@@ -77,7 +84,8 @@ def write_schedule(path: str | Path, layer_budgets: Sequence[int] | Mapping[int,
     budgets = dict(layer_budgets) if isinstance(layer_budgets, Mapping) else as_layer_budgets(layer_budgets)
     if "layer_budgets" in metadata:
         raise ValueError("metadata must not hold 'layer_budgets'")
-    return write_json_atomic(path, {"layer_budgets": {str(k): int(v) for k, v in sorted(budgets.items())}, **metadata})
+    checked = {integer("layer", k, low=0): integer(f"layer_budgets[{k}]", v, low=1) for k, v in budgets.items()}
+    return write_json_atomic(path, {"layer_budgets": {str(k): v for k, v in sorted(checked.items())}, **metadata})
 
 
 def load_layer_budgets(path: str | Path) -> dict[int, int]:

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 import santa.hf
+from santa.checks import integer
 from santa.decoding import greedy_continue_batch, padded_forward
 from santa.eval.grading import grade
 from santa.eval.runner import Batch, make_batch, prefill, rewind
@@ -32,7 +33,8 @@ def schedule_config(layer_budgets: Mapping[int, int], *, sampler: str, seed: int
 
 def chunks(prompts: Sequence[int], batch: int) -> list[tuple[int, ...]]:
     """Sorted prompt seeds in runs of at most ``batch`` (one left-padded batch each)."""
-    ordered = sorted(prompts)
+    batch = integer("batch", batch, low=1)
+    ordered = sorted(integer("prompts[]", p, low=0) for p in prompts)
     return [tuple(ordered[i : i + batch]) for i in range(0, len(ordered), batch)]
 
 
@@ -63,8 +65,11 @@ class KLScorer:
     def __init__(
         self, model, tokenizer, *, length: int, kl_tokens: int = 32, sampler: str = "systematic", batch: int = 16, keep: int = 8
     ) -> None:
+        length, kl_tokens = integer("length", length, low=2), integer("kl_tokens", kl_tokens, low=2)
+        if kl_tokens >= length:
+            raise ValueError(f"kl_tokens must be below length, got {kl_tokens} ≥ {length}")
         self.model, self.tokenizer, self.length, self.kl_tokens, self.sampler = model, tokenizer, length, kl_tokens, sampler
-        self.batch, self.cached = batch, _Cached(keep)
+        self.batch, self.cached = integer("batch", batch, low=1), _Cached(integer("keep", keep, low=1))
 
     def _dense(self, prompts: tuple[int, ...]):
         """(cache after the dense context, context length, reference log-probs ``[B, T−1, V]``, batch)."""
@@ -122,10 +127,10 @@ class TaskScorer:
     ) -> None:
         if prefill not in ("dense", "sampled"):
             raise ValueError(f"prefill must be 'dense' or 'sampled', got {prefill!r}")
-        self.model, self.tokenizer, self.task, self.length = model, tokenizer, task, length
-        self.max_new_tokens, self.sampler, self.prefill = max_new_tokens, sampler, prefill
+        self.model, self.tokenizer, self.task, self.length = model, tokenizer, task, integer("length", length, low=1)
+        self.max_new_tokens, self.sampler, self.prefill = integer("max_new_tokens", max_new_tokens, low=1), sampler, prefill
         self.metric = task
-        self.batch, self.cached = batch, _Cached(keep)
+        self.batch, self.cached = integer("batch", batch, low=1), _Cached(integer("keep", keep, low=1))
 
     def _batch(self, prompts: tuple[int, ...]):
         device = next(self.model.parameters()).device

@@ -20,8 +20,9 @@ import numpy as np
 
 from santa.budgets.schedule import as_layer_budgets
 from santa.eval.report import bootstrap_ci
-from santa.eval.runner import append_record, read_records
+from santa.eval.runner import GZIP_MAGIC, SweepFileError, SweepLocked, append_record, load_sweep
 from santa.provenance import code_commit
+from santa.writer_lock import writer_lock
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,40 @@ def cell_key(cell: Cell, *, setting: dict, prompts: Sequence[int]) -> str:
 
 
 def existing_records(path: str | Path) -> list[dict]:
-    """The records of a sweep file, or none when it does not exist yet."""
-    return read_records(path) if Path(path).exists() else []
+    """The records of a cells file (none when it does not exist yet), every one checked to be a cell
+    record; :class:`~santa.eval.runner.SweepFileError` names the file and line of one that is not
+    (a hand-edited line, or a file of another command)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    for number, record in load_sweep(path).records:
+        problem = cell_record_problem(record)
+        if problem:
+            raise SweepFileError(f"{path}, line {number}: not a schedule cell record ({problem}); not a file of santa ablate layers / santa tune evaluate")
+        records.append(record)
+    return records
+
+
+def cell_record_problem(record: dict) -> str | None:
+    """What is wrong with a cell record (the fields the comparison reads), or None."""
+    if not isinstance(record.get("name"), str):
+        return "no 'name' string"
+    total, layer, scores = record.get("total"), record.get("layer"), record.get("scores")
+    if not _is_int(total):
+        return f"'total' must be an integer, got {total!r:.40}"
+    if layer is not None and not _is_int(layer):
+        return f"'layer' must be an integer or null, got {layer!r:.40}"
+    if not isinstance(scores, dict) or not scores:
+        return "no 'scores' object {prompt: score}"
+    for prompt, score in scores.items():
+        if not (prompt.isascii() and prompt.isdigit()) or isinstance(score, bool) or not isinstance(score, (int, float)):
+            return f"scores must map prompt seeds to numbers, got {prompt!r}: {score!r:.40}"
+    return None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def run_cells(
@@ -56,15 +89,30 @@ def run_cells(
 
     setting: what the cells share (model, metric, length, sampler, …), written into every record
     and its key. ``make_scorer()`` is called once, only when some cell is pending (it loads the model).
+    One writer per file: ``out`` is locked for the whole call (:func:`santa.writer_lock.writer_lock`,
+    the lock of ``santa eval run``), so a second run on it raises
+    :class:`~santa.eval.runner.SweepLocked` before it reads or loads anything; a file that is not
+    a plain cells JSONL raises :class:`~santa.eval.runner.SweepFileError` naming it (and the line).
     """
+    out = Path(out)
+    if out.suffix == ".gz":
+        raise SweepFileError(f"{out}: cells are appended as lines and cannot be written to gzip; give a .jsonl path")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with writer_lock(out, locked=SweepLocked, unusable=SweepFileError):
+        with open(out, "rb") as f:
+            if f.read(len(GZIP_MAGIC)) == GZIP_MAGIC:
+                raise SweepFileError(f"{out}: a gzip file cannot be appended to; gunzip it and run on the .jsonl")
+        done = {r["key"] for r in existing_records(out)}
+        pending = [c for c in cells if cell_key(c, setting=setting, prompts=prompts) not in done]
+        if pending:
+            _score_cells(pending, out=out, prompts=prompts, setting=setting, scorer=make_scorer(), progress=progress)
+    return len(pending)
+
+
+def _score_cells(pending: Sequence[Cell], *, out: Path, prompts: Sequence[int], setting: dict, scorer, progress: bool) -> None:
+    """Score each cell and append its record to ``out`` as it finishes."""
     from tqdm import tqdm
 
-    done = {r["key"] for r in existing_records(out)}
-    pending = [c for c in cells if cell_key(c, setting=setting, prompts=prompts) not in done]
-    if not pending:
-        return 0
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    scorer = make_scorer()
     commit = code_commit()
     bar = tqdm(total=len(pending), desc="santa budgets", unit="cell", disable=not progress)
     for cell in pending:
@@ -88,7 +136,6 @@ def run_cells(
         append_record(out, record)
         bar.update(1)
     bar.close()
-    return len(pending)
 
 
 def per_prompt(records: Sequence[dict], name: str) -> dict[int, float]:

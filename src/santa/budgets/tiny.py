@@ -33,6 +33,12 @@ def tiny_model(*, seed: int = 0, layers: int = 2, hidden: int = 32, device: str 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from santa.checks import integer
+
+    seed, layers = integer("seed", seed, low=0), integer("layers", layers, low=1)
+    hidden = integer("hidden", hidden, low=8)
+    if hidden % 8:
+        raise ValueError(f"hidden must be a multiple of 8 (4 heads of an even width), got {hidden}")
     tokenizer = byte_tokenizer()
     config = LlamaConfig(
         vocab_size=len(tokenizer),
