@@ -178,13 +178,23 @@ def test_a_prompt_longer_than_the_models_context_is_one_line(tiny_generate, caps
     assert message in one_line_failure(["generate", "--device", "cpu", *argv], capsys)
 
 
-@pytest.mark.parametrize("error", [OSError("disk full"), TypeError("bad type"), FileNotFoundError("no such file"), ValueError("bad value")])
-def test_a_library_failure_is_one_line_and_status_1(monkeypatch, capsys, error):
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (OSError("disk full"), "disk full"),
+        (TypeError("bad type"), "bad type"),
+        (FileNotFoundError("no such file"), "no such file"),
+        (ValueError("bad value"), "bad value"),
+        (MemoryError(), "out of memory (MemoryError): try a smaller --length or --batch"),
+        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB\nmore"), "out of memory (CUDA out of memory. Tried to allocate 2 GiB): try"),
+    ],
+)
+def test_a_library_failure_is_one_line_and_status_1(monkeypatch, capsys, error, message):
     def fail(**kwargs):
         raise error
 
     monkeypatch.setattr(santa.generate, "run", fail)
-    assert str(error) in one_line_failure(["generate"], capsys)
+    assert message in one_line_failure(["generate"], capsys)
 
 
 @pytest.mark.parametrize("name", ["ablate", "tune", "eval", "bench"])

@@ -31,13 +31,12 @@ NEEDLE_DEFAULTS = {"length": 2048, "depth": 0.5}  # --length and --depth: the ne
 
 
 def _generate(args: argparse.Namespace) -> int:
+    import torch
     from tqdm import tqdm
 
     from santa.generate import run
 
     if args.threads is not None:
-        import torch
-
         torch.set_num_threads(args.threads)
     bar = tqdm(total=2, desc="answering (dense, then sampled)", unit="method")
     try:
@@ -60,12 +59,21 @@ def _generate(args: argparse.Namespace) -> int:
             progress=lambda name: bar.update(1),
         )
     except (ValueError, TypeError, OSError) as error:  # the library's refusals, a model that cannot load: one line, no traceback
-        bar.close()
-        print(f"santa generate: error: {error}", file=sys.stderr)
-        return 1
+        return _failed(bar, str(error))
+    except (MemoryError, torch.OutOfMemoryError) as error:
+        detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return _failed(bar, f"out of memory ({detail}): try a smaller --length or --batch")
     bar.close()
     print_answers(prompts, answers, fast=args.path == "fast")
     return 0
+
+
+def _failed(bar, message: str) -> int:
+    """Clear the progress bar (leave no half-drawn bar above the error) and print one error line: status 1."""
+    bar.leave = False
+    bar.close()
+    print(f"santa generate: error: {message}", file=sys.stderr)
+    return 1
 
 
 def print_answers(prompts: list, answers: list, *, fast: bool) -> None:
