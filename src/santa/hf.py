@@ -11,6 +11,13 @@ Default: dense prefill (SDPA), sampled decode. ``prefill="sampled"`` also sample
 (the paper's Section 4 setting). Randomness is drawn from a generator seeded by
 ``(seed, layer, n_keys, n_queries)``: every layer and decode step gets fresh uniforms, and the same
 prompt with the same seed generates the same tokens, with no state to reset between calls.
+
+What santa implements matches eager attention (tests/test_hf_reliability.py): GQA, sliding
+windows (through the attention mask transformers builds), a score scale other than 1/√D, value
+heads narrower than key heads (MLA), left padding. What it does not is refused by name, never
+dropped: :func:`configure` refuses soft-capped attention logits (Gemma 2) and attention sinks
+(gpt-oss), and the attention function refuses any keyword it does not know (:data:`UNSUPPORTED_KEYWORDS`,
+anything outside :data:`IGNORED_KEYWORDS`).
 """
 
 from __future__ import annotations
@@ -184,7 +191,8 @@ def configure(model: torch.nn.Module, config: SantaConfig) -> torch.nn.Module:
 
     Raises TypeError unless config is a :class:`SantaConfig` (re-validated here, so fields changed
     after construction are checked too), and ValueError when ``layer_budgets`` or ``dense_layers``
-    name a layer the model does not have.
+    name a layer the model does not have, or the model has a feature santa's attention does not
+    implement (:func:`check_model_features`).
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module (a transformers model), got {type(model).__name__}")
