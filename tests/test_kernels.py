@@ -431,7 +431,7 @@ def test_cpu_fallback_without_interpreter_computes_the_same_estimator(monkeypatc
         (dict(seq_lens=torch.tensor([5, 5])), TypeError, "seq_lens"),
         (dict(block_table=torch.zeros(2, 3, dtype=torch.int32)), ValueError, "seq_lens"),
         (dict(seed=-1), ValueError, "seed"),
-        (dict(offset=1.5), ValueError, "offset"),
+        (dict(offset=1.5), TypeError, "offset"),
         (dict(out=torch.zeros(2, 4, 16)), ValueError, "out"),
         (dict(v_cache=torch.zeros(2, 10, 2, 32, dtype=torch.float16)), TypeError, "v_cache"),
     ],

@@ -192,7 +192,7 @@ def test_budgets_past_the_kernels_limit_are_refused_before_any_allocation():
 @pytest.mark.parametrize("change,error,match", [
     (dict(heads=6, kv_heads=4), ValueError, "multiple of kv_heads"),
     (dict(batch=0), ValueError, "batch"),
-    (dict(head_dim=True), ValueError, "head_dim"),
+    (dict(head_dim=True), TypeError, "head_dim"),
     (dict(page_size=7), ValueError, "multiple of page_size"),
     (dict(dtype=torch.int8), TypeError, "dtype"),
     (dict(scale=math.nan), TypeError, "scale"),
@@ -253,7 +253,7 @@ def test_a_validated_call_signature_never_lets_a_bad_call_through():
     good = decode(q, k, v, 8, seq_lens=seq_lens, seed=1)
     assert torch.equal(decode(q, k, v, 8, seq_lens=seq_lens, seed=1), good)  # the cached signature: same result
     bad_calls = [
-        (dict(seed=-1), ValueError, "seed"), (dict(seed=True), ValueError, "seed"), (dict(offset=2**63), ValueError, "offset"),
+        (dict(seed=-1), ValueError, "seed"), (dict(seed=True), TypeError, "seed"), (dict(offset=2**63), ValueError, "offset"),
         (dict(budget=True), (TypeError, ValueError), "budget"), (dict(budget=8.0), (TypeError, ValueError), "budget"),
         (dict(check="yes"), TypeError, "check"), (dict(seq_lens=seq_lens.long()), TypeError, "seq_lens"),
         (dict(seq_lens=torch.tensor([41], dtype=torch.int32, device=DEVICE), check=True), ValueError, "seq_lens"),

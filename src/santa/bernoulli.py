@@ -28,12 +28,12 @@ softmax of an unbiased score is not unbiased, which is the price of the score-st
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 
 import torch
 
 from santa import sampling
+from santa.checks import integer
 from santa.sampling import check_budget, check_generator, check_sampler, check_uniforms
 
 SCORE_SAMPLERS = ("iid", "stratified")
@@ -105,6 +105,8 @@ def bernoulli_query(
 
     NaN or inf in a query head gives NaN in every head of its KV group (same batch element and
     query row): the group shares one draw, scaled by ``max_i mean_g |q_gi|``.
+    samples and kv_heads take Python or numpy ints: a wrong type (a float, a bool) is a TypeError,
+    a bad value a ValueError.
     """
     if not isinstance(query, torch.Tensor) or not query.is_floating_point():
         raise TypeError(f"query must be a floating-point torch.Tensor, got {getattr(query, 'dtype', type(query).__name__)}")
@@ -114,9 +116,9 @@ def bernoulli_query(
     check_sampler(sampler, SCORE_SAMPLERS)
     hq = query.shape[1]
     kv_heads = hq if kv_heads is None else kv_heads
-    if isinstance(kv_heads, bool) or not isinstance(kv_heads, numbers.Integral) or kv_heads < 1 or hq % kv_heads:
-        raise ValueError(f"kv_heads must be an int ≥ 1 dividing the {hq} query heads, got {kv_heads!r}")
-    kv_heads = int(kv_heads)
+    kv_heads = integer("kv_heads", kv_heads, low=1)
+    if hq % kv_heads:
+        raise ValueError(f"kv_heads must be an int ≥ 1 dividing the {hq} query heads, got {kv_heads}")
     expected = uniforms_shape((query.shape[0], kv_heads, *query.shape[2:]), samples, sampler)
     if sampler == "iid" and math.prod(expected) > sampling.MAX_DRAWS:
         raise ValueError(

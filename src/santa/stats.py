@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import torch
 
+from santa.checks import integer
 from santa.sampling import check_budget, check_probs, check_sampler, sample_counts
 
 ADD_PJ = 0.9  # energy of one 32-bit float add (Horowitz, 2014), picojoules
@@ -26,11 +26,7 @@ def _check_probs_values(probs: torch.Tensor, values: torch.Tensor) -> None:
 
 
 def _check_count(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int ≥ {minimum}, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be ≥ {minimum}, got {value}")
-    return int(value)
+    return integer(name, value, low=minimum)
 
 
 def iid_variance_trace(probs: torch.Tensor, values: torch.Tensor, budget: int) -> torch.Tensor:
@@ -210,6 +206,7 @@ def value_stage_cost(
 def prefill_cost(n_queries: int, n_keys: int, head_dim: int, *, method: str = "santa", budget: int | None = None) -> dict:
     """Per-head prefill work (Appendix G, Table 10): score stage plus value stage, as a dict of counts."""
     n_queries, d = _check_count("n_queries", n_queries, 0), _check_count("head_dim", head_dim, 1)
+    n_keys = _check_count("n_keys", n_keys, 1)
     score = {"adds": n_queries * n_keys * d, "mults": n_queries * n_keys * d, "reads": (n_queries + n_keys) * d}
     per_query = value_stage_cost(n_keys, d, method=method, budget=budget)
     value = {

@@ -1,8 +1,9 @@
 """``decode()``: one sampled-attention decode step over a contiguous or paged KV cache (eager).
 
 Validates its inputs, then runs a cached :class:`santa.kernels.plan.DecodePlan` (the Triton kernels,
-on CUDA or under ``TRITON_INTERPRET=1``) or, elsewhere, the torch reference of the same estimator;
-both draw the same Philox uniforms, so they agree up to float rounding. For per-step calls without
+on CUDA, or on the CPU under ``TRITON_INTERPRET=1``) or, on the CPU otherwise, the torch reference of
+the same estimator; both draw the same Philox uniforms, so they agree up to float rounding, and both
+take any budget up to ``MAX_BUDGET`` per head. Tensors on other devices (meta, mps) are refused. For per-step calls without
 validation or host work, plan once with :func:`santa.kernels.plan_decode` and call its ``run``.
 
 Non-finite input: a NaN or +inf score (NaN/inf in q or in a visible key) makes the output of every
@@ -14,7 +15,6 @@ the tile, since a tile reads each row once for the group), and goes unseen other
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import numbers
 import os
@@ -23,33 +23,38 @@ from dataclasses import dataclass
 
 import torch
 
-from santa.kernels import reference
+from santa.checks import integer
 from santa.kernels.plan import (
     DTYPES,
+    HAVE_TRITON,
     KERNELS,
     KV_LAYOUTS,
     DecodePlan,
     Workspace,
     WorkspaceKey,
     check_budget_for_kernels,
+    check_seed_and_offset,
+    check_tables,
     check_workspace,
-    flash_tile,
+    kernels_on_cpu,
     plan_decode,
     resolve_device,
+    torch_decode,
     workspace_nbytes,
 )
 
-# triton is imported only when a kernel runs, so that importing santa never fixes Triton's mode
-# (TRITON_INTERPRET is read when the kernels are defined)
-HAVE_TRITON = importlib.util.find_spec("triton") is not None
 _PLAN_CACHE_SIZE = 32
+_check_seed_and_offset = check_seed_and_offset
+_check_tables = check_tables
 
 
 def use_triton(device: torch.device) -> bool:
-    """Whether decode() runs the Triton kernels for tensors on ``device``."""
+    """Whether decode() runs the Triton kernels for tensors on ``device``: on CUDA, and on the CPU
+    under ``TRITON_INTERPRET=1`` (:func:`santa.kernels.plan.kernels_on_cpu`); elsewhere the torch
+    reference of the same estimator runs."""
     if not HAVE_TRITON:
         return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    return device.type == "cuda" or (device.type == "cpu" and kernels_on_cpu())
 
 
 def _check_float_tensor(name: str, x: object, dims: int, shape_doc: str) -> torch.Tensor:
@@ -83,6 +88,8 @@ def _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_lay
     if not (q.dtype == k_cache.dtype == v_cache.dtype):
         raise TypeError(f"q, k_cache and v_cache must share one dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
     device = q.device
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"q, k_cache and v_cache must be on the CPU or a CUDA device, got {device}")
     if k_cache.device != device or v_cache.device != device:
         raise ValueError(f"q, k_cache and v_cache must be on one device, got {device}, {k_cache.device}, {v_cache.device}")
     batch, heads, dim = q.shape
@@ -137,46 +144,10 @@ def _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_lay
     return q, k_cache, v_cache, budget, n_keys, kv_heads
 
 
-_TWO_63 = 2**63
-
-
-def _check_seed_and_offset(seed, offset) -> None:
-    """The per-call scalars (their values are not part of a call's signature)."""
-    if type(seed) is int and type(offset) is int and 0 <= seed < _TWO_63 and 0 <= offset < _TWO_63:
-        return  # the common case, without the slower ABC checks below
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < _TWO_63:
-        raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
-    if not isinstance(offset, torch.Tensor) and (
-        isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or not 0 <= offset < _TWO_63
-    ):
-        raise ValueError(f"offset must be an int in [0, 2**63) or a one-element int64 tensor, got {offset!r}")
-
-
-def _check_tables(seq_lens, block_table, *, n_keys: int, page_size: int, n_pages: int) -> None:
-    """Host checks of the values in seq_lens and block_table (they read the tensors: a sync on CUDA).
-
-    Only the pages a sequence uses (``j < ⌈seq_len / page_size⌉``) must be ids in ``[0, n_pages)``;
-    entries past them are never read and may hold anything (e.g. −1 padding).
-    """
-    if seq_lens is not None:
-        lens = seq_lens.long()
-        bad = (lens < 0) | (lens > n_keys)
-        if bad.any():
-            b = int(bad.nonzero()[0, 0])
-            raise ValueError(f"seq_lens[{b}] = {int(lens[b])} must lie in [0, {n_keys}] (the keys the cache can address)")
-    if block_table is not None and seq_lens is not None:
-        used_pages = -(-lens // page_size)  # [B]
-        used = torch.arange(block_table.shape[1], device=block_table.device) < used_pages.unsqueeze(1)
-        ids = block_table.long()
-        bad = used & ((ids < 0) | (ids >= n_pages))
-        if bad.any():
-            b, j = (int(x) for x in bad.nonzero()[0])
-            raise ValueError(f"block_table[{b}, {j}] = {int(ids[b, j])} must be a page id in [0, {n_pages}) "
-                             f"(sequence {b} uses its first {int(used_pages[b])} pages)")
-
-
 def workspace_bytes(batch: int, heads: int, dim: int, n_keys: int, budget: int, kernel: str = "prop") -> int:
     """Bytes of workspace a decode call with these sizes needs (``n_keys``: L_max or max_pages·page_size)."""
+    batch, heads, dim, n_keys = (integer(name, value, low=1) for name, value in
+                                 (("batch", batch), ("heads", heads), ("dim", dim), ("n_keys", n_keys)))
     return workspace_nbytes(_workspace_key(kernel, batch, heads, dim, n_keys, budget, "cpu"))
 
 
@@ -269,7 +240,7 @@ def _signature(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_la
     except (AttributeError, TypeError):  # not tensors: _validate names the argument
         return None
     # on the CPU, TRITON_INTERPRET decides between the kernels and the torch fallback (use_triton); CUDA always runs them
-    interpret = None if q.device.type == "cuda" else os.environ.get("TRITON_INTERPRET")
+    interpret = None if q.device.type == "cuda" else (os.environ.get("TRITON_INTERPRET"), kernels_on_cpu())
     return (tensors, optional, type(offset), type(budget), budget, type(kernel), kernel, type(kv_layout), kv_layout,
             type(scale), scale, type(return_counts), return_counts, interpret)
 
@@ -338,7 +309,8 @@ def decode(
     seq_lens: int32 ``[B]``, keys visible per sequence (required when paged; default L_max).
         A sequence of length 0 gets a zero output.
     scale: score scale (default ``1/√d``).
-    seed, offset: Philox key and counter (ints in [0, 2**63); offset may be a one-element int64
+    seed, offset: Philox key and counter (Python or numpy ints in [0, 2**63): a wrong type is a
+        TypeError, out of range a ValueError; offset may be a one-element int64
         tensor on the device, read inside the kernel, so a captured CUDA graph can advance it per
         step). Uniforms are keyed on (seed, offset, sequence, head, tile): same inputs, seed and
         offset give bitwise-equal outputs; another offset gives fresh samples.
@@ -373,14 +345,9 @@ def decode(
 
 
 def _decode_reference(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out, return_counts):
-    if isinstance(offset, torch.Tensor):
-        offset = int(offset.item())
-    kwargs = dict(seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout, scale=scale, seed=int(seed), offset=int(offset))
-    if kernel == "prop":
-        result, counts = reference.prop_reference(q, k_cache, v_cache, budget, **kwargs)
-    else:
-        result, counts = reference.flash_reference(q, k_cache, v_cache, budget, tile=flash_tile(q.shape[-1]), **kwargs)
+    result, counts = torch_decode(kernel, q, k_cache, v_cache, budget, seq_lens=seq_lens, block_table=block_table,
+                                  kv_layout=kv_layout, scale=scale, seed=seed, offset=offset)
     if out is not None:
         out.copy_(result)
         result = out
-    return (result, counts.to(torch.int32)) if return_counts else result
+    return (result, counts) if return_counts else result

@@ -3,21 +3,33 @@ budget and launch parameters and owns its typed :class:`Workspace`; :meth:`Decod
 launches (no validation, no allocation, no host synchronisation: CUDA-graph capturable).
 
 ``run`` trusts its tensors to have the planned shapes, dtypes and layout (check them once, e.g.
-with :func:`santa.decode` on the first step). Against bad *values* the kernels guard memory on
-their own: a ``seq_lens`` entry outside ``[0, n_keys]`` is clamped for every read and the
+with :func:`santa.decode` on the first step); it checks only the types and ranges of ``seed`` and
+``offset`` (host-side, a few hundred nanoseconds). Against bad *values* the kernels guard memory
+on their own: a ``seq_lens`` entry outside ``[0, n_keys]`` is clamped for every read and the
 sequence's output is NaN; a ``block_table`` page id outside ``[0, pages)`` is never followed and
 the heads that would have read it get NaN.
+
+Devices: a CUDA device (the compiled kernels) or the CPU. A CPU plan runs what :func:`santa.decode`
+runs for CPU tensors: the kernels in Triton's interpreter under ``TRITON_INTERPRET=1``, else the
+torch reference of the same estimator (same Philox uniforms), which checks the tables' values
+(no synchronisation to save on the CPU) and raises ValueError naming a bad entry.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import importlib.util
 import math
+import numbers
+import os
+import sys
 from dataclasses import dataclass, field
 
 import torch
 
-from santa.kernels import _launch
+from santa.checks import integer
+from santa.kernels import _launch, reference
 from santa.sampling import check_budget
 
 KERNELS = ("prop", "flash", "auto")
@@ -27,6 +39,14 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634
 ALIGN = 256  # bytes; every workspace region starts on this boundary
 MAX_BUDGET = 1 << 20  # samples per head the kernels accept (pass 2 launches ⌈S/32⌉ programs per head)
+# triton is imported only when a kernel runs, so that importing santa never fixes Triton's mode
+# (TRITON_INTERPRET is read when the kernels are defined)
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+_TWO_63 = 2**63
+# a jit function of each module the kernels use: Triton defines it for the interpreter or for the GPU
+# when the module is imported (triton.language's own, e.g. tl.max, when triton is)
+_KERNEL_FUNCTIONS = {"triton.language.standard": "max", "santa.kernels._common": "tile_scores",
+                     "santa.kernels.prop": "_prop_scores_kernel", "santa.kernels.flash": "_flash_partial_kernel"}
 _ELEMENT_SIZE = {torch.float32: 4, torch.int32: 4}
 
 
@@ -221,9 +241,7 @@ class DecodeShape:
 
 
 def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int ≥ 1, got {value!r}")
-    return value
+    return integer(name, value, low=1)
 
 
 def check_budget_for_kernels(budget: object) -> int:
@@ -234,12 +252,129 @@ def check_budget_for_kernels(budget: object) -> int:
     return budget
 
 
-def resolve_device(device: torch.device | str) -> torch.device:
-    """``device`` with its CUDA index made explicit (``"cuda"`` → the current device), so that keys compare equal."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
+def resolve_device(device: object) -> torch.device:
+    """``device`` as a torch.device the decode path supports (the CPU or an existing CUDA device), its
+    CUDA index made explicit (``"cuda"`` → the current device) so that keys compare equal; else a
+    ValueError (TypeError for neither a str nor a torch.device) naming ``device``."""
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be a str or torch.device ('cpu', 'cuda', 'cuda:1'), got {type(device).__name__} {device!r}")
+    try:
+        device = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device must be 'cpu' or a CUDA device ('cuda', 'cuda:1'), got {device!r}") from None
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.type != "cuda":
+        raise ValueError(f"device must be 'cpu' or a CUDA device, got {str(device)!r}: "
+                         "the decode kernels run on CUDA, and on the CPU in torch (or Triton's interpreter)")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r} but CUDA is not available (torch.cuda.is_available() is False): "
+                         "use device='cpu' (the torch fallback, or the kernels under TRITON_INTERPRET=1)")
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise ValueError(f"device={str(device)!r} but this machine has {count} CUDA device(s): cuda:0 … cuda:{count - 1}")
+    if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return device
+
+
+def kernels_on_cpu() -> bool:
+    """Whether the Triton kernels run for CPU tensors: under ``TRITON_INTERPRET=1``, unless triton or a
+    kernel module was already imported without it (Triton reads the variable when it defines a jit
+    function, so those are defined for the GPU); then, as without the variable, the torch reference
+    of the same estimator runs."""
+    if not HAVE_TRITON or os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    for module_name, function in _KERNEL_FUNCTIONS.items():
+        module = sys.modules.get(module_name)
+        kernel = getattr(module, function, None)
+        if kernel is not None and type(kernel).__name__ != "InterpretedFunction":
+            return False
+    return True
+
+
+def check_seed_and_offset(seed: object, offset: object) -> None:
+    """The per-call Philox scalars: ints (numpy ints too) in ``[0, 2**63)``; offset may also be a tensor
+    (whose dtype, size and device the caller checks). Wrong type: TypeError; out of range: ValueError."""
+    if type(seed) is int and type(offset) is int and 0 <= seed < _TWO_63 and 0 <= offset < _TWO_63:
+        return  # the common case, without the slower ABC checks below
+    integer("seed", seed, low=0, high=_TWO_63)
+    if not isinstance(offset, torch.Tensor):
+        if isinstance(offset, bool) or not isinstance(offset, numbers.Integral):
+            raise TypeError(f"offset must be an int in [0, 2**63) or a one-element int64 tensor, got {type(offset).__name__} {offset!r}")
+        integer("offset", offset, low=0, high=_TWO_63)
+
+
+def check_tables(seq_lens, block_table, *, n_keys: int, page_size: int, n_pages: int) -> None:
+    """Host checks of the values in seq_lens and block_table (they read the tensors: a sync on CUDA).
+
+    Only the pages a sequence uses (``j < ⌈seq_len / page_size⌉``) must be ids in ``[0, n_pages)``;
+    entries past them are never read and may hold anything (e.g. −1 padding).
+    """
+    if seq_lens is not None:
+        lens = seq_lens.long()
+        bad = (lens < 0) | (lens > n_keys)
+        if bad.any():
+            b = int(bad.nonzero()[0, 0])
+            raise ValueError(f"seq_lens[{b}] = {int(lens[b])} must lie in [0, {n_keys}] (the keys the cache can address)")
+    if block_table is not None and seq_lens is not None:
+        used_pages = -(-lens // page_size)  # [B]
+        used = torch.arange(block_table.shape[1], device=block_table.device) < used_pages.unsqueeze(1)
+        ids = block_table.long()
+        bad = used & ((ids < 0) | (ids >= n_pages))
+        if bad.any():
+            b, j = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(f"block_table[{b}, {j}] = {int(ids[b, j])} must be a page id in [0, {n_pages}) "
+                             f"(sequence {b} uses its first {int(used_pages[b])} pages)")
+
+
+def torch_decode(kernel: str, q, k_cache, v_cache, budget: int, *, seq_lens, block_table, kv_layout: str, scale,
+                 seed: int, offset) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch fallback of a decode call: what the kernels compute, as ``(out in q's dtype, counts int32)``."""
+    if isinstance(offset, torch.Tensor):
+        offset = int(offset.item())
+    kwargs = dict(seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout, scale=scale, seed=int(seed), offset=int(offset))
+    if kernel == "prop":
+        result, counts = reference.prop_reference(q, k_cache, v_cache, budget, **kwargs)
+    else:
+        result, counts = reference.flash_reference(q, k_cache, v_cache, budget, tile=flash_tile(q.shape[-1]), **kwargs)
+    return result, counts.to(torch.int32)
+
+
+def checked_tuning(tuning: object) -> Tuning:
+    """``tuning`` with its integer fields as Python ints, or raise naming the field (TypeError for a wrong
+    type, ValueError for a bad value)."""
+    tuning = Tuning() if tuning is None else tuning
+    if not isinstance(tuning, Tuning):
+        raise TypeError(f"tuning must be a santa.kernels.Tuning, got {type(tuning).__name__}")
+    ints = {}
+    for name, low, high in (("block_n", 16, 512), ("warps_pass1", 1, 16), ("warps_pass2", 1, 16),
+                            ("samples_per_program", 1, 1024)):
+        value = getattr(tuning, name)
+        if value is None:
+            continue
+        expected = f"Tuning.{name} must be None or a power of two in [{low}, {high}]"
+        try:
+            ints[name] = integer(f"Tuning.{name}", value, low=low, high=high + 1)
+        except TypeError:
+            raise TypeError(f"{expected}, got {type(value).__name__} {value!r}") from None
+        except ValueError:
+            raise ValueError(f"{expected}, got {int(value)}") from None
+        if ints[name] & (ints[name] - 1):
+            raise ValueError(f"{expected}, got {ints[name]}")
+    if tuning.stages_pass1 is not None:
+        try:
+            ints["stages_pass1"] = integer("Tuning.stages_pass1", tuning.stages_pass1, low=1, high=5)
+        except TypeError:
+            raise TypeError(f"Tuning.stages_pass1 must be None or an int in [1, 4], got {tuning.stages_pass1!r}") from None
+        except ValueError:
+            raise ValueError(f"Tuning.stages_pass1 must be None or an int in [1, 4], got {int(tuning.stages_pass1)}") from None
+    if tuning.tile_search not in (None, *TILE_SEARCHES):
+        raise ValueError(f"Tuning.tile_search must be None or one of {TILE_SEARCHES}, got {tuning.tile_search!r}")
+    for name in ("pdl", "k_evict_first", "discard_stash"):
+        if getattr(tuning, name) is not None and not isinstance(getattr(tuning, name), bool):
+            raise TypeError(f"Tuning.{name} must be None or a bool, got {getattr(tuning, name)!r}")
+    return dataclasses.replace(tuning, **ints) if ints else tuning
 
 
 def plan_decode(
@@ -266,10 +401,16 @@ def plan_decode(
         ``max_pages · page_size`` of a paged one (``page_size`` set; ``n_keys`` a multiple of it).
     budget: S samples per head, 1 ≤ S ≤ 2**20. kernel: ``"prop"``, ``"flash"`` or ``"auto"`` (prop).
     kv_layout: ``"NHD"`` or ``"HND"``. scale: score scale (default ``1/√d``).
+    device: ``"cpu"`` or a CUDA device (``"cuda"``, ``"cuda:1"``, a torch.device) of this machine. On the
+        CPU, ``run`` does what :func:`santa.decode` does for CPU tensors (see the module docstring).
     tuning: prop's launch parameters. workspace: reuse one made for exactly this shape.
+    Integer arguments take Python or numpy ints: a wrong type is a TypeError, a bad value (or an
+    unsupported or absent device) a ValueError, each naming the argument.
     """
-    for name, value in (("batch", batch), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim), ("n_keys", n_keys)):
+    batch, heads, kv_heads, head_dim, n_keys = (
         _positive_int(name, value)
+        for name, value in (("batch", batch), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim), ("n_keys", n_keys))
+    )
     if heads % kv_heads:
         raise ValueError(f"heads H={heads} must be a multiple of kv_heads H_kv={kv_heads}")
     budget = check_budget_for_kernels(budget)
@@ -281,27 +422,12 @@ def plan_decode(
     if dtype not in DTYPES:
         raise TypeError(f"dtype must be float16, bfloat16 or float32, got {dtype}")
     if page_size is not None:
-        _positive_int("page_size", page_size)
+        page_size = _positive_int("page_size", page_size)
         if n_keys % page_size:
             raise ValueError(f"n_keys={n_keys} must be max_pages · page_size, a multiple of page_size={page_size}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)):
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale)):
         raise TypeError(f"scale must be a finite float or None, got {scale!r}")
-    tuning = Tuning() if tuning is None else tuning
-    if not isinstance(tuning, Tuning):
-        raise TypeError(f"tuning must be a santa.kernels.Tuning, got {type(tuning).__name__}")
-    for name, low, high in (("block_n", 16, 512), ("warps_pass1", 1, 16), ("warps_pass2", 1, 16),
-                            ("samples_per_program", 1, 1024)):
-        value = getattr(tuning, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high
-                                  or value & (value - 1)):
-            raise ValueError(f"Tuning.{name} must be None or a power of two in [{low}, {high}], got {value!r}")
-    if tuning.stages_pass1 is not None and (isinstance(tuning.stages_pass1, bool) or tuning.stages_pass1 not in range(1, 5)):
-        raise ValueError(f"Tuning.stages_pass1 must be None or an int in [1, 4], got {tuning.stages_pass1!r}")
-    if tuning.tile_search not in (None, *TILE_SEARCHES):
-        raise ValueError(f"Tuning.tile_search must be None or one of {TILE_SEARCHES}, got {tuning.tile_search!r}")
-    for name in ("pdl", "k_evict_first", "discard_stash"):
-        if getattr(tuning, name) is not None and not isinstance(getattr(tuning, name), bool):
-            raise TypeError(f"Tuning.{name} must be None or a bool, got {getattr(tuning, name)!r}")
+    tuning = checked_tuning(tuning)
     device = resolve_device(device)
     shape = DecodeShape(batch, heads, kv_heads, head_dim, n_keys, page_size, kv_layout, dtype, str(device))
     key = WorkspaceKey.of(kernel=kernel, batch=batch, heads=heads, head_dim=head_dim, n_keys=n_keys, budget=budget,
@@ -341,6 +467,7 @@ class DecodePlan:
         major = torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 0  # 0: CPU / interpreter
         self.pdl = major >= 9 and tuning.pdl is not False
         self.cuda_index = device.index if device.type == "cuda" else None  # launches go to this device's current stream
+        self.on_cpu = device.type == "cpu"  # run: the kernels in the interpreter, or the torch fallback (kernels_on_cpu)
         self.k_evict_first = False
         if kernel == "prop":  # the stash's size as the workspace lays it out: B·H rows of stride_stash fp32
             l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else None
@@ -371,7 +498,11 @@ class DecodePlan:
 
     def stages(self, q, k_cache, v_cache, *, seq_lens=None, block_table=None, seed: int = 0, offset=0, out=None,
                counts=None, workspace: Workspace | None = None) -> list:
-        """The call's launches as ``[(name, zero-argument callable)]`` in order (benchmarks time them one by one)."""
+        """The call's launches as ``[(name, zero-argument callable)]`` in order (benchmarks time them one by one).
+        A CPU plan has launches only under Triton's interpreter (:func:`kernels_on_cpu`), else a ValueError."""
+        if self.on_cpu and not kernels_on_cpu():
+            raise ValueError("stages() times the Triton kernels: this CPU plan runs the torch fallback "
+                             "(plan for a CUDA device, or set TRITON_INTERPRET=1 before the kernels are imported)")
         launchers = self._stage_launchers(
             has_seq_lens=seq_lens is not None, offset_in_memory=isinstance(offset, torch.Tensor), return_counts=counts is not None
         )
@@ -427,9 +558,15 @@ class DecodePlan:
         seq_lens int32 ``[B]`` (default: every sequence holds n_keys keys); seed, offset: Philox key
         and counter (offset may be a one-element int64 device tensor); counts: an int32
         ``[B, H, n_keys]`` zero tensor to receive per-key sample counts; workspace: one made for this
-        plan's shape (default: the plan's own). Nothing is checked here. The kernels run on the
-        plan's device (its current stream), whichever device is current.
+        plan's shape (default: the plan's own). Only seed and offset are checked (TypeError for a
+        wrong type, ValueError out of range); the tensors are not. The kernels run on the plan's
+        device (its current stream), whichever device is current. A CPU plan runs the torch fallback
+        unless :func:`kernels_on_cpu` (TRITON_INTERPRET=1): as :func:`santa.decode` on the CPU, it
+        then checks seq_lens and block_table (ValueError naming a bad entry).
         """
+        check_seed_and_offset(seed, offset)
+        if self.on_cpu and not kernels_on_cpu():
+            return self._run_torch(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts)
         index = self.cuda_index
         if index is not None and torch.cuda.current_device() != index:
             with torch.cuda.device(index):
@@ -445,6 +582,19 @@ class DecodePlan:
         for _, launcher in launchers:
             launcher(key, args, tensors, stream)
         return out
+
+    def _run_torch(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts) -> torch.Tensor:
+        """The CPU fallback: the torch reference of the plan's kernel, written into ``out`` (and ``counts``)."""
+        check_tables(seq_lens, block_table, n_keys=self.shape.n_keys, page_size=self.shape.page_size or 1,
+                     n_pages=k_cache.shape[0])
+        result, sampled = torch_decode(self.kernel, q, k_cache, v_cache, self.budget, seq_lens=seq_lens,
+                                       block_table=block_table, kv_layout=self.shape.kv_layout, scale=self.scale,
+                                       seed=seed, offset=offset)
+        if counts is not None:
+            counts.copy_(sampled)
+        if out is None:
+            return result
+        return out.copy_(result)
 
 
 def _on_device(index: int | None):

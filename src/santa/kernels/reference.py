@@ -25,7 +25,11 @@ import math
 import numpy as np
 import torch
 
-from santa.sampling import sample_counts
+from santa import sampling
+from santa.checks import integer
+from santa.sampling import check_budget, sample_counts
+
+_DRAWS_PER_CALL = 2**22  # points one sample_counts call materialises here (~100 MB): the budget is up to 2**20 per head
 
 _PHILOX_ROUND_A = np.uint64(0xD2511F53)
 _PHILOX_ROUND_B = np.uint64(0xCD9E8D57)
@@ -52,11 +56,12 @@ def _philox4x32(c0, c1, c2, c3, k0, k1, rounds: int = 10):
 
 
 def philox_uniforms(seed: int, offset: int, rows: torch.Tensor | np.ndarray, stream: torch.Tensor | np.ndarray | int = 0) -> torch.Tensor:
-    """The kernels' float32 uniforms in [0, 1) for counter rows ``b·H + h`` and ``stream`` (broadcast)."""
+    """The kernels' float32 uniforms in [0, 1) for counter rows ``b·H + h`` and ``stream`` (broadcast).
+    seed, offset: ints (numpy ints too) in ``[0, 2**64)``."""
     rows_np = np.asarray(rows.cpu() if isinstance(rows, torch.Tensor) else rows, dtype=np.uint64)
     stream_np = np.asarray(stream.cpu() if isinstance(stream, torch.Tensor) else stream, dtype=np.uint64)
     rows_np, stream_np = np.broadcast_arrays(rows_np, stream_np)
-    seed, offset = int(seed), int(offset)
+    seed, offset = integer("seed", seed, low=0, high=2**64), integer("offset", offset, low=0, high=2**64)
     with np.errstate(over="ignore"):
         c0 = np.full(rows_np.shape, offset & 0xFFFFFFFF, dtype=np.uint64)
         c1 = np.full(rows_np.shape, (offset >> 32) & 0xFFFFFFFF, dtype=np.uint64)
@@ -127,6 +132,29 @@ def _sampled_values(counts: torch.Tensor, v: torch.Tensor, heads: int) -> torch.
     return torch.einsum("bhl,blhd->bhd", counts.double(), torch.where(read, vv, 0.0))
 
 
+def systematic_counts(probs: torch.Tensor, budget: int, uniforms: torch.Tensor, *, max_draws: int | None = None) -> torch.Tensor:
+    """``sample_counts(probs, budget, "systematic", uniforms=uniforms)``, drawn a block of rows at a
+    time so that no call materialises more than ``max_draws`` points (default: 2**22, or
+    ``santa.sampling.MAX_DRAWS`` if lower). The kernels take any budget up to ``MAX_BUDGET`` per head,
+    which ``rows × S`` points at once would pass MAX_DRAWS; each row's counts depend only on its own
+    probabilities and uniform, so the result is the one of a single call.
+
+    probs ``[..., n]``, uniforms ``[...]`` → int64 ``[..., n]``.
+    """
+    if max_draws is None:
+        max_draws = min(_DRAWS_PER_CALL, sampling.MAX_DRAWS)
+    max_draws, budget = integer("max_draws", max_draws, low=1), check_budget(budget)
+    rows_per_call = max(1, max_draws // budget)
+    flat_probs, flat_uniforms = probs.reshape(-1, probs.shape[-1]), uniforms.reshape(-1)
+    if flat_probs.shape[0] <= rows_per_call:
+        return sample_counts(probs, budget, "systematic", uniforms=uniforms)
+    blocks = [
+        sample_counts(flat_probs[start : start + rows_per_call], budget, "systematic", uniforms=flat_uniforms[start : start + rows_per_call])
+        for start in range(0, flat_probs.shape[0], rows_per_call)
+    ]
+    return torch.cat(blocks).reshape(probs.shape)
+
+
 def _rows(batch: int, heads: int, device: torch.device) -> torch.Tensor:
     return torch.arange(batch * heads, device=device).reshape(batch, heads)
 
@@ -145,6 +173,7 @@ def prop_reference(
     offset: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact global systematic sampling: returns ``(out [B, H, d] in q.dtype, counts [B, H, n_max] int64)``."""
+    budget = check_budget(budget)
     batch, heads, dim = q.shape
     scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
     k, visible = gather_cache(k_cache, batch=batch, seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout)
@@ -152,7 +181,7 @@ def prop_reference(
     probs = _softmax_rows(_scores(q, k, visible, scale))  # [B, H, L]
     nan_rows = torch.isnan(probs).any(dim=-1)  # NaN/+inf scores: NaN out, no samples
     uniforms = philox_uniforms(seed, offset, _rows(batch, heads, torch.device("cpu"))).to(q.device, torch.float64)
-    counts = sample_counts(probs.masked_fill(nan_rows.unsqueeze(-1), 0.0), budget, "systematic", uniforms=uniforms)  # [B, H, L]
+    counts = systematic_counts(probs.masked_fill(nan_rows.unsqueeze(-1), 0.0), budget, uniforms)  # [B, H, L]
     out = _sampled_values(counts, v, heads) / budget  # ô = (1/S) Σ_j c_j v_j
     return out.masked_fill(nan_rows.unsqueeze(-1), math.nan).to(q.dtype), counts
 
@@ -181,6 +210,7 @@ def flash_reference(
     Tile t of sequence b draws ``S_tile`` samples from its own distribution with the uniform of
     stream ``t + 1``; ``ô = Σ_t (W_t / Z) (1/S_tile) Σ_{j∈t} c_j v_j`` with ``W_t`` the tile's mass.
     """
+    budget, tile = check_budget(budget), integer("tile", tile, low=1)
     batch, heads, dim = q.shape
     scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
     k, visible = gather_cache(k_cache, batch=batch, seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout)
@@ -209,7 +239,7 @@ def flash_reference(
     uniforms = philox_uniforms(seed, offset, rows, streams).to(q.device, torch.float64)
     counts = torch.zeros(batch, heads, n_tiles_max, tile, dtype=torch.int64, device=q.device)
     for b in range(batch):
-        counts[b] = sample_counts(local[b], int(s_tile[b]), "systematic", uniforms=uniforms[b])
+        counts[b] = systematic_counts(local[b], int(s_tile[b]), uniforms[b])
     counts = counts.masked_fill(poisoned.any(-1).unsqueeze(-1), 0)  # a poisoned tile samples nothing (its row is NaN)
     vv = v.double().repeat_interleave(heads // k.shape[2], dim=2)  # [B, L, H, d]
     vv = torch.nn.functional.pad(vv, (0, 0, 0, 0, 0, pad)).reshape(batch, n_tiles_max, tile, heads, dim)
