@@ -1,8 +1,10 @@
 """GPU decode kernels (Triton): S²ANTA-prop and S²ANTA-flash behind one entry point, :func:`decode`.
 
-- :func:`decode`: one eager decode step over a contiguous or paged KV cache (CPU: the torch reference).
+- :func:`decode`: one eager decode step over a contiguous or paged KV cache (CPU: the torch reference,
+  or the kernels in Triton's interpreter under ``TRITON_INTERPRET=1``).
 - :func:`plan_decode` → :class:`DecodePlan`: validate a shape once, then ``plan.run(...)`` per step
-  (launches only: no validation, no allocation, CUDA-graph capturable).
+  (launches only: no tensor validation, no allocation, CUDA-graph capturable; a CPU plan runs what
+  :func:`decode` runs on the CPU).
 - :func:`make_workspace`, :class:`Workspace`, :func:`workspace_bytes`: caller-owned scratch, typed
   by the shape and kernel it serves.
 - :mod:`santa.kernels.reference`: the torch emulation of what the kernels compute (the oracle).

@@ -448,7 +448,8 @@ def check_workspace(workspace: object, key: WorkspaceKey) -> Workspace:
 
 
 class DecodePlan:
-    """A validated decode shape with frozen launches; :meth:`run` launches the kernels only."""
+    """A validated decode shape with frozen launches; :meth:`run` checks seed and offset and launches the
+    kernels (a CPU plan without the interpreter: the torch fallback)."""
 
     def __init__(self, *, shape: DecodeShape, kernel: str, budget: int, scale: float, tuning: Tuning,
                  workspace_key: WorkspaceKey, workspace: Workspace | None):
