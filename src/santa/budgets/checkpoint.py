@@ -18,6 +18,11 @@ from the last line (θ, the running reward sums) with every accepted episode kep
 cut mid-write is skipped, and its episodes were never accepted. Episode ids are
 ``"{session}-{run}-{episode}"`` with a new session number per driver start, so ids never repeat.
 ``OUT/policy.json`` (the newest θ) and ``OUT/schedule.json`` are rewritten atomically after every update.
+
+One driver per folder: it holds an exclusive lock on ``history.jsonl`` (:func:`history_lock`, the
+lock of every resumable santa command) for its whole run. A resume checks ``run.json`` and every
+history line before anything starts (:func:`resume`); a line that does not hold (hand-edited, cut
+and pasted, written by two drivers) raises :class:`CheckpointError` naming the file and the line.
 """
 
 from __future__ import annotations

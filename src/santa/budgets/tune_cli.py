@@ -210,16 +210,16 @@ def check_workers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         return
     if args.device == "auto":
         return  # CPU or GPU workers: known once Ray has started
-    if args.device == "cuda" and (args.num_gpus is None or args.reward != "synthetic") and not cuda_available():
-        # a local Ray runs its workers here; only the synthetic reward on GPUs declared by --num-gpus loads no model
-        parser.error("--device cuda: CUDA is not available on this machine (torch.cuda.is_available() is False) and a "
-                     "local Ray runs its workers here; use --device cpu, or --address to join a cluster with GPUs")
     threads = args.threads or 1
     cpus = args.num_cpus or len(os.sched_getaffinity(0))
     gpus = args.num_gpus if args.num_gpus is not None else (args.workers or 1)  # without --num-gpus: checked once Ray has started
     problem = missing_resources({"CPU": cpus, "GPU": gpus}, device=args.device, workers=args.workers, cpu_workers=args.cpu_workers, threads=threads)
     if problem:
         parser.error(f"the local Ray cannot run these workers ({'--num-cpus' if args.num_cpus else 'this machine'}: {cpus} CPUs): {problem}")
+    if args.device == "cuda" and (args.num_gpus is None or args.reward != "synthetic") and not cuda_available():
+        # a local Ray runs its workers here; only the synthetic reward on GPUs declared by --num-gpus loads no model
+        parser.error("--device cuda: CUDA is not available on this machine (torch.cuda.is_available() is False) and a "
+                     "local Ray runs its workers here; use --device cpu, or --address to join a cluster with GPUs")
 
 
 def cuda_available() -> bool:
