@@ -551,7 +551,7 @@ class Transformer(nn.Module):
         seed = integer("seed", seed, low=0, high=2**63)
         with torch.device("meta"):
             model = cls(args).to(dtype)
-        model = model.to_empty(device=device)
+        model = model.to_empty(device=torch.get_default_device() if device is None else device)  # not left on meta
         if args.tie_embeddings:
             model.output.weight = model.tok_embeddings.weight
         gen = torch.Generator(device=device).manual_seed(seed)
