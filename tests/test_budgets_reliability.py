@@ -106,26 +106,25 @@ def test_the_cells_lock_is_the_eval_run_lock(tmp_path):
     assert run_cells(cells, out=out, prompts=[0], setting={}, make_scorer=CountingScorer, progress=False) == 1  # free again
 
 
-HOLDER = "import sys, time\nfrom santa.writer_lock import writer_lock\nwith writer_lock(sys.argv[1]):\n    print('locked', flush=True); time.sleep(300)"
+HOLDER = """import sys, time
+from santa.writer_lock import writer_lock
+with writer_lock(sys.argv[1]), writer_lock(sys.argv[2]):
+    print('locked', flush=True); time.sleep(300)"""
 
 
-@pytest.mark.parametrize("target", ["cells", "history"])
-def test_a_writer_in_another_process_keeps_the_second_one_out(tmp_path, target):
-    out = tmp_path / "cells.jsonl"
-    locked = out if target == "cells" else tmp_path / HISTORY
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(locked)], stdout=subprocess.PIPE)
+def test_a_writer_in_another_process_keeps_the_second_one_out(tmp_path):
+    out, history = tmp_path / "cells.jsonl", tmp_path / HISTORY
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out), str(history)], stdout=subprocess.PIPE)
     try:
         assert holder.stdout.readline() == b"locked\n"
-        if target == "cells":
-            with pytest.raises(SweepLocked, match=re.escape(str(out))):
-                run_cells([Cell("c", (1, 2))], out=out, prompts=[0], setting={}, make_scorer=no_model, progress=False)
-        else:
-            with pytest.raises(RunLocked, match="another `santa tune budgets` is writing"), history_lock(tmp_path):
-                pass
+        with pytest.raises(SweepLocked, match=re.escape(str(out))):
+            run_cells([Cell("c", (1, 2))], out=out, prompts=[0], setting={}, make_scorer=no_model, progress=False)
+        with pytest.raises(RunLocked, match="another `santa tune budgets` is writing"), history_lock(tmp_path):
+            pass
     finally:
         holder.kill()
         holder.wait()
-    with writer_lock(locked):  # the kernel dropped the killed holder's lock
+    with writer_lock(out), history_lock(tmp_path):  # the kernel dropped the killed holder's locks
         pass
 
 
