@@ -6,6 +6,7 @@ driver's spawn/replace logic is also checked against a fake Ray, with no timing 
 """
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -388,3 +389,22 @@ def test_cli_staleness_default_is_the_saved_value_on_resume(tmp_path):
     old.pop("max_staleness")  # a run made before the limit existed keeps every episode
     (tmp_path / "run.json").write_text(json.dumps(old))
     assert resolve_staleness("auto", tmp_path) is None
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_an_episode_with_a_non_finite_reward_is_left_out_with_a_warning(tmp_path, capsys, bad):
+    """A NaN/inf reward would make θ NaN for good (and the history unresumable): it is left out, named."""
+    from santa.budgets.checkpoint import prepare
+
+    prepare(tmp_path, SYNTHETIC)
+    driver = Driver(FakeRay(), SYNTHETIC, out=tmp_path, requested=1, device="cpu", threads=1, hooks=Hooks(), poll_s=0.1)
+    landed = Landed(0, 0)
+    landed.results[1]["reward"] = bad
+    driver.accept([landed])
+    assert driver.state.version == 1 and driver.non_finite == 1
+    assert all(math.isfinite(x) for x in driver.state.theta)
+    [update] = history(tmp_path)
+    assert [e["id"] for e in update["episodes"]] == ["9-0-0"]
+    assert "episode 9-0-1 from worker 9-w0 has reward" in capsys.readouterr().err
+    driver.accept([Landed(0, start=5)])  # the next update still works
+    assert driver.state.version == 2

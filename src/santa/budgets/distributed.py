@@ -26,7 +26,9 @@ stops dispatching and accepts the runs still in flight (at most W − 1 more upd
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -201,6 +203,7 @@ class Driver:
         self.state, self.thetas, self.session = resumed.state, dict(resumed.thetas), resumed.session
         self.updates = list(resumed.updates)
         self.dropped: list[Episode] = []  # too stale for the gradient; written with the next update
+        self.non_finite = 0  # episodes left out for a NaN or infinite reward
         self.actors: dict[str, object] = {}
         self.devices: dict[str, str] = {}  # worker → its device (self.device, or "cpu" for the extra CPU workers)
         self.retiring: set[str] = set()
@@ -308,6 +311,7 @@ class Driver:
         ``spec.max_staleness`` versions ago, written before anything else; older ones are dropped
         (kept for the next update's record, so that their ids stay used)."""
         episodes = [Episode(**{**d, "schedule": tuple(d["schedule"])}) for r in runs for d in r.results]
+        episodes = self.finite_rewards(episodes)
         limit = self.spec.max_staleness
         fresh = []
         for e in episodes:
@@ -330,6 +334,15 @@ class Driver:
         write_outputs(self.out, self.spec, self.state)
         if self.hooks.on_update is not None:
             self.hooks.on_update(self.state.version)
+
+    def finite_rewards(self, episodes: list[Episode]) -> list[Episode]:
+        """``episodes`` without those whose reward is NaN or ±inf (a broken evaluation: one would turn
+        θ into NaN for good); each one left out is one warning line naming its id and worker."""
+        for e in episodes:
+            if not math.isfinite(e.reward):
+                self.non_finite += 1
+                print(f"santa tune: warning: episode {e.id} from worker {e.worker} has reward {e.reward}; left out of the update", file=sys.stderr)
+        return [e for e in episodes if math.isfinite(e.reward)]
 
     def release(self, runs: list[Run], *, more: bool) -> None:
         """Replace dead workers, retire extra ones, and give the others a new run if ``more``."""
