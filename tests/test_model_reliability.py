@@ -578,3 +578,19 @@ def test_a_damaged_joined_gguf_is_joined_again(tmp_path, monkeypatch):
     path.write_bytes(path.read_bytes()[:500])  # an interrupted copy or a disk error
     assert assets.gguf_file("two") == path and assets.sha256_of(path) == spec.sha256
     assert [p.name for p in path.parent.iterdir()] == ["two.gguf"]
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.bool])
+def test_integer_weights_are_refused_naming_the_tensor(tmp_path, dtype):
+    folder = write_checkpoint(tmp_path / "ckpt")
+    state = hf_state()
+    state["model.layers.1.mlp.down_proj.weight"] = torch.ones_like(state["model.layers.1.mlp.down_proj.weight"], dtype=dtype)
+    save_file(state, folder / "model.safetensors")
+    with pytest.raises(ValueError, match=r"must be floating point .*model\.layers\.1\.mlp\.down_proj\.weight"):
+        Transformer.from_checkpoint(folder)
+
+
+@pytest.mark.parametrize(("state", "error"), [([("model.norm.weight", torch.ones(16))], TypeError), ({"model.norm.weight": [1.0] * 16}, ValueError)])
+def test_from_hf_state_dict_refuses_what_is_not_a_mapping_of_tensors(state, error):
+    with pytest.raises(error, match="state must be a mapping|not tensors"):
+        Transformer.from_hf_state_dict(TINY_ARGS, state)

@@ -208,6 +208,11 @@ def check_hf_state_dict(args: ModelArgs, state: Mapping[str, Tensor]) -> None:
     Ignored: rotary ``inv_freq`` buffers (recomputed from the config) and ``lm_head.weight`` of a
     tied checkpoint (transformers ties it to the embedding as well).
     """
+    if not isinstance(state, Mapping):
+        raise TypeError(f"state must be a mapping of tensor names to tensors, got {type(state).__name__}")
+    not_tensors = [n for n, t in state.items() if not isinstance(t, Tensor)]
+    if not_tensors:
+        raise ValueError(f"checkpoint entries that are not tensors: {not_tensors[:3]}")
     if 9 * args.n_layer > len(state):  # before listing the shapes of a config that claims 10⁹ layers
         raise ValueError(f"checkpoint holds {len(state)} tensors, too few for the {args.n_layer} layers of its config (9 per layer)")
     shapes = hf_tensor_shapes(args)
@@ -217,6 +222,9 @@ def check_hf_state_dict(args: ModelArgs, state: Mapping[str, Tensor]) -> None:
     wrong = [f"{n}: {tuple(state[n].shape)}, expected {s}" for n, s in shapes.items() if tuple(state[n].shape) != s]
     if wrong:
         raise ValueError(f"checkpoint tensors do not match the config's shapes: {wrong[:3]}")
+    integral = [f"{n}: {state[n].dtype}" for n in shapes if not state[n].is_floating_point()]
+    if integral:  # quantised or mis-saved weights: santa.model computes in floating point
+        raise ValueError(f"checkpoint tensors must be floating point (load a float checkpoint), got {integral[:3]}")
     extra = [n for n in state if n not in shapes and not n.endswith("rotary_emb.inv_freq") and not (args.tie_embeddings and n == "lm_head.weight")]
     if extra:
         raise ValueError(f"checkpoint holds tensors santa.model has no place for (they would change the math): {extra[:3]}")
