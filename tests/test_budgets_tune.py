@@ -191,6 +191,12 @@ def test_desired_workers_file_overrides_the_request(tmp_path):
     assert desired_workers(requested=2, out=tmp_path, cluster={}, gpu=False, threads=1) == 5
 
 
+def test_desired_workers_file_is_capped_by_what_the_cluster_can_place(tmp_path):
+    (tmp_path / "workers").write_text("1000000\n")  # would start a million actors that wait forever
+    assert desired_workers(requested=2, out=tmp_path, cluster={"CPU": 8}, gpu=False, threads=2) == 4
+    assert desired_workers(requested=None, out=tmp_path, cluster={"CPU": 64, "GPU": 2}, gpu=True, threads=1) == 2
+
+
 def test_desired_workers_auto_is_one_per_gpu_else_per_threads_cpus(tmp_path):
     assert desired_workers(requested=None, out=tmp_path, cluster={"CPU": 64, "GPU": 8}, gpu=True, threads=1) == 8
     assert desired_workers(requested=None, out=tmp_path, cluster={"CPU": 16}, gpu=False, threads=4) == 4

@@ -172,19 +172,17 @@ def missing_resources(cluster: Mapping[str, float], *, device: str, workers: int
 
 
 def desired_workers(*, requested: int | None, out: Path, cluster: Mapping[str, float], gpu: bool, threads: int) -> int:
-    """Workers wanted now: ``OUT/workers`` if it holds an integer ≥ 0, else ``requested``, else one
-    per GPU (``gpu``) or one per ``threads`` CPUs of the cluster."""
+    """Workers wanted now: ``OUT/workers`` if it holds an integer ≥ 0 (at most what the cluster can
+    place: a worker per GPU (``gpu``) or per ``threads`` CPUs; more would wait forever), else
+    ``requested``, else that capacity. An empty ``cluster`` (not known) caps nothing."""
+    capacity = max(1, int(cluster.get("GPU", 0))) if gpu else max(1, int(cluster.get("CPU", 1)) // max(threads, 1))
     try:
         text = (out / WORKERS_FILE).read_text().strip()
         if text.isascii() and text.isdigit():  # "²".isdigit() holds too, and int("²") fails
-            return int(text)
+            return min(int(text), capacity) if cluster else int(text)
     except OSError:
         pass
-    if requested is not None:
-        return requested
-    if gpu:
-        return max(1, int(cluster.get("GPU", 0)))
-    return max(1, int(cluster.get("CPU", 1)) // max(threads, 1))
+    return requested if requested is not None else capacity
 
 
 class Driver:
@@ -250,7 +248,7 @@ class Driver:
 
     def rescale(self) -> None:
         """Start or retire workers to match :func:`desired_workers` (and top the CPU workers up to ``cpu_workers``)."""
-        cluster = self.ray.cluster_resources() if self.requested is None else {}
+        cluster = self.ray.cluster_resources()
         wanted = desired_workers(requested=self.requested, out=self.out, cluster=cluster, gpu=worker_kind(self.device) == "cuda", threads=self.threads)
         active = self.active(self.device)
         for worker in active[wanted:]:
