@@ -594,3 +594,15 @@ def test_integer_weights_are_refused_naming_the_tensor(tmp_path, dtype):
 def test_from_hf_state_dict_refuses_what_is_not_a_mapping_of_tensors(state, error):
     with pytest.raises(error, match="state must be a mapping|not tensors"):
         Transformer.from_hf_state_dict(TINY_ARGS, state)
+
+
+@pytest.mark.parametrize("backend", ["santa-prop", "santa-flash"])
+@pytest.mark.parametrize("impl", ["auto", "torch"])
+@pytest.mark.parametrize("where", ["budget", "layer_budgets"])
+def test_santa_budgets_past_the_kernels_limit_are_refused_before_any_work(tiny, backend, impl, where, monkeypatch):
+    import santa.model as model_mod
+
+    monkeypatch.setattr(model_mod, "prefill", lambda *a, **k: pytest.fail("prefilled before refusing the budget"))
+    budgets = {"budget": 2**70} if where == "budget" else {"budget": 4, "layer_budgets": {1: 2**20 + 1}}
+    with pytest.raises(ValueError, match=r"(budget|layer_budgets\[1\]) must lie in \[1, 1048576\]"):
+        gen(tiny, backend=backend, santa_impl=impl, **budgets)

@@ -224,6 +224,10 @@ def make_context(
     max_seed = (2**63 - model.args.n_layer) // 1000003  # each layer's kernel seed, seed·1000003 + layer, must stay < 2**63
     seed = integer("seed", seed, low=0, high=max_seed)
     layer_budgets = checked_layer_budgets(layer_budgets, model.args.n_layer)
+    if backend.startswith("santa-"):  # the kernels' limit, for santa_impl="torch" too: one contract per backend
+        for name, s in [("budget", budget), *((f"layer_budgets[{k}]", v) for k, v in (layer_budgets or {}).items())]:
+            if s > santa_kernels.MAX_BUDGET:
+                raise ValueError(f"{name} must lie in [1, {santa_kernels.MAX_BUDGET}] samples per head for backend {backend!r}, got {s}")
     cache = model.layers[0].attention.kv_cache
     if cache is None:
         raise ValueError("model has no KV cache: call model.setup_caches(batch, max_len) before make_context")
