@@ -156,6 +156,9 @@ def test_workers_file_scales_the_gpu_workers_only(tmp_path):
     assert driver.counts() == {"cuda": 1, "cpu": 1}  # auto: one per GPU of the (fake) cluster
     (tmp_path / "workers").write_text("2\n")
     driver.rescale()
+    assert driver.counts() == {"cuda": 1, "cpu": 1}  # a second GPU worker could never be placed
+    fake.cluster_resources = lambda: {"CPU": 16, "GPU": 2}  # a GPU node joins
+    driver.rescale()
     assert driver.counts() == {"cuda": 2, "cpu": 1}
     (tmp_path / "workers").write_text("0\n")
     driver.rescale()  # the GPU workers retire when their run ends; the CPU worker stays
