@@ -240,7 +240,7 @@ def sampled_attention(
     score_samples: with B ≥ 1, the scores are Bernoulli qKᵀ too (:func:`santa.bernoulli_query`, B
     ternary draws of ``score_sampler``, one per KV-head group): ``p = softmax(q̃ kᵀ·scale + mask)``.
 
-    A fully masked query row returns zeros (SDPA's math backend returns NaN there; zeros keep a
+    A fully masked query row returns zeros, as SDPA does in torch 2.13 on CPU (zeros keep a
     padded batch finite). Non-finite input gives NaN, never a finite answer, in the rows it
     reaches, as in SDPA: NaN in q or k, or a +inf score, makes its query row NaN (for every
     sampler, and with Bernoulli scores for every head of the GQA group, which share one draw);
