@@ -11,6 +11,7 @@ folder, so nothing here reads a GGUF.
 import json
 import multiprocessing
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -372,7 +373,10 @@ MODEL = "smollm2-135m"
 
 
 class FakeDequantiser:
-    """Writes a tiny checkpoint + tokenizer file where santa.assets.dequantise_into would; counts calls."""
+    """Copies a tiny checkpoint + tokenizer file where santa.assets.dequantise_into would write the
+    model (plain file copies: safe in a forked process); counts calls."""
+
+    template: Path  # set by the cache fixture
 
     def __init__(self, barrier=None, fail: BaseException | None = None):
         self.calls = 0
@@ -383,14 +387,16 @@ class FakeDequantiser:
         if self.fail is not None:
             (folder / "config.json").write_text("{}")  # a half-written build
             raise self.fail
-        write_checkpoint(folder)
-        (folder / "tokenizer.json").write_text(json.dumps({"model": model}))
+        for file in sorted(self.template.iterdir()):
+            shutil.copyfile(file, folder / file.name)
         if self.barrier is not None:  # every builder has built before any renames: the race
             self.barrier.wait(timeout=30)
 
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
+    FakeDequantiser.template = write_checkpoint(tmp_path / "template")
+    (FakeDequantiser.template / "tokenizer.json").write_text(json.dumps({"model": MODEL}))
     folder = tmp_path / "cache"
     monkeypatch.setenv("SANTA_CACHE", str(folder))
     fake = FakeDequantiser()
@@ -606,3 +612,15 @@ def test_santa_budgets_past_the_kernels_limit_are_refused_before_any_work(tiny, 
     budgets = {"budget": 2**70} if where == "budget" else {"budget": 4, "layer_budgets": {1: 2**20 + 1}}
     with pytest.raises(ValueError, match=r"(budget|layer_budgets\[1\]) must lie in \[1, 1048576\]"):
         gen(tiny, backend=backend, santa_impl=impl, **budgets)
+
+
+def test_a_cache_that_cannot_be_moved_into_place_is_one_line_naming_it(cache, monkeypatch):
+    folder, _ = cache
+
+    def refuse(src, dst):
+        raise PermissionError(13, "Permission denied", str(dst))
+
+    monkeypatch.setattr(assets.os, "rename", refuse)
+    with pytest.raises(ValueError, match=f"cannot move the built model cache into {folder / MODEL}"):
+        assets.cached_model(MODEL)
+    assert leftovers(folder) == []

@@ -262,7 +262,10 @@ def build_cache(model: str, target: Path) -> None:
     try:
         dequantise_into(model, staging)
         write_manifest(staging, model)
-        replace_folder(staging, target, model)
+        try:
+            replace_folder(staging, target, model)
+        except OSError as e:
+            raise ValueError(f"cannot move the built model cache into {target} ({e}): set SANTA_CACHE to a writable folder") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone after a rename; a lost race or a failure leaves it
 
