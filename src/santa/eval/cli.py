@@ -6,8 +6,12 @@ Every flag is checked before any work (no model loads for a bad command line).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import struct
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 from santa import cliargs
 from santa.eval.runner import (
@@ -29,8 +33,124 @@ EXIT_STATUS = (
     "exit status: 0 done; 1 a sweep file cannot be used (missing, locked by another run, not a sweep "
     "file: one line names the file and line) or the work failed; 2 a bad command line (nothing run)"
 )
+MAX_THREADS = 1024  # --threads: torch takes a C int, and more threads than cores only slow a run
+MAX_JOBS = 1_000_000  # jobs one `eval run` grid may hold (a record line each; more is a typo, or several sweeps)
 # Prompt length floors above cliargs.MIN_PROMPT_TOKENS: cwe lists its words in the question (~380 tokens)
 MIN_LENGTH = {"cwe": 512}
+
+
+# --- what a bundled model allows, read from its config without loading any weight ------------------
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a bundled model that bound the flags: decoder layers, context length (prompt +
+    new tokens, max_position_embeddings), query heads and head dimension."""
+
+    layers: int
+    context: int
+    heads: int
+    head_dim: int
+
+
+def model_shape(model: str) -> ModelShape:
+    """A bundled model's :class:`ModelShape`, without loading any weight: from the cached
+    ``config.json`` when the model was loaded before, else from the GGUF file's header (a few KiB
+    read). ValueError naming the file when neither can be read."""
+    from santa import assets
+
+    spec = assets.lookup(model)
+    config = assets.cache_dir() / model / "config.json"
+    if config.is_file():
+        return _config_shape(config)
+    parts = [assets.package_folder(p, spec.install) / f for p, f in zip(spec.packages, spec.files, strict=True)]
+    return _gguf_shape(parts)
+
+
+def _positive(where: Path, name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}: {name} must be an integer ≥ 1, got {value!r}")
+    return value
+
+
+def _config_shape(path: Path) -> ModelShape:
+    """The shape a Hugging Face ``config.json`` gives."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: cannot read the model's config ({error})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: not a model config (a JSON object)")
+    get = lambda name: _positive(path, name, config.get(name))  # noqa: E731
+    heads = get("num_attention_heads")
+    head_dim = get("head_dim") if config.get("head_dim") is not None else get("hidden_size") // heads
+    return ModelShape(get("num_hidden_layers"), get("max_position_embeddings"), heads, max(head_dim, 1))
+
+
+GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+GGUF_STRING, GGUF_ARRAY = 8, 9
+
+
+class _Parts:
+    """The parts of a GGUF file read as one byte stream (a split file is its parts in order)."""
+
+    def __init__(self, stack: contextlib.ExitStack, paths: list[Path]):
+        self.files = [stack.enter_context(open(p, "rb")) for p in paths]
+        self.name = paths[0]
+
+    def read(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n and self.files:
+            data += self.files[0].read(n - len(data))
+            if len(data) < n:
+                self.files.pop(0)
+        if len(data) < n:
+            raise ValueError(f"{self.name}: the GGUF header is cut short")
+        return data
+
+    def unpack(self, fmt: str):
+        return struct.unpack(fmt, self.read(struct.calcsize(fmt)))[0]
+
+    def string(self) -> str:
+        return self.read(self.unpack("<Q")).decode("utf-8", errors="replace")
+
+    def value(self, kind: int):
+        """One metadata value (arrays are skipped: None)."""
+        if kind in GGUF_SCALARS:
+            return self.unpack(GGUF_SCALARS[kind])
+        if kind == GGUF_STRING:
+            return self.string()
+        if kind != GGUF_ARRAY:
+            raise ValueError(f"{self.name}: unknown GGUF value type {kind}")
+        item, count = self.unpack("<I"), self.unpack("<Q")
+        for _ in range(count):
+            self.value(item)
+        return None
+
+
+def _gguf_shape(paths: list[Path]) -> ModelShape:
+    """The shape a GGUF header's ``{arch}.*`` keys give (read until they are all seen)."""
+    fields: dict[str, object] = {}
+    with contextlib.ExitStack() as stack:
+        try:
+            stream = _Parts(stack, paths)
+            if stream.read(4) != b"GGUF":
+                raise ValueError(f"{paths[0]}: not a GGUF file")
+            version = stream.unpack("<I")
+            stream.unpack("<Q" if version >= 2 else "<I")  # tensor count
+            for _ in range(stream.unpack("<Q" if version >= 2 else "<I")):
+                key = stream.string()
+                fields[key] = stream.value(stream.unpack("<I"))
+                arch = fields.get("general.architecture")
+                if arch and key.startswith("tokenizer.") and f"{arch}.block_count" in fields:
+                    break  # the model's keys come before the tokenizer's
+        except OSError as error:
+            raise ValueError(f"{paths[0]}: cannot read the GGUF header ({error.strerror or error})") from None
+    arch = fields.get("general.architecture")
+    get = lambda name: _positive(paths[0], f"{arch}.{name}", fields.get(f"{arch}.{name}"))  # noqa: E731
+    heads = get("attention.head_count")
+    head_dim = get("attention.key_length") if f"{arch}.attention.key_length" in fields else get("embedding_length") // heads
+    return ModelShape(get("block_count"), get("context_length"), heads, max(head_dim, 1))
 
 
 def min_length(task: str) -> int:
@@ -109,7 +229,7 @@ def add_run(sub) -> None:
         "and exact_when_covers stay on hf); "
         "auto (default): fast on CUDA, hf elsewhere",
     )
-    run.add_argument("--threads", type=cliargs.positive_int, default=None, help="torch CPU threads, ≥ 1")
+    run.add_argument("--threads", type=cliargs.positive_int, default=None, help=f"torch CPU threads, 1 to {MAX_THREADS}")
     run.set_defaults(error=run.error)
 
 
@@ -178,6 +298,11 @@ def check_args(args: argparse.Namespace) -> None:
                 args.error(f"argument --lengths: task {task} needs prompts of ≥ {min_length(task)} tokens, got {short[0]}")
         if "kl" in args.tasks and args.kl_tokens >= min(args.lengths):
             args.error(f"argument --kl-tokens: must be below every --lengths value (the KL context), got {args.kl_tokens} ≥ {min(args.lengths)}")
+        if args.threads is not None and args.threads > MAX_THREADS:
+            args.error(f"argument --threads: at most {MAX_THREADS}, got {args.threads}")
+        jobs = grid_size(args)
+        if jobs > MAX_JOBS:
+            args.error(f"the grid of these flags holds up to {jobs:,} jobs, more than {MAX_JOBS:,}; split it over several sweeps")
         args.path = resolve_path(args.path, default_device(args.device))
         if args.path == "hf" and set(args.methods) & set(FAST_ONLY):
             args.error(f"argument --methods: {' and '.join(FAST_ONLY)} run on the fast path only (--path fast; auto picks it on CUDA)")
@@ -193,6 +318,63 @@ def check_args(args: argparse.Namespace) -> None:
             args.error(f"argument --length: task {args.task} needs prompts of ≥ {min_length(args.task)} tokens, got {args.length}")
         if args.command == "variance" and len(set(args.budgets)) < 2:
             args.error(f"argument --budgets: the variance slope needs at least two budgets, got {args.budgets}")
+
+
+def grid_size(args: argparse.Namespace) -> int:
+    """Jobs of ``eval run``'s flags, counted without building them (an upper bound: repeats not merged)."""
+    per_prompt = 0
+    for method in args.methods:
+        per_prompt += 1 if method == "dense" else len(args.prefill) * len(args.budgets) * (1 if method == "topk" else len(args.seeds))
+    return len(args.model) * len(args.tasks) * len(args.lengths) * len(args.prompts) * per_prompt * len(args.score_samples)
+
+
+def check_model_limits(args: argparse.Namespace) -> None:
+    """Flags checked against each model's config, read without loading any weight (:func:`model_shape`):
+    the context length, the layers of ``--layer-budgets``, the draws of the diagnostics. A bad flag
+    is ``args.error`` (status 2); a config that cannot be read is ValueError (status 1)."""
+    from santa.sampling import MAX_DRAWS
+
+    for model in args.model if args.command == "run" else [args.model]:
+        shape = model_shape(model)
+        if args.command == "run":
+            check_run_limits(args, model, shape)
+            continue
+        if args.task not in FIXED_LENGTH_TASKS and args.length > shape.context:
+            args.error(f"argument --length: {model} reads at most {shape.context} tokens, got {args.length}")
+        keys = args.length if args.task not in FIXED_LENGTH_TASKS else shape.context  # an item's prompt: at most the context
+        if args.command == "variance":
+            draws = args.replicates * shape.heads * max(keys, *args.budgets)
+            if draws > MAX_DRAWS:
+                args.error(
+                    f"argument --replicates: {args.replicates} replicates × {shape.heads} heads × {max(keys, *args.budgets)} keys "
+                    f"or S = {draws:,} draws per layer, past santa.sampling.MAX_DRAWS = {MAX_DRAWS:,}; use fewer replicates or smaller S"
+                )
+        elif max(args.samples) * shape.heads * shape.head_dim > MAX_DRAWS:
+            args.error(
+                f"argument --samples: B = {max(args.samples)} draws × {shape.heads} heads × {shape.head_dim} features per layer "
+                f"is past santa.sampling.MAX_DRAWS = {MAX_DRAWS:,}; use B ≤ {MAX_DRAWS // (shape.heads * shape.head_dim)}"
+            )
+
+
+def check_run_limits(args: argparse.Namespace, model: str, shape: ModelShape) -> None:
+    """``eval run``: every prompt and its answer fit the model's context; the schedule's layers exist."""
+    for task in args.tasks:
+        if task in FIXED_LENGTH_TASKS:  # the item sets the prompt's length
+            if args.max_new_tokens >= shape.context:
+                args.error(f"argument --max-new-tokens: {model} reads at most {shape.context} tokens (prompt and answer), got {args.max_new_tokens}")
+            continue
+        new = 0 if task == "kl" else args.max_new_tokens  # KL: the teacher-forced tokens are part of the length
+        if max(args.lengths) + new > shape.context:
+            answer = "" if task == "kl" else f" + --max-new-tokens {new}"
+            args.error(f"argument --lengths: {model} reads at most {shape.context} tokens, got {max(args.lengths)}{answer} ({task})")
+    if args.layer_budgets:
+        stem, budgets, path = args.layer_budgets
+        beyond = [layer for layer in budgets if layer >= shape.layers]
+        if beyond:
+            args.error(f"argument --layer-budgets: {path} sets layer {beyond[0]}, but {model} has {shape.layers} layers (0 to {shape.layers - 1})")
+        if len(budgets) < shape.layers:
+            print(f"santa eval run: note: {path} sets {len(budgets)} of {model}'s {shape.layers} layers; "
+                  "the others use --budgets", file=sys.stderr)
 
 
 def fail(command: str, error: Exception) -> int:
@@ -221,17 +403,16 @@ def run_grid(args: argparse.Namespace) -> list:
     )
 
 
-def schedule_file(text: str) -> tuple[str, dict[int, int]]:
-    """``--layer-budgets FILE`` → (the file's stem, ``{layer: S}``), checked before any work."""
-    from pathlib import Path
-
+def schedule_file(text: str) -> tuple[str, dict[int, int], str]:
+    """``--layer-budgets FILE`` → (the file's stem, ``{layer: S}``, the path), checked before any work
+    (its layers against each model's in :func:`check_run_limits`)."""
     from santa.budgets.schedule import load_layer_budgets  # the CLI sits above both eval and budgets
 
     try:
         budgets = load_layer_budgets(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-    return Path(text).stem, budgets
+    return Path(text).stem, budgets, text
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -324,11 +505,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     check_args(args)
-    if getattr(args, "threads", None):
-        import torch
-
-        torch.set_num_threads(args.threads)
     try:
+        if args.command != "report":
+            check_model_limits(args)
+        if getattr(args, "threads", None):
+            import torch
+
+            torch.set_num_threads(args.threads)
         return COMMANDS[args.command](args)
     except (SweepFileError, ValueError, FileNotFoundError) as error:  # one line, no traceback
         return fail(args.command, error)
