@@ -263,3 +263,17 @@ def test_left_pad_and_padded_forward_check_their_integers():
         left_pad([[5], []], 0, "cpu")
     with pytest.raises(TypeError, match="logits_to_keep must be an int"):
         padded_forward(None, torch.zeros(1, 1, dtype=torch.long), None, logits_to_keep=1.0)
+
+
+def test_a_damaged_cache_does_not_count_as_an_installed_model(capsys, monkeypatch, tmp_path):
+    """A cache folder with a config.json but no verified files (a killed build, a hand copy) used to
+    pass --model, and the run then failed after the flags were accepted."""
+    import santa.assets
+
+    fake = santa.assets.BundledModel("Fake", ("no_such_package_santa",), ("f.gguf",), "f.gguf", "0", "pip install no-such")
+    monkeypatch.setitem(santa.assets.MODELS, "fake-model", fake)
+    monkeypatch.setenv("SANTA_CACHE", str(tmp_path))
+    (tmp_path / "fake-model").mkdir()
+    (tmp_path / "fake-model" / "config.json").write_text("{}")
+    err = cli_refusal(main, ["generate", "--model", "fake-model"], capsys)
+    assert "model 'fake-model' is not installed; install it with: pip install no-such" in err

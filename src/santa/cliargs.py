@@ -149,8 +149,7 @@ def bundled_model(text: str) -> str:
     if text not in assets.MODELS:
         raise Error(f"unknown model {text!r}; choose from {', '.join(sorted(assets.MODELS))}")
     spec = assets.MODELS[text]
-    cached = (assets.cache_dir() / text / "config.json").exists()
-    if not cached and any(importlib.util.find_spec(package) is None for package in spec.packages):
+    if not assets.is_cached(text) and any(importlib.util.find_spec(package) is None for package in spec.packages):
         raise Error(f"model {text!r} is not installed; install it with: {spec.install}")
     return text
 

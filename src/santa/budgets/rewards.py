@@ -75,10 +75,9 @@ def load_tokenizer(model: str):
         return byte_tokenizer()
     from transformers import AutoTokenizer
 
-    from santa.assets import cache_dir
+    from santa.assets import cached_model
 
-    model_layers(model)  # builds the cache when missing
-    return AutoTokenizer.from_pretrained(cache_dir() / model)
+    return AutoTokenizer.from_pretrained(cached_model(model))  # built (or rebuilt) when missing or damaged
 
 
 def check_prompts(model: str, *, metric: str, length: int, prompt: int) -> None:
@@ -94,13 +93,9 @@ def model_layers(model: str) -> int:
         return 2
     from transformers import AutoConfig
 
-    from santa.assets import cache_dir, lookup
+    from santa.assets import cached_model
 
-    lookup(model)
-    folder = cache_dir() / model
-    if not (folder / "config.json").exists():
-        load(model)  # builds the dequantised cache once
-    return int(AutoConfig.from_pretrained(folder).num_hidden_layers)
+    return int(AutoConfig.from_pretrained(cached_model(model)).num_hidden_layers)  # verified cache, built once
 
 
 def synthetic_target(n_layers: int) -> np.ndarray:
