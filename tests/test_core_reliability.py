@@ -373,3 +373,15 @@ def test_a_non_integer_is_a_type_error_naming_the_argument(torch_fallback, name,
 def test_an_integer_out_of_range_is_a_value_error_naming_the_argument(torch_fallback, call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize("reference_fn", ["prop_reference", "flash_reference"])
+@pytest.mark.parametrize("budget", [2**20 + 1, 2**70])
+def test_the_kernel_references_refuse_budgets_past_max_budget(reference_fn, budget):
+    """flash_reference raised OverflowError on 2**70; both references take the kernels' limit."""
+    from santa.kernels import MAX_BUDGET, reference
+
+    q, k, v = torch.randn(1, 2, 8), torch.randn(1, 4, 1, 8), torch.randn(1, 4, 1, 8)  # NHD, one KV head
+    extra = {"tile": 2} if reference_fn == "flash_reference" else {}
+    with pytest.raises(ValueError, match=rf"budget must lie in \[1, {MAX_BUDGET}\]"):
+        getattr(reference, reference_fn)(q, k, v, budget, seed=0, **extra)

@@ -30,7 +30,7 @@ import torch
 
 from santa.checks import integer
 from santa.kernels import _launch, reference
-from santa.sampling import check_budget
+from santa.kernels.reference import MAX_BUDGET, check_budget_for_kernels  # noqa: F401 (MAX_BUDGET: re-exported)
 
 KERNELS = ("prop", "flash", "auto")
 KV_LAYOUTS = ("NHD", "HND")
@@ -38,7 +38,6 @@ TILE_SEARCHES = ("scan", "bisect")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634
 ALIGN = 256  # bytes; every workspace region starts on this boundary
-MAX_BUDGET = 1 << 20  # samples per head the kernels accept (pass 2 launches ⌈S/32⌉ programs per head)
 # triton is imported only when a kernel runs, so that importing santa never fixes Triton's mode
 # (TRITON_INTERPRET is read when the kernels are defined)
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
@@ -242,14 +241,6 @@ class DecodeShape:
 
 def _positive_int(name: str, value: object) -> int:
     return integer(name, value, low=1)
-
-
-def check_budget_for_kernels(budget: object) -> int:
-    """The budget as an int in ``[1, MAX_BUDGET]`` (S > n is legal: counts repeat)."""
-    budget = check_budget(budget)
-    if budget > MAX_BUDGET:
-        raise ValueError(f"budget must lie in [1, {MAX_BUDGET}] samples per head for the decode kernels, got {budget}")
-    return budget
 
 
 def resolve_device(device: object) -> torch.device:

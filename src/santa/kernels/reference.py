@@ -29,6 +29,16 @@ from santa import sampling
 from santa.checks import integer
 from santa.sampling import check_budget, sample_counts
 
+MAX_BUDGET = 1 << 20  # samples per head the kernels accept (pass 2 launches ⌈S/32⌉ programs per head)
+
+
+def check_budget_for_kernels(budget: object) -> int:
+    """The budget as an int in ``[1, MAX_BUDGET]`` (S > n is legal: counts repeat)."""
+    budget = check_budget(budget)
+    if budget > MAX_BUDGET:
+        raise ValueError(f"budget must lie in [1, {MAX_BUDGET}] samples per head for the decode kernels, got {budget}")
+    return budget
+
 _DRAWS_PER_CALL = 2**22  # points one sample_counts call materialises here (~100 MB): the budget is up to 2**20 per head
 
 _PHILOX_ROUND_A = np.uint64(0xD2511F53)
@@ -173,7 +183,7 @@ def prop_reference(
     offset: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact global systematic sampling: returns ``(out [B, H, d] in q.dtype, counts [B, H, n_max] int64)``."""
-    budget = check_budget(budget)
+    budget = check_budget_for_kernels(budget)
     batch, heads, dim = q.shape
     scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
     k, visible = gather_cache(k_cache, batch=batch, seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout)
@@ -210,7 +220,7 @@ def flash_reference(
     Tile t of sequence b draws ``S_tile`` samples from its own distribution with the uniform of
     stream ``t + 1``; ``ô = Σ_t (W_t / Z) (1/S_tile) Σ_{j∈t} c_j v_j`` with ``W_t`` the tile's mass.
     """
-    budget, tile = check_budget(budget), integer("tile", tile, low=1)
+    budget, tile = check_budget_for_kernels(budget), integer("tile", tile, low=1)
     batch, heads, dim = q.shape
     scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
     k, visible = gather_cache(k_cache, batch=batch, seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout)
