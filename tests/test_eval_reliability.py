@@ -4,6 +4,7 @@ checked before any work (nothing loads for a bad command line), plain-text help,
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
 
 import pytest
@@ -253,3 +254,229 @@ def test_bench_capture_names_resolve_against_the_layer_count():
 
     assert resolve_layers(layer_list("first,mid,last,3"), 30) == [0, 3, 15, 29]
     assert resolve_layers(layer_list("last,last"), 4) == [3]
+
+
+# --- santa bench real, kernels, e2e: every flag before any work ---------------------------------------
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--lengths", "9000"], "argument --lengths: smollm2-135m reads at most 8192 tokens, got 9000 + --new-tokens 64"),
+    (["--lengths", "8150", "--new-tokens", "100"], "argument --lengths: smollm2-135m reads at most 8192 tokens, got 8150 + --new-tokens 100"),
+    (["--budget", "2097152"], "argument --budget: expected an integer in [1, 1048577), got 2097152"),
+    (["--batches", "1,5000"], "argument --batches: every batch size must be an integer in [1, 1025), got 5000"),
+    (["--lengths", "0-99999999"], "argument --lengths: range '0-99999999' holds more than 100000 values"),
+    (["--device", "tpu"], "argument --device: expected cpu, cuda or cuda:N, got 'tpu'"),
+    (["--out", "/etc/passwd"], "argument --out: /etc/passwd exists and is not a folder"),
+])
+def test_bench_real_refuses_a_bad_flag_before_loading(no_work, capsys, argv, message):
+    err = refusal(main, ["bench", "real", "--device", "cpu", *argv], capsys)
+    assert f"santa bench real: error: {message}" in err
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """torch sees one 80 GiB GPU (the checks run; nothing may touch it)."""
+    import types
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: types.SimpleNamespace(total_memory=80 * 2**30))
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--tune-variants", "nope"], "--tune-variants: unknown variant 'nope'; choose from default,"),
+    (["--prop-budgets", "2000000"], "--prop-budgets: the kernels take at most 1048576 samples per head"),
+    (["--sizes", "1000000000"], "the largest case needs about"),
+    (["--no-tune", "--batches", "4096", "--batch-keys", "1000000"], "this GPU has 80 GiB"),
+    (["--out", "/etc/passwd"], "argument --out: /etc/passwd exists and is not a folder"),
+])
+def test_bench_kernels_refuses_a_bad_flag_before_touching_the_gpu(fake_gpu, capsys, argv, message):
+    from santa.bench.kernels import main as kernels
+
+    err = refusal(kernels, [*argv], capsys)
+    assert "santa bench kernels: error: " in err and message in err
+
+
+@pytest.mark.parametrize("content", [{"layers": {}}, [1, 2], "text", None])
+def test_bench_kernels_names_a_real_file_it_cannot_use_and_exits_1(fake_gpu, tmp_path, capsys, content):
+    import torch
+
+    from santa.bench.kernels import main as kernels
+
+    path = tmp_path / "capture.pt"
+    if content == "text":
+        path.write_text("not a capture")
+    else:
+        torch.save(content, path)
+    assert kernels(["--real", str(path), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"santa bench kernels: error: {path}: not a santa bench capture file") and err.count("\n") == 1
+
+
+def capture_of(q_shape=(1, 9, 64), kv_shape=(1, 5, 3, 64), scale=0.125) -> dict:
+    import torch
+
+    return {"layers": {0: {"q": torch.zeros(q_shape), "k": torch.zeros(kv_shape), "v": torch.zeros(kv_shape)}}, "scale": scale}
+
+
+@pytest.mark.parametrize("cap,message", [
+    (capture_of(kv_shape=(1, 5, 4, 64)), "does not match"),
+    (capture_of(q_shape=(9, 64)), "expected q [1, H, d]"),
+    (capture_of(scale=-1.0), "scale must be a positive number or None"),
+    ({"layers": {0: {"q": 1}}}, "must hold floating-point tensors q, k and v"),
+])
+def test_load_capture_refuses_a_malformed_capture_naming_the_file(tmp_path, cap, message):
+    import torch
+
+    from santa.bench.kernels import load_capture
+
+    path = tmp_path / "capture.pt"
+    torch.save(cap, path)
+    with pytest.raises(ValueError, match=re.escape(f"{path}: not a santa bench capture file: ") + ".*" + re.escape(message)):
+        load_capture(str(path))
+
+
+def test_bench_e2e_refuses_a_case_larger_than_the_device(capsys):
+    argv = ["bench", "e2e", "--config", "tiny", "--device", "cpu", "--prompts", "1000000000", "--batches", "64"]
+    assert "positions) needs about" in refusal(main, argv, capsys)
+
+
+# --- help texts: plain text ---------------------------------------------------------------------------
+
+
+HELP = [["eval"], ["eval", "run"], ["eval", "report"], ["eval", "variance"], ["eval", "bernoulli"], ["bench"],
+        ["bench", "kernels"], ["bench", "e2e"], ["bench", "capture"], ["bench", "real"]]
+
+
+@pytest.mark.parametrize("command", HELP, ids=" ".join)
+def test_help_is_plain_text(capsys, command):
+    try:
+        code = main([*command, "-h"])
+    except SystemExit as stop:
+        code = stop.code
+    assert code in (0, None)
+    text = capsys.readouterr().out
+    assert text.startswith("usage:")
+    for markup in ("``", ":func:", ":class:", ":data:", ":mod:", ":meth:", "`"):
+        assert markup not in text, f"{markup!r} in the help of santa {' '.join(command)}"
+
+
+# --- integer arguments of the library functions: numpy ints accepted, floats a TypeError ---------------
+
+
+class WordTokenizer:
+    """Whitespace tokens and a bare chat template: enough for the prompt generators."""
+
+    def encode(self, text, add_special_tokens=False):
+        return text.split()
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        return "\n".join(m["content"] for m in messages) + "\nanswer:"
+
+
+def test_prompt_generators_take_numpy_ints_and_give_the_same_prompt():
+    import numpy as np
+
+    from santa.eval.tasks import build_prompt, needle_prompt
+
+    tokenizer = WordTokenizer()
+    assert needle_prompt(tokenizer, np.int64(300), seed=np.int32(2)) == needle_prompt(tokenizer, 300, seed=2)
+    assert build_prompt("niah_single", tokenizer, np.int16(300), np.int64(1)) == build_prompt("niah_single", tokenizer, 300, 1)
+
+
+@pytest.mark.parametrize("task", ["niah_single", "niah_multikey", "niah_multivalue", "variable_tracking", "fwe", "cwe", "kl",
+                                  "gsm8k", "mmlu"])
+@pytest.mark.parametrize("n_tokens,seed,error", [(300.0, 0, TypeError), (300, 1.0, TypeError), ("300", 0, TypeError),
+                                                 (300, None, TypeError), (300, True, TypeError), (300, -1, ValueError)])
+def test_prompt_generators_refuse_a_non_int_length_or_seed(task, n_tokens, seed, error):
+    from santa.eval.tasks import build_prompt
+
+    if task in ("gsm8k", "mmlu") and n_tokens != 300:
+        n_tokens = 300.0  # their length is ignored, but must still be an int
+    with pytest.raises(error, match="n_tokens|seed"):
+        build_prompt(task, WordTokenizer(), n_tokens, seed)
+
+
+def test_a_prompt_too_short_for_its_question_is_refused():
+    from santa.eval.tasks import needle_prompt
+
+    with pytest.raises(ValueError, match="n_tokens=10 leaves no room for a haystack"):
+        needle_prompt(WordTokenizer(), 10)
+
+
+@pytest.mark.parametrize("kwargs,error", [
+    ({"n_resamples": 100.0}, TypeError), ({"seed": 1.5}, TypeError), ({"n_resamples": 0}, ValueError),
+    ({"level": 1.0}, ValueError), ({"seed": "0"}, TypeError),
+])
+def test_bootstrap_ci_checks_its_arguments(kwargs, error):
+    from santa.eval.report import bootstrap_ci
+
+    with pytest.raises(error):
+        bootstrap_ci([0.0, 1.0], **kwargs)
+
+
+def test_bootstrap_ci_takes_numpy_ints():
+    import numpy as np
+
+    from santa.eval.report import bootstrap_ci
+
+    assert bootstrap_ci([0.0, 1.0, 1.0], n_resamples=np.int64(50), seed=np.int32(3)) == bootstrap_ci([0.0, 1.0, 1.0], n_resamples=50, seed=3)
+
+
+@pytest.mark.parametrize("kwargs,error", [
+    ({"length": 256.0}, TypeError), ({"prompts": 2.0}, TypeError), ({"replicates": 1}, ValueError),
+    ({"budgets": (8, 16.0)}, TypeError), ({"budgets": (8, 8)}, ValueError), ({"group_size": 0}, ValueError),
+    ({"budgets": 16}, TypeError),
+])
+def test_variance_diagnostics_check_their_arguments_before_any_work(kwargs, error):
+    from santa.eval.variance import diagnostics
+
+    with pytest.raises(error):
+        diagnostics(None, None, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,error", [
+    ({"length": 256.0}, TypeError), ({"prompts": 0}, ValueError), ({"samples": (1, 2.0)}, TypeError), ({"samples": ()}, ValueError),
+])
+def test_bernoulli_diagnostics_check_their_arguments_before_any_work(kwargs, error):
+    from santa.eval.score_stage import bernoulli_diagnostics
+
+    with pytest.raises(error):
+        bernoulli_diagnostics(None, None, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,error", [
+    ({"length": 256.0}, TypeError), ({"batch": 0}, ValueError), ({"budget": 64.0}, TypeError),
+    ({"warm_tokens": 8}, ValueError), ({"repeats": None}, TypeError),
+])
+def test_bench_case_checks_its_arguments_before_any_work(kwargs, error):
+    from santa.bench.real import bench_case
+
+    args = dict(length=256, batch=1, backends=["sdpa"], budget=64, new_tokens=8, warm_tokens=2, repeats=1, seed=0) | kwargs
+    with pytest.raises(error):
+        bench_case(None, None, **args)
+
+
+def test_capture_and_tiling_check_their_integer_arguments():
+    import types
+
+    import numpy as np
+    import torch
+
+    from santa.bench.capture import capture
+    from santa.bench.kernels import real_inputs, tile_keys
+
+    model = types.SimpleNamespace(model=types.SimpleNamespace(layers=[types.SimpleNamespace(self_attn=None)] * 4))
+    ids = torch.zeros(1, 8, dtype=torch.long)
+    for layers, error in (([4], ValueError), ([1.0], TypeError), ([-1], ValueError), ([], ValueError), ("0", TypeError)):
+        with pytest.raises(error):
+            capture(model, ids, layers)
+    with pytest.raises(ValueError, match="input_ids"):
+        capture(model, torch.zeros(1, 1, dtype=torch.long), [0])
+    x = torch.arange(6.0).reshape(1, 3, 1, 2)
+    assert torch.equal(tile_keys(x, np.int64(5)), tile_keys(x, 5))
+    with pytest.raises(TypeError):
+        tile_keys(x, 5.0)
+    with pytest.raises(ValueError, match="captured layers"):
+        real_inputs(capture_of(), 7, 5, "cpu")

@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     return argparse.ArgumentParser(
         prog="santa bench",
         usage="santa bench {kernels,e2e,capture,real} [options]",
-        description="benchmarks:\n" + "\n".join(lines) + "\n\n`santa bench <benchmark> -h` lists its options.",
+        description="benchmarks:\n" + "\n".join(lines) + "\n\nsanta bench <benchmark> -h lists its options.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 

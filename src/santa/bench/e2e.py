@@ -1,4 +1,4 @@
-"""``santa bench e2e``: batched long-context greedy decode with every attention backend.
+"""santa bench e2e: batched long-context greedy decode with every attention backend.
 
 The paper's Table 3 protocol on Llama-3.1-8B shapes (random bf16 weights made on the GPU): per
 (prompt length, batch) the KV caches are filled with random values instead of running a 30k-token
@@ -64,7 +64,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.device == "cpu":
         args.no_graph = True
+    need, total = largest_case_bytes(args), device_memory(args.device)
+    if need > total:
+        p.error(f"the largest case (batch {max(args.batches)}, {max(args.prompts)} + {args.warmup + args.new_tokens + 1} positions) "
+                f"needs about {need / 2**30:.1f} GiB for the {args.config} weights and its KV cache; {args.device} has "
+                f"{total / 2**30:.1f} GiB: use smaller --batches or --prompts")
     return args
+
+
+def largest_case_bytes(args: argparse.Namespace) -> int:
+    """Bytes of the model's weights and the KV cache of the largest (batch, prompt) case, from the config alone."""
+    a = CONFIGS[args.config]
+    size = getattr(torch, args.dtype).itemsize
+    layer = 2 * a.dim * a.dim + 2 * a.dim * a.n_kv_head * a.head_dim + 3 * a.dim * a.intermediate_size
+    weights = (a.vocab_size * a.dim * (1 if a.tie_embeddings else 2) + a.n_layer * layer) * size
+    positions = max(args.prompts) + args.warmup + args.new_tokens + 1
+    return weights + 2 * a.n_layer * max(args.batches) * positions * a.n_kv_head * a.head_dim * size
+
+
+def device_memory(device: str) -> int:
+    """Bytes of memory on ``device``: the GPU's, or the machine's for the CPU."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def sdpa_context(names: list[str]):

@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from santa.checks import integer
 from santa.provenance import code_commit
 
 READ_BW = 4.5e12  # bytes/s a read-only kernel reaches on the H200 (benchmarks/PROTOCOL.md)
@@ -323,12 +324,45 @@ def bench_batch(batch, n_keys, results, flusher, args, fi, page_size=16):
 
 
 def load_capture(path: str) -> dict:
-    """A ``santa bench capture`` file: ``{"layers": {i: {"q", "k", "v"}}, "scale", "meta"}``."""
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """A ``santa bench capture`` file: ``{"layers": {i: {"q", "k", "v"}}, "scale", "meta"}``.
+
+    ValueError naming the file when it cannot be read or does not hold that: at least one layer,
+    each with q ``[1, H, d]`` and K, V ``[1, n, H_kv, d]`` (n ≥ 1, H a multiple of H_kv) floating
+    point tensors, and a scale that is a positive number or None.
+    """
+    try:
+        cap = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file (make one with santa bench capture)") from None
+    except Exception as error:  # noqa: BLE001 - torch.load raises many kinds for a file that is not a capture
+        raise ValueError(f"{path}: not a santa bench capture file ({type(error).__name__}: {str(error)[:120]})") from None
+    problem = capture_problem(cap)
+    if problem:
+        raise ValueError(f"{path}: not a santa bench capture file: {problem}")
+    return cap
+
+
+def capture_problem(cap: object) -> str | None:
+    """What a loaded capture lacks (None: nothing)."""
+    if not isinstance(cap, dict) or not isinstance(cap.get("layers"), dict) or not cap["layers"]:
+        return "expected a dict with a non-empty 'layers' dict"
+    scale = cap.get("scale")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0):
+        return f"scale must be a positive number or None, got {scale!r}"
+    for layer, t in cap["layers"].items():
+        if not isinstance(t, dict) or not all(isinstance(t.get(x), torch.Tensor) and t[x].is_floating_point() for x in "qkv"):
+            return f"layer {layer!r} must hold floating-point tensors q, k and v"
+        q, k, v = t["q"], t["k"], t["v"]
+        if q.dim() != 3 or k.dim() != 4 or k.shape != v.shape or q.shape[0] != 1 or k.shape[0] != 1:
+            return f"layer {layer!r}: expected q [1, H, d] and k, v [1, n, H_kv, d], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        if k.shape[1] < 1 or k.shape[2] < 1 or q.shape[1] % k.shape[2] or q.shape[2] != k.shape[3]:
+            return f"layer {layer!r}: q {tuple(q.shape)} does not match k {tuple(k.shape)} (H a multiple of H_kv ≥ 1, one d, n ≥ 1)"
+    return None
 
 
 def tile_keys(x: torch.Tensor, n: int) -> torch.Tensor:
     """``[B, n0, H_kv, d]`` repeated along the keys and cut to ``n`` (real statistics, not a real n-token prompt)."""
+    n = integer("n", n, low=1)
     reps = triton_cdiv(n, x.shape[1])
     return x.repeat(1, reps, 1, 1)[:, :n].contiguous()
 
@@ -336,6 +370,7 @@ def tile_keys(x: torch.Tensor, n: int) -> torch.Tensor:
 def real_inputs(cap: dict, layer, n: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q ``[1, H, d]``, K/V ``[1, n, H_kv, d]`` of a captured layer (tiled past the captured length),
     or Gaussian of the same shapes for ``layer == "gaussian"`` (q × 4: benchmarks/PROTOCOL.md's peaked case)."""
+    n = integer("n", n, low=1)
     first = next(iter(cap["layers"].values()))
     if layer == "gaussian":
         g = torch.Generator(device="cpu").manual_seed(0)
@@ -344,6 +379,8 @@ def real_inputs(cap: dict, layer, n: int, device) -> tuple[torch.Tensor, torch.T
         k = torch.randn(1, n, h_kv, d, generator=g)
         v = torch.randn(1, n, h_kv, d, generator=g)
         return q.to(device, DTYPE), k.to(device, DTYPE), v.to(device, DTYPE)
+    if layer not in cap["layers"]:
+        raise ValueError(f"layer must be one of the captured layers {sorted(cap['layers'])} or 'gaussian', got {layer!r}")
     t = cap["layers"][layer]
     k, v = t["k"], t["v"]
     if n != k.shape[1]:
@@ -514,18 +551,11 @@ def tuning_name(tuning) -> str:
     return "_".join(f"{k_}{v_}" for k_, v_ in vars(tuning).items() if v_ != base[k_]) or "default"
 
 
-def sweep_prop_tuning(results, flusher, args, n_keys=32768, batch=1):
-    """prop launch variants (:class:`santa.kernels.Tuning`) at one size: speed only, samples do not change."""
+def tuning_variants() -> list:
+    """The prop launch variants of the tuning sweep (:class:`santa.kernels.Tuning`), the defaults first."""
     from santa.kernels import Tuning
 
-    torch.manual_seed(0)
-    dev = torch.device("cuda")
-    q = torch.randn(batch, args.heads, args.head_dim, device=dev, dtype=DTYPE)
-    k = torch.randn(batch, n_keys, args.kv_heads, args.head_dim, device=dev, dtype=DTYPE)
-    v = torch.randn(batch, n_keys, args.kv_heads, args.head_dim, device=dev, dtype=DTYPE)
-    reference_out = santa_plan(q, k, 128, "prop").run(q, k, v, seed=5)
-    best = None
-    variants = [
+    return [
         Tuning(),  # the measured defaults
         Tuning(warps_pass2=4), Tuning(warps_pass2=8),
         Tuning(samples_per_program=16), Tuning(samples_per_program=64), Tuning(samples_per_program=128),
@@ -536,9 +566,21 @@ def sweep_prop_tuning(results, flusher, args, n_keys=32768, batch=1):
         Tuning(samples_per_program=64, tile_search="bisect"), Tuning(samples_per_program=128, tile_search="bisect"),
         Tuning(k_evict_first=True), Tuning(k_evict_first=False), Tuning(discard_stash=False),
     ]
+
+
+def sweep_prop_tuning(results, flusher, args, n_keys=32768, batch=1):
+    """prop launch variants (:class:`santa.kernels.Tuning`) at one size: speed only, samples do not change."""
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    q = torch.randn(batch, args.heads, args.head_dim, device=dev, dtype=DTYPE)
+    k = torch.randn(batch, n_keys, args.kv_heads, args.head_dim, device=dev, dtype=DTYPE)
+    v = torch.randn(batch, n_keys, args.kv_heads, args.head_dim, device=dev, dtype=DTYPE)
+    reference_out = santa_plan(q, k, 128, "prop").run(q, k, v, seed=5)
+    best = None
+    variants = tuning_variants()
     if args.tune_variants:
         names = {tuning_name(t): t for t in variants}
-        variants = [names[n] for n in args.tune_variants if n in names]
+        variants = [names[n] for n in args.tune_variants]  # names checked by main
     for tuning in variants:
         name = tuning_name(tuning)
         try:
@@ -586,9 +628,12 @@ def plot(results, path):
     fig.savefig(path, dpi=120)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    from santa import cliargs
+
     parser = argparse.ArgumentParser(prog="santa bench kernels", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.environ.get("OUT", "runs/bench_kernels"))
+    parser.add_argument("--out", type=cliargs.output_folder, default=os.environ.get("OUT", "runs/bench_kernels"),
+                        help="folder for kernels.json and kernels.png (or real_attention.json/png)")
     parser.add_argument("--quick", action="store_true", help="two sizes, no batches (a smoke run)")
     parser.add_argument("--sizes", type=int, nargs="*", default=[4096, 8192, 16384, 32768, 65536, 131072])
     parser.add_argument("--prop-budgets", type=int, nargs="*", default=[64, 128, 256])
@@ -606,14 +651,20 @@ def main(argv=None) -> int:
     parser.add_argument("--tune-cases", default="1x8192,1x32768,1x131072,8x32768,32x32768",
                         help="batch×keys cases of the tuning sweep (comma list)")
     parser.add_argument("--no-batch", action="store_true")
-    parser.add_argument("--real", metavar="FILE", help="only the real-attention run, on a `santa bench capture` file "
+    parser.add_argument("--real", metavar="FILE", help="only the real-attention run, on a file written by santa bench capture "
                         "(writes real_attention.json/png)")
     parser.add_argument("--real-sizes", type=int, nargs="*", default=[0, 32768, 131072],
                         help="n_k for --real; 0 = the captured length, longer = tiled captures")
     parser.add_argument("--real-seeds", type=int, default=8, help="seeds per estimate error (median reported)")
     parser.add_argument("--real-gaussian", action="store_true", help="with --real, also Gaussian inputs of the same shapes (q × 4)")
     parser.add_argument("--max-seconds", type=float, default=0, help="with --real, skip what starts after this many seconds")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every flag, before any work (``parser.error``, status 2); the GPU last (its memory against the largest case)."""
+    from santa.kernels import MAX_BUDGET
+
     for name in ("heads", "kv_heads", "head_dim", "batch_keys"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(args, name)}")
@@ -632,6 +683,9 @@ def main(argv=None) -> int:
     for name in ("sizes", "prop_budgets", "flash_budgets", "batches"):
         if any(x < 1 for x in getattr(args, name)):
             parser.error(f"--{name.replace('_', '-')}: every value must be ≥ 1, got {getattr(args, name)}")
+    for name in ("prop_budgets", "flash_budgets"):
+        if any(x > MAX_BUDGET for x in getattr(args, name)):
+            parser.error(f"--{name.replace('_', '-')}: the kernels take at most {MAX_BUDGET} samples per head, got {max(getattr(args, name))}")
     if args.real_seeds < 1:
         parser.error(f"--real-seeds must be ≥ 1, got {args.real_seeds}")
     if any(n < 0 for n in args.real_sizes):
@@ -639,14 +693,47 @@ def main(argv=None) -> int:
     if not args.max_seconds >= 0:  # also refuses nan
         parser.error(f"--max-seconds must be ≥ 0, got {args.max_seconds}")
     if args.real is not None and not os.path.isfile(args.real):
-        parser.error(f"--real: no such file {args.real!r} (make one with `santa bench capture`)")
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        parser.error(f"--out {args.out!r} exists and is not a folder")
+        parser.error(f"--real: no such file {args.real!r} (make one with santa bench capture)")
     for name in ("sizes", "prop_budgets", "flash_budgets"):
         if not getattr(args, name):
             parser.error(f"--{name.replace('_', '-')} needs at least one value")
+    if args.tune_variants is not None:
+        names = [tuning_name(t) for t in tuning_variants()]
+        unknown = [n for n in args.tune_variants if n not in names]
+        if unknown or not args.tune_variants:
+            parser.error(f"--tune-variants: unknown variant {unknown[0] if unknown else '(none given)'!r}; choose from {', '.join(names)}")
     if not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (torch.cuda.is_available() is False)")
+    need, total = largest_case_bytes(args), torch.cuda.get_device_properties(0).total_memory
+    if need > total:
+        parser.error(f"the largest case needs about {need / 2**30:.0f} GiB (K and V, a copy, the L2 flush buffer); "
+                     f"this GPU has {total / 2**30:.0f} GiB: use smaller --sizes, --batches × --batch-keys, --tune-cases or --real-sizes")
+
+
+def largest_case_bytes(args: argparse.Namespace) -> int:
+    """GPU bytes the largest case holds: its K and V (bf16) twice over (one layout copy), plus the flush buffer."""
+    keys = list([8192, 32768] if args.quick else args.sizes)  # batch 1
+    if not (args.quick or args.no_batch):
+        keys += [b * args.batch_keys for b in args.batches]
+    if not args.no_tune:
+        keys += [b * n for b, n in args.tune_cases]
+    if args.real:
+        keys = list(args.real_sizes)  # batch 1; 0: the captured length (small)
+    per_key = 2 * args.kv_heads * args.head_dim * DTYPE.itemsize
+    return 2 * max(keys, default=0) * per_key + 512 * 2**20
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    capture = None
+    if args.real:
+        try:
+            capture = load_capture(args.real)
+        except ValueError as error:  # a file that cannot be used: one line, status 1
+            print(f"santa bench kernels: error: {error}", file=sys.stderr)
+            return 1
     os.makedirs(args.out, exist_ok=True)
     fi = None
     if not args.no_flashinfer:
@@ -661,7 +748,7 @@ def main(argv=None) -> int:
             with open(os.path.join(args.out, "real_attention.json"), "w") as f:
                 json.dump(results, f, indent=1, default=str)
 
-        bench_real(load_capture(args.real), results, flusher, args, fi, save=save)
+        bench_real(capture, results, flusher, args, fi, save=save)
         save()
         try:
             plot_real(results, os.path.join(args.out, "real_attention.png"))

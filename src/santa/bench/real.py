@@ -1,4 +1,4 @@
-"""``santa bench real``: decode speed of a real bundled model, dense vs santa, with the answers checked.
+"""santa bench real: decode speed of a real bundled model, dense vs santa, with the answers checked.
 
 For each (length, batch): ``batch`` needle prompts of about ``length`` tokens (needle seeds 0…B−1,
 so their lengths differ a little and run as one batch with per-sequence lengths) go through
@@ -22,8 +22,10 @@ import time
 import torch
 
 from santa import cliargs
+from santa.checks import integer
 
 PAIR_ATTEMPTS = 3  # timings of one (short, long) pair before a non-positive difference is kept
+MAX_BATCH = 1024  # --batches: needle prompts built and decoded together
 
 
 def _timed_generate(model, prompts, tokens: int, **kwargs) -> tuple[float, list]:
@@ -41,8 +43,16 @@ def _timed_generate(model, prompts, tokens: int, **kwargs) -> tuple[float, list]
 
 def bench_case(model, tokenizer, *, length: int, batch: int, backends: list[str], budget: int,
                new_tokens: int, warm_tokens: int, repeats: int, seed: int) -> dict:
-    """ms per decode token and the needle score per backend for one (length, batch)."""
+    """ms per decode token and the needle score per backend for one (length, batch).
+
+    The counts take Python or numpy ints (a float is a TypeError); warm_tokens < new_tokens.
+    """
     from santa.eval.tasks import contains_all, needle_prompt
+
+    length, batch = integer("length", length, low=1), integer("batch", batch, low=1)
+    budget, repeats, seed = integer("budget", budget, low=1), integer("repeats", repeats, low=1), integer("seed", seed, low=0)
+    new_tokens = integer("new_tokens", new_tokens, low=2)
+    warm_tokens = integer("warm_tokens", warm_tokens, low=1, high=new_tokens)
 
     prompts = [needle_prompt(tokenizer, length, seed=s) for s in range(batch)]
     ids = [torch.tensor(tokenizer(p.text, add_special_tokens=False)["input_ids"]) for p in prompts]
@@ -78,13 +88,18 @@ def bench_case(model, tokenizer, *, length: int, batch: int, backends: list[str]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from santa.kernels import MAX_BUDGET
+
     p = argparse.ArgumentParser(prog="santa bench real", description=__doc__.splitlines()[0])
     p.add_argument("--model", type=cliargs.bundled_model, default="smollm2-135m")
-    p.add_argument("--lengths", type=cliargs.int_list("prompt length", 256), default=[8192])
-    p.add_argument("--batches", type=cliargs.int_list("batch size", 1), default=[1, 16])
+    p.add_argument("--lengths", type=cliargs.int_list("prompt length", cliargs.MIN_PROMPT_TOKENS), default=[8192],
+                   help=f"prompt lengths, comma list (≥ {cliargs.MIN_PROMPT_TOKENS}; with --new-tokens, at most the model's context)")
+    p.add_argument("--batches", type=cliargs.int_list("batch size", 1, MAX_BATCH + 1), default=[1, 16],
+                   help=f"batch sizes, comma list (1 to {MAX_BATCH})")
     p.add_argument("--backends", type=cliargs.choice_list("backend", ("sdpa", "santa-prop", "santa-flash")),
                    default=["sdpa", "santa-prop"])
-    p.add_argument("--budget", type=cliargs.int_in(1), default=64, help="S for the santa backends (default 64)")
+    p.add_argument("--budget", type=cliargs.int_in(1, MAX_BUDGET + 1), default=64,
+                   help=f"S for the santa backends, 1 to {MAX_BUDGET} (default 64)")
     p.add_argument("--new-tokens", type=cliargs.int_in(2), default=64, help="tokens of the timed (and graded) run")
     p.add_argument("--warm-tokens", type=cliargs.int_in(1), default=16, help="tokens of the run subtracted from it")
     p.add_argument("--repeats", type=cliargs.int_in(1), default=3)
@@ -95,11 +110,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The flags, checked before any work: the longest prompt and its answer against the model's
+    context, read from its config without loading weights (status 2; 1 when the config cannot be read)."""
+    from santa.eval.cli import model_shape
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.warm_tokens >= args.new_tokens:
         parser.error(f"--warm-tokens ({args.warm_tokens}) must be below --new-tokens ({args.new_tokens})")
+    try:
+        context = model_shape(args.model).context
+    except ValueError as error:
+        print(f"santa bench real: error: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
+    if max(args.lengths) + args.new_tokens > context:
+        parser.error(f"argument --lengths: {args.model} reads at most {context} tokens, got {max(args.lengths)} + --new-tokens {args.new_tokens}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     from santa.model import load_bundled
 
     model, tokenizer = load_bundled(args.model, dtype=getattr(torch, args.dtype), device=args.device)
@@ -109,9 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     for length in args.lengths:
         for batch in args.batches:
-            results["cases"].append(bench_case(
-                model, tokenizer, length=length, batch=batch, backends=args.backends, budget=args.budget,
-                new_tokens=args.new_tokens, warm_tokens=args.warm_tokens, repeats=args.repeats, seed=args.seed))
+            try:
+                case = bench_case(
+                    model, tokenizer, length=length, batch=batch, backends=args.backends, budget=args.budget,
+                    new_tokens=args.new_tokens, warm_tokens=args.warm_tokens, repeats=args.repeats, seed=args.seed)
+            except ValueError as error:  # a library refusal (e.g. draws past MAX_DRAWS on the CPU): one line, status 1
+                print(f"santa bench real: error: n≈{length} B={batch}: {error}", file=sys.stderr)
+                return 1
+            results["cases"].append(case)
             with open(os.path.join(args.out, "real.json"), "w") as f:  # after every case: survives a crash
                 json.dump(results, f, indent=1)
     return 0

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from santa.checks import integer
 from santa.eval.runner import MAX_NEW_TOKENS, METHODS, PREFILLS, SweepFileError, load_sweep
 from santa.eval.tasks import TASKS
 
@@ -159,7 +160,14 @@ def load_records(paths: Iterable[str | Path]) -> Records:
 
 
 def bootstrap_ci(values, *, n_resamples: int = 2000, level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
-    """Mean and percentile-bootstrap CI of the mean: ``(mean, low, high)``."""
+    """Mean and percentile-bootstrap CI of the mean: ``(mean, low, high)``.
+
+    n_resamples (≥ 1) and seed (≥ 0) take Python or numpy ints (a float is a TypeError); level is a
+    number in (0, 1).
+    """
+    n_resamples, seed = integer("n_resamples", n_resamples, low=1), integer("seed", seed, low=0)
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+        raise ValueError(f"level must be a number in (0, 1), got {level!r}")
     x = np.asarray(values, dtype=np.float64)
     if x.size == 0:
         raise ValueError("bootstrap_ci needs at least one value")

@@ -21,15 +21,17 @@ import numpy as np
 import torch
 
 from santa.bernoulli import SCORE_SAMPLERS, bernoulli_query
+from santa.checks import integer
 from santa.eval.report import COLORS, pyplot, save_figure
 from santa.eval.tasks import build_prompt
-from santa.eval.variance import Captured, capture_last_query
+from santa.eval.variance import Captured, budget_list, capture_last_query
 
 METRICS = ("read_kv", "read_head", "read_head_kv", "kl", "relative_error")
 
 
 def layer_metrics(layer: Captured, samples: int, sampler: str, generator: torch.Generator) -> dict[str, float]:
     """The metrics of one layer, averaged over its heads (one draw each)."""
+    samples = integer("samples", samples, low=1)
     hq, hkv = layer.query.shape[0], layer.keys.shape[0]
     query = layer.query.double().reshape(1, hq, 1, -1)  # [1, Hq, 1, D]
     keys = layer.keys.double().repeat_interleave(hq // hkv, dim=0)  # [Hq, n, D]
@@ -64,8 +66,12 @@ def bernoulli_diagnostics(
     progress: bool = True,
 ) -> dict:
     """Mean of each metric per (sampler, B) over layers and prompts: ``result[metric][sampler]`` is a
-    list aligned with ``result["samples"]``."""
+    list aligned with ``result["samples"]``. length, prompts, seed and each number of draws take
+    Python or numpy ints (a float is a TypeError)."""
     from tqdm import tqdm
+
+    length, prompts = integer("length", length, low=1), integer("prompts", prompts, low=1)
+    seed, samples = integer("seed", seed, low=0), budget_list("samples", samples)
 
     generator = torch.Generator().manual_seed(seed)
     values = {m: {s: {b: [] for b in samples} for s in SCORE_SAMPLERS} for m in METRICS}

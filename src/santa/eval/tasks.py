@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from santa.assets import essays
+from santa.checks import integer
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Prompt:
 
 def haystack_sentences(seed: int) -> list[str]:
     """Essay sentences in a seeded order of essays (each essay kept in order)."""
+    seed = integer("seed", seed, low=0)
     texts = essays()
     random.Random(seed).shuffle(texts)
     sentences: list[str] = []
@@ -35,6 +37,7 @@ def haystack_sentences(seed: int) -> list[str]:
 
 def fill_to_length(tokenizer, sentences: list[str], n_tokens: int) -> list[str]:
     """Sentences in order, skipping any that would overflow, whose text has at most ``n_tokens`` tokens."""
+    n_tokens = integer("n_tokens", n_tokens, low=1)
     total, kept = 0, []
     for sentence in sentences:
         length = len(tokenizer.encode(" " + sentence, add_special_tokens=False))
@@ -46,6 +49,20 @@ def fill_to_length(tokenizer, sentences: list[str], n_tokens: int) -> list[str]:
     if total < n_tokens * 0.9:
         raise ValueError(f"the essays hold only {total} tokens, fewer than the {n_tokens} asked for")
     return kept
+
+
+def _prompt_args(n_tokens: object, seed: object, *, low: int = 1) -> tuple[int, int]:
+    """``n_tokens`` (an int ≥ ``low``) and ``seed`` (an int ≥ 0) of a task generator, checked."""
+    return integer("n_tokens", n_tokens, low=low), integer("seed", seed, low=0)
+
+
+def _filler_budget(tokenizer, n_tokens: int, frame: str) -> int:
+    """Tokens left for the haystack once ``frame`` (question, facts, chat template) is in; ValueError when none."""
+    budget = n_tokens - len(tokenizer.encode(frame, add_special_tokens=False))
+    if budget < 1:
+        raise ValueError(f"n_tokens={n_tokens} leaves no room for a haystack: the question and chat template take "
+                         f"{n_tokens - budget} tokens")
+    return budget
 
 
 def chat(tokenizer, user_message: str, *, system: str | None = None) -> str:
@@ -61,6 +78,9 @@ def needle_prompt(tokenizer, n_tokens: int = 2048, *, seed: int = 0, depth: floa
     ``n_tokens`` is the length of the whole prompt in the model's tokens (template included,
     within a few tokens).
     """
+    n_tokens, seed = _prompt_args(n_tokens, seed)
+    if isinstance(depth, bool) or not isinstance(depth, (int, float)):
+        raise TypeError(f"depth must be a number in [0, 1], got {type(depth).__name__} {depth!r}")
     if not 0.0 <= depth <= 1.0:
         raise ValueError(f"depth must lie in [0, 1], got {depth}")
     rng = random.Random(seed)
@@ -70,8 +90,7 @@ def needle_prompt(tokenizer, n_tokens: int = 2048, *, seed: int = 0, depth: floa
     question = f"What is the special magic number for {key} mentioned in the provided text?"
     instruction = "Read the text below and answer the question that follows it.\n\n"
     frame = chat(tokenizer, instruction + needle + "\n\n" + question + " The special magic number is")
-    budget = n_tokens - len(tokenizer.encode(frame, add_special_tokens=False))
-    filler = fill_to_length(tokenizer, haystack_sentences(seed), budget)
+    filler = fill_to_length(tokenizer, haystack_sentences(seed), _filler_budget(tokenizer, n_tokens, frame))
     at = round(depth * len(filler))
     haystack = " ".join(filler[:at] + [needle] + filler[at:])
     text = chat(tokenizer, instruction + haystack + "\n\n" + question + " The special magic number is")
@@ -136,7 +155,7 @@ def _haystack_prompt(
     """Essay filler of the right length with ``facts`` spread at seeded depths, then ``question``."""
     rng = random.Random(f"{task}:{seed}:depths")
     frame = chat(tokenizer, INSTRUCTION + " ".join(facts) + "\n\n" + question)
-    filler = fill_to_length(tokenizer, haystack_sentences(seed), n_tokens - _token_count(tokenizer, frame))
+    filler = fill_to_length(tokenizer, haystack_sentences(seed), _filler_budget(tokenizer, n_tokens, frame))
     positions = sorted(rng.randrange(len(filler) + 1) for _ in facts)
     shuffled = list(facts)
     rng.shuffle(shuffled)
@@ -153,6 +172,8 @@ def _number(rng: random.Random) -> str:
 
 def niah_multikey_prompt(tokenizer, n_tokens: int = 2048, *, seed: int = 0, n_keys: int = 4) -> Prompt:
     """Needles for ``n_keys`` different keys; the question asks for one of them (RULER niah_multikey_1)."""
+    n_tokens, seed = _prompt_args(n_tokens, seed)
+    n_keys = integer("n_keys", n_keys, low=1, high=len(KEYS) + 1)
     rng = random.Random(f"niah_multikey:{seed}")
     keys = rng.sample(KEYS, n_keys)
     numbers = [_number(rng) for _ in keys]
@@ -165,6 +186,8 @@ def niah_multikey_prompt(tokenizer, n_tokens: int = 2048, *, seed: int = 0, n_ke
 
 def niah_multivalue_prompt(tokenizer, n_tokens: int = 2048, *, seed: int = 0, n_values: int = 4) -> Prompt:
     """``n_values`` numbers for one key; graded by :func:`santa.eval.grading.multivalue_score` (paper: /4)."""
+    n_tokens, seed = _prompt_args(n_tokens, seed)
+    n_values = integer("n_values", n_values, low=1, high=1001)
     rng = random.Random(f"niah_multivalue:{seed}")
     key = rng.choice(KEYS)
     numbers = []
@@ -188,6 +211,8 @@ def variable_tracking_prompt(
     tokenizer, n_tokens: int = 2048, *, seed: int = 0, hops: int = 3, chains: int = 1
 ) -> Prompt:
     """Multi-hop chains ``VAR A = 12345 … VAR B = VAR A …`` (RULER vt); the answer is every name in the asked chain."""
+    n_tokens, seed = _prompt_args(n_tokens, seed)
+    hops, chains = integer("hops", hops, low=1, high=1001), integer("chains", chains, low=1, high=1001)
     rng = random.Random(f"variable_tracking:{seed}")
     names, all_facts, values = [], [], []
     used: set[str] = set()
@@ -211,7 +236,7 @@ def variable_tracking_prompt(
     )
     flat = [f for facts in all_facts for f in facts]
     frame = chat(tokenizer, INSTRUCTION + " ".join(flat) + "\n\n" + frame_question)
-    filler = fill_to_length(tokenizer, haystack_sentences(seed), n_tokens - _token_count(tokenizer, frame))
+    filler = fill_to_length(tokenizer, haystack_sentences(seed), _filler_budget(tokenizer, n_tokens, frame))
     placed = []  # (position in the filler, order, fact); each chain keeps its hop order
     for c, facts in enumerate(all_facts):
         positions = sorted(rng_depth.randrange(len(filler) + 1) for _ in facts)
@@ -253,6 +278,11 @@ def _fit_words(tokenizer, render, lo: int, hi: int, n_tokens: int) -> int:
 
 def fwe_prompt(tokenizer, n_tokens: int = 2048, *, seed: int = 0, alpha: float = 2.0) -> Prompt:
     """Frequent-word extraction (RULER fwe): words drawn from a Zipf law; answer the three most frequent."""
+    n_tokens, seed = _prompt_args(n_tokens, seed)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise TypeError(f"alpha must be a number > 0, got {type(alpha).__name__} {alpha!r}")
+    if not 0 < alpha < float("inf"):
+        raise ValueError(f"alpha must be a finite number > 0, got {alpha}")
     rng = random.Random(f"fwe:{seed}")
     vocab = _pseudo_words(rng, 400)
     rng.shuffle(vocab)
@@ -302,6 +332,11 @@ def cwe_prompt(
 
     ``common_freq=None`` scales with the length so the common words fill about 40 % of the prompt
     (a numbered word costs about 7 tokens)."""
+    n_tokens, seed = _prompt_args(n_tokens, seed)
+    n_common = integer("n_common", n_common, low=1, high=1001)  # of the 2000 words, the rest distractors
+    rare_freq = integer("rare_freq", rare_freq, low=1)
+    if common_freq is not None:
+        common_freq = integer("common_freq", common_freq, low=1)
     if common_freq is None:
         common_freq = max(rare_freq + 2, int(0.4 * n_tokens / (7 * n_common)))
     rng = random.Random(f"cwe:{seed}")
@@ -329,6 +364,7 @@ def cwe_prompt(
 
 def essay_text(tokenizer, n_tokens: int = 2048, *, seed: int = 0) -> Prompt:
     """Held-out essay text of ``n_tokens`` tokens (no chat template) for KL and perplexity."""
+    n_tokens, seed = _prompt_args(n_tokens, seed)
     filler = fill_to_length(tokenizer, haystack_sentences(10_000 + seed), n_tokens)
     text = " ".join(filler)
     return Prompt(task="kl", text=text, answers=(), n_tokens=_token_count(tokenizer, text), seed=seed)
@@ -372,6 +408,8 @@ def _item_order(n: int) -> list[int]:
 
 
 def gsm8k_prompt(tokenizer, n_tokens: int = 0, *, seed: int = 0) -> Prompt:
+    """GSM8K item ``seed`` of a fixed permutation (``n_tokens`` is ignored: the item sets the length)."""
+    _, seed = _prompt_args(n_tokens, seed, low=0)
     items = gsm8k_items()
     item = items[_item_order(len(items))[seed % len(items)]]
     gold = item["answer"].split("####")[-1].strip().replace(",", "")
@@ -380,6 +418,8 @@ def gsm8k_prompt(tokenizer, n_tokens: int = 0, *, seed: int = 0) -> Prompt:
 
 
 def mmlu_prompt(tokenizer, n_tokens: int = 0, *, seed: int = 0) -> Prompt:
+    """MMLU item ``seed`` of a fixed permutation (``n_tokens`` is ignored: the item sets the length)."""
+    _, seed = _prompt_args(n_tokens, seed, low=0)
     items = mmlu_items()
     item = items[_item_order(len(items))[seed % len(items)]]
     choices = "\n".join(f"{letter}. {item['answer_' + letter.lower()]}" for letter in "ABCD")
@@ -396,6 +436,7 @@ def mmlu_prompt(tokenizer, n_tokens: int = 0, *, seed: int = 0) -> Prompt:
 
 def niah_single_prompt(tokenizer, n_tokens: int = 2048, *, seed: int = 0) -> Prompt:
     """:func:`needle_prompt` at a seeded depth."""
+    n_tokens, seed = _prompt_args(n_tokens, seed)
     depth = random.Random(f"niah_single:{seed}").random()
     return needle_prompt(tokenizer, n_tokens, seed=seed, depth=depth)
 

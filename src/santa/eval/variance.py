@@ -21,6 +21,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from santa.attention import attention_probs
+from santa.checks import integer
 from santa.eval.report import COLORS, loglog_slope, pyplot, save_figure
 from santa.eval.tasks import build_prompt
 from santa.sampling import sample_counts
@@ -90,8 +91,19 @@ def diagnostics(
     group_size: int | None = None,
     progress: bool = True,
 ) -> dict:
-    """Mean variance trace and unique keys per (sampler, S), averaged over heads, layers, prompts."""
+    """Mean variance trace and unique keys per (sampler, S), averaged over heads, layers, prompts.
+
+    length, prompts, replicates, seed, group_size and each budget take Python or numpy ints (a
+    float is a TypeError); at least two different budgets (the log–log slope needs two).
+    """
     from tqdm import tqdm
+
+    length, prompts = integer("length", length, low=1), integer("prompts", prompts, low=1)
+    replicates, seed = integer("replicates", replicates, low=2), integer("seed", seed, low=0)
+    group_size = None if group_size is None else integer("group_size", group_size, low=1)
+    budgets = budget_list("budgets", budgets)
+    if len(set(budgets)) < 2:
+        raise ValueError(f"budgets must hold at least two different S (the variance slope), got {budgets}")
 
     generator = torch.Generator().manual_seed(seed)
     trace = {s: {b: [] for b in budgets} for s in SAMPLERS}
@@ -130,6 +142,16 @@ def diagnostics(
     }
     result["slopes"] = {s: loglog_slope(budgets, result["trace"][s]) for s in SAMPLERS}
     return result
+
+
+def budget_list(name: str, values) -> list[int]:
+    """``values`` as a non-empty list of ints ≥ 1 (Python or numpy), or TypeError/ValueError naming ``name``."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a list of ints ≥ 1, got {type(values).__name__}")
+    values = [integer(f"{name}[{i}]", v, low=1) for i, v in enumerate(values)]
+    if not values:
+        raise ValueError(f"{name} must hold at least one int ≥ 1")
+    return values
 
 
 def plot_diagnostics(result: dict, path: str | Path) -> Path:
