@@ -288,10 +288,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def chosen_tasks(args: argparse.Namespace) -> list[str]:
+    """The tasks a subcommand builds prompts of (none for ``report``)."""
+    if args.command == "report":
+        return []
+    return args.tasks if args.command == "run" else [args.task]
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Checks that join flags (each flag's own value is checked by its ``type``); ``args.error`` is
     the subcommand's ``parser.error`` (status 2)."""
-    for task in args.tasks if args.command == "run" else [args.task]:
+    for task in chosen_tasks(args):
         install = missing_data(task)
         if install:
             args.error(f"argument --task{'s' * (args.command == 'run')}: task {task} needs its data, not installed: {install}")
