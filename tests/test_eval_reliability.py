@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
@@ -499,3 +500,12 @@ def test_eval_commands_refuse_a_task_whose_data_is_not_installed(no_work, capsys
     monkeypatch.setitem(santa.eval.tasks.TASK_DATA, task, ("santa_no_such_package", "pip install the-data"))
     err = refusal(main, ["eval", *argv], capsys)
     assert f"task {task} needs its data, not installed: pip install the-data" in err
+
+
+def test_report_plots_stay_in_their_folder_whatever_the_names_in_the_records(tmp_path, capsys):
+    path, plots = tmp_path / "sweep.jsonl", tmp_path / "a" / "plots"
+    write(path, [dict(r, model="../../escaped", schedule="x/../../y") for r in ACCURACY])
+    assert main(["eval", "report", str(path), "--plots", str(plots)]) == 0
+    written = [line.removeprefix("wrote ") for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")]
+    assert written and all(Path(w).parent == plots for w in written)
+    assert sorted(p.name for p in tmp_path.rglob("*.png")) == sorted(Path(w).name for w in written)

@@ -4,6 +4,7 @@ average tokens; accuracy vs budget per task (dense as a band) and KL vs budget (
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -472,6 +473,13 @@ def pyplot():
     return plt
 
 
+def file_name(text: str) -> str:
+    """``text`` as one file name in the plots folder: characters other than letters, digits and
+    ``. _ + -`` (a ``/`` in a hand-edited model or schedule name) become ``_``."""
+    name = re.sub(r"[^A-Za-z0-9._+-]", "_", text)
+    return "_" + name if name.startswith(".") else name
+
+
 def save_figure(fig, path: str | Path, dpi: int) -> Path:
     """Lay out, write (creating the folder) and close ``fig``."""
     path = Path(path)
@@ -533,7 +541,7 @@ def plot(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
         ax.set_title(f"{model} · {task} · {length or 'item'} tokens")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-        written.append(save_figure(fig, out_dir / f"{'kl' if task == 'kl' else 'accuracy'}_{model}_{task}_{length or 'items'}.png", 120))
+        written.append(save_figure(fig, out_dir / file_name(f"{'kl' if task == 'kl' else 'accuracy'}_{model}_{task}_{length or 'items'}.png"), 120))
     return written
 
 
@@ -575,7 +583,7 @@ def plot_delta(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
         axes[0][0].set_ylabel("method − dense (points, paired)")
         axes[0][0].legend(fontsize=7)
         fig.suptitle(f"{model} · {f'{length} tokens' if length else 'items'} · {prefill} prefill", fontsize=10)
-        written.append(save_figure(fig, out_dir / f"delta_{model}_{length or 'items'}_{prefill}.png", 110))
+        written.append(save_figure(fig, out_dir / file_name(f"delta_{model}_{length or 'items'}_{prefill}.png"), 110))
     return written
 
 
