@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 
-from santa import cliargs
+from santa import cliargs, methods
 from santa.bench.cli import COMMANDS as BENCH_COMMANDS
 
 # The subcommands of `santa eval` (santa.eval.cli.COMMANDS, which imports the whole sweep runner:
@@ -26,7 +26,7 @@ DELEGATED = {
     "tune": ("santa.budgets.tune_cli", "budget tuning: santa tune -h"),
 }
 EXIT_STATUS = "exit status: 0 done, 1 the work failed (one-line error), 2 a bad command line (nothing run)"
-SAMPLERS = ("systematic", "stratified", "iid", "topk", "dense")
+SAMPLERS = methods.names(path="hf")  # the methods santa generate --sampler can name (the kernels: --kernel)
 NEEDLE_DEFAULTS = {"length": 2048, "depth": 0.5}  # --length and --depth: the needle prompt only
 
 
@@ -144,7 +144,7 @@ def add_generate(sub) -> argparse.ArgumentParser:
         "auto (default): fast on CUDA, hf on CPU and with --prefill sampled",
     )
     gen.add_argument("--batch", type=cliargs.positive_int, default=1, help="needle prompts (seeds --prompt-seed …) answered together, ≥ 1 (default 1)")
-    gen.add_argument("--kernel", default=None, choices=["prop", "flash"], help="santa's kernel for --sampler systematic (default prop on the fast path)")
+    gen.add_argument("--kernel", default=None, choices=methods.kernels(), help=f"santa's kernel for --sampler systematic (default {methods.DEFAULT_KERNEL} on the fast path)")
     gen.add_argument("--threads", type=cliargs.positive_int, default=None, help="torch CPU threads, ≥ 1 (default: torch's)")
     gen.set_defaults(func=_generate, check=check_generate, error=gen.error)
     return gen

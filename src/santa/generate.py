@@ -27,7 +27,6 @@ from santa.assets import DEFAULT_MODEL, load_model
 from santa.checks import integer
 from santa.decoding import cache_keyword, greedy_continue, padded_forward, returned_cache, stop_token_ids  # noqa: F401 (cache_keyword: re-exported)
 from santa.eval.runner import (
-    FAST_BACKENDS,
     check_prompt_length,
     fast_decode,
     fast_prefill,
@@ -36,6 +35,7 @@ from santa.eval.runner import (
     to_fast_model,
 )
 from santa.eval.tasks import Prompt, chat, contains_all, needle_prompt
+from santa.methods import DEFAULT_KERNEL, METHODS
 
 
 @dataclass
@@ -155,10 +155,9 @@ def graded_found(prompt: Prompt, text: str) -> bool:
 def fast_method(sampler: str, budget: int, kernel: str | None) -> tuple[str, str]:
     """(name, santa.model backend) of the sampled method on the fast path."""
     if sampler == "dense":
-        return "dense (sdpa)", "sdpa"
-    if sampler == "systematic":
-        return f"santa-{kernel or 'prop'} S={budget}", f"santa-{kernel or 'prop'}"
-    return f"{sampler} S={budget}", FAST_BACKENDS[sampler]
+        return "dense (sdpa)", METHODS["dense"].model_backend
+    method = METHODS[kernel or DEFAULT_KERNEL] if sampler == "systematic" else METHODS[sampler]  # systematic: a kernel
+    return f"{method.model_backend} S={budget}", method.model_backend
 
 
 def answer_fast(model, tokenizer, prompts: list[Prompt], backends: list[tuple[str, str]], *, budget: int, seed: int, max_new_tokens: int, progress=None) -> list[Answer]:

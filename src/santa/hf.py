@@ -31,13 +31,14 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from santa import methods
 from santa.attention import ATTENTION_SAMPLERS, attention_probs, check_flag, sampled_values
 from santa.bernoulli import SCORE_SAMPLERS, bernoulli_query
 from santa.sampling import check_budget, check_sampler
 from santa.stats import unique_keys
 
 IMPLEMENTATION = "santa"
-KERNEL_CHOICES = ("auto", "prop", "flash", "reference")
+KERNEL_CHOICES = ("auto", *methods.kernels(), "reference")  # auto: methods.DEFAULT_KERNEL on CUDA
 MAX_SEED = 2**63  # seeds are ints in [0, 2**63): the kernels' Philox key and torch.manual_seed both take them
 
 # Keywords transformers hands every attention function that do not change the attention santa
@@ -286,7 +287,7 @@ def kernel_for(config: SantaConfig, query: torch.Tensor, attention_mask: torch.T
         return None
     if attention_mask is not None and not bool(attention_mask.all()):
         return None  # left padding: the kernels take per-sequence lengths, not masks
-    return "prop" if config.kernel == "auto" else config.kernel
+    return methods.DEFAULT_KERNEL if config.kernel == "auto" else config.kernel
 
 
 def kernel_decode(

@@ -15,6 +15,7 @@ import numpy as np
 from santa.checks import integer
 from santa.eval.runner import MAX_NEW_TOKENS, METHODS, PREFILLS, SweepFileError, load_sweep
 from santa.eval.tasks import TASKS
+from santa.methods import METHODS as REGISTRY
 
 KL_MODES = ("chunked", "stepwise")
 
@@ -491,8 +492,13 @@ def save_figure(fig, path: str | Path, dpi: int) -> Path:
     return path
 
 
-COLORS = {"iid": "tab:orange", "stratified": "tab:green", "systematic": "tab:blue", "topk": "tab:red", "prop": "tab:purple",
-          "flash": "tab:brown"}  # every method of runner.METHODS but dense
+COLORS = {m.name: m.colour for m in REGISTRY.values() if m.colour is not None}  # every method but dense
+
+
+def method_label(method: str) -> str:
+    """A method's name in plots: its registry label, with the name where they differ (``S²ANTA-sys (systematic)``)."""
+    label = REGISTRY[method].label
+    return label if label == method else f"{label} ({method})"
 
 
 def plot(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
@@ -527,7 +533,8 @@ def plot(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
                 y = np.array([scale * c.mean for c in line])
                 err = np.array([[scale * (c.mean - c.low) for c in line], [scale * (c.high - c.mean) for c in line]])
                 style = ("-", "--", ":", "-.")[number % 4]
-                label = method if prefill == "dense" else f"{method} (sampled prefill)" if prefill == "sampled" else f"{method} ({prefill})"
+                name = method_label(method)
+                label = name if prefill == "dense" else f"{name}, sampled prefill" if prefill == "sampled" else f"{name}, {prefill}"
                 ax.errorbar(
                     x, y, yerr=err.clip(min=0), fmt="o" + style, color=COLORS[method], capsize=3, label=label, ms=4
                 )
@@ -574,7 +581,7 @@ def plot_delta(all_cells: list[Cell], out_dir: str | Path) -> list[Path]:
                 y = np.array([100 * c.delta for c in line])
                 low = np.array([100 * c.delta_low for c in line])
                 high = np.array([100 * c.delta_high for c in line])
-                ax.plot(x, y, "o-", color=COLORS[method], label=method, ms=4)
+                ax.plot(x, y, "o-", color=COLORS[method], label=method_label(method), ms=4)
                 ax.fill_between(x, low, high, color=COLORS[method], alpha=0.15)
             ax.set_xscale("log", base=2)
             ax.set_title(f"{task} ({tasks[task][0].n_prompts} prompts)", fontsize=9)

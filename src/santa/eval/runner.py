@@ -50,20 +50,19 @@ import torch
 
 import santa.hf
 import santa.model
+from santa import methods
 from santa.decoding import greedy_continue_batch, left_pad, padded_forward, returned_cache, stop_token_ids
 from santa.eval.grading import grade
 from santa.eval.tasks import FIXED_LENGTH_TASKS, TASKS, Prompt, build_prompt
 from santa.provenance import code_commit
 from santa.writer_lock import writer_lock
 
-HF_METHODS = ("dense", "iid", "stratified", "systematic", "topk")
-FAST_ONLY = ("prop", "flash")  # santa.kernels' decode: the fast path only
-METHODS = HF_METHODS + FAST_ONLY
+METHODS = methods.names()  # santa.methods' registry, in its order (dense first)
+HF_METHODS = methods.names(path="hf")
+FAST_ONLY = tuple(name for name in METHODS if name not in HF_METHODS)  # santa.kernels' decode: the fast path only
 PATHS = ("auto", "hf", "fast")
-# method → santa.model backend on the fast path
-FAST_BACKENDS = {"dense": "sdpa", "prop": "santa-prop", "flash": "santa-flash"} | {m: m for m in santa.model.REFERENCE_BACKENDS}
+FAST_BACKENDS = {m.name: m.model_backend for m in methods.METHODS.values()}  # method → santa.model backend on the fast path
 MAX_NEW_TOKENS = 64  # default answer budget of the generation tasks (RULER-style: 64, as the paper)
-STOCHASTIC = ("iid", "stratified", "systematic")
 PREFILLS = ("dense", "sampled")
 MAX_SEED = 2**63  # sampler seeds are ints in [0, 2**63)
 
