@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import santa.kernels as santa_kernels
+from santa import rng
 from santa.attention import sampled_attention
 from santa.checkpoint import (
     args_from_config,
@@ -170,8 +171,10 @@ class DecodeContext:
     seq_lens: int32 ``[B]``, keys visible to each sequence's new token (``input_pos + 1``).
     attn_bias: ``[B, 1, 1, L_max]`` in the model dtype, 0 on visible keys and −inf beyond (sdpa).
     offset: int64 ``[1]``, the Philox counter of santa's kernels, advanced once per step; the
-        layer index goes into the seed, so every (layer, step) draws fresh uniforms.
-    generators: one ``torch.Generator`` per layer (reference backends), seeded from (seed, layer).
+        layer index goes into the key (:func:`santa.rng.model_kernel_key`), so every (layer, step)
+        draws fresh uniforms.
+    generators: one ``torch.Generator`` per layer (reference backends), seeded from (seed, layer)
+        (:func:`santa.rng.model_reference_generator`).
     """
 
     backend: str
@@ -221,8 +224,7 @@ def make_context(
         raise ValueError(f"santa_impl must be one of {SANTA_IMPLS}, got {santa_impl!r}")
     check_model(model)
     budget = check_budget(budget)
-    max_seed = (2**63 - model.args.n_layer) // 1000003  # each layer's kernel seed, seed·1000003 + layer, must stay < 2**63
-    seed = integer("seed", seed, low=0, high=max_seed)
+    seed = rng.check_seed(seed)  # every seed in [0, 2**63) is legal: layer keys come from santa.rng
     layer_budgets = checked_layer_budgets(layer_budgets, model.args.n_layer)
     if backend.startswith("santa-"):  # the kernels' limit, for santa_impl="torch" too: one contract per backend
         for name, s in [("budget", budget), *((f"layer_budgets[{k}]", v) for k, v in (layer_budgets or {}).items())]:
@@ -251,7 +253,7 @@ def make_context(
         ctx.workspaces = {s: santa_kernels.make_workspace(q, cache.k_cache, s, kernel=kernel)
                           for s in {budget, *(layer_budgets or {}).values()}}
     elif backend in REFERENCE_BACKENDS:
-        ctx.generators = [torch.Generator(device=device).manual_seed(seed * 1000003 + i) for i in range(model.args.n_layer)]
+        ctx.generators = [rng.model_reference_generator(seed, i, device) for i in range(model.args.n_layer)]
     elif backend == "flashinfer":
         if (ctx.seq_lens != ctx.seq_lens[0]).any():
             raise ValueError("flashinfer plans one length for the batch: prompt_len must be one int")
@@ -426,7 +428,7 @@ class Attention(nn.Module):
             )  # [B, H, 1, d]
             return y.squeeze(2)
         kernel = ctx.backend.removeprefix("santa-")
-        seed = ctx.seed * 1000003 + self.layer_id
+        seed = rng.model_kernel_key(ctx.seed, self.layer_id)
         kernels = _santa_kernels(ctx.santa_impl)
         if kernels is None:  # reads the offset on the host: eager only
             kwargs = {"tile": santa_kernels.flash_tile(q.shape[-1])} if kernel == "flash" else {}
@@ -714,7 +716,7 @@ def generate(
     max_new_tokens: an int ≥ 1 (prompt + new tokens at most :data:`MAX_POSITIONS`).
     backend: one of :data:`BACKENDS` but flashinfer, or :data:`REFERENCE_BACKENDS`; budget: S
     (k for topk), an int ≥ 1; layer_budgets: ``{layer: S}`` overriding it per layer (a ``santa
-    tune budgets`` schedule). seed: an int ≥ 0. stop_tokens: an iterable (list, tuple, set,
+    tune budgets`` schedule). seed: an int in [0, 2**63). stop_tokens: an iterable (list, tuple, set,
     1-D int tensor or array) of token ids, ints in ``[0, vocab_size)``; ``()`` for none (a bare
     int, a string or None is refused: wrap one id as ``[id]``). cuda_graph: None or a bool:
     replay the decode step from one CUDA graph (default: on CUDA whenever the backend is
@@ -724,6 +726,7 @@ def generate(
     TypeError, a bad value a ValueError, both naming the argument.
     """
     check_model(model)
+    seed = rng.check_seed(seed)
     max_new_tokens = integer("max_new_tokens", max_new_tokens, low=1)
     if cuda_graph is not None and not isinstance(cuda_graph, bool):
         raise TypeError(f"cuda_graph must be None or a bool, got {type(cuda_graph).__name__} {cuda_graph!r:.80}")

@@ -1,0 +1,110 @@
+"""Seed → randomness, in one place: the seed range, the Philox keys and counters of the kernels, and
+the torch generators of the reference paths.
+
+Every entry point (the CLI flags, :class:`santa.hf.SantaConfig`, :func:`santa.model.make_context`
+and :func:`santa.model.generate`, :func:`santa.decode` and ``DecodePlan.run``, ``santa eval``,
+``santa tune``) accepts one seed range, :data:`MAX_SEED`: an int in ``[0, 2**63)``, checked by
+:func:`check_seed` before any work. Every seed in that range is legal on every path.
+
+What each path keys its randomness on (callers use the one function of their path, never the
+arithmetic; re-keying a path is a change to that function alone):
+
+- santa.hf, torch reference: a fresh ``torch.Generator`` per attention call, keyed on
+  (seed, layer, n_keys, n_queries) — :func:`hf_reference_generator`.
+- santa.hf, kernels (prop/flash): Philox with key = seed and counter = a mix of (layer, n_keys),
+  keyed on (seed, layer, n_keys) — :func:`hf_kernel_philox`.
+- santa.model, ``santa-*`` backends (kernels and their torch reference): Philox with key =
+  :func:`layer_key` and counter = the step counter ``DecodeContext.offset`` (+1 per step), keyed on
+  (seed, layer) + step — :func:`model_kernel_key`.
+- santa.model, reference backends: one ``torch.Generator`` per layer seeded with :func:`layer_key`,
+  advanced by every draw, keyed on (seed, layer) + the draws made so far —
+  :func:`model_reference_generator`.
+
+All keys come from one golden-ratio mixer, :func:`mix`, whose values are those of the former
+``santa.hf.stream_id`` (the hf paths draw exactly what they drew before).
+
+Behaviour change (issue 23): santa.model used to key layer ``l`` on ``seed·1000003 + l``, which
+limited its seeds to ``< (2**63 − n_layer) // 1000003`` (about 9.2e12; ``--seed 10**13 --path fast``
+was refused only after the model had loaded and prefilled). It now keys on
+``layer_key(seed, l) = mix(seed, l)``, a bijection of the seed for each layer onto ``[0, 2**63)``, so
+every seed is legal; for a given seed, santa.model's sampled backends (``santa-prop``,
+``santa-flash`` and the reference backends) now draw different samples than before. The hf paths
+are unchanged.
+
+Issue 26 will re-key every path on (seed, layer, head, absolute position, sample index); the four
+path functions above are the places to change.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from santa.checks import integer
+
+MAX_SEED = 2**63  # seeds are ints in [0, 2**63): a Philox key, and what torch.Generator.manual_seed takes
+SEED_RANGE = "[0, 2**63)"
+_GOLDEN = 0x9E3779B97F4A7C15  # 2**64 / golden ratio, odd: multiplying by it permutes [0, 2**63)
+
+
+def check_seed(seed: object, name: str = "seed") -> int:
+    """``seed`` as a Python int in ``[0, 2**63)`` (numpy ints accepted); a float, string, bool or None
+    is a TypeError, an int outside the range a ValueError, both naming ``name``."""
+    value = integer(name, seed)
+    if not 0 <= value < MAX_SEED:
+        raise ValueError(f"{name} must be an int in {SEED_RANGE}, got {value}")
+    return value
+
+
+def mix(seed: int, *parts: int) -> int:
+    """A 63-bit number unique (up to hashing) to ``(seed, *parts)``: the golden-ratio mixer.
+
+    For fixed ``parts`` it is a bijection of ``seed`` on ``[0, 2**63)`` (the multiplier is odd).
+    Plain int arithmetic, no checks: callers pass a seed already checked by :func:`check_seed`.
+    """
+    mixed = seed
+    for part in parts:
+        mixed = (mixed * _GOLDEN + part + 1) % MAX_SEED
+    return mixed
+
+
+def generator(key: int, device: torch.device | str | None = None) -> torch.Generator:
+    """A ``torch.Generator`` on ``device`` seeded with ``key`` (an int in ``[0, 2**63)``)."""
+    return torch.Generator(device=device).manual_seed(key)
+
+
+# ---- santa.hf ------------------------------------------------------------------------------------
+
+
+def hf_stream_id(seed: int, layer: int, n_keys: int, n_queries: int) -> int:
+    """The hf reference path's generator seed for one attention call: fresh per layer and step."""
+    return mix(seed, layer, n_keys, n_queries)
+
+
+def hf_reference_generator(seed: int, layer: int, n_keys: int, n_queries: int, device: torch.device | str | None) -> torch.Generator:
+    """The generator of one hf reference attention call (layer ``layer``, ``n_keys`` keys, ``n_queries`` rows)."""
+    return generator(hf_stream_id(seed, layer, n_keys, n_queries), device)
+
+
+def hf_kernel_philox(seed: int, layer: int, n_keys: int) -> tuple[int, int]:
+    """``(key, counter)`` of one hf kernel decode step: the seed itself, and a counter mixed from
+    (layer, n_keys), so every layer and decode position draws fresh uniforms."""
+    return seed, hf_stream_id(0, layer, n_keys, 1)
+
+
+# ---- santa.model ---------------------------------------------------------------------------------
+
+
+def layer_key(seed: int, layer: int) -> int:
+    """santa.model's per-layer key: ``mix(seed, layer)``, in ``[0, 2**63)`` for every legal seed."""
+    return mix(seed, layer)
+
+
+def model_kernel_key(seed: int, layer: int) -> int:
+    """The Philox key of layer ``layer`` on santa.model's ``santa-*`` backends (kernels and their
+    torch reference); the counter is the context's step counter, ``DecodeContext.offset``."""
+    return layer_key(seed, layer)
+
+
+def model_reference_generator(seed: int, layer: int, device: torch.device | str | None) -> torch.Generator:
+    """The generator of layer ``layer`` on santa.model's reference backends (one per layer and context)."""
+    return generator(layer_key(seed, layer), device)
