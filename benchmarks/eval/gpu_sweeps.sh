@@ -57,7 +57,9 @@ join_qwen() {  # the Qwen GGUF from /tmp/chunks/qw1…, once; refuses a short jo
 }
 
 resume_from() {  # $1 = sweep name: start from the committed records of earlier sessions
-  [ -f "/tmp/sweeps/$1.jsonl" ] || { [ -f "benchmarks/eval/gpu_$1.jsonl.gz" ] && gunzip -c "benchmarks/eval/gpu_$1.jsonl.gz" > "/tmp/sweeps/$1.jsonl"; }
+  local saved=benchmarks/results/2026-11-30-accuracy-gpu/gpu_$1.jsonl.gz  # the committed records to resume from
+  [ "$1" = qwen_long ] && saved=benchmarks/results/2026-12-01-qwen-long-accuracy/gpu_$1.jsonl.gz
+  [ -f "/tmp/sweeps/$1.jsonl" ] || { [ -f "$saved" ] && gunzip -c "$saved" > "/tmp/sweeps/$1.jsonl"; }
   true
 }
 
@@ -394,7 +396,7 @@ case "$STAGE" in
   qwen_long)
     stash
     join_qwen || exit 1
-    resume_from qwen_long  # commit the returned qwen_long.jsonl.gz as benchmarks/eval/gpu_qwen_long.jsonl.gz
+    resume_from qwen_long  # commit the returned qwen_long.jsonl.gz as benchmarks/results/2026-12-01-qwen-long-accuracy/gpu_qwen_long.jsonl.gz
     J=/tmp/sweeps/qwen_long.jsonl
     qwen_long 2>&1 | tee -a /tmp/qwen_long.log
     ;;

@@ -155,7 +155,7 @@ evaluate() {  # the learned schedules against uniform on held-out prompts (resum
   [ "$left" -gt 30 ] || { log "skip evaluate (deadline)"; return 0; }
   [ -f "$R/a/schedule.json" ] && cp "$R/a/schedule.json" "$R/learned_a.json" && flags+=(--schedule "$R/learned_a.json")
   [ -f "$R/b/schedule.json" ] && cp "$R/b/schedule.json" "$R/learned_bc.json" && flags+=(--schedule "$R/learned_bc.json")
-  [ "$MODEL" = smollm2-135m ] && [ "$TOTAL" = 120 ] && flags+=(--schedule benchmarks/budgets/schedule_learned.json)
+  [ "$MODEL" = smollm2-135m ] && [ "$TOTAL" = 120 ] && flags+=(--schedule benchmarks/results/2026-12-01-budgets-smollm2/schedule_learned.json)
   [ ${#flags[@]} -gt 0 ] || { log "skip evaluate (no schedule)"; return 0; }
   log "evaluate ${flags[*]}"
   timeout "$left" $PY -m santa.cli tune evaluate "${flags[@]}" --out "$R/eval.jsonl" --metric kl --model "$MODEL" \

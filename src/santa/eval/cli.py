@@ -266,8 +266,8 @@ def add_diagnostics(sub, name: str, help_text: str, out: str) -> argparse.Argume
     p.add_argument("--task", default="niah_single", choices=list(TASKS))
     p.add_argument("--length", type=cliargs.positive_int, default=2048, help=f"prompt tokens (≥ {cliargs.MIN_PROMPT_TOKENS})")
     p.add_argument("--prompts", type=cliargs.positive_int, default=4, help="prompts, ≥ 1")
-    p.add_argument("--out", default=f"benchmarks/eval/{out}.json", type=cliargs.output_file)
-    p.add_argument("--plot", default=f"benchmarks/eval/{out}.png", type=cliargs.figure_file)
+    p.add_argument("--out", default=f"{out}.json", type=cliargs.output_file, help=f"JSON results (default {out}.json)")
+    p.add_argument("--plot", default=f"{out}.png", type=cliargs.figure_file, help=f"the figure (default {out}.png)")
     p.add_argument("--device", default=None, type=cliargs.device)
     p.set_defaults(error=p.error)
     return p
