@@ -2,7 +2,8 @@
 
 Each turns one flag's text into a checked value, or raises :class:`argparse.ArgumentTypeError` with
 what was expected; argparse prints it as ``santa … : error: argument --flag: message`` and exits
-with status 2, before any work starts. Imports nothing of santa but :mod:`santa.assets`.
+with status 2, before any work starts. Imports nothing of santa but :mod:`santa.assets` and
+:mod:`santa.rng` (the one seed range).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-MAX_SEED = 2**63  # the samplers' and kernels' seeds are ints in [0, 2**63)
+from santa.rng import MAX_SEED
+
 MAX_VALUES = 100_000  # values one list flag may expand to (a range "0-999999999" would never finish)
 # Shortest prompt a haystack task is built at: the question and chat template take up to ~150
 # tokens; below this the haystack is empty or the prompt comes out longer than asked.
@@ -45,7 +47,7 @@ def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
 
 positive_int = int_in(1)
 nonnegative_int = int_in(0)
-seed = int_in(0, MAX_SEED)
+seed = int_in(0, MAX_SEED)  # santa.rng's one seed range, [0, 2**63)
 
 
 def _range_text(low: int, high: int | None) -> str:

@@ -9,8 +9,9 @@ Configure a model with one call::
 
 Default: dense prefill (SDPA), sampled decode. ``prefill="sampled"`` also samples the prefill
 (the paper's Section 4 setting). Randomness is drawn from a generator seeded by
-``(seed, layer, n_keys, n_queries)``: every layer and decode step gets fresh uniforms, and the same
-prompt with the same seed generates the same tokens, with no state to reset between calls.
+``(seed, layer, n_keys, n_queries)`` (:mod:`santa.rng`): every layer and decode step gets fresh
+uniforms, and the same prompt with the same seed generates the same tokens, with no state to reset
+between calls.
 
 What santa implements matches eager attention (tests/test_hf_reliability.py): GQA, sliding
 windows (through the attention mask transformers builds), a score scale other than 1/√D, value
@@ -31,15 +32,15 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from santa import methods
+from santa import methods, rng
 from santa.attention import ATTENTION_SAMPLERS, attention_probs, check_flag, sampled_values
 from santa.bernoulli import SCORE_SAMPLERS, bernoulli_query
+from santa.rng import MAX_SEED, check_seed  # noqa: F401 (MAX_SEED: re-exported, the one seed range)
 from santa.sampling import check_budget, check_sampler
 from santa.stats import unique_keys
 
 IMPLEMENTATION = "santa"
 KERNEL_CHOICES = ("auto", *methods.kernels(), "reference")  # auto: methods.DEFAULT_KERNEL on CUDA
-MAX_SEED = 2**63  # seeds are ints in [0, 2**63): the kernels' Philox key and torch.manual_seed both take them
 
 # Keywords transformers hands every attention function that do not change the attention santa
 # computes: bookkeeping, or packing that the mask already carries.
@@ -72,15 +73,6 @@ def check_layer(name: str, layer: object) -> int:
     if layer < 0:
         raise ValueError(f"{name} must be a layer index ≥ 0, got {layer}")
     return int(layer)
-
-
-def check_seed(seed: object) -> int:
-    """Return ``seed`` as an int, or raise unless it is an int in [0, 2**63)."""
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be an int in [0, 2**63), got {type(seed).__name__} {seed!r}")
-    if not 0 <= seed < MAX_SEED:
-        raise ValueError(f"seed must be an int in [0, 2**63), got {seed}")
-    return int(seed)
 
 
 @dataclass
@@ -157,7 +149,7 @@ class SantaConfig:
 
     def validate(self) -> None:
         """Raise TypeError/ValueError naming the first bad field (run at construction and by :func:`configure`)."""
-        self.budget = check_budget(self.budget)  # stored as Python ints: a numpy seed would overflow in stream_id
+        self.budget = check_budget(self.budget)  # stored as Python ints: a numpy seed would overflow in santa.rng.mix
         check_sampler(self.sampler, ATTENTION_SAMPLERS)
         if not isinstance(self.layer_budgets, Mapping):
             raise TypeError(f"layer_budgets must be a mapping {{layer_index: budget}}, got {type(self.layer_budgets).__name__}")
@@ -266,17 +258,9 @@ def _short(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def stream_id(seed: int, layer: int, n_keys: int, n_queries: int) -> int:
-    """A 63-bit number unique (up to hashing) to (seed, layer, decode position)."""
-    mixed = seed
-    for part in (layer, n_keys, n_queries):
-        mixed = (mixed * 0x9E3779B97F4A7C15 + part + 1) % (1 << 63)
-    return mixed
-
-
-def layer_generator(seed: int, layer: int, n_keys: int, n_queries: int, device: torch.device) -> torch.Generator:
-    """A generator unique to (seed, layer, decode position): fresh uniforms per layer and step."""
-    return torch.Generator(device=device).manual_seed(stream_id(seed, layer, n_keys, n_queries))
+# The seed → randomness of both hf paths lives in santa.rng; these names stay for callers of santa.hf.
+stream_id = rng.hf_stream_id  # 63-bit number unique (up to hashing) to (seed, layer, n_keys, n_queries)
+layer_generator = rng.hf_reference_generator  # a generator unique to (seed, layer, decode position)
 
 
 def kernel_for(config: SantaConfig, query: torch.Tensor, attention_mask: torch.Tensor | None) -> str | None:
@@ -298,10 +282,10 @@ def kernel_decode(
     from santa.kernels import decode
 
     layer, n_keys = module.layer_idx, key.shape[2]
-    offset = stream_id(0, layer, n_keys, 1)
+    seed, offset = rng.hf_kernel_philox(config.seed, layer, n_keys)
     result = decode(
         query[:, :, 0].contiguous(), key.contiguous(), value.contiguous(), config.budget_for(layer),
-        kernel=kernel, kv_layout="HND", scale=scaling, seed=config.seed, offset=offset,
+        kernel=kernel, kv_layout="HND", scale=scaling, seed=seed, offset=offset,
         return_counts=config.record_stats,
     )
     if config.record_stats:
@@ -379,7 +363,7 @@ def santa_attention_forward(
     causal = attention_mask is None and n_queries > 1 and bool(is_causal)
     if causal and n_keys > n_queries:  # SDPA's reading: an unmasked causal block aligns top-left (an empty static cache)
         key, value, n_keys = key[:, :, :n_queries], value[:, :, :n_queries], n_queries
-    generator = layer_generator(config.seed, layer, n_keys, n_queries, query.device)
+    generator = rng.hf_reference_generator(config.seed, layer, n_keys, n_queries, query.device)
     scored = query  # the query the scores use: q, or Bernoulli qKᵀ's sampled q̃
     if config.score_samples is not None:
         drawn = bernoulli_query(query, config.score_samples, kv_heads=key.shape[1], sampler=config.score_sampler, generator=generator)

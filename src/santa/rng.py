@@ -43,6 +43,7 @@ from santa.checks import integer
 
 MAX_SEED = 2**63  # seeds are ints in [0, 2**63): a Philox key, and what torch.Generator.manual_seed takes
 SEED_RANGE = "[0, 2**63)"
+MAX_COUNTER = 2**63  # Philox counters (the kernels' offset) are ints in [0, 2**63) too
 _GOLDEN = 0x9E3779B97F4A7C15  # 2**64 / golden ratio, odd: multiplying by it permutes [0, 2**63)
 
 

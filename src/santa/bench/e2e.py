@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-graph", action="store_true", help="time eager steps only (CPU)")
     p.add_argument("--device", type=cliargs.device, default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--seed", type=cliargs.int_in(0, 2**40), default=0)
+    p.add_argument("--seed", type=cliargs.seed, default=0, help="seed of the random weights, caches and sampler, in [0, 2**63)")
     p.add_argument("--out", type=cliargs.output_folder, default=os.environ.get("OUT", "runs/e2e"), help="folder for e2e.json and e2e.png")
     args = p.parse_args(argv)
     if args.device == "cpu":

@@ -23,6 +23,7 @@ import torch
 
 from santa import cliargs
 from santa.checks import integer
+from santa.rng import check_seed
 
 PAIR_ATTEMPTS = 3  # timings of one (short, long) pair before a non-positive difference is kept
 MAX_BATCH = 1024  # --batches: needle prompts built and decoded together
@@ -50,7 +51,7 @@ def bench_case(model, tokenizer, *, length: int, batch: int, backends: list[str]
     from santa.eval.tasks import contains_all, needle_prompt
 
     length, batch = integer("length", length, low=1), integer("batch", batch, low=1)
-    budget, repeats, seed = integer("budget", budget, low=1), integer("repeats", repeats, low=1), integer("seed", seed, low=0)
+    budget, repeats, seed = integer("budget", budget, low=1), integer("repeats", repeats, low=1), check_seed(seed)
     new_tokens = integer("new_tokens", new_tokens, low=2)
     warm_tokens = integer("warm_tokens", warm_tokens, low=1, high=new_tokens)
 
@@ -103,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--new-tokens", type=cliargs.int_in(2), default=64, help="tokens of the timed (and graded) run")
     p.add_argument("--warm-tokens", type=cliargs.int_in(1), default=16, help="tokens of the run subtracted from it")
     p.add_argument("--repeats", type=cliargs.int_in(1), default=3)
-    p.add_argument("--seed", type=cliargs.int_in(0, 2**40), default=0)
+    p.add_argument("--seed", type=cliargs.seed, default=0, help="seed of the sampler's randomness, in [0, 2**63)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--device", type=cliargs.device, default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", type=cliargs.output_folder, default=os.environ.get("OUT", "runs/bench_real"))

@@ -14,6 +14,7 @@ from pathlib import Path
 from santa.budgets.schedule import one_hot_schedule
 from santa.budgets.sweep import Cell, Comparison
 from santa.checks import integer
+from santa.rng import check_seed
 
 BASELINE = "uniform"
 
@@ -23,7 +24,7 @@ def layer_cells(*, n_layers: int, base: int, one_hot: int = 1, layers: Sequence[
     n_layers = integer("n_layers", n_layers, low=1)
     base, one_hot = integer("base", base, low=1), integer("one_hot", one_hot, low=1)
     layers = range(n_layers) if layers is None else [integer("layers[]", l, low=0, high=n_layers) for l in layers]
-    seeds = [integer("seeds[]", s, low=0) for s in seeds]
+    seeds = [check_seed(s, "seeds[]") for s in seeds]  # santa.rng's one range, [0, 2**63)
     cells = []
     for seed in seeds:
         cells.append(Cell(BASELINE, (base,) * n_layers, seed))

@@ -55,6 +55,7 @@ from santa.decoding import greedy_continue_batch, left_pad, padded_forward, retu
 from santa.eval.grading import grade
 from santa.eval.tasks import FIXED_LENGTH_TASKS, TASKS, Prompt, build_prompt
 from santa.provenance import code_commit
+from santa.rng import MAX_SEED  # sampler seeds are ints in [0, 2**63)
 from santa.writer_lock import writer_lock
 
 METHODS = methods.names()  # santa.methods' registry, in its order (dense first)
@@ -64,7 +65,6 @@ PATHS = ("auto", "hf", "fast")
 FAST_BACKENDS = {m.name: m.model_backend for m in methods.METHODS.values()}  # method → santa.model backend on the fast path
 MAX_NEW_TOKENS = 64  # default answer budget of the generation tasks (RULER-style: 64, as the paper)
 PREFILLS = ("dense", "sampled")
-MAX_SEED = 2**63  # sampler seeds are ints in [0, 2**63)
 
 
 @dataclass(frozen=True, order=True)

@@ -31,6 +31,7 @@ import torch
 from santa.checks import integer
 from santa.kernels import _launch, reference
 from santa.kernels.reference import MAX_BUDGET, check_budget_for_kernels  # noqa: F401 (MAX_BUDGET: re-exported)
+from santa.rng import MAX_COUNTER, MAX_SEED, check_seed
 
 KERNELS = ("prop", "flash", "auto")
 KV_LAYOUTS = ("NHD", "HND")
@@ -41,7 +42,6 @@ ALIGN = 256  # bytes; every workspace region starts on this boundary
 # triton is imported only when a kernel runs, so that importing santa never fixes Triton's mode
 # (TRITON_INTERPRET is read when the kernels are defined)
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
-_TWO_63 = 2**63
 # a jit function of each module the kernels use: Triton defines it for the interpreter or for the GPU
 # when the module is imported (triton.language's own, e.g. tl.max, when triton is)
 _KERNEL_FUNCTIONS = {"triton.language.standard": "max", "santa.kernels._common": "tile_scores",
@@ -287,13 +287,13 @@ def kernels_on_cpu() -> bool:
 def check_seed_and_offset(seed: object, offset: object) -> None:
     """The per-call Philox scalars: ints (numpy ints too) in ``[0, 2**63)``; offset may also be a tensor
     (whose dtype, size and device the caller checks). Wrong type: TypeError; out of range: ValueError."""
-    if type(seed) is int and type(offset) is int and 0 <= seed < _TWO_63 and 0 <= offset < _TWO_63:
+    if type(seed) is int and type(offset) is int and 0 <= seed < MAX_SEED and 0 <= offset < MAX_COUNTER:
         return  # the common case, without the slower ABC checks below
-    integer("seed", seed, low=0, high=_TWO_63)
+    check_seed(seed)  # santa.rng's one seed range
     if not isinstance(offset, torch.Tensor):
         if isinstance(offset, bool) or not isinstance(offset, numbers.Integral):
             raise TypeError(f"offset must be an int in [0, 2**63) or a one-element int64 tensor, got {type(offset).__name__} {offset!r}")
-        integer("offset", offset, low=0, high=_TWO_63)
+        integer("offset", offset, low=0, high=MAX_COUNTER)
 
 
 def check_tables(seq_lens, block_table, *, n_keys: int, page_size: int, n_pages: int) -> None:
