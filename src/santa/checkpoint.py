@@ -1,6 +1,7 @@
 """Llama / Qwen2 checkpoints in Hugging Face's format, read without transformers or the hub.
 
-- the config (a transformers config or config.json) → :class:`santa.model.ModelArgs` fields,
+- :class:`ModelArgs`, santa.model's architecture arguments (defined here; ``santa.model.ModelArgs``
+  is the same class), and the config (a transformers config or config.json) → its fields,
   refusing what santa.model does not implement (:func:`args_from_config`);
 - the tensors under transformers' names → santa.model's, checked against the config
   (:func:`state_dict_from_hf`);
@@ -14,20 +15,84 @@ import json
 import math
 import numbers
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from santa.model import ModelArgs
+from santa.checks import integer
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}  # model_type → class
 ROPE_TYPES = ("default", "llama3")
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    n_layer: int = 32
+    n_head: int = 32
+    n_kv_head: int = 8
+    dim: int = 4096
+    intermediate_size: int = 14336
+    vocab_size: int = 128256
+    rope_base: float = 500000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    # Llama-3.1 frequency scaling: (factor, low_freq_factor, high_freq_factor, original_max_position)
+    rope_scaling: tuple[float, float, float, int] | None = None
+    qkv_bias: bool = False  # Qwen2: q_proj, k_proj and v_proj carry a bias (o_proj and the MLP do not)
+
+    def __post_init__(self):
+        """Refuse arguments no model can have (TypeError: wrong type; ValueError: bad value), naming the field."""
+        for name in ("n_layer", "n_head", "n_kv_head", "dim", "intermediate_size", "vocab_size"):
+            object.__setattr__(self, name, integer(f"ModelArgs.{name}", getattr(self, name), low=1))
+        if self.dim % self.n_head or (self.dim // self.n_head) % 2:
+            raise ValueError(f"ModelArgs.dim must be n_head × an even head_dim (rotary halves), got dim={self.dim}, n_head={self.n_head}")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"ModelArgs.n_head must be a multiple of n_kv_head, got {self.n_head} and {self.n_kv_head}")
+        object.__setattr__(self, "rope_base", positive_float("ModelArgs.rope_base", self.rope_base))
+        object.__setattr__(self, "norm_eps", positive_float("ModelArgs.norm_eps", self.norm_eps, allow_zero=True))
+        for name in ("tie_embeddings", "qkv_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"ModelArgs.{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        if self.rope_scaling is not None:
+            object.__setattr__(self, "rope_scaling", checked_rope_scaling(self.rope_scaling))
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_head
+
+    @classmethod
+    def from_hf_config(cls, config) -> ModelArgs:
+        """Arguments of a Llama or Qwen2 checkpoint: a transformers config, or its config.json dict
+        (ValueError naming what santa.model does not implement: see :func:`santa.checkpoint.args_from_config`)."""
+        return cls(**args_from_config(config))
+
+
+def positive_float(name: str, value: object, *, allow_zero: bool = False) -> float:
+    """``value`` as a finite float > 0 (≥ 0 with ``allow_zero``), or TypeError / ValueError naming ``name``."""
+    bound = "≥ 0" if allow_zero else "> 0"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number {bound}, got {type(value).__name__} {value!r:.80}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be a finite number {bound}, got {value}")
+    return value
+
+
+def checked_rope_scaling(scaling: object) -> tuple[float, float, float, int]:
+    """Llama-3.1's ``(factor, low_freq_factor, high_freq_factor, original_max_position)``, checked."""
+    if not isinstance(scaling, tuple) or len(scaling) != 4:
+        raise TypeError(f"ModelArgs.rope_scaling must be None or a tuple (factor, low_freq_factor, high_freq_factor, "
+                        f"original_max_position), got {scaling!r:.80}")
+    factor, low, high = (positive_float(f"ModelArgs.rope_scaling[{i}]", x) for i, x in enumerate(scaling[:3]))
+    original = integer("ModelArgs.rope_scaling[3] (original_max_position)", scaling[3], low=1)
+    if high <= low:
+        raise ValueError(f"ModelArgs.rope_scaling needs high_freq_factor > low_freq_factor, got {high} and {low}")
+    return factor, low, high, original
 
 
 def config_int(cfg: Mapping, key: str, source: str, *, low: int = 1, default: object = None) -> int:

@@ -37,7 +37,8 @@ from torch import Tensor, nn
 import santa.kernels as santa_kernels
 from santa import rng
 from santa.attention import sampled_attention
-from santa.checkpoint import (
+from santa.checkpoint import (  # noqa: F401 (ModelArgs: re-exported as santa.model.ModelArgs)
+    ModelArgs,
     args_from_config,
     checked_device,
     checkpoint_folder,
@@ -47,79 +48,17 @@ from santa.checkpoint import (
 )
 from santa.checks import integer
 from santa.kernels import reference
+from santa.methods import METHODS, by_model_backend
 from santa.sampling import check_budget
 
-BACKENDS = ("sdpa", "flashinfer", "santa-prop", "santa-flash", "weights-only")
-REFERENCE_BACKENDS = ("iid", "stratified", "systematic", "topk")  # sampled_attention's samplers, eager
+# santa.methods' backends: exact SDPA, the kernels, and the reference samplers (eager); flashinfer and
+# weights-only are the benchmarks' (dense FlashInfer decode; no attention at all, for Amdahl)
+BACKENDS = (METHODS["dense"].model_backend, "flashinfer", *(m.model_backend for m in METHODS.values() if m.kernel), "weights-only")
+REFERENCE_BACKENDS = tuple(m.model_backend for m in METHODS.values() if m.sampler and not m.exact)  # sampled_attention's samplers
 SANTA_IMPLS = ("auto", "kernels", "torch")
 CACHE_ALIGN = 256  # static cache length is a multiple of this (FlashInfer pages, kernel tiles)
 STOP_CHECK_EVERY = 16  # decode steps between host checks that every sequence has stopped (a sync)
 MAX_POSITIONS = 2**31 - CACHE_ALIGN  # prompt + new tokens: seq_lens and positions are int32 on the device
-
-
-@dataclass(frozen=True)
-class ModelArgs:
-    n_layer: int = 32
-    n_head: int = 32
-    n_kv_head: int = 8
-    dim: int = 4096
-    intermediate_size: int = 14336
-    vocab_size: int = 128256
-    rope_base: float = 500000.0
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
-    # Llama-3.1 frequency scaling: (factor, low_freq_factor, high_freq_factor, original_max_position)
-    rope_scaling: tuple[float, float, float, int] | None = None
-    qkv_bias: bool = False  # Qwen2: q_proj, k_proj and v_proj carry a bias (o_proj and the MLP do not)
-
-    def __post_init__(self):
-        """Refuse arguments no model can have (TypeError: wrong type; ValueError: bad value), naming the field."""
-        for name in ("n_layer", "n_head", "n_kv_head", "dim", "intermediate_size", "vocab_size"):
-            object.__setattr__(self, name, integer(f"ModelArgs.{name}", getattr(self, name), low=1))
-        if self.dim % self.n_head or (self.dim // self.n_head) % 2:
-            raise ValueError(f"ModelArgs.dim must be n_head × an even head_dim (rotary halves), got dim={self.dim}, n_head={self.n_head}")
-        if self.n_head % self.n_kv_head:
-            raise ValueError(f"ModelArgs.n_head must be a multiple of n_kv_head, got {self.n_head} and {self.n_kv_head}")
-        object.__setattr__(self, "rope_base", positive_float("ModelArgs.rope_base", self.rope_base))
-        object.__setattr__(self, "norm_eps", positive_float("ModelArgs.norm_eps", self.norm_eps, allow_zero=True))
-        for name in ("tie_embeddings", "qkv_bias"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"ModelArgs.{name} must be a bool, got {type(getattr(self, name)).__name__}")
-        if self.rope_scaling is not None:
-            object.__setattr__(self, "rope_scaling", checked_rope_scaling(self.rope_scaling))
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_head
-
-    @classmethod
-    def from_hf_config(cls, config) -> ModelArgs:
-        """Arguments of a Llama or Qwen2 checkpoint: a transformers config, or its config.json dict
-        (ValueError naming what santa.model does not implement: see :func:`santa.checkpoint.args_from_config`)."""
-        return cls(**args_from_config(config))
-
-
-def positive_float(name: str, value: object, *, allow_zero: bool = False) -> float:
-    """``value`` as a finite float > 0 (≥ 0 with ``allow_zero``), or TypeError / ValueError naming ``name``."""
-    bound = "≥ 0" if allow_zero else "> 0"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number {bound}, got {type(value).__name__} {value!r:.80}")
-    value = float(value)
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{name} must be a finite number {bound}, got {value}")
-    return value
-
-
-def checked_rope_scaling(scaling: object) -> tuple[float, float, float, int]:
-    """Llama-3.1's ``(factor, low_freq_factor, high_freq_factor, original_max_position)``, checked."""
-    if not isinstance(scaling, tuple) or len(scaling) != 4:
-        raise TypeError(f"ModelArgs.rope_scaling must be None or a tuple (factor, low_freq_factor, high_freq_factor, "
-                        f"original_max_position), got {scaling!r:.80}")
-    factor, low, high = (positive_float(f"ModelArgs.rope_scaling[{i}]", x) for i, x in enumerate(scaling[:3]))
-    original = integer("ModelArgs.rope_scaling[3] (original_max_position)", scaling[3], low=1)
-    if high <= low:
-        raise ValueError(f"ModelArgs.rope_scaling needs high_freq_factor > low_freq_factor, got {high} and {low}")
-    return factor, low, high, original
 
 
 CONFIGS = {
@@ -733,7 +672,8 @@ def generate(
     if backend == "flashinfer":
         raise ValueError("backend 'flashinfer' needs a host plan per step with one length for the batch: use it in santa bench e2e")
     device = model.output.weight.device
-    capturable = device.type == "cuda" and backend not in REFERENCE_BACKENDS and not (backend.startswith("santa-") and santa_impl == "torch")
+    method = by_model_backend(backend)  # None: a benchmark backend (flashinfer, weights-only), capturable
+    capturable = device.type == "cuda" and (method is None or method.capturable) and not (method is not None and method.kernel and santa_impl == "torch")
     if cuda_graph and not capturable:
         raise ValueError(f"cuda_graph=True needs a CUDA model and a capturable backend, got {device.type} and {backend!r} ({santa_impl=})")
     use_graph = capturable if cuda_graph is None else cuda_graph

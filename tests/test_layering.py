@@ -1,0 +1,76 @@
+"""How santa's modules depend on each other (issue 23): data flows one way, so no module imports
+one that imports it back — counting imports inside functions, which hide a cycle without removing it.
+``santa.kernels`` is exempt until its plan/kernel split is rewritten (issue 24)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+EXEMPT = "santa.kernels"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def santa_imports(path: Path, modules: set[str]) -> set[str]:
+    """The santa modules ``path`` imports anywhere in its body (``from santa import x`` counts as
+    ``santa.x`` when that is a module)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("santa")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("santa") and not node.level:
+            found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names}
+        elif isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            pass  # still walked: a TYPE_CHECKING import is a dependency too
+    return {m for m in found if m in modules}
+
+
+def graph() -> dict[str, set[str]]:
+    paths = {module_name(p): p for p in SRC.rglob("*.py")}
+    return {name: santa_imports(path, set(paths)) - {name} for name, path in paths.items()}
+
+
+def in_exempt(name: str) -> bool:
+    return name == EXEMPT or name.startswith(EXEMPT + ".")
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every elementary cycle's entry point, found by DFS (enough to name one cycle per loop)."""
+    found, state = [], {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                found.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [])
+    return found
+
+
+def test_no_import_cycle_outside_the_kernels():
+    edges = {a: {b for b in bs if not in_exempt(b) and b != "santa"} for a, bs in graph().items() if not in_exempt(a)}
+    assert cycles(edges) == []
+
+
+def test_the_graph_sees_imports_inside_functions():
+    """The check would be void if lazy imports were missed: santa.cli imports santa.generate lazily."""
+    assert "santa.generate" in graph()["santa.cli"]
+
+
+@pytest.mark.parametrize("lower", ["santa.checkpoint", "santa.methods", "santa.checks", "santa.sampling", "santa.attention"])
+def test_lower_layers_import_nothing_above_them(lower):
+    above = {"santa.model", "santa.hf", "santa.generate", "santa.cli", "santa.eval", "santa.budgets", "santa.bench"}
+    assert not {m for m in graph()[lower] if any(m == a or m.startswith(a + ".") for a in above)}
