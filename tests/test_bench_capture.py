@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from santa.bench import capture as cap_mod
-from santa.bench import kernels as kb
+from benchmarks.bench import capture as cap_mod
+from benchmarks.bench import kernels as kb
 
 
 def test_capture_and_real_accuracy(tmp_path):
@@ -50,7 +49,7 @@ def test_capture_and_real_accuracy(tmp_path):
 
 
 def test_bench_cli_lists_capture():
-    from santa.bench import cli
+    from benchmarks.bench import cli
 
     assert "capture" in cli.COMMANDS and "capture" in cli.build_parser().format_help()
 
@@ -58,7 +57,8 @@ def test_bench_cli_lists_capture():
 def test_bench_real_times_a_pair_again_when_its_difference_is_noise(monkeypatch, capsys):
     """A (short, long) pair whose long run took no longer is timed again; after PAIR_ATTEMPTS such
     pairs the last one is kept with a warning on stderr."""
-    from santa.bench import real
+    from benchmarks.bench import real
+
     from santa.eval import tasks
 
     class Tokenizer:
@@ -88,7 +88,7 @@ def test_bench_real_times_and_grades_every_backend_on_the_bundled_model(tmp_path
     """santa bench real on CPU, tiny settings: one record per backend with a time and a needle score."""
     import json
 
-    from santa.bench.real import main
+    from benchmarks.bench.real import main
 
     rc = main(["--device", "cpu", "--dtype", "float32", "--lengths", "256", "--batches", "2", "--new-tokens", "4",
                "--warm-tokens", "2", "--repeats", "1", "--out", str(tmp_path)])
@@ -102,7 +102,7 @@ def test_bench_real_times_and_grades_every_backend_on_the_bundled_model(tmp_path
 
 
 def test_bench_real_refuses_warm_tokens_not_below_new_tokens(capsys):
-    from santa.bench.real import main
+    from benchmarks.bench.real import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["--new-tokens", "4", "--warm-tokens", "4", "--device", "cpu"])

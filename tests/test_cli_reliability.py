@@ -4,12 +4,16 @@ for inputs that pass the command line but not the model."""
 
 import argparse
 import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 
+import benchmarks.bench.cli
 import numpy as np
 import pytest
 import torch
 
-import santa.bench.cli
 import santa.cli
 import santa.generate
 from cli_helpers import refusal as cli_refusal
@@ -59,9 +63,50 @@ def test_help_is_plain_text(argv, capsys):
 
 def test_top_level_help_lists_every_bench_and_eval_subcommand(capsys):
     out = " ".join(help_text([], capsys).split())  # argparse wraps lines
-    assert f"santa bench {'|'.join(santa.bench.cli.COMMANDS)}" in out
-    assert "real" in santa.bench.cli.COMMANDS
+    assert f"santa bench {'|'.join(benchmarks.bench.cli.COMMANDS)}" in out
+    assert "real" in benchmarks.bench.cli.COMMANDS
     assert f"santa eval {'|'.join(santa.cli.EVAL_COMMANDS)}" in out
+
+
+def test_the_bench_subcommands_named_in_santa_help_are_the_benchmarks():
+    assert santa.cli.BENCH_COMMANDS == tuple(benchmarks.bench.cli.COMMANDS)
+    assert santa.cli.DELEGATED["bench"][0] == benchmarks.bench.cli.__name__
+
+
+def test_santa_imports_nothing_from_the_benchmarks_until_santa_bench_runs(tmp_path):
+    """santa -h and santa generate -h leave benchmarks/ alone (a fresh interpreter, away from the checkout's root)."""
+    code = ("import sys; from santa.cli import main\n"
+            "for argv in ([], ['generate']):\n"
+            "    try: main([*argv, '-h'])\n"
+            "    except SystemExit: pass\n"
+            "print(sorted(m for m in sys.modules if m == 'benchmarks' or m.startswith('benchmarks.')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": ""}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+@pytest.mark.parametrize("argv", [["bench"], ["bench", "-h"], ["bench", "kernels", "--help"], ["bench", "e2e", "--config", "tiny"]])
+def test_santa_bench_outside_a_source_checkout_is_one_line_exit_1(monkeypatch, capsys, argv):
+    """An installed santa has no benchmarks/ beside it: one line naming the source checkout, no work."""
+    monkeypatch.setattr(santa.cli, "benchmarks_root", lambda: None)
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("santa bench: error: the benchmarks run from a source checkout") and captured.err.count("\n") == 1
+    assert "pip install -e ." in captured.err
+
+
+@pytest.mark.parametrize("layout", ["checkout", "installed", "no bench cli"])
+def test_benchmarks_root_is_the_checkout_around_src(tmp_path, layout):
+    package = tmp_path / "src" / "santa"
+    package.mkdir(parents=True)
+    if layout != "installed":
+        (tmp_path / "benchmarks" / "bench").mkdir(parents=True)
+    if layout == "checkout":
+        (tmp_path / "benchmarks" / "bench" / "cli.py").write_text("")
+    assert santa.cli.benchmarks_root(package) == (tmp_path if layout == "checkout" else None)
+    assert santa.cli.benchmarks_root() == Path(__file__).resolve().parents[1]  # this checkout
 
 
 def test_the_eval_subcommands_named_in_santa_help_are_eval_clis():

@@ -251,7 +251,7 @@ def test_bench_capture_refuses_a_bad_flag_before_loading(no_work, capsys, argv, 
 
 
 def test_bench_capture_names_resolve_against_the_layer_count():
-    from santa.bench.capture import layer_list, resolve_layers
+    from benchmarks.bench.capture import layer_list, resolve_layers
 
     assert resolve_layers(layer_list("first,mid,last,3"), 30) == [0, 3, 15, 29]
     assert resolve_layers(layer_list("last,last"), 4) == [3]
@@ -293,7 +293,7 @@ def fake_gpu(monkeypatch):
     (["--out", "/etc/passwd"], "argument --out: /etc/passwd exists and is not a folder"),
 ])
 def test_bench_kernels_refuses_a_bad_flag_before_touching_the_gpu(fake_gpu, capsys, argv, message):
-    from santa.bench.kernels import main as kernels
+    from benchmarks.bench.kernels import main as kernels
 
     err = refusal(kernels, [*argv], capsys)
     assert "santa bench kernels: error: " in err and message in err
@@ -302,8 +302,7 @@ def test_bench_kernels_refuses_a_bad_flag_before_touching_the_gpu(fake_gpu, caps
 @pytest.mark.parametrize("content", [{"layers": {}}, [1, 2], "text", None])
 def test_bench_kernels_names_a_real_file_it_cannot_use_and_exits_1(fake_gpu, tmp_path, capsys, content):
     import torch
-
-    from santa.bench.kernels import main as kernels
+    from benchmarks.bench.kernels import main as kernels
 
     path = tmp_path / "capture.pt"
     if content == "text":
@@ -329,8 +328,7 @@ def capture_of(q_shape=(1, 9, 64), kv_shape=(1, 5, 3, 64), scale=0.125) -> dict:
 ])
 def test_load_capture_refuses_a_malformed_capture_naming_the_file(tmp_path, cap, message):
     import torch
-
-    from santa.bench.kernels import load_capture
+    from benchmarks.bench.kernels import load_capture
 
     path = tmp_path / "capture.pt"
     torch.save(cap, path)
@@ -452,7 +450,7 @@ def test_bernoulli_diagnostics_check_their_arguments_before_any_work(kwargs, err
     ({"warm_tokens": 8}, ValueError), ({"repeats": None}, TypeError),
 ])
 def test_bench_case_checks_its_arguments_before_any_work(kwargs, error):
-    from santa.bench.real import bench_case
+    from benchmarks.bench.real import bench_case
 
     args = dict(length=256, batch=1, backends=["sdpa"], budget=64, new_tokens=8, warm_tokens=2, repeats=1, seed=0) | kwargs
     with pytest.raises(error):
@@ -464,9 +462,8 @@ def test_capture_and_tiling_check_their_integer_arguments():
 
     import numpy as np
     import torch
-
-    from santa.bench.capture import capture
-    from santa.bench.kernels import real_inputs, tile_keys
+    from benchmarks.bench.capture import capture
+    from benchmarks.bench.kernels import real_inputs, tile_keys
 
     model = types.SimpleNamespace(model=types.SimpleNamespace(layers=[types.SimpleNamespace(self_attn=None)] * 4))
     ids = torch.zeros(1, 8, dtype=torch.long)

@@ -283,7 +283,7 @@ def test_llama31_rope_scaling_matches_transformers():
 
 
 def test_bench_e2e_runs_every_cpu_backend_on_the_tiny_config(tmp_path):
-    from santa.bench.cli import main
+    from benchmarks.bench.cli import main
 
     rc = main(["e2e", "--config", "tiny", "--device", "cpu", "--dtype", "float32", "--batches", "2", "--prompts", "24",
                "--new-tokens", "3", "--warmup", "1", "--budget-flash", "256",

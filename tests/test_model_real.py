@@ -153,9 +153,9 @@ def test_stop_tokens_are_read_from_generation_config(tmp_path):
 
 
 def test_the_two_capture_attention_functions_coexist_in_one_process():
+    from benchmarks.bench import capture as bench_capture
     from transformers import AttentionInterface
 
-    from santa.bench import capture as bench_capture
     from santa.eval import variance
 
     hf = tiny_hf("llama")

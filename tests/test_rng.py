@@ -100,7 +100,8 @@ def test_one_seed_constant():
 
 def seed_flags():
     """The type functions of every seed flag, by command (the parsers are built without running them)."""
-    from santa.bench import real
+    from benchmarks.bench import real
+
     from santa.budgets import ablate_cli, tune_cli
     from santa.cli import build_parser as santa_parser
     from santa.eval.cli import build_parser as eval_parser

@@ -307,7 +307,7 @@ real_qwen() {  # santa bench real on Qwen at 32k, batch 1 and 16 (sdpa vs santa-
   local left=$((DEADLINE - SECONDS))
   [ "$left" -gt 200 ] || { echo "skip (deadline, needs 200 s): bench real"; return 0; }
   echo "== $(date +%T) bench real"
-  SANTA_COMMIT=${SANTA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)} timeout "$left" python3 -m santa.bench.real \
+  SANTA_COMMIT=${SANTA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)} timeout "$left" python3 -m benchmarks.bench.real \
     --model $QWEN --lengths $L32 --batches 1,16 --budget 128 --out /tmp/real_qwen 2>&1 | tail -n 8 && touch /tmp/real_qwen/done
 }
 

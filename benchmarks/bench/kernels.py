@@ -1,6 +1,6 @@
 """Decode-step kernel benchmark (benchmarks/PROTOCOL.md protocol): santa prop/flash against dense backends.
 
-Run as ``python -m santa.bench.kernels [--out DIR] [--quick]`` on a CUDA machine. Writes
+Run as ``python -m benchmarks.bench.kernels [--out DIR] [--quick]`` on a CUDA machine. Writes
 ``kernels.json`` (every raw number, device, versions, commit) and ``kernels.png`` under DIR and
 prints a table. Timing: CUDA events around exactly one backend call (all its launches), a 512 MB
 read before every timed iteration (clean cold L2; ``--write-flush`` adds the paper's in-place

@@ -7,7 +7,7 @@ few layers, that step's post-RoPE query ``q [1, H, d]`` and the whole cache ``K,
 H_kv = 3 (G = 3), d = 64, context 8192. ``santa bench kernels --real FILE`` times the decode
 kernels on these inputs (and on copies tiled to longer lengths).
 
-    python -m santa.bench.capture --tokens 8192 --layers 0,15,29 --out .capture/smollm2.pt
+    python -m benchmarks.bench.capture --tokens 8192 --layers 0,15,29 --out .capture/smollm2.pt
 
 Every flag is checked before the model loads: ``--layers`` and ``--tokens`` against the model's
 layer count and context length, read from its config (the cached ``config.json``, else the GGUF

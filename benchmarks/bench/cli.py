@@ -1,6 +1,9 @@
 """``santa bench``: ``santa bench kernels …`` (decode kernels), ``santa bench e2e …`` (whole model),
-``santa bench capture …`` (real attention inputs for ``kernels --real``).
+``santa bench capture …`` (real attention inputs for ``kernels --real``), ``santa bench real …``.
 
+The benchmarks live in the source checkout, not in the library: ``santa bench`` (santa.cli) finds
+this folder next to ``src/`` and runs :func:`main`; from the checkout's root
+``python -m benchmarks.bench.cli kernels …`` (or ``python -m benchmarks.bench.kernels …``) does the same.
 Each benchmark parses its own flags (``santa bench kernels -h``); this module only picks it.
 """
 
@@ -11,10 +14,10 @@ import importlib
 import sys
 
 COMMANDS = {
-    "kernels": ("santa.bench.kernels", "decode-step kernel benchmark (benchmarks/PROTOCOL.md)"),
+    "kernels": ("benchmarks.bench.kernels", "decode-step kernel benchmark (benchmarks/PROTOCOL.md)"),
     "e2e": ("santa.bench.e2e", "end-to-end batched long-context decode (Llama-3.1-8B shapes)"),
-    "capture": ("santa.bench.capture", "real decode-step q/K/V from the bundled model (for kernels --real)"),
-    "real": ("santa.bench.real", "decode ms/token of a bundled real model, dense vs santa, answers checked"),
+    "capture": ("benchmarks.bench.capture", "real decode-step q/K/V from the bundled model (for kernels --real)"),
+    "real": ("benchmarks.bench.real", "decode ms/token of a bundled real model, dense vs santa, answers checked"),
 }
 
 
