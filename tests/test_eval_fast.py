@@ -9,7 +9,8 @@ import torch
 import santa.assets
 import santa.eval.cli
 from santa.cli import main
-from santa.eval.runner import Job, check_paths, grid, hf_reason, nominal_share, read_records, resolve_path, run_sweep
+from santa.engine import check_paths, hf_reason, nominal_share, resolve_path
+from santa.eval.runner import Job, grid, read_records, run_sweep
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

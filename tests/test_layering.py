@@ -74,3 +74,27 @@ def test_the_graph_sees_imports_inside_functions():
 def test_lower_layers_import_nothing_above_them(lower):
     above = {"santa.model", "santa.hf", "santa.generate", "santa.cli", "santa.eval", "santa.budgets", "santa.bench"}
     assert not {m for m in graph()[lower] if any(m == a or m.startswith(a + ".") for a in above)}
+
+
+# the applications and the command line: the only modules that may import santa.eval and santa.budgets
+APPLICATIONS = ("santa.eval", "santa.budgets", "santa.cli", "santa.cliargs", "santa.generate")
+BENCH = "santa.bench"  # moving out of the library into benchmarks/ (issue 23): exempt until it is gone
+
+
+def within(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def test_only_the_applications_and_the_cli_import_eval_and_budgets():
+    offenders = {module: sorted(m for m in imports if within(m, ("santa.eval", "santa.budgets")))
+                 for module, imports in graph().items() if not within(module, (*APPLICATIONS, BENCH))}
+    assert {m: found for m, found in offenders.items() if found} == {}
+
+
+def test_the_engine_sits_above_the_model_and_below_the_applications():
+    """santa.engine imports santa.model, never the reverse; the main job reaches the engine without the sweep runner."""
+    edges = graph()
+    assert "santa.model" in edges["santa.engine"] and "santa.engine" not in edges["santa.model"]
+    assert not {m for m in edges["santa.engine"] if within(m, ("santa.eval", "santa.budgets", "santa.generate", "santa.cli"))}
+    assert "santa.engine" in edges["santa.generate"] and "santa.eval.runner" not in edges["santa.generate"]
+    assert "santa.engine" in edges["santa.eval.runner"]

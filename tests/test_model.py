@@ -303,9 +303,9 @@ def test_layer_budgets_set_the_budget_of_each_layer(backend, monkeypatch, tiny_m
     import santa.model as model_mod
 
     seen = []
-    if backend == "santa-prop":
-        real = model_mod.santa_kernels.decode
-        monkeypatch.setattr(model_mod.santa_kernels, "decode", lambda q, k, v, budget, **kw: seen.append(budget) or real(q, k, v, budget, **kw))
+    if backend == "santa-prop":  # one DecodePlan per budget, run per layer
+        real = model_mod.santa_kernels.DecodePlan.run
+        monkeypatch.setattr(model_mod.santa_kernels.DecodePlan, "run", lambda plan, *a, **kw: seen.append(plan.budget) or real(plan, *a, **kw))
     else:
         real = model_mod.sampled_attention
         monkeypatch.setattr(model_mod, "sampled_attention", lambda q, k, v, budget, **kw: seen.append(budget) or real(q, k, v, budget, **kw))

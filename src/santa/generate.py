@@ -23,19 +23,11 @@ from dataclasses import dataclass
 import torch
 
 import santa.hf
+from santa import engine
 from santa.assets import DEFAULT_MODEL, load_model
 from santa.checks import integer
 from santa.decoding import cache_keyword, greedy_continue, padded_forward, returned_cache, stop_token_ids  # noqa: F401 (cache_keyword: re-exported)
-from santa.eval.runner import (
-    check_prompt_length,
-    fast_decode,
-    fast_prefill,
-    nominal_share,
-    path_label,
-    to_fast_model,
-)
 from santa.eval.tasks import Prompt, chat, contains_all, needle_prompt
-from santa.methods import DEFAULT_KERNEL, METHODS
 
 
 @dataclass
@@ -50,7 +42,7 @@ class Answer:
     share_per_kv_head: float | None  # the same for the union over each KV head's query group
     prompt: int = 0  # index of its prompt in the batch
     batch_tokens: int | None = None  # fast path: new tokens of the whole batch in decode_s
-    path: str = "hf"  # "hf", or the santa.model path (see santa.eval.runner.path_label)
+    path: str = "hf"  # "hf", or the santa.model path (see santa.engine.path_label)
 
     @property
     def tokens_per_s(self) -> float:
@@ -121,7 +113,7 @@ def run(
         prompts = [Prompt(task="user", text=text, answers=tuple(expected), n_tokens=n, seed=prompt_seed)]
     if path == "fast":
         backends = [("dense (sdpa)", "sdpa"), fast_method(sampler, budget, kernel)]
-        return prompts, answer_fast(to_fast_model(model), tokenizer, prompts, backends, budget=budget, seed=seed, max_new_tokens=max_new_tokens, progress=progress)
+        return prompts, answer_fast(engine.to_fast_model(model), tokenizer, prompts, backends, budget=budget, seed=seed, max_new_tokens=max_new_tokens, progress=progress)
     answers = []
     for name, config in methods:
         santa.hf.configure(model, config)
@@ -152,12 +144,20 @@ def graded_found(prompt: Prompt, text: str) -> bool:
     return bool(prompt.answers) and contains_all(text, prompt.answers) == 1.0
 
 
+def check_prompt_length(prompt: Prompt, n_tokens: int) -> None:
+    """Refuse a prompt that came out well over the ``n_tokens`` asked for (``ValueError``): the rule
+    of :func:`santa.eval.runner.check_prompt_length`, which santa.generate does not import."""
+    if prompt.n_tokens > n_tokens + max(16, n_tokens // 10):
+        raise ValueError(
+            f"a {prompt.task} prompt does not fit in {n_tokens} tokens (its question and template alone make "
+            f"it {prompt.n_tokens}); ask for a longer prompt"
+        )
+
+
 def fast_method(sampler: str, budget: int, kernel: str | None) -> tuple[str, str]:
-    """(name, santa.model backend) of the sampled method on the fast path."""
-    if sampler == "dense":
-        return "dense (sdpa)", METHODS["dense"].model_backend
-    method = METHODS[kernel or DEFAULT_KERNEL] if sampler == "systematic" else METHODS[sampler]  # systematic: a kernel
-    return f"{method.model_backend} S={budget}", method.model_backend
+    """(name, santa.model backend) of the sampled method on the fast path (:func:`santa.engine.fast_method`)."""
+    backend = engine.fast_method(sampler, kernel).model_backend
+    return ("dense (sdpa)", backend) if sampler == "dense" else (f"{backend} S={budget}", backend)
 
 
 def answer_fast(model, tokenizer, prompts: list[Prompt], backends: list[tuple[str, str]], *, budget: int, seed: int, max_new_tokens: int, progress=None) -> list[Answer]:
@@ -165,15 +165,15 @@ def answer_fast(model, tokenizer, prompts: list[Prompt], backends: list[tuple[st
     dense prefill. On CUDA each backend first decodes a few warm-up tokens (Triton compile and the
     CUDA graph capture stay out of the timing)."""
     token_lists = [tokenizer(p.text, add_special_tokens=False).input_ids for p in prompts]
-    pre = fast_prefill(model, token_lists, max_new_tokens)
+    pre = engine.prefill(model, token_lists, max_new_tokens)
     stops = stop_token_ids(tokenizer)
     device = model.output.weight.device
     answers = []
     for name, backend in backends:
         kwargs = {"backend": backend, "budget": budget, "seed": seed, "stop_tokens": stops}
         if device.type == "cuda":
-            fast_decode(model, pre, min(max_new_tokens, 4), **kwargs)
-        rows, decode_s = fast_decode(model, pre, max_new_tokens, **kwargs)
+            engine.decode(model, pre, min(max_new_tokens, 4), **kwargs)
+        rows, decode_s = engine.decode(model, pre, max_new_tokens, **kwargs)
         for i, (prompt, row) in enumerate(zip(prompts, rows, strict=True)):
             text = tokenizer.decode(row, skip_special_tokens=True).strip()
             sampled = backend != "sdpa"
@@ -185,11 +185,11 @@ def answer_fast(model, tokenizer, prompts: list[Prompt], backends: list[tuple[st
                     prefill_s=pre.seconds,
                     decode_s=decode_s,
                     new_tokens=len(row),
-                    share_per_head=nominal_share(backend, budget, len(token_lists[i]), len(row) - 1) if sampled else None,
+                    share_per_head=engine.nominal_share(backend, budget, len(token_lists[i]), len(row) - 1) if sampled else None,
                     share_per_kv_head=None,
                     prompt=i,
                     batch_tokens=sum(len(r) for r in rows),
-                    path=path_label(backend, device),
+                    path=engine.path_label(backend, device),
                 )
             )
         if progress is not None:

@@ -5,18 +5,24 @@ step whose attention is chosen per call by a :class:`DecodeContext`:
 
 - ``"sdpa"``: ``scaled_dot_product_attention`` over the whole static cache with an additive mask
   (the caller picks the SDPA backend; the benchmark pins cuDNN on the GPU);
-- ``"flashinfer"``: FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper`` over the same cache,
-  viewed as pages (planned on the host once per step, outside any CUDA graph; benchmark only);
-- ``"santa-prop"`` / ``"santa-flash"``: :func:`santa.kernels.decode` (reads all of K, S sampled V
-  rows per head); ``santa_impl="torch"`` runs :mod:`santa.kernels.reference` instead (eager);
+- ``"santa-prop"`` / ``"santa-flash"``: santa's kernels (reads all of K, S sampled V rows per head)
+  through one :class:`santa.kernels.DecodePlan` per budget, held by the context and ``run`` every
+  step (no module-level plan cache); ``santa_impl="torch"`` runs :mod:`santa.kernels.reference`
+  instead (eager);
 - ``"iid"``, ``"stratified"``, ``"systematic"``, ``"topk"`` (:data:`REFERENCE_BACKENDS`): the spec,
   :func:`santa.attention.sampled_attention`, on the same cache (eager: it checks on the host);
-- ``"weights-only"``: no attention at all (its output is q): the rest of the model, for Amdahl.
+- any other attention, plugged in with ``make_context(..., attention=fn)`` (benchmarks): ``fn(q,
+  k_cache, v_cache, ctx, layer) → out``. The benchmarks' ``"flashinfer"`` (FlashInfer's paged
+  decode over the same cache, planned on the host once per step) and ``"weights-only"`` (no
+  attention: its output is q, for Amdahl) are two such attentions, still built in here.
 
 Each sequence of a batch has its own length: prefill is right-padded and causal (a real token never
 sees a pad), and decode gives sequence b its own position ``input_pos[b]`` and ``seq_lens[b]``.
 Every decode-step input lives in a device buffer updated inside the step, so the whole step can be
 captured in one CUDA graph and replayed with no host work (FlashInfer needs its host ``plan``).
+
+The greedy loop (:func:`decode_tokens`, one :func:`greedy_step` per token) and :func:`generate` live
+here; :mod:`santa.engine` times them for the sweeps and the main job and holds the path rules.
 
 Weights: :meth:`Transformer.from_hf` (a transformers model), :meth:`Transformer.from_checkpoint`
 (a local folder of config.json + safetensors), :func:`load_bundled` (the bundled models).
@@ -26,7 +32,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,8 +118,12 @@ class DecodeContext:
     offset: int64 ``[1]``, the Philox counter of santa's kernels, advanced once per step; the
         layer index goes into the key (:func:`santa.rng.model_kernel_key`), so every (layer, step)
         draws fresh uniforms.
+    plans: the kernels' :class:`~santa.kernels.DecodePlan` per budget in use (each owns its
+        workspace), planned by :func:`make_context` outside any CUDA graph.
     generators: one ``torch.Generator`` per layer (reference backends), seeded from (seed, layer)
         (:func:`santa.rng.model_reference_generator`).
+    attention: a plugged-in attention ``(q [B, H, d], k_cache, v_cache, ctx, layer) → [B, H, d]``
+        that replaces the backend's in every decode step (benchmarks), or None.
     """
 
     backend: str
@@ -123,11 +133,12 @@ class DecodeContext:
     layer_budgets: dict[int, int] | None = None  # {layer: S} overriding ``budget`` there (santa tune budgets)
     seed: int = 0
     offset: Tensor | None = None
-    workspaces: dict[int, santa_kernels.Workspace] | None = None  # the kernels' workspace per budget in use
+    plans: dict[int, santa_kernels.DecodePlan] | None = None  # the kernels' plan per budget in use
     flashinfer: object | None = None
     page_size: int = 16
     santa_impl: str = "auto"  # "auto" / "kernels": santa.kernels.decode; "torch": santa.kernels.reference
     generators: list[torch.Generator] | None = None
+    attention: Callable[[Tensor, Tensor, Tensor, DecodeContext, int], Tensor] | None = None
 
     def prepare(self, input_pos: Tensor) -> None:
         """Make key ``input_pos[b]`` visible to sequence b: ``seq_lens = input_pos + 1``. input_pos: [B] or [1]."""
@@ -143,21 +154,49 @@ class DecodeContext:
         """S in ``layer``: its entry of ``layer_budgets``, else ``budget``."""
         return self.layer_budgets.get(layer, self.budget) if self.layer_budgets else self.budget
 
-    def workspace_of(self, layer: int) -> santa_kernels.Workspace | None:
-        return None if self.workspaces is None else self.workspaces[self.budget_of(layer)]
+    def plan_of(self, layer: int, q: Tensor, k_cache: Tensor) -> santa_kernels.DecodePlan:
+        """The kernels' plan for ``layer``'s budget (planned here on first use where
+        :func:`make_context` did not plan it: a context built by hand)."""
+        budget = self.budget_of(layer)
+        plan = None if self.plans is None else self.plans.get(budget)
+        if plan is None:
+            plan = plan_kernel(self.backend, q, k_cache, budget)
+            self.plans = {**(self.plans or {}), budget: plan}
+        return plan
+
+
+def plan_kernel(backend: str, q: Tensor, k_cache: Tensor, budget: int) -> santa_kernels.DecodePlan:
+    """The :class:`~santa.kernels.DecodePlan` of a ``santa-*`` backend for ``q [B, H, d]`` over the
+    NHD cache ``k_cache [B, L_max, H_kv, d]`` at ``budget`` samples per head."""
+    batch, heads, head_dim = q.shape
+    return santa_kernels.plan_decode(
+        batch=batch, heads=heads, kv_heads=k_cache.shape[2], head_dim=head_dim, n_keys=k_cache.shape[1], budget=budget,
+        dtype=q.dtype, device=q.device, kernel=backend.removeprefix("santa-"),
+    )
 
 
 def make_context(
     model: Transformer, backend: str, *, prompt_len: int | Tensor, budget: int = 128, seed: int = 0, santa_impl: str = "auto",
-    layer_budgets: dict[int, int] | None = None,
+    layer_budgets: dict[int, int] | None = None, attention: Callable[..., Tensor] | None = None,
 ) -> DecodeContext:
     """A context for decoding after prompts of ``prompt_len`` tokens (caches already set up).
 
     prompt_len: one int for the batch, or int ``[B]`` per sequence (not with flashinfer).
     layer_budgets: ``{layer: S}`` for the sampled backends (e.g. from
     :func:`santa.budgets.schedule.load_layer_budgets`); layers not in it use ``budget``.
+    attention: plug in an attention of your own (benchmarks): a callable ``(q [B, H, d], k_cache,
+    v_cache [B, L_max, H_kv, d], ctx, layer) → [B, H, d]``, run in every layer of every decode step
+    (sequence b sees its first ``ctx.seq_lens[b]`` keys); ``backend`` then names it and must not be
+    one of santa's (:data:`santa.methods.METHODS`). Whether it can be captured in a CUDA graph is
+    the caller's business.
     """
-    if backend not in BACKENDS + REFERENCE_BACKENDS:
+    if attention is not None:
+        if not callable(attention):
+            raise TypeError(f"attention must be a callable (q, k_cache, v_cache, ctx, layer) -> out, got {type(attention).__name__}")
+        if not isinstance(backend, str) or not backend or by_model_backend(backend) is not None:
+            raise ValueError(f"backend names a plugged-in attention: a string that is not one of santa's backends "
+                             f"{tuple(m.model_backend for m in METHODS.values())}, got {backend!r}")
+    elif backend not in BACKENDS + REFERENCE_BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS + REFERENCE_BACKENDS}, got {backend!r}")
     if santa_impl not in SANTA_IMPLS:
         raise ValueError(f"santa_impl must be one of {SANTA_IMPLS}, got {santa_impl!r}")
@@ -183,21 +222,35 @@ def make_context(
         seed=seed,
         offset=torch.zeros(1, dtype=torch.int64, device=device),
         santa_impl=santa_impl,
+        attention=attention,
     )
     if backend == "sdpa":
         ctx.attn_bias = visibility_bias(ctx.seq_lens, max_len, dtype)
     elif backend in ("santa-prop", "santa-flash") and _santa_kernels(santa_impl) is not None:
         q = torch.empty(batch, model.args.n_head, model.args.head_dim, dtype=dtype, device=device)
-        kernel = backend.removeprefix("santa-")
-        ctx.workspaces = {s: santa_kernels.make_workspace(q, cache.k_cache, s, kernel=kernel)
-                          for s in {budget, *(layer_budgets or {}).values()}}
+        ctx.plans = {s: plan_kernel(backend, q, cache.k_cache, s) for s in {budget, *(layer_budgets or {}).values()}}
+        for plan in ctx.plans.values():
+            plan.workspace  # noqa: B018 (allocated now, outside any CUDA graph)
     elif backend in REFERENCE_BACKENDS:
         ctx.generators = [rng.model_reference_generator(seed, i, device) for i in range(model.args.n_layer)]
-    elif backend == "flashinfer":
+    elif backend == "flashinfer" and attention is None:
         if (ctx.seq_lens != ctx.seq_lens[0]).any():
             raise ValueError("flashinfer plans one length for the batch: prompt_len must be one int")
         ctx.flashinfer = FlashInferDecode(model, page_size=ctx.page_size)
+        ctx.attention = flashinfer_attention
+    elif backend == "weights-only" and attention is None:
+        ctx.attention = no_attention
     return ctx
+
+
+def flashinfer_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext, layer: int) -> Tensor:
+    """The benchmarks' ``"flashinfer"`` backend: dense FlashInfer decode (``ctx.flashinfer``, planned per step)."""
+    return ctx.flashinfer.run(q, k_cache, v_cache)
+
+
+def no_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext, layer: int) -> Tensor:
+    """The benchmarks' ``"weights-only"`` backend: no attention at all (its output is q), for Amdahl."""
+    return q
 
 
 def check_model(model: object) -> None:
@@ -355,10 +408,8 @@ class Attention(nn.Module):
                 q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), attn_mask=ctx.attn_bias, enable_gqa=True
             )  # [B, H, 1, d]
             return y.squeeze(2)
-        if ctx.backend == "flashinfer":
-            return ctx.flashinfer.run(q, k_cache, v_cache)
-        if ctx.backend == "weights-only":
-            return q
+        if ctx.attention is not None:
+            return ctx.attention(q, k_cache, v_cache, ctx, self.layer_id)
         if ctx.backend in REFERENCE_BACKENDS:
             visible = torch.arange(k_cache.shape[1], device=q.device) < ctx.seq_lens.unsqueeze(-1)  # [B, L_max]
             y = sampled_attention(
@@ -366,18 +417,15 @@ class Attention(nn.Module):
                 attn_mask=visible[:, None, None], enable_gqa=True, generator=ctx.generators[self.layer_id],
             )  # [B, H, 1, d]
             return y.squeeze(2)
-        kernel = ctx.backend.removeprefix("santa-")
         seed = rng.model_kernel_key(ctx.seed, self.layer_id)
-        kernels = _santa_kernels(ctx.santa_impl)
-        if kernels is None:  # reads the offset on the host: eager only
+        if _santa_kernels(ctx.santa_impl) is None:  # reads the offset on the host: eager only
+            kernel = ctx.backend.removeprefix("santa-")
             kwargs = {"tile": santa_kernels.flash_tile(q.shape[-1])} if kernel == "flash" else {}
             ref = reference.prop_reference if kernel == "prop" else reference.flash_reference
             return ref(q, k_cache, v_cache, ctx.budget_of(self.layer_id), seq_lens=ctx.seq_lens, seed=seed,
                        offset=int(ctx.offset), **kwargs)[0]
-        return kernels.decode(
-            q, k_cache, v_cache, ctx.budget_of(self.layer_id), kernel=kernel, seq_lens=ctx.seq_lens,
-            seed=seed, offset=ctx.offset, workspace=ctx.workspace_of(self.layer_id),
-        )
+        # launches only (no validation, no host sync): the offset is a device tensor, so a captured graph advances it
+        return ctx.plan_of(self.layer_id, q, k_cache).run(q, k_cache, v_cache, seq_lens=ctx.seq_lens, seed=seed, offset=ctx.offset)
 
 
 class FeedForward(nn.Module):
@@ -621,6 +669,28 @@ def advance(token: Tensor, next_token: Tensor, input_pos: Tensor, ctx: DecodeCon
     ctx.advance()
 
 
+def greedy_step(model: Transformer, ctx: DecodeContext, token: Tensor, input_pos: Tensor, *, stop_tokens: Tensor | None = None,
+                done: Tensor | None = None) -> Callable[[], None]:
+    """The loop's step as a zero-argument function over device buffers (``token [B, 1]``, ``input_pos``
+    ``[B]`` or ``[1]``, and ``done``/``stop_tokens`` as in :func:`advance`): :func:`decode_step` then
+    :func:`advance`, in place, device work only, so one CUDA graph can hold it."""
+
+    def step() -> None:
+        advance(token, decode_step(model, token, input_pos, ctx), input_pos, ctx, stop_tokens=stop_tokens, done=done)
+
+    return step
+
+
+def capturable(model: Transformer, backend: str, santa_impl: str = "auto") -> bool:
+    """Whether the decode step of ``backend`` on ``model`` can be one CUDA graph: a CUDA model and a
+    capturable method (:data:`santa.methods.METHODS`; a plugged-in or benchmark backend counts as
+    capturable), not the kernels' torch reference (``santa_impl="torch"`` reads the offset on the host)."""
+    method = by_model_backend(backend)  # None: a benchmark backend (flashinfer, weights-only)
+    if model.output.weight.device.type != "cuda" or (method is not None and not method.capturable):
+        return False
+    return not (method is not None and method.kernel and santa_impl == "torch")
+
+
 def cuda_graph_of(step) -> torch.cuda.CUDAGraph:
     """Run ``step()`` once on a side stream (a real step that warms up Triton, cuBLAS and the
     allocator), then capture it; replaying the graph runs one more step."""
@@ -672,11 +742,10 @@ def generate(
     if backend == "flashinfer":
         raise ValueError("backend 'flashinfer' needs a host plan per step with one length for the batch: use it in santa bench e2e")
     device = model.output.weight.device
-    method = by_model_backend(backend)  # None: a benchmark backend (flashinfer, weights-only), capturable
-    capturable = device.type == "cuda" and (method is None or method.capturable) and not (method is not None and method.kernel and santa_impl == "torch")
-    if cuda_graph and not capturable:
+    can_capture = capturable(model, backend, santa_impl)
+    if cuda_graph and not can_capture:
         raise ValueError(f"cuda_graph=True needs a CUDA model and a capturable backend, got {device.type} and {backend!r} ({santa_impl=})")
-    use_graph = capturable if cuda_graph is None else cuda_graph
+    use_graph = can_capture if cuda_graph is None else cuda_graph
     stops = torch.tensor(checked_stop_tokens(stop_tokens, model.args.vocab_size), dtype=torch.long, device=device)  # [n_stop]
     padded, lengths = pad_prompts(prompts, vocab_size=model.args.vocab_size, device=device)  # [B, T_max], [B]
     if padded.shape[1] + max_new_tokens > MAX_POSITIONS:
@@ -706,15 +775,14 @@ def decode_tokens(
     model: Transformer, ctx: DecodeContext, token: Tensor, lengths: Tensor, max_new_tokens: int, *,
     stop_tokens: Tensor, cuda_graph: bool,
 ) -> list[list[int]]:
-    """The greedy decode loop after a prefill: ``token`` ``[B, 1]`` (the prefill's next tokens, at
-    positions ``lengths`` ``[B]``) → each row's ``max_new_tokens`` tokens, cut after its first stop
-    token. With ``cuda_graph`` the first step is captured and the others replay it."""
+    """The greedy decode loop after a prefill (the one loop: :func:`generate` and :mod:`santa.engine`
+    run it): ``token`` ``[B, 1]`` (the prefill's next tokens, at positions ``lengths`` ``[B]``) → each
+    row's ``max_new_tokens`` tokens, cut after its first stop token (``stop_tokens`` int64
+    ``[n_stop]``). With ``cuda_graph`` the first step is captured and the others replay it; the host
+    reads the device only every :data:`STOP_CHECK_EVERY` steps (has every sequence stopped?)."""
     token, input_pos = token.clone(), lengths.clone()  # [B, 1], [B]: the position of each sequence's `token`
     done = (token == stop_tokens).any(-1)  # [B]
-
-    def step():
-        advance(token, decode_step(model, token, input_pos, ctx), input_pos, ctx, stop_tokens=stop_tokens, done=done)
-
+    step = greedy_step(model, ctx, token, input_pos, stop_tokens=stop_tokens, done=done)
     out, graph = [token.clone()], None
     for i in range(1, max_new_tokens):
         if i % STOP_CHECK_EVERY == 0 and bool(done.all()):
@@ -740,8 +808,11 @@ __all__ = [
     "ModelArgs",
     "Transformer",
     "advance",
+    "capturable",
     "decode_step",
+    "decode_tokens",
     "generate",
+    "greedy_step",
     "load_bundled",
     "make_context",
     "pad_prompts",

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from santa.model import BACKENDS, CONFIGS, Transformer, _santa_kernels, advance, decode_step, make_context, prefill
+from santa.model import BACKENDS, CONFIGS, Transformer, _santa_kernels, greedy_step, make_context, prefill
 from santa.provenance import code_commit, source_dirty
 
 DENSE = ("sdpa", "flashinfer")
@@ -254,9 +254,7 @@ def run_backend(model: Transformer, backend: str, batch: int, prompt: int, args:
         if ctx.flashinfer is not None:
             ctx.flashinfer.plan(prompt + i + 1)  # key at position prompt + i becomes visible
 
-    def step():
-        nxt = decode_step(model, token, input_pos, ctx)
-        advance(token, nxt, input_pos, ctx)
+    step = greedy_step(model, ctx, token, input_pos)  # the decode loop's step (santa.model.decode_tokens), without stop tokens
 
     # eager warm-up: Triton compiles, FlashInfer JITs, cuDNN builds its plans
     start = time.perf_counter()

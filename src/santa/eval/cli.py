@@ -14,17 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from santa import cliargs, install_hint
+from santa.engine import FAST_ONLY, PATHS, check_paths, resolve_path
 from santa.eval.runner import (
-    FAST_ONLY,
     HF_METHODS,
     MAX_NEW_TOKENS,
     METHODS,
-    PATHS,
     PREFILLS,
     SweepFileError,
-    check_paths,
     grid,
-    resolve_path,
     run_sweep,
 )
 from santa.eval.tasks import FIXED_LENGTH_TASKS, TASKS, missing_data

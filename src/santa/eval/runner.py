@@ -7,7 +7,9 @@ prefill, not M. Each finished job is appended to the JSONL file at once (one ``w
 on an ``O_APPEND`` descriptor, then ``fsync``), and a re-run skips every job whose key is already in
 the file: a killed sweep loses only the method it was running on the batch in flight.
 
-Two paths run a job (``path=`` of :func:`run_sweep`, recorded in each record's ``"path"``):
+Two paths run a job (``path=`` of :func:`run_sweep`, recorded in each record's ``"path"``); the rules
+that pick one and the fast path's prefill, decode and teacher-forced steps are :mod:`santa.engine`'s,
+this module keeps the grid, the batching and the sweep file:
 
 - ``"hf"``: the transformers model with :mod:`santa.hf`'s attention (left-padded batches, the
   reference samplers); every job can run here but ``prop`` / ``flash``.
@@ -50,8 +52,19 @@ import torch
 
 import santa.hf
 import santa.model
-from santa import methods
+from santa import engine, methods
 from santa.decoding import greedy_continue_batch, left_pad, padded_forward, returned_cache, stop_token_ids
+from santa.engine import (  # noqa: F401 (FAST_ONLY, PATHS, check_paths: the path rules, re-exported for santa eval)
+    FAST_BACKENDS,
+    FAST_ONLY,
+    PATHS,
+    check_paths,
+    hf_reason,
+    nominal_share,
+    path_label,
+    resolve_path,
+    to_fast_model,
+)
 from santa.eval.grading import grade
 from santa.eval.tasks import FIXED_LENGTH_TASKS, TASKS, Prompt, build_prompt
 from santa.provenance import code_commit
@@ -60,9 +73,6 @@ from santa.writer_lock import writer_lock
 
 METHODS = methods.names()  # santa.methods' registry, in its order (dense first)
 HF_METHODS = methods.names(path="hf")
-FAST_ONLY = tuple(name for name in METHODS if name not in HF_METHODS)  # santa.kernels' decode: the fast path only
-PATHS = ("auto", "hf", "fast")
-FAST_BACKENDS = {m.name: m.model_backend for m in methods.METHODS.values()}  # method → santa.model backend on the fast path
 MAX_NEW_TOKENS = 64  # default answer budget of the generation tasks (RULER-style: 64, as the paper)
 PREFILLS = ("dense", "sampled")
 
@@ -550,121 +560,7 @@ def _run_kl_batch(model, batch: Batch, batch_jobs: list[Job], on_done) -> None:
             )
 
 
-# --- the fast path: santa.model on the same weights --------------------------------------------
-
-
-def resolve_path(path: str, device: str | torch.device) -> str:
-    """``"auto"`` → ``"fast"`` on CUDA, ``"hf"`` elsewhere; ``"hf"`` / ``"fast"`` as given."""
-    if path not in PATHS:
-        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
-    if path != "auto":
-        return path
-    return "fast" if torch.device(device).type == "cuda" else "hf"
-
-
-def fast_dtype(device: str | torch.device) -> torch.dtype:
-    """The fast path's weights and cache: bfloat16 on CUDA (the product's), float32 elsewhere."""
-    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-
-
-def to_fast_model(hf_model) -> santa.model.Transformer:
-    """santa.model's :class:`~santa.model.Transformer` on the HF model's device, in :func:`fast_dtype`."""
-    device = next(hf_model.parameters()).device
-    return santa.model.Transformer.from_hf(hf_model, dtype=fast_dtype(device)).eval()
-
-
-def path_label(backend: str, device: str | torch.device) -> str:
-    """The ``"path"`` a fast-path record carries for a santa.model backend."""
-    if backend in santa.model.REFERENCE_BACKENDS:
-        return "santa.model/reference"
-    if backend.startswith("santa-"):
-        from santa.kernels import use_triton
-
-        return "santa.model/kernels" if use_triton(torch.device(device)) else "santa.model/kernels-torch"
-    return f"santa.model/{backend}"
-
-
-def hf_reason(job: Job) -> str | None:
-    """Why ``job`` must run on the HF path (None: the fast path can run it)."""
-    if job.prefill == "sampled":
-        return "sampled prefill: santa.model prefills densely, so this runs on the HF path"
-    if job.score_samples:
-        return "Bernoulli qKᵀ scores run on the HF path only"
-    if job.exact_when_covers:
-        return "exact_when_covers runs on the HF path only"
-    return None
-
-
-def check_paths(jobs: Iterable[Job], path: str) -> None:
-    """Refuse (``ValueError``) prop / flash jobs that would have to run on the HF path, which has no
-    kernel path for left-padded batches. ``path``: ``"hf"`` or ``"fast"`` (resolved)."""
-    for job in jobs:
-        if job.method in FAST_ONLY:
-            reason = "--path hf was asked for" if path == "hf" else hf_reason(job)
-            if reason is not None:
-                raise ValueError(f"method {job.method} runs on the fast path only (santa.kernels), but {reason}")
-
-
-@dataclass
-class FastPrefill:
-    """One dense prefill of a right-padded batch into santa.model's static cache, shared by every
-    method: decode never writes below ``lengths[b]``, so each method restarts from ``first``."""
-
-    first: torch.Tensor  # [B, 1] int64: the prefill's greedy token
-    lengths: torch.Tensor  # [B] int64: prompt tokens per sequence
-    max_new_tokens: int  # the cache holds T_max + this
-    seconds: float
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-@torch.inference_mode()
-def fast_prefill(model: santa.model.Transformer, token_lists: list[list[int]], max_new_tokens: int) -> FastPrefill:
-    """Set up caches for ``B = len(token_lists)`` prompts plus ``max_new_tokens`` and prefill them densely."""
-    device = model.output.weight.device
-    padded, lengths = santa.model.pad_prompts(token_lists, vocab_size=model.args.vocab_size, device=device)  # [B, T], [B]
-    model.setup_caches(padded.shape[0], padded.shape[1] + max_new_tokens)
-    _sync(device)
-    start = time.perf_counter()
-    first = santa.model.prefill(model, padded, lengths=lengths)  # [B, 1]
-    _sync(device)
-    return FastPrefill(first, lengths, max_new_tokens, time.perf_counter() - start)
-
-
-@torch.inference_mode()
-def fast_decode(
-    model: santa.model.Transformer, pre: FastPrefill, max_new_tokens: int, *, backend: str, budget: int, seed: int,
-    stop_tokens: Iterable[int], layer_budgets: dict[int, int] | None = None,
-) -> tuple[list[list[int]], float]:
-    """Greedy decode from a shared :class:`FastPrefill` with one santa.model backend → (each row's
-    tokens, up to and including its first stop token; seconds). The loop of
-    :func:`santa.model.generate`, after its prefill; on CUDA the step is one CUDA graph (not for
-    the reference backends, which check on the host)."""
-    if not 1 <= max_new_tokens <= pre.max_new_tokens:
-        raise ValueError(f"max_new_tokens must be in [1, {pre.max_new_tokens}] (the cache's room), got {max_new_tokens}")
-    device = pre.first.device
-    ctx = santa.model.make_context(model, backend, prompt_len=pre.lengths, budget=max(budget, 1), seed=seed,  # dense: budget 0
-                                   layer_budgets=layer_budgets or None)
-    stops = torch.tensor(sorted(stop_tokens), dtype=torch.long, device=device)  # [n_stop]
-    use_graph = device.type == "cuda" and backend not in santa.model.REFERENCE_BACKENDS
-    _sync(device)
-    start = time.perf_counter()
-    rows = santa.model.decode_tokens(model, ctx, pre.first, pre.lengths, max_new_tokens, stop_tokens=stops, cuda_graph=use_graph)
-    _sync(device)
-    return rows, time.perf_counter() - start
-
-
-def nominal_share(backend: str, budget: int, n_prompt: int, steps: int) -> float:
-    """Share of visible V rows a fast-path backend reads per query head, averaged over ``steps``
-    decode steps after ``n_prompt`` prompt tokens: ``min(S, n) / n`` for the sampled ones (S rows
-    drawn, at most every row), 1 for dense."""
-    if backend == "sdpa" or steps == 0:
-        return 1.0
-    shares = [min(budget, n) / n for n in range(n_prompt + 1, n_prompt + 1 + steps)]
-    return sum(shares) / len(shares)
+# --- the fast path: santa.model on the same weights (santa.engine runs it) ----------------------
 
 
 def run_fast_batch(model: santa.model.Transformer, tokenizer, batch_jobs: list[Job], on_done) -> None:
@@ -677,13 +573,13 @@ def run_fast_batch(model: santa.model.Transformer, tokenizer, batch_jobs: list[J
     device = model.output.weight.device
     seeds = sorted({j.prompt for j in batch_jobs})
     prompts, token_lists = batch_prompts(first.task, tokenizer, first.length, seeds)
-    pre = fast_prefill(model, token_lists, max(j.max_new_tokens for j in batch_jobs))
+    pre = engine.prefill(model, token_lists, max(j.max_new_tokens for j in batch_jobs))
     stops = stop_token_ids(tokenizer)
     for cell in method_cells(batch_jobs):
         job = cell[0]
         backend = FAST_BACKENDS[job.method]
-        rows, decode_s = fast_decode(model, pre, job.max_new_tokens, backend=backend, budget=job.budget, seed=job.seed,
-                                     stop_tokens=stops, layer_budgets=dict(job.layer_budgets))
+        rows, decode_s = engine.decode(model, pre, job.max_new_tokens, backend=backend, budget=job.budget, seed=job.seed,
+                                       stop_tokens=stops, layer_budgets=dict(job.layer_budgets))
         for job in cell:
             i = seeds.index(job.prompt)
             answer = tokenizer.decode(rows[i], skip_special_tokens=True).strip()
@@ -708,60 +604,6 @@ def run_fast_batch(model: santa.model.Transformer, tokenizer, batch_jobs: list[J
             )
 
 
-@dataclass
-class TeacherForced:
-    """One method's teacher-forced steps over the prefilled context: per scored token ``[B, T−1]``."""
-
-    nll: torch.Tensor  # −log p(continuation[b, i+1]), float32
-    kl: torch.Tensor | None  # KL(reference ‖ method), float32, ≥ 0; None for the reference itself
-    logprobs: torch.Tensor | None  # [B, T−1, V] float32: kept for the reference only
-    seconds: float
-
-
-@torch.inference_mode()
-def teacher_forced(
-    model: santa.model.Transformer, pre: FastPrefill, continuation: torch.Tensor, *, backend: str, budget: int = 0,
-    seed: int = 0, layer_budgets: dict[int, int] | None = None, reference: torch.Tensor | None = None,
-) -> TeacherForced:
-    """T − 1 teacher-forced decode steps from the prefilled context (eager, device work only).
-
-    continuation: int64 ``[B, T]``, the last T tokens of each text; ``pre`` prefilled the first
-    ``pre.lengths[b]`` (the context). Step i feeds ``continuation[b, i]`` at position
-    ``pre.lengths[b] + i`` and its log-softmax scores ``continuation[b, i+1]``. The steps write the
-    cache at positions ≥ ``pre.lengths[b]`` only (and see no key beyond their own position), so
-    every method restarts from the same prefix. reference: the dense steps' log-probs
-    ``[B, T−1, V]``; with it the per-token KL is accumulated step by step and no ``[B, T−1, V]``
-    tensor is kept, without it (the reference run) the log-probs are returned.
-    """
-    n_steps = continuation.shape[1] - 1
-    if not 1 <= n_steps <= pre.max_new_tokens:
-        raise ValueError(f"continuation must be 2 to {pre.max_new_tokens + 1} tokens (the cache's room), got {n_steps + 1}")
-    device = continuation.device
-    ctx = santa.model.make_context(model, backend, prompt_len=pre.lengths, budget=max(budget, 1), seed=seed,  # dense: budget 0
-                                   layer_budgets=layer_budgets or None)
-    batch = continuation.shape[0]
-    nll = torch.empty(batch, n_steps, dtype=torch.float32, device=device)
-    kl = None if reference is None else torch.empty_like(nll)
-    logprobs = None if reference is not None else torch.empty(batch, n_steps, model.args.vocab_size, dtype=torch.float32, device=device)
-    input_pos = pre.lengths.clone()  # [B]: where step i writes, lengths[b] + i
-    _sync(device)
-    start = time.perf_counter()
-    for i in range(n_steps):
-        ctx.prepare(input_pos)
-        logits = model(continuation[:, i : i + 1], input_pos, ctx)  # [B, 1, V] float32
-        lp = torch.log_softmax(logits[:, 0].float(), dim=-1)  # [B, V]
-        nll[:, i] = -lp.gather(-1, continuation[:, i + 1 : i + 2])[:, 0]
-        if reference is None:
-            logprobs[:, i] = lp
-        else:
-            ref = reference[:, i]  # [B, V]
-            kl[:, i] = (ref.exp() * (ref - lp)).sum(-1).clamp_min(0.0)
-        input_pos.add_(1)
-        ctx.advance()
-    _sync(device)
-    return TeacherForced(nll, kl, logprobs, time.perf_counter() - start)
-
-
 def run_fast_kl_batch(model: santa.model.Transformer, tokenizer, batch_jobs: list[Job], on_done) -> None:
     """KL(dense ‖ method) and perplexity under teacher forcing on the fast path, stepwise.
 
@@ -782,17 +624,17 @@ def run_fast_kl_batch(model: santa.model.Transformer, tokenizer, batch_jobs: lis
         jobs = [j for j in batch_jobs if j.max_new_tokens == n_scored]
         if min(len(t) for t in token_lists) <= n_scored:
             raise ValueError(f"KL prompts need more than {n_scored} tokens, got {min(len(t) for t in token_lists)}")
-        pre = fast_prefill(model, [t[:-n_scored] for t in token_lists], n_scored)
+        pre = engine.prefill(model, [t[:-n_scored] for t in token_lists], n_scored)
         continuation = torch.tensor([t[-n_scored:] for t in token_lists], dtype=torch.long, device=device)  # [B, T]
-        dense = teacher_forced(model, pre, continuation, backend="sdpa")
+        dense = engine.teacher_forced(model, pre, continuation, backend="sdpa")
         for cell in method_cells(jobs):
             job = cell[0]
             backend = FAST_BACKENDS[job.method]
             if job.method == "dense":
                 nll, kl, decode_s = dense.nll, torch.zeros_like(dense.nll), dense.seconds
             else:
-                run = teacher_forced(model, pre, continuation, backend=backend, budget=job.budget, seed=job.seed,
-                                     layer_budgets=dict(job.layer_budgets), reference=dense.logprobs)
+                run = engine.teacher_forced(model, pre, continuation, backend=backend, budget=job.budget, seed=job.seed,
+                                            layer_budgets=dict(job.layer_budgets), reference=dense.logprobs)
                 nll, kl, decode_s = run.nll, run.kl, run.seconds
             nll, kl = nll.cpu(), kl.cpu()
             share = 1.0 if job.method == "dense" else None
@@ -816,8 +658,6 @@ def run_fast_kl_batch(model: santa.model.Transformer, tokenizer, batch_jobs: lis
                     },
                 )
         del dense, pre
-
-
 
 
 def batches(jobs: list[Job], batch_size: int) -> list[list[Job]]:

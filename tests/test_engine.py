@@ -1,0 +1,273 @@
+"""santa.engine: one decode loop, one prefill, one teacher-forced scorer on santa.model, and the path rules.
+
+The pinned token ids below were produced by the code before santa.engine existed (581559a: santa.model.generate,
+santa.eval.runner.fast_prefill / fast_decode / teacher_forced, with santa.model calling the eager santa.decode())
+on a tiny random model in float32 on the CPU; the same ids came out with and without TRITON_INTERPRET=1. The
+engine must reproduce them: same seed, same tokens, on every method.
+"""
+
+import importlib
+import os
+
+import pytest
+import torch
+
+import santa.kernels
+import santa.model
+from santa import engine, methods
+from santa.model import CONFIGS, Transformer, generate, make_context
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1" and santa.kernels.use_triton(torch.device("cpu"))
+KERNEL_BACKENDS = ("santa-prop", "santa-flash")
+# the kernels run in Triton's interpreter in CI (about a second a step): fewer steps there, compared with a prefix
+# of the pinned ids (greedy decoding of n tokens is the first n of a longer run: one Philox offset per step)
+KERNEL_TOKENS = 3 if INTERPRETED else 10
+
+PROMPTS = [[122, 174, 183, 197, 129], [104, 87, 200, 50, 137, 58, 252, 103, 109, 94, 55, 183, 57, 104, 164, 178, 44, 38, 126, 234, 52, 131, 0], [183, 21, 149, 201, 166, 253, 230, 56, 194, 174, 117, 30]]
+TEXTS = [[136, 49, 66, 186, 87, 160, 168, 243, 170, 173, 161, 32, 126, 237], [156, 3, 114, 115, 207, 98, 95, 185, 255, 50, 145, 240, 209, 217, 73, 187, 176, 204, 151, 114, 222, 22, 195, 190, 190, 75, 23, 56, 114, 198], [231, 237, 234, 199, 201, 210, 183, 181, 243]]
+STOP = 251
+GENERATE = {  # santa.model.generate(TINY, PROMPTS, 10, backend=..., budget=8, seed=3, stop_tokens=[STOP], layer_budgets=None | {1: 4})
+    'sdpa/S': [[207, 196, 74, 233, 24, 180, 18, 246, 223, 112], [112, 132, 190, 247, 251], [196, 74, 218, 249, 68, 237, 200, 20, 171, 164]],
+    'sdpa/lb': [[207, 196, 74, 233, 24, 180, 18, 246, 223, 112], [112, 132, 190, 247, 251], [196, 74, 218, 249, 68, 237, 200, 20, 171, 164]],
+    'iid/S': [[207, 196, 251], [112, 99, 55, 116, 58, 34, 75, 72, 122, 147], [196, 38, 119, 45, 18, 116, 57, 223, 112, 196]],
+    'iid/lb': [[207, 196, 251], [112, 132, 54, 100, 245, 158, 100, 67, 53, 109], [196, 222, 153, 78, 190, 202, 241, 55, 15, 180]],
+    'stratified/S': [[207, 196, 251], [112, 132, 147, 44, 16, 69, 45, 110, 173, 211], [196, 74, 218, 37, 73, 48, 119, 45, 248, 157]],
+    'stratified/lb': [[207, 196, 7, 3, 146, 209, 87, 55, 91, 168], [112, 132, 147, 44, 16, 193, 215, 148, 213, 189], [196, 74, 218, 2, 2, 112, 111, 239, 157, 18]],
+    'systematic/S': [[207, 196, 164, 188, 99, 138, 185, 16, 117, 74], [112, 132, 190, 247, 251], [196, 74, 218, 249, 68, 51, 18, 100, 111, 45]],
+    'systematic/lb': [[207, 196, 74, 207, 196, 38, 44, 146, 45, 222], [112, 132, 190, 17, 231, 42, 57, 223, 215, 219], [196, 74, 113, 237, 200, 85, 222, 47, 118, 2]],
+    'topk/S': [[207, 196, 74, 233, 24, 180, 18, 184, 22, 71], [112, 132, 57, 58, 45, 110, 83, 162, 6, 209], [196, 74, 121, 1, 228, 231, 42, 50, 51, 51]],
+    'topk/lb': [[207, 196, 74, 233, 29, 19, 9, 42, 55, 128], [112, 132, 51, 56, 58, 34, 75, 57, 223, 215], [196, 202, 188, 160, 29, 74, 237, 200, 20, 171]],
+    'santa-prop/S': [[207, 196, 74, 211, 14, 120, 181, 225, 111, 112], [112, 132, 112, 72, 122, 147, 140, 222, 162, 78], [196, 74, 218, 79, 118, 222, 102, 38, 119, 52]],
+    'santa-prop/lb': [[207, 196, 164, 135, 152, 59, 156, 73, 2, 142], [112, 132, 55, 15, 43, 200, 153, 109, 215, 154], [196, 108, 55, 41, 62, 67, 53, 18, 100, 18]],
+    'santa-flash/S': [[207, 196, 74, 188, 132, 55, 58, 34, 9, 86], [112, 132, 190, 247, 251], [196, 202, 101, 145, 102, 218, 243, 113, 168, 193]],
+    'santa-flash/lb': [[207, 196, 74, 188, 132, 55, 18, 246, 55, 119], [112, 132, 49, 203, 38, 241, 2, 55, 41, 184], [196, 231, 42, 137, 169, 41, 62, 67, 53, 72]],
+    'weights-only/S': [[207, 177, 223, 223, 223, 223, 223, 223, 43, 82], [112, 87, 58, 226, 188, 221, 246, 128, 35, 108], [196, 74, 121, 171, 207, 11, 86, 14, 197, 9]],
+    'weights-only/lb': [[207, 177, 223, 223, 223, 223, 223, 223, 43, 82], [112, 87, 58, 226, 188, 221, 246, 128, 35, 108], [196, 74, 121, 171, 207, 11, 86, 14, 197, 9]],
+}
+DECODE = {  # fast_decode(prefill of PROMPTS with room 12, 10 | 6 tokens, backend=..., budget 8 (sdpa: 0), seed 5, stops {STOP, 7} | none with layer_budgets {0: 3})
+    'sdpa': [[207, 196, 74, 233, 24, 180, 18, 246, 223, 112], [112, 132, 190, 247, 251], [196, 74, 218, 249, 68, 237, 200, 20, 171, 164]],
+    'sdpa/lb': [[207, 196, 74, 233, 24, 180], [112, 132, 190, 247, 251, 90], [196, 74, 218, 249, 68, 237]],
+    'iid': [[207, 196, 38, 44, 169, 102, 228, 164, 240, 158], [112, 223, 215, 219, 83, 215, 148, 24, 180, 18], [196, 254, 57, 222, 160, 161, 102, 2, 112, 196]],
+    'iid/lb': [[207, 196, 38, 44, 38, 44], [112, 111, 239, 165, 18, 116], [196, 222, 118, 114, 142, 102]],
+    'stratified': [[207, 196, 74, 211, 35, 110, 168, 193, 215, 148], [112, 132, 190, 43, 200, 153, 109, 112, 64, 73], [196, 74, 121, 74, 40, 223, 112, 196, 38, 176]],
+    'stratified/lb': [[207, 18, 184, 108, 55, 164], [112, 132, 44, 75, 72, 245], [196, 108, 223, 193, 231, 42]],
+    'systematic': [[207, 196, 74, 233, 196, 164, 108, 55, 138, 185], [112, 196, 109, 49, 162, 78, 170, 251], [196, 74, 40, 250, 181, 26, 1, 102, 218, 243]],
+    'systematic/lb': [[207, 196, 74, 207, 18, 246], [112, 132, 190, 247, 251, 90], [196, 222, 153, 233, 118, 2]],
+    'topk': [[207, 196, 74, 233, 24, 180, 18, 184, 22, 71], [112, 132, 57, 58, 45, 110, 83, 162, 6, 209], [196, 74, 121, 1, 228, 231, 42, 50, 51, 51]],
+    'topk/lb': [[207, 196, 74, 233, 14, 120], [112, 132, 190, 58, 223, 215], [196, 108, 55, 227, 80, 84]],
+    'santa-prop': [[207, 196, 164, 188, 132, 55, 18, 160, 29, 223], [112, 16, 95, 147, 201, 67, 237, 19, 9, 221], [196, 231, 42, 227, 80, 84, 13, 229, 253, 83]],
+    'santa-prop/lb': [[207, 196, 164, 188, 132, 38], [112, 148, 89, 235, 241, 55], [196, 108, 55, 113, 1, 102]],
+    'santa-flash': [[207, 196, 251], [112, 132, 147, 159, 177, 36, 10, 171, 84, 73], [196, 74, 218, 243, 16, 92, 72, 204, 191, 235]],
+    'santa-flash/lb': [[207, 196, 7, 3, 146, 85], [112, 29, 177, 36, 10, 84], [196, 74, 218, 39, 155, 154]],
+}
+TEACHER_FORCED = {  # teacher_forced(prefill of TEXTS[:-5], the last 5 tokens, backend=..., budget 8, seed 2, layer_budgets {1: 3}): nll, kl [B, 4]
+    'sdpa': {'nll': [[7.446305, 6.927145, 7.327446, 8.056576], [6.870753, 4.080771, 5.584723, 7.10146], [6.065213, 6.059735, 5.744326, 5.920406]]},
+    'iid': {'nll': [[7.618434, 6.439656, 6.957994, 7.306794], [7.24458, 4.392058, 5.528108, 7.004424], [6.033133, 6.059123, 5.95265, 5.487282]], 'kl': [[0.058947, 0.055409, 0.077681, 0.163481], [0.164718, 0.100131, 0.130946, 0.045372], [0.117754, 0.054848, 0.192938, 0.103837]]},
+    'stratified': {'nll': [[7.07744, 6.502279, 7.01054, 7.86924], [6.011955, 4.298454, 5.251047, 6.964615], [5.926338, 5.981322, 6.132538, 6.465973]], 'kl': [[0.067004, 0.046439, 0.063136, 0.060581], [0.091931, 0.123381, 0.071003, 0.048882], [0.044802, 0.046282, 0.101979, 0.042806]]},
+    'systematic': {'nll': [[7.138868, 7.462533, 7.416488, 8.326662], [6.803076, 4.55677, 5.673368, 7.724254], [6.302153, 5.739856, 6.254255, 6.065246]], 'kl': [[0.031906, 0.071928, 0.019576, 0.08073], [0.062973, 0.063632, 0.061461, 0.050084], [0.033519, 0.019307, 0.03826, 0.03705]]},
+    'topk': {'nll': [[7.355479, 6.609736, 7.158513, 7.68356], [7.451971, 3.856905, 5.850636, 7.17242], [6.05713, 6.041854, 5.992918, 5.948117]], 'kl': [[0.020107, 0.033587, 0.007902, 0.111471], [0.029606, 0.033065, 0.109609, 0.035095], [0.010793, 0.011117, 0.021055, 0.008376]]},
+    'santa-prop': {'nll': [[7.361057, 7.102595, 7.163143, 7.340518], [7.342388, 4.444345, 5.707069, 7.452843], [6.454952, 6.358157, 5.218328, 5.410654]], 'kl': [[0.05761, 0.102451, 0.06684, 0.149475], [0.036733, 0.0918, 0.059751, 0.049], [0.041121, 0.022149, 0.103262, 0.029037]]},
+    'santa-flash': {'nll': [[7.612256, 6.578195, 7.29361, 8.184032], [6.458988, 5.048646, 5.54424, 7.370179], [6.1138, 5.77471, 5.28125, 5.75568]], 'kl': [[0.051178, 0.038084, 0.051645, 0.094533], [0.064652, 0.077389, 0.054888, 0.053838], [0.026289, 0.024239, 0.050451, 0.037917]]},
+}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return Transformer.random(CONFIGS["tiny"], dtype=torch.float32, seed=0).eval()
+
+
+def cut(rows, n):
+    return [row[:n] for row in rows]
+
+
+@pytest.mark.parametrize("layer_budgets", [None, {1: 4}], ids=["S", "lb"])
+@pytest.mark.parametrize("backend", ["sdpa", "iid", "stratified", "systematic", "topk", *KERNEL_BACKENDS, "weights-only"])
+def test_generate_draws_the_tokens_it_drew_before_the_engine(tiny, backend, layer_budgets):
+    if backend in KERNEL_BACKENDS and INTERPRETED and layer_budgets is None:
+        pytest.skip("one kernel case per backend under the interpreter (the layer-budget one)")
+    n = KERNEL_TOKENS if backend in KERNEL_BACKENDS else 10
+    rows = generate(tiny, PROMPTS, n, backend=backend, budget=8, seed=3, stop_tokens=[STOP], layer_budgets=layer_budgets)
+    assert [r.tolist() for r in rows] == cut(GENERATE[f"{backend}/{'lb' if layer_budgets else 'S'}"], n)
+
+
+@pytest.mark.parametrize("layer_budgets", [None, {0: 3}], ids=["S", "lb"])
+@pytest.mark.parametrize("backend", ["sdpa", "iid", "stratified", "systematic", "topk", *KERNEL_BACKENDS])
+def test_engine_decode_draws_the_tokens_fast_decode_drew(tiny, backend, layer_budgets):
+    if backend in KERNEL_BACKENDS and INTERPRETED and (layer_budgets is None) == (backend == "santa-prop"):
+        pytest.skip("one kernel case per backend under the interpreter")
+    pre = engine.prefill(tiny, PROMPTS, 12)
+    assert pre.first[:, 0].tolist() == [207, 112, 196]
+    budget = 0 if backend == "sdpa" else 8  # a dense job's budget: 0
+    if layer_budgets is None:
+        n = KERNEL_TOKENS if backend in KERNEL_BACKENDS else 10
+        rows, seconds = engine.decode(tiny, pre, n, backend=backend, budget=budget, seed=5, stop_tokens={STOP, 7})
+        assert rows == cut(DECODE[backend], n) and seconds >= 0
+    else:
+        n = min(KERNEL_TOKENS, 6) if backend in KERNEL_BACKENDS else 6
+        rows, _ = engine.decode(tiny, pre, n, backend=backend, budget=budget, seed=5, stop_tokens=set(), layer_budgets=layer_budgets)
+        assert rows == cut(DECODE[backend + "/lb"], n)
+
+
+def assert_pinned(values, pinned, steps):
+    """[B, steps] float32 against the pinned values (rounded to 1e-6; the interpreter's kernels differ by ~1e-6)."""
+    torch.testing.assert_close(values, torch.tensor(cut(pinned, steps)), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("backend", ["iid", "stratified", "systematic", "topk", *KERNEL_BACKENDS])
+def test_teacher_forced_scores_what_it_scored_before_the_engine(tiny, backend):
+    steps = 2 if backend in KERNEL_BACKENDS and INTERPRETED else 4  # the first steps of the pinned 4
+    pre = engine.prefill(tiny, [t[:-5] for t in TEXTS], 5)
+    continuation = torch.tensor([t[-5:] for t in TEXTS])[:, : steps + 1]  # [B, steps + 1]
+    dense = engine.teacher_forced(tiny, pre, continuation, backend="sdpa")
+    assert dense.kl is None and dense.logprobs.shape == (3, steps, CONFIGS["tiny"].vocab_size)
+    assert_pinned(dense.nll, TEACHER_FORCED["sdpa"]["nll"], steps)
+    run = engine.teacher_forced(tiny, pre, continuation, backend=backend, budget=8, seed=2, layer_budgets={1: 3},
+                                reference=dense.logprobs)
+    assert run.logprobs is None
+    assert_pinned(run.nll, TEACHER_FORCED[backend]["nll"], steps)
+    assert_pinned(run.kl, TEACHER_FORCED[backend]["kl"], steps)
+
+
+def test_generate_and_the_engine_run_one_loop(tiny, monkeypatch):
+    """santa.model.generate and santa.engine.decode both decode through santa.model.decode_tokens."""
+    calls = []
+    loop = santa.model.decode_tokens
+    monkeypatch.setattr(santa.model, "decode_tokens", lambda *a, **k: calls.append(a[1].backend) or loop(*a, **k))
+    generate(tiny, PROMPTS, 3, backend="topk", budget=8)
+    engine.decode(tiny, engine.prefill(tiny, PROMPTS, 3), 3, backend="iid", budget=8, seed=0, stop_tokens=())
+    assert calls == ["topk", "iid"]
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+def test_the_model_runs_its_own_decode_plans_not_the_eager_decode(tiny, backend, monkeypatch):
+    """One DecodePlan per distinct budget, made (with its workspace) by make_context, outside any CUDA
+    graph; santa.decode() and its module-level plan cache are not used on the model path."""
+    decode_module = importlib.import_module("santa.kernels.decode")
+
+    def eager(*args, **kwargs):
+        raise AssertionError("santa.model called the eager santa.kernels.decode()")
+
+    monkeypatch.setattr(santa.kernels, "decode", eager)
+    monkeypatch.setattr(decode_module, "decode", eager)
+    plans_before = dict(decode_module._PLANS)
+    tiny.setup_caches(3, 30)
+    ctx = make_context(tiny, backend, prompt_len=[5, 23, 12], budget=8, layer_budgets={0: 3, 1: 8})
+    assert sorted(ctx.plans) == [3, 8]
+    assert all(isinstance(p, santa.kernels.DecodePlan) and p.budget == s and p._workspace is not None for s, p in ctx.plans.items())
+    assert ctx.plan_of(0, None, None) is ctx.plans[3] and ctx.plan_of(1, None, None) is ctx.plans[8]
+    generate(tiny, PROMPTS, 2, backend=backend, budget=8, layer_budgets={0: 3})
+    assert dict(decode_module._PLANS) == plans_before
+
+
+def test_a_context_built_by_hand_plans_on_first_use(tiny):
+    tiny.setup_caches(2, 30)
+    cache = tiny.layers[0].attention.kv_cache
+    ctx = santa.model.DecodeContext(backend="santa-prop", seq_lens=torch.tensor([4, 9], dtype=torch.int32), budget=5,
+                                    offset=torch.zeros(1, dtype=torch.int64))
+    q = torch.randn(2, 4, 16)
+    plan = ctx.plan_of(0, q, cache.k_cache)
+    assert ctx.plans == {5: plan} and ctx.plan_of(1, q, cache.k_cache) is plan
+    assert (plan.shape.batch, plan.shape.heads, plan.shape.kv_heads, plan.shape.n_keys) == (2, 4, 2, cache.k_cache.shape[1])
+
+
+def sdpa_over_visible_keys(calls):
+    def attention(q, k_cache, v_cache, ctx, layer):
+        calls.append(layer)
+        visible = torch.arange(k_cache.shape[1]) < ctx.seq_lens.unsqueeze(-1)  # [B, L_max]
+        y = torch.nn.functional.scaled_dot_product_attention(
+            q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), attn_mask=visible[:, None, None], enable_gqa=True)
+        return y.squeeze(2)
+
+    return attention
+
+
+def test_a_plugged_in_attention_runs_in_every_layer_of_every_step(tiny):
+    calls = []
+    pre = engine.prefill(tiny, PROMPTS, 6)
+    ctx = make_context(tiny, "my-sdpa", prompt_len=pre.lengths, attention=sdpa_over_visible_keys(calls))
+    stops = torch.tensor([], dtype=torch.long)
+    with torch.inference_mode():  # the caches were written in inference mode
+        rows = santa.model.decode_tokens(tiny, ctx, pre.first, pre.lengths, 6, stop_tokens=stops, cuda_graph=False)
+    assert rows == cut(DECODE["sdpa/lb"], 6)  # what santa's own sdpa backend decodes
+    assert calls == [0, 1] * 5  # 2 layers, 5 decode steps
+
+
+@pytest.mark.parametrize("backend", ["weights-only", "flashinfer"])
+def test_a_plugged_in_attention_wins_over_a_built_in_benchmark_backend(tiny, backend):
+    calls = []
+    tiny.setup_caches(3, 30)
+    ctx = make_context(tiny, backend, prompt_len=[5, 23, 12], attention=sdpa_over_visible_keys(calls))
+    assert ctx.flashinfer is None  # flashinfer's own wrapper is not built
+    token = torch.zeros(3, 1, dtype=torch.long)
+    with torch.inference_mode():
+        santa.model.greedy_step(tiny, ctx, token, torch.tensor([5, 23, 12]))()
+    assert calls == [0, 1]
+
+
+@pytest.mark.parametrize(("backend", "attention", "error", "message"), [
+    ("sdpa", sdpa_over_visible_keys([]), ValueError, "not one of santa's backends"),
+    ("santa-prop", sdpa_over_visible_keys([]), ValueError, "not one of santa's backends"),
+    ("iid", sdpa_over_visible_keys([]), ValueError, "not one of santa's backends"),
+    ("", sdpa_over_visible_keys([]), ValueError, "backend names a plugged-in attention"),
+    ("mine", "sdpa", TypeError, "attention must be a callable"),
+    ("mine", None, ValueError, "backend must be one of"),
+])
+def test_make_context_refuses_an_ambiguous_plug_in(tiny, backend, attention, error, message):
+    tiny.setup_caches(1, 8)
+    with pytest.raises(error, match=message):
+        make_context(tiny, backend, prompt_len=4, attention=attention)
+
+
+@pytest.mark.parametrize("backend", [m.model_backend for m in methods.METHODS.values()])
+def test_the_cuda_graph_rule_reads_the_registry(tiny, backend):
+    assert santa.model.capturable(tiny, backend) is False  # a CPU model is never captured
+    method = methods.by_model_backend(backend)
+    cuda = type("CudaModel", (), {"output": type("W", (), {"weight": torch.empty(0, device="meta")})()})()
+    cuda.output.weight = type("T", (), {"device": torch.device("cuda")})()
+    assert santa.model.capturable(cuda, backend) is method.capturable
+    assert santa.model.capturable(cuda, backend, "torch") is (method.capturable and method.kernel is None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", ["sdpa", *KERNEL_BACKENDS])
+def test_on_cuda_the_captured_loop_draws_the_eager_loops_tokens(backend):
+    model = Transformer.random(CONFIGS["tiny"], dtype=torch.float32, seed=0, device="cuda").eval()
+    eager = generate(model, PROMPTS, 12, backend=backend, budget=8, seed=3, cuda_graph=False)
+    graph = generate(model, PROMPTS, 12, backend=backend, budget=8, seed=3, cuda_graph=True)
+    assert [r.tolist() for r in graph] == [r.tolist() for r in eager]
+
+
+# --- the path rules ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("sampler", "kernel", "backend"), [
+    ("systematic", None, "santa-prop"), ("systematic", "flash", "santa-flash"), ("iid", None, "iid"), ("dense", None, "sdpa"),
+    ("topk", None, "topk"), ("stratified", None, "stratified"),
+])
+def test_fast_method_runs_systematic_on_a_kernel_and_the_others_as_themselves(sampler, kernel, backend):
+    assert engine.fast_method(sampler, kernel).model_backend == backend
+
+
+def test_the_fast_backends_are_the_registrys():
+    assert engine.FAST_BACKENDS == {m.name: m.model_backend for m in methods.METHODS.values()}
+    assert engine.FAST_ONLY == methods.names(kernels=True)
+
+
+@pytest.mark.parametrize(("backend", "label"), [("sdpa", "santa.model/sdpa"), ("iid", "santa.model/reference"),
+                                                ("topk", "santa.model/reference")])
+def test_path_label_names_what_ran(backend, label):
+    assert engine.path_label(backend, "cpu") == label
+
+
+@pytest.mark.parametrize("bad", [0, 13])
+def test_decode_refuses_more_tokens_than_the_cache_has_room_for(tiny, bad):
+    pre = engine.prefill(tiny, PROMPTS, 12)
+    with pytest.raises(ValueError, match=r"max_new_tokens must be in \[1, 12\]"):
+        engine.decode(tiny, pre, bad, backend="sdpa", budget=0, seed=0, stop_tokens=())
+
+
+@pytest.mark.parametrize("length", [1, 7])
+def test_teacher_forced_refuses_a_continuation_without_room(tiny, length):
+    pre = engine.prefill(tiny, PROMPTS, 5)
+    with pytest.raises(ValueError, match="continuation must be 2 to 6 tokens"):
+        engine.teacher_forced(tiny, pre, torch.zeros(3, length, dtype=torch.long), backend="sdpa")
