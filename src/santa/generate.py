@@ -27,7 +27,7 @@ from santa import engine
 from santa.assets import DEFAULT_MODEL, load_model
 from santa.checks import integer
 from santa.decoding import cache_keyword, greedy_continue, padded_forward, returned_cache, stop_token_ids  # noqa: F401 (cache_keyword: re-exported)
-from santa.eval.tasks import Prompt, chat, contains_all, needle_prompt
+from santa.eval.tasks import Prompt, chat, check_prompt_length, contains_all, needle_prompt
 
 
 @dataclass
@@ -142,16 +142,6 @@ def run(
 def graded_found(prompt: Prompt, text: str) -> bool:
     """Whether ``text`` holds every expected answer of ``prompt`` (False when none is expected)."""
     return bool(prompt.answers) and contains_all(text, prompt.answers) == 1.0
-
-
-def check_prompt_length(prompt: Prompt, n_tokens: int) -> None:
-    """Refuse a prompt that came out well over the ``n_tokens`` asked for (``ValueError``): the rule
-    of :func:`santa.eval.runner.check_prompt_length`, which santa.generate does not import."""
-    if prompt.n_tokens > n_tokens + max(16, n_tokens // 10):
-        raise ValueError(
-            f"a {prompt.task} prompt does not fit in {n_tokens} tokens (its question and template alone make "
-            f"it {prompt.n_tokens}); ask for a longer prompt"
-        )
 
 
 def fast_method(sampler: str, budget: int, kernel: str | None) -> tuple[str, str]:

@@ -66,7 +66,7 @@ from santa.engine import (  # noqa: F401 (FAST_ONLY, PATHS, check_paths: the pat
     to_fast_model,
 )
 from santa.eval.grading import grade
-from santa.eval.tasks import FIXED_LENGTH_TASKS, TASKS, Prompt, build_prompt
+from santa.eval.tasks import FIXED_LENGTH_TASKS, TASKS, Prompt, build_prompt, check_prompt_length  # noqa: F401 (re-exported)
 from santa.provenance import code_commit
 from santa.rng import MAX_SEED  # sampler seeds are ints in [0, 2**63)
 from santa.writer_lock import writer_lock
@@ -356,16 +356,6 @@ class Batch:
 
     def row(self, prompt_seed: int) -> int:
         return [p.seed for p in self.prompts].index(prompt_seed)
-
-
-def check_prompt_length(prompt: Prompt, n_tokens: int) -> None:
-    """Refuse a prompt that came out well over the ``n_tokens`` asked for: its question and template
-    alone are longer, so it holds little or no haystack (``ValueError``)."""
-    if prompt.n_tokens > n_tokens + max(16, n_tokens // 10):
-        raise ValueError(
-            f"a {prompt.task} prompt does not fit in {n_tokens} tokens (its question and template alone make "
-            f"it {prompt.n_tokens}); ask for a longer prompt"
-        )
 
 
 def batch_prompts(task: str, tokenizer, length: int, prompt_seeds: list[int]) -> tuple[list[Prompt], list[list[int]]]:

@@ -472,3 +472,13 @@ def build_prompt(task: str, tokenizer, n_tokens: int, seed: int) -> Prompt:
     if task not in TASKS:
         raise ValueError(f"task must be one of {sorted(TASKS)}, got {task!r}")
     return TASKS[task](tokenizer, n_tokens, seed=seed)
+
+
+def check_prompt_length(prompt: Prompt, n_tokens: int) -> None:
+    """Refuse a prompt that came out well over the ``n_tokens`` asked for: its question and template
+    alone are longer, so it holds little or no haystack (``ValueError``)."""
+    if prompt.n_tokens > n_tokens + max(16, n_tokens // 10):
+        raise ValueError(
+            f"a {prompt.task} prompt does not fit in {n_tokens} tokens (its question and template alone make "
+            f"it {prompt.n_tokens}); ask for a longer prompt"
+        )
