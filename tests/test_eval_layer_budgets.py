@@ -41,10 +41,12 @@ def test_the_report_shows_the_schedule_in_the_setting():
     ("not json", "not valid JSON"),
 ])
 def test_a_bad_schedule_file_is_refused_before_any_work(tmp_path, capsys, monkeypatch, text, match):
-    import santa.eval.runner as runner
+    import santa.eval.cli as eval_cli
     from santa.cli import main
 
-    monkeypatch.setattr(runner, "run_sweep", lambda *a, **k: pytest.fail("the sweep ran"))
+    # patched where the command looks it up (patching santa.eval.runner.run_sweep before santa.eval.cli
+    # was first imported bound the fake there for every later test)
+    monkeypatch.setattr(eval_cli, "run_sweep", lambda *a, **k: pytest.fail("the sweep ran"))
     path = tmp_path / "schedule.json"
     path.write_text(text)
     with pytest.raises(SystemExit) as exit_info:
