@@ -139,7 +139,7 @@ def test_every_seed_flag_refuses_outside_the_range(flag, text):
 
 @pytest.mark.parametrize("argv", [["--seed", str(2**63)], ["--seed", "-1"], ["--seed", "1.0"]])
 def test_bench_e2e_refuses_a_seed_outside_the_range_before_any_work(argv, capsys):
-    from santa.bench import e2e
+    from benchmarks.bench import e2e
 
     with pytest.raises(SystemExit) as stop:
         e2e.main(argv)

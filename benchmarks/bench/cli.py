@@ -15,7 +15,7 @@ import sys
 
 COMMANDS = {
     "kernels": ("benchmarks.bench.kernels", "decode-step kernel benchmark (benchmarks/PROTOCOL.md)"),
-    "e2e": ("santa.bench.e2e", "end-to-end batched long-context decode (Llama-3.1-8B shapes)"),
+    "e2e": ("benchmarks.bench.e2e", "end-to-end batched long-context decode (Llama-3.1-8B shapes)"),
     "capture": ("benchmarks.bench.capture", "real decode-step q/K/V from the bundled model (for kernels --real)"),
     "real": ("benchmarks.bench.real", "decode ms/token of a bundled real model, dense vs santa, answers checked"),
 }

@@ -3,39 +3,57 @@ forced off ("off"), in one process, alternating, so that the two share the machi
 RULE_NAME: ``prop_k_evict_first`` (the K loads' eviction hint) or ``discard_stash`` (pass 2 dropping
 the stash from L2).
 
-    python benchmarks/kernels/e2e_hint_ab.py RULE_NAME OUT_DIR [e2e arguments...]
+santa.model holds its kernels' plans: each context plans them anew with ``santa.kernels.plan_decode``
+(and bench e2e makes a context per backend run), so the "off" arm only has to plan with
+``Tuning(<rule>=False)``; there is no plan cache to clear. The plans each arm made are checked: the A/B
+stops if the "off" arm ran the rule, or if an arm made no prop plan at all (it would compare nothing).
+
+    python -m benchmarks.kernels.e2e_hint_ab RULE_NAME OUT_DIR [e2e arguments...]
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
 
-import santa.kernels.plan as plan
-from santa.bench import e2e
+import santa.kernels
+from benchmarks.bench import e2e
+from santa.kernels import Tuning
 
-decode = importlib.import_module("santa.kernels.decode")  # the module (santa.kernels.decode is also the function)
-PLAN_DECODE = decode.plan_decode  # what decode() plans with
+PLAN_DECODE = santa.kernels.plan_decode  # what santa.model plans with (santa.model calls it by this name)
+FIELDS = {"prop_k_evict_first": "k_evict_first", "discard_stash": "discard_stash"}
+
+
+def planner(made: list, forced_off: str | None):
+    """``santa.kernels.plan_decode`` that keeps every plan it makes in ``made``; with ``forced_off``,
+    it plans with that Tuning field False."""
+
+    def plan_decode(**kwargs):
+        if forced_off is not None:
+            kwargs = {**kwargs, "tuning": Tuning(**{forced_off: False})}
+        plan = PLAN_DECODE(**kwargs)
+        made.append(plan)
+        return plan
+
+    return plan_decode
 
 
 def main() -> int:
     rule, out, rest = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
-    field = {"prop_k_evict_first": "k_evict_first", "discard_stash": "discard_stash"}[rule]
-
-    def planned_off(**kwargs):
-        return PLAN_DECODE(**{**kwargs, "tuning": plan.Tuning(**{field: False})})
-
+    field = FIELDS[rule]
     for round_ in range(2):
         for name in (("rule", "off") if round_ == 0 else ("off", "rule")):
-            decode.plan_decode = PLAN_DECODE if name == "rule" else planned_off
-            # decode() keeps its plans, and each call signature's plan: make them anew under this rule
-            decode._PLANS.clear()
-            decode._CALLS.clear()
+            made = []
+            santa.kernels.plan_decode = planner(made, field if name == "off" else None)
             print(f"=== {name} round {round_}", flush=True)
-            e2e.main([*rest, "--out", str(out / f"{name}_{round_}")])
-            used = sorted({getattr(p, field) for p in decode._PLANS.values() if p.kernel == "prop"})
+            try:
+                e2e.main([*rest, "--out", str(out / f"{name}_{round_}")])
+            finally:
+                santa.kernels.plan_decode = PLAN_DECODE
+            used = sorted({getattr(p, field) for p in made if p.kernel == "prop"})
             print(f"=== {name} round {round_}: the prop plans ran with {field} = {used}", flush=True)
+            if not used:
+                raise SystemExit(f"the '{name}' arm made no prop plan: run santa-prop (--backends) for an A/B")
             if name == "off" and any(used):
                 raise SystemExit(f"the 'off' arm ran a plan with {field} on: the A/B is void")
     return 0

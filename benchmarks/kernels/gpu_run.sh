@@ -50,11 +50,11 @@ for stage in "$@"; do
         --lengths 4096,8192 --batches 1,16 --budget 128 --out /tmp/real > "$OUT/real.log" 2>&1
       cp /tmp/real/real.json "$OUT/real.json" ;;
     e2e)  # whole decode step in one CUDA graph, random weights: Llama-3.1-8B at 30k, SmolLM2 at 8k, Qwen2.5-0.5B at 32k
-      python3 -m santa.bench.e2e --batches 6,16 --prompts 30000 --new-tokens 64 --backends sdpa,santa-prop,weights-only \
+      python3 -m benchmarks.bench.e2e --batches 6,16 --prompts 30000 --new-tokens 64 --backends sdpa,santa-prop,weights-only \
         --no-prefill --out /tmp/e2e_llama > "$OUT/e2e.log" 2>&1
-      python3 -m santa.bench.e2e --config smollm2-135m --batches 1,16,64 --prompts 8000 --new-tokens 64 --budget-prop 64 \
+      python3 -m benchmarks.bench.e2e --config smollm2-135m --batches 1,16,64 --prompts 8000 --new-tokens 64 --budget-prop 64 \
         --backends sdpa,santa-prop,weights-only --no-prefill --out /tmp/e2e_smollm2 >> "$OUT/e2e.log" 2>&1
-      python3 -m santa.bench.e2e --config qwen2.5-0.5b --batches 1,16 --prompts 32000 --new-tokens 64 \
+      python3 -m benchmarks.bench.e2e --config qwen2.5-0.5b --batches 1,16 --prompts 32000 --new-tokens 64 \
         --backends sdpa,santa-prop,weights-only --no-prefill --out /tmp/e2e_qwen >> "$OUT/e2e.log" 2>&1
       python3 - "$OUT/e2e.json" /tmp/e2e_llama/e2e.json /tmp/e2e_smollm2/e2e.json /tmp/e2e_qwen/e2e.json <<'PY'
 import json, sys

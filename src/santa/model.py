@@ -12,14 +12,15 @@ step whose attention is chosen per call by a :class:`DecodeContext`:
 - ``"iid"``, ``"stratified"``, ``"systematic"``, ``"topk"`` (:data:`REFERENCE_BACKENDS`): the spec,
   :func:`santa.attention.sampled_attention`, on the same cache (eager: it checks on the host);
 - any other attention, plugged in with ``make_context(..., attention=fn)`` (benchmarks): ``fn(q,
-  k_cache, v_cache, ctx, layer) → out``. The benchmarks' ``"flashinfer"`` (FlashInfer's paged
-  decode over the same cache, planned on the host once per step) and ``"weights-only"`` (no
-  attention: its output is q, for Amdahl) are two such attentions, still built in here.
+  k_cache, v_cache, ctx, layer) → out``. ``santa bench e2e`` plugs in two (benchmarks/bench/e2e.py):
+  ``"flashinfer"`` (FlashInfer's paged decode over the same cache) and ``"weights-only"`` (no
+  attention, for Amdahl).
 
 Each sequence of a batch has its own length: prefill is right-padded and causal (a real token never
 sees a pad), and decode gives sequence b its own position ``input_pos[b]`` and ``seq_lens[b]``.
 Every decode-step input lives in a device buffer updated inside the step, so the whole step can be
-captured in one CUDA graph and replayed with no host work (FlashInfer needs its host ``plan``).
+captured in one CUDA graph and replayed with no host work (a plugged-in attention may need its own
+host work between steps: the benchmark's FlashInfer plans each step on the host).
 
 The greedy loop (:func:`decode_tokens`, one :func:`greedy_step` per token) and :func:`generate` live
 here; :mod:`santa.engine` times them for the sweeps and the main job and holds the path rules.
@@ -57,12 +58,14 @@ from santa.kernels import reference
 from santa.methods import METHODS, by_model_backend
 from santa.sampling import check_budget
 
-# santa.methods' backends: exact SDPA, the kernels, and the reference samplers (eager); flashinfer and
-# weights-only are the benchmarks' (dense FlashInfer decode; no attention at all, for Amdahl)
-BACKENDS = (METHODS["dense"].model_backend, "flashinfer", *(m.model_backend for m in METHODS.values() if m.kernel), "weights-only")
+# santa.methods' backends: exact SDPA, the kernels, and the reference samplers (eager). The benchmarks
+# plug their own attentions in (make_context(attention=...)); the two that used to be built in here are
+# refused by name with where they went.
+BACKENDS = (METHODS["dense"].model_backend, *(m.model_backend for m in METHODS.values() if m.kernel))
+MOVED_TO_BENCHMARKS = ("flashinfer", "weights-only")
 REFERENCE_BACKENDS = tuple(m.model_backend for m in METHODS.values() if m.sampler and not m.exact)  # sampled_attention's samplers
 SANTA_IMPLS = ("auto", "kernels", "torch")
-CACHE_ALIGN = 256  # static cache length is a multiple of this (FlashInfer pages, kernel tiles)
+CACHE_ALIGN = 256  # static cache length is a multiple of this (kernel tiles; the benchmark's FlashInfer pages)
 STOP_CHECK_EVERY = 16  # decode steps between host checks that every sequence has stopped (a sync)
 MAX_POSITIONS = 2**31 - CACHE_ALIGN  # prompt + new tokens: seq_lens and positions are int32 on the device
 
@@ -82,7 +85,7 @@ CONFIGS = {
 
 
 class KVCache(nn.Module):
-    """Static K/V of every sequence, NHD: ``[B, L_max, H_kv, d]`` (what santa and FlashInfer read)."""
+    """Static K/V of every sequence, NHD: ``[B, L_max, H_kv, d]`` (what santa's kernels read)."""
 
     def __init__(self, batch: int, max_len: int, n_kv_head: int, head_dim: int, dtype: torch.dtype, device=None):
         super().__init__()
@@ -134,8 +137,6 @@ class DecodeContext:
     seed: int = 0
     offset: Tensor | None = None
     plans: dict[int, santa_kernels.DecodePlan] | None = None  # the kernels' plan per budget in use
-    flashinfer: object | None = None
-    page_size: int = 16
     santa_impl: str = "auto"  # "auto" / "kernels": santa.kernels.decode; "torch": santa.kernels.reference
     generators: list[torch.Generator] | None = None
     attention: Callable[[Tensor, Tensor, Tensor, DecodeContext, int], Tensor] | None = None
@@ -181,7 +182,7 @@ def make_context(
 ) -> DecodeContext:
     """A context for decoding after prompts of ``prompt_len`` tokens (caches already set up).
 
-    prompt_len: one int for the batch, or int ``[B]`` per sequence (not with flashinfer).
+    prompt_len: one int for the batch, or int ``[B]`` per sequence.
     layer_budgets: ``{layer: S}`` for the sampled backends (e.g. from
     :func:`santa.budgets.schedule.load_layer_budgets`); layers not in it use ``budget``.
     attention: plug in an attention of your own (benchmarks): a callable ``(q [B, H, d], k_cache,
@@ -196,8 +197,8 @@ def make_context(
         if not isinstance(backend, str) or not backend or by_model_backend(backend) is not None:
             raise ValueError(f"backend names a plugged-in attention: a string that is not one of santa's backends "
                              f"{tuple(m.model_backend for m in METHODS.values())}, got {backend!r}")
-    elif backend not in BACKENDS + REFERENCE_BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS + REFERENCE_BACKENDS}, got {backend!r}")
+    else:
+        check_backend(backend)
     if santa_impl not in SANTA_IMPLS:
         raise ValueError(f"santa_impl must be one of {SANTA_IMPLS}, got {santa_impl!r}")
     check_model(model)
@@ -233,24 +234,17 @@ def make_context(
             plan.workspace  # noqa: B018 (allocated now, outside any CUDA graph)
     elif backend in REFERENCE_BACKENDS:
         ctx.generators = [rng.model_reference_generator(seed, i, device) for i in range(model.args.n_layer)]
-    elif backend == "flashinfer" and attention is None:
-        if (ctx.seq_lens != ctx.seq_lens[0]).any():
-            raise ValueError("flashinfer plans one length for the batch: prompt_len must be one int")
-        ctx.flashinfer = FlashInferDecode(model, page_size=ctx.page_size)
-        ctx.attention = flashinfer_attention
-    elif backend == "weights-only" and attention is None:
-        ctx.attention = no_attention
     return ctx
 
 
-def flashinfer_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext, layer: int) -> Tensor:
-    """The benchmarks' ``"flashinfer"`` backend: dense FlashInfer decode (``ctx.flashinfer``, planned per step)."""
-    return ctx.flashinfer.run(q, k_cache, v_cache)
-
-
-def no_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext, layer: int) -> Tensor:
-    """The benchmarks' ``"weights-only"`` backend: no attention at all (its output is q), for Amdahl."""
-    return q
+def check_backend(backend: object) -> None:
+    """One of :data:`BACKENDS` or :data:`REFERENCE_BACKENDS`; the benchmarks' former backends
+    (:data:`MOVED_TO_BENCHMARKS`) are refused naming where they went."""
+    if backend in MOVED_TO_BENCHMARKS:
+        raise ValueError(f"backend {backend!r} is not santa.model's: it is an attention of the benchmarks, which santa bench e2e "
+                         f"plugs in with make_context(..., attention=fn) (benchmarks/bench/e2e.py, in a source checkout)")
+    if backend not in BACKENDS + REFERENCE_BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS + REFERENCE_BACKENDS}, got {backend!r}")
 
 
 def check_model(model: object) -> None:
@@ -286,49 +280,6 @@ def checked_prompt_len(prompt_len: object, batch: int, max_len: int) -> Tensor:
         raise ValueError(f"prompt_len must be {expected}, got {len(values)} values")
     values = [integer("prompt_len", n, low=1, high=max_len + 1) for n in values]
     return torch.tensor(values, dtype=torch.int32)
-
-
-class FlashInferDecode:
-    """FlashInfer paged decode over the contiguous cache viewed as ``[B·L_max/P, P, H_kv, d]`` pages."""
-
-    def __init__(self, model: Transformer, page_size: int = 16, use_tensor_cores: bool = False):
-        import flashinfer
-
-        cache = model.layers[0].attention.kv_cache
-        self.batch, self.max_len, self.n_kv_head, self.head_dim = cache.k_cache.shape
-        if self.max_len % page_size:
-            raise ValueError(f"cache length {self.max_len} is not a multiple of page_size {page_size}")
-        self.page_size, self.pages_per_seq = page_size, self.max_len // page_size
-        self.n_head, self.dtype, device = model.args.n_head, cache.k_cache.dtype, cache.k_cache.device
-        self.workspace = torch.zeros(256 << 20, dtype=torch.uint8, device=device)
-        self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace, kv_layout="NHD", use_cuda_graph=True, use_tensor_cores=use_tensor_cores,
-            paged_kv_indptr_buffer=torch.zeros(self.batch + 1, dtype=torch.int32, device=device),
-            paged_kv_indices_buffer=torch.zeros(self.batch * self.pages_per_seq, dtype=torch.int32, device=device),
-            paged_kv_last_page_len_buffer=torch.zeros(self.batch, dtype=torch.int32, device=device),
-        )
-        # page i of sequence b is b·pages_per_seq + i
-        self.all_pages = torch.arange(self.batch * self.pages_per_seq, dtype=torch.int32, device=device).view(self.batch, -1)
-        self.n_pages = None
-
-    def plan(self, n_keys: int) -> None:
-        """Host-side plan for ``n_keys`` visible keys per sequence (call before every step)."""
-        n_pages = -(-n_keys // self.page_size)
-        if n_pages != self.n_pages and self.n_pages is not None:
-            torch.cuda.current_stream().synchronize()  # the plan's pinned host buffer must be free to rewrite
-        self.n_pages = n_pages
-        indptr = (torch.arange(self.batch + 1, dtype=torch.int32) * n_pages).pin_memory()
-        last = torch.full((self.batch,), n_keys - (n_pages - 1) * self.page_size, dtype=torch.int32).pin_memory()
-        indices = self.all_pages[:, :n_pages].reshape(-1)
-        self.wrapper.plan(
-            indptr, indices, last, self.n_head, self.n_kv_head, self.head_dim, self.page_size,
-            q_data_type=self.dtype, kv_data_type=self.dtype,
-        )
-
-    def run(self, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
-        # q: [B, H, d]; caches: [B, L_max, H_kv, d] → pages [B·L_max/P, P, H_kv, d]
-        pages = (-1, self.page_size, self.n_kv_head, self.head_dim)
-        return self.wrapper.run(q, (k_cache.view(pages), v_cache.view(pages)))
 
 
 def _santa_kernels(impl: str):
@@ -683,9 +634,8 @@ def greedy_step(model: Transformer, ctx: DecodeContext, token: Tensor, input_pos
 
 def capturable(model: Transformer, backend: str, santa_impl: str = "auto") -> bool:
     """Whether the decode step of ``backend`` on ``model`` can be one CUDA graph: a CUDA model and a
-    capturable method (:data:`santa.methods.METHODS`; a plugged-in or benchmark backend counts as
-    capturable), not the kernels' torch reference (``santa_impl="torch"`` reads the offset on the host)."""
-    method = by_model_backend(backend)  # None: a benchmark backend (flashinfer, weights-only)
+    capturable method (:data:`santa.methods.METHODS`; a plugged-in attention counts as capturable), not the kernels' torch reference (``santa_impl="torch"`` reads the offset on the host)."""
+    method = by_model_backend(backend)  # None: a plugged-in attention (a benchmark's)
     if model.output.weight.device.type != "cuda" or (method is not None and not method.capturable):
         return False
     return not (method is not None and method.kernel and santa_impl == "torch")
@@ -723,7 +673,7 @@ def generate(
     tensor of new tokens per prompt, ``max_new_tokens`` long or ending at its first stop token.
 
     max_new_tokens: an int ≥ 1 (prompt + new tokens at most :data:`MAX_POSITIONS`).
-    backend: one of :data:`BACKENDS` but flashinfer, or :data:`REFERENCE_BACKENDS`; budget: S
+    backend: one of :data:`BACKENDS` or :data:`REFERENCE_BACKENDS`; budget: S
     (k for topk), an int ≥ 1; layer_budgets: ``{layer: S}`` overriding it per layer (a ``santa
     tune budgets`` schedule). seed: an int in [0, 2**63). stop_tokens: an iterable (list, tuple, set,
     1-D int tensor or array) of token ids, ints in ``[0, vocab_size)``; ``()`` for none (a bare
@@ -739,8 +689,7 @@ def generate(
     max_new_tokens = integer("max_new_tokens", max_new_tokens, low=1)
     if cuda_graph is not None and not isinstance(cuda_graph, bool):
         raise TypeError(f"cuda_graph must be None or a bool, got {type(cuda_graph).__name__} {cuda_graph!r:.80}")
-    if backend == "flashinfer":
-        raise ValueError("backend 'flashinfer' needs a host plan per step with one length for the batch: use it in santa bench e2e")
+    check_backend(backend)
     device = model.output.weight.device
     can_capture = capturable(model, backend, santa_impl)
     if cuda_graph and not can_capture:

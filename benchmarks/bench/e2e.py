@@ -8,6 +8,11 @@ length at batch 1 with the real dense prefill. Each backend then decodes N token
 ms per output token (wall time of the N replays ÷ N, and per-step event times to show they are
 stable), eager ms per token, peak memory, the weights-only step (no attention) and the Amdahl
 bound ``1/(w + (1 − w)/s_kv)`` with w = weights-only step ÷ best dense step.
+
+Backends: santa.model's own (``sdpa``, ``santa-prop``, ``santa-flash``), and two attentions of this
+benchmark plugged into santa.model's decode step with ``make_context(..., attention=fn)``:
+``flashinfer`` (FlashInfer's paged decode over the same cache, planned on the host before every
+step) and ``weights-only`` (no attention at all: its output is q, the rest of the step for Amdahl).
 """
 
 from __future__ import annotations
@@ -22,13 +27,19 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
-from santa.model import BACKENDS, CONFIGS, Transformer, _santa_kernels, greedy_step, make_context, prefill
+from santa.model import CONFIGS, DecodeContext, Transformer, greedy_step, make_context, prefill
 from santa.provenance import code_commit, source_dirty
 
+# this benchmark's attentions, plugged into santa.model's decode step (the others are santa.model's backends)
+PLUGGED = ("flashinfer", "weights-only")
+BACKENDS = ("sdpa", "flashinfer", "santa-prop", "santa-flash", "weights-only")  # the table's and the plot's order
+PAGE_SIZE = 16  # FlashInfer's page: santa.model's cache length (a multiple of santa.model.CACHE_ALIGN) is a multiple
 DENSE = ("sdpa", "flashinfer")
 EXTRA = ("sdpa-nomask",)  # speed probe only: SDPA over the whole static cache, no mask (reads ≤ 0.5 % more keys)
 SANTA = ("santa-prop", "santa-flash")
@@ -102,6 +113,71 @@ def sdpa_context(names: list[str]):
         return sdpa_kernel(backends)
 
 
+class FlashInferDecode:
+    """FlashInfer paged decode over santa.model's contiguous cache viewed as ``[B·L_max/P, P, H_kv, d]``
+    pages: :meth:`plan` on the host before every step (one length for the batch), :meth:`attention`
+    plugged into the step."""
+
+    def __init__(self, model: Transformer, page_size: int = PAGE_SIZE, use_tensor_cores: bool = False):
+        import flashinfer
+
+        cache = model.layers[0].attention.kv_cache
+        self.batch, self.max_len, self.n_kv_head, self.head_dim = cache.k_cache.shape
+        if self.max_len % page_size:
+            raise ValueError(f"cache length {self.max_len} is not a multiple of page_size {page_size}")
+        self.page_size, self.pages_per_seq = page_size, self.max_len // page_size
+        self.n_head, self.dtype, device = model.args.n_head, cache.k_cache.dtype, cache.k_cache.device
+        self.workspace = torch.zeros(256 << 20, dtype=torch.uint8, device=device)
+        self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, kv_layout="NHD", use_cuda_graph=True, use_tensor_cores=use_tensor_cores,
+            paged_kv_indptr_buffer=torch.zeros(self.batch + 1, dtype=torch.int32, device=device),
+            paged_kv_indices_buffer=torch.zeros(self.batch * self.pages_per_seq, dtype=torch.int32, device=device),
+            paged_kv_last_page_len_buffer=torch.zeros(self.batch, dtype=torch.int32, device=device),
+        )
+        # page i of sequence b is b·pages_per_seq + i
+        self.all_pages = torch.arange(self.batch * self.pages_per_seq, dtype=torch.int32, device=device).view(self.batch, -1)
+        self.n_pages = None
+
+    def plan(self, n_keys: int) -> None:
+        """Host-side plan for ``n_keys`` visible keys per sequence (call before every step)."""
+        n_pages = -(-n_keys // self.page_size)
+        if n_pages != self.n_pages and self.n_pages is not None:
+            torch.cuda.current_stream().synchronize()  # the plan's pinned host buffer must be free to rewrite
+        self.n_pages = n_pages
+        indptr = (torch.arange(self.batch + 1, dtype=torch.int32) * n_pages).pin_memory()
+        last = torch.full((self.batch,), n_keys - (n_pages - 1) * self.page_size, dtype=torch.int32).pin_memory()
+        indices = self.all_pages[:, :n_pages].reshape(-1)
+        self.wrapper.plan(
+            indptr, indices, last, self.n_head, self.n_kv_head, self.head_dim, self.page_size,
+            q_data_type=self.dtype, kv_data_type=self.dtype,
+        )
+
+    def run(self, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+        # q: [B, H, d]; caches: [B, L_max, H_kv, d] → pages [B·L_max/P, P, H_kv, d]
+        pages = (-1, self.page_size, self.n_kv_head, self.head_dim)
+        return self.wrapper.run(q, (k_cache.view(pages), v_cache.view(pages)))
+
+    def attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext, layer: int) -> Tensor:
+        """The ``flashinfer`` backend, as santa.model calls a plugged-in attention."""
+        return self.run(q, k_cache, v_cache)
+
+
+def no_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext, layer: int) -> Tensor:
+    """The ``weights-only`` backend: no attention at all (its output is q), for Amdahl."""
+    return q
+
+
+def plugged_attention(model: Transformer, backend: str) -> tuple[Callable[..., Tensor] | None, FlashInferDecode | None]:
+    """The attention this benchmark plugs into santa.model for ``backend`` (None for santa.model's own
+    backends) and, for ``flashinfer``, its wrapper (to plan before every step)."""
+    if backend == "weights-only":
+        return no_attention, None
+    if backend == "flashinfer":
+        wrapper = FlashInferDecode(model)
+        return wrapper.attention, wrapper
+    return None, None
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -165,7 +241,8 @@ def fill_random(model: Transformer, seed: int) -> None:
         layer.attention.kv_cache.v_cache.normal_()
 
 
-def attention_check(model: Transformer, ctx, prompt: int, device: torch.device, seed: int) -> float:
+def attention_check(model: Transformer, ctx, prompt: int, device: torch.device, seed: int,
+                    flashinfer: FlashInferDecode | None = None) -> float:
     """‖out − dense‖/‖dense‖ of layer 0's decode attention with ``prompt + 1`` visible keys (float32 dense)."""
     attn = model.layers[0].attention
     cache = attn.kv_cache
@@ -174,8 +251,8 @@ def attention_check(model: Transformer, ctx, prompt: int, device: torch.device, 
     q = torch.randn(batch, model.args.n_head, model.args.head_dim, device=device, generator=gen).to(cache.k_cache.dtype)
     pos = torch.tensor([prompt], device=device)
     ctx.prepare(pos)
-    if ctx.flashinfer is not None:
-        ctx.flashinfer.plan(prompt + 1)
+    if flashinfer is not None:
+        flashinfer.plan(prompt + 1)
     out = attn.decode(q, cache.k_cache, cache.v_cache, ctx).float()
     n = prompt + 1
     k = cache.k_cache[:, :n].float().transpose(1, 2)  # [B, H_kv, n, d]
@@ -226,11 +303,13 @@ def run_backend(model: Transformer, backend: str, batch: int, prompt: int, args:
     row = {"prompt": prompt, "batch": batch, "backend": backend, "new_tokens": args.new_tokens}
     if backend in SANTA:
         row["budget"] = budget
-        row["impl"] = "triton" if _santa_kernels(args.santa_impl) is not None and device.type == "cuda" else (
-            "reference" if _santa_kernels(args.santa_impl) is not None else "torch")
+        kernels = args.santa_impl != "torch"  # santa.kernels (Triton on CUDA, else its reference), or santa.kernels.reference
+        row["impl"] = "triton" if kernels and device.type == "cuda" else ("reference" if kernels else "torch")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    ctx = make_context(model, backend.removesuffix("-nomask"), prompt_len=prompt, budget=budget, seed=args.seed, santa_impl=args.santa_impl)
+    attention, flashinfer = plugged_attention(model, backend)
+    ctx = make_context(model, backend.removesuffix("-nomask"), prompt_len=prompt, budget=budget, seed=args.seed,
+                       santa_impl=args.santa_impl, attention=attention)
     if backend == "sdpa-nomask":
         ctx.attn_bias = None
     gen = torch.Generator(device=device).manual_seed(args.seed + batch)
@@ -251,8 +330,8 @@ def run_backend(model: Transformer, backend: str, batch: int, prompt: int, args:
             ctx.attn_bias[..., prompt:] = -math.inf
 
     def plan(i: int):
-        if ctx.flashinfer is not None:
-            ctx.flashinfer.plan(prompt + i + 1)  # key at position prompt + i becomes visible
+        if flashinfer is not None:
+            flashinfer.plan(prompt + i + 1)  # key at position prompt + i becomes visible
 
     step = greedy_step(model, ctx, token, input_pos)  # the decode loop's step (santa.model.decode_tokens), without stop tokens
 
@@ -271,7 +350,7 @@ def run_backend(model: Transformer, backend: str, batch: int, prompt: int, args:
     row["warmup_s"] = time.perf_counter() - start
     reset()
     with cm():
-        row["attn_rel_err_layer0"] = attention_check(model, ctx, prompt, device, args.seed)
+        row["attn_rel_err_layer0"] = attention_check(model, ctx, prompt, device, args.seed, flashinfer)
 
     # eager steps
     reset()
