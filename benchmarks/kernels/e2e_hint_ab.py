@@ -16,8 +16,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import santa.kernels
 from benchmarks.bench import e2e
+
+import santa.kernels
 from santa.kernels import Tuning
 
 PLAN_DECODE = santa.kernels.plan_decode  # what santa.model plans with (santa.model calls it by this name)

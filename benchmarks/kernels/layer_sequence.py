@@ -55,6 +55,7 @@ def graph_us(fn, *, replays: int = 20, flush=None) -> float:
 
 def main(argv=None) -> int:
     from benchmarks.bench.kernels import Flusher
+
     from santa.kernels import Tuning, decode, make_workspace, plan_decode
     from santa.model import visibility_bias
 
