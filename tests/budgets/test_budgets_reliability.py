@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cli_helpers import exit_code_and_stderr
+from helpers import exit_code_and_stderr
 from santa.budgets.checkpoint import (
     HISTORY,
     RUN,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import santa
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_distribution_name_is_ours_and_pyproject_agrees():

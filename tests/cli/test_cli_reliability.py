@@ -16,11 +16,11 @@ import torch
 
 import santa.cli
 import santa.generate
-from cli_helpers import refusal as cli_refusal
+from helpers import refusal as cli_refusal
+from helpers import tiny_hf_model
 from santa.cli import main
 from santa.decoding import greedy_continue_batch, left_pad, padded_forward
 from santa.generate import Answer, check_path_arguments, check_run_arguments
-from test_hf_reliability import tiny_model
 
 RST = ("``", ":func:", ":class:", ":mod:", ":meth:", ":data:", ":attr:")
 
@@ -106,7 +106,7 @@ def test_benchmarks_root_is_the_checkout_around_src(tmp_path, layout):
     if layout == "checkout":
         (tmp_path / "benchmarks" / "bench" / "cli.py").write_text("")
     assert santa.cli.benchmarks_root(package) == (tmp_path if layout == "checkout" else None)
-    assert santa.cli.benchmarks_root() == Path(__file__).resolve().parents[1]  # this checkout
+    assert santa.cli.benchmarks_root() == Path(__file__).resolve().parents[2]  # this checkout
 
 
 def test_the_eval_subcommands_named_in_santa_help_are_eval_clis():
@@ -143,7 +143,7 @@ class CharTokenizer:
 @pytest.fixture
 def tiny_generate(monkeypatch):
     """santa.generate.run on a tiny random Llama (context 128) and a character tokenizer."""
-    model = tiny_model("llama")
+    model = tiny_hf_model("llama")
     monkeypatch.setattr(santa.generate, "load_model", lambda *args, **kwargs: (model, CharTokenizer()))
     return model
 

@@ -6,7 +6,7 @@ import torch
 
 import santa.assets
 import santa.generate
-from cli_helpers import refusal as cli_refusal
+from helpers import refusal as cli_refusal
 from santa.cli import main
 from santa.generate import check_path_arguments
 

@@ -11,7 +11,7 @@ import pytest
 import santa.assets
 import santa.eval.cli
 import santa.generate
-from cli_helpers import refusal as cli_refusal
+from helpers import refusal as cli_refusal
 from santa.cli import main
 
 REAL_RUN = santa.generate.run  # before the fixture replaces it

@@ -12,48 +12,8 @@ import transformers
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import santa.hf
+from helpers import HF_FAMILIES, HF_SMALL, tiny_hf_model
 from santa.hf import SantaConfig, santa_attention_forward
-
-SMALL = {
-    "vocab_size": 64,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 128,
-    "pad_token_id": 0,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
-# family: (config class, model class, config fields beyond SMALL)
-FAMILIES = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
-    "mistral, sliding window 8": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 8}),
-    "qwen2, sliding window in layer 1": (
-        "Qwen2Config", "Qwen2ForCausalLM", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
-    ),
-    "gemma3, window and scale 1/4 for D=8": (
-        "Gemma3TextConfig", "Gemma3ForCausalLM", {"sliding_window": 8, "head_dim": 8, "query_pre_attn_scalar": 16},
-    ),
-    "gemma2 without the softcap": (
-        "Gemma2Config", "Gemma2ForCausalLM",
-        {"sliding_window": 8, "head_dim": 8, "query_pre_attn_scalar": 12, "attn_logit_softcapping": None},
-    ),
-    "deepseek_v3, MLA": (
-        "DeepseekV3Config", "DeepseekV3ForCausalLM",
-        {"kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 4, "qk_nope_head_dim": 8, "v_head_dim": 6,
-         "n_routed_experts": 2, "num_experts_per_tok": 1, "first_k_dense_replace": 2, "head_dim": 4, "num_key_value_heads": 4},
-    ),
-}
-
-
-def tiny_model(family: str = "llama", **fields) -> torch.nn.Module:
-    """A random 2-layer model of ``family`` (a key of FAMILIES), in eval mode, seeded."""
-    config_class, model_class, extra = FAMILIES[family]
-    torch.manual_seed(0)
-    config = getattr(transformers, config_class)(**{**SMALL, **extra, **fields})
-    return getattr(transformers, model_class)(config).eval()
 
 
 def generated_logits(model, ids, mask, config: SantaConfig | None, new_tokens: int = 3) -> torch.Tensor:
@@ -84,9 +44,9 @@ def padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
 EXACT_THROUGH_SANTA = {"sampler": "topk", "budget": 10**6, "exact_when_budget_covers": False, "prefill": "sampled"}
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", HF_FAMILIES)
 def test_santas_own_attention_matches_eager(family):
-    model = tiny_model(family)
+    model = tiny_hf_model(family)
     ids, mask = padded_batch()
     eager = generated_logits(model, ids, mask, None)
     santa_logits = generated_logits(model, ids, mask, SantaConfig(**EXACT_THROUGH_SANTA))
@@ -99,7 +59,7 @@ def test_decode_kernels_honour_the_window_and_the_scale(family, kernel, monkeypa
     """The kernels' torch emulation on CPU (what the Triton kernels compute, tests/test_kernels.py):
     with S = 2**16 draws S²ANTA-sys is within ~1e-4 of exact attention; a wrong window or scale is not."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    model = tiny_model(family)
+    model = tiny_hf_model(family)
     ids = padded_batch()[0][:1]
     eager = generated_logits(model, ids, None, None)
     config = SantaConfig(sampler="systematic", budget=2**16, exact_when_budget_covers=False, kernel=kernel, record_stats=True)
@@ -113,14 +73,14 @@ def test_decode_kernels_honour_the_window_and_the_scale(family, kernel, monkeypa
 
 @pytest.mark.parametrize("softcap", [50.0, 30.0, 0.5])
 def test_configure_refuses_soft_capped_attention_logits(softcap):
-    model = tiny_model("gemma2 without the softcap", attn_logit_softcapping=softcap)
+    model = tiny_hf_model("gemma2 without the softcap", attn_logit_softcapping=softcap)
     with pytest.raises(ValueError, match=rf"soft-capping: the model config sets attn_logit_softcapping={softcap}"):
         santa.hf.configure(model, SantaConfig())
 
 
 def test_configure_refuses_attention_sinks():
     torch.manual_seed(0)
-    config = transformers.GptOssConfig(**SMALL, head_dim=8, num_local_experts=2, num_experts_per_tok=1, sliding_window=8)
+    config = transformers.GptOssConfig(**HF_SMALL, head_dim=8, num_local_experts=2, num_experts_per_tok=1, sliding_window=8)
     model = transformers.GptOssForCausalLM(config).eval()
     with pytest.raises(ValueError, match=r"santa does not implement attention sinks: layer 0 \(GptOssAttention\) has `sinks`"):
         santa.hf.configure(model, SantaConfig(sampler="dense"))
@@ -232,7 +192,7 @@ def test_auto_kernel_falls_back_to_the_reference_for_narrower_value_heads(monkey
 @pytest.mark.parametrize(("budget", "prompt"), [(4, 20), (1, 12), (7, 9)])
 def test_topk_counts_the_value_rows_it_reads(budget, prompt):
     """k of n rows per head and decode step: the share is Σk / Σn (it was not counted: 100 % shown)."""
-    model = tiny_model()
+    model = tiny_hf_model()
     ids = padded_batch()[0][:1, :prompt]
     config = SantaConfig(sampler="topk", budget=budget, record_stats=True)
     generated_logits(model, ids, None, config, new_tokens=4)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from cli_helpers import exit_code_and_stderr
+from helpers import exit_code_and_stderr
 from santa.budgets.ablate import layer_cells
 from santa.budgets.schedule import write_schedule
 from santa.budgets.sweep import Cell, run_cells

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import exit_code_and_stderr
+from helpers import exit_code_and_stderr
 
 ray = pytest.importorskip("ray")
 
@@ -287,7 +287,7 @@ def test_tune_cli_mixed_run(fake_gpu_ray, tmp_path, capsys):
 def report():
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "tune" / "tune_report.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "tune" / "tune_report.py"
     spec = importlib.util.spec_from_file_location("tune_report", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

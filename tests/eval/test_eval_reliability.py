@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import refusal
+from helpers import refusal
 from santa.cli import main
 from santa.eval.report import cells, check_records, compare_methods, pivot, table
 from santa.eval.runner import grid

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import exit_code_and_stderr
+from helpers import exit_code_and_stderr
 
 ray = pytest.importorskip("ray")
 
