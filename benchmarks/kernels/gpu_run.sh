@@ -14,8 +14,8 @@ fi
 for stage in "$@"; do
   case $stage in
     tests)
-      python3 -m pytest -q -m "not slow" -p no:cacheprovider tests/test_kernels.py tests/test_kernels_bad_inputs.py tests/test_hf_cuda.py \
-        tests/test_model_real.py 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
+      python3 -m pytest -q -m "not slow" -p no:cacheprovider tests/kernels tests/hf/test_hf_cuda.py \
+        tests/model/test_model_real.py 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
     llama)
       python3 -m benchmarks.bench.kernels --sizes 8192 32768 131072 --prop-budgets 128 --flash-budgets 2048 --no-tune \
         --out /tmp/llama > "$OUT/llama.log" 2>&1; cp /tmp/llama/kernels.json "$OUT/llama.json" ;;
