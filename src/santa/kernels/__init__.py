@@ -8,8 +8,13 @@
 - :func:`make_workspace`, :class:`Workspace`, :func:`workspace_bytes`: caller-owned scratch, typed
   by the shape and kernel it serves.
 - :mod:`santa.kernels.reference`: the torch emulation of what the kernels compute (the oracle).
+- :mod:`santa.kernels.ops`: the same call as torch custom ops (``torch.ops.santa.decode``,
+  ``torch.ops.santa.decode_counts``), registered on import; under ``torch.compile``
+  :func:`decode` is one of them, so ``fullgraph=True`` traces it and ``mode="reduce-overhead"``
+  captures it.
 """
 
+from santa.kernels import ops
 from santa.kernels.decode import decode, make_workspace, use_triton, workspace_bytes
 from santa.kernels.plan import (
     KERNELS,
@@ -35,6 +40,7 @@ __all__ = [
     "flash_reference",
     "flash_tile",
     "make_workspace",
+    "ops",
     "philox_uniforms",
     "plan_decode",
     "prop_reference",

@@ -324,7 +324,12 @@ def decode(
         Unchecked, the kernels still never read outside the cache for a bad value: a bad length or
         page id gives NaN for the sequences or heads it touches.
     Returns out, or ``(out, counts)``. Non-finite input: see the module docstring.
+
+    Under ``torch.compile`` the call is one custom op (:mod:`santa.kernels.ops`): see :func:`_decode_compiled`.
     """
+    if torch.compiler.is_compiling():
+        return _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset,
+                                out, workspace, return_counts, check)
     _check_seed_and_offset(seed, offset)
     call = _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out,
                            return_counts)
@@ -350,4 +355,33 @@ def _decode_reference(q, k_cache, v_cache, budget, kernel, seq_lens, block_table
     if out is not None:
         out.copy_(result)
         result = out
+    return (result, counts) if return_counts else result
+
+
+def _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out,
+                     workspace, return_counts, check):
+    """:func:`decode` as torch.compile traces it: the checks that read no tensor values (the same
+    errors as eager), then ``torch.ops.santa.decode`` (or ``decode_counts``), whose implementation is
+    the eager call at execution time (its plan cached per call signature, with the plan's own
+    workspace: a ``workspace`` given here is checked for its type only and not used). ``out`` is
+    filled from the op's result. ``check=True`` (host reads of the tables) is refused: a compiled graph
+    does not read tensor values on the host (on the CPU the op still checks them when it runs)."""
+    _check_seed_and_offset(seed, offset)
+    _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts)
+    if check is not None and not isinstance(check, bool):
+        raise TypeError(f"check must be a bool or None, got {type(check).__name__}")
+    if check:
+        raise ValueError("check=True reads seq_lens and block_table on the host, which a compiled graph does not: "
+                         "check them eagerly (the kernels never read outside the cache for a bad value)")
+    if workspace is not None and not isinstance(workspace, Workspace):
+        raise TypeError(f"workspace must be a santa.kernels.Workspace from make_workspace, got {type(workspace).__name__}")
+    offset_tensor = offset if isinstance(offset, torch.Tensor) else None
+    args = (q, k_cache, v_cache, seq_lens, block_table, offset_tensor, int(budget), kernel, kv_layout,
+            None if scale is None else float(scale), int(seed), 0 if offset_tensor is not None else int(offset))
+    if return_counts:
+        result, counts = torch.ops.santa.decode_counts(*args)
+    else:
+        result, counts = torch.ops.santa.decode(*args), None
+    if out is not None:
+        result = out.copy_(result)
     return (result, counts) if return_counts else result

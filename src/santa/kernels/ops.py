@@ -1,0 +1,102 @@
+"""The decode kernels as torch custom ops, so that ``torch.compile(fullgraph=True)`` traces a model
+that calls :func:`santa.decode` (and ``mode="reduce-overhead"`` captures it in a CUDA graph).
+
+- ``torch.ops.santa.decode(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget,
+  kernel, kv_layout, scale, seed, offset) -> out``: one decode step, a new ``[B, H, d]`` tensor in
+  q's dtype (contiguous).
+- ``torch.ops.santa.decode_counts(...)`` (same arguments) ``-> (out, counts)``: also the per-key
+  sample counts, int32 ``[B, H, n_keys]`` (statistics, tests).
+
+The arguments are those of :func:`santa.decode` (tensors, then ints, floats, strings): ``seq_lens``,
+``block_table`` and ``offset_tensor`` may be None; ``offset_tensor``, a one-element int64 tensor on
+q's device, replaces ``offset`` when given (read inside the kernel: a captured CUDA graph advances it
+per step without recompiling); ``scale`` None means ``1/√d``; seed and offset are ints in
+``[0, 2**63)`` (they fit the schema's int64).
+
+The implementation is the eager :func:`santa.decode` at execution time: on CUDA (and on the CPU
+under ``TRITON_INTERPRET=1``) a :class:`santa.kernels.DecodePlan`, cached per call signature
+(shape, dtype, device, kernel, layout, budget, scale) with its own workspace, then ``plan.run``;
+on the CPU otherwise the torch fallback (:func:`santa.kernels.plan.torch_decode`), which checks the
+tables' values. The plan cache is consulted when the op *runs*, never while it is traced. Under
+CUDA-graph capture the first (warm-up) run makes the plan and its workspace, so the captured replay
+allocates nothing but its output. The fake implementation checks the call's shapes, dtypes and
+devices (what needs no tensor values) and returns the output's metadata.
+"""
+
+import importlib
+
+import torch
+from torch import Tensor
+
+# the module (santa.kernels.decode, the attribute, is the function)
+_decode = importlib.import_module("santa.kernels.decode")
+
+__all__ = ["decode", "decode_counts"]
+
+
+def _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, seed, offset,
+           return_counts):
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous whatever q's strides: as the fake
+    return _decode.decode(q, k_cache, v_cache, budget, kernel=kernel, seq_lens=seq_lens, block_table=block_table,
+                          kv_layout=kv_layout, scale=scale, seed=seed,
+                          offset=offset if offset_tensor is None else offset_tensor, out=out, return_counts=return_counts)
+
+
+def _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset):
+    """The metadata checks of :func:`santa.decode` on fake tensors; returns n_keys."""
+    n_keys = _decode._validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale,
+                               offset if offset_tensor is None else offset_tensor, None, False)[4]
+    return n_keys
+
+
+@torch.library.custom_op("santa::decode", mutates_args=())
+def decode(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    seq_lens: Tensor | None,
+    block_table: Tensor | None,
+    offset_tensor: Tensor | None,
+    budget: int,
+    kernel: str,
+    kv_layout: str,
+    scale: float | None,
+    seed: int,
+    offset: int,
+) -> Tensor:
+    """One sampled-attention decode step (see :func:`santa.decode`): ``out [B, H, d]``."""
+    return _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, seed,
+                  offset, False)
+
+
+@decode.register_fake
+def _decode_fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, seed, offset):
+    _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset)
+    return q.new_empty(q.shape)
+
+
+@torch.library.custom_op("santa::decode_counts", mutates_args=())
+def decode_counts(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    seq_lens: Tensor | None,
+    block_table: Tensor | None,
+    offset_tensor: Tensor | None,
+    budget: int,
+    kernel: str,
+    kv_layout: str,
+    scale: float | None,
+    seed: int,
+    offset: int,
+) -> tuple[Tensor, Tensor]:
+    """:func:`decode` and the per-key sample counts: ``(out [B, H, d], counts int32 [B, H, n_keys])``."""
+    return _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, seed,
+                  offset, True)
+
+
+@decode_counts.register_fake
+def _decode_counts_fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, seed,
+                        offset):
+    n_keys = _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset)
+    return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[1], n_keys), dtype=torch.int32)

@@ -1,0 +1,191 @@
+"""santa.kernels.ops: the decode kernels as torch custom ops (torch.ops.santa.decode, decode_counts).
+
+opcheck on both kernels and on contiguous (NHD, HND) and paged caches; the fake implementation's
+metadata against the real output's; torch.compile(fullgraph=True) of a module that calls
+santa.decode against eager, bit for bit. On the CPU the ops run the torch fallback (the test unsets
+TRITON_INTERPRET); on a CUDA machine the same tests run the kernels through a DecodePlan, plus a
+mode="reduce-overhead" capture at the bottom.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import santa
+from helpers import DEVICE, KERNELS, make_inputs, needs_cuda, to_paged
+from santa.kernels import ops
+
+CACHES = ("contiguous", "paged", "hnd")
+OPS = {"decode": torch.ops.santa.decode.default, "decode_counts": torch.ops.santa.decode_counts.default}
+
+
+@pytest.fixture(autouse=True)
+def _torch_fallback_on_cpu(monkeypatch):
+    """CPU calls run the torch fallback (the ops' CPU implementation), also under TRITON_INTERPRET=1."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+def op_args(cache: str, kernel: str, *, dtype=torch.float32) -> tuple:
+    """Positional arguments of torch.ops.santa.decode for a tiny call (GQA 2, two sequences of other lengths)."""
+    layout = "HND" if cache == "hnd" else "NHD"
+    q, k, v = make_inputs(2, 4, 2, 16, 40, dtype, seed=7, layout=layout)
+    seq_lens = torch.tensor([40, 17], dtype=torch.int32, device=DEVICE)
+    if cache == "paged":  # with the offset as a device tensor and an explicit scale
+        k, block_table = to_paged(k, 8, seed=1)
+        v, _ = to_paged(v, 8, seed=1)  # the same seed: the same block table
+        offset_tensor = torch.tensor([9], dtype=torch.int64, device=DEVICE)
+        return (q, k, v, seq_lens, block_table, offset_tensor, 16, kernel, "NHD", 0.3, 5, 0)
+    if cache == "hnd":  # every key visible
+        return (q, k, v, None, None, None, 24, kernel, "HND", None, 2**62 + 1, 2**40)
+    return (q, k, v, seq_lens, None, None, 16, kernel, "NHD", None, 5, 3)
+
+
+def eager_decode(args: tuple, **extra):
+    """santa.decode with the op's positional arguments."""
+    q, k, v, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, seed, offset = args
+    return santa.decode(q, k, v, budget, kernel=kernel, seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout,
+                        scale=scale, seed=seed, offset=offset if offset_tensor is None else offset_tensor, **extra)
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("cache", CACHES)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_opcheck_passes_every_test_util(kernel, cache, op):
+    results = torch.library.opcheck(OPS[op], op_args(cache, kernel), raise_exception=False)
+    assert set(results) == {"test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"}
+    assert all(result == "SUCCESS" for result in results.values()), results
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_opcheck_passes_through_a_decode_plan(kernel, monkeypatch):
+    """The kernels' path of the ops (a cached DecodePlan and its run): on the CPU in Triton's interpreter."""
+    from santa.kernels.plan import kernels_on_cpu
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if DEVICE.type == "cpu" and not kernels_on_cpu():
+        pytest.skip("the kernels were defined without TRITON_INTERPRET=1")
+    results = torch.library.opcheck(OPS["decode_counts"], op_args("paged", kernel), raise_exception=False)
+    assert all(result == "SUCCESS" for result in results.values()), results
+
+
+@pytest.mark.parametrize("cache", CACHES)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_the_ops_give_what_santa_decode_gives(kernel, cache):
+    args = op_args(cache, kernel)
+    want_out, want_counts = eager_decode(args, return_counts=True)
+    assert torch.equal(torch.ops.santa.decode(*args), want_out)
+    out, counts = torch.ops.santa.decode_counts(*args)
+    assert torch.equal(out, want_out) and torch.equal(counts, want_counts)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("q_layout", ["contiguous", "strided"])
+@pytest.mark.parametrize("cache", ["contiguous", "paged"])
+def test_fake_outputs_have_the_real_outputs_metadata(cache, q_layout, dtype):
+    args = op_args(cache, "prop", dtype=dtype)
+    if q_layout == "strided":  # heads interleaved with another tensor: q.stride() is not contiguous
+        q = args[0]
+        args = (torch.stack([q, q], dim=2)[:, :, 0],) + args[1:]
+        assert not args[0].is_contiguous()
+    real = ops.decode_counts(*args)
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        fake_args = tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args)
+        fake = ops.decode_counts(*fake_args)
+    for r, f in zip(real, fake, strict=True):
+        assert (f.shape, f.dtype, f.stride(), f.device) == (r.shape, r.dtype, r.stride(), r.device)
+    assert real[0].is_contiguous() and real[1].shape == (2, 4, 40)
+
+
+class TinyAttention(torch.nn.Module):
+    """q projection → santa.decode over a given cache → output projection (one decode step)."""
+
+    def __init__(self, dim=16, heads=4, kernel="prop"):
+        super().__init__()
+        self.heads, self.kernel = heads, kernel
+        self.q_proj = torch.nn.Linear(dim, heads * dim, bias=False)
+        self.o_proj = torch.nn.Linear(heads * dim, dim, bias=False)
+
+    def forward(self, x, k_cache, v_cache, seq_lens, offset):
+        q = self.q_proj(x).view(x.shape[0], self.heads, -1)  # [B, H, d]
+        o = santa.decode(q, k_cache, v_cache, 16, kernel=self.kernel, seq_lens=seq_lens, seed=11, offset=offset)
+        return self.o_proj(o.flatten(1))
+
+
+def test_compiled_fullgraph_module_equals_eager_bit_for_bit():
+    torch.manual_seed(0)
+    model = TinyAttention().to(DEVICE)
+    _, k, v = make_inputs(2, 4, 2, 16, 40, seed=3)
+    x = torch.randn(2, 16, device=DEVICE)
+    seq_lens = torch.tensor([40, 23], dtype=torch.int32, device=DEVICE)
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        for offset in (0, 1, torch.tensor([5], device=DEVICE)):  # ints (the second one as a SymInt), then a tensor
+            assert torch.equal(compiled(x, k, v, seq_lens, offset), model(x, k, v, seq_lens, offset))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_compiled_decode_fills_out_and_returns_counts_as_eager(kernel):
+    args = op_args("paged", kernel)
+    q, k, v, seq_lens, block_table, offset_tensor = args[:6]
+
+    def step(q, k, v, seq_lens, block_table, offset, out):
+        return santa.decode(q, k, v, 16, kernel=kernel, seq_lens=seq_lens, block_table=block_table, scale=0.3, seed=5,
+                            offset=offset, out=out, return_counts=True)
+
+    out = torch.empty_like(q)
+    result, counts = torch.compile(step, fullgraph=True, backend="aot_eager")(q, k, v, seq_lens, block_table, offset_tensor, out)
+    want_out, want_counts = step(q, k, v, seq_lens, block_table, offset_tensor, None)
+    assert torch.equal(out, want_out) and torch.equal(result, want_out) and torch.equal(counts, want_counts)
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(budget=0), "budget must be ≥ 1"),
+    (dict(kernel="dense"), "kernel must be one of"),
+    (dict(seed=-1), "seed must be an int"),
+    (dict(seq_lens=torch.tensor([40, 17])), "seq_lens must be an int32 tensor"),
+])
+def test_compiled_decode_refuses_what_eager_refuses(change, message):
+    q, k, v = make_inputs(2, 4, 2, 16, 40, seed=7)
+    kwargs = dict(budget=16, kernel="prop", seq_lens=None, seed=0)
+    kwargs.update(change)
+
+    def step(q, k, v):
+        return santa.decode(q, k, v, **kwargs)
+
+    torch._dynamo.reset()  # dynamo caches per code object: no earlier case's graph break
+    with pytest.raises((ValueError, TypeError), match=message):  # eager
+        step(q, k, v)
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=message):  # fullgraph: dynamo's error, quoting it
+        torch.compile(step, backend="eager", fullgraph=True)(q, k, v)
+    with pytest.raises((ValueError, TypeError), match=message):  # a graph break: the frame runs eagerly
+        torch.compile(step, backend="eager")(q, k, v)
+
+
+@needs_cuda
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_reduce_overhead_captures_decode_in_a_cuda_graph(kernel, monkeypatch):
+    """After warm-up and recording, steps replay the graph: the op's implementation no longer runs,
+    and each replay reads the offset tensor's new value, as eager does."""
+    ops_module = importlib.import_module("santa.kernels.ops")
+    calls = []
+    real_eager = ops_module._eager
+    monkeypatch.setattr(ops_module, "_eager", lambda *a: calls.append(1) or real_eager(*a))
+    torch.manual_seed(0)
+    model = TinyAttention(kernel=kernel).to(DEVICE)
+    _, k, v = make_inputs(2, 4, 2, 16, 40, seed=3)
+    x = torch.randn(2, 16, device=DEVICE)
+    seq_lens = torch.tensor([40, 23], dtype=torch.int32, device=DEVICE)
+    offset = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        for step in range(6):
+            if step == 3:
+                calls_before_replays = len(calls)
+            offset.fill_(step)
+            got = compiled(x, k, v, seq_lens, offset).clone()
+            assert torch.equal(got, model(x, k, v, seq_lens, offset)), step
+    assert calls and len(calls) == calls_before_replays  # eager santa.decode does not go through the op
