@@ -7,10 +7,11 @@ that calls :func:`santa.decode` (and ``mode="reduce-overhead"`` captures it in a
 - ``torch.ops.santa.decode_counts(...)`` (same arguments) ``-> (out, counts)``: also the per-key
   sample counts, int32 ``[B, H, n_keys]`` (statistics, tests).
 
-The arguments are those of :func:`santa.decode` (tensors, then ints, floats, strings): ``seq_lens``,
-``block_table`` and ``offset_tensor`` may be None; ``offset_tensor``, a one-element int64 tensor on
-q's device, replaces ``offset`` when given (read inside the kernel: a captured CUDA graph advances it
-per step without recompiling); ``scale`` None means ``1/√d``; seed and offset are ints in
+The arguments are those of :func:`santa.decode`, tensors first: ``seq_lens``, ``block_table`` and
+``offset_tensor`` may be None; ``offset_tensor``, a one-element int64 tensor on q's device, replaces
+``offset`` when given (read inside the kernel, so a captured CUDA graph advances it per step; an int
+offset that changes per step makes dynamo recompile once, then trace it as a SymInt, and CUDA graphs
+record one graph per value); ``scale`` None means ``1/√d``; seed and offset are ints in
 ``[0, 2**63)`` (they fit the schema's int64).
 
 The implementation is the eager :func:`santa.decode` at execution time: on CUDA (and on the CPU
@@ -36,6 +37,7 @@ __all__ = ["decode", "decode_counts"]
 
 def _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, seed, offset,
            return_counts):
+    """Both ops' implementation: the eager :func:`santa.decode` into a new contiguous output."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous whatever q's strides: as the fake
     return _decode.decode(q, k_cache, v_cache, budget, kernel=kernel, seq_lens=seq_lens, block_table=block_table,
                           kv_layout=kv_layout, scale=scale, seed=seed,
