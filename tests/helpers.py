@@ -1,12 +1,29 @@
-"""Plain functions and constants shared by the tests (fixtures live in tests/conftest.py).
+"""Plain functions and constants shared by the tests, defined once (the fixtures are in tests/conftest.py).
 
-Imported as ``helpers``: pyproject.toml puts tests/ on the path.
+Imported as ``helpers``: pyproject.toml's ``[tool.pytest.ini_options] pythonpath`` puts tests/ on the
+path. Optional dependencies (transformers, ray) are imported inside the functions that need them.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+from pathlib import Path
+
 import pytest
 import torch
+
+from santa.budgets.checkpoint import HISTORY, TuneSpec, replay
+from santa.budgets.rewards import RewardSpec
+
+REPO = Path(__file__).resolve().parents[1]  # the checkout: pyproject.toml, src/, benchmarks/, tests/
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+KERNELS = ("prop", "flash")  # santa.kernels' two kernels, by name
+
+
+# --- command lines --------------------------------------------------------------------------------
 
 
 def exit_code_and_stderr(main, argv: list[str], capsys) -> tuple[object, str]:
@@ -17,14 +34,74 @@ def exit_code_and_stderr(main, argv: list[str], capsys) -> tuple[object, str]:
 
 
 def refusal(main, argv: list[str], capsys) -> str:
-    """The stderr of a command that must stop with status 2 (argparse's refusal) and no traceback."""
+    """The stderr of a command that must stop with status 2 (argparse's refusal, with its usage line)
+    and no traceback."""
     code, err = exit_code_and_stderr(main, argv, capsys)
     assert code == 2
     assert "Traceback" not in err
+    assert "usage:" in err
     return err
 
 
-# --- tiny random transformers models (no download) ------------------------------------------------
+# --- tensors --------------------------------------------------------------------------------------
+
+
+def qkv(b=2, hq=6, hkv=2, lq=1, lk=50, d=16, *, dv=None, seed=0, dtype=torch.float32):
+    """Seeded random q ``[b, hq, lq, d]``, k ``[b, hkv, lk, d]`` and v ``[b, hkv, lk, dv or d]`` (HND, CPU)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, hq, lq, d, generator=g).to(dtype)
+    k = torch.randn(b, hkv, lk, d, generator=g).to(dtype)
+    v = torch.randn(b, hkv, lk, dv or d, generator=g).to(dtype)
+    return q, k, v
+
+
+def random_probs(shape=(4, 50), seed=0, peak=1.0, dtype=torch.float64):
+    """Seeded random probabilities over the last dimension of ``shape`` (``peak`` sharpens them)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.softmax(peak * torch.randn(shape, generator=g, dtype=dtype), dim=-1)
+
+
+def make_inputs(batch=2, heads=4, kv_heads=2, dim=16, n_keys=40, dtype=torch.float32, *, seed=0, q_scale=1.0,
+                layout="NHD", device=DEVICE):
+    """Seeded decode inputs of santa.kernels: q ``[B, H, d]`` and a K/V cache, NHD ``[B, L, H_kv, d]``
+    or HND ``[B, H_kv, L, d]``, on ``device`` (the GPU where there is one)."""
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(batch, heads, dim, generator=g) * q_scale).to(dtype)
+    shape = (batch, n_keys, kv_heads, dim) if layout == "NHD" else (batch, kv_heads, n_keys, dim)
+    k = torch.randn(shape, generator=g).to(dtype)
+    v = torch.randn(shape, generator=g).to(dtype)
+    return q.to(device), k.to(device), v.to(device)
+
+
+def to_paged(cache, page_size, seed=0):
+    """Scatter a contiguous NHD cache [B, L, H_kv, d] into shuffled pages + an int32 block table."""
+    batch, n_keys, kv_heads, dim = cache.shape
+    pages_per_seq = -(-n_keys // page_size)
+    padded = torch.nn.functional.pad(cache, (0, 0, 0, 0, 0, pages_per_seq * page_size - n_keys))
+    pages = padded.reshape(batch * pages_per_seq, page_size, kv_heads, dim)
+    perm = torch.randperm(batch * pages_per_seq + 3, generator=torch.Generator().manual_seed(seed))
+    perm = perm[perm < batch * pages_per_seq]
+    paged = torch.randn(batch * pages_per_seq + 3, page_size, kv_heads, dim, device=cache.device).to(cache.dtype)
+    paged[perm] = pages
+    block_table = perm.reshape(batch, pages_per_seq).to(torch.int32).to(cache.device)
+    return paged, block_table
+
+
+def kernel_reference(kernel, q, k, v, budget, **kw):
+    """santa.kernels' torch reference of ``kernel`` (flash with its default tile for the head size)."""
+    from santa.kernels import flash_reference, flash_tile, prop_reference
+
+    if kernel == "prop":
+        return prop_reference(q, k, v, budget, **kw)
+    return flash_reference(q, k, v, budget, tile=flash_tile(q.shape[-1]), **kw)
+
+
+# --- tiny models (no download) --------------------------------------------------------------------
+
+# Prompts and a stop token of santa.model's CONFIGS["tiny"] (vocabulary 256) whose tokens are pinned
+# in tests/model/test_engine.py and tests/bench/test_bench_e2e.py.
+TINY_PROMPTS = [[122, 174, 183, 197, 129], [104, 87, 200, 50, 137, 58, 252, 103, 109, 94, 55, 183, 57, 104, 164, 178, 44, 38, 126, 234, 52, 131, 0], [183, 21, 149, 201, 166, 253, 230, 56, 194, 174, 117, 30]]
+TINY_STOP = 251
 
 HF_SMALL = {
     "vocab_size": 64,
@@ -68,3 +145,62 @@ def tiny_hf_model(family: str = "llama", **fields) -> torch.nn.Module:
     torch.manual_seed(0)
     config = getattr(transformers, config_class)(**{**HF_SMALL, **extra, **fields})
     return getattr(transformers, model_class)(config).eval()
+
+
+# --- sweep files (santa eval) ---------------------------------------------------------------------
+
+
+def sweep_jobs():
+    """A small grid: dense and topk S=16 on prompts 0 and 1 of one task, length and model."""
+    from santa.eval.runner import grid
+
+    return grid(models=["m"], tasks=["niah_single"], lengths=[512], methods=["dense", "topk"], budgets=[16], prompts=[0, 1])
+
+
+def sweep_record(job, score: float = 1.0) -> dict:
+    """The sweep-file record of ``job`` with ``score``."""
+    return {"key": job.key(), **asdict(job), "score": score, "prompt_tokens": 500, "new_tokens": 8, "v_rows_read": 0.5}
+
+
+def write_jsonl(path: Path, records) -> None:
+    """Write ``records`` to ``path``, one JSON object a line."""
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+# --- santa ablate / santa tune --------------------------------------------------------------------
+
+# The cells commands' flags for the tiny random model (2 layers, byte tokenizer): short prompts, 3 of them.
+TINY_CELLS_FLAGS = ["--model", "tiny-random", "--length", "160", "--kl-tokens", "8", "--prompts", "0-2", "--no-progress"]
+
+
+class CountingScorer:
+    """A scorer of schedule cells that counts its calls (and raises KeyboardInterrupt after ``fail_after``)."""
+
+    def __init__(self, fail_after=None):
+        self.calls, self.fail_after = 0, fail_after
+
+    def scores(self, layer_budgets, *, prompts, seed):
+        if self.fail_after is not None and self.calls == self.fail_after:
+            raise KeyboardInterrupt  # killed mid-sweep
+        self.calls += 1
+        return {p: float(sum(layer_budgets.values()) + p) for p in prompts}
+
+
+# The tune spec of the Ray tests: the synthetic reward on 4 layers, 16 rows, 3 episodes an update.
+SYNTHETIC_SPEC = TuneSpec(reward=RewardSpec(kind="synthetic", model="tiny-random"), n_layers=4, total=16, floor=1, alpha=0.5, episodes=3)
+
+
+def tune_history(out) -> list[dict]:
+    """The history lines of the tune run in folder ``out``, by update."""
+    from santa.eval.runner import read_records
+
+    return sorted(read_records(Path(out) / HISTORY), key=lambda r: r["update"])
+
+
+def assert_consistent_history(updates, spec=SYNTHETIC_SPEC):
+    """Contiguous updates, each episode once, and θ in every line equal to the replay from θ = 0."""
+    assert [u["update"] for u in updates] == list(range(1, len(updates) + 1))
+    ids = [e["id"] for u in updates for e in u["episodes"]]
+    assert len(ids) == len(set(ids))
+    for record, state in zip(updates, replay(updates, spec), strict=True):
+        assert record["theta"] == pytest.approx(list(state.theta), abs=1e-12)

@@ -7,6 +7,8 @@ import torch
 from benchmarks.bench import capture as cap_mod
 from benchmarks.bench import kernels as kb
 
+from helpers import refusal
+
 
 def test_capture_and_real_accuracy(tmp_path):
     from santa.assets import load_model
@@ -104,6 +106,5 @@ def test_bench_real_times_and_grades_every_backend_on_the_bundled_model(tmp_path
 def test_bench_real_refuses_warm_tokens_not_below_new_tokens(capsys):
     from benchmarks.bench.real import main
 
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--new-tokens", "4", "--warm-tokens", "4", "--device", "cpu"])
-    assert exit_info.value.code == 2 and "--warm-tokens (4) must be below --new-tokens (4)" in capsys.readouterr().err
+    err = refusal(main, ["--new-tokens", "4", "--warm-tokens", "4", "--device", "cpu"], capsys)
+    assert "--warm-tokens (4) must be below --new-tokens (4)" in err

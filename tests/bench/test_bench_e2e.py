@@ -10,18 +10,12 @@ import torch
 from benchmarks.bench import e2e
 
 import santa.model
-from santa.model import CONFIGS, Transformer, decode_tokens, generate, make_context, pad_prompts, prefill
+from helpers import TINY_PROMPTS, TINY_STOP
+from santa.model import CONFIGS, decode_tokens, generate, make_context, pad_prompts, prefill
 
-# santa.model.generate(tiny, PROMPTS, 10, backend="weights-only", budget=8, seed=3, stop_tokens=[STOP]), as
-# santa.model drew them while weights-only was built in (tests/test_engine.py pinned them at 581559a)
-PROMPTS = [[122, 174, 183, 197, 129], [104, 87, 200, 50, 137, 58, 252, 103, 109, 94, 55, 183, 57, 104, 164, 178, 44, 38, 126, 234, 52, 131, 0], [183, 21, 149, 201, 166, 253, 230, 56, 194, 174, 117, 30]]
-STOP = 251
+# santa.model.generate(tiny_transformer, TINY_PROMPTS, 10, backend="weights-only", budget=8, seed=3, stop_tokens=[TINY_STOP]), as
+# santa.model drew them while weights-only was built in (tests/model/test_engine.py pinned them at 581559a)
 WEIGHTS_ONLY = [[207, 177, 223, 223, 223, 223, 223, 223, 43, 82], [112, 87, 58, 226, 188, 221, 246, 128, 35, 108], [196, 74, 121, 171, 207, 11, 86, 14, 197, 9]]
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return Transformer.random(CONFIGS["tiny"], dtype=torch.float32, seed=0).eval()
 
 
 @torch.inference_mode()
@@ -38,15 +32,15 @@ def generate_plugged(model, prompts, max_new_tokens, backend, *, stop_tokens=(),
 
 
 @pytest.mark.parametrize("layer_budgets", [None, {1: 4}], ids=["S", "lb"])
-def test_the_benchmarks_weights_only_draws_the_tokens_santa_model_drew(tiny, layer_budgets):
-    rows = generate_plugged(tiny, PROMPTS, 10, "weights-only", stop_tokens=[STOP], budget=8, seed=3, layer_budgets=layer_budgets)
+def test_the_benchmarks_weights_only_draws_the_tokens_santa_model_drew(tiny_transformer, layer_budgets):
+    rows = generate_plugged(tiny_transformer, TINY_PROMPTS, 10, "weights-only", stop_tokens=[TINY_STOP], budget=8, seed=3, layer_budgets=layer_budgets)
     assert rows == WEIGHTS_ONLY
 
 
-def test_weights_only_backend_differs_from_dense(tiny):
+def test_weights_only_backend_differs_from_dense(tiny_transformer):
     prompt = torch.randint(0, CONFIGS["tiny"].vocab_size, (1, 12), generator=torch.Generator().manual_seed(6))
-    tokens = generate_plugged(tiny, prompt, 3, "weights-only")[0]
-    assert len(tokens) == 3 and tokens != generate(tiny, prompt, 3)[0].tolist()
+    tokens = generate_plugged(tiny_transformer, prompt, 3, "weights-only")[0]
+    assert len(tokens) == 3 and tokens != generate(tiny_transformer, prompt, 3)[0].tolist()
 
 
 def test_the_e2e_backends_are_santa_models_and_the_benchmarks_own():
@@ -56,21 +50,21 @@ def test_the_e2e_backends_are_santa_models_and_the_benchmarks_own():
 
 
 @pytest.mark.parametrize("backend", santa.model.BACKENDS)
-def test_santa_models_own_backends_plug_nothing_in(tiny, backend):
-    assert e2e.plugged_attention(tiny, backend) == (None, None)
+def test_santa_models_own_backends_plug_nothing_in(tiny_transformer, backend):
+    assert e2e.plugged_attention(tiny_transformer, backend) == (None, None)
 
 
 @pytest.mark.parametrize("backend", ["flashinfer", "weights-only"])
 @pytest.mark.parametrize("call", ["make_context", "generate"])
-def test_santa_model_refuses_a_benchmark_backend_naming_santa_bench_e2e(tiny, backend, call):
-    tiny.setup_caches(1, 16)
-    cache = tiny.layers[0].attention.kv_cache
+def test_santa_model_refuses_a_benchmark_backend_naming_santa_bench_e2e(tiny_transformer, backend, call):
+    tiny_transformer.setup_caches(1, 16)
+    cache = tiny_transformer.layers[0].attention.kv_cache
     with pytest.raises(ValueError, match=f"backend '{backend}' is not santa.model's: .*santa bench e2e"):
         if call == "make_context":
-            make_context(tiny, backend, prompt_len=4)
+            make_context(tiny_transformer, backend, prompt_len=4)
         else:
-            generate(tiny, [[1, 2, 3]], 2, backend=backend)
-    assert tiny.layers[0].attention.kv_cache is cache  # refused before any work: the caches were not rebuilt
+            generate(tiny_transformer, [[1, 2, 3]], 2, backend=backend)
+    assert tiny_transformer.layers[0].attention.kv_cache is cache  # refused before any work: the caches were not rebuilt
 
 
 class FakeFlashInfer:
@@ -93,7 +87,7 @@ class FakeFlashInfer:
         return torch.nn.functional.scaled_dot_product_attention(q.unsqueeze(2), k, v, enable_gqa=True).squeeze(2)
 
 
-def test_the_plugged_flashinfer_reads_santa_models_cache_as_pages_planned_per_step(tiny, monkeypatch):
+def test_the_plugged_flashinfer_reads_santa_models_cache_as_pages_planned_per_step(tiny_transformer, monkeypatch):
     """The flashinfer backend as bench e2e runs it (plan on the host, then the plugged step) decodes the
     tokens of santa.model's sdpa backend; each step is planned with the keys it may see."""
     monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(BatchDecodeWithPagedKVCacheWrapper=FakeFlashInfer))
@@ -101,17 +95,17 @@ def test_the_plugged_flashinfer_reads_santa_models_cache_as_pages_planned_per_st
     prompt, steps = 18, 4  # 19…22 visible keys: two pages of 16 throughout (no host sync between steps)
     tokens = torch.randint(0, CONFIGS["tiny"].vocab_size, (2, prompt), generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
-        tiny.setup_caches(2, prompt + steps + 1)
-        attention, flashinfer = e2e.plugged_attention(tiny, "flashinfer")
+        tiny_transformer.setup_caches(2, prompt + steps + 1)
+        attention, flashinfer = e2e.plugged_attention(tiny_transformer, "flashinfer")
         assert isinstance(flashinfer, e2e.FlashInferDecode) and attention == flashinfer.attention
-        ctx = make_context(tiny, "flashinfer", prompt_len=prompt, attention=attention)
-        token, input_pos = prefill(tiny, tokens), torch.tensor([prompt])
-        step = santa.model.greedy_step(tiny, ctx, token, input_pos)
+        ctx = make_context(tiny_transformer, "flashinfer", prompt_len=prompt, attention=attention)
+        token, input_pos = prefill(tiny_transformer, tokens), torch.tensor([prompt])
+        step = santa.model.greedy_step(tiny_transformer, ctx, token, input_pos)
         drawn = []
         for i in range(steps):
             flashinfer.plan(prompt + i + 1)  # as e2e.run_backend plans before every step
             step()
             drawn.append(token[:, 0].tolist())
     assert flashinfer.wrapper.plans == [prompt + 1 + i for i in range(steps)]
-    dense = generate(tiny, tokens, steps + 1, backend="sdpa")
+    dense = generate(tiny_transformer, tokens, steps + 1, backend="sdpa")
     assert [list(row) for row in zip(*drawn, strict=True)] == [row[1:].tolist() for row in dense]

@@ -5,13 +5,12 @@ import json
 
 import pytest
 
-from helpers import exit_code_and_stderr
+from helpers import TINY_CELLS_FLAGS, CountingScorer, refusal
+from santa.budgets import ablate_cli, tune_cli
 from santa.budgets.ablate import layer_cells
 from santa.budgets.schedule import write_schedule
 from santa.budgets.sweep import Cell, run_cells
 from santa.eval.runner import read_records
-
-TINY = ["--model", "tiny-random", "--length", "160", "--kl-tokens", "8", "--prompts", "0-2", "--no-progress"]
 
 
 def test_layer_cells_are_the_baseline_and_one_per_layer():
@@ -23,17 +22,6 @@ def test_layer_cells_are_the_baseline_and_one_per_layer():
         ("layer 2", (4, 4, 1), 0),
     ]
     assert len(cells) == 8 and {c.seed for c in cells[4:]} == {1}
-
-
-class CountingScorer:
-    def __init__(self, fail_after=None):
-        self.calls, self.fail_after = 0, fail_after
-
-    def scores(self, layer_budgets, *, prompts, seed):
-        if self.fail_after is not None and self.calls == self.fail_after:
-            raise KeyboardInterrupt  # killed mid-sweep
-        self.calls += 1
-        return {p: float(sum(layer_budgets.values()) + p) for p in prompts}
 
 
 def test_a_killed_sweep_resumes_with_the_cells_it_had_not_finished(tmp_path):
@@ -64,7 +52,7 @@ def test_ablation_on_the_tiny_model_writes_cells_table_and_plot(tmp_path, capsys
     from santa.budgets.ablate_cli import main
 
     out, plot = tmp_path / "ablation.jsonl", tmp_path / "ablation.png"
-    assert main(["layers", "--out", str(out), "--base", "4", "--plot", str(plot), *TINY]) == 0
+    assert main(["layers", "--out", str(out), "--base", "4", "--plot", str(plot), *TINY_CELLS_FLAGS]) == 0
     records = read_records(out)
     assert sorted(r["name"] for r in records) == ["layer 0", "layer 1", "uniform"]
     assert all(len(r["scores"]) == 3 and r["score"] >= 0 for r in records)  # KL per prompt
@@ -78,7 +66,7 @@ def test_evaluate_pairs_a_schedule_with_the_uniform_of_its_total(tmp_path, capsy
 
     schedule = write_schedule(tmp_path / "learned.json", [6, 2])
     out = tmp_path / "eval.jsonl"
-    assert main(["evaluate", "--schedule", str(schedule), "--out", str(out), "--seeds", "0,1", *TINY]) == 0
+    assert main(["evaluate", "--schedule", str(schedule), "--out", str(out), "--seeds", "0,1", *TINY_CELLS_FLAGS]) == 0
     records = read_records(out)
     assert {(r["name"], tuple(r["schedule"])) for r in records} == {("uniform", (4, 4)), ("schedule learned", (6, 2))}
     assert len(records) == 4  # two cells × two seeds
@@ -95,12 +83,6 @@ def test_task_scorer_grades_tiny_model_answers(tmp_path):
     assert sorted(scores) == [0, 1] and all(0.0 <= s <= 1.0 for s in scores.values())
 
 
-def cli(argv, capsys):
-    from santa.budgets.ablate_cli import main
-
-    return exit_code_and_stderr(main, argv, capsys)
-
-
 @pytest.mark.parametrize(
     ("flags", "complaint"),
     [
@@ -115,16 +97,12 @@ def cli(argv, capsys):
     ],
 )
 def test_ablate_cli_refuses_bad_flags(tmp_path, capsys, flags, complaint):
-    code, err = cli(["layers", "--out", str(tmp_path / "a.jsonl"), *TINY, *flags], capsys)
-    assert code == 2 and complaint in err and "Traceback" not in err
+    err = refusal(ablate_cli.main, ["layers", "--out", str(tmp_path / "a.jsonl"), *TINY_CELLS_FLAGS, *flags], capsys)
+    assert complaint in err
     assert not (tmp_path / "a.jsonl").exists()
 
 
 def test_evaluate_refuses_a_bad_schedule_file_naming_it(tmp_path, capsys):
-    from santa.budgets.tune_cli import main
-
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"layer_budgets": {"0": 0}}))
-    with pytest.raises(SystemExit) as exit_:
-        main(["evaluate", "--schedule", str(bad), "--out", str(tmp_path / "e.jsonl"), *TINY])
-    assert exit_.value.code == 2 and str(bad) in capsys.readouterr().err
+    assert str(bad) in refusal(tune_cli.main, ["evaluate", "--schedule", str(bad), "--out", str(tmp_path / "e.jsonl"), *TINY_CELLS_FLAGS], capsys)

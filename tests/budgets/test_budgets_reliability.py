@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import exit_code_and_stderr
+from helpers import CUDA, TINY_CELLS_FLAGS, CountingScorer, exit_code_and_stderr, refusal
 from santa.budgets.checkpoint import (
     HISTORY,
     RUN,
@@ -31,7 +31,6 @@ from santa.budgets.schedule import write_schedule
 from santa.budgets.sweep import Cell, run_cells
 from santa.eval.runner import SweepLocked, append_record, read_records, sweep_lock
 from santa.writer_lock import writer_lock
-from test_budgets_ablate import TINY, CountingScorer
 
 # The run that `santa tune budgets` + TUNE asks for (the CLI's defaults on the 2-layer tiny model).
 CLI_SPEC = TuneSpec(reward=RewardSpec(kind="synthetic", model="tiny-random"), n_layers=2, total=16, floor=1, max_staleness=4)
@@ -40,12 +39,14 @@ TUNE = ["budgets", "--model", "tiny-random", "--reward", "synthetic", "--no-plot
 
 
 def ablate(argv, capsys):
+    """``santa ablate ARGV`` run to its return value (no SystemExit): (that status, its stderr)."""
     from santa.budgets.ablate_cli import main
 
     return main(argv), capsys.readouterr().err
 
 
 def tune_cli(argv, capsys):
+    """``santa tune ARGV`` run to its return value (no SystemExit): (that status, its stderr)."""
     from santa.budgets.tune_cli import main
 
     return main(argv), capsys.readouterr().err
@@ -53,16 +54,6 @@ def tune_cli(argv, capsys):
 
 def no_model(*args, **kwargs):
     raise AssertionError("a model was loaded although the command had to stop before any work")
-
-
-@pytest.fixture
-def no_work(monkeypatch):
-    """Any model load (a scorer, a worker's reward) fails the test."""
-    import santa.budgets.ablate_cli
-    import santa.budgets.rewards
-
-    monkeypatch.setattr(santa.budgets.ablate_cli, "load_scorer", no_model)
-    monkeypatch.setattr(santa.budgets.rewards, "load", no_model)
 
 
 def one_line_error(err, prog, *fragments):
@@ -75,9 +66,9 @@ def one_line_error(err, prog, *fragments):
 def cell_command(tmp_path, command):
     """(argv without --out, program name, main) of `ablate layers` or `tune evaluate` on the tiny model."""
     if command == "ablate":
-        return ["layers", "--base", "4", *TINY], "santa ablate layers", ablate
+        return ["layers", "--base", "4", *TINY_CELLS_FLAGS], "santa ablate layers", ablate
     schedule = write_schedule(tmp_path / "learned.json", [6, 2])
-    return ["evaluate", "--schedule", str(schedule), *TINY], "santa tune evaluate", tune_cli
+    return ["evaluate", "--schedule", str(schedule), *TINY_CELLS_FLAGS], "santa tune evaluate", tune_cli
 
 
 # --- 1. one writer per output ----------------------------------------------------------------------
@@ -313,7 +304,7 @@ def test_evaluate_scores_two_schedules_of_one_file_name(tmp_path, capsys):
     first = write_schedule(tmp_path / "a" / "schedule.json", [6, 2])
     second = write_schedule(tmp_path / "b" / "schedule.json", [2, 6])
     out = tmp_path / "eval.jsonl"
-    code, _ = tune_cli(["evaluate", "--schedule", str(first), "--schedule", str(second), "--out", str(out), *TINY], capsys)
+    code, _ = tune_cli(["evaluate", "--schedule", str(first), "--schedule", str(second), "--out", str(out), *TINY_CELLS_FLAGS], capsys)
     assert code == 0
     cells = {(r["name"], tuple(r["schedule"])) for r in read_records(out)}
     assert cells == {("uniform", (4, 4)), ("schedule a/schedule", (6, 2)), ("schedule b/schedule", (2, 6))}
@@ -325,26 +316,14 @@ def test_evaluate_refuses_one_schedule_given_twice(tmp_path, capsys, no_work):
     schedule = write_schedule(tmp_path / "a" / "schedule.json", [6, 2])
     again = tmp_path / "a" / ".." / "a" / "schedule.json"
     out = tmp_path / "e.jsonl"
-    code, err = exit_code_and_stderr(main, ["evaluate", "--schedule", str(schedule), "--schedule", str(again), "--out", str(out), *TINY], capsys)
+    code, err = exit_code_and_stderr(main, ["evaluate", "--schedule", str(schedule), "--schedule", str(again), "--out", str(out), *TINY_CELLS_FLAGS], capsys)
     assert code == 2 and "given twice" in err and not out.exists()
 
 
 # --- 4. every flag checked before any work -----------------------------------------------------------
 
 
-def cuda_present():
-    import torch
-
-    return torch.cuda.is_available()
-
-
-needs_no_cuda = pytest.mark.skipif(cuda_present(), reason="CUDA is present")
-
-
-def refused(main, argv, capsys):
-    code, err = exit_code_and_stderr(main, argv, capsys)
-    assert code == 2 and "Traceback" not in err and "usage:" in err
-    return err
+needs_no_cuda = pytest.mark.skipif(CUDA, reason="CUDA is present")
 
 
 CELL_FLAGS = [
@@ -369,7 +348,7 @@ def test_ablate_refuses_bad_flags_before_any_work(tmp_path, capsys, no_work, fla
         pytest.importorskip("matplotlib")
         flags = ["--plot", str(tmp_path / flags[1])]
     out = tmp_path / "a.jsonl"
-    assert complaint in refused(main, ["layers", "--out", str(out), *TINY, *flags], capsys)
+    assert complaint in refusal(main, ["layers", "--out", str(out), *TINY_CELLS_FLAGS, *flags], capsys)
     assert not out.exists()
 
 
@@ -380,7 +359,7 @@ def test_evaluate_refuses_bad_flags_before_any_work(tmp_path, capsys, no_work, f
     flags = [{"FOLDER": str(tmp_path), "MISSING": str(tmp_path / "missing.jsonl")}.get(f, f) for f in flags]
     schedule = write_schedule(tmp_path / "s.json", [6, 2])
     out = tmp_path / "e.jsonl"
-    assert complaint in refused(main, ["evaluate", "--schedule", str(schedule), "--out", str(out), *TINY, *flags], capsys)
+    assert complaint in refusal(main, ["evaluate", "--schedule", str(schedule), "--out", str(out), *TINY_CELLS_FLAGS, *flags], capsys)
     assert not out.exists()
 
 
@@ -393,7 +372,7 @@ def test_cells_commands_refuse_an_out_that_is_not_a_writable_jsonl_file(tmp_path
     (tmp_path / "file").write_text("x")
     out = str(tmp_path) if out == "FOLDER" else out and str(tmp_path / out)
     argv, _, _ = cell_command(tmp_path, command)
-    assert "--out" in refused(ablate_main if command == "ablate" else tune_main, [*argv, "--out", out], capsys)
+    assert "--out" in refusal(ablate_main if command == "ablate" else tune_main, [*argv, "--out", out], capsys)
 
 
 @pytest.mark.parametrize(
@@ -415,7 +394,7 @@ def test_tune_budgets_refuses_bad_flags_before_any_work(tmp_path, capsys, no_wor
 
     (tmp_path / "file").write_text("x")
     flags = [str(tmp_path / "file") + f[len("FILE"):] if f.startswith("FILE") else f for f in flags]
-    assert complaint in refused(main, [*TUNE, "--out", str(tmp_path / "run"), *flags], capsys)
+    assert complaint in refusal(main, [*TUNE, "--out", str(tmp_path / "run"), *flags], capsys)
     assert not (tmp_path / "run").exists()
 
 
@@ -451,7 +430,7 @@ def test_cells_commands_exit_1_naming_a_malformed_out_line(tmp_path, capsys, no_
 def test_cells_commands_refuse_to_append_to_gzip_data(tmp_path, capsys, no_work):
     out = tmp_path / "cells.jsonl"
     out.write_bytes(gzip.compress(b'{"key": "k", "name": "uniform", "total": 8, "scores": {"0": 1.0}}\n'))
-    code, err = ablate(["layers", "--out", str(out), "--base", "4", *TINY], capsys)
+    code, err = ablate(["layers", "--out", str(out), "--base", "4", *TINY_CELLS_FLAGS], capsys)
     assert code == 1
     one_line_error(err, "santa ablate layers", out, "gzip")
 
@@ -477,7 +456,7 @@ def test_evaluate_exits_1_on_an_ablation_it_cannot_use_before_any_cell_runs(tmp_
     schedule = write_schedule(tmp_path / "s.json", [6, 2])
     path = ablation_file(tmp_path, **change)
     out = tmp_path / "e.jsonl"
-    code, err = tune_cli(["evaluate", "--schedule", str(schedule), "--out", str(out), "--ablation", str(path), *TINY], capsys)
+    code, err = tune_cli(["evaluate", "--schedule", str(schedule), "--out", str(out), "--ablation", str(path), *TINY_CELLS_FLAGS], capsys)
     assert code == 1
     one_line_error(err, "santa tune evaluate", path, complaint)
     assert not out.exists()
@@ -487,7 +466,7 @@ def test_evaluate_refuses_an_ablation_of_two_settings(tmp_path, capsys, no_work)
     schedule = write_schedule(tmp_path / "s.json", [6, 2])
     path = ablation_file(tmp_path, layer=0)
     ablation_file(tmp_path, layer=0, length=320, key="k2")  # a second grid in the same file
-    code, err = tune_cli(["evaluate", "--schedule", str(schedule), "--out", str(tmp_path / "e.jsonl"), "--ablation", str(path), *TINY], capsys)
+    code, err = tune_cli(["evaluate", "--schedule", str(schedule), "--out", str(tmp_path / "e.jsonl"), "--ablation", str(path), *TINY_CELLS_FLAGS], capsys)
     assert code == 1
     one_line_error(err, "santa tune evaluate", path, "2 settings")
 

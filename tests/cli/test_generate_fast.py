@@ -6,29 +6,9 @@ import torch
 
 import santa.assets
 import santa.generate
-from helpers import refusal as cli_refusal
+from helpers import needs_cuda, refusal
 from santa.cli import main
 from santa.generate import check_path_arguments
-
-GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-class WorkStarted(Exception):
-    """Raised by the model loader: validation must come first."""
-
-
-@pytest.fixture
-def no_work(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise WorkStarted
-
-    monkeypatch.setattr(santa.assets, "load_model", refuse)
-    monkeypatch.setattr(santa.generate, "load_model", refuse)
-
-
-def refusal(capsys, argv: list[str]) -> str:
-    """The stderr of a ``santa`` command that must stop with status 2 before any work."""
-    return cli_refusal(main, argv, capsys)
 
 
 @pytest.mark.parametrize(
@@ -44,7 +24,7 @@ def refusal(capsys, argv: list[str]) -> str:
     ],
 )
 def test_generate_refuses_a_bad_path_flag_before_loading_the_model(no_work, capsys, argv, message):
-    assert f"santa generate: error: {message}" in refusal(capsys, ["generate", *argv])
+    assert f"santa generate: error: {message}" in refusal(main, ["generate", *argv], capsys)
 
 
 def test_device_auto_without_cuda_runs_the_hf_path_on_cpu(no_work, monkeypatch):
@@ -112,7 +92,7 @@ def test_fast_share_read_is_s_over_n_capped_at_one():
     assert sampled[0].share_per_head == 1.0
 
 
-@GPU
+@needs_cuda
 @pytest.mark.slow
 def test_generate_on_cuda_runs_the_kernels_and_finds_the_needle_as_dense_does():
     _, answers = santa.generate.run(path="fast", n_tokens=1024, max_new_tokens=16, budget=128, device="cuda", batch=2)

@@ -7,15 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import santa
+from helpers import qkv
 from santa.attention import attention_probs
-
-
-def qkv(b=2, hq=6, hkv=2, lq=1, lk=50, d=16, seed=0, dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, hq, lq, d, generator=g).to(dtype)
-    k = torch.randn(b, hkv, lk, d, generator=g).to(dtype)
-    v = torch.randn(b, hkv, lk, d, generator=g).to(dtype)
-    return q, k, v
 
 
 @pytest.mark.parametrize("hkv", [6, 3, 2, 1])

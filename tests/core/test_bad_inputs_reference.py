@@ -13,24 +13,16 @@ import torch.nn.functional as F
 
 import santa
 import santa.hf
+from helpers import qkv, random_probs, tiny_hf_model
 from santa import sampling
 from santa.stats import stratum_weights
 
 SAMPLERS = ["iid", "stratified", "systematic", "topk", "dense"]
 
 
-def qkv(b=2, hq=6, hkv=2, lq=3, lk=20, d=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(b, hq, lq, d, generator=g), torch.randn(b, hkv, lk, d, generator=g), torch.randn(b, hkv, lk, d, generator=g))
-
-
 def attend(q, k, v, budget=8, seed=3, **kwargs):
     kwargs.setdefault("enable_gqa", q.shape[1] != k.shape[1])
     return santa.sampled_attention(q, k, v, budget, generator=torch.Generator().manual_seed(seed), **kwargs)
-
-
-def random_probs(rows=4, n=50, seed=0):
-    return torch.softmax(torch.randn(rows, n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64), -1)
 
 
 # ---- item 4: sampled_attention's arguments -------------------------------------------------------
@@ -46,13 +38,13 @@ def test_mask_that_does_not_broadcast_to_the_output_is_refused():
 
 @pytest.mark.parametrize("shape", [(2, 50), (2, 1, 1, 50), (1, 2, 1, 50)])
 def test_mask_with_more_rows_batches_or_heads_than_the_query_is_refused(shape):
-    q, k, v = qkv(b=1, hq=4, hkv=4, lq=1, lk=50)
+    q, k, v = qkv(b=1, hq=4, hkv=4, lq=1, lk=50, d=8)
     with pytest.raises(ValueError, match="attn_mask must broadcast"):
         santa.sampled_attention(q, k, v, 4, attn_mask=torch.ones(shape, dtype=torch.bool))
 
 
 def test_scalar_and_per_key_masks_broadcast():
-    q, k, v = qkv(lk=10)
+    q, k, v = qkv(lk=10, lq=3, d=8)
     plain = attend(q, k, v, sampler="dense")
     assert torch.equal(attend(q, k, v, sampler="dense", attn_mask=torch.tensor(True)), plain)
     visible = torch.arange(10) < 6
@@ -67,20 +59,20 @@ def test_zero_head_dim_is_refused():
 
 @pytest.mark.parametrize("scale", ["x", True, torch.tensor(0.5), [0.5]])
 def test_scale_that_is_not_a_real_number_is_refused(scale):
-    q, k, v = qkv()
+    q, k, v = qkv(lq=3, lk=20, d=8)
     with pytest.raises(TypeError, match="scale must be a real number or None"):
         attend(q, k, v, scale=scale)
 
 
 @pytest.mark.parametrize("scale", [math.nan, math.inf, -math.inf])
 def test_non_finite_scale_is_refused(scale):
-    q, k, v = qkv()
+    q, k, v = qkv(lq=3, lk=20, d=8)
     with pytest.raises(ValueError, match="scale must be finite"):
         attend(q, k, v, scale=scale)
 
 
 def test_zero_and_negative_scales_are_softmax_of_scaled_scores():
-    q, k, v = qkv(hkv=6)
+    q, k, v = qkv(hkv=6, lq=3, lk=20, d=8)
     for scale in (0.0, -0.7):
         torch.testing.assert_close(attend(q, k, v, sampler="dense", scale=scale), F.scaled_dot_product_attention(q, k, v, scale=scale))
 
@@ -89,19 +81,19 @@ def test_zero_and_negative_scales_are_softmax_of_scaled_scores():
 @pytest.mark.parametrize("value", ["no", 0, None])
 def test_flags_must_be_bools(flag, value):
     """is_causal="no" is truthy: it used to apply a causal mask."""
-    q, k, v = qkv(hkv=6)
+    q, k, v = qkv(hkv=6, lq=3, lk=20, d=8)
     with pytest.raises(TypeError, match=f"{flag} must be a bool"):
         santa.sampled_attention(q, k, v, 4, **{flag: value})
 
 
 def test_query_key_value_of_different_dtypes_are_refused():
-    q, k, v = qkv(hkv=6)
+    q, k, v = qkv(hkv=6, lq=3, lk=20, d=8)
     with pytest.raises(TypeError, match="one dtype"):
         santa.sampled_attention(q.half(), k, v, 4)
 
 
 def test_generator_of_wrong_type_is_refused():
-    q, k, v = qkv(hkv=6)
+    q, k, v = qkv(hkv=6, lq=3, lk=20, d=8)
     with pytest.raises(TypeError, match="generator must be a torch.Generator or None, got int"):
         santa.sampled_attention(q, k, v, 4, generator=0)
     with pytest.raises(TypeError, match="generator must be a torch.Generator"):
@@ -118,7 +110,7 @@ def test_generator_of_wrong_type_is_refused():
 def test_nan_in_query_or_key_gives_nan_rows_and_leaves_other_rows_unchanged(sampler, where):
     """NaN in batch 0, query head 1, row 2 (query) or KV head 0, key 5 (key, read by heads 0–2):
     exactly those rows are NaN; every other row is bitwise the clean output (same draws)."""
-    q, k, v = qkv()
+    q, k, v = qkv(lq=3, lk=20, d=8)
     clean = attend(q, k, v, sampler=sampler)
     bad = torch.zeros(2, 6, 3, dtype=torch.bool)
     if where == "query":
@@ -137,7 +129,7 @@ def test_nan_in_query_or_key_gives_nan_rows_and_leaves_other_rows_unchanged(samp
 def test_nan_or_inf_in_value_reaches_its_batch_and_group_only(sampler, bad_value):
     """w·V with 0·NaN = 0·inf = NaN: every row of batch 0 that reads KV head 1 is non-finite
     (sampled or not), as in SDPA; the other rows are bitwise the clean output."""
-    q, k, v = qkv()
+    q, k, v = qkv(lq=3, lk=20, d=8)
     clean = attend(q, k, v, sampler=sampler)
     v[1, 1, 4, :] = bad_value
     out = attend(q, k, v, sampler=sampler)
@@ -147,7 +139,7 @@ def test_nan_or_inf_in_value_reaches_its_batch_and_group_only(sampler, bad_value
 
 @pytest.mark.parametrize("sampler", SAMPLERS)
 def test_nan_with_a_padding_mask_gives_nan_in_its_rows_only(sampler):
-    q, k, v = qkv()
+    q, k, v = qkv(lq=3, lk=20, d=8)
     mask = torch.ones(2, 1, 3, 20, dtype=torch.bool)
     mask[1, :, :, :8] = False  # batch 1 left-padded
     mask[0, :, 0] = False  # batch 0, row 0 fully masked: zeros
@@ -163,7 +155,7 @@ def test_nan_with_a_padding_mask_gives_nan_in_its_rows_only(sampler):
 def test_nan_query_with_bernoulli_scores_gives_nan_in_its_group_only(score_sampler):
     """Bernoulli qKᵀ: the heads of a GQA group share one draw of their mean |q|, so a NaN in
     head 1 makes heads 0–2 of that batch element and row NaN; nothing else changes."""
-    q, k, v = qkv()
+    q, k, v = qkv(lq=3, lk=20, d=8)
     clean = attend(q, k, v, score_samples=4, score_sampler=score_sampler)
     q[1, 1, 0, 2] = math.nan
     out = attend(q, k, v, score_samples=4, score_sampler=score_sampler)
@@ -176,7 +168,7 @@ def test_nan_query_with_bernoulli_scores_gives_nan_in_its_group_only(score_sampl
 @pytest.mark.parametrize("sampler", SAMPLERS)
 def test_plus_inf_score_gives_a_nan_row_as_sdpa(sampler):
     """softmax is undefined with a +inf score (inf − inf): NaN, never a point mass or a finite row."""
-    q, k, v = qkv(hkv=6, lq=1)
+    q, k, v = qkv(hkv=6, lq=1, lk=20, d=8)
     bias = torch.zeros(2, 1, 1, 20)
     bias[0, 0, 0, 7] = math.inf
     out = attend(q, k, v, sampler=sampler, attn_mask=bias)
@@ -187,7 +179,7 @@ def test_plus_inf_score_gives_a_nan_row_as_sdpa(sampler):
 @pytest.mark.parametrize("sampler", SAMPLERS)
 def test_overflowing_scores_give_nan_rows(sampler):
     """Finite q and k whose product overflows float32 to ±inf: NaN, as in SDPA."""
-    q, k, v = qkv(hkv=6, lq=1)
+    q, k, v = qkv(hkv=6, lq=1, lk=20, d=8)
     q[0, 2] *= 1e20
     k[0, 2] *= 1e20
     out = attend(q, k, v, sampler=sampler)
@@ -197,7 +189,7 @@ def test_overflowing_scores_give_nan_rows(sampler):
 
 def test_minus_inf_score_is_a_masked_key_as_sdpa():
     """q·k = −inf (an infinite key the query points away from) masks that key, exactly as SDPA."""
-    q, k, v = qkv(hkv=6, lq=1)
+    q, k, v = qkv(hkv=6, lq=1, lk=20, d=8)
     q[..., 0] = 1.0
     k[:, :, 4, 0] = -math.inf
     out = attend(q, k, v, sampler="dense")
@@ -215,7 +207,7 @@ class FakeAttention(torch.nn.Module):
 
 def test_hf_backend_gives_nan_rows_instead_of_raising_about_probs():
     """A NaN key in one sequence of the batch used to raise about `probs` inside sample_counts."""
-    q, k, v = qkv(lq=1)
+    q, k, v = qkv(lq=1, lk=20, d=8)
     k[0, 1, 3] = math.nan
     module = FakeAttention(santa.hf.SantaConfig(budget=4, kernel="reference", record_stats=True))
     out, _ = santa.hf.santa_attention_forward(module, q, k, v, None)  # [B, Lq, Hq, D]
@@ -233,7 +225,7 @@ def test_budget_far_past_memory_is_refused_before_drawing(sampler):
         santa.sample_counts(random_probs(), 10**9, sampler)
     with pytest.raises(ValueError, match="budget=1000000000"):
         santa.sample_indices(random_probs(), 10**9, sampler)
-    q, k, v = qkv()
+    q, k, v = qkv(lq=3, lk=20, d=8)
     with pytest.raises(ValueError, match="budget=1000000000"):
         attend(q, k, v, budget=10**9, sampler=sampler)
 
@@ -247,20 +239,20 @@ def test_systematic_variance_with_a_budget_far_past_memory_is_refused():
 def test_budget_up_to_the_number_of_keys_is_never_refused(monkeypatch):
     """S ≤ n costs no more than the probabilities already in memory: drawn whatever MAX_DRAWS is."""
     monkeypatch.setattr(sampling, "MAX_DRAWS", 10)
-    counts = santa.sample_counts(random_probs(rows=4, n=50), 50, "systematic", generator=torch.Generator().manual_seed(0))
+    counts = santa.sample_counts(random_probs((4, 50)), 50, "systematic", generator=torch.Generator().manual_seed(0))
     assert (counts.sum(-1) == 50).all()
 
 
 def test_budget_above_the_keys_is_drawn_up_to_max_draws(monkeypatch):
     monkeypatch.setattr(sampling, "MAX_DRAWS", 100)
-    probs = random_probs(rows=4, n=5)
+    probs = random_probs((4, 5))
     assert (santa.sample_counts(probs, 25, "iid", generator=torch.Generator().manual_seed(0)).sum(-1) == 25).all()  # 100 draws
     with pytest.raises(ValueError, match="= 104 draws"):
         santa.sample_counts(probs, 26, "iid")
 
 
 def test_topk_and_dense_take_any_budget():
-    q, k, v = qkv()
+    q, k, v = qkv(lq=3, lk=20, d=8)
     torch.testing.assert_close(attend(q, k, v, budget=10**9, sampler="topk"), attend(q, k, v, sampler="dense"))
     assert torch.equal(attend(q, k, v, budget=10**9, sampler="dense"), attend(q, k, v, sampler="dense"))
 
@@ -274,7 +266,7 @@ def all_strata_variance(probs, values, budget):
 
 @pytest.mark.parametrize("budget", [10, 11, 37, 1000])
 def test_stratified_variance_past_the_keys_sums_only_strata_holding_a_cdf_step(budget):
-    probs = random_probs(rows=3, n=10, seed=4)
+    probs = random_probs((3, 10), seed=4)
     probs[0, 3] = probs[1, -2:] = 0.0  # a zero key and zero tail keys
     probs = probs / probs.sum(-1, keepdim=True)
     values = torch.randn(3, 10, 4, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
@@ -408,9 +400,9 @@ def test_config_refuses_flags_that_are_not_bools(field):
 
 
 @pytest.mark.parametrize("config", ["str", None, {"budget": 8}])
-def test_configure_refuses_a_config_that_is_not_a_santa_config(tiny_model, config):
+def test_configure_refuses_a_config_that_is_not_a_santa_config(tiny_llama, config):
     with pytest.raises(TypeError, match="config must be a santa.hf.SantaConfig"):
-        santa.hf.configure(tiny_model, config)
+        santa.hf.configure(tiny_llama, config)
 
 
 def test_configure_refuses_a_model_that_is_not_a_module():
@@ -419,45 +411,39 @@ def test_configure_refuses_a_model_that_is_not_a_module():
 
 
 @pytest.fixture(scope="module")
-def tiny_model():
+def tiny_llama():
     """A two-layer random Llama with GQA (no download)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
-    )
-    return LlamaForCausalLM(config).eval()
+    return tiny_hf_model("llama")
 
 
 @pytest.mark.parametrize("field, value", [("layer_budgets", {2: 8}), ("dense_layers", (0, 5))])
-def test_configure_refuses_layers_the_model_does_not_have(tiny_model, field, value):
+def test_configure_refuses_layers_the_model_does_not_have(tiny_llama, field, value):
     """A budget for layer 2 of a two-layer model used to be silently never applied."""
     with pytest.raises(ValueError, match=rf"{field} names layers \[{max(value)}\] the model does not have \(its 2 attention layers are 0–1\)"):
-        santa.hf.configure(tiny_model, santa.hf.SantaConfig(**{field: value}))
+        santa.hf.configure(tiny_llama, santa.hf.SantaConfig(**{field: value}))
 
 
-def test_configure_revalidates_fields_changed_after_construction(tiny_model):
+def test_configure_revalidates_fields_changed_after_construction(tiny_llama):
     config = santa.hf.SantaConfig()
     config.seed = "7"
     with pytest.raises(TypeError, match="seed must be an int"):
-        santa.hf.configure(tiny_model, config)
+        santa.hf.configure(tiny_llama, config)
 
 
-def test_configured_tiny_model_decodes_with_valid_layer_settings(tiny_model):
+def test_configured_tiny_model_decodes_with_valid_layer_settings(tiny_llama):
     config = santa.hf.SantaConfig(budget=2, layer_budgets={1: 3}, dense_layers=[0], exact_when_budget_covers=False, record_stats=True)
-    santa.hf.configure(tiny_model, config)
+    santa.hf.configure(tiny_llama, config)
     with torch.inference_mode():
-        logits = tiny_model(input_ids=torch.tensor([[1, 2, 3, 4, 5]])).logits
+        logits = tiny_llama(input_ids=torch.tensor([[1, 2, 3, 4, 5]])).logits
     assert torch.isfinite(logits).all() and config.stats.calls == 0  # a dense prefill
     with torch.inference_mode():
-        tiny_model.generate(torch.tensor([[1, 2, 3, 4, 5]]), max_new_tokens=2, do_sample=False)
+        tiny_llama.generate(torch.tensor([[1, 2, 3, 4, 5]]), max_new_tokens=2, do_sample=False)
     assert config.stats.calls == 1  # one decode step, in layer 1 (layer 0 is dense)
 
 
 def test_hf_backend_refuses_dropout_on_the_sampled_path():
     """attention_dropout in training mode used to be silently ignored by the sampled path."""
-    q, k, v = qkv(lq=1)
+    q, k, v = qkv(lq=1, lk=20, d=8)
     module = FakeAttention(santa.hf.SantaConfig(budget=4, kernel="reference"))
     with pytest.raises(ValueError, match=r"no dropout, got dropout=0.1.*model.eval\(\)"):
         santa.hf.santa_attention_forward(module, q, k, v, None, dropout=0.1)

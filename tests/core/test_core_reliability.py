@@ -20,12 +20,12 @@ import pytest
 import torch
 
 import santa
+from helpers import CUDA, KERNELS, kernel_reference, make_inputs, qkv, random_probs
 from santa import sampling
 from santa.kernels import (
     Tuning,
     decode,
     flash_reference,
-    flash_tile,
     make_workspace,
     philox_uniforms,
     plan_decode,
@@ -35,34 +35,11 @@ from santa.kernels import (
 from santa.kernels.plan import kernels_on_cpu
 from santa.kernels.reference import systematic_counts
 
-CUDA = torch.cuda.is_available()
-KERNELS = ("prop", "flash")
-
-
-def make_inputs(batch=2, heads=4, kv_heads=2, dim=16, n_keys=40, *, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(batch, heads, dim, generator=g)
-    k = torch.randn(batch, n_keys, kv_heads, dim, generator=g)
-    v = torch.randn(batch, n_keys, kv_heads, dim, generator=g)
-    return q, k, v
-
-
-def reference(kernel, q, k, v, budget, **kw):
-    if kernel == "prop":
-        return prop_reference(q, k, v, budget, **kw)
-    return flash_reference(q, k, v, budget, tile=flash_tile(q.shape[-1]), **kw)
-
 
 def cpu_plan(q, k, budget, kernel, **kw):
     batch, heads, dim = q.shape
     return plan_decode(batch=batch, heads=heads, kv_heads=k.shape[2], head_dim=dim, n_keys=k.shape[1], budget=budget,
                        dtype=q.dtype, device="cpu", kernel=kernel, **kw)
-
-
-@pytest.fixture
-def torch_fallback(monkeypatch):
-    """CPU tensors run the torch reference (no TRITON_INTERPRET)."""
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
 
 # ---- item 1: plans on the CPU, and devices a plan cannot run on -----------------------------------
@@ -72,7 +49,7 @@ def torch_fallback(monkeypatch):
 @pytest.mark.parametrize("budget, n_keys, seq_lens", [(8, 40, None), (64, 40, [40, 17]), (3, 200, [1, 0])])
 def test_a_cpu_plan_runs_the_torch_fallback_as_decode_does(torch_fallback, kernel, budget, n_keys, seq_lens):
     """A CPU plan used to fail inside Triton ("0 active drivers") without TRITON_INTERPRET."""
-    q, k, v = make_inputs(n_keys=n_keys, seed=budget)
+    q, k, v = make_inputs(n_keys=n_keys, seed=budget, device="cpu")
     lens = None if seq_lens is None else torch.tensor(seq_lens, dtype=torch.int32)
     plan = cpu_plan(q, k, budget, kernel)
     counts = torch.zeros(q.shape[0], q.shape[1], n_keys, dtype=torch.int32)
@@ -81,13 +58,13 @@ def test_a_cpu_plan_runs_the_torch_fallback_as_decode_does(torch_fallback, kerne
     assert got is out
     want, want_counts = decode(q, k, v, budget, kernel=kernel, seq_lens=lens, seed=5, offset=2, return_counts=True)
     assert torch.equal(out, want) and torch.equal(counts, want_counts)
-    ref_out, ref_counts = reference(kernel, q, k, v, budget, seq_lens=lens, seed=5, offset=2)
+    ref_out, ref_counts = kernel_reference(kernel, q, k, v, budget, seq_lens=lens, seed=5, offset=2)
     assert torch.equal(out, ref_out) and torch.equal(counts, ref_counts.to(torch.int32))
     assert torch.equal(plan.run(q, k, v, seq_lens=lens, seed=5, offset=torch.tensor([2])), want)  # offset as a tensor
 
 
 def test_a_paged_cpu_plan_runs_and_checks_its_tables(torch_fallback):
-    q, k, v = make_inputs(batch=2, n_keys=32)
+    q, k, v = make_inputs(batch=2, n_keys=32, device="cpu")
     pages_k, pages_v = k.reshape(8, 8, 2, 16), v.reshape(8, 8, 2, 16)  # 4 pages of 8 keys per sequence
     table = torch.arange(8, dtype=torch.int32).reshape(2, 4)
     lens = torch.tensor([32, 20], dtype=torch.int32)
@@ -111,11 +88,11 @@ def test_a_cpu_plan_under_the_interpreter_runs_what_decode_runs(monkeypatch, ker
     if importlib.util.find_spec("triton") is None:  # (no import here: triton reads TRITON_INTERPRET when imported)
         pytest.skip("needs triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    q, k, v = make_inputs(batch=1, heads=2, kv_heads=1, n_keys=48, seed=3)
+    q, k, v = make_inputs(batch=1, heads=2, kv_heads=1, n_keys=48, seed=3, device="cpu")
     plan = cpu_plan(q, k, 16, kernel)
     got = plan.run(q, k, v, seed=4)
     assert torch.equal(got, decode(q, k, v, 16, kernel=kernel, seed=4))
-    torch.testing.assert_close(got, reference(kernel, q, k, v, 16, seed=4)[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, kernel_reference(kernel, q, k, v, 16, seed=4)[0], rtol=1e-4, atol=1e-4)
 
 
 def test_decode_on_the_cpu_with_triton_interpret_set_after_the_kernels_were_defined_for_the_gpu():
@@ -174,7 +151,7 @@ def test_plan_decode_refuses_a_device_of_the_wrong_type(device):
 
 @pytest.mark.parametrize("device", ["cpu", "cpu:0", torch.device("cpu"), *(["cuda", torch.device("cuda", 0)] if CUDA else [])])
 def test_plan_decode_takes_a_device_it_can_run_on(device):
-    q, k, _ = make_inputs(batch=1, heads=2, kv_heads=1, n_keys=32)
+    q, k, _ = make_inputs(batch=1, heads=2, kv_heads=1, n_keys=32, device="cpu")
     workspace = make_workspace(q.to(torch.device(device)), k.to(torch.device(device)), 8)
     plan = plan_decode(batch=1, heads=2, kv_heads=1, head_dim=16, n_keys=32, budget=8, dtype=torch.float32, device=device,
                        workspace=workspace)
@@ -184,7 +161,7 @@ def test_plan_decode_takes_a_device_it_can_run_on(device):
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_decode_refuses_tensors_on_a_device_it_does_not_support(kernel):
     """meta tensors used to reach the fallback and fail there (``Tensor.item() cannot be called``)."""
-    q, k, v = (x.to("meta") for x in make_inputs())
+    q, k, v = (x.to("meta") for x in make_inputs(device="cpu"))
     with pytest.raises(ValueError, match=r"CPU or a CUDA device, got meta"):
         decode(q, k, v, 8, kernel=kernel)
     with pytest.raises(ValueError, match=r"device"):
@@ -212,7 +189,7 @@ def test_the_torch_fallback_takes_budgets_whose_draws_pass_max_draws(torch_fallb
     """The kernels take S ≤ MAX_BUDGET per head; the fallback used to refuse B·H·S > MAX_DRAWS (e.g.
     128 heads × 2**20). Shown here with MAX_DRAWS lowered (the documented knob): the counts are the
     ones drawn in a single call."""
-    q, k, v = make_inputs(batch=2, heads=heads, kv_heads=2, n_keys=24, seed=heads)
+    q, k, v = make_inputs(batch=2, heads=heads, kv_heads=2, n_keys=24, seed=heads, device="cpu")
     want, want_counts = decode(q, k, v, budget, kernel=kernel, seed=3, return_counts=True)
     monkeypatch.setattr(sampling, "MAX_DRAWS", budget + 1)  # a budget above the 24 keys, > 1 row refused per call
     got, counts = decode(q, k, v, budget, kernel=kernel, seed=3, return_counts=True)
@@ -225,27 +202,18 @@ def test_the_torch_fallback_takes_budgets_whose_draws_pass_max_draws(torch_fallb
 # ---- item 3: integer arguments ---------------------------------------------------------------------
 
 
-def _probs(shape=(2, 3, 10), seed=0):
-    return torch.softmax(torch.randn(shape, generator=torch.Generator().manual_seed(seed)), dim=-1)
-
-
-def _qkv():
-    g = torch.Generator().manual_seed(1)
-    return tuple(torch.randn(1, 4, 3, 8, generator=g) if i == 0 else torch.randn(1, 2, 12, 8, generator=g) for i in range(3))
-
-
 def _gen():
     return torch.Generator().manual_seed(0)
 
 
 def _sampled_attention(**kw):
-    q, k, v = _qkv()
+    q, k, v = qkv(b=1, hq=4, lq=3, lk=12, d=8, seed=1)
     args = dict(budget=6, score_samples=None) | kw
     return santa.sampled_attention(q, k, v, args.pop("budget"), enable_gqa=True, generator=_gen(), **args)
 
 
 def _decode(**kw):
-    q, k, v = make_inputs(batch=1, heads=2, kv_heads=1, n_keys=20)
+    q, k, v = make_inputs(batch=1, heads=2, kv_heads=1, n_keys=20, device="cpu")
     args = dict(budget=8, seed=1, offset=2) | kw
     return decode(q, k, v, args.pop("budget"), **args)
 
@@ -257,12 +225,12 @@ def _plan(**kw):
 
 
 def _plan_run(**kw):
-    q, k, v = make_inputs(batch=1, heads=2, kv_heads=1, n_keys=20)
+    q, k, v = make_inputs(batch=1, heads=2, kv_heads=1, n_keys=20, device="cpu")
     return cpu_plan(q, k, 8, "prop").run(q, k, v, **(dict(seed=1, offset=2) | kw))
 
 
 def _make_workspace(budget):
-    q, k, _ = make_inputs(batch=1, heads=2, kv_heads=1, n_keys=20)
+    q, k, _ = make_inputs(batch=1, heads=2, kv_heads=1, n_keys=20, device="cpu")
     return make_workspace(q, k, budget).key
 
 
@@ -271,7 +239,7 @@ def _workspace_bytes(**kw):
 
 
 def _reference(kernel, **kw):
-    q, k, v = make_inputs(batch=1, heads=2, kv_heads=1, n_keys=20)
+    q, k, v = make_inputs(batch=1, heads=2, kv_heads=1, n_keys=20, device="cpu")
     args = dict(budget=8, seed=1, offset=2) | kw
     if kernel == "prop":
         return prop_reference(q, k, v, args.pop("budget"), **args)
@@ -279,7 +247,7 @@ def _reference(kernel, **kw):
 
 
 def _bernoulli(**kw):
-    q = _qkv()[0]
+    q = qkv(b=1, hq=4, lq=3, lk=12, d=8, seed=1)[0]
     args = dict(samples=4, kv_heads=2) | kw
     return santa.bernoulli_query(q, args.pop("samples"), generator=_gen(), **args).query
 
@@ -288,10 +256,10 @@ def _bernoulli(**kw):
 INTEGER_ARGUMENTS = [
     ("sampled_attention.budget", 6, lambda x: _sampled_attention(budget=x)),
     ("sampled_attention.score_samples", 3, lambda x: _sampled_attention(score_samples=x)),
-    ("sample_counts.budget", 7, lambda x: santa.sample_counts(_probs(), x, "iid", generator=_gen())),
-    ("sample_indices.budget", 7, lambda x: santa.sample_indices(_probs(), x, "systematic", uniforms=torch.full((2, 3), 0.3, dtype=torch.float64))),
-    ("variance_trace.budget", 5, lambda x: santa.variance_trace(_probs(), torch.ones(2, 3, 10, 4), x, "stratified")),
-    ("variance_trace.replicates", 3, lambda x: santa.variance_trace(_probs(), torch.ones(2, 3, 10, 4), 5, "systematic", replicates=x, generator=_gen())),
+    ("sample_counts.budget", 7, lambda x: santa.sample_counts(random_probs((2, 3, 10), dtype=torch.float32), x, "iid", generator=_gen())),
+    ("sample_indices.budget", 7, lambda x: santa.sample_indices(random_probs((2, 3, 10), dtype=torch.float32), x, "systematic", uniforms=torch.full((2, 3), 0.3, dtype=torch.float64))),
+    ("variance_trace.budget", 5, lambda x: santa.variance_trace(random_probs((2, 3, 10), dtype=torch.float32), torch.ones(2, 3, 10, 4), x, "stratified")),
+    ("variance_trace.replicates", 3, lambda x: santa.variance_trace(random_probs((2, 3, 10), dtype=torch.float32), torch.ones(2, 3, 10, 4), 5, "systematic", replicates=x, generator=_gen())),
     ("unique_keys.group_size", 2, lambda x: santa.unique_keys(torch.eye(4, dtype=torch.int64), group_size=x)),
     ("value_stage_cost.n_keys", 100, lambda x: santa.value_stage_cost(x, 4, budget=8)),
     ("value_stage_cost.head_dim", 4, lambda x: santa.value_stage_cost(100, x, budget=8)),

@@ -15,8 +15,9 @@ import torch
 
 import santa
 import santa.hf
+from helpers import refusal
 from santa import cliargs, rng
-from santa.model import CONFIGS, Transformer, generate, make_context, prefill
+from santa.model import CONFIGS, generate, make_context, prefill
 
 GOOD_SEEDS = [0, 1, 10**13, 2**62, 2**63 - 1]
 BAD_SEEDS = [(2**63, ValueError), (-1, ValueError), (1.0, TypeError)]
@@ -31,17 +32,6 @@ OLD_STREAM_IDS = {
     (2**63 - 1, 31, 100000, 1): 905061942560572970,
     (0, 5, 17, 1): 6593161946788189138,
 }
-
-
-@pytest.fixture
-def torch_fallback(monkeypatch):
-    """CPU tensors run santa.kernels' torch reference (no TRITON_INTERPRET): fast."""
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-
-
-@pytest.fixture(scope="module")
-def tiny_model():
-    return Transformer.random(TINY, device="cpu", dtype=torch.float32, seed=0).eval()
 
 
 # ---- the mixer and the keys ------------------------------------------------------------------------
@@ -141,9 +131,7 @@ def test_every_seed_flag_refuses_outside_the_range(flag, text):
 def test_bench_e2e_refuses_a_seed_outside_the_range_before_any_work(argv, capsys):
     from benchmarks.bench import e2e
 
-    with pytest.raises(SystemExit) as stop:
-        e2e.main(argv)
-    assert stop.value.code == 2 and "argument --seed" in capsys.readouterr().err
+    assert "argument --seed" in refusal(e2e.main, argv, capsys)
 
 
 @pytest.mark.parametrize("seed", GOOD_SEEDS)
@@ -214,14 +202,14 @@ def test_the_eval_grid_refuses_outside_the_range(seed):
 
 @pytest.mark.parametrize("backend", ["systematic", "santa-prop"])
 @pytest.mark.parametrize("seed", GOOD_SEEDS)
-def test_make_context_takes_the_whole_range_and_decodes(torch_fallback, tiny_model, backend, seed):
-    tiny_model.setup_caches(1, 12)
-    prefill(tiny_model, torch.arange(1, 9).unsqueeze(0))
-    ctx = make_context(tiny_model, backend, prompt_len=8, budget=4, seed=seed)
+def test_make_context_takes_the_whole_range_and_decodes(torch_fallback, tiny_transformer, backend, seed):
+    tiny_transformer.setup_caches(1, 12)
+    prefill(tiny_transformer, torch.arange(1, 9).unsqueeze(0))
+    ctx = make_context(tiny_transformer, backend, prompt_len=8, budget=4, seed=seed)
     assert ctx.seed == seed
     if backend == "systematic":
         assert [g.initial_seed() for g in ctx.generators] == [rng.layer_key(seed, i) for i in range(TINY.n_layer)]
-    attn, cache = tiny_model.layers[0].attention, tiny_model.layers[0].attention.kv_cache
+    attn, cache = tiny_transformer.layers[0].attention, tiny_transformer.layers[0].attention.kv_cache
     ctx.prepare(torch.tensor([8]))
     q = torch.randn(1, TINY.n_head, TINY.head_dim)
     with torch.inference_mode():
@@ -231,26 +219,26 @@ def test_make_context_takes_the_whole_range_and_decodes(torch_fallback, tiny_mod
 
 @pytest.mark.parametrize("backend", ["systematic", "santa-prop"])
 @pytest.mark.parametrize(("seed", "error"), BAD_SEEDS)
-def test_make_context_refuses_outside_the_range(tiny_model, backend, seed, error):
-    tiny_model.setup_caches(1, 12)
+def test_make_context_refuses_outside_the_range(tiny_transformer, backend, seed, error):
+    tiny_transformer.setup_caches(1, 12)
     with pytest.raises(error, match="seed must be an int"):
-        make_context(tiny_model, backend, prompt_len=8, budget=4, seed=seed)
+        make_context(tiny_transformer, backend, prompt_len=8, budget=4, seed=seed)
 
 
 @pytest.mark.parametrize(("seed", "error"), BAD_SEEDS)
-def test_generate_refuses_outside_the_range_before_any_work(tiny_model, monkeypatch, seed, error):
-    def no_work(*args, **kwargs):
+def test_generate_refuses_outside_the_range_before_any_work(tiny_transformer, monkeypatch, seed, error):
+    def no_caches(*args, **kwargs):
         raise AssertionError("work started before the seed was checked")
 
-    monkeypatch.setattr(tiny_model, "setup_caches", no_work)
+    monkeypatch.setattr(tiny_transformer, "setup_caches", no_caches)
     with pytest.raises(error, match="seed must be an int"):
-        generate(tiny_model, [[1, 2, 3]], 2, backend="santa-prop", seed=seed, cuda_graph=False)
+        generate(tiny_transformer, [[1, 2, 3]], 2, backend="santa-prop", seed=seed, cuda_graph=False)
 
 
 @pytest.mark.parametrize("backend", ["santa-prop", "systematic"])
-def test_a_seed_of_10_13_runs_end_to_end_and_is_repeatable(torch_fallback, tiny_model, backend):
+def test_a_seed_of_10_13_runs_end_to_end_and_is_repeatable(torch_fallback, tiny_transformer, backend):
     """``--seed 10**13 --path fast`` used to be refused after the model had loaded and prefilled."""
-    runs = [generate(tiny_model, [[1, 2, 3, 4, 5], [6, 7]], 3, backend=backend, budget=2, seed=10**13, cuda_graph=False) for _ in range(2)]
+    runs = [generate(tiny_transformer, [[1, 2, 3, 4, 5], [6, 7]], 3, backend=backend, budget=2, seed=10**13, cuda_graph=False) for _ in range(2)]
     assert [r.tolist() for r in runs[0]] == [r.tolist() for r in runs[1]]
     assert [len(r) for r in runs[0]] == [3, 3]
 

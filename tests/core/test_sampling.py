@@ -6,15 +6,11 @@ import pytest
 import torch
 
 import santa
+from helpers import random_probs
 from santa.sampling import inverse_cdf, sample_points
 from santa.stats import stratum_weights
 
 SAMPLERS = ["iid", "stratified", "systematic"]
-
-
-def random_probs(shape, seed=0, peak=1.0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.softmax(peak * torch.randn(shape, generator=g, dtype=torch.float64), dim=-1)
 
 
 def test_inverse_cdf_takes_first_key_whose_cdf_exceeds_t():

@@ -8,11 +8,10 @@ import torch
 
 import santa.assets
 import santa.eval.cli
+from helpers import needs_cuda, refusal
 from santa.cli import main
 from santa.engine import check_paths, hf_reason, nominal_share, resolve_path
 from santa.eval.runner import Job, grid, read_records, run_sweep
-
-GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def job(**kwargs) -> Job:
@@ -76,15 +75,6 @@ def test_the_path_is_not_part_of_the_job_key():
     assert "path" not in job().key()
 
 
-@pytest.fixture
-def no_work(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("work started before the flags were checked")
-
-    monkeypatch.setattr(santa.assets, "load_model", refuse)
-    monkeypatch.setattr(santa.eval.cli, "run_sweep", refuse)
-
-
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -95,10 +85,7 @@ def no_work(monkeypatch):
     ],
 )
 def test_eval_run_refuses_a_bad_path_flag_before_any_work(no_work, capsys, tmp_path, argv, message):
-    with pytest.raises(SystemExit) as stop:
-        main(["eval", "run", "--out", str(tmp_path / "s.jsonl"), *argv])
-    assert stop.value.code == 2
-    assert f"santa eval run: error: {message}" in capsys.readouterr().err
+    assert f"santa eval run: error: {message}" in refusal(main, ["eval", "run", "--out", str(tmp_path / "s.jsonl"), *argv], capsys)
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +137,7 @@ def test_sampled_prefill_jobs_asked_on_the_fast_path_run_on_hf_and_say_why(loade
     assert {(r["path"], r["path_reason"].split(":")[0]) for r in records} == {("hf", "sampled prefill")}
 
 
-@GPU
+@needs_cuda
 @pytest.mark.slow
 def test_on_cuda_prop_and_flash_run_the_kernels(tmp_path):
     cuda = santa.assets.load_model("smollm2-135m", device="cuda")

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from helpers import refusal
 from santa.eval.report import setting_label
 from santa.eval.runner import grid
 
@@ -49,10 +50,7 @@ def test_a_bad_schedule_file_is_refused_before_any_work(tmp_path, capsys, monkey
     monkeypatch.setattr(eval_cli, "run_sweep", lambda *a, **k: pytest.fail("the sweep ran"))
     path = tmp_path / "schedule.json"
     path.write_text(text)
-    with pytest.raises(SystemExit) as exit_info:
-        main(["eval", "run", "--out", str(tmp_path / "s.jsonl"), "--layer-budgets", str(path)])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
+    err = refusal(main, ["eval", "run", "--out", str(tmp_path / "s.jsonl"), "--layer-budgets", str(path)], capsys)
     assert "--layer-budgets" in err and match in err
 
 

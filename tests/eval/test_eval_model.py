@@ -15,14 +15,6 @@ LENGTH = 384
 RULER = ("niah_single", "niah_multikey", "niah_multivalue", "variable_tracking", "fwe", "cwe")
 
 
-@pytest.fixture(scope="module")
-def model_and_tokenizer():
-    from santa.assets import load_model
-
-    torch.manual_seed(0)
-    return load_model("smollm2-135m")
-
-
 @pytest.mark.parametrize("task", [*RULER, "kl"])
 def test_generators_are_deterministic_per_seed_and_hit_the_length(model_and_tokenizer, task):
     _, tokenizer = model_and_tokenizer

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import refusal
+from helpers import refusal, sweep_jobs, sweep_record, write_jsonl
 from santa.cli import main
 from santa.eval.report import cells, check_records, compare_methods, pivot, table
 from santa.eval.runner import grid
-from test_sweep_files import jobs, record, write
 
 
 def kl_records() -> list[dict]:
@@ -30,7 +29,7 @@ def edited(records: list[dict], index: int, **fields) -> list[dict]:
 
 
 DROP = object()
-ACCURACY = [record(j) for j in jobs()]  # dense, topk S=16 on prompts 0 and 1 (dense first)
+ACCURACY = [sweep_record(j) for j in sweep_jobs()]  # dense, topk S=16 on prompts 0 and 1 (dense first)
 VIEWS = [[], ["--pivot"], ["--pivot", "--delta"], ["--smallest-budgets"], ["--compare", "systematic,topk"]]
 
 
@@ -68,7 +67,7 @@ BAD_RECORDS = {
 def test_report_names_the_file_and_line_of_a_record_it_cannot_use(tmp_path, capsys, case, view):
     make, index, fields, message = BAD_RECORDS[case]
     path = tmp_path / "sweep.jsonl"
-    write(path, edited(make(), index, **fields))
+    write_jsonl(path, edited(make(), index, **fields))
     assert main(["eval", "report", str(path), *view]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"santa eval report: error: {path}, line {index + 1}: {message}")
@@ -96,38 +95,20 @@ def test_a_kl_table_of_records_passed_without_nll_shows_no_perplexity():
 @pytest.mark.parametrize("view", VIEWS, ids=lambda v: " ".join(v) or "table")
 def test_valid_records_of_every_kind_still_report(tmp_path, capsys, view):
     path = tmp_path / "sweep.jsonl"
-    write(path, ACCURACY + kl_records())
+    write_jsonl(path, ACCURACY + kl_records())
     assert main(["eval", "report", str(path), *view]) == 0
     out = capsys.readouterr().out
     assert "nan" not in out
 
 
 def test_pivot_shows_every_method_of_the_records():
-    records = [record(j) for j in grid(models=["m"], tasks=["niah_single"], lengths=[512], methods=["dense", "iid", "prop"],
+    records = [sweep_record(j) for j in grid(models=["m"], tasks=["niah_single"], lengths=[512], methods=["dense", "iid", "prop"],
                                         budgets=[16], prompts=[0, 1])]
     text = pivot(cells(records))
     assert all(f"| {method} |" in text for method in ("dense", "iid", "prop"))
 
 
 # --- flags checked against the model's config before any work --------------------------------------
-
-
-@pytest.fixture
-def no_work(monkeypatch, tmp_path):
-    """No weight may load and no sweep may run; the model cache is empty (its config is read from the
-    bundled GGUF's header)."""
-    import santa.assets
-    import santa.eval.cli
-    import santa.model
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the command did work before refusing its flags")
-
-    monkeypatch.setenv("SANTA_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(santa.assets, "load_model", refuse)
-    monkeypatch.setattr(santa.model, "load_bundled", refuse, raising=False)
-    monkeypatch.setattr(santa.eval.cli, "run_sweep", refuse)
-    return tmp_path
 
 
 def schedule(tmp_path, layers: dict) -> str:
@@ -501,7 +482,7 @@ def test_eval_commands_refuse_a_task_whose_data_is_not_installed(no_work, capsys
 
 def test_report_plots_stay_in_their_folder_whatever_the_names_in_the_records(tmp_path, capsys):
     path, plots = tmp_path / "sweep.jsonl", tmp_path / "a" / "plots"
-    write(path, [dict(r, model="../../escaped", schedule="x/../../y") for r in ACCURACY])
+    write_jsonl(path, [dict(r, model="../../escaped", schedule="x/../../y") for r in ACCURACY])
     assert main(["eval", "report", str(path), "--plots", str(plots)]) == 0
     written = [line.removeprefix("wrote ") for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")]
     assert written and all(Path(w).parent == plots for w in written)

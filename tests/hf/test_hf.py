@@ -4,16 +4,10 @@ import pytest
 import torch
 
 import santa.hf
-from santa.assets import load_model
 from santa.eval.tasks import needle_prompt
 from santa.generate import cache_keyword, returned_cache
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def model_and_tokenizer():
-    return load_model("smollm2-135m")
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +138,7 @@ def test_bernoulli_scores_converge_to_dense_with_more_draws_and_count_features(m
 @pytest.mark.parametrize("kernel", ["prop", "flash"])
 def test_decode_kernel_path_stays_close_to_dense(model_and_tokenizer, prompt_ids, kernel, monkeypatch):
     """The HF wiring of santa.kernels.decode. On CPU the kernels' torch emulation runs (the Triton
-    interpreter is too slow for 30 layers; tests/test_kernels.py checks the kernels against it)."""
+    interpreter is too slow for 30 layers; tests/kernels/test_kernels.py checks the kernels against it)."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     model, _ = model_and_tokenizer
     dense = last_logits(model, prompt_ids, santa.hf.SantaConfig(sampler="dense"))

@@ -12,7 +12,7 @@ import transformers
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import santa.hf
-from helpers import HF_FAMILIES, HF_SMALL, tiny_hf_model
+from helpers import HF_FAMILIES, HF_SMALL, qkv, tiny_hf_model
 from santa.hf import SantaConfig, santa_attention_forward
 
 
@@ -56,7 +56,7 @@ def test_santas_own_attention_matches_eager(family):
 @pytest.mark.parametrize("family", ["mistral, sliding window 8", "gemma3, window and scale 1/4 for D=8"])
 @pytest.mark.parametrize("kernel", ["prop", "flash"])
 def test_decode_kernels_honour_the_window_and_the_scale(family, kernel, monkeypatch):
-    """The kernels' torch emulation on CPU (what the Triton kernels compute, tests/test_kernels.py):
+    """The kernels' torch emulation on CPU (what the Triton kernels compute, tests/kernels/test_kernels.py):
     with S = 2**16 draws S²ANTA-sys is within ~1e-4 of exact attention; a wrong window or scale is not."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     model = tiny_hf_model(family)
@@ -97,14 +97,6 @@ class Attention(torch.nn.Module):
         self.layer_idx, self.num_key_value_groups, self.is_causal, self.santa_config = 0, group, is_causal, config
 
 
-def qkv(n_queries: int = 1, n_keys: int = 12, value_dim: int = 8):
-    generator = torch.Generator().manual_seed(2)
-    q = torch.randn(1, 4, n_queries, 8, generator=generator)
-    k = torch.randn(1, 2, n_keys, 8, generator=generator)
-    v = torch.randn(1, 2, n_keys, value_dim, generator=generator)
-    return q, k, v
-
-
 CONFIGS = {"sampled": SantaConfig(budget=3), "exact": SantaConfig(sampler="dense"), "dense layer": SantaConfig(budget=3, dense_layers=(0,))}
 
 
@@ -123,7 +115,7 @@ CONFIGS = {"sampled": SantaConfig(budget=3), "exact": SantaConfig(sampler="dense
     ],
 )
 def test_attention_function_refuses_a_keyword_it_does_not_implement(path, keyword, value, named):
-    q, k, v = qkv()
+    q, k, v = qkv(b=1, hq=4, lk=12, d=8, seed=2)
     with pytest.raises(ValueError, match=re.escape(named)) as refused:
         santa_attention_forward(Attention(CONFIGS[path]), q, k, v, None, **{keyword: value})
     assert "layer 0 (Attention)" in str(refused.value)
@@ -131,7 +123,7 @@ def test_attention_function_refuses_a_keyword_it_does_not_implement(path, keywor
 
 @pytest.mark.parametrize("path", CONFIGS)
 def test_attention_function_takes_the_keywords_that_do_not_change_attention(path):
-    q, k, v = qkv()
+    q, k, v = qkv(b=1, hq=4, lk=12, d=8, seed=2)
     harmless = {"position_ids": torch.arange(1)[None], "use_cache": True, "output_attentions": False, "softcap": None,
                 "s_aux": None, "sliding_window": 64, "output_router_logits": False, "cu_seq_lens_q": None}
     out, weights = santa_attention_forward(Attention(CONFIGS[path]), q, k, v, None, **harmless)
@@ -140,7 +132,7 @@ def test_attention_function_takes_the_keywords_that_do_not_change_attention(path
 
 @pytest.mark.parametrize(("window", "n_keys"), [(8, 12), (1, 2), (11, 12)])
 def test_a_sliding_window_without_a_mask_is_refused(window, n_keys):
-    q, k, v = qkv(n_keys=n_keys)
+    q, k, v = qkv(b=1, hq=4, lk=n_keys, d=8, seed=2)
     with pytest.raises(ValueError, match=f"sliding window of {window} keys but no attention mask for {n_keys} keys"):
         santa_attention_forward(Attention(SantaConfig(budget=1)), q, k, v, None, sliding_window=window)
     mask = torch.ones(1, 1, 1, n_keys, dtype=torch.bool)
@@ -156,7 +148,7 @@ def exact_santa(**fields) -> SantaConfig:
 @pytest.mark.parametrize("n_keys", [5, 9])
 def test_an_unmasked_causal_block_over_more_keys_aligns_as_sdpa_does(n_keys):
     """An empty static cache's prefill: keys beyond the queries are unused slots (SDPA slices them)."""
-    q, k, v = qkv(n_queries=4, n_keys=n_keys)
+    q, k, v = qkv(b=1, hq=4, lq=4, lk=n_keys, d=8, seed=2)
     module = Attention(exact_santa())
     expected, _ = sdpa_attention_forward(module, q, k, v, None, scaling=0.3)
     out, _ = santa_attention_forward(module, q, k, v, None, scaling=0.3)
@@ -165,7 +157,7 @@ def test_an_unmasked_causal_block_over_more_keys_aligns_as_sdpa_does(n_keys):
 
 @pytest.mark.parametrize("is_causal", [True, False])
 def test_the_modules_causality_applies_when_the_call_does_not_say(is_causal):
-    q, k, v = qkv(n_queries=6, n_keys=6)
+    q, k, v = qkv(b=1, hq=4, lq=6, lk=6, d=8, seed=2)
     module = Attention(exact_santa(), is_causal=is_causal)
     expected, _ = sdpa_attention_forward(module, q, k, v, None)
     out, _ = santa_attention_forward(module, q, k, v, None)
@@ -174,14 +166,14 @@ def test_the_modules_causality_applies_when_the_call_does_not_say(is_causal):
 
 @pytest.mark.parametrize("kernel", ["prop", "flash"])
 def test_a_named_kernel_refuses_value_heads_narrower_than_key_heads(kernel):
-    q, k, v = qkv(value_dim=6)
+    q, k, v = qkv(b=1, hq=4, lk=12, d=8, dv=6, seed=2)
     with pytest.raises(ValueError, match=f"kernel='{kernel}' needs keys and values of one head dim, but layer 0 has 8 and 6"):
         santa_attention_forward(Attention(SantaConfig(budget=3, kernel=kernel)), q, k, v, None)
 
 
 def test_auto_kernel_falls_back_to_the_reference_for_narrower_value_heads(monkeypatch):
     monkeypatch.setattr(santa.hf, "kernel_for", lambda config, query, mask: "prop")  # as on CUDA
-    q, k, v = qkv(value_dim=6)
+    q, k, v = qkv(b=1, hq=4, lk=12, d=8, dv=6, seed=2)
     out, _ = santa_attention_forward(Attention(SantaConfig(budget=3)), q, k, v, None)
     assert out.shape == (1, 1, 4, 6)
 

@@ -7,65 +7,15 @@ run the compiled kernels, plus the CUDA-only tests at the bottom.
 from __future__ import annotations
 
 import math
-import os
-import sys
 
 import pytest
 import torch
 
-CUDA = torch.cuda.is_available()
-DEVICE = torch.device("cuda" if CUDA else "cpu")
+from helpers import CUDA, DEVICE, make_inputs, needs_cuda, to_paged
+from santa.kernels import decode, flash_reference, flash_tile, make_workspace, philox_uniforms, prop_reference
+from santa.sampling import sample_counts
 
-# Without a GPU the kernels run in Triton's interpreter, which must be chosen before triton (and
-# the kernels) are imported; the variable is then set only while this module's tests run.
-_INTERPRETABLE = CUDA or "triton" not in sys.modules or os.environ.get("TRITON_INTERPRET") == "1"
-if not CUDA and _INTERPRETABLE:
-    _saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    triton = pytest.importorskip("triton")
-    import santa.kernels.flash  # noqa: E402,F401  (decorated for the interpreter)
-    import santa.kernels.prop  # noqa: E402,F401
-
-    if _saved is None:
-        del os.environ["TRITON_INTERPRET"]
-else:
-    triton = pytest.importorskip("triton")
-needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-
-from santa.kernels import decode, flash_reference, flash_tile, make_workspace, philox_uniforms, prop_reference  # noqa: E402
-from santa.sampling import sample_counts  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _interpret_on_cpu(monkeypatch):
-    """Run the Triton kernels through the interpreter where there is no GPU."""
-    if not _INTERPRETABLE:
-        pytest.skip("triton was imported before TRITON_INTERPRET=1 was set: run with TRITON_INTERPRET=1")
-    if not CUDA:
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
-def make_inputs(batch, heads, kv_heads, dim, n_keys, dtype=torch.float32, *, seed=0, q_scale=1.0, layout="NHD"):
-    g = torch.Generator().manual_seed(seed)
-    q = (torch.randn(batch, heads, dim, generator=g) * q_scale).to(dtype)
-    shape = (batch, n_keys, kv_heads, dim) if layout == "NHD" else (batch, kv_heads, n_keys, dim)
-    k = torch.randn(shape, generator=g).to(dtype)
-    v = torch.randn(shape, generator=g).to(dtype)
-    return q.to(DEVICE), k.to(DEVICE), v.to(DEVICE)
-
-
-def to_paged(cache, page_size, seed=0):
-    """Scatter a contiguous NHD cache [B, L, H_kv, d] into shuffled pages + an int32 block table."""
-    batch, n_keys, kv_heads, dim = cache.shape
-    pages_per_seq = -(-n_keys // page_size)
-    padded = torch.nn.functional.pad(cache, (0, 0, 0, 0, 0, pages_per_seq * page_size - n_keys))
-    pages = padded.reshape(batch * pages_per_seq, page_size, kv_heads, dim)
-    perm = torch.randperm(batch * pages_per_seq + 3, generator=torch.Generator().manual_seed(seed))
-    perm = perm[perm < batch * pages_per_seq]
-    paged = torch.randn(batch * pages_per_seq + 3, page_size, kv_heads, dim, device=cache.device).to(cache.dtype)
-    paged[perm] = pages
-    block_table = perm.reshape(batch, pages_per_seq).to(torch.int32).to(cache.device)
-    return paged, block_table
+triton = pytest.importorskip("triton")  # the interpreter's setup: tests/kernels/conftest.py
 
 
 def dense_probs(q, k, seq_lens=None, layout="NHD"):

@@ -12,17 +12,10 @@ import math
 import pytest
 import torch
 
-from santa.kernels import MAX_BUDGET, decode, flash_reference, flash_tile, make_workspace, plan_decode, prop_reference
-from test_kernels import DEVICE, _interpret_on_cpu, make_inputs, to_paged  # noqa: F401  (fixture: the interpreter on CPU)
+from helpers import DEVICE, KERNELS, kernel_reference, make_inputs, to_paged
+from santa.kernels import MAX_BUDGET, decode, make_workspace, plan_decode
 
-KERNELS = ("prop", "flash")
-
-
-def reference(kernel, q, k, v, budget, **kw):
-    if kernel == "prop":
-        return prop_reference(q, k, v, budget, **kw)
-    return flash_reference(q, k, v, budget, tile=flash_tile(q.shape[-1]), **kw)
-
+triton = pytest.importorskip("triton")
 
 def cpu_fallback(monkeypatch, kernel, q, k, v, budget, **kw):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
@@ -49,12 +42,12 @@ def test_non_finite_q_or_k_gives_nan_in_the_affected_rows_only(kernel, where, va
     for out in (
         decode(q, k, v, 16, kernel=kernel, seed=3),
         cpu_fallback(monkeypatch, kernel, q, k, v, 16, seed=3),
-        reference(kernel, q, k, v, 16, seed=3)[0],
+        kernel_reference(kernel, q, k, v, 16, seed=3)[0],
     ):
         out = out.cpu()
         assert torch.isnan(out[affected]).all()
         assert torch.isfinite(out[~affected]).all()
-    clean = reference(kernel, q, k, v, 16, seed=3)[0].cpu()
+    clean = kernel_reference(kernel, q, k, v, 16, seed=3)[0].cpu()
     got = decode(q, k, v, 16, kernel=kernel, seed=3).cpu()
     torch.testing.assert_close(got[~affected], clean[~affected], rtol=1e-4, atol=1e-5)
 
@@ -66,7 +59,7 @@ def test_minus_inf_scores_get_zero_weight_like_a_mask(kernel):
     k[0, 5:, 0, :] = -math.inf  # keys 5.. score −inf: as if masked
     out = decode(q, k, v, 8, kernel=kernel, seed=1)
     assert torch.isfinite(out).all()
-    torch.testing.assert_close(out.cpu(), reference(kernel, q, k, v, 8, seed=1)[0].cpu(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.cpu(), kernel_reference(kernel, q, k, v, 8, seed=1)[0].cpu(), rtol=1e-5, atol=1e-6)
     if kernel == "prop":  # the same distribution and uniforms: the same samples as with the keys cut off
         masked = decode(q, k[:, :5].contiguous(), v[:, :5].contiguous(), 8, kernel=kernel, seed=1)
         torch.testing.assert_close(out, masked, rtol=1e-5, atol=1e-6)
@@ -83,7 +76,7 @@ def test_a_sampled_nan_value_row_gives_nan_and_an_unsampled_one_is_unseen(kernel
     v_bad[0, 7, 0, 0] = math.nan  # sampled by head 1
     v_bad[0, unsampled, 0, 0] = math.nan  # sampled by no head
     out = decode(q, k, v_bad, 8, kernel=kernel, seed=0).cpu()
-    ref = reference(kernel, q, k, v_bad, 8, seed=0)[0].cpu()
+    ref = kernel_reference(kernel, q, k, v_bad, 8, seed=0)[0].cpu()
     for result in (out, ref):
         assert torch.isnan(result[0, 1, 0]) and torch.isfinite(result[0, 1, 1:]).all()  # the element, as SDPA
         # prop: head 0 sees the NaN only if it sampled key 7; flash reads key 7 once for the group
@@ -210,7 +203,7 @@ def test_a_sampled_inf_value_gives_the_same_non_finite_output_as_the_reference(k
     q[0, 1] = 30 * k[0, 7, 0]  # head 1: all its mass on key 7
     v[0, 7, 0, 0] = math.inf
     out = decode(q, k, v, 8, kernel=kernel, seed=0).cpu()
-    ref = reference(kernel, q, k, v, 8, seed=0)[0].cpu()
+    ref = kernel_reference(kernel, q, k, v, 8, seed=0)[0].cpu()
     assert out[0, 1, 0] == math.inf and ref[0, 1, 0] == math.inf  # Σ c_j v_j / S: inf stays inf
     same = torch.isfinite(ref) | torch.isfinite(out)
     torch.testing.assert_close(out[same], ref[same], rtol=1e-5, atol=1e-6)

@@ -23,10 +23,9 @@ CACHES = ("contiguous", "paged", "hnd")
 OPS = {"decode": torch.ops.santa.decode.default, "decode_counts": torch.ops.santa.decode_counts.default}
 
 
-@pytest.fixture(autouse=True)
-def _torch_fallback_on_cpu(monkeypatch):
-    """CPU calls run the torch fallback (the ops' CPU implementation), also under TRITON_INTERPRET=1."""
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+# CPU calls run the torch fallback (the ops' CPU implementation), also under TRITON_INTERPRET=1: the
+# fixture (tests/conftest.py) unsets the variable after tests/kernels/conftest.py's autouse fixture set it.
+pytestmark = pytest.mark.usefixtures("torch_fallback")
 
 
 def op_args(cache: str, kernel: str, *, dtype=torch.float32) -> tuple:

@@ -14,6 +14,7 @@ import torch
 
 import santa.kernels
 import santa.model
+from helpers import TINY_PROMPTS, TINY_STOP, needs_cuda
 from santa import engine, methods
 from santa.model import CONFIGS, Transformer, generate, make_context
 
@@ -23,10 +24,8 @@ KERNEL_BACKENDS = ("santa-prop", "santa-flash")
 # of the pinned ids (greedy decoding of n tokens is the first n of a longer run: one Philox offset per step)
 KERNEL_TOKENS = 3 if INTERPRETED else 10
 
-PROMPTS = [[122, 174, 183, 197, 129], [104, 87, 200, 50, 137, 58, 252, 103, 109, 94, 55, 183, 57, 104, 164, 178, 44, 38, 126, 234, 52, 131, 0], [183, 21, 149, 201, 166, 253, 230, 56, 194, 174, 117, 30]]
 TEXTS = [[136, 49, 66, 186, 87, 160, 168, 243, 170, 173, 161, 32, 126, 237], [156, 3, 114, 115, 207, 98, 95, 185, 255, 50, 145, 240, 209, 217, 73, 187, 176, 204, 151, 114, 222, 22, 195, 190, 190, 75, 23, 56, 114, 198], [231, 237, 234, 199, 201, 210, 183, 181, 243]]
-STOP = 251
-GENERATE = {  # santa.model.generate(TINY, PROMPTS, 10, backend=..., budget=8, seed=3, stop_tokens=[STOP], layer_budgets=None | {1: 4})
+GENERATE = {  # santa.model.generate(TINY, TINY_PROMPTS, 10, backend=..., budget=8, seed=3, stop_tokens=[TINY_STOP], layer_budgets=None | {1: 4})
     'sdpa/S': [[207, 196, 74, 233, 24, 180, 18, 246, 223, 112], [112, 132, 190, 247, 251], [196, 74, 218, 249, 68, 237, 200, 20, 171, 164]],
     'sdpa/lb': [[207, 196, 74, 233, 24, 180, 18, 246, 223, 112], [112, 132, 190, 247, 251], [196, 74, 218, 249, 68, 237, 200, 20, 171, 164]],
     'iid/S': [[207, 196, 251], [112, 99, 55, 116, 58, 34, 75, 72, 122, 147], [196, 38, 119, 45, 18, 116, 57, 223, 112, 196]],
@@ -44,7 +43,7 @@ GENERATE = {  # santa.model.generate(TINY, PROMPTS, 10, backend=..., budget=8, s
     'weights-only/S': [[207, 177, 223, 223, 223, 223, 223, 223, 43, 82], [112, 87, 58, 226, 188, 221, 246, 128, 35, 108], [196, 74, 121, 171, 207, 11, 86, 14, 197, 9]],
     'weights-only/lb': [[207, 177, 223, 223, 223, 223, 223, 223, 43, 82], [112, 87, 58, 226, 188, 221, 246, 128, 35, 108], [196, 74, 121, 171, 207, 11, 86, 14, 197, 9]],
 }
-DECODE = {  # fast_decode(prefill of PROMPTS with room 12, 10 | 6 tokens, backend=..., budget 8 (sdpa: 0), seed 5, stops {STOP, 7} | none with layer_budgets {0: 3})
+DECODE = {  # fast_decode(prefill of TINY_PROMPTS with room 12, 10 | 6 tokens, backend=..., budget 8 (sdpa: 0), seed 5, stops {TINY_STOP, 7} | none with layer_budgets {0: 3})
     'sdpa': [[207, 196, 74, 233, 24, 180, 18, 246, 223, 112], [112, 132, 190, 247, 251], [196, 74, 218, 249, 68, 237, 200, 20, 171, 164]],
     'sdpa/lb': [[207, 196, 74, 233, 24, 180], [112, 132, 190, 247, 251, 90], [196, 74, 218, 249, 68, 237]],
     'iid': [[207, 196, 38, 44, 169, 102, 228, 164, 240, 158], [112, 223, 215, 219, 83, 215, 148, 24, 180, 18], [196, 254, 57, 222, 160, 161, 102, 2, 112, 196]],
@@ -71,41 +70,36 @@ TEACHER_FORCED = {  # teacher_forced(prefill of TEXTS[:-5], the last 5 tokens, b
 }
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return Transformer.random(CONFIGS["tiny"], dtype=torch.float32, seed=0).eval()
-
-
 def cut(rows, n):
     return [row[:n] for row in rows]
 
 
 @pytest.mark.parametrize("layer_budgets", [None, {1: 4}], ids=["S", "lb"])
-# weights-only is santa bench e2e's now: tests/test_bench_e2e.py checks its pinned tokens through the plug-in
+# weights-only is santa bench e2e's now: tests/bench/test_bench_e2e.py checks its pinned tokens through the plug-in
 @pytest.mark.parametrize("backend", ["sdpa", "iid", "stratified", "systematic", "topk", *KERNEL_BACKENDS])
-def test_generate_draws_the_tokens_it_drew_before_the_engine(tiny, backend, layer_budgets):
+def test_generate_draws_the_tokens_it_drew_before_the_engine(tiny_transformer, backend, layer_budgets):
     if backend in KERNEL_BACKENDS and INTERPRETED and layer_budgets is None:
         pytest.skip("one kernel case per backend under the interpreter (the layer-budget one)")
     n = KERNEL_TOKENS if backend in KERNEL_BACKENDS else 10
-    rows = generate(tiny, PROMPTS, n, backend=backend, budget=8, seed=3, stop_tokens=[STOP], layer_budgets=layer_budgets)
+    rows = generate(tiny_transformer, TINY_PROMPTS, n, backend=backend, budget=8, seed=3, stop_tokens=[TINY_STOP], layer_budgets=layer_budgets)
     assert [r.tolist() for r in rows] == cut(GENERATE[f"{backend}/{'lb' if layer_budgets else 'S'}"], n)
 
 
 @pytest.mark.parametrize("layer_budgets", [None, {0: 3}], ids=["S", "lb"])
 @pytest.mark.parametrize("backend", ["sdpa", "iid", "stratified", "systematic", "topk", *KERNEL_BACKENDS])
-def test_engine_decode_draws_the_tokens_fast_decode_drew(tiny, backend, layer_budgets):
+def test_engine_decode_draws_the_tokens_fast_decode_drew(tiny_transformer, backend, layer_budgets):
     if backend in KERNEL_BACKENDS and INTERPRETED and (layer_budgets is None) == (backend == "santa-prop"):
         pytest.skip("one kernel case per backend under the interpreter")
-    pre = engine.prefill(tiny, PROMPTS, 12)
+    pre = engine.prefill(tiny_transformer, TINY_PROMPTS, 12)
     assert pre.first[:, 0].tolist() == [207, 112, 196]
     budget = 0 if backend == "sdpa" else 8  # a dense job's budget: 0
     if layer_budgets is None:
         n = KERNEL_TOKENS if backend in KERNEL_BACKENDS else 10
-        rows, seconds = engine.decode(tiny, pre, n, backend=backend, budget=budget, seed=5, stop_tokens={STOP, 7})
+        rows, seconds = engine.decode(tiny_transformer, pre, n, backend=backend, budget=budget, seed=5, stop_tokens={TINY_STOP, 7})
         assert rows == cut(DECODE[backend], n) and seconds >= 0
     else:
         n = min(KERNEL_TOKENS, 6) if backend in KERNEL_BACKENDS else 6
-        rows, _ = engine.decode(tiny, pre, n, backend=backend, budget=budget, seed=5, stop_tokens=set(), layer_budgets=layer_budgets)
+        rows, _ = engine.decode(tiny_transformer, pre, n, backend=backend, budget=budget, seed=5, stop_tokens=set(), layer_budgets=layer_budgets)
         assert rows == cut(DECODE[backend + "/lb"], n)
 
 
@@ -115,32 +109,32 @@ def assert_pinned(values, pinned, steps):
 
 
 @pytest.mark.parametrize("backend", ["iid", "stratified", "systematic", "topk", *KERNEL_BACKENDS])
-def test_teacher_forced_scores_what_it_scored_before_the_engine(tiny, backend):
+def test_teacher_forced_scores_what_it_scored_before_the_engine(tiny_transformer, backend):
     steps = 2 if backend in KERNEL_BACKENDS and INTERPRETED else 4  # the first steps of the pinned 4
-    pre = engine.prefill(tiny, [t[:-5] for t in TEXTS], 5)
+    pre = engine.prefill(tiny_transformer, [t[:-5] for t in TEXTS], 5)
     continuation = torch.tensor([t[-5:] for t in TEXTS])[:, : steps + 1]  # [B, steps + 1]
-    dense = engine.teacher_forced(tiny, pre, continuation, backend="sdpa")
+    dense = engine.teacher_forced(tiny_transformer, pre, continuation, backend="sdpa")
     assert dense.kl is None and dense.logprobs.shape == (3, steps, CONFIGS["tiny"].vocab_size)
     assert_pinned(dense.nll, TEACHER_FORCED["sdpa"]["nll"], steps)
-    run = engine.teacher_forced(tiny, pre, continuation, backend=backend, budget=8, seed=2, layer_budgets={1: 3},
+    run = engine.teacher_forced(tiny_transformer, pre, continuation, backend=backend, budget=8, seed=2, layer_budgets={1: 3},
                                 reference=dense.logprobs)
     assert run.logprobs is None
     assert_pinned(run.nll, TEACHER_FORCED[backend]["nll"], steps)
     assert_pinned(run.kl, TEACHER_FORCED[backend]["kl"], steps)
 
 
-def test_generate_and_the_engine_run_one_loop(tiny, monkeypatch):
+def test_generate_and_the_engine_run_one_loop(tiny_transformer, monkeypatch):
     """santa.model.generate and santa.engine.decode both decode through santa.model.decode_tokens."""
     calls = []
     loop = santa.model.decode_tokens
     monkeypatch.setattr(santa.model, "decode_tokens", lambda *a, **k: calls.append(a[1].backend) or loop(*a, **k))
-    generate(tiny, PROMPTS, 3, backend="topk", budget=8)
-    engine.decode(tiny, engine.prefill(tiny, PROMPTS, 3), 3, backend="iid", budget=8, seed=0, stop_tokens=())
+    generate(tiny_transformer, TINY_PROMPTS, 3, backend="topk", budget=8)
+    engine.decode(tiny_transformer, engine.prefill(tiny_transformer, TINY_PROMPTS, 3), 3, backend="iid", budget=8, seed=0, stop_tokens=())
     assert calls == ["topk", "iid"]
 
 
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
-def test_the_model_runs_its_own_decode_plans_not_the_eager_decode(tiny, backend, monkeypatch):
+def test_the_model_runs_its_own_decode_plans_not_the_eager_decode(tiny_transformer, backend, monkeypatch):
     """One DecodePlan per distinct budget, made (with its workspace) by make_context, outside any CUDA
     graph; santa.decode() and its module-level plan cache are not used on the model path."""
     decode_module = importlib.import_module("santa.kernels.decode")
@@ -151,18 +145,18 @@ def test_the_model_runs_its_own_decode_plans_not_the_eager_decode(tiny, backend,
     monkeypatch.setattr(santa.kernels, "decode", eager)
     monkeypatch.setattr(decode_module, "decode", eager)
     plans_before = dict(decode_module._PLANS)
-    tiny.setup_caches(3, 30)
-    ctx = make_context(tiny, backend, prompt_len=[5, 23, 12], budget=8, layer_budgets={0: 3, 1: 8})
+    tiny_transformer.setup_caches(3, 30)
+    ctx = make_context(tiny_transformer, backend, prompt_len=[5, 23, 12], budget=8, layer_budgets={0: 3, 1: 8})
     assert sorted(ctx.plans) == [3, 8]
     assert all(isinstance(p, santa.kernels.DecodePlan) and p.budget == s and p._workspace is not None for s, p in ctx.plans.items())
     assert ctx.plan_of(0, None, None) is ctx.plans[3] and ctx.plan_of(1, None, None) is ctx.plans[8]
-    generate(tiny, PROMPTS, 2, backend=backend, budget=8, layer_budgets={0: 3})
+    generate(tiny_transformer, TINY_PROMPTS, 2, backend=backend, budget=8, layer_budgets={0: 3})
     assert dict(decode_module._PLANS) == plans_before
 
 
-def test_a_context_built_by_hand_plans_on_first_use(tiny):
-    tiny.setup_caches(2, 30)
-    cache = tiny.layers[0].attention.kv_cache
+def test_a_context_built_by_hand_plans_on_first_use(tiny_transformer):
+    tiny_transformer.setup_caches(2, 30)
+    cache = tiny_transformer.layers[0].attention.kv_cache
     ctx = santa.model.DecodeContext(backend="santa-prop", seq_lens=torch.tensor([4, 9], dtype=torch.int32), budget=5,
                                     offset=torch.zeros(1, dtype=torch.int64))
     q = torch.randn(2, 4, 16)
@@ -182,26 +176,26 @@ def sdpa_over_visible_keys(calls):
     return attention
 
 
-def test_a_plugged_in_attention_runs_in_every_layer_of_every_step(tiny):
+def test_a_plugged_in_attention_runs_in_every_layer_of_every_step(tiny_transformer):
     calls = []
-    pre = engine.prefill(tiny, PROMPTS, 6)
-    ctx = make_context(tiny, "my-sdpa", prompt_len=pre.lengths, attention=sdpa_over_visible_keys(calls))
+    pre = engine.prefill(tiny_transformer, TINY_PROMPTS, 6)
+    ctx = make_context(tiny_transformer, "my-sdpa", prompt_len=pre.lengths, attention=sdpa_over_visible_keys(calls))
     stops = torch.tensor([], dtype=torch.long)
     with torch.inference_mode():  # the caches were written in inference mode
-        rows = santa.model.decode_tokens(tiny, ctx, pre.first, pre.lengths, 6, stop_tokens=stops, cuda_graph=False)
+        rows = santa.model.decode_tokens(tiny_transformer, ctx, pre.first, pre.lengths, 6, stop_tokens=stops, cuda_graph=False)
     assert rows == cut(DECODE["sdpa/lb"], 6)  # what santa's own sdpa backend decodes
     assert calls == [0, 1] * 5  # 2 layers, 5 decode steps
 
 
 @pytest.mark.parametrize("backend", ["weights-only", "flashinfer"])
-def test_a_plugged_in_attention_wins_over_a_built_in_benchmark_backend(tiny, backend):
+def test_a_plugged_in_attention_wins_over_a_built_in_benchmark_backend(tiny_transformer, backend):
     calls = []
-    tiny.setup_caches(3, 30)
-    ctx = make_context(tiny, backend, prompt_len=[5, 23, 12], attention=sdpa_over_visible_keys(calls))
+    tiny_transformer.setup_caches(3, 30)
+    ctx = make_context(tiny_transformer, backend, prompt_len=[5, 23, 12], attention=sdpa_over_visible_keys(calls))
     assert not hasattr(ctx, "flashinfer")  # santa.model builds no FlashInfer wrapper (santa bench e2e does)
     token = torch.zeros(3, 1, dtype=torch.long)
     with torch.inference_mode():
-        santa.model.greedy_step(tiny, ctx, token, torch.tensor([5, 23, 12]))()
+        santa.model.greedy_step(tiny_transformer, ctx, token, torch.tensor([5, 23, 12]))()
     assert calls == [0, 1]
 
 
@@ -213,15 +207,15 @@ def test_a_plugged_in_attention_wins_over_a_built_in_benchmark_backend(tiny, bac
     ("mine", "sdpa", TypeError, "attention must be a callable"),
     ("mine", None, ValueError, "backend must be one of"),
 ])
-def test_make_context_refuses_an_ambiguous_plug_in(tiny, backend, attention, error, message):
-    tiny.setup_caches(1, 8)
+def test_make_context_refuses_an_ambiguous_plug_in(tiny_transformer, backend, attention, error, message):
+    tiny_transformer.setup_caches(1, 8)
     with pytest.raises(error, match=message):
-        make_context(tiny, backend, prompt_len=4, attention=attention)
+        make_context(tiny_transformer, backend, prompt_len=4, attention=attention)
 
 
 @pytest.mark.parametrize("backend", [m.model_backend for m in methods.METHODS.values()])
-def test_the_cuda_graph_rule_reads_the_registry(tiny, backend):
-    assert santa.model.capturable(tiny, backend) is False  # a CPU model is never captured
+def test_the_cuda_graph_rule_reads_the_registry(tiny_transformer, backend):
+    assert santa.model.capturable(tiny_transformer, backend) is False  # a CPU model is never captured
     method = methods.by_model_backend(backend)
     cuda = type("CudaModel", (), {"output": type("W", (), {"weight": torch.empty(0, device="meta")})()})()
     cuda.output.weight = type("T", (), {"device": torch.device("cuda")})()
@@ -229,12 +223,12 @@ def test_the_cuda_graph_rule_reads_the_registry(tiny, backend):
     assert santa.model.capturable(cuda, backend, "torch") is (method.capturable and method.kernel is None)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@needs_cuda
 @pytest.mark.parametrize("backend", ["sdpa", *KERNEL_BACKENDS])
 def test_on_cuda_the_captured_loop_draws_the_eager_loops_tokens(backend):
     model = Transformer.random(CONFIGS["tiny"], dtype=torch.float32, seed=0, device="cuda").eval()
-    eager = generate(model, PROMPTS, 12, backend=backend, budget=8, seed=3, cuda_graph=False)
-    graph = generate(model, PROMPTS, 12, backend=backend, budget=8, seed=3, cuda_graph=True)
+    eager = generate(model, TINY_PROMPTS, 12, backend=backend, budget=8, seed=3, cuda_graph=False)
+    graph = generate(model, TINY_PROMPTS, 12, backend=backend, budget=8, seed=3, cuda_graph=True)
     assert [r.tolist() for r in graph] == [r.tolist() for r in eager]
 
 
@@ -261,14 +255,14 @@ def test_path_label_names_what_ran(backend, label):
 
 
 @pytest.mark.parametrize("bad", [0, 13])
-def test_decode_refuses_more_tokens_than_the_cache_has_room_for(tiny, bad):
-    pre = engine.prefill(tiny, PROMPTS, 12)
+def test_decode_refuses_more_tokens_than_the_cache_has_room_for(tiny_transformer, bad):
+    pre = engine.prefill(tiny_transformer, TINY_PROMPTS, 12)
     with pytest.raises(ValueError, match=r"max_new_tokens must be in \[1, 12\]"):
-        engine.decode(tiny, pre, bad, backend="sdpa", budget=0, seed=0, stop_tokens=())
+        engine.decode(tiny_transformer, pre, bad, backend="sdpa", budget=0, seed=0, stop_tokens=())
 
 
 @pytest.mark.parametrize("length", [1, 7])
-def test_teacher_forced_refuses_a_continuation_without_room(tiny, length):
-    pre = engine.prefill(tiny, PROMPTS, 5)
+def test_teacher_forced_refuses_a_continuation_without_room(tiny_transformer, length):
+    pre = engine.prefill(tiny_transformer, TINY_PROMPTS, 5)
     with pytest.raises(ValueError, match="continuation must be 2 to 6 tokens"):
-        engine.teacher_forced(tiny, pre, torch.zeros(3, length, dtype=torch.long), backend="sdpa")
+        engine.teacher_forced(tiny_transformer, pre, torch.zeros(3, length, dtype=torch.long), backend="sdpa")

@@ -1,5 +1,5 @@
 """The compact decoder's decode path: per-sequence lengths, stop tokens, every backend on one cache,
-and santa decode within its error bound (real checkpoints: tests/test_model_real.py).
+and santa decode within its error bound (real checkpoints: tests/model/test_model_real.py).
 
 "santa with budget ≥ n_keys equals dense" is tested with a tolerance derived from the math, not by
 an exact fallback (the santa path has no special case): for systematic counts the partial sums
@@ -31,12 +31,6 @@ from santa.model import (
 )
 
 TINY = CONFIGS["tiny"]
-
-
-@pytest.fixture(scope="module")
-def tiny_model():
-    torch.manual_seed(0)
-    return Transformer.random(TINY, device="cpu", dtype=torch.float32, seed=0).eval()
 
 
 def random_cache(batch=2, max_len=300, kv_heads=2, dim=16, seed=0):
@@ -115,28 +109,28 @@ def prompts_of_lengths(*lengths, seed=4):
     return [torch.randint(0, TINY.vocab_size, (n,), generator=gen) for n in lengths]
 
 
-def test_cached_decode_equals_a_full_forward(tiny_model):
+def test_cached_decode_equals_a_full_forward(tiny_transformer):
     prompt = torch.randint(0, TINY.vocab_size, (2, 9), generator=torch.Generator().manual_seed(4))
-    tokens = torch.stack(generate(tiny_model, prompt, 5, backend="sdpa"))
+    tokens = torch.stack(generate(tiny_transformer, prompt, 5, backend="sdpa"))
     with torch.inference_mode():
         full = torch.cat([prompt, tokens], dim=1)
-        tiny_model.setup_caches(2, full.shape[1])
-        logits = tiny_model(full, torch.arange(full.shape[1]))
+        tiny_transformer.setup_caches(2, full.shape[1])
+        logits = tiny_transformer(full, torch.arange(full.shape[1]))
     assert torch.equal(logits[:, prompt.shape[1] - 1 : -1].argmax(-1), tokens)
 
 
-def test_batch_of_prompts_of_different_lengths_generates_each_prompts_own_tokens(tiny_model):
+def test_batch_of_prompts_of_different_lengths_generates_each_prompts_own_tokens(tiny_transformer):
     prompts = prompts_of_lengths(5, 23, 12)
-    batch = generate(tiny_model, prompts, 12, backend="sdpa")
-    alone = [generate(tiny_model, [p], 12, backend="sdpa")[0] for p in prompts]
+    batch = generate(tiny_transformer, prompts, 12, backend="sdpa")
+    alone = [generate(tiny_transformer, [p], 12, backend="sdpa")[0] for p in prompts]
     assert all(torch.equal(b, a) for b, a in zip(batch, alone, strict=True))
 
 
-def test_stop_token_ends_its_sequence_and_leaves_the_others_running(tiny_model):
+def test_stop_token_ends_its_sequence_and_leaves_the_others_running(tiny_transformer):
     prompts = prompts_of_lengths(5, 23, 12)
-    free = generate(tiny_model, prompts, 12)
+    free = generate(tiny_transformer, prompts, 12)
     stop = int(free[1][4])
-    stopped = generate(tiny_model, prompts, 12, stop_tokens=[stop])
+    stopped = generate(tiny_transformer, prompts, 12, stop_tokens=[stop])
     for tokens, full in zip(stopped, free, strict=True):
         hits = (full == stop).nonzero()
         end = int(hits[0]) + 1 if len(hits) else len(full)  # up to and with the first stop token
@@ -156,20 +150,20 @@ def test_advance_freezes_finished_sequences_and_marks_new_stops():
 
 
 @pytest.mark.parametrize("backend", ["santa-prop", "santa-flash"])
-def test_santa_model_with_large_budget_generates_the_dense_tokens(tiny_model, backend, monkeypatch):
+def test_santa_model_with_large_budget_generates_the_dense_tokens(tiny_transformer, backend, monkeypatch):
     # The kernels' torch emulation, not the Triton interpreter, which takes minutes at S = 8192;
-    # tests/test_kernels.py checks the kernels against that emulation.
+    # tests/kernels/test_kernels.py checks the kernels against that emulation.
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     prompts = prompts_of_lengths(20, 7, 13, seed=5)
-    dense = generate(tiny_model, prompts, 4, backend="sdpa")
-    sampled = generate(tiny_model, prompts, 4, backend=backend, budget=8192)
+    dense = generate(tiny_transformer, prompts, 4, backend="sdpa")
+    sampled = generate(tiny_transformer, prompts, 4, backend=backend, budget=8192)
     assert all(torch.equal(s, d) for s, d in zip(sampled, dense, strict=True))
 
 
-def test_topk_reference_backend_covering_every_key_generates_the_dense_tokens(tiny_model):
+def test_topk_reference_backend_covering_every_key_generates_the_dense_tokens(tiny_transformer):
     prompts = prompts_of_lengths(20, 7, 13, seed=6)
-    dense = generate(tiny_model, prompts, 6, backend="sdpa")
-    topk = generate(tiny_model, prompts, 6, backend="topk", budget=256)  # k = the whole 256-key cache
+    dense = generate(tiny_transformer, prompts, 6, backend="sdpa")
+    topk = generate(tiny_transformer, prompts, 6, backend="topk", budget=256)  # k = the whole 256-key cache
     assert all(torch.equal(t, d) for t, d in zip(topk, dense, strict=True))
 
 
@@ -191,10 +185,10 @@ def prefilled_layer(model, lengths, seed=7):
 
 
 @pytest.mark.parametrize("kernel", ["prop", "flash"])
-def test_santa_decode_of_the_model_equals_the_kernel_reference_on_its_cache(tiny_model, kernel):
+def test_santa_decode_of_the_model_equals_the_kernel_reference_on_its_cache(tiny_transformer, kernel):
     # Under TRITON_INTERPRET=1 this runs the Triton kernel; its oracle is santa.kernels.reference.
-    attn, q, cache, seq_lens = prefilled_layer(tiny_model, (5, 130, 40))
-    ctx = make_context(tiny_model, f"santa-{kernel}", prompt_len=seq_lens, budget=16, seed=3)
+    attn, q, cache, seq_lens = prefilled_layer(tiny_transformer, (5, 130, 40))
+    ctx = make_context(tiny_transformer, f"santa-{kernel}", prompt_len=seq_lens, budget=16, seed=3)
     ctx.offset.fill_(11)
     with torch.inference_mode():
         out = attn.decode(q, cache.k_cache, cache.v_cache, ctx)
@@ -205,12 +199,12 @@ def test_santa_decode_of_the_model_equals_the_kernel_reference_on_its_cache(tiny
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "santa-prop", "santa-flash", *REFERENCE_BACKENDS])
-def test_keys_beyond_a_sequences_length_never_reach_its_output(tiny_model, backend):
-    attn, q, cache, seq_lens = prefilled_layer(tiny_model, (5, 130, 40))
+def test_keys_beyond_a_sequences_length_never_reach_its_output(tiny_transformer, backend):
+    attn, q, cache, seq_lens = prefilled_layer(tiny_transformer, (5, 130, 40))
     beyond = torch.arange(cache.k_cache.shape[1]) >= seq_lens.unsqueeze(-1)  # [B, L_max]: pads and unwritten slots
 
     def decode():
-        ctx = make_context(tiny_model, backend, prompt_len=seq_lens, budget=8, seed=1)
+        ctx = make_context(tiny_transformer, backend, prompt_len=seq_lens, budget=8, seed=1)
         with torch.inference_mode():
             return attn.decode(q, cache.k_cache, cache.v_cache, ctx)
 
@@ -220,9 +214,9 @@ def test_keys_beyond_a_sequences_length_never_reach_its_output(tiny_model, backe
     assert torch.equal(decode(), clean)
 
 
-def test_make_context_gives_each_sequence_its_own_visible_keys(tiny_model):
-    tiny_model.setup_caches(3, 10)
-    ctx = make_context(tiny_model, "sdpa", prompt_len=torch.tensor([2, 9, 4]))
+def test_make_context_gives_each_sequence_its_own_visible_keys(tiny_transformer):
+    tiny_transformer.setup_caches(3, 10)
+    ctx = make_context(tiny_transformer, "sdpa", prompt_len=torch.tensor([2, 9, 4]))
     ctx.prepare(torch.tensor([3, 9, 4]))  # new tokens at these positions
     assert ctx.seq_lens.tolist() == [4, 10, 5]
     visible = (ctx.attn_bias[:, 0, 0] == 0).sum(-1)
@@ -245,10 +239,10 @@ def test_make_context_gives_each_sequence_its_own_visible_keys(tiny_model):
         ({"cuda_graph": True}, ValueError, "cuda_graph=True needs a CUDA model"),
     ],
 )
-def test_generate_refuses_bad_arguments_by_name(tiny_model, kwargs, error, message):
+def test_generate_refuses_bad_arguments_by_name(tiny_transformer, kwargs, error, message):
     call = {"prompts": [[1, 2, 3]], "max_new_tokens": 2, **kwargs}
     with pytest.raises(error, match=message):
-        generate(tiny_model, call.pop("prompts"), call.pop("max_new_tokens"), **call)
+        generate(tiny_transformer, call.pop("prompts"), call.pop("max_new_tokens"), **call)
 
 
 def test_random_qwen_shaped_model_carries_qkv_biases():
@@ -293,7 +287,7 @@ def test_bench_e2e_runs_every_cpu_backend_on_the_tiny_config(tmp_path):
 
 
 @pytest.mark.parametrize("backend", ["santa-prop", "systematic"])
-def test_layer_budgets_set_the_budget_of_each_layer(backend, monkeypatch, tiny_model):
+def test_layer_budgets_set_the_budget_of_each_layer(backend, monkeypatch, tiny_transformer):
     """A ``santa tune budgets`` schedule: layer 1 samples 7 per head, layer 0 the default 5."""
     import santa.model as model_mod
 
@@ -304,7 +298,7 @@ def test_layer_budgets_set_the_budget_of_each_layer(backend, monkeypatch, tiny_m
     else:
         real = model_mod.sampled_attention
         monkeypatch.setattr(model_mod, "sampled_attention", lambda q, k, v, budget, **kw: seen.append(budget) or real(q, k, v, budget, **kw))
-    generate(tiny_model, [[1, 2, 3, 4, 5]], 3, backend=backend, budget=5, layer_budgets={1: 7}, cuda_graph=False)
+    generate(tiny_transformer, [[1, 2, 3, 4, 5]], 3, backend=backend, budget=5, layer_budgets={1: 7}, cuda_graph=False)
     assert seen == [5, 7] * 2  # two decode steps after the prefill's token, layers 0 and 1
 
 
@@ -314,12 +308,12 @@ def test_layer_budgets_set_the_budget_of_each_layer(backend, monkeypatch, tiny_m
     ({0: 0}, ValueError, r"layer_budgets\[0\]"),
     ([4, 4], TypeError, "layer_budgets must be a dict"),
 ])
-def test_layer_budgets_are_checked(layer_budgets, error, match, tiny_model):
+def test_layer_budgets_are_checked(layer_budgets, error, match, tiny_transformer):
     with pytest.raises(error, match=match):
-        generate(tiny_model, [[1, 2, 3]], 2, backend="santa-prop", budget=4, layer_budgets=layer_budgets, cuda_graph=False)
+        generate(tiny_transformer, [[1, 2, 3]], 2, backend="santa-prop", budget=4, layer_budgets=layer_budgets, cuda_graph=False)
 
 
 @pytest.mark.parametrize(("seed", "error"), [(-1, ValueError), (2**63, ValueError), (1.5, TypeError), ("3", TypeError)])
-def test_seeds_the_kernels_would_refuse_are_refused_by_name(seed, error, tiny_model):
+def test_seeds_the_kernels_would_refuse_are_refused_by_name(seed, error, tiny_transformer):
     with pytest.raises(error, match="seed must be an int"):
-        generate(tiny_model, [[1, 2, 3]], 2, backend="santa-prop", seed=seed, cuda_graph=False)
+        generate(tiny_transformer, [[1, 2, 3]], 2, backend="santa-prop", seed=seed, cuda_graph=False)

@@ -7,6 +7,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from helpers import needs_cuda
 from santa.checkpoint import read_stop_tokens
 from santa.model import CONFIGS, ModelArgs, Transformer, generate, load_bundled
 
@@ -235,7 +236,7 @@ def test_bundled_qwen_greedy_tokens_equal_hf_generate():
     assert torch.equal(generate(ours, [ids[0]], 12)[0], expected)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@needs_cuda
 @pytest.mark.parametrize("backend", ["sdpa", "santa-prop", "santa-flash"])
 def test_cuda_graph_decode_with_per_sequence_lengths_equals_eager(backend):
     model = Transformer.random(CONFIGS["tiny"], device="cuda", dtype=torch.float32, seed=0).eval()

@@ -69,7 +69,8 @@ TINY_ARGS = ModelArgs(n_layer=2, n_head=2, n_kv_head=1, dim=16, intermediate_siz
 
 
 @pytest.fixture(scope="module")
-def tiny():
+def checkpoint_shaped_model():
+    """A random santa.model of the hand-written checkpoint's shape (TINY_ARGS), float32."""
     return Transformer.random(TINY_ARGS, dtype=torch.float32).eval()
 
 
@@ -301,18 +302,18 @@ def gen(model, **kwargs):
     (torch.tensor([[1, 2]]), TypeError, "1-D integer token ids"),
     (torch.tensor([1.0]), TypeError, "1-D integer token ids"),
 ])
-def test_stop_tokens_are_checked_by_the_convention(tiny, stop_tokens, error, message):
+def test_stop_tokens_are_checked_by_the_convention(checkpoint_shaped_model, stop_tokens, error, message):
     with pytest.raises(error, match=message):
-        gen(tiny, stop_tokens=stop_tokens)
+        gen(checkpoint_shaped_model, stop_tokens=stop_tokens)
 
 
-def test_every_iterable_of_int_ids_is_a_valid_stop_tokens(tiny):
-    free = gen(tiny, max_new_tokens=8)[0]
+def test_every_iterable_of_int_ids_is_a_valid_stop_tokens(checkpoint_shaped_model):
+    free = gen(checkpoint_shaped_model, max_new_tokens=8)[0]
     stop = int(free[2])
-    expected = gen(tiny, max_new_tokens=8, stop_tokens=[stop])[0]
+    expected = gen(checkpoint_shaped_model, max_new_tokens=8, stop_tokens=[stop])[0]
     assert int(expected[-1]) == stop and len(expected) <= 3
     for form in ((stop,), {stop}, [np.int64(stop)], np.array([stop]), torch.tensor([stop]), torch.tensor(stop), iter([stop]), ()):
-        got = gen(tiny, max_new_tokens=8, stop_tokens=form)[0]
+        got = gen(checkpoint_shaped_model, max_new_tokens=8, stop_tokens=form)[0]
         assert torch.equal(got, free if isinstance(form, tuple) and not form else expected), form
 
 
@@ -335,9 +336,9 @@ def test_every_iterable_of_int_ids_is_a_valid_stop_tokens(tiny):
     ({"layer_budgets": {1.0: 4}, "backend": "iid"}, TypeError, "layer_budgets key"),
     ({"layer_budgets": {0: 4.0}, "backend": "iid"}, TypeError, r"layer_budgets\[0\]"),
 ])
-def test_generate_refuses_bad_arguments_by_the_convention(tiny, kwargs, error, message):
+def test_generate_refuses_bad_arguments_by_the_convention(checkpoint_shaped_model, kwargs, error, message):
     with pytest.raises(error, match=message):
-        gen(tiny, **kwargs)
+        gen(checkpoint_shaped_model, **kwargs)
 
 
 def test_generate_refuses_a_model_that_is_not_a_transformer():
@@ -345,26 +346,26 @@ def test_generate_refuses_a_model_that_is_not_a_transformer():
         generate(object(), [[1, 2]], 2)
 
 
-def test_generate_takes_numpy_ints_and_arrays_where_it_takes_ints(tiny):
-    expected = gen(tiny, prompts=[[1, 2, 3], [4, 5, 6]], backend="iid", budget=4, seed=3, layer_budgets={1: 2})
-    got = gen(tiny, prompts=np.array([[1, 2, 3], [4, 5, 6]]), max_new_tokens=np.int64(3), backend="iid", budget=np.int32(4),
+def test_generate_takes_numpy_ints_and_arrays_where_it_takes_ints(checkpoint_shaped_model):
+    expected = gen(checkpoint_shaped_model, prompts=[[1, 2, 3], [4, 5, 6]], backend="iid", budget=4, seed=3, layer_budgets={1: 2})
+    got = gen(checkpoint_shaped_model, prompts=np.array([[1, 2, 3], [4, 5, 6]]), max_new_tokens=np.int64(3), backend="iid", budget=np.int32(4),
               seed=np.int64(3), layer_budgets={np.int64(1): np.int16(2)})
     assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
 
 
 @pytest.mark.parametrize(("prompt_len", "error"), [(2.5, TypeError), (torch.tensor([2.0]), TypeError), ([0], ValueError),
                                                    ([1, 2, 3], ValueError), (torch.tensor([True]), TypeError), ("2", TypeError)])
-def test_make_context_checks_prompt_len(tiny, prompt_len, error):
-    tiny.setup_caches(2, 8)
+def test_make_context_checks_prompt_len(checkpoint_shaped_model, prompt_len, error):
+    checkpoint_shaped_model.setup_caches(2, 8)
     with pytest.raises(error, match="prompt_len"):
-        make_context(tiny, "sdpa", prompt_len=prompt_len)
+        make_context(checkpoint_shaped_model, "sdpa", prompt_len=prompt_len)
 
 
 @pytest.mark.parametrize(("batch", "max_len", "error", "name"), [(0, 8, ValueError, "batch"), (1.0, 8, TypeError, "batch"),
                                                                  (1, 8.0, TypeError, "max_len"), (1, 2**40, ValueError, "max_len")])
-def test_setup_caches_checks_its_integers(tiny, batch, max_len, error, name):
+def test_setup_caches_checks_its_integers(checkpoint_shaped_model, batch, max_len, error, name):
     with pytest.raises(error, match=f"{name} must be an int"):
-        tiny.setup_caches(batch, max_len)
+        checkpoint_shaped_model.setup_caches(batch, max_len)
 
 
 # ---------------------------------------------------------------- the bundled-model cache
@@ -605,13 +606,13 @@ def test_from_hf_state_dict_refuses_what_is_not_a_mapping_of_tensors(state, erro
 @pytest.mark.parametrize("backend", ["santa-prop", "santa-flash"])
 @pytest.mark.parametrize("impl", ["auto", "torch"])
 @pytest.mark.parametrize("where", ["budget", "layer_budgets"])
-def test_santa_budgets_past_the_kernels_limit_are_refused_before_any_work(tiny, backend, impl, where, monkeypatch):
+def test_santa_budgets_past_the_kernels_limit_are_refused_before_any_work(checkpoint_shaped_model, backend, impl, where, monkeypatch):
     import santa.model as model_mod
 
     monkeypatch.setattr(model_mod, "prefill", lambda *a, **k: pytest.fail("prefilled before refusing the budget"))
     budgets = {"budget": 2**70} if where == "budget" else {"budget": 4, "layer_budgets": {1: 2**20 + 1}}
     with pytest.raises(ValueError, match=r"(budget|layer_budgets\[1\]) must lie in \[1, 1048576\]"):
-        gen(tiny, backend=backend, santa_impl=impl, **budgets)
+        gen(checkpoint_shaped_model, backend=backend, santa_impl=impl, **budgets)
 
 
 def test_a_cache_that_cannot_be_moved_into_place_is_one_line_naming_it(cache, monkeypatch):

@@ -10,17 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers import REPO
 
-def repository_root() -> Path:
-    """The folder holding pyproject.toml, above this file."""
-    for folder in Path(__file__).resolve().parents:
-        if (folder / "pyproject.toml").is_file():
-            return folder
-    raise RuntimeError("no pyproject.toml above the tests")
-
-
-ROOT = repository_root()
-BENCH = ROOT / "benchmarks"
+BENCH = REPO / "benchmarks"
 RESULTS_DIR = BENCH / "results"
 MARKDOWN = ["README.md", "benchmarks/README.md", "benchmarks/RESULTS.md", "benchmarks/KERNEL_NOTES.md",
             "benchmarks/PROTOCOL.md"]
@@ -50,8 +42,8 @@ def paths_named(text: str) -> set[str]:
 def exists(spelling: str) -> bool:
     """Whether a repository path exists; with a `*`, whether it matches at least one path."""
     if "*" in spelling:
-        return any(ROOT.glob(spelling.rstrip("/")))
-    return (ROOT / spelling).exists()
+        return any(REPO.glob(spelling.rstrip("/")))
+    return (REPO / spelling).exists()
 
 
 def github_anchor(heading: str) -> str:
@@ -107,7 +99,7 @@ def files_under(folder: Path, suffixes: set[str], *, skip: tuple[Path, ...] = ()
 
 @pytest.mark.parametrize("markdown", MARKDOWN)
 def test_every_benchmarks_path_the_markdown_names_exists(markdown):
-    missing = sorted(spelling for spelling in paths_named((ROOT / markdown).read_text(encoding="utf-8"))
+    missing = sorted(spelling for spelling in paths_named((REPO / markdown).read_text(encoding="utf-8"))
                      if not exists(spelling))
     assert missing == [], f"{markdown} names paths that do not exist: {missing}"
 
@@ -132,7 +124,7 @@ def test_a_path_that_does_not_exist_is_reported():
 
 @pytest.mark.parametrize("markdown", ["benchmarks/README.md", "benchmarks/RESULTS.md"])
 def test_every_relative_link_resolves(markdown):
-    source = ROOT / markdown
+    source = REPO / markdown
     broken = []
     for target in links(source):
         path_part, _, anchor = target.partition("#")
@@ -176,7 +168,7 @@ def test_every_script_is_indexed():
 
 
 def test_raw_data_live_only_in_results():
-    stray = [path.relative_to(ROOT).as_posix() for path in files_under(BENCH, RAW_DATA_SUFFIXES, skip=(RESULTS_DIR,))]
+    stray = [path.relative_to(REPO).as_posix() for path in files_under(BENCH, RAW_DATA_SUFFIXES, skip=(RESULTS_DIR,))]
     assert stray == [], f"raw data outside benchmarks/results/<date>-<topic>/: {stray}"
 
 

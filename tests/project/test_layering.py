@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[2] / "src"
+from helpers import REPO
+
+SRC = REPO / "src"
 EXEMPT = "santa.kernels"
 
 

@@ -3,15 +3,13 @@ names ours (issue 22)."""
 
 import re
 import tomllib
-from pathlib import Path
 
 import santa
-
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import REPO
 
 
 def test_distribution_name_is_ours_and_pyproject_agrees():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["name"] == santa.DISTRIBUTION
     assert santa.DISTRIBUTION != "santa"  # "Assign a secret santa over email" on PyPI
     assert santa.install_hint("tune") == "pip install 'santa-attention[tune]'"
@@ -20,9 +18,9 @@ def test_distribution_name_is_ours_and_pyproject_agrees():
 def test_no_install_hint_names_the_other_project():
     """`pip install santa…` with an extra or a version pin would install the secret-santa mailer."""
     wrong = re.compile(r"pip install[^\n`]*?['\"\s]santa(\[|==|>=|['\"\s]|$)")
-    files = [ROOT / "README.md", *(ROOT / "src").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.md")]
-    offenders = [f"{f.relative_to(ROOT)}:{i}" for f in files for i, line in enumerate(f.read_text().splitlines(), 1) if wrong.search(line)]
+    files = [REPO / "README.md", *(REPO / "src").rglob("*.py"), *(REPO / "benchmarks").rglob("*.md")]
+    offenders = [f"{f.relative_to(REPO)}:{i}" for f in files for i, line in enumerate(f.read_text().splitlines(), 1) if wrong.search(line)]
     assert offenders == []
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     for extra in ("tune", "plot"):
         assert extra in extras
