@@ -13,7 +13,7 @@ Default: dense prefill (SDPA), sampled decode. ``prefill="sampled"`` also sample
 uniforms, and the same prompt with the same seed generates the same tokens, with no state to reset
 between calls.
 
-What santa implements matches eager attention (tests/test_hf_reliability.py): GQA, sliding
+What santa implements matches eager attention (tests/hf/test_hf_reliability.py): GQA, sliding
 windows (through the attention mask transformers builds), a score scale other than 1/√D, value
 heads narrower than key heads (MLA), left padding. What it does not is refused by name, never
 dropped: :func:`configure` refuses soft-capped attention logits (Gemma 2) and attention sinks
