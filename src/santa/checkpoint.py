@@ -95,34 +95,33 @@ def checked_rope_scaling(scaling: object) -> tuple[float, float, float, int]:
     return factor, low, high, original
 
 
-def config_int(cfg: Mapping, key: str, source: str, *, low: int = 1, default: object = None) -> int:
-    """``cfg[key]`` (else ``default``) as an int ≥ ``low``, or ValueError naming the key and ``source``."""
+def config_value(cfg: Mapping, key: str, source: str, *, default: object, expected: str) -> object:
+    """``cfg[key]``, else ``default``; ValueError naming ``source`` when both are None (a required key)."""
     value = cfg.get(key)
-    if value is None:
-        if default is None:
-            raise ValueError(f"{source} lacks {key!r} (an int ≥ {low})")
-        value = default
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{source}: {key} must be an int ≥ {low}, got {type(value).__name__} {value!r}")
-    if value < low:
-        raise ValueError(f"{source}: {key} must be an int ≥ {low}, got {value}")
-    return int(value)
+    if value is not None:
+        return value
+    if default is None:
+        raise ValueError(f"{source} lacks {key!r} ({expected})")
+    return default
+
+
+def config_int(cfg: Mapping, key: str, source: str, *, low: int = 1, default: object = None) -> int:
+    """``cfg[key]`` (else ``default``) as an int ≥ ``low``, or ValueError naming the key and ``source``
+    (a wrong type in a config file is a bad value of that file: ValueError too)."""
+    value = config_value(cfg, key, source, default=default, expected=f"an int ≥ {low}")
+    try:
+        return integer(f"{source}: {key}", value, low=low)
+    except TypeError as error:
+        raise ValueError(str(error)) from None
 
 
 def config_float(cfg: Mapping, key: str, source: str, *, default: float | None = None, positive: bool = True) -> float:
     """``cfg[key]`` (else ``default``; None: required) as a finite float, > 0 when ``positive`` (else ≥ 0)."""
-    bound = "> 0" if positive else "≥ 0"
-    value = cfg.get(key)
-    if value is None:
-        if default is None:
-            raise ValueError(f"{source} lacks {key!r} (a number {bound})")
-        value = default
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{source}: {key} must be a number {bound}, got {type(value).__name__} {value!r}")
-    value = float(value)
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        raise ValueError(f"{source}: {key} must be a finite number {bound}, got {value}")
-    return value
+    value = config_value(cfg, key, source, default=default, expected=f"a number {'> 0' if positive else '≥ 0'}")
+    try:
+        return positive_float(f"{source}: {key}", value, allow_zero=not positive)
+    except TypeError as error:
+        raise ValueError(str(error)) from None
 
 
 def config_mapping(cfg: Mapping, key: str, source: str) -> dict:
