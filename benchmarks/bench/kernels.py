@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from benchmarks.bench.timing import Flusher, host_us_per_call, time_fn  # noqa: F401 (Flusher: re-exported)
 from santa.checks import integer
 from santa.provenance import code_commit
 
@@ -27,62 +28,6 @@ DTYPE = torch.bfloat16
 
 
 # --------------------------------------------------------------------------- timing
-
-
-class Flusher:
-    """Evicts L2 between timed iterations: a 512 MB read (clean) or in-place update (dirty)."""
-
-    def __init__(self, device):
-        self.buf = torch.randn(128 * 1024 * 1024 // 1024, 1024, device=device)  # 512 MB float32
-        self.sink = torch.empty(1024, device=device)
-
-    def read(self):
-        torch.sum(self.buf, dim=0, out=self.sink)
-
-    def write(self):
-        self.buf.mul_(1.0000001)
-
-
-def time_fn(fn, flush, *, warmup=10, iters=40, graph=False):
-    """Median and mean µs of ``fn`` with ``flush`` before each call (outside the events)."""
-    call = fn
-    if graph:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        call = g.replay
-    for _ in range(warmup):
-        flush()
-        call()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for i in range(iters):
-        flush()
-        starts[i].record()
-        call()
-        ends[i].record()
-    torch.cuda.synchronize()
-    times = [s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends, strict=True)]
-    return {"median_us": statistics.median(times), "mean_us": statistics.fmean(times), "all_us": times}
-
-
-def host_us_per_call(fn, calls: int = 200) -> float:
-    """Host time of one call: wall time of ``calls`` back-to-back calls (no sync between them) over
-    ``calls``; valid while the host, not the GPU, is the slower side (checked by the caller)."""
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
 
 
 def measure(results, key, fn, flusher, *, graph=True, write=False, meta=None):

@@ -2,7 +2,7 @@
 # One device call for the kernel issue: the CUDA tests, then `python -m benchmarks.bench.kernels` on the
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (copied from ../shared/wheels).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [llama] [small] [tune] [host] [hf] [e2e]
+#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [ab] [llama] [small] [tune] [host] [hf] [e2e]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -35,6 +35,13 @@ for stage in "$@"; do
       python3 -m benchmarks.bench.kernels --only-tune --no-flashinfer $V --heads 14 --kv-heads 2 --head-dim 64 \
         --tune-cases 1x4096,1x32768,16x32768 --out /tmp/tune_q >> "$OUT/tune_small.log" 2>&1
       cp /tmp/tune_s/kernels.json "$OUT/tune_smollm2.json"; cp /tmp/tune_q/kernels.json "$OUT/tune_qwen.json" ;;
+    smoke)  # the prop spec tests on the GPU, bounded (a group barrier that never opens would hang)
+      timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernels.py -k "prop or graph or large" \
+        2>&1 | tail -15 | tee "$OUT/smoke.log" ;;
+    ab)  # prop at S=128: this tree (and its Tuning variants) and 43cc084's (.old43, carried), cuDNN in each
+      PYTHONPATH=$PWD/.old43/src timeout 240 python3 benchmarks/kernels/prop_ab.py "$OUT/ab_old.json" 43cc084 > "$OUT/ab_old.log" 2>&1
+      PYTHONPATH=$PWD/src timeout 300 python3 benchmarks/kernels/prop_ab.py "$OUT/ab_new.json" "${SANTA_COMMIT:-new}" --variants \
+        > "$OUT/ab_new.log" 2>&1 ;;
     hf)  # HF generate() ms/token: SDPA against santa prop S=128 on a random Llama-3.1-8B-shaped model
       python3 benchmarks/kernels/hf_generate.py "$OUT/hf_generate.json" 8192 30000 > "$OUT/hf_generate.log" 2>&1 ;;
     host)  # where the host time of eager decode() and plan.run goes (cProfile)
