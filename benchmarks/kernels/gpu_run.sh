@@ -38,9 +38,9 @@ for stage in "$@"; do
     smoke)  # the prop spec tests on the GPU, bounded (a group barrier that never opens would hang)
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernels.py -k "prop or graph or large" \
         2>&1 | tail -15 | tee "$OUT/smoke.log" ;;
-    ab)  # prop at S=128: this tree (and its Tuning variants) and 43cc084's (.old43, carried), cuDNN in each
+    ab)  # prop at S=128: this tree and 43cc084's (.old43, carried), cuDNN in each
       PYTHONPATH=$PWD/.old43/src timeout 240 python3 benchmarks/kernels/prop_ab.py "$OUT/ab_old.json" 43cc084 > "$OUT/ab_old.log" 2>&1
-      PYTHONPATH=$PWD/src timeout 300 python3 benchmarks/kernels/prop_ab.py "$OUT/ab_new.json" "${SANTA_COMMIT:-new}" --variants \
+      PYTHONPATH=$PWD/src timeout 300 python3 benchmarks/kernels/prop_ab.py "$OUT/ab_new.json" "${SANTA_COMMIT:-new}" \
         > "$OUT/ab_new.log" 2>&1 ;;
     hf)  # HF generate() ms/token: SDPA against santa prop S=128 on a random Llama-3.1-8B-shaped model
       python3 benchmarks/kernels/hf_generate.py "$OUT/hf_generate.json" 8192 30000 > "$OUT/hf_generate.log" 2>&1 ;;

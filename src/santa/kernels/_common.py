@@ -29,14 +29,6 @@ def row_offsets(
 
 
 @triton.jit
-def load_cache_rows(cache_ptr, rows, ok, offs_d, mask_d, EVICTION: tl.constexpr):
-    """Rows ``[len(rows), BLOCK_D]`` of a K or V cache at element offsets ``rows`` (0 where ``~ok`` or
-    past d), in the cache's dtype: the one place the kernels read a cache."""
-    return tl.load(cache_ptr + rows[:, None] + offs_d[None, :], mask=ok[:, None] & mask_d[None, :], other=0.0,
-                   eviction_policy=EVICTION)
-
-
-@triton.jit
 def checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS: tl.constexpr):
     """``(seq_len, bad)``: sequence b's length clamped to ``[0, n_keys]`` (so no read leaves the cache)
     and whether it had to be (the kernels then write NaN for every head of the sequence)."""
@@ -68,7 +60,8 @@ def tile_scores(
     q_rows = b.to(tl.int64) * stride_qb + (kvh * G + offs_g).to(tl.int64) * stride_qh
     q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)
     k_rows, k_ok = row_offsets(b, offs_n, mask_n, kvh, bt_ptr, stride_bt, n_pages, stride_kb, stride_kn, stride_kh, PAGED, PAGE_SIZE)
-    k = load_cache_rows(k_ptr, k_rows, k_ok, offs_d, mask_d, K_EVICTION)
+    k = tl.load(k_ptr + k_rows[:, None] + offs_d[None, :], mask=k_ok[:, None] & mask_d[None, :], other=0.0,
+                eviction_policy=K_EVICTION)
     if IEEE_DOT:
         s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
     else:

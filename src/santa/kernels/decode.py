@@ -144,24 +144,18 @@ def _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_lay
     return q, k_cache, v_cache, budget, n_keys, kv_heads
 
 
-def workspace_bytes(batch: int, heads: int, dim: int, n_keys: int, budget: int, kernel: str = "prop", *,
-                    kv_heads: int | None = None, device: torch.device | str = "cpu") -> int:
-    """Bytes of workspace a decode call with these sizes needs on ``device`` (``n_keys``: L_max or
-    max_pages·page_size; ``kv_heads`` defaults to ``heads``). prop's grid, hence its workspace,
-    depends on the device's SM count and L2 size."""
+def workspace_bytes(batch: int, heads: int, dim: int, n_keys: int, budget: int, kernel: str = "prop") -> int:
+    """Bytes of workspace a decode call with these sizes needs (``n_keys``: L_max or max_pages·page_size)."""
     batch, heads, dim, n_keys = (integer(name, value, low=1) for name, value in
                                  (("batch", batch), ("heads", heads), ("dim", dim), ("n_keys", n_keys)))
-    kv_heads = heads if kv_heads is None else integer("kv_heads", kv_heads, low=1)
-    if heads % kv_heads:
-        raise ValueError(f"heads H={heads} must be a multiple of kv_heads H_kv={kv_heads}")
-    return workspace_nbytes(_workspace_key(kernel, batch, heads, kv_heads, dim, n_keys, budget, device))
+    return workspace_nbytes(_workspace_key(kernel, batch, heads, dim, n_keys, budget, "cpu"))
 
 
-def _workspace_key(kernel: str, batch: int, heads: int, kv_heads: int, dim: int, n_keys: int, budget: int, device) -> WorkspaceKey:
+def _workspace_key(kernel: str, batch: int, heads: int, dim: int, n_keys: int, budget: int, device) -> WorkspaceKey:
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     kernel = "prop" if kernel == "auto" else kernel
-    return WorkspaceKey.of(kernel=kernel, batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys,
+    return WorkspaceKey.of(kernel=kernel, batch=batch, heads=heads, head_dim=dim, n_keys=n_keys,
                            budget=check_budget_for_kernels(budget), device=str(resolve_device(device)))
 
 
@@ -177,7 +171,7 @@ def make_workspace(
     """A zeroed :class:`Workspace` for :func:`decode` calls with these shapes (reuse it across steps).
 
     A workspace belongs to one call shape (B, H, d, n_keys, budget, kernel) and serves one call at
-    a time: it holds prop's slots and per-group counters that every call leaves at zero.
+    a time: it holds the stash and per-head integer semaphores that every call leaves at zero.
     Give concurrent streams their own. :func:`decode` refuses it for any other shape or kernel.
     """
     q = _check_float_tensor("q", q, 3, "[B, H, d]")
@@ -187,12 +181,9 @@ def make_workspace(
     if block_table is not None and (not isinstance(block_table, torch.Tensor) or block_table.dim() != 2):
         raise TypeError("block_table must be an int32 tensor [B, max_pages]")
     batch, heads, dim = q.shape
-    pos_axis, head_axis = (1, 2) if kv_layout == "NHD" else (2, 1)
+    pos_axis = 1 if kv_layout == "NHD" else 2
     n_keys = k_cache.shape[pos_axis] * (block_table.shape[1] if block_table is not None else 1)
-    kv_heads = k_cache.shape[head_axis]
-    if kv_heads < 1 or heads % kv_heads:
-        raise ValueError(f"q's heads H={heads} must be a multiple of k_cache's KV heads H_kv={kv_heads}")
-    return Workspace.zeros(_workspace_key(kernel, batch, heads, kv_heads, dim, n_keys, budget, q.device))
+    return Workspace.zeros(_workspace_key(kernel, batch, heads, dim, n_keys, budget, q.device))
 
 
 _PLANS: OrderedDict[tuple, DecodePlan] = OrderedDict()
@@ -276,7 +267,7 @@ def _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, 
         plan = _cached_plan(batch, heads, kv_heads, dim, n_keys, budget, q.dtype, q.device, kernel, kv_layout,
                             page_size if paged else None, None if scale is None else float(scale))
     call = _Call(budget=budget, kernel=kernel, n_keys=n_keys, page_size=page_size,
-                 workspace_key=_workspace_key(kernel, batch, heads, kv_heads, dim, n_keys, budget, q.device), plan=plan,
+                 workspace_key=_workspace_key(kernel, batch, heads, dim, n_keys, budget, q.device), plan=plan,
                  host_checks=plan is None or q.device.type == "cpu")
     if sig is not None:
         if len(_CALLS) >= _CALL_CACHE_SIZE:
@@ -312,8 +303,8 @@ def decode(
         sequence b is row ``j % page_size`` of page ``block_table[b, j // page_size]``
         (FlashInfer's convention). Same dtype as q; H must be a multiple of H_kv (GQA).
     budget: S samples per head, 1 ≤ S ≤ 2**20 (S > n is legal: counts repeat).
-    kernel: ``"prop"`` (exact global systematic sampling: S²ANTA-sys over the whole sequence, one
-        launch), ``"flash"`` (``⌈S/T⌉`` systematic samples per tile of 128 keys, 64 for d > 128,
+    kernel: ``"prop"`` (exact global systematic sampling: S²ANTA-sys over the whole sequence, two
+        launches), ``"flash"`` (``⌈S/T⌉`` systematic samples per tile of 128 keys, 64 for d > 128,
         then a FlashDecoding merge), ``"auto"`` (prop).
     seq_lens: int32 ``[B]``, keys visible per sequence (required when paged; default L_max).
         A sequence of length 0 gets a zero output.

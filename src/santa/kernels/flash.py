@@ -18,7 +18,6 @@ import triton.language as tl
 from santa.kernels._common import (
     LOG2E,
     checked_seq_len,
-    load_cache_rows,
     load_offset,
     philox_uniform,
     row_offsets,
@@ -26,6 +25,7 @@ from santa.kernels._common import (
     tile_softmax_stats,
 )
 from santa.kernels._launch import Launcher
+from santa.kernels.plan import workspace_strides
 
 
 @triton.jit(do_not_specialize=["seed", "offset", "budget"])
@@ -78,7 +78,7 @@ def _flash_partial_kernel(
         pos = start + offs_n
         needed = (tl.max(counts, axis=0) > 0) & (pos < seq_len)  # one V read serves every head of the group
         v_rows, v_ok = row_offsets(b, pos, needed, kvh, bt_ptr, stride_bt, n_pages, stride_vb, stride_vn, stride_vh, PAGED, PAGE_SIZE)
-        v = load_cache_rows(v_ptr, v_rows, v_ok, offs_d, mask_d, "")
+        v = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :], mask=v_ok[:, None] & mask_d[None, :], other=0.0)
         if IEEE_DOT:
             o = tl.dot(counts.to(tl.float32), v.to(tl.float32), input_precision="ieee")
         else:
@@ -146,7 +146,7 @@ def flash_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_
     shape = plan.shape
     paged = shape.page_size is not None
     n_keys, qk_scale = shape.n_keys, plan.scale * LOG2E
-    stride_stats = plan.tiles  # the tile statistics' rows (santa.kernels.layout.workspace_regions)
+    _, stride_stats = workspace_strides(plan.workspace_key)
     stats_fixed = dict(stride_part=plan.tiles, stride_stats=stride_stats, budget=plan.budget, n_keys=n_keys)
     partial = Launcher(_flash_partial_kernel, grid=(plan.tiles, shape.batch * shape.kv_heads),
                        fixed=dict(stats_fixed, n_kv_heads=shape.kv_heads, qk_scale=qk_scale), meta=dict(

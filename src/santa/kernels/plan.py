@@ -30,32 +30,166 @@ import torch
 
 from santa.checks import integer
 from santa.kernels import _launch, reference
-from santa.kernels.layout import (  # noqa: F401 (re-exported: the plan's public names)
-    ELEMENT_SIZE,
-    PropGrid,
-    Tuning,
-    WorkspaceKey,
-    cdiv,
-    flash_tile,
-    next_pow2,
-    prop_tile,
-    workspace_nbytes,
-    workspace_regions,
-)
 from santa.kernels.reference import MAX_BUDGET, check_budget_for_kernels  # noqa: F401 (MAX_BUDGET: re-exported)
 from santa.rng import MAX_COUNTER, MAX_SEED, check_seed
 
 KERNELS = ("prop", "flash", "auto")
 KV_LAYOUTS = ("NHD", "HND")
+TILE_SEARCHES = ("scan", "bisect")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 LOG2E = 1.4426950408889634
+ALIGN = 256  # bytes; every workspace region starts on this boundary
 # triton is imported only when a kernel runs, so that importing santa never fixes Triton's mode
 # (TRITON_INTERPRET is read when the kernels are defined)
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 # a jit function of each module the kernels use: Triton defines it for the interpreter or for the GPU
 # when the module is imported (triton.language's own, e.g. tl.max, when triton is)
 _KERNEL_FUNCTIONS = {"triton.language.standard": "max", "santa.kernels._common": "tile_scores",
-                     "santa.kernels.prop": "_prop_kernel", "santa.kernels.flash": "_flash_partial_kernel"}
+                     "santa.kernels.prop": "_prop_scores_kernel", "santa.kernels.flash": "_flash_partial_kernel"}
+_ELEMENT_SIZE = {torch.float32: 4, torch.int32: 4}
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """prop's launch parameters (they change speed, never samples); ``None`` picks the measured default."""
+
+    block_n: int | None = None  # keys per pass-1 tile
+    warps_pass1: int | None = None
+    stages_pass1: int | None = None
+    warps_pass2: int | None = None
+    samples_per_program: int | None = None  # pass-2 samples per program
+    tile_search: str | None = None  # pass 2's tile of each sample: "scan" (compare with every tile) or "bisect"
+    pdl: bool | None = None  # pass 2 as a programmatic dependent launch (Hopper)
+    k_evict_first: bool | None = None  # pass 1 loads K with L2 policy evict_first, so the stash stays in L2
+    discard_stash: bool | None = None  # pass 2 drops each row's dead stash from L2 (no write-back to DRAM)
+
+
+def prop_tile(dim: int, tuning: Tuning = Tuning()) -> int:
+    """Keys per prop pass-1 tile (does not change prop's samples, only rounding)."""
+    return tuning.block_n or (128 if dim <= 128 else 64)
+
+
+def flash_tile(dim: int) -> int:
+    """Keys per flash tile: the sampling unit, so part of flash's semantics."""
+    return 128 if dim <= 128 else 64
+
+
+def prop_sample_chunks(budget: int, tiles: int, rows: int, tuning: Tuning = Tuning()) -> tuple[int, int]:
+    """(samples per pass-2 program, pass-2 programs per head) for ``rows = B·H`` heads: fewer samples
+    per program when the tile search, O(samples × tiles) per program, grows with long sequences;
+    more when many heads already fill the GPU (H200, 2026-12-01, 32k keys: 64 per program 159.3 /
+    596.7 µs against 164.2 / 613.4 with 32 at B = 8 / 32; worse at batch 1, 32.1 against 31.2)."""
+    if tuning.samples_per_program:
+        per_program = tuning.samples_per_program
+    elif tiles <= 256:
+        per_program = 64 if rows >= 256 else 32
+    else:
+        per_program = 16 if tiles <= 512 else 8
+    sblock = min(per_program, next_pow2(budget))
+    return sblock, cdiv(budget, sblock)
+
+
+def prop_tile_search(tiles: int, tuning: Tuning = Tuning()) -> str:
+    """How pass 2 finds each sample's tile: ``"scan"`` compares every sample of a program with every
+    tile (O(samples × T)), ``"bisect"`` binary-searches the stored prefix (O(T + samples · log T))."""
+    return tuning.tile_search or ("bisect" if tiles > 256 else "scan")
+
+
+def prop_discard_mode(chunks_per_head: int) -> int:
+    """How pass 2 drops the dead stash from L2 (when ``DecodePlan.discard_stash``): 1, the last chunk
+    of a head drops the whole row; 2, every chunk drops the part no other chunk reads. H200,
+    2026-12-01, graph µs, cold L2, no discard → discard in one call: 1 at B = 8 × 32k (2 chunks)
+    155.0 → 156.1 and Qwen B = 16 × 32k (4) 63.0 → 63.8, 2 there 155.2 → 174.3 and 63.2 → 73.9; at
+    128k, batch 1 (16 chunks) 1's serial drop of 4,096 lines costs pass 2 +6 µs, 2 82.0 → 82.5. End to
+    end (the write-back it saves is real there) 1 gave −1.6…−1.9 % per token at Qwen B = 16, Llama
+    B = 6 × 30k and SmolLM2 B = 64, and 2 −0.7…−1.4 % at Llama 128k, batch 1."""
+    return 2 if chunks_per_head >= 8 else 1
+
+
+def prop_k_evict_first(stash_bytes: int, l2_bytes: int | None, tuning: Tuning = Tuning()) -> bool:
+    """Whether pass 1 loads K as evict-first: when prop's stash (``B·H·n·4`` bytes, read by pass 2
+    right after) fits in L2 but is not tiny. H200, 2026-12-01, same call, graph µs (no hint → hint):
+    Llama shapes 128k 86.4 → 81.5, B = 6 × 30k 119.4 → 113.1, B = 8 × 32k 160.5 → 155.1; SmolLM2
+    B = 64 80.6 → 77.4; Qwen B = 16 65.4 → 63.4; but +0.5 µs with a stash of ≤ 4 MB and +1–4 % once
+    it outgrows L2 (Llama B = 24, 32; Qwen B = 32, 64). End to end −2.1 % per token at Qwen B = 16
+    × 32k, −1.9 % at Llama B = 6 × 30k. Without a known L2 size (CPU): no hint."""
+    if tuning.k_evict_first is not None:
+        return tuning.k_evict_first
+    return l2_bytes is not None and l2_bytes // 8 <= stash_bytes <= 3 * l2_bytes // 4
+
+
+@dataclass(frozen=True)
+class WorkspaceKey:
+    """What a workspace was made for: a workspace serves calls with exactly this key."""
+
+    kernel: str
+    batch: int
+    heads: int
+    head_dim: int
+    n_keys: int
+    budget: int
+    block_n: int
+    sample_chunks: int  # prop: pass-2 programs per head (0 for flash)
+    device: str
+
+    def describe(self) -> str:
+        return (f"kernel={self.kernel!r}, B={self.batch}, H={self.heads}, d={self.head_dim}, n_keys={self.n_keys}, "
+                f"budget={self.budget}, tile={self.block_n}, chunks={self.sample_chunks}, device={self.device}")
+
+    @classmethod
+    def of(cls, *, kernel: str, batch: int, heads: int, head_dim: int, n_keys: int, budget: int, device: str,
+           tuning: Tuning = Tuning()) -> WorkspaceKey:
+        block_n = prop_tile(head_dim, tuning) if kernel == "prop" else flash_tile(head_dim)
+        chunks = prop_sample_chunks(budget, cdiv(n_keys, block_n), batch * heads, tuning)[1] if kernel == "prop" else 0
+        return cls(kernel, batch, heads, head_dim, n_keys, budget, block_n, chunks, device)
+
+
+def workspace_regions(key: WorkspaceKey) -> tuple[tuple[str, torch.dtype, tuple[int, ...], int], ...]:
+    """The workspace's regions as (name, dtype, shape, byte offset); each starts on a 256-byte boundary."""
+    block_d = max(16, next_pow2(key.head_dim))
+    tiles = cdiv(key.n_keys, key.block_n)
+    rows = key.batch * key.heads
+    if key.kernel == "prop":
+        n_chunks = key.sample_chunks
+        regions = [
+            ("sem", torch.int32, (rows,)),  # zero when made; every call leaves it at zero
+            # rows padded to whole 128-byte lines: pass 2 drops dead rows from L2 line by line
+            ("stash", torch.float32, (rows, cdiv(tiles * key.block_n, 32) * 32)),
+            ("tile_max", torch.float32, (rows, tiles)),
+            ("tile_mass", torch.float32, (rows, tiles)),
+            ("prefix", torch.float32, (rows, tiles)),  # P_t = S·C_t, written by pass 2 for its tile search
+            ("partial", torch.float32, (rows * n_chunks, block_d)),
+        ]
+    else:
+        regions = [
+            ("partial", torch.float32, (rows * tiles, block_d)),
+            ("tile_max", torch.float32, (rows, tiles)),
+            ("tile_mass", torch.float32, (rows, tiles)),
+        ]
+    layout, start = [], 0
+    for name, dtype, shape in regions:
+        layout.append((name, dtype, shape, start))
+        start += cdiv(math.prod(shape) * _ELEMENT_SIZE[dtype], ALIGN) * ALIGN
+    return tuple(layout)
+
+
+def workspace_strides(key: WorkspaceKey) -> tuple[int, int]:
+    """Row strides (elements) of the stash (prop; 0 for flash) and of the tile statistics."""
+    regions = {name: shape for name, _, shape, _ in workspace_regions(key)}
+    return (regions["stash"][1] if "stash" in regions else 0), regions["tile_max"][1]
+
+
+def workspace_nbytes(key: WorkspaceKey) -> int:
+    name, dtype, shape, start = workspace_regions(key)[-1]
+    return start + math.prod(shape) * _ELEMENT_SIZE[dtype]
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,7 +210,7 @@ class Workspace:
         buffer = torch.zeros(workspace_nbytes(key), dtype=torch.uint8, device=key.device)
         views = {}
         for name, dtype, shape, start in workspace_regions(key):
-            nbytes = math.prod(shape) * ELEMENT_SIZE[dtype]
+            nbytes = math.prod(shape) * _ELEMENT_SIZE[dtype]
             views[name] = buffer[start : start + nbytes].view(dtype).view(shape)
         pointers = {f"{name}_ptr": view.data_ptr() for name, view in views.items()}
         return cls(key=key, buffer=buffer, views=views, pointers=pointers)
@@ -205,24 +339,32 @@ def checked_tuning(tuning: object) -> Tuning:
     if not isinstance(tuning, Tuning):
         raise TypeError(f"tuning must be a santa.kernels.Tuning, got {type(tuning).__name__}")
     ints = {}
-    for name, low, high, power_of_two in (("block_n", 16, 512, True), ("warps", 1, 16, True), ("stages", 1, 4, False),
-                                          ("ctas_per_sm", 1, 8, False), ("tiles_per_slice", 1, 4096, False),
-                                          ("samples_per_block", 1, 256, True)):
+    for name, low, high in (("block_n", 16, 512), ("warps_pass1", 1, 16), ("warps_pass2", 1, 16),
+                            ("samples_per_program", 1, 1024)):
         value = getattr(tuning, name)
         if value is None:
             continue
-        kind = "a power of two" if power_of_two else "an int"
-        expected = f"Tuning.{name} must be None or {kind} in [{low}, {high}]"
+        expected = f"Tuning.{name} must be None or a power of two in [{low}, {high}]"
         try:
             ints[name] = integer(f"Tuning.{name}", value, low=low, high=high + 1)
         except TypeError:
             raise TypeError(f"{expected}, got {type(value).__name__} {value!r}") from None
         except ValueError:
             raise ValueError(f"{expected}, got {int(value)}") from None
-        if power_of_two and ints[name] & (ints[name] - 1):
+        if ints[name] & (ints[name] - 1):
             raise ValueError(f"{expected}, got {ints[name]}")
-    if tuning.k_evict_first is not None and not isinstance(tuning.k_evict_first, bool):
-        raise TypeError(f"Tuning.k_evict_first must be None or a bool, got {tuning.k_evict_first!r}")
+    if tuning.stages_pass1 is not None:
+        try:
+            ints["stages_pass1"] = integer("Tuning.stages_pass1", tuning.stages_pass1, low=1, high=5)
+        except TypeError:
+            raise TypeError(f"Tuning.stages_pass1 must be None or an int in [1, 4], got {tuning.stages_pass1!r}") from None
+        except ValueError:
+            raise ValueError(f"Tuning.stages_pass1 must be None or an int in [1, 4], got {int(tuning.stages_pass1)}") from None
+    if tuning.tile_search not in (None, *TILE_SEARCHES):
+        raise ValueError(f"Tuning.tile_search must be None or one of {TILE_SEARCHES}, got {tuning.tile_search!r}")
+    for name in ("pdl", "k_evict_first", "discard_stash"):
+        if getattr(tuning, name) is not None and not isinstance(getattr(tuning, name), bool):
+            raise TypeError(f"Tuning.{name} must be None or a bool, got {getattr(tuning, name)!r}")
     return dataclasses.replace(tuning, **ints) if ints else tuning
 
 
@@ -279,8 +421,8 @@ def plan_decode(
     tuning = checked_tuning(tuning)
     device = resolve_device(device)
     shape = DecodeShape(batch, heads, kv_heads, head_dim, n_keys, page_size, kv_layout, dtype, str(device))
-    key = WorkspaceKey.of(kernel=kernel, batch=batch, heads=heads, kv_heads=kv_heads, head_dim=head_dim, n_keys=n_keys,
-                          budget=budget, device=str(device), tuning=tuning)
+    key = WorkspaceKey.of(kernel=kernel, batch=batch, heads=heads, head_dim=head_dim, n_keys=n_keys, budget=budget,
+                          device=str(device), tuning=tuning)
     if workspace is not None:
         check_workspace(workspace, key)
     return DecodePlan(shape=shape, kernel=kernel, budget=budget, scale=1.0 / math.sqrt(head_dim) if scale is None else float(scale),
@@ -314,12 +456,17 @@ class DecodePlan:
         # fp32 dots: fp32 inputs, the interpreter (its bf16 dot rounds), and flash budgets whose per-key
         # counts could pass 65535 (flash splits counts into bytes: the high byte is exact in bf16 up to 256)
         self.ieee_dot = s.dtype == torch.float32 or device.type != "cuda" or (kernel == "flash" and budget > 65535)
+        major = torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 0  # 0: CPU / interpreter
+        self.pdl = major >= 9 and tuning.pdl is not False
         self.cuda_index = device.index if device.type == "cuda" else None  # launches go to this device's current stream
         self.on_cpu = device.type == "cpu"  # run: the kernels in the interpreter, or the torch fallback (kernels_on_cpu)
-        self.warps = tuning.warps or (8 if s.head_dim > 128 else 4)
-        self.pipeline_stages = tuning.stages or (1 if s.dtype == torch.float32 else 2)  # an fp32 K tile is 64 KB per stage
-        self.samples_per_block = tuning.samples_per_block or 16
-        self.k_evict_first = bool(tuning.k_evict_first) and not self.on_cpu
+        self.k_evict_first = False
+        if kernel == "prop":  # the stash's size as the workspace lays it out: B·H rows of stride_stash fp32
+            l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else None
+            stash_bytes = s.batch * s.heads * workspace_strides(workspace_key)[0] * 4
+            self.k_evict_first = prop_k_evict_first(stash_bytes, l2_bytes, tuning)
+        # discard.global.L2 needs sm_80; the interpreter has no PTX
+        self.discard_stash = kernel == "prop" and major >= 8 and tuning.discard_stash is not False
         self._launchers: dict[tuple, tuple] = {}
 
     @property

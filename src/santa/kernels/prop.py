@@ -1,38 +1,29 @@
-"""S²ANTA-prop in Triton, exact global systematic sampling, in one cooperative launch.
+"""S²ANTA-prop in Triton, exact global systematic variant ("prop-global-sys"): two launches.
 
-The grid is persistent (:class:`santa.kernels.layout.PropGrid`): each CTA takes work items
-``(group, slice)`` (a group is one sequence and KV head, a slice a run of its key tiles) round by
-round. For one item the CTA
+Pass 1 (:func:`_prop_scores_kernel`), one program per (tile, sequence·KV head): the scores of the
+G grouped heads from one read of the K tile, tile max ``m_t`` and mass ``ℓ_t = Σ exp(s − m_t)``,
+and the stash ``u = exp(s − m_t)``.
 
-1. *streams* its slice (:func:`_stream_slice`): the G grouped heads' scores from one read of each K
-   tile, the tile max ``m_t`` and mass ``ℓ_t = Σ exp(s − m_t)``, and ``u = exp(s − m_t)`` into its
-   own slot (reused every round, so it stays in L2); it publishes the slice's ``(m_c, ℓ_c)`` per
-   head and arrives at the group's counter;
-2. waits until every slice of the group has arrived (every CTA is resident: the launch is cooperative);
-3. *samples* its slice (:func:`_sample_slice`): from the group's slice statistics, in the same order
-   in every CTA of the group (so they agree bit for bit), the global max ``m*``, ``Z`` and the
-   prefix ``P_c = S·Σ_{c'≤c} W_{c'}/Z`` with ``W_c = exp(m_c − m*) ℓ_c``. Comb point m (one offset U
-   per sequence and head) lies in slice c iff ``P_{c−1} − m ≤ U < P_c − m``; the CTA places those
-   points on its tiles, then on keys (from its slot), gathers their V rows and writes the slice's
-   partial sum. The group's last CTA to finish adds the partials in slice order and resets the
-   group's counters.
+Pass 2 (:func:`_prop_gather_kernel`), one program per (chunk of samples, sequence·head): with one
+offset U per (sequence, head), sample m sits at ``(m + U)/S`` on the global CDF. The tile prefix
+``C_t = Σ_{t'≤t} W_{t'} / Z`` (``W_t = exp(m_t − m*) ℓ_t``) places each sample in a tile, the tile's
+stash places it on a key, and only those V rows are read. This is S²ANTA-sys over the whole
+sequence (no budget kernel, no largest-remainder split): per key, ``c_j = #{m : F(j−1) ≤ (m+U)/S
+< F(j)}``, as in :func:`santa.sample_counts` with ``sampler="systematic"``.
 
-This is S²ANTA-sys over the whole sequence: per key, ``c_j = #{m : F(j−1) ≤ (m+U)/S < F(j)}``, as
-:func:`santa.sample_counts` with ``sampler="systematic"`` (up to float32 rounding of the CDF).
-
-Triton's interpreter runs programs one after another, so a spin barrier cannot complete there:
-on the CPU each round runs as two launches of the same kernel, streaming then sampling.
+The sum over sample chunks is deterministic: each chunk writes its partial sum, and the last chunk
+to finish (an integer semaphore) adds the partials in chunk order, then resets the semaphore.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from santa.kernels._common import (
     LOG2E,
     checked_seq_len,
-    load_cache_rows,
     load_offset,
     philox_uniform,
     row_offsets,
@@ -40,288 +31,323 @@ from santa.kernels._common import (
     tile_softmax_stats,
 )
 from santa.kernels._launch import Launcher
-from santa.kernels.layout import next_pow2
-
-STREAM, SAMPLE = 1, 2  # the kernel's phases, a bit mask: 3 runs both with the group barrier between them
+from santa.kernels.plan import prop_discard_mode, prop_sample_chunks, prop_tile_search, workspace_strides
 
 
 @triton.jit
-def _stream_tile(
-    q_ptr, k_ptr, bt_ptr, slot_ptr, tile_m, tile_l, i, b, kvh, tile_lo, slot_rows, seq_len, n_pages,
-    stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale,
+def _prop_tile(
+    q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, n_pages, n_kv_heads,
+    stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    TILES_PER_SLICE: tl.constexpr, BLOCK_TPS: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    IEEE_DOT: tl.constexpr, K_EVICTION: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE_DOT: tl.constexpr, K_EVICTION: tl.constexpr,
 ):
-    """Tile i of the slice: its ``u`` into the slot, its ``(m_t, ℓ_t)`` into column i of tile_m, tile_l."""
-    s = tile_scores(
-        q_ptr, k_ptr, bt_ptr, b, kvh, (tile_lo + i) * BLOCK_N, seq_len, n_pages,
-        stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale,
+    """Pass-1 work of one (tile, sequence, KV head): stash, tile max and mass of the G grouped heads."""
+    start = t * BLOCK_N
+    if start < seq_len:  # tiles past the sequence are never read by pass 2
+        s = tile_scores(
+            q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len, n_pages,
+            stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale,
+            G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, K_EVICTION,
+        )  # [BLOCK_G, BLOCK_N], log2 units
+        m, u, mass = tile_softmax_stats(s)  # u = exp(s − m_t), 0 off the sequence; ℓ_t NaN on a poisoned row
+        offs_g = tl.arange(0, BLOCK_G)
+        rows = (b * n_kv_heads + kvh) * G + offs_g  # b·H + h
+        mask_g = offs_g < G
+        offs_n = start + tl.arange(0, BLOCK_N)
+        tl.store(stash_ptr + rows.to(tl.int64)[:, None] * stride_stash + offs_n[None, :], u, mask=mask_g[:, None])
+        tl.store(tile_max_ptr + rows * stride_stats + t, m, mask=mask_g)
+        tl.store(tile_mass_ptr + rows * stride_stats + t, mass, mask=mask_g)
+
+
+@triton.jit
+def _prop_scores_kernel(
+    q_ptr, k_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr,
+    n_keys, n_pages, n_kv_heads, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh,
+    stride_stash, stride_stats, qk_scale,
+    G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, IEEE_DOT: tl.constexpr,
+    K_EVICTION: tl.constexpr,
+):
+    t = tl.program_id(0)
+    pid_bk = tl.program_id(1)
+    b = pid_bk // n_kv_heads
+    kvh = pid_bk % n_kv_heads
+    seq_len, _ = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
+    _prop_tile(
+        q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, n_pages, n_kv_heads,
+        stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, qk_scale,
         G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, K_EVICTION,
-    )  # [BLOCK_G, BLOCK_N], log2 units
-    m, u, mass = tile_softmax_stats(s)  # u = exp(s − m_t), 0 off the sequence; ℓ_t NaN on a poisoned row
-    offs_n = tl.arange(0, BLOCK_N)
-    mask_g = tl.arange(0, BLOCK_G) < G
-    tl.store(slot_ptr + slot_rows[:, None] * (TILES_PER_SLICE * BLOCK_N) + i * BLOCK_N + offs_n[None, :], u,
-             mask=mask_g[:, None])
-    here = tl.arange(0, BLOCK_TPS)[None, :] == i
-    return tl.where(here, m[:, None], tile_m), tl.where(here, mass[:, None], tile_l)
+    )
 
 
 @triton.jit
-def _stream_slice(
-    q_ptr, k_ptr, bt_ptr, slot_ptr, slot_max_ptr, slot_mass_ptr,
-    b, kvh, c, pid, seq_len, n_pages, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale,
-    G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    TILES_PER_SLICE: tl.constexpr, BLOCK_TPS: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    IEEE_DOT: tl.constexpr, NUM_STAGES: tl.constexpr, K_EVICTION: tl.constexpr, INTERPRET: tl.constexpr,
+def _bisect_tiles(prefix_ptr, prefix_row, n_tiles, u, m_f, ok, LOG_T: tl.constexpr):
+    """``tile = #{t < n_tiles : P_t − m ≤ U}`` by binary search over the stored prefix (P is
+    non-decreasing, so the predicate holds on a prefix of the tiles), and ``P_{tile−1}, P_tile``:
+    the same tile and bounds as comparing with every tile, in O(log T) loads per sample."""
+    pos = tl.zeros(m_f.shape, dtype=tl.int32)
+    for level in tl.static_range(LOG_T):  # pos + 2^k for k = LOG_T−1 … 0: the largest pos whose predicate holds
+        cand = pos + (1 << (LOG_T - 1 - level))
+        inside = ok & (cand <= n_tiles)
+        p = tl.load(prefix_ptr + prefix_row + cand - 1, mask=inside, other=0.0, cache_modifier=".cg")
+        pos = tl.where(inside & ((p - m_f) <= u), cand, pos)
+    lo = tl.load(prefix_ptr + prefix_row + pos - 1, mask=ok & (pos > 0), other=0.0, cache_modifier=".cg")
+    hi = tl.load(prefix_ptr + prefix_row + pos, mask=ok & (pos < n_tiles), other=float("inf"), cache_modifier=".cg")
+    return pos, lo, hi
+
+
+@triton.jit
+def _tile_prefix_search(
+    tile_max_ptr, tile_mass_ptr, prefix_ptr, stats_row, n_tiles, tiles_max, u, m_f, budget_f, valid_s,
+    SBLOCK: tl.constexpr, BLOCK_T: tl.constexpr, ONE_CHUNK_T: tl.constexpr, BISECT: tl.constexpr,
+    LOG_T: tl.constexpr, CM: tl.constexpr,
 ):
-    """Stream phase of item (group, slice c) on program pid: writes the slot (``u``, ``m_t``, ``ℓ_t`` of
-    the slice's tiles) and returns the slice's ``(m_c, ℓ_c)`` per head, ``[BLOCK_G]`` each."""
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_t = tl.arange(0, BLOCK_TPS)
-    mask_g = offs_g < G
-    slot_rows = (pid * G + offs_g).to(tl.int64)
-    tile_lo = c * TILES_PER_SLICE
-    n_tiles = tl.minimum(tl.cdiv(seq_len, BLOCK_N) - tile_lo, TILES_PER_SLICE)  # ≤ 0: the slice lies past the sequence
-    tile_m = tl.full([BLOCK_G, BLOCK_TPS], -float("inf"), dtype=tl.float32)
-    tile_l = tl.zeros([BLOCK_G, BLOCK_TPS], dtype=tl.float32)
-    if INTERPRET:  # the interpreter's loops take no kernel arguments as bounds
-        i = 0
-        while i < n_tiles:
-            tile_m, tile_l = _stream_tile(
-                q_ptr, k_ptr, bt_ptr, slot_ptr, tile_m, tile_l, i, b, kvh, tile_lo, slot_rows, seq_len, n_pages,
-                stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale, G, D, BLOCK_G, BLOCK_N, BLOCK_D,
-                TILES_PER_SLICE, BLOCK_TPS, PAGED, PAGE_SIZE, IEEE_DOT, K_EVICTION,
-            )
-            i += 1
+    """Tile of each sample, the tile's prefix bounds ``P_{t−1}, P_t`` (``P_t = S·C_t``), Z, and whether
+    some tile mass is NaN (a poisoned row: its output is NaN).
+
+    Sample m lies in tile t iff ``P_{t−1} ≤ m + U < P_t``; comparisons are made as
+    ``P − m ≤ U`` so that no rounding of ``m + U`` can push a point past ``P_{last} = S``.
+    BISECT: store P (each program of the row writes the same values) and binary-search it, instead
+    of comparing every sample with every tile (O(SBLOCK · T) per program).
+    """
+    offs_t = tl.arange(0, BLOCK_T)
+    if ONE_CHUNK_T:
+        mask_t = offs_t < n_tiles
+        tmax = tl.load(tile_max_ptr + stats_row + offs_t, mask=mask_t, other=-float("inf"), cache_modifier=CM)
+        tmass = tl.load(tile_mass_ptr + stats_row + offs_t, mask=mask_t, other=0.0, cache_modifier=CM)
+        m_star = tl.max(tmax, axis=0)
+        m_star = tl.where(m_star == -float("inf"), 0.0, m_star)
+        w = tl.where(mask_t, tl.exp2(tmax - m_star) * tmass, 0.0)  # W_t = exp(m_t − m*) ℓ_t
+        poisoned = tl.max((tmass != tmass).to(tl.int32), axis=0) > 0
+        cs = tl.cumsum(w, axis=0)
+        z = tl.max(cs, axis=0)  # the last prefix, so that P_last = (Z/Z)·S = S exactly
+        zs = tl.where(z > 0, z, 1.0)
+        p = (cs / zs) * budget_f  # P_t = S·C_t
+        if BISECT:
+            tl.store(prefix_ptr + stats_row + offs_t, p, mask=mask_t)
+        else:
+            le = (p[None, :] - m_f[:, None]) <= u[:, None]  # [SBLOCK, BLOCK_T]
+            tile = tl.sum(le.to(tl.int32), axis=1)
+            lo = tl.max(tl.where(le, p[None, :], 0.0), axis=1)
+            hi = tl.min(tl.where(le, float("inf"), p[None, :]), axis=1)
     else:
-        for i in tl.range(0, n_tiles, num_stages=NUM_STAGES):  # K loads pipelined NUM_STAGES deep
-            tile_m, tile_l = _stream_tile(
-                q_ptr, k_ptr, bt_ptr, slot_ptr, tile_m, tile_l, i, b, kvh, tile_lo, slot_rows, seq_len, n_pages,
-                stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale, G, D, BLOCK_G, BLOCK_N, BLOCK_D,
-                TILES_PER_SLICE, BLOCK_TPS, PAGED, PAGE_SIZE, IEEE_DOT, K_EVICTION,
-            )
-    stats = slot_rows[:, None] * TILES_PER_SLICE + offs_t[None, :]
-    mask_gt = mask_g[:, None] & (offs_t < TILES_PER_SLICE)[None, :]
-    tl.store(slot_max_ptr + stats, tile_m, mask=mask_gt)
-    tl.store(slot_mass_ptr + stats, tile_l, mask=mask_gt)
-    m_c = tl.max(tile_m, axis=1)
-    m_safe = tl.where(m_c == -float("inf"), 0.0, m_c)
-    l_c = tl.sum(tl.exp2(tile_m - m_safe[:, None]) * tile_l, axis=1)  # ℓ_c = Σ_t exp(m_t − m_c) ℓ_t (NaN stays NaN)
-    return m_c, l_c
+        m_star = -float("inf")
+        t0 = 0
+        while t0 < tiles_max:  # a host bound (n_tiles masks); a while loop keeps the interpreter happy
+            mask_t = t0 + offs_t < n_tiles
+            tmax = tl.load(tile_max_ptr + stats_row + t0 + offs_t, mask=mask_t, other=-float("inf"), cache_modifier=CM)
+            m_star = tl.maximum(m_star, tl.max(tmax, axis=0))
+            t0 += BLOCK_T
+        m_star = tl.where(m_star == -float("inf"), 0.0, m_star)
+        z = 0.0
+        n_poisoned = 0
+        t0 = 0
+        while t0 < tiles_max:  # a host bound (n_tiles masks); a while loop keeps the interpreter happy
+            mask_t = t0 + offs_t < n_tiles
+            tmax = tl.load(tile_max_ptr + stats_row + t0 + offs_t, mask=mask_t, other=-float("inf"), cache_modifier=CM)
+            tmass = tl.load(tile_mass_ptr + stats_row + t0 + offs_t, mask=mask_t, other=0.0, cache_modifier=CM)
+            w = tl.where(mask_t, tl.exp2(tmax - m_star) * tmass, 0.0)
+            n_poisoned += tl.sum((tmass != tmass).to(tl.int32), axis=0)
+            z = z + tl.max(tl.cumsum(w, axis=0), axis=0)  # carry + last prefix, as in the search below
+            t0 += BLOCK_T
+        poisoned = n_poisoned > 0
+        zs = tl.where(z > 0, z, 1.0)
+        tile = tl.zeros([SBLOCK], dtype=tl.int32)
+        lo = tl.zeros([SBLOCK], dtype=tl.float32)
+        hi = tl.full([SBLOCK], float("inf"), dtype=tl.float32)
+        carry = 0.0
+        t0 = 0
+        while t0 < tiles_max:  # a host bound (n_tiles masks); a while loop keeps the interpreter happy
+            mask_t = t0 + offs_t < n_tiles
+            tmax = tl.load(tile_max_ptr + stats_row + t0 + offs_t, mask=mask_t, other=-float("inf"), cache_modifier=CM)
+            tmass = tl.load(tile_mass_ptr + stats_row + t0 + offs_t, mask=mask_t, other=0.0, cache_modifier=CM)
+            w = tl.where(mask_t, tl.exp2(tmax - m_star) * tmass, 0.0)
+            cs = tl.cumsum(w, axis=0)
+            p = ((carry + cs) / zs) * budget_f
+            p = tl.where(mask_t, p, budget_f)
+            if BISECT:
+                tl.store(prefix_ptr + stats_row + t0 + offs_t, p, mask=mask_t)
+            else:
+                le = (p[None, :] - m_f[:, None]) <= u[:, None]
+                tile += tl.sum(le.to(tl.int32), axis=1)
+                lo = tl.maximum(lo, tl.max(tl.where(le, p[None, :], 0.0), axis=1))
+                hi = tl.minimum(hi, tl.min(tl.where(le, float("inf"), p[None, :]), axis=1))
+            carry = carry + tl.max(cs, axis=0)
+            t0 += BLOCK_T
+    if BISECT:
+        tl.debug_barrier()  # this program's stores of P are visible to all its threads
+        searched = valid_s & ((tl.zeros([SBLOCK], dtype=tl.float32) + z) > 0)  # (a vector: the interpreter's & wants one)
+        tile, lo, hi = _bisect_tiles(prefix_ptr, stats_row, n_tiles, u, m_f, searched, LOG_T)
+    return tile, lo, hi, z, poisoned
 
 
 @triton.jit
-def _group_prefix(slice_max_ptr, slice_mass_ptr, rows, mask_g, c, n_slices, budget_f, BLOCK_C: tl.constexpr):
-    """Per head of the group ``[BLOCK_G]``: ``(P_{c−1}, P_c, m*, Z, poisoned)`` from the published slice
-    statistics, computed alike in every CTA of the group; ``P_last = S`` exactly (Z over itself)."""
-    offs_c = tl.arange(0, BLOCK_C)
-    mask = mask_g[:, None] & (offs_c < n_slices)[None, :]
-    where = rows.to(tl.int64)[:, None] * n_slices + offs_c[None, :]
-    smax = tl.load(slice_max_ptr + where, mask=mask, other=-float("inf"), cache_modifier=".cg")
-    smass = tl.load(slice_mass_ptr + where, mask=mask, other=0.0, cache_modifier=".cg")
-    m_star = tl.max(smax, axis=1)
-    m_star = tl.where(m_star == -float("inf"), 0.0, m_star)
-    w = tl.where(mask, tl.exp2(smax - m_star[:, None]) * smass, 0.0)  # W_c = exp(m_c − m*) ℓ_c
-    poisoned = tl.max((smass != smass).to(tl.int32), axis=1) > 0
-    cs = tl.cumsum(w, axis=1)
-    z = tl.max(cs, axis=1)  # the last prefix, so that P_last = (Z/Z)·S = S exactly
-    zs = tl.where(z > 0, z, 1.0)
-    p = (cs / zs[:, None]) * budget_f  # P_c = S·C_c
-    p_hi = tl.sum(tl.where(offs_c[None, :] == c, p, 0.0), axis=1)
-    p_lo = tl.sum(tl.where(offs_c[None, :] == c - 1, p, 0.0), axis=1)
-    return p_lo, p_hi, m_star, z, poisoned
+def _discard_stash_lines(stash_ptr, row, stride_stash, line_lo, line_hi, LINES: tl.constexpr):
+    """Drop lines ``[line_lo, line_hi)`` of one row's stash from L2 without writing them back (PTX
+    ``discard.global.L2``, sm_80+): dead once their samples are placed, a dirty stash left in L2 is
+    written to DRAM while later kernels (the rest of a decode step) evict it. The stash starts on a
+    256-byte boundary and its rows hold ``stride_stash`` fp32, a multiple of 32 (``workspace_regions``
+    pads them), so every row starts on a 128-byte line and a line is 32 fp32 of one row."""
+    base = stash_ptr + row.to(tl.int64) * stride_stash
+    for l0 in range(line_lo, line_hi, LINES):
+        offs = l0 + tl.arange(0, LINES)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p discard.global.L2 [$1], 128; mov.u32 $0, 0; }",
+            "=r,l,r", [base + offs.to(tl.int64) * 32, (offs < line_hi).to(tl.int32)],
+            dtype=tl.int32, is_pure=False, pack=1,
+        )
 
 
 @triton.jit
-def _sample_slice(
-    v_ptr, bt_ptr, slot_ptr, slot_max_ptr, slot_mass_ptr, slice_max_ptr, slice_mass_ptr, partial_ptr, counts_ptr,
-    g, b, kvh, c, pid, seq_len, bad_len, n_pages, n_slices, u_heads, budget,
-    stride_bt, stride_vb, stride_vn, stride_vh, stride_counts,
-    G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    TILES_PER_SLICE: tl.constexpr, BLOCK_TPS: tl.constexpr, BLOCK_C: tl.constexpr, SBLOCK: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, RETURN_COUNTS: tl.constexpr,
+def _prop_chunk(
+    v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
+    pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, budget, tiles_max,
+    stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+    SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
+    BISECT: tl.constexpr, LOG_T: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, RETURN_COUNTS: tl.constexpr, CM: tl.constexpr,
+    DISCARD: tl.constexpr,
 ):
-    """Sample phase of item (group g, slice c) on program pid: place the slice's comb points, gather
-    their V rows, write each head's partial ``Σ v`` (NaN for a poisoned head or a bad seq_len)."""
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_t = tl.arange(0, BLOCK_TPS)
+    """Pass-2 work of one chunk of samples of one (sequence, head) row: place them, gather V, reduce.
+    DISCARD (see :func:`santa.kernels.plan.prop_discard_mode`): 0 keeps the stash in L2, 1 has the
+    row's last chunk drop the whole row, 2 has every chunk drop the part that no other chunk reads."""
+    n_tiles = tl.cdiv(seq_len, BLOCK_N)
+    offs_s = pid_s * SBLOCK + tl.arange(0, SBLOCK)
+    valid_s = offs_s < budget
+    m_f = offs_s.to(tl.float32)
+    budget_f = budget.to(tl.float32)
+    stats_row = row.to(tl.int64) * stride_stats
+    tile, lo, hi, z, poisoned = _tile_prefix_search(
+        tile_max_ptr, tile_mass_ptr, prefix_ptr, stats_row, n_tiles, tiles_max, u, m_f, budget_f, valid_s,
+        SBLOCK, BLOCK_T, ONE_CHUNK_T, BISECT, LOG_T, CM,
+    )
+    nan_row = poisoned | bad_len  # NaN/+inf scores, a bad page id or a bad seq_len: the output is NaN
+    ok = valid_s & ((tl.zeros([SBLOCK], dtype=tl.float32) + z) > 0) & ~nan_row
+    tile = tl.minimum(tile, tl.maximum(n_tiles - 1, 0))
+
+    # inside the tile: key = min{ j : F_tile(j) > x } with x the point's position in [P_{t−1}, P_t)
     offs_n = tl.arange(0, BLOCK_N)
+    pos = tile[:, None] * BLOCK_N + offs_n[None, :]  # [SBLOCK, BLOCK_N]
+    stash = tl.load(
+        stash_ptr + row.to(tl.int64) * stride_stash + pos,
+        mask=ok[:, None] & (pos < seq_len), other=0.0, cache_modifier=CM,
+    )
+    cu = tl.cumsum(stash, axis=1)
+    tile_total = tl.max(cu, axis=1)
+    frac = cu / tl.where(tile_total > 0, tile_total, 1.0)[:, None]
+    width = hi - lo
+    x = (u - (lo - m_f)) / tl.where(width > 0, width, 1.0)
+    last_nonzero = tl.max(tl.where(stash > 0, offs_n[None, :], 0), axis=1)
+    j = tl.sum((frac <= x[:, None]).to(tl.int32), axis=1)
+    key = tile * BLOCK_N + tl.minimum(j, last_nonzero)
+
     offs_d = tl.arange(0, BLOCK_D)
-    mask_g = offs_g < G
     mask_d = offs_d < D
-    budget_f = budget.to(tl.float32)
-    rows = g * G + offs_g  # b·H + h
-    p_lo, p_hi, m_star, z, poisoned = _group_prefix(slice_max_ptr, slice_mass_ptr, rows, mask_g, c, n_slices, budget_f, BLOCK_C)
+    v_rows, v_ok = row_offsets(b, key, ok, kvh, bt_ptr, stride_bt, n_pages, stride_vb, stride_vn, stride_vh, PAGED, PAGE_SIZE)
+    vals = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :], mask=v_ok[:, None] & mask_d[None, :], other=0.0)
+    acc = tl.sum(vals.to(tl.float32), axis=0)  # Σ over this chunk's samples of v_{J_m} (non-finite if a sampled row is)
+    if RETURN_COUNTS:
+        tl.atomic_add(counts_ptr + row.to(tl.int64) * stride_counts + key, 1, mask=ok)
 
-    # the slice's tile prefix Q_t = P_{c−1} + S·Σ_{t'≤t} W_{t'}/Z; its last tile ends at P_c exactly
-    tile_lo = c * TILES_PER_SLICE
-    n_tiles = tl.maximum(tl.minimum(tl.cdiv(seq_len, BLOCK_N) - tile_lo, TILES_PER_SLICE), 0)
-    slot_rows = (pid * G + offs_g).to(tl.int64)
-    mask_t = offs_t < n_tiles
-    stats = slot_rows[:, None] * TILES_PER_SLICE + offs_t[None, :]
-    tmax = tl.load(slot_max_ptr + stats, mask=mask_g[:, None] & mask_t[None, :], other=-float("inf"), cache_modifier=".cg")
-    tmass = tl.load(slot_mass_ptr + stats, mask=mask_g[:, None] & mask_t[None, :], other=0.0, cache_modifier=".cg")
-    w = tl.where(mask_t[None, :], tl.exp2(tmax - m_star[:, None]) * tmass, 0.0)
-    zs = tl.where(z > 0, z, 1.0)
-    prefix = p_lo[:, None] + (tl.cumsum(w, axis=1) / zs[:, None]) * budget_f
-    prefix = tl.where(offs_t[None, :] == n_tiles - 1, p_hi[:, None], prefix)
-    prefix = tl.where(mask_t[None, :], prefix, float("inf"))
-
-    for gh in range(G):
-        here = offs_g == gh
-        row = g * G + gh
-        u = tl.sum(tl.where(here, u_heads, 0.0), axis=0)
-        lo_c = tl.sum(tl.where(here, p_lo, 0.0), axis=0)
-        hi_c = tl.sum(tl.where(here, p_hi, 0.0), axis=0)
-        z_h = tl.sum(tl.where(here, z, 0.0), axis=0)
-        nan_row = (tl.sum(tl.where(here, poisoned.to(tl.int32), 0), axis=0) > 0) | bad_len
-        live = (z_h > 0) & (n_tiles > 0) & ~nan_row
-        q_h = tl.sum(tl.where(here[:, None], prefix, 0.0), axis=0)  # [BLOCK_TPS], +inf past the slice's tiles
-        # the points with P_{c−1} − m ≤ U < P_c − m lie in [⌊P_{c−1} − U⌋, ⌈P_c − U⌉]: test each exactly
-        m_first = tl.where(live, tl.maximum(tl.floor(lo_c - u), 0.0), 0.0).to(tl.int32)
-        m_end = tl.where(live, tl.minimum(tl.ceil(hi_c - u) + 1.0, budget_f), 0.0).to(tl.int32)
-        slot_row = (pid * G + gh).to(tl.int64) * (TILES_PER_SLICE * BLOCK_N)
-        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-        m0 = m_first
-        while m0 < m_end:
-            offs_m = m0 + tl.arange(0, SBLOCK)
-            m_f = offs_m.to(tl.float32)
-            ok = (offs_m < m_end) & ((lo_c - m_f) <= u) & ((hi_c - m_f) > u)
-            le = (q_h[None, :] - m_f[:, None]) <= u  # [SBLOCK, BLOCK_TPS]
-            tile = tl.minimum(tl.sum(le.to(tl.int32), axis=1), tl.maximum(n_tiles - 1, 0))
-            lo = tl.max(tl.where(le, q_h[None, :], lo_c), axis=1)  # Q_{tile−1}, or P_{c−1} in the first tile
-            hi = tl.min(tl.where(le, float("inf"), q_h[None, :]), axis=1)  # Q_tile
-            # inside the tile: key = min{ j : F_tile(j) > x } with x the point's place in [Q_{tile−1}, Q_tile)
-            pos = tile[:, None] * BLOCK_N + offs_n[None, :]  # [SBLOCK, BLOCK_N], keys from the slice's start
-            stash = tl.load(slot_ptr + slot_row + pos, mask=ok[:, None] & (tile_lo * BLOCK_N + pos < seq_len), other=0.0,
-                            cache_modifier=".cg")
-            cu = tl.cumsum(stash, axis=1)
-            tile_total = tl.max(cu, axis=1)
-            frac = cu / tl.where(tile_total > 0, tile_total, 1.0)[:, None]
-            width = hi - lo
-            x = (u - (lo - m_f)) / tl.where(width > 0, width, 1.0)
-            last_nonzero = tl.max(tl.where(stash > 0, offs_n[None, :], 0), axis=1)
-            j = tl.sum((frac <= x[:, None]).to(tl.int32), axis=1)
-            key = (tile_lo + tile) * BLOCK_N + tl.minimum(j, last_nonzero)
-            v_rows, v_ok = row_offsets(b, key, ok, kvh, bt_ptr, stride_bt, n_pages, stride_vb, stride_vn, stride_vh, PAGED, PAGE_SIZE)
-            vals = load_cache_rows(v_ptr, v_rows, v_ok, offs_d, mask_d, "")
-            acc += tl.sum(vals.to(tl.float32), axis=0)  # Σ v_{J_m} (non-finite if a sampled row is)
-            if RETURN_COUNTS:
-                tl.atomic_add(counts_ptr + row.to(tl.int64) * stride_counts + key, 1, mask=ok)
-            m0 += SBLOCK
-        acc = tl.where(nan_row, float("nan"), acc)
-        tl.store(partial_ptr + (row.to(tl.int64) * n_slices + c) * BLOCK_D + offs_d, acc)
+    out_offs = b.to(tl.int64) * stride_ob + h * stride_oh + offs_d
+    if DISCARD == 2:
+        # The tile of sample m never decreases with m, so this chunk's samples lie in tiles [first, last]
+        # and every other chunk's in tiles ≤ first or ≥ last: the tiles strictly between are read by this
+        # chunk alone, the ones before the first chunk's and after the last chunk's by nobody. Each chunk
+        # drops those once its own loads are done; the few tiles two chunks may share stay in L2.
+        first = tl.min(tl.where(ok, tile, 2147483647), axis=0)
+        last = tl.max(tl.where(ok, tile, -1), axis=0)
+        tile_lo = tl.where(pid_s == 0, 0, first + 1)
+        line_lo = tl.cdiv(tile_lo * BLOCK_N, 32)  # whole lines only
+        line_hi = tl.where(pid_s == N_CHUNKS - 1, stride_stash // 32, (last * BLOCK_N) // 32)
+        tl.debug_barrier()  # every thread's stash loads are done
+        if last >= 0:
+            _discard_stash_lines(stash_ptr, row, stride_stash, line_lo, line_hi, 512)
+    if N_CHUNKS == 1:
+        result = tl.where(nan_row, float("nan"), acc / budget_f)
+        tl.store(out_ptr + out_offs, result.to(out_ptr.dtype.element_ty), mask=mask_d)
+        if DISCARD == 1:
+            tl.debug_barrier()  # every thread's stash loads are done
+            _discard_stash_lines(stash_ptr, row, stride_stash, 0, stride_stash // 32, 1024)
+    else:
+        part_row = row.to(tl.int64) * N_CHUNKS
+        tl.store(partial_ptr + (part_row + pid_s) * BLOCK_D + offs_d, acc)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(sem_ptr + row, 1, sem="acq_rel")
+        if arrived == N_CHUNKS - 1:  # last chunk of this head: add the partials in chunk order
+            total = tl.zeros([BLOCK_D], dtype=tl.float32)
+            for c0 in range(0, N_CHUNKS, CHUNK_BLOCK):
+                offs_c = c0 + tl.arange(0, CHUNK_BLOCK)
+                part = tl.load(
+                    partial_ptr + (part_row + offs_c)[:, None] * BLOCK_D + offs_d[None, :],
+                    mask=(offs_c < N_CHUNKS)[:, None], other=0.0, cache_modifier=".cg",
+                )
+                total += tl.sum(part, axis=0)
+            result = tl.where(nan_row, float("nan"), total / budget_f)
+            tl.store(out_ptr + out_offs, result.to(out_ptr.dtype.element_ty), mask=mask_d)
+            tl.atomic_xchg(sem_ptr + row, 0)
+            if DISCARD == 1:  # every chunk of the row has read its stash (they arrived before this one)
+                _discard_stash_lines(stash_ptr, row, stride_stash, 0, stride_stash // 32, 1024)
 
 
-@triton.jit
-def _finish_group(partial_ptr, out_ptr, g, b, kvh, n_slices, budget, stride_ob, stride_oh,
-                  G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_C: tl.constexpr):
-    """The group's last CTA: each head's output, the sum of its slices' partials in slice order, over S."""
-    offs_d = tl.arange(0, BLOCK_D)
-    budget_f = budget.to(tl.float32)
-    for gh in range(G):
-        row = (g * G + gh).to(tl.int64)
-        total = tl.zeros([BLOCK_D], dtype=tl.float32)
-        c0 = 0
-        while c0 < n_slices:
-            offs_c = c0 + tl.arange(0, CHUNK_C)
-            part = tl.load(partial_ptr + (row * n_slices + offs_c)[:, None] * BLOCK_D + offs_d[None, :],
-                           mask=(offs_c < n_slices)[:, None], other=0.0, cache_modifier=".cg")
-            total += tl.sum(part, axis=0)
-            c0 += CHUNK_C
-        out = out_ptr + b.to(tl.int64) * stride_ob + (kvh * G + gh) * stride_oh + offs_d
-        tl.store(out, (total / budget_f).to(out_ptr.dtype.element_ty), mask=offs_d < D)
-
-
-@triton.jit(do_not_specialize=["seed", "offset", "budget", "round_lo", "round_hi"])
-def _prop_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, offset_ptr, out_ptr, counts_ptr,
-    counters_ptr, slot_ptr, slot_max_ptr, slot_mass_ptr, slice_max_ptr, slice_mass_ptr, partial_ptr,
-    seed, offset, budget, n_keys, n_pages, n_kv_heads, n_slices, n_items, round_lo, round_hi,
-    stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
-    stride_ob, stride_oh, stride_counts, qk_scale,
-    G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    TILES_PER_SLICE: tl.constexpr, BLOCK_TPS: tl.constexpr, BLOCK_C: tl.constexpr, CHUNK_C: tl.constexpr,
-    SBLOCK: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr,
-    OFFSET_IN_MEMORY: tl.constexpr, RETURN_COUNTS: tl.constexpr, IEEE_DOT: tl.constexpr, NUM_STAGES: tl.constexpr,
-    K_EVICTION: tl.constexpr, PHASES: tl.constexpr,
+@triton.jit(do_not_specialize=["seed", "offset", "budget"])
+def _prop_gather_kernel(
+    v_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr,
+    out_ptr, counts_ptr, offset_ptr,
+    seed, offset, budget, n_keys, n_pages, n_heads, tiles_max,
+    stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
+    G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+    SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
+    BISECT: tl.constexpr, LOG_T: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, OFFSET_IN_MEMORY: tl.constexpr,
+    RETURN_COUNTS: tl.constexpr, USE_PDL: tl.constexpr, DISCARD: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    n_programs = tl.num_programs(0)
+    pid_s = tl.program_id(0)
+    row = tl.program_id(1)  # b·H + h
+    b = row // n_heads
+    h = row % n_heads
+    kvh = h // G
+    seq_len, bad_len = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
     off_lo, off_hi = load_offset(offset, offset_ptr, OFFSET_IN_MEMORY)
-    offs_g = tl.arange(0, BLOCK_G)
-    mask_g = offs_g < G
-    r = round_lo
-    while r < round_hi:  # (a while loop: the interpreter's range() takes no kernel arguments)
-        item = r * n_programs + pid
-        if item < n_items:
-            g = item // n_slices
-            c = item % n_slices
-            b = g // n_kv_heads
-            kvh = g % n_kv_heads
-            seq_len, bad_len = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
-            rows = g * G + offs_g  # b·H + h
-            arrivals = counters_ptr + 2 * g
-            if PHASES & 1:  # STREAM
-                m_c, l_c = _stream_slice(
-                    q_ptr, k_ptr, bt_ptr, slot_ptr, slot_max_ptr, slot_mass_ptr,
-                    b, kvh, c, pid, seq_len, n_pages, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh,
-                    qk_scale, G, D, BLOCK_G, BLOCK_N, BLOCK_D, TILES_PER_SLICE, BLOCK_TPS, PAGED, PAGE_SIZE, IEEE_DOT,
-                    NUM_STAGES, K_EVICTION, PHASES != 3,
-                )
-                tl.store(slice_max_ptr + rows.to(tl.int64) * n_slices + c, m_c, mask=mask_g)
-                tl.store(slice_mass_ptr + rows.to(tl.int64) * n_slices + c, l_c, mask=mask_g)
-                tl.debug_barrier()  # every thread's stores are issued before the arrival
-                tl.atomic_add(arrivals, 1, sem="release")
-            if PHASES == 3:  # wait for the group's other slices (all resident: a cooperative launch)
-                arrived = tl.atomic_add(arrivals, 0, sem="acquire")
-                while arrived < n_slices:
-                    arrived = tl.atomic_add(arrivals, 0, sem="acquire")
-                tl.debug_barrier()
-            if PHASES & 2:  # SAMPLE
-                u_heads = philox_uniform(seed, off_lo, off_hi, rows, 0, [BLOCK_G])  # one U per (sequence, head)
-                _sample_slice(
-                    v_ptr, bt_ptr, slot_ptr, slot_max_ptr, slot_mass_ptr, slice_max_ptr, slice_mass_ptr, partial_ptr,
-                    counts_ptr, g, b, kvh, c, pid, seq_len, bad_len, n_pages, n_slices, u_heads, budget,
-                    stride_bt, stride_vb, stride_vn, stride_vh, stride_counts,
-                    G, D, BLOCK_G, BLOCK_N, BLOCK_D, TILES_PER_SLICE, BLOCK_TPS, BLOCK_C, SBLOCK,
-                    PAGED, PAGE_SIZE, RETURN_COUNTS,
-                )
-                tl.debug_barrier()  # every thread's partial is stored before the finish count
-                finished = tl.atomic_add(arrivals + 1, 1, sem="acq_rel")
-                if finished == n_slices - 1:  # the group's last slice: add the partials, reset the counters
-                    _finish_group(partial_ptr, out_ptr, g, b, kvh, n_slices, budget, stride_ob, stride_oh,
-                                  G, D, BLOCK_D, CHUNK_C)
-                    tl.atomic_xchg(arrivals, 0)
-                    tl.atomic_xchg(arrivals + 1, 0)
-        r += 1
+    u = philox_uniform(seed, off_lo, off_hi, row, 0, [SBLOCK])  # one U per (sequence, head)
+    if USE_PDL:
+        gdc_wait()  # launched early (programmatic dependent launch): wait for pass 1's writes here
+    _prop_chunk(
+        v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
+        pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, budget, tiles_max,
+        stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
+        D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, N_CHUNKS, CHUNK_BLOCK, ONE_CHUNK_T, BISECT, LOG_T,
+        PAGED, PAGE_SIZE, RETURN_COUNTS, "", DISCARD,
+    )
 
 
 def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool) -> list:
-    """prop's launches for a :class:`santa.kernels.plan.DecodePlan` as ``[(name, Launcher)]``: one
-    cooperative launch on the GPU; on the CPU (Triton's interpreter) a stream and a sample launch per
-    round. Each call's other arguments come by kernel name from ``DecodePlan._arguments``."""
-    shape, grid = plan.shape, plan.workspace_key.grid
-    fixed = dict(budget=plan.budget, n_keys=shape.n_keys, n_kv_heads=shape.kv_heads, n_slices=grid.slices,
-                 n_items=shape.batch * shape.kv_heads * grid.slices, qk_scale=plan.scale * LOG2E)
-    meta = dict(
-        G=plan.group, D=shape.head_dim, BLOCK_G=plan.block_g, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
-        TILES_PER_SLICE=grid.tiles_per_slice, BLOCK_TPS=next_pow2(grid.tiles_per_slice), BLOCK_C=next_pow2(grid.slices),
-        CHUNK_C=min(32, next_pow2(grid.slices)), SBLOCK=plan.samples_per_block,
+    """prop's two launches for a :class:`santa.kernels.plan.DecodePlan`: ``[(name, Launcher)]``; each
+    call's other arguments come by kernel name from ``DecodePlan._arguments``."""
+    shape, tuning = plan.shape, plan.tuning
+    sblock, n_chunks = prop_sample_chunks(plan.budget, plan.tiles, shape.batch * shape.heads, tuning)
+    block_t = min(triton.next_power_of_2(plan.tiles), 1024)
+    common = dict(
+        G=plan.group, D=shape.head_dim, BLOCK_D=plan.block_d, BLOCK_N=plan.block_n,
         PAGED=shape.page_size is not None, PAGE_SIZE=shape.page_size or 1, HAS_SEQ_LENS=has_seq_lens,
-        OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts, IEEE_DOT=plan.ieee_dot,
-        NUM_STAGES=plan.pipeline_stages, K_EVICTION="evict_first" if plan.k_evict_first else "",
-        num_warps=plan.warps, num_stages=1,
     )
-    if not plan.on_cpu:
-        one = Launcher(_prop_kernel, grid=(grid.programs,), fixed=dict(fixed, round_lo=0, round_hi=grid.rounds),
-                       meta=dict(meta, PHASES=STREAM | SAMPLE, launch_cooperative_grid=True))
-        return [("prop", one)]
-    launches = []
-    for r in range(grid.rounds):
-        for name, phase in (("stream", STREAM), ("sample", SAMPLE)):
-            launches.append((f"round{r}.{name}", Launcher(_prop_kernel, grid=(grid.programs,),
-                             fixed=dict(fixed, round_lo=r, round_hi=r + 1), meta=dict(meta, PHASES=phase))))
-    return launches
+    n_keys, qk_scale = shape.n_keys, plan.scale * LOG2E
+    stride_stash, stride_stats = workspace_strides(plan.workspace_key)  # fixed by the workspace's key
+    fixed1 = dict(n_keys=n_keys, n_kv_heads=shape.kv_heads, stride_stash=stride_stash, stride_stats=stride_stats, qk_scale=qk_scale)
+    fixed2 = dict(budget=plan.budget, n_keys=n_keys, n_heads=shape.heads, tiles_max=plan.tiles,
+                  stride_stash=stride_stash, stride_stats=stride_stats)
+    pass1 = Launcher(_prop_scores_kernel, grid=(plan.tiles, shape.batch * shape.kv_heads), fixed=fixed1, meta=dict(
+        common, BLOCK_G=plan.block_g, IEEE_DOT=plan.ieee_dot, K_EVICTION="evict_first" if plan.k_evict_first else "",
+        num_warps=tuning.warps_pass1 or (8 if shape.head_dim > 128 else 4), num_stages=tuning.stages_pass1 or 1,
+    ))
+    pass2 = Launcher(_prop_gather_kernel, grid=(n_chunks, shape.batch * shape.heads), fixed=fixed2, meta=dict(
+        common, BLOCK_T=block_t, SBLOCK=sblock, N_CHUNKS=n_chunks, CHUNK_BLOCK=min(32, triton.next_power_of_2(n_chunks)),
+        ONE_CHUNK_T=plan.tiles <= block_t, BISECT=prop_tile_search(plan.tiles, tuning) == "bisect",
+        LOG_T=max(1, plan.tiles.bit_length()), OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts, USE_PDL=plan.pdl,
+        DISCARD=prop_discard_mode(n_chunks) if plan.discard_stash else 0,
+        # 8 warps up to 256 tiles (32k: 31.2 vs 34.5 µs), 4 beyond (128k: 95.1 with 8 vs 86.7 with 4; H200, 2026-11-29)
+        num_warps=tuning.warps_pass2 or (8 if plan.tiles <= 256 else 4), num_stages=1, launch_pdl=plan.pdl,
+    ))
+
+    return [("pass1", pass1), ("pass2", pass2)]
