@@ -265,6 +265,65 @@ def bench_batch(batch, n_keys, results, flusher, args, fi, page_size=16):
             flusher, meta={"floor_us": nbytes / READ_BW * 1e6, "bytes": nbytes})
 
 
+def bench_fp8(batch, n_keys, results, flusher, args, fi, page_size=16, k_scale=0.5, v_scale=0.5):
+    """fp8 (e4m3) K/V caches, one case: santa prop (and flash at batch 1) on fp8 beside FlashInfer's fp8
+    decode (CUDA cores and tensor cores), cuDNN SDPA and santa prop on the bf16 caches the fp8 ones were
+    quantised from (``cache = bf16 / scale``), every backend on the same inputs in this run."""
+    from santa.kernels import decode, make_workspace
+
+    torch.manual_seed(2)
+    dev = torch.device("cuda")
+    heads, kv_heads, dim = args.heads, args.kv_heads, args.head_dim
+    q = torch.randn(batch, heads, dim, device=dev, dtype=DTYPE)
+    k = torch.randn(batch, n_keys, kv_heads, dim, device=dev, dtype=DTYPE)
+    v = torch.randn(batch, n_keys, kv_heads, dim, device=dev, dtype=DTYPE)
+    k8, v8 = (k.float() / k_scale).to(torch.float8_e4m3fn), (v.float() / v_scale).to(torch.float8_e4m3fn)
+    tag = f"fp8/b{batch}/n{n_keys}"
+    dense8 = 2 * k8.numel()
+    meta8 = {"floor_us": dense8 / READ_BW * 1e6, "bytes": dense8}
+    meta16 = {"floor_us": 2 * dense8 / READ_BW * 1e6, "bytes": 2 * dense8}
+    measure(results, f"{tag}/cudnn_sdpa_bf16", sdpa_fn(q, k, v, "cudnn"), flusher, meta=meta16)
+    budget = 128
+    out = torch.empty_like(q)
+    for name, kc, vc, scales in (("bf16", k, v, {}), ("fp8", k8, v8, dict(k_scale=k_scale, v_scale=v_scale))):
+        ws = make_workspace(q, kc, budget, kernel="prop")
+        nbytes = santa_bytes(q, kc, budget, "prop")
+        measure(results, f"{tag}/santa_prop_S{budget}_{name}", lambda kc=kc, vc=vc, ws=ws, scales=scales: decode(
+            q, kc, vc, budget, kernel="prop", out=out, workspace=ws, **scales), flusher,
+            meta={"floor_us": nbytes / READ_BW * 1e6, "bytes": nbytes})
+    if batch == 1:
+        ws = make_workspace(q, k8, 2048, kernel="flash")
+        nbytes = santa_bytes(q, k8, 2048, "flash")
+        measure(results, f"{tag}/santa_flash_S2048_fp8", lambda: decode(q, k8, v8, 2048, kernel="flash", out=out, workspace=ws,
+                                                                         k_scale=k_scale, v_scale=v_scale),
+                flusher, meta={"floor_us": nbytes / READ_BW * 1e6, "bytes": nbytes})
+    if fi is None:
+        return
+    for tc in (False, True):
+        name = f"{tag}/flashinfer_fp8{'_tc' if tc else ''}"
+        try:
+            if batch == 1:
+                fn = lambda tc=tc: fi.single_decode_with_kv_cache(q[0], k8[0], v8[0], kv_layout="NHD",  # noqa: E731
+                                                                  use_tensor_cores=tc, k_scale=k_scale, v_scale=v_scale)
+            else:
+                pages_per_seq = n_keys // page_size
+                k_pages = k8.reshape(batch * pages_per_seq, page_size, kv_heads, dim)
+                v_pages = v8.reshape(batch * pages_per_seq, page_size, kv_heads, dim)
+                wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
+                    torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev), "NHD", use_tensor_cores=tc)
+                indptr = torch.arange(0, batch + 1, device=dev, dtype=torch.int32) * pages_per_seq
+                indices = torch.arange(batch * pages_per_seq, device=dev, dtype=torch.int32)
+                last = torch.full((batch,), page_size, dtype=torch.int32, device=dev)
+                wrapper.plan(indptr, indices, last, heads, kv_heads, dim, page_size, q_data_type=DTYPE,
+                             kv_data_type=torch.float8_e4m3fn)
+                fn = lambda wrapper=wrapper, k_pages=k_pages, v_pages=v_pages: wrapper.run(  # noqa: E731
+                    q, (k_pages, v_pages), k_scale=k_scale, v_scale=v_scale)
+            measure(results, name, fn, flusher, meta=meta8)
+        except Exception as exc:  # a backend that does not run here is recorded, not fatal
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
+            print("  flashinfer fp8 failed:", exc)
+
+
 # --------------------------------------------------------------------------- real attention (captures)
 
 
@@ -589,6 +648,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batches", type=int, nargs="*", default=[8, 32], help="batch sizes of the batched case")
     parser.add_argument("--batch-keys", type=int, default=32768, help="keys per sequence in the batched case")
     parser.add_argument("--no-flashinfer", action="store_true")
+    parser.add_argument("--fp8", action="store_true", help="also the fp8-cache table: santa on e4m3 K/V against FlashInfer's fp8 decode")
+    parser.add_argument("--only-fp8", action="store_true", help="the fp8-cache table alone (the --sizes at batch 1, --batches)")
     parser.add_argument("--no-tune", action="store_true")
     parser.add_argument("--only-tune", action="store_true", help="the prop tuning sweep alone")
     parser.add_argument("--tune-variants", nargs="*", default=None,
@@ -704,6 +765,12 @@ def main(argv=None) -> int:
         return 0
     sizes = [8192, 32768] if args.quick else args.sizes
     t0 = time.time()
+    if args.fp8 or args.only_fp8:
+        for batch, n in [(1, n) for n in sizes] + [(b, args.batch_keys) for b in ([] if args.no_batch else args.batches)]:
+            print(f"fp8 caches, batch {batch}, n_k = {n}:")
+            bench_fp8(batch, n, results, flusher, args, fi)
+        if args.only_fp8:
+            sizes, args.no_batch, args.no_tune = [], True, True
     if not args.no_tune:
         for batch, n in args.tune_cases:
             print(f"prop launch variants at batch {batch}, n_k = {n}:")

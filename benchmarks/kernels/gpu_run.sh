@@ -2,7 +2,7 @@
 # One device call for the kernel issue: the CUDA tests, then `python -m benchmarks.bench.kernels` on the
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (copied from ../shared/wheels).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [ab] [llama] [small] [tune] [host] [hf] [e2e]
+#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [ab] [fp8] [llama] [small] [tune] [host] [hf] [e2e]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -42,6 +42,17 @@ for stage in "$@"; do
       PYTHONPATH=$PWD/.old43/src timeout 240 python3 benchmarks/kernels/prop_ab.py "$OUT/ab_old.json" 43cc084 > "$OUT/ab_old.log" 2>&1
       PYTHONPATH=$PWD/src timeout 300 python3 benchmarks/kernels/prop_ab.py "$OUT/ab_new.json" "${SANTA_COMMIT:-new}" \
         > "$OUT/ab_new.log" 2>&1 ;;
+    fp8)  # fp8 caches (issue 25): the fp8 GPU tests, then santa on e4m3 K/V beside cuDNN and prop on bf16 (no FlashInfer),
+          # then FlashInfer's fp8 decode (it JIT-compiles its kernels on first use: bounded)
+      timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels 2>&1 | tail -6 | tee "$OUT/tests_fp8.log"
+      timeout 150 python3 -m benchmarks.bench.kernels --only-fp8 --no-flashinfer --sizes 8192 32768 131072 --batches 8 32 \
+        --out /tmp/fp8 > "$OUT/fp8.log" 2>&1; cp /tmp/fp8/kernels.json "$OUT/fp8.json"
+      timeout 60 python3 -m benchmarks.bench.kernels --only-fp8 --no-flashinfer --heads 14 --kv-heads 2 --head-dim 64 --sizes 32768 \
+        --batches 16 --out /tmp/fp8_qwen >> "$OUT/fp8.log" 2>&1; cp /tmp/fp8_qwen/kernels.json "$OUT/fp8_qwen.json"
+      timeout 60 python3 -m benchmarks.bench.kernels --only-fp8 --no-flashinfer --heads 9 --kv-heads 3 --head-dim 64 --sizes 8192 \
+        --batches 64 --batch-keys 8192 --out /tmp/fp8_smollm2 >> "$OUT/fp8.log" 2>&1; cp /tmp/fp8_smollm2/kernels.json "$OUT/fp8_smollm2.json"
+      timeout "${FI_SECONDS:-200}" python3 -m benchmarks.bench.kernels --only-fp8 --sizes 32768 --batches 8 \
+        --out /tmp/fp8_fi > "$OUT/fp8_fi.log" 2>&1; cp /tmp/fp8_fi/kernels.json "$OUT/fp8_fi.json" ;;
     hf)  # HF generate() ms/token: SDPA against santa prop S=128 on a random Llama-3.1-8B-shaped model
       python3 benchmarks/kernels/hf_generate.py "$OUT/hf_generate.json" 8192 30000 > "$OUT/hf_generate.log" 2>&1 ;;
     host)  # where the host time of eager decode() and plan.run goes (cProfile)

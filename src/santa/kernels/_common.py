@@ -29,6 +29,26 @@ def row_offsets(
 
 
 @triton.jit
+def load_cache_rows(cache_ptr, rows, ok, offs_d, mask_d, DTYPE: tl.constexpr, EVICTION: tl.constexpr):
+    """Rows ``[len(rows), BLOCK_D]`` of a K or V cache at element offsets ``rows`` (0 where ``~ok`` or past
+    d), converted to DTYPE: the one place the kernels read a cache. An fp8 (e4m3) cache converts exactly
+    to bf16, fp16 or fp32; its dequantisation scale is applied by the caller (:func:`cache_scale`)."""
+    rows = tl.load(cache_ptr + rows[:, None] + offs_d[None, :], mask=ok[:, None] & mask_d[None, :], other=0.0,
+                   eviction_policy=EVICTION)
+    return rows.to(DTYPE)
+
+
+@triton.jit
+def cache_scale(scale, scale_ptr, kvh, PER_HEAD: tl.constexpr):
+    """The dequantisation scale of KV head kvh: ``scale_ptr[kvh]`` (a float32 tensor, one per KV head) or
+    the scalar ``scale`` (1.0 for a bf16/fp16/fp32 cache, so that nothing changes there)."""
+    if PER_HEAD:
+        return tl.load(scale_ptr + kvh)
+    else:
+        return scale
+
+
+@triton.jit
 def checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS: tl.constexpr):
     """``(seq_len, bad)``: sequence b's length clamped to ``[0, n_keys]`` (so no read leaves the cache)
     and whether it had to be (the kernels then write NaN for every head of the sequence)."""
@@ -49,6 +69,7 @@ def tile_scores(
 ):
     """Scores of the G grouped heads on one K tile, in log2 units: ``[BLOCK_G, BLOCK_N]`` fp32, −inf off
     the sequence, NaN on rows behind a page id outside the pool (so that the heads' outputs are NaN).
+    ``qk_scale`` includes the K cache's dequantisation scale (:func:`cache_scale`) for an fp8 cache.
     K_EVICTION: the K load's L2 eviction policy (``""``: the default; ``"evict_first"``: K is read once, so that what the
     caller writes, e.g. prop's stash, stays in L2 for the next launch)."""
     offs_g = tl.arange(0, BLOCK_G)
@@ -60,12 +81,11 @@ def tile_scores(
     q_rows = b.to(tl.int64) * stride_qb + (kvh * G + offs_g).to(tl.int64) * stride_qh
     q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)
     k_rows, k_ok = row_offsets(b, offs_n, mask_n, kvh, bt_ptr, stride_bt, n_pages, stride_kb, stride_kn, stride_kh, PAGED, PAGE_SIZE)
-    k = tl.load(k_ptr + k_rows[:, None] + offs_d[None, :], mask=k_ok[:, None] & mask_d[None, :], other=0.0,
-                eviction_policy=K_EVICTION)
+    k = load_cache_rows(k_ptr, k_rows, k_ok, offs_d, mask_d, q.dtype, K_EVICTION)  # an fp8 cache: converted exactly
     if IEEE_DOT:
         s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
     else:
-        s = tl.dot(q.to(k.dtype), tl.trans(k))
+        s = tl.dot(q, tl.trans(k))
     s = s * qk_scale
     s = tl.where(k_ok[None, :] | ~mask_n[None, :], s, float("nan"))
     return tl.where(mask_n[None, :], s, -float("inf"))

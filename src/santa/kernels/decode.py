@@ -26,6 +26,7 @@ import torch
 from santa.checks import integer
 from santa.kernels.plan import (
     DTYPES,
+    FP8,
     HAVE_TRITON,
     KERNELS,
     KV_LAYOUTS,
@@ -57,16 +58,59 @@ def use_triton(device: torch.device) -> bool:
     return device.type == "cuda" or (device.type == "cpu" and kernels_on_cpu())
 
 
-def _check_float_tensor(name: str, x: object, dims: int, shape_doc: str) -> torch.Tensor:
+def _check_float_tensor(name: str, x: object, dims: int, shape_doc: str, dtypes: tuple = DTYPES) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor {shape_doc}, got {type(x).__name__}")
-    if x.dtype not in DTYPES:
-        raise TypeError(f"{name} must be float16, bfloat16 or float32, got {x.dtype}")
+    if x.dtype not in dtypes:
+        allowed = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        fp8_hint = (": only e4m3 fp8 caches are supported (vLLM's kv_cache_dtype='fp8' / 'fp8_e4m3')"
+                    if FP8 in dtypes and x.dtype.is_floating_point and x.dtype.itemsize == 1 else "")
+        raise TypeError(f"{name} must be one of {allowed}, got {x.dtype}{fp8_hint}")
     if x.dim() != dims:
         raise ValueError(f"{name} must have shape {shape_doc} ({dims} dims), got {tuple(x.shape)}")
     if x.shape[-1] > 0 and x.stride(-1) != 1:
         raise ValueError(f"{name} must be contiguous in its last (head_dim) dimension, got strides {x.stride()}")
     return x
+
+
+def _check_cache_tensor(name: str, x: object, dims: int, shape_doc: str) -> torch.Tensor:
+    """A K or V cache: float16, bfloat16, float32 or float8_e4m3fn (other fp8 formats are refused by name)."""
+    return _check_float_tensor(name, x, dims, shape_doc, dtypes=(*DTYPES, FP8))
+
+
+def checked_cache_scales(k_scale, v_scale, *, kv_dtype: torch.dtype, kv_heads: int, device: torch.device,
+                         check_values: bool) -> tuple:
+    """``(k_scale, v_scale)`` as the kernels take them: floats, or float32 tensors ``[H_kv]`` on ``device``.
+    An fp8 cache's scale defaults to 1.0; other caches take none (ValueError). A wrong type is a
+    TypeError, a bad shape, device or value a ValueError, each naming the argument; tensor values
+    (finite, > 0) are read only when ``check_values`` (a host sync on CUDA)."""
+    result = []
+    for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if kv_dtype != FP8:
+            if value is not None:
+                raise ValueError(f"{name} dequantises a float8_e4m3fn cache; these caches are {kv_dtype}: pass {name}=None")
+            result.append(1.0)
+            continue
+        if value is None:
+            result.append(1.0)
+        elif isinstance(value, torch.Tensor):
+            if value.dtype != torch.float32 or value.shape != (kv_heads,):
+                raise ValueError(f"{name} as a tensor must be float32 [H_kv={kv_heads}] (one scale per KV head), "
+                                 f"got {value.dtype} {tuple(value.shape)}: pass a float for one scale")
+            if value.device != device:
+                raise ValueError(f"{name} is on {value.device} but the caches are on {device}")
+            if kv_heads > 1 and value.stride(0) != 1:
+                raise ValueError(f"{name} must be contiguous, got stride {value.stride(0)}")
+            if check_values and not bool(((value > 0) & value.isfinite()).all()):
+                raise ValueError(f"{name} must hold finite scales > 0, got {value.tolist()}")
+            result.append(value)
+        elif isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a float or a float32 tensor [H_kv], got {type(value).__name__} {value!r}")
+        elif not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a finite scale > 0, got {value!r}")
+        else:
+            result.append(float(value))
+    return tuple(result)
 
 
 def _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts):
@@ -78,15 +122,16 @@ def _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_lay
         raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
     if kv_layout == "HND":
         cache_doc = "[pages, H_kv, page_size, d]" if paged else "[B, H_kv, L_max, d]"
-    k_cache = _check_float_tensor("k_cache", k_cache, 4, cache_doc)
-    v_cache = _check_float_tensor("v_cache", v_cache, 4, cache_doc)
+    k_cache = _check_cache_tensor("k_cache", k_cache, 4, cache_doc)
+    v_cache = _check_cache_tensor("v_cache", v_cache, 4, cache_doc)
     budget = check_budget_for_kernels(budget)
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache and v_cache must have the same shape, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    if not (q.dtype == k_cache.dtype == v_cache.dtype):
-        raise TypeError(f"q, k_cache and v_cache must share one dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if k_cache.dtype != v_cache.dtype or (k_cache.dtype != FP8 and q.dtype != k_cache.dtype):
+        raise TypeError(f"q, k_cache and v_cache must share one dtype, or the caches both be float8_e4m3fn, "
+                        f"got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
     device = q.device
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"q, k_cache and v_cache must be on the CPU or a CUDA device, got {device}")
@@ -177,7 +222,7 @@ def make_workspace(
     q = _check_float_tensor("q", q, 3, "[B, H, d]")
     if kv_layout not in KV_LAYOUTS:
         raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
-    k_cache = _check_float_tensor("k_cache", k_cache, 4, "[B or pages, L, H_kv, d]")
+    k_cache = _check_cache_tensor("k_cache", k_cache, 4, "[B or pages, L, H_kv, d]")
     if block_table is not None and (not isinstance(block_table, torch.Tensor) or block_table.dim() != 2):
         raise TypeError("block_table must be an int32 tensor [B, max_pages]")
     batch, heads, dim = q.shape
@@ -189,13 +234,15 @@ def make_workspace(
 _PLANS: OrderedDict[tuple, DecodePlan] = OrderedDict()
 
 
-def _cached_plan(batch, heads, kv_heads, dim, n_keys, budget, dtype, device, kernel, kv_layout, page_size, scale) -> DecodePlan:
+def _cached_plan(batch, heads, kv_heads, dim, n_keys, budget, dtype, device, kernel, kv_layout, page_size, scale,
+                 kv_dtype) -> DecodePlan:
     """One plan per call shape for eager calls (its launches and, unless given, its workspace)."""
-    key = (batch, heads, kv_heads, dim, n_keys, budget, dtype, device, kernel, kv_layout, page_size, scale)
+    key = (batch, heads, kv_heads, dim, n_keys, budget, dtype, device, kernel, kv_layout, page_size, scale, kv_dtype)
     plan = _PLANS.get(key)
     if plan is None:
         plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget,
-                           dtype=dtype, device=device, kernel=kernel, kv_layout=kv_layout, page_size=page_size, scale=scale)
+                           dtype=dtype, device=device, kernel=kernel, kv_layout=kv_layout, page_size=page_size, scale=scale,
+                           kv_dtype=kv_dtype)
         while len(_PLANS) >= _PLAN_CACHE_SIZE:
             _PLANS.popitem(last=False)
         _PLANS[key] = plan
@@ -211,6 +258,7 @@ class _Call:
     budget: int
     kernel: str  # "prop" or "flash"
     n_keys: int
+    kv_heads: int
     page_size: int  # 1 for a contiguous cache
     workspace_key: WorkspaceKey
     plan: DecodePlan | None  # None: the torch fallback
@@ -265,8 +313,8 @@ def _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, 
     plan = None
     if use_triton(q.device):
         plan = _cached_plan(batch, heads, kv_heads, dim, n_keys, budget, q.dtype, q.device, kernel, kv_layout,
-                            page_size if paged else None, None if scale is None else float(scale))
-    call = _Call(budget=budget, kernel=kernel, n_keys=n_keys, page_size=page_size,
+                            page_size if paged else None, None if scale is None else float(scale), k_cache.dtype)
+    call = _Call(budget=budget, kernel=kernel, n_keys=n_keys, kv_heads=kv_heads, page_size=page_size,
                  workspace_key=_workspace_key(kernel, batch, heads, dim, n_keys, budget, q.device), plan=plan,
                  host_checks=plan is None or q.device.type == "cpu")
     if sig is not None:
@@ -293,6 +341,8 @@ def decode(
     workspace: Workspace | None = None,
     return_counts: bool = False,
     check: bool | None = None,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sampled attention for one new token per sequence: ``ô = (1/S) Σ_j c_j v_j`` (prop).
 
@@ -301,7 +351,8 @@ def decode(
         ``[B, H_kv, L_max, d]``), or paged ``[pages, page_size, H_kv, d]`` (HND:
         ``[pages, H_kv, page_size, d]``) with ``block_table`` int32 ``[B, max_pages]``: key j of
         sequence b is row ``j % page_size`` of page ``block_table[b, j // page_size]``
-        (FlashInfer's convention). Same dtype as q; H must be a multiple of H_kv (GQA).
+        (FlashInfer's convention). Same dtype as q, or both ``torch.float8_e4m3fn`` (fp8 caches, with
+        k_scale / v_scale); H must be a multiple of H_kv (GQA).
     budget: S samples per head, 1 ≤ S ≤ 2**20 (S > n is legal: counts repeat).
     kernel: ``"prop"`` (exact global systematic sampling: S²ANTA-sys over the whole sequence, two
         launches), ``"flash"`` (``⌈S/T⌉`` systematic samples per tile of 128 keys, 64 for d > 128,
@@ -323,11 +374,19 @@ def decode(
         synchronisation there) and in the torch fallback; on CUDA only with ``check=True``.
         Unchecked, the kernels still never read outside the cache for a bad value: a bad length or
         page id gives NaN for the sequences or heads it touches.
+    k_scale, v_scale: an fp8 cache's dequantisation scales (its values are ``cache.float() * scale``),
+        each a float or a float32 tensor ``[H_kv]`` (one per KV head) on the caches' device; default
+        1.0, as vLLM's. Scores and sampling are computed in fp32 from the dequantised K, V rows are
+        scaled as they are gathered: the counts are those of the same call on the dequantised caches,
+        up to float32 rounding. Only for float8_e4m3fn caches (ValueError otherwise).
     Returns out, or ``(out, counts)``. Non-finite input: see the module docstring.
 
     Under ``torch.compile`` the call is one custom op (:mod:`santa.kernels.ops`): see :func:`_decode_compiled`.
     """
     if torch.compiler.is_compiling():
+        if k_scale is not None or v_scale is not None or getattr(k_cache, "dtype", None) == FP8:
+            raise TypeError("fp8 caches (and k_scale / v_scale) are not supported under torch.compile yet: "
+                            "call santa.decode eagerly, or plan_decode(kv_dtype=torch.float8_e4m3fn).run in a CUDA graph")
         return _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset,
                                 out, workspace, return_counts, check)
     _check_seed_and_offset(seed, offset)
@@ -336,22 +395,29 @@ def decode(
     if check is not None and not isinstance(check, bool):
         raise TypeError(f"check must be a bool or None, got {type(check).__name__}")
     # the torch fallback has no in-kernel guards, and on the CPU a check costs no synchronisation
-    if check or call.host_checks:
+    host_checks = bool(check or call.host_checks)
+    if k_scale is None and v_scale is None and k_cache.dtype != FP8:
+        k_scale = v_scale = 1.0
+    else:
+        k_scale, v_scale = checked_cache_scales(k_scale, v_scale, kv_dtype=k_cache.dtype, kv_heads=call.kv_heads,
+                                                device=q.device, check_values=host_checks)
+    if host_checks:
         _check_tables(seq_lens, block_table, n_keys=call.n_keys, page_size=call.page_size, n_pages=k_cache.shape[0])
     if workspace is not None:
         check_workspace(workspace, call.workspace_key)
     if call.plan is None:
         return _decode_reference(q, k_cache, v_cache, call.budget, call.kernel, seq_lens, block_table, kv_layout, scale,
-                                 seed, offset, out, return_counts)
+                                 seed, offset, out, return_counts, k_scale, v_scale)
     counts = torch.zeros(q.shape[0], q.shape[1], call.n_keys, dtype=torch.int32, device=q.device) if return_counts else None
     out = call.plan.run(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
-                        out=out, counts=counts, workspace=workspace)
+                        out=out, counts=counts, workspace=workspace, k_scale=k_scale, v_scale=v_scale)
     return (out, counts) if return_counts else out
 
 
-def _decode_reference(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out, return_counts):
+def _decode_reference(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out, return_counts,
+                      k_scale, v_scale):
     result, counts = torch_decode(kernel, q, k_cache, v_cache, budget, seq_lens=seq_lens, block_table=block_table,
-                                  kv_layout=kv_layout, scale=scale, seed=seed, offset=offset)
+                                  kv_layout=kv_layout, scale=scale, seed=seed, offset=offset, k_scale=k_scale, v_scale=v_scale)
     if out is not None:
         out.copy_(result)
         result = out

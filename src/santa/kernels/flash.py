@@ -17,7 +17,9 @@ import triton.language as tl
 
 from santa.kernels._common import (
     LOG2E,
+    cache_scale,
     checked_seq_len,
+    load_cache_rows,
     load_offset,
     philox_uniform,
     row_offsets,
@@ -31,12 +33,13 @@ from santa.kernels.plan import workspace_strides
 @triton.jit(do_not_specialize=["seed", "offset", "budget"])
 def _flash_partial_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, partial_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, offset_ptr,
-    seed, offset, budget, n_keys, n_pages, n_kv_heads,
+    k_scale_ptr, v_scale_ptr, seed, offset, budget, n_keys, n_pages, n_kv_heads,
     stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
-    stride_part, stride_stats, stride_counts, qk_scale,
+    stride_part, stride_stats, stride_counts, qk_scale, k_scale, v_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, IEEE_DOT: tl.constexpr,
-    OFFSET_IN_MEMORY: tl.constexpr, RETURN_COUNTS: tl.constexpr,
+    OFFSET_IN_MEMORY: tl.constexpr, RETURN_COUNTS: tl.constexpr, K_SCALE_PER_HEAD: tl.constexpr,
+    V_SCALE_PER_HEAD: tl.constexpr,
 ):
     t = tl.program_id(0)
     pid_bk = tl.program_id(1)
@@ -47,7 +50,8 @@ def _flash_partial_kernel(
     if start < seq_len:
         s = tile_scores(
             q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len, n_pages,
-            stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale,
+            stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh,
+            qk_scale * cache_scale(k_scale, k_scale_ptr, kvh, K_SCALE_PER_HEAD),  # q·(s_k k) = s_k (q·k)
             G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, "",
         )  # [BLOCK_G, BLOCK_N], log2 units
         m, u, poisoned_mass = tile_softmax_stats(s)  # ℓ_t NaN on a row with NaN/+inf scores
@@ -78,7 +82,7 @@ def _flash_partial_kernel(
         pos = start + offs_n
         needed = (tl.max(counts, axis=0) > 0) & (pos < seq_len)  # one V read serves every head of the group
         v_rows, v_ok = row_offsets(b, pos, needed, kvh, bt_ptr, stride_bt, n_pages, stride_vb, stride_vn, stride_vh, PAGED, PAGE_SIZE)
-        v = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :], mask=v_ok[:, None] & mask_d[None, :], other=0.0)
+        v = load_cache_rows(v_ptr, v_rows, v_ok, offs_d, mask_d, q_ptr.dtype.element_ty, "")  # fp8: exact in q's dtype
         if IEEE_DOT:
             o = tl.dot(counts.to(tl.float32), v.to(tl.float32), input_precision="ieee")
         else:
@@ -86,6 +90,7 @@ def _flash_partial_kernel(
             c_lo = (counts % 256).to(v.dtype)
             c_hi = (counts // 256).to(v.dtype)
             o = tl.dot(c_lo, v) + 256.0 * tl.dot(c_hi, v)
+        o = o * cache_scale(v_scale, v_scale_ptr, kvh, V_SCALE_PER_HEAD)  # Σ c_j (s_v v_j) = s_v Σ c_j v_j
         part_rows = rows.to(tl.int64) * stride_part + t
         tl.store(partial_ptr + part_rows[:, None] * BLOCK_D + offs_d[None, :], o, mask=mask_g[:, None])
         tl.store(tile_max_ptr + rows * stride_stats + t, m, mask=mask_g)
@@ -140,7 +145,8 @@ def _flash_merge_kernel(
     tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, result.to(out_ptr.dtype.element_ty), mask=offs_d < D)
 
 
-def flash_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool) -> list:
+def flash_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool, k_scale_per_head: bool = False,
+                    v_scale_per_head: bool = False) -> list:
     """flash's two launches for a :class:`santa.kernels.plan.DecodePlan`: ``[(name, Launcher)]``; each
     call's other arguments come by kernel name from ``DecodePlan._arguments``."""
     shape = plan.shape
@@ -152,8 +158,8 @@ def flash_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_
                        fixed=dict(stats_fixed, n_kv_heads=shape.kv_heads, qk_scale=qk_scale), meta=dict(
         G=plan.group, D=shape.head_dim, BLOCK_G=plan.block_g, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
         PAGED=paged, PAGE_SIZE=shape.page_size or 1, HAS_SEQ_LENS=has_seq_lens, IEEE_DOT=plan.ieee_dot,
-        OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts,
-        num_warps=8 if shape.head_dim > 128 else 4, num_stages=1,
+        OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts, K_SCALE_PER_HEAD=k_scale_per_head,
+        V_SCALE_PER_HEAD=v_scale_per_head, num_warps=8 if shape.head_dim > 128 else 4, num_stages=1,
     ))
     merge = Launcher(_flash_merge_kernel, grid=(shape.batch * shape.heads,),
                      fixed=dict(stats_fixed, n_heads=shape.heads, tiles_max=plan.tiles), meta=dict(

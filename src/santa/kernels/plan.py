@@ -37,6 +37,7 @@ KERNELS = ("prop", "flash", "auto")
 KV_LAYOUTS = ("NHD", "HND")
 TILE_SEARCHES = ("scan", "bisect")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FP8 = torch.float8_e4m3fn  # the fp8 KV-cache dtype the kernels read (vLLM's "fp8" / "fp8_e4m3"), with scales
 LOG2E = 1.4426950408889634
 ALIGN = 256  # bytes; every workspace region starts on this boundary
 # triton is imported only when a kernel runs, so that importing santa never fixes Triton's mode
@@ -235,8 +236,9 @@ class DecodeShape:
     n_keys: int  # keys addressable per sequence: L_max, or max_pages · page_size
     page_size: int | None  # paged cache when set
     kv_layout: str
-    dtype: torch.dtype
+    dtype: torch.dtype  # q's and out's
     device: str
+    kv_dtype: torch.dtype  # the caches': ``dtype``, or float8_e4m3fn (dequantised with k_scale / v_scale)
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -319,11 +321,26 @@ def check_tables(seq_lens, block_table, *, n_keys: int, page_size: int, n_pages:
                              f"(sequence {b} uses its first {int(used_pages[b])} pages)")
 
 
+def dequantised(cache: torch.Tensor, scale, kv_layout: str) -> torch.Tensor:
+    """An fp8 cache as float32 values ``cache.float() * scale`` (scale: a float or a per-KV-head tensor);
+    any other cache as it is."""
+    if cache.dtype != FP8:
+        return cache
+    if isinstance(scale, torch.Tensor):
+        head_axis = 2 if kv_layout == "NHD" else 1
+        shape = [1, 1, 1, 1]
+        shape[head_axis] = -1
+        return cache.float() * scale.to(cache.device, torch.float32).reshape(shape)
+    return cache.float() * float(scale)
+
+
 def torch_decode(kernel: str, q, k_cache, v_cache, budget: int, *, seq_lens, block_table, kv_layout: str, scale,
-                 seed: int, offset) -> tuple[torch.Tensor, torch.Tensor]:
-    """The torch fallback of a decode call: what the kernels compute, as ``(out in q's dtype, counts int32)``."""
+                 seed: int, offset, k_scale=1.0, v_scale=1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch fallback of a decode call: what the kernels compute, as ``(out in q's dtype, counts int32)``
+    (fp8 caches dequantised first, as the kernels dequantise what they read)."""
     if isinstance(offset, torch.Tensor):
         offset = int(offset.item())
+    k_cache, v_cache = dequantised(k_cache, k_scale, kv_layout), dequantised(v_cache, v_scale, kv_layout)
     kwargs = dict(seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout, scale=scale, seed=int(seed), offset=int(offset))
     if kernel == "prop":
         result, counts = reference.prop_reference(q, k_cache, v_cache, budget, **kwargs)
@@ -378,6 +395,7 @@ def plan_decode(
     budget: int,
     dtype: torch.dtype,
     device: torch.device | str,
+    kv_dtype: torch.dtype | None = None,
     kernel: str = "prop",
     kv_layout: str = "NHD",
     page_size: int | None = None,
@@ -392,6 +410,10 @@ def plan_decode(
         ``max_pages · page_size`` of a paged one (``page_size`` set; ``n_keys`` a multiple of it).
     budget: S samples per head, 1 ≤ S ≤ 2**20. kernel: ``"prop"``, ``"flash"`` or ``"auto"`` (prop).
     kv_layout: ``"NHD"`` or ``"HND"``. scale: score scale (default ``1/√d``).
+    dtype: q's (and the output's) dtype. kv_dtype: the caches' dtype: ``dtype`` (the default) or
+        ``torch.float8_e4m3fn``, whose values ``run`` dequantises as ``cache.float() * scale`` with its
+        ``k_scale`` / ``v_scale`` (scores and sampling in fp32 from the dequantised K; V rows scaled as
+        they are gathered).
     device: ``"cpu"`` or a CUDA device (``"cuda"``, ``"cuda:1"``, a torch.device) of this machine. On the
         CPU, ``run`` does what :func:`santa.decode` does for CPU tensors (see the module docstring).
     tuning: prop's launch parameters. workspace: reuse one made for exactly this shape.
@@ -412,6 +434,10 @@ def plan_decode(
         raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {kv_layout!r}")
     if dtype not in DTYPES:
         raise TypeError(f"dtype must be float16, bfloat16 or float32, got {dtype}")
+    kv_dtype = dtype if kv_dtype is None else kv_dtype
+    if kv_dtype not in (dtype, FP8):
+        raise TypeError(f"kv_dtype must be q's dtype ({dtype}) or torch.float8_e4m3fn, got {kv_dtype}"
+                        + (" (float8_e5m2 caches are not supported: store K/V as float8_e4m3fn)" if kv_dtype == torch.float8_e5m2 else ""))
     if page_size is not None:
         page_size = _positive_int("page_size", page_size)
         if n_keys % page_size:
@@ -420,7 +446,7 @@ def plan_decode(
         raise TypeError(f"scale must be a finite float or None, got {scale!r}")
     tuning = checked_tuning(tuning)
     device = resolve_device(device)
-    shape = DecodeShape(batch, heads, kv_heads, head_dim, n_keys, page_size, kv_layout, dtype, str(device))
+    shape = DecodeShape(batch, heads, kv_heads, head_dim, n_keys, page_size, kv_layout, dtype, str(device), kv_dtype)
     key = WorkspaceKey.of(kernel=kernel, batch=batch, heads=heads, head_dim=head_dim, n_keys=n_keys, budget=budget,
                           device=str(device), tuning=tuning)
     if workspace is not None:
@@ -476,29 +502,36 @@ class DecodePlan:
             self._workspace = Workspace.zeros(self.workspace_key)
         return self._workspace
 
-    def _stage_launchers(self, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool) -> tuple:
-        flags = (has_seq_lens, offset_in_memory, return_counts)
+    def _stage_launchers(self, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool, k_scale_per_head: bool,
+                         v_scale_per_head: bool) -> tuple:
+        flags = (has_seq_lens, offset_in_memory, return_counts, k_scale_per_head, v_scale_per_head)
         stages = self._launchers.get(flags)
         if stages is None:
             if self.kernel == "prop":
                 from santa.kernels.prop import prop_launchers as make
             else:
                 from santa.kernels.flash import flash_launchers as make
-            stages = make(self, has_seq_lens=has_seq_lens, offset_in_memory=offset_in_memory, return_counts=return_counts)
+            stages = make(self, has_seq_lens=has_seq_lens, offset_in_memory=offset_in_memory, return_counts=return_counts,
+                          k_scale_per_head=k_scale_per_head, v_scale_per_head=v_scale_per_head)
             self._launchers[flags] = stages
         return stages
 
+    def _launchers_for(self, seq_lens, offset, counts, k_scale, v_scale) -> tuple:
+        return self._stage_launchers(
+            has_seq_lens=seq_lens is not None, offset_in_memory=isinstance(offset, torch.Tensor), return_counts=counts is not None,
+            k_scale_per_head=isinstance(k_scale, torch.Tensor), v_scale_per_head=isinstance(v_scale, torch.Tensor),
+        )
+
     def stages(self, q, k_cache, v_cache, *, seq_lens=None, block_table=None, seed: int = 0, offset=0, out=None,
-               counts=None, workspace: Workspace | None = None) -> list:
+               counts=None, workspace: Workspace | None = None, k_scale=1.0, v_scale=1.0) -> list:
         """The call's launches as ``[(name, zero-argument callable)]`` in order (benchmarks time them one by one).
         A CPU plan has launches only under Triton's interpreter (:func:`kernels_on_cpu`), else a ValueError."""
         if self.on_cpu and not kernels_on_cpu():
             raise ValueError("stages() times the Triton kernels: this CPU plan runs the torch fallback "
                              "(plan for a CUDA device, or set TRITON_INTERPRET=1 before the kernels are imported)")
-        launchers = self._stage_launchers(
-            has_seq_lens=seq_lens is not None, offset_in_memory=isinstance(offset, torch.Tensor), return_counts=counts is not None
-        )
-        key, args, tensors = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace)
+        launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale)
+        key, args, tensors = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace,
+                                             k_scale, v_scale)
 
         def launch(launcher):
             with _on_device(self.cuda_index):
@@ -506,12 +539,14 @@ class DecodePlan:
 
         return [(name, lambda launcher=launcher: launch(launcher)) for name, launcher in launchers]
 
-    def _arguments(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace) -> tuple:
+    def _arguments(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace, k_scale,
+                   v_scale) -> tuple:
         """(key, args, tensors) of one call: the launches' varying arguments by kernel name, pointers
         as ints (one dict for every launch of the plan); ``key``, everything Triton's specialisation
         of them can depend on that may change between calls of one plan (pointer alignment, strides,
         the pool size, 32- or 64-bit Philox words; the workspace is 256-byte aligned, its strides
-        fixed by its key); ``tensors()``, the pointer arguments as tensors, for the JIT's first call."""
+        fixed by its key); ``tensors()``, the pointer arguments as tensors, for the JIT's first call.
+        A scale is a float (passed as the scalar) or a per-KV-head float32 tensor (passed as a pointer)."""
         ws = self.workspace if workspace is None else workspace
         q_ptr, k_ptr, v_ptr, out_ptr = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr()
         q_strides, out_strides, k_strides, v_strides = q.stride(), out.stride(), k_cache.stride(), v_cache.stride()
@@ -520,16 +555,22 @@ class DecodePlan:
         counts_ptr, stride_counts = (q_ptr, 0) if counts is None else (counts.data_ptr(), counts.stride(1))
         offset_tensor = offset if isinstance(offset, torch.Tensor) else None
         offset_ptr, offset = (q_ptr, int(offset)) if offset_tensor is None else (offset_tensor.data_ptr(), 0)
+        k_scale_tensor = k_scale if isinstance(k_scale, torch.Tensor) else None
+        v_scale_tensor = v_scale if isinstance(v_scale, torch.Tensor) else None
+        k_scale_ptr, k_scale = (q_ptr, float(k_scale)) if k_scale_tensor is None else (k_scale_tensor.data_ptr(), 1.0)
+        v_scale_ptr, v_scale = (q_ptr, float(v_scale)) if v_scale_tensor is None else (v_scale_tensor.data_ptr(), 1.0)
         seed, n_pages = int(seed), k_cache.shape[0]
         kb, kn, kh = (k_strides[0], k_strides[1], k_strides[2]) if self.shape.kv_layout == "NHD" else (k_strides[0], k_strides[2], k_strides[1])
         vb, vn, vh = (v_strides[0], v_strides[1], v_strides[2]) if self.shape.kv_layout == "NHD" else (v_strides[0], v_strides[2], v_strides[1])
         key = (
             q_ptr & 15, k_ptr & 15, v_ptr & 15, out_ptr & 15, seq_lens_ptr & 15, bt_ptr & 15, counts_ptr & 15, offset_ptr & 15,
-            q_strides, out_strides, k_strides, v_strides, stride_bt, stride_counts, n_pages, seed < 2**31, offset < 2**31,
+            k_scale_ptr & 15, v_scale_ptr & 15, q_strides, out_strides, k_strides, v_strides, stride_bt, stride_counts, n_pages,
+            seed < 2**31, offset < 2**31,
         )
         args = dict(
             ws.pointers, q_ptr=q_ptr, k_ptr=k_ptr, v_ptr=v_ptr, out_ptr=out_ptr, seq_lens_ptr=seq_lens_ptr, bt_ptr=bt_ptr,
-            counts_ptr=counts_ptr, offset_ptr=offset_ptr, seed=seed, offset=offset, n_pages=n_pages,
+            counts_ptr=counts_ptr, offset_ptr=offset_ptr, k_scale_ptr=k_scale_ptr, v_scale_ptr=v_scale_ptr, seed=seed,
+            offset=offset, n_pages=n_pages, k_scale=k_scale, v_scale=v_scale,
             stride_qb=q_strides[0], stride_qh=q_strides[1], stride_ob=out_strides[0], stride_oh=out_strides[1],
             stride_kb=kb, stride_kn=kn, stride_kh=kh, stride_vb=vb, stride_vn=vn, stride_vh=vh,
             stride_bt=stride_bt, stride_counts=stride_counts,
@@ -537,51 +578,52 @@ class DecodePlan:
 
         def tensors() -> dict:
             given = dict(q_ptr=q, k_ptr=k_cache, v_ptr=v_cache, out_ptr=out, seq_lens_ptr=seq_lens, bt_ptr=block_table,
-                         counts_ptr=counts, offset_ptr=offset_tensor)
+                         counts_ptr=counts, offset_ptr=offset_tensor, k_scale_ptr=k_scale_tensor, v_scale_ptr=v_scale_tensor)
             return {**ws.tensors(), **{name: (q if x is None else x) for name, x in given.items()}}
 
         return key, args, tensors
 
     def run(self, q, k_cache, v_cache, *, seq_lens=None, block_table=None, seed: int = 0, offset=0, out=None, counts=None,
-            workspace: Workspace | None = None) -> torch.Tensor:
+            workspace: Workspace | None = None, k_scale=1.0, v_scale=1.0) -> torch.Tensor:
         """One decode step: ``out [B, H, d]`` (allocated when not given; pass it for graph capture).
 
-        q ``[B, H, d]``; caches in the planned layout (paged: ``block_table`` int32 ``[B, max_pages]``);
-        seq_lens int32 ``[B]`` (default: every sequence holds n_keys keys); seed, offset: Philox key
-        and counter (offset may be a one-element int64 device tensor); counts: an int32
-        ``[B, H, n_keys]`` zero tensor to receive per-key sample counts; workspace: one made for this
-        plan's shape (default: the plan's own). Only seed and offset are checked (TypeError for a
-        wrong type, ValueError out of range); the tensors are not. The kernels run on the plan's
-        device (its current stream), whichever device is current. A CPU plan runs the torch fallback
-        unless :func:`kernels_on_cpu` (TRITON_INTERPRET=1): as :func:`santa.decode` on the CPU, it
-        then checks seq_lens and block_table (ValueError naming a bad entry).
+        q ``[B, H, d]``; caches in the planned layout and ``kv_dtype`` (paged: ``block_table`` int32
+        ``[B, max_pages]``); seq_lens int32 ``[B]`` (default: every sequence holds n_keys keys); seed,
+        offset: Philox key and counter (offset may be a one-element int64 device tensor); counts: an
+        int32 ``[B, H, n_keys]`` zero tensor to receive per-key sample counts; workspace: one made for
+        this plan's shape (default: the plan's own); k_scale, v_scale: an fp8 cache's dequantisation
+        scales, each a float or a float32 tensor ``[H_kv]`` on the device (1.0 for other caches). Only
+        seed and offset are checked (TypeError for a wrong type, ValueError out of range); the tensors
+        and scales are not. The kernels run on the plan's device (its current stream), whichever device
+        is current. A CPU plan runs the torch fallback unless :func:`kernels_on_cpu`
+        (TRITON_INTERPRET=1): as :func:`santa.decode` on the CPU, it then checks seq_lens and
+        block_table (ValueError naming a bad entry).
         """
         check_seed_and_offset(seed, offset)
         if self.on_cpu and not kernels_on_cpu():
-            return self._run_torch(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts)
+            return self._run_torch(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, k_scale, v_scale)
         index = self.cuda_index
         if index is not None and torch.cuda.current_device() != index:
             with torch.cuda.device(index):
                 return self.run(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
-                                out=out, counts=counts, workspace=workspace)
+                                out=out, counts=counts, workspace=workspace, k_scale=k_scale, v_scale=v_scale)
         if out is None:
             out = torch.empty_like(q)
-        launchers = self._stage_launchers(
-            has_seq_lens=seq_lens is not None, offset_in_memory=isinstance(offset, torch.Tensor), return_counts=counts is not None
-        )
-        key, args, tensors = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace)
+        launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale)
+        key, args, tensors = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace,
+                                             k_scale, v_scale)
         stream = _launch.current_stream(index)
         for _, launcher in launchers:
             launcher(key, args, tensors, stream)
         return out
 
-    def _run_torch(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts) -> torch.Tensor:
+    def _run_torch(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, k_scale, v_scale) -> torch.Tensor:
         """The CPU fallback: the torch reference of the plan's kernel, written into ``out`` (and ``counts``)."""
         check_tables(seq_lens, block_table, n_keys=self.shape.n_keys, page_size=self.shape.page_size or 1,
                      n_pages=k_cache.shape[0])
         result, sampled = torch_decode(self.kernel, q, k_cache, v_cache, self.budget, seq_lens=seq_lens,
                                        block_table=block_table, kv_layout=self.shape.kv_layout, scale=self.scale,
-                                       seed=seed, offset=offset)
+                                       seed=seed, offset=offset, k_scale=k_scale, v_scale=v_scale)
         if counts is not None:
             counts.copy_(sampled)
         if out is None:

@@ -23,7 +23,9 @@ from triton.language.extra.cuda import gdc_wait
 
 from santa.kernels._common import (
     LOG2E,
+    cache_scale,
     checked_seq_len,
+    load_cache_rows,
     load_offset,
     philox_uniform,
     row_offsets,
@@ -61,21 +63,22 @@ def _prop_tile(
 
 @triton.jit
 def _prop_scores_kernel(
-    q_ptr, k_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr,
+    q_ptr, k_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, k_scale_ptr,
     n_keys, n_pages, n_kv_heads, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh,
-    stride_stash, stride_stats, qk_scale,
+    stride_stash, stride_stats, qk_scale, k_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, IEEE_DOT: tl.constexpr,
-    K_EVICTION: tl.constexpr,
+    K_EVICTION: tl.constexpr, K_SCALE_PER_HEAD: tl.constexpr,
 ):
     t = tl.program_id(0)
     pid_bk = tl.program_id(1)
     b = pid_bk // n_kv_heads
     kvh = pid_bk % n_kv_heads
     seq_len, _ = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
+    score_scale = qk_scale * cache_scale(k_scale, k_scale_ptr, kvh, K_SCALE_PER_HEAD)  # q·(s_k k) = s_k (q·k)
     _prop_tile(
         q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, n_pages, n_kv_heads,
-        stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, qk_scale,
+        stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, score_scale,
         G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, K_EVICTION,
     )
 
@@ -201,7 +204,7 @@ def _discard_stash_lines(stash_ptr, row, stride_stash, line_lo, line_hi, LINES: 
 @triton.jit
 def _prop_chunk(
     v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
-    pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, budget, tiles_max,
+    pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, v_scale, budget, tiles_max,
     stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
     SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
@@ -245,8 +248,8 @@ def _prop_chunk(
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
     v_rows, v_ok = row_offsets(b, key, ok, kvh, bt_ptr, stride_bt, n_pages, stride_vb, stride_vn, stride_vh, PAGED, PAGE_SIZE)
-    vals = tl.load(v_ptr + v_rows[:, None] + offs_d[None, :], mask=v_ok[:, None] & mask_d[None, :], other=0.0)
-    acc = tl.sum(vals.to(tl.float32), axis=0)  # Σ over this chunk's samples of v_{J_m} (non-finite if a sampled row is)
+    vals = load_cache_rows(v_ptr, v_rows, v_ok, offs_d, mask_d, tl.float32, "")
+    acc = tl.sum(vals, axis=0) * v_scale  # Σ over this chunk's samples of v_{J_m} (non-finite if a sampled row is)
     if RETURN_COUNTS:
         tl.atomic_add(counts_ptr + row.to(tl.int64) * stride_counts + key, 1, mask=ok)
 
@@ -294,14 +297,14 @@ def _prop_chunk(
 @triton.jit(do_not_specialize=["seed", "offset", "budget"])
 def _prop_gather_kernel(
     v_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr,
-    out_ptr, counts_ptr, offset_ptr,
-    seed, offset, budget, n_keys, n_pages, n_heads, tiles_max,
+    out_ptr, counts_ptr, offset_ptr, v_scale_ptr,
+    seed, offset, budget, n_keys, n_pages, n_heads, tiles_max, v_scale,
     stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
     G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
     SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
     BISECT: tl.constexpr, LOG_T: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, OFFSET_IN_MEMORY: tl.constexpr,
-    RETURN_COUNTS: tl.constexpr, USE_PDL: tl.constexpr, DISCARD: tl.constexpr,
+    RETURN_COUNTS: tl.constexpr, USE_PDL: tl.constexpr, DISCARD: tl.constexpr, V_SCALE_PER_HEAD: tl.constexpr,
 ):
     pid_s = tl.program_id(0)
     row = tl.program_id(1)  # b·H + h
@@ -315,14 +318,15 @@ def _prop_gather_kernel(
         gdc_wait()  # launched early (programmatic dependent launch): wait for pass 1's writes here
     _prop_chunk(
         v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
-        pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, budget, tiles_max,
-        stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
+        pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, cache_scale(v_scale, v_scale_ptr, kvh, V_SCALE_PER_HEAD),
+        budget, tiles_max, stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
         D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, N_CHUNKS, CHUNK_BLOCK, ONE_CHUNK_T, BISECT, LOG_T,
         PAGED, PAGE_SIZE, RETURN_COUNTS, "", DISCARD,
     )
 
 
-def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool) -> list:
+def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool, k_scale_per_head: bool = False,
+                   v_scale_per_head: bool = False) -> list:
     """prop's two launches for a :class:`santa.kernels.plan.DecodePlan`: ``[(name, Launcher)]``; each
     call's other arguments come by kernel name from ``DecodePlan._arguments``."""
     shape, tuning = plan.shape, plan.tuning
@@ -339,13 +343,14 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
                   stride_stash=stride_stash, stride_stats=stride_stats)
     pass1 = Launcher(_prop_scores_kernel, grid=(plan.tiles, shape.batch * shape.kv_heads), fixed=fixed1, meta=dict(
         common, BLOCK_G=plan.block_g, IEEE_DOT=plan.ieee_dot, K_EVICTION="evict_first" if plan.k_evict_first else "",
+        K_SCALE_PER_HEAD=k_scale_per_head,
         num_warps=tuning.warps_pass1 or (8 if shape.head_dim > 128 else 4), num_stages=tuning.stages_pass1 or 1,
     ))
     pass2 = Launcher(_prop_gather_kernel, grid=(n_chunks, shape.batch * shape.heads), fixed=fixed2, meta=dict(
         common, BLOCK_T=block_t, SBLOCK=sblock, N_CHUNKS=n_chunks, CHUNK_BLOCK=min(32, triton.next_power_of_2(n_chunks)),
         ONE_CHUNK_T=plan.tiles <= block_t, BISECT=prop_tile_search(plan.tiles, tuning) == "bisect",
         LOG_T=max(1, plan.tiles.bit_length()), OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts, USE_PDL=plan.pdl,
-        DISCARD=prop_discard_mode(n_chunks) if plan.discard_stash else 0,
+        DISCARD=prop_discard_mode(n_chunks) if plan.discard_stash else 0, V_SCALE_PER_HEAD=v_scale_per_head,
         # 8 warps up to 256 tiles (32k: 31.2 vs 34.5 µs), 4 beyond (128k: 95.1 with 8 vs 86.7 with 4; H200, 2026-11-29)
         num_warps=tuning.warps_pass2 or (8 if plan.tiles <= 256 else 4), num_stages=1, launch_pdl=plan.pdl,
     ))
