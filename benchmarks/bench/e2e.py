@@ -70,6 +70,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-graph", action="store_true", help="time eager steps only (CPU)")
     p.add_argument("--device", type=cliargs.device, default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
+                   help="the KV cache: the model's dtype, or e4m3 with per-KV-head scales (santa reads it directly, "
+                        "flashinfer decodes it as fp8, sdpa attends its dequantised copy)")
     p.add_argument("--seed", type=cliargs.seed, default=0, help="seed of the random weights, caches and sampler, in [0, 2**63)")
     p.add_argument("--out", type=cliargs.output_folder, default=os.environ.get("OUT", "runs/e2e"), help="folder for e2e.json and e2e.png")
     args = p.parse_args(argv)
@@ -87,10 +90,11 @@ def largest_case_bytes(args: argparse.Namespace) -> int:
     """Bytes of the model's weights and the KV cache of the largest (batch, prompt) case, from the config alone."""
     a = CONFIGS[args.config]
     size = getattr(torch, args.dtype).itemsize
+    cache_size = 1 if args.kv_cache_dtype == "fp8" else size
     layer = 2 * a.dim * a.dim + 2 * a.dim * a.n_kv_head * a.head_dim + 3 * a.dim * a.intermediate_size
     weights = (a.vocab_size * a.dim * (1 if a.tie_embeddings else 2) + a.n_layer * layer) * size
     positions = max(args.prompts) + args.warmup + args.new_tokens + 1
-    return weights + 2 * a.n_layer * max(args.batches) * positions * a.n_kv_head * a.head_dim * size
+    return weights + 2 * a.n_layer * max(args.batches) * positions * a.n_kv_head * a.head_dim * cache_size
 
 
 def device_memory(device: str) -> int:
@@ -126,7 +130,8 @@ class FlashInferDecode:
         if self.max_len % page_size:
             raise ValueError(f"cache length {self.max_len} is not a multiple of page_size {page_size}")
         self.page_size, self.pages_per_seq = page_size, self.max_len // page_size
-        self.n_head, self.dtype, device = model.args.n_head, cache.k_cache.dtype, cache.k_cache.device
+        self.n_head, self.dtype, device = model.args.n_head, model.output.weight.dtype, cache.k_cache.device
+        self.kv_dtype, self.group = cache.k_cache.dtype, model.args.n_head // model.args.n_kv_head
         self.workspace = torch.zeros(256 << 20, dtype=torch.uint8, device=device)
         self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
             self.workspace, kv_layout="NHD", use_cuda_graph=True, use_tensor_cores=use_tensor_cores,
@@ -149,7 +154,7 @@ class FlashInferDecode:
         indices = self.all_pages[:, :n_pages].reshape(-1)
         self.wrapper.plan(
             indptr, indices, last, self.n_head, self.n_kv_head, self.head_dim, self.page_size,
-            q_data_type=self.dtype, kv_data_type=self.dtype,
+            q_data_type=self.dtype, kv_data_type=self.kv_dtype,
         )
 
     def run(self, q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
@@ -158,8 +163,15 @@ class FlashInferDecode:
         return self.wrapper.run(q, (k_cache.view(pages), v_cache.view(pages)))
 
     def attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext, layer: int) -> Tensor:
-        """The ``flashinfer`` backend, as santa.model calls a plugged-in attention."""
-        return self.run(q, k_cache, v_cache)
+        """The ``flashinfer`` backend, as santa.model calls a plugged-in attention. On an fp8 cache with
+        per-KV-head scales (FlashInfer takes one scale per call) q's heads are multiplied by their K scale
+        and the output's by their V scale: ``q·(s_k k) = (s_k q)·k``, ``Σ p (s_v v) = s_v Σ p v``."""
+        k_scale, v_scale = ctx.kv_scales[layer] if ctx.kv_scales else (1.0, 1.0)
+        if not isinstance(k_scale, Tensor):
+            return self.run(q, k_cache, v_cache)
+        per_head = (-1, self.n_head, 1)
+        out = self.run(q * k_scale.repeat_interleave(self.group).view(per_head).to(q.dtype), k_cache, v_cache)
+        return out * v_scale.repeat_interleave(self.group).view(per_head).to(out.dtype)
 
 
 def no_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext, layer: int) -> Tensor:
@@ -213,9 +225,9 @@ def weight_bytes(model: Transformer) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def kv_bytes(model: Transformer, batch: int, max_len: int) -> int:
+def kv_bytes(model: Transformer, batch: int, max_len: int, element_size: int) -> int:
     a = model.args
-    return 2 * a.n_layer * batch * max_len * a.n_kv_head * a.head_dim * model.output.weight.element_size()
+    return 2 * a.n_layer * batch * max_len * a.n_kv_head * a.head_dim * element_size
 
 
 @torch.inference_mode()
@@ -234,11 +246,22 @@ def time_prefill(model: Transformer, prompt: int, device: torch.device, seed: in
 
 
 def fill_random(model: Transformer, seed: int) -> None:
-    """Random K/V everywhere in the caches (stands in for the prefill's K/V)."""
+    """Random K/V everywhere in the caches (stands in for the prefill's K/V); an fp8 cache holds them
+    quantised with per-KV-head scales, as a prefill would write them."""
+    from santa.model import per_head_scale, quantise
+
     torch.manual_seed(seed)
     for layer in model.layers:
-        layer.attention.kv_cache.k_cache.normal_()
-        layer.attention.kv_cache.v_cache.normal_()
+        kv = layer.attention.kv_cache
+        if not kv.fp8:
+            kv.k_cache.normal_()
+            kv.v_cache.normal_()
+            continue
+        for cache, scale in ((kv.k_cache, kv.k_scale), (kv.v_cache, kv.v_scale)):
+            values = torch.randn(cache.shape, device=cache.device)
+            scale.copy_(per_head_scale(values))
+            cache.view(torch.uint8).copy_(quantise(values, scale).view(torch.uint8))
+            del values
 
 
 def attention_check(model: Transformer, ctx, prompt: int, device: torch.device, seed: int,
@@ -248,15 +271,16 @@ def attention_check(model: Transformer, ctx, prompt: int, device: torch.device, 
     cache = attn.kv_cache
     batch = cache.k_cache.shape[0]
     gen = torch.Generator(device=device).manual_seed(seed + 7)
-    q = torch.randn(batch, model.args.n_head, model.args.head_dim, device=device, generator=gen).to(cache.k_cache.dtype)
+    q = torch.randn(batch, model.args.n_head, model.args.head_dim, device=device, generator=gen).to(model.output.weight.dtype)
     pos = torch.tensor([prompt], device=device)
     ctx.prepare(pos)
     if flashinfer is not None:
         flashinfer.plan(prompt + 1)
     out = attn.decode(q, cache.k_cache, cache.v_cache, ctx).float()
     n = prompt + 1
-    k = cache.k_cache[:, :n].float().transpose(1, 2)  # [B, H_kv, n, d]
-    v = cache.v_cache[:, :n].float().transpose(1, 2)
+    k_values, v_values = cache.dequantised(torch.float32)
+    k = k_values[:, :n].float().transpose(1, 2)  # [B, H_kv, n, d]
+    v = v_values[:, :n].float().transpose(1, 2)
     with sdpa_context(["math"]) if device.type == "cuda" else contextlib.nullcontext():
         ref = torch.nn.functional.scaled_dot_product_attention(q.float().unsqueeze(2), k, v, enable_gqa=True).squeeze(2)
     return float((out - ref).norm() / ref.norm())
@@ -266,7 +290,8 @@ def probe_sdpa(model: Transformer, ctx, prompt: int, names: list[str], row: dict
     """The first SDPA backend in ``names`` that runs layer 0's decode call (recorded in ``row``)."""
     attn = model.layers[0].attention
     cache = attn.kv_cache
-    q = torch.randn(cache.k_cache.shape[0], model.args.n_head, model.args.head_dim, device=cache.k_cache.device, dtype=cache.k_cache.dtype)
+    q = torch.randn(cache.k_cache.shape[0], model.args.n_head, model.args.head_dim, device=cache.k_cache.device,
+                    dtype=model.output.weight.dtype)
     failures = {}
     for name in names:
         try:
@@ -441,7 +466,8 @@ def summarise(rows: list[dict], model: Transformer, prompt: int, batch: int) -> 
         if b not in by:
             continue
         r = by[b]
-        s_bytes = kv_speedup_from_bytes(b, prompt, r["budget"], a.n_head // a.n_kv_head, a.head_dim, model.output.weight.element_size())
+        s_bytes = kv_speedup_from_bytes(b, prompt, r["budget"], a.n_head // a.n_kv_head, a.head_dim,
+                                        model.layers[0].attention.kv_cache.k_cache.element_size())
         attn_dense = dense[best] - out["weights_only_ms"]
         attn_santa = r["ms_per_token"] - out["weights_only_ms"]
         out[b] = {
@@ -543,12 +569,12 @@ def main(argv: list[str] | None = None) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
                 free = torch.cuda.mem_get_info(device)[0]
-                need = kv_bytes(model, batch, max_len) + (6 << 30)
+                need = kv_bytes(model, batch, max_len, 1 if args.kv_cache_dtype == "fp8" else dtype.itemsize) + (6 << 30)
                 if need > free:
                     for backend in args.backends:
                         report["runs"].append({"prompt": prompt, "batch": batch, "backend": backend, "skipped": f"needs {need / 2**30:.0f} GiB, {free / 2**30:.0f} free"})
                     continue
-            max_len = model.setup_caches(batch, max_len)
+            max_len = model.setup_caches(batch, max_len, kv_cache_dtype=args.kv_cache_dtype)
             fill_random(model, args.seed)
             for backend in args.backends:
                 t = time.perf_counter()

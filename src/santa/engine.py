@@ -131,11 +131,13 @@ def sync(device: torch.device) -> None:
 
 
 @torch.inference_mode()
-def prefill(model: santa.model.Transformer, token_lists: list[list[int]], max_new_tokens: int) -> Prefilled:
-    """Set up caches for ``B = len(token_lists)`` prompts plus ``max_new_tokens`` and prefill them densely (timed)."""
+def prefill(model: santa.model.Transformer, token_lists: list[list[int]], max_new_tokens: int, *,
+            kv_cache_dtype: str | torch.dtype | None = None) -> Prefilled:
+    """Set up caches for ``B = len(token_lists)`` prompts plus ``max_new_tokens`` and prefill them densely (timed).
+    kv_cache_dtype: the cache's dtype (None: the model's; ``"fp8"``: :meth:`santa.model.Transformer.setup_caches`)."""
     device = model.output.weight.device
     padded, lengths = santa.model.pad_prompts(token_lists, vocab_size=model.args.vocab_size, device=device)  # [B, T], [B]
-    model.setup_caches(padded.shape[0], padded.shape[1] + max_new_tokens)
+    model.setup_caches(padded.shape[0], padded.shape[1] + max_new_tokens, kv_cache_dtype=kv_cache_dtype)
     sync(device)
     start = time.perf_counter()
     first = santa.model.prefill(model, padded, lengths=lengths)  # [B, 1]

@@ -84,8 +84,37 @@ CONFIGS = {
 }
 
 
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # kv_cache_dtype by name, as vLLM spells them
+
+
+def resolve_kv_cache_dtype(kv_cache_dtype: object, model_dtype: torch.dtype) -> torch.dtype:
+    """The KV cache's dtype: ``None`` / ``"auto"`` → the model's; ``"fp8"`` / ``"fp8_e4m3"`` /
+    ``torch.float8_e4m3fn`` → e4m3 with per-KV-head scales; the model's own dtype as a torch dtype.
+    e5m2 and other dtypes: ValueError naming ``kv_cache_dtype``."""
+    if kv_cache_dtype is None or kv_cache_dtype == "auto":
+        return model_dtype
+    if kv_cache_dtype in ("fp8", "fp8_e4m3", FP8):
+        return FP8
+    if kv_cache_dtype == model_dtype:
+        return model_dtype
+    if isinstance(kv_cache_dtype, str) or isinstance(kv_cache_dtype, torch.dtype):
+        raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, torch.float8_e4m3fn or the model's dtype "
+                         f"{model_dtype}, got {kv_cache_dtype!r}" + (": only e4m3 fp8 caches are supported"
+                                                                    if "e5m2" in str(kv_cache_dtype) else ""))
+    raise TypeError(f"kv_cache_dtype must be a str or torch.dtype, got {type(kv_cache_dtype).__name__} {kv_cache_dtype!r}")
+
+
 class KVCache(nn.Module):
-    """Static K/V of every sequence, NHD: ``[B, L_max, H_kv, d]`` (what santa's kernels read)."""
+    """Static K/V of every sequence, NHD: ``[B, L_max, H_kv, d]`` (what santa's kernels read).
+
+    An fp8 cache (``dtype=torch.float8_e4m3fn``) holds ``K / k_scale`` rounded to e4m3, with one float32
+    scale per KV head (``k_scale``, ``v_scale`` ``[H_kv]``): calibrated on every prefill write as
+    ``amax / 448`` over that block (pad tokens included), so the prompt fits exactly; later decode
+    writes that exceed it saturate at ±448 · scale. The prefill attends the block's fresh K/V in the
+    model dtype; decode steps read the fp8 cache.
+    """
 
     def __init__(self, batch: int, max_len: int, n_kv_head: int, head_dim: int, dtype: torch.dtype, device=None):
         super().__init__()
@@ -93,17 +122,55 @@ class KVCache(nn.Module):
         self.register_buffer("k_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("rows", torch.arange(batch, device=device), persistent=False)
+        self.fp8 = dtype == FP8
+        if self.fp8:
+            self.register_buffer("k_scale", torch.ones(n_kv_head, dtype=torch.float32, device=device), persistent=False)
+            self.register_buffer("v_scale", torch.ones(n_kv_head, dtype=torch.float32, device=device), persistent=False)
 
     def update(self, input_pos: Tensor, k_val: Tensor, v_val: Tensor) -> tuple[Tensor, Tensor]:
         # k_val: [B, T, H_kv, d]. T > 1: input_pos [T], shared by the batch (prefill);
         # T = 1: input_pos [B] (or [1]), sequence b writes at its own position input_pos[b].
+        if self.fp8:
+            if k_val.shape[1] > 1:  # a prefill block: calibrate the scales on it (in place: graphs keep their pointers)
+                self.k_scale.copy_(per_head_scale(k_val))
+                self.v_scale.copy_(per_head_scale(v_val))
+            k_val, v_val = quantise(k_val, self.k_scale), quantise(v_val, self.v_scale)
+        # an fp8 cache is written through uint8 views of the same bytes (torch's indexed copies lack fp8 on the CPU)
+        as_stored = (lambda t: t.view(torch.uint8)) if self.fp8 else (lambda t: t)
+        k_cache, v_cache, k_val, v_val = as_stored(self.k_cache), as_stored(self.v_cache), as_stored(k_val), as_stored(v_val)
         if k_val.shape[1] == 1:
-            self.k_cache.index_put_((self.rows, input_pos), k_val[:, 0])
-            self.v_cache.index_put_((self.rows, input_pos), v_val[:, 0])
+            k_cache.index_put_((self.rows, input_pos), k_val[:, 0])
+            v_cache.index_put_((self.rows, input_pos), v_val[:, 0])
         else:
-            self.k_cache.index_copy_(1, input_pos, k_val)
-            self.v_cache.index_copy_(1, input_pos, v_val)
+            k_cache.index_copy_(1, input_pos, k_val)
+            v_cache.index_copy_(1, input_pos, v_val)
         return self.k_cache, self.v_cache
+
+    def scales(self) -> tuple[Tensor | float, Tensor | float]:
+        """``(k_scale, v_scale)`` as santa's kernels take them (1.0 for a cache that is not fp8)."""
+        return (self.k_scale, self.v_scale) if self.fp8 else (1.0, 1.0)
+
+    def dequantised(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """The caches' values in ``dtype`` (a copy for an fp8 cache: ``cache.float() * scale``)."""
+        if not self.fp8:
+            return self.k_cache, self.v_cache
+        return (dequantise(self.k_cache, self.k_scale).to(dtype), dequantise(self.v_cache, self.v_scale).to(dtype))
+
+
+def per_head_scale(x: Tensor) -> Tensor:
+    """float32 ``[H_kv]``: ``amax / 448`` of ``x [B, T, H_kv, d]`` per KV head (1.0 for an all-zero head)."""
+    amax = x.detach().abs().amax(dim=(0, 1, 3)).float()
+    return torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+
+
+def quantise(x: Tensor, scale: Tensor) -> Tensor:
+    """``x [B, T, H_kv, d] / scale`` (per KV head), saturated to ±448 and rounded to e4m3."""
+    return (x.float() / scale.view(1, 1, -1, 1)).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def dequantise(cache: Tensor, scale: Tensor) -> Tensor:
+    """An fp8 cache's float32 values ``cache.float() * scale`` (per KV head)."""
+    return cache.float() * scale.view(1, 1, -1, 1)
 
 
 def visibility_bias(seq_lens: Tensor, max_len: int, dtype: torch.dtype) -> Tensor:
@@ -127,6 +194,8 @@ class DecodeContext:
         (:func:`santa.rng.model_reference_generator`).
     attention: a plugged-in attention ``(q [B, H, d], k_cache, v_cache, ctx, layer) → [B, H, d]``
         that replaces the backend's in every decode step (benchmarks), or None.
+    kv_scales: per layer, the cache's ``(k_scale, v_scale)`` (float32 ``[H_kv]`` device tensors for an fp8
+        cache, 1.0 otherwise), for a plugged-in attention that reads an fp8 cache.
     """
 
     backend: str
@@ -140,6 +209,7 @@ class DecodeContext:
     santa_impl: str = "auto"  # "auto" / "kernels": santa.kernels.decode; "torch": santa.kernels.reference
     generators: list[torch.Generator] | None = None
     attention: Callable[[Tensor, Tensor, Tensor, DecodeContext, int], Tensor] | None = None
+    kv_scales: list[tuple[Tensor | float, Tensor | float]] | None = None  # per layer (k_scale, v_scale): an fp8 cache's
 
     def prepare(self, input_pos: Tensor) -> None:
         """Make key ``input_pos[b]`` visible to sequence b: ``seq_lens = input_pos + 1``. input_pos: [B] or [1]."""
@@ -172,7 +242,7 @@ def plan_kernel(backend: str, q: Tensor, k_cache: Tensor, budget: int) -> santa_
     batch, heads, head_dim = q.shape
     return santa_kernels.plan_decode(
         batch=batch, heads=heads, kv_heads=k_cache.shape[2], head_dim=head_dim, n_keys=k_cache.shape[1], budget=budget,
-        dtype=q.dtype, device=q.device, kernel=backend.removeprefix("santa-"),
+        dtype=q.dtype, device=q.device, kernel=backend.removeprefix("santa-"), kv_dtype=k_cache.dtype,
     )
 
 
@@ -213,7 +283,7 @@ def make_context(
     if cache is None:
         raise ValueError("model has no KV cache: call model.setup_caches(batch, max_len) before make_context")
     batch, max_len = cache.k_cache.shape[:2]
-    device, dtype = cache.k_cache.device, cache.k_cache.dtype
+    device, dtype = cache.k_cache.device, model.output.weight.dtype  # q's dtype (the cache may be fp8)
     seq_lens = checked_prompt_len(prompt_len, batch, max_len).to(device)
     ctx = DecodeContext(
         backend=backend,
@@ -224,6 +294,7 @@ def make_context(
         offset=torch.zeros(1, dtype=torch.int64, device=device),
         santa_impl=santa_impl,
         attention=attention,
+        kv_scales=[layer.attention.kv_cache.scales() for layer in model.layers],
     )
     if backend == "sdpa":
         ctx.attn_bias = visibility_bias(ctx.seq_lens, max_len, dtype)
@@ -354,13 +425,16 @@ class Attention(nn.Module):
 
     def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext) -> Tensor:
         # q: [B, H, d] contiguous; caches [B, L_max, H_kv, d]; sequence b sees its first seq_lens[b] keys → [B, H, d]
+        if ctx.attention is not None:  # a plugged-in attention reads the cache as stored (fp8 scales: ctx.kv_scales)
+            return ctx.attention(q, k_cache, v_cache, ctx, self.layer_id)
+        kernels = ctx.backend.startswith("santa-") and _santa_kernels(ctx.santa_impl) is not None
+        if self.kv_cache.fp8 and not kernels:  # the other paths attend the dequantised values
+            k_cache, v_cache = self.kv_cache.dequantised(q.dtype)
         if ctx.backend == "sdpa":
             y = F.scaled_dot_product_attention(
                 q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), attn_mask=ctx.attn_bias, enable_gqa=True
             )  # [B, H, 1, d]
             return y.squeeze(2)
-        if ctx.attention is not None:
-            return ctx.attention(q, k_cache, v_cache, ctx, self.layer_id)
         if ctx.backend in REFERENCE_BACKENDS:
             visible = torch.arange(k_cache.shape[1], device=q.device) < ctx.seq_lens.unsqueeze(-1)  # [B, L_max]
             y = sampled_attention(
@@ -369,14 +443,16 @@ class Attention(nn.Module):
             )  # [B, H, 1, d]
             return y.squeeze(2)
         seed = rng.model_kernel_key(ctx.seed, self.layer_id)
-        if _santa_kernels(ctx.santa_impl) is None:  # reads the offset on the host: eager only
+        if not kernels:  # reads the offset on the host: eager only
             kernel = ctx.backend.removeprefix("santa-")
             kwargs = {"tile": santa_kernels.flash_tile(q.shape[-1])} if kernel == "flash" else {}
             ref = reference.prop_reference if kernel == "prop" else reference.flash_reference
             return ref(q, k_cache, v_cache, ctx.budget_of(self.layer_id), seq_lens=ctx.seq_lens, seed=seed,
                        offset=int(ctx.offset), **kwargs)[0]
         # launches only (no validation, no host sync): the offset is a device tensor, so a captured graph advances it
-        return ctx.plan_of(self.layer_id, q, k_cache).run(q, k_cache, v_cache, seq_lens=ctx.seq_lens, seed=seed, offset=ctx.offset)
+        k_scale, v_scale = self.kv_cache.scales()
+        return ctx.plan_of(self.layer_id, q, k_cache).run(q, k_cache, v_cache, seq_lens=ctx.seq_lens, seed=seed, offset=ctx.offset,
+                                                          k_scale=k_scale, v_scale=v_scale)
 
 
 class FeedForward(nn.Module):
@@ -416,19 +492,23 @@ class Transformer(nn.Module):
         self.rope_cos: Tensor | None = None
         self.rope_sin: Tensor | None = None  # signed: [−sin_half, sin_half]
 
-    def setup_caches(self, batch: int, max_len: int) -> int:
+    def setup_caches(self, batch: int, max_len: int, *, kv_cache_dtype: str | torch.dtype | None = None) -> int:
         """Allocate every layer's static cache; returns the cache length (rounded up to 256).
 
         batch ≥ 1 sequences; max_len in [1, MAX_POSITIONS] positions (int32 on the device).
+        kv_cache_dtype: ``None`` / ``"auto"`` (the model's dtype) or ``"fp8"`` / ``"fp8_e4m3"`` /
+        ``torch.float8_e4m3fn``: an e4m3 cache with per-KV-head scales calibrated on each prefill
+        (:class:`KVCache`); santa's kernels read it directly, the other backends dequantise it.
         """
         batch = integer("batch", batch, low=1)
         max_len = integer("max_len", max_len, low=1, high=MAX_POSITIONS + 1)
         max_len = -(-max_len // CACHE_ALIGN) * CACHE_ALIGN
         weight = self.output.weight
+        cache_dtype = resolve_kv_cache_dtype(kv_cache_dtype, weight.dtype)
         for layer in self.layers:
             layer.attention.kv_cache = None  # free the old cache before the new one
         for layer in self.layers:
-            layer.attention.kv_cache = KVCache(batch, max_len, self.args.n_kv_head, self.args.head_dim, weight.dtype, weight.device)
+            layer.attention.kv_cache = KVCache(batch, max_len, self.args.n_kv_head, self.args.head_dim, cache_dtype, weight.device)
         cos, sin = rope_tables(self.args, max_len, weight.device)
         self.rope_cos, self.rope_sin = cos, signed_sin(sin)
         return max_len
@@ -668,6 +748,7 @@ def generate(
     santa_impl: str = "auto",
     stop_tokens: Iterable[int] = (),
     cuda_graph: bool | None = None,
+    kv_cache_dtype: str | torch.dtype | None = None,
 ) -> list[Tensor]:
     """Greedy batched generation: prompts of any lengths (see :func:`pad_prompts`) → one int64 1-D
     tensor of new tokens per prompt, ``max_new_tokens`` long or ending at its first stop token.
@@ -679,7 +760,8 @@ def generate(
     1-D int tensor or array) of token ids, ints in ``[0, vocab_size)``; ``()`` for none (a bare
     int, a string or None is refused: wrap one id as ``[id]``). cuda_graph: None or a bool:
     replay the decode step from one CUDA graph (default: on CUDA whenever the backend is
-    capturable, i.e. not a reference backend or santa_impl="torch").
+    capturable, i.e. not a reference backend or santa_impl="torch"). kv_cache_dtype: the cache's
+    dtype, ``None`` for the model's or ``"fp8"`` (:meth:`Transformer.setup_caches`).
 
     Integers may be Python or numpy ints; the wrong type (a float, a string, a bool) is a
     TypeError, a bad value a ValueError, both naming the argument.
@@ -699,7 +781,7 @@ def generate(
     padded, lengths = pad_prompts(prompts, vocab_size=model.args.vocab_size, device=device)  # [B, T_max], [B]
     if padded.shape[1] + max_new_tokens > MAX_POSITIONS:
         raise ValueError(f"max_new_tokens must keep prompt + new tokens ≤ {MAX_POSITIONS}, got {padded.shape[1]} + {max_new_tokens}")
-    model.setup_caches(padded.shape[0], padded.shape[1] + max_new_tokens)
+    model.setup_caches(padded.shape[0], padded.shape[1] + max_new_tokens, kv_cache_dtype=kv_cache_dtype)
     ctx = make_context(model, backend, prompt_len=lengths, budget=budget, seed=seed, santa_impl=santa_impl,
                        layer_budgets=layer_budgets)
     token = prefill(model, padded, lengths=lengths)  # [B, 1]
