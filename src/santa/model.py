@@ -154,7 +154,7 @@ class KVCache(nn.Module):
         """The caches' values in ``dtype`` (a copy for an fp8 cache: ``cache.float() * scale``)."""
         if not self.fp8:
             return self.k_cache, self.v_cache
-        return (dequantise(self.k_cache, self.k_scale).to(dtype), dequantise(self.v_cache, self.v_scale).to(dtype))
+        return dequantise(self.k_cache, self.k_scale).to(dtype), dequantise(self.v_cache, self.v_scale).to(dtype)
 
 
 def per_head_scale(x: Tensor) -> Tensor:
@@ -168,9 +168,9 @@ def quantise(x: Tensor, scale: Tensor) -> Tensor:
     return (x.float() / scale.view(1, 1, -1, 1)).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
 
 
-def dequantise(cache: Tensor, scale: Tensor) -> Tensor:
-    """An fp8 cache's float32 values ``cache.float() * scale`` (per KV head)."""
-    return cache.float() * scale.view(1, 1, -1, 1)
+def dequantise(cache: Tensor, scale: Tensor | float) -> Tensor:
+    """An fp8 cache's float32 values ``cache.float() * scale`` (per KV head, or one float)."""
+    return cache.float() * (scale.view(1, 1, -1, 1) if isinstance(scale, Tensor) else scale)
 
 
 def visibility_bias(seq_lens: Tensor, max_len: int, dtype: torch.dtype) -> Tensor:
@@ -428,8 +428,9 @@ class Attention(nn.Module):
         if ctx.attention is not None:  # a plugged-in attention reads the cache as stored (fp8 scales: ctx.kv_scales)
             return ctx.attention(q, k_cache, v_cache, ctx, self.layer_id)
         kernels = ctx.backend.startswith("santa-") and _santa_kernels(ctx.santa_impl) is not None
-        if self.kv_cache.fp8 and not kernels:  # the other paths attend the dequantised values
-            k_cache, v_cache = self.kv_cache.dequantised(q.dtype)
+        k_scale, v_scale = (1.0, 1.0) if self.kv_cache is None else self.kv_cache.scales()
+        if k_cache.dtype == FP8 and not kernels:  # the other paths attend the dequantised values
+            k_cache, v_cache = dequantise(k_cache, k_scale).to(q.dtype), dequantise(v_cache, v_scale).to(q.dtype)
         if ctx.backend == "sdpa":
             y = F.scaled_dot_product_attention(
                 q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), attn_mask=ctx.attn_bias, enable_gqa=True
@@ -450,7 +451,6 @@ class Attention(nn.Module):
             return ref(q, k_cache, v_cache, ctx.budget_of(self.layer_id), seq_lens=ctx.seq_lens, seed=seed,
                        offset=int(ctx.offset), **kwargs)[0]
         # launches only (no validation, no host sync): the offset is a device tensor, so a captured graph advances it
-        k_scale, v_scale = self.kv_cache.scales()
         return ctx.plan_of(self.layer_id, q, k_cache).run(q, k_cache, v_cache, seq_lens=ctx.seq_lens, seed=seed, offset=ctx.offset,
                                                           k_scale=k_scale, v_scale=v_scale)
 
