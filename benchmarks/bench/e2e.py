@@ -352,7 +352,6 @@ def run_backend(model: Transformer, backend: str, batch: int, prompt: int, args:
     def reset():
         token.copy_(token0)
         input_pos.fill_(prompt)
-        ctx.offset.zero_()
         if ctx.attn_bias is not None:
             ctx.attn_bias[..., prompt:] = -math.inf
 

@@ -223,7 +223,6 @@ def teacher_forced(
             ref = reference[:, i]  # [B, V]
             kl[:, i] = (ref.exp() * (ref - lp)).sum(-1).clamp_min(0.0)
         input_pos.add_(1)
-        ctx.advance()
     sync(device)
     return TeacherForced(nll, kl, logprobs, time.perf_counter() - start)
 

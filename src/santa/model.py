@@ -185,9 +185,10 @@ class DecodeContext:
 
     seq_lens: int32 ``[B]``, keys visible to each sequence's new token (``input_pos + 1``).
     attn_bias: ``[B, 1, 1, L_max]`` in the model dtype, 0 on visible keys and −inf beyond (sdpa).
-    offset: int64 ``[1]``, the Philox counter of santa's kernels, advanced once per step; the
-        layer index goes into the key (:func:`santa.rng.model_kernel_key`), so every (layer, step)
-        draws fresh uniforms.
+    positions: int64 ``[B]``, each sequence's query position (``input_pos``, set by :meth:`prepare`):
+        with ``layer_keys`` (int64 ``[n_layer, B]``, :func:`santa.rng.model_kernel_key` per sequence)
+        the counter of santa's kernels, so a sequence draws by (seed, layer, head, position) whatever
+        its batch row, the cache's length or the steps taken (:mod:`santa.rng`).
     plans: the kernels' :class:`~santa.kernels.DecodePlan` per budget in use (each owns its
         workspace), planned by :func:`make_context` outside any CUDA graph.
     generators: one ``torch.Generator`` per layer (reference backends), seeded from (seed, layer)
@@ -204,7 +205,8 @@ class DecodeContext:
     budget: int = 128
     layer_budgets: dict[int, int] | None = None  # {layer: S} overriding ``budget`` there (santa tune budgets)
     seed: int = 0
-    offset: Tensor | None = None
+    positions: Tensor | None = None
+    layer_keys: Tensor | None = None
     plans: dict[int, santa_kernels.DecodePlan] | None = None  # the kernels' plan per budget in use
     santa_impl: str = "auto"  # "auto" / "kernels": santa.kernels.decode; "torch": santa.kernels.reference
     generators: list[torch.Generator] | None = None
@@ -212,14 +214,13 @@ class DecodeContext:
     kv_scales: list[tuple[Tensor | float, Tensor | float]] | None = None  # per layer (k_scale, v_scale): an fp8 cache's
 
     def prepare(self, input_pos: Tensor) -> None:
-        """Make key ``input_pos[b]`` visible to sequence b: ``seq_lens = input_pos + 1``. input_pos: [B] or [1]."""
+        """Make key ``input_pos[b]`` visible to sequence b: ``seq_lens = input_pos + 1``, ``positions =
+        input_pos``. input_pos: [B] or [1]."""
         self.seq_lens.copy_((input_pos + 1).to(torch.int32).expand_as(self.seq_lens))
+        if self.positions is not None:
+            self.positions.copy_(input_pos.expand_as(self.positions))
         if self.attn_bias is not None:
             self.attn_bias.copy_(visibility_bias(self.seq_lens, self.attn_bias.shape[-1], self.attn_bias.dtype))
-
-    def advance(self) -> None:
-        if self.offset is not None:
-            self.offset.add_(1)
 
     def budget_of(self, layer: int) -> int:
         """S in ``layer``: its entry of ``layer_budgets``, else ``budget``."""
@@ -291,7 +292,9 @@ def make_context(
         budget=budget,
         layer_budgets=layer_budgets,
         seed=seed,
-        offset=torch.zeros(1, dtype=torch.int64, device=device),
+        positions=(seq_lens.expand(batch) - 1).long().clone(),
+        layer_keys=torch.tensor([[rng.model_kernel_key(seed, layer)] * batch for layer in range(model.args.n_layer)],
+                                dtype=torch.int64, device=device),
         santa_impl=santa_impl,
         attention=attention,
         kv_scales=[layer.attention.kv_cache.scales() for layer in model.layers],
@@ -443,16 +446,16 @@ class Attention(nn.Module):
                 attn_mask=visible[:, None, None], enable_gqa=True, generator=ctx.generators[self.layer_id],
             )  # [B, H, 1, d]
             return y.squeeze(2)
-        seed = rng.model_kernel_key(ctx.seed, self.layer_id)
-        if not kernels:  # reads the offset on the host: eager only
+        keys = ctx.layer_keys[self.layer_id]  # [B]: each sequence's Philox key in this layer
+        if not kernels:  # reads the keys and positions on the host: eager only
             kernel = ctx.backend.removeprefix("santa-")
             kwargs = {"tile": santa_kernels.flash_tile(q.shape[-1])} if kernel == "flash" else {}
             ref = reference.prop_reference if kernel == "prop" else reference.flash_reference
-            return ref(q, k_cache, v_cache, ctx.budget_of(self.layer_id), seq_lens=ctx.seq_lens, seed=seed,
-                       offset=int(ctx.offset), **kwargs)[0]
-        # launches only (no validation, no host sync): the offset is a device tensor, so a captured graph advances it
-        return ctx.plan_of(self.layer_id, q, k_cache).run(q, k_cache, v_cache, seq_lens=ctx.seq_lens, seed=seed, offset=ctx.offset,
-                                                          k_scale=k_scale, v_scale=v_scale)
+            return ref(q, k_cache, v_cache, ctx.budget_of(self.layer_id), seq_lens=ctx.seq_lens, seed=keys,
+                       positions=ctx.positions, **kwargs)[0]
+        # launches only (no validation, no host sync): keys and positions are device tensors, so a captured graph follows them
+        return ctx.plan_of(self.layer_id, q, k_cache).run(q, k_cache, v_cache, seq_lens=ctx.seq_lens, seed=keys,
+                                                          positions=ctx.positions, k_scale=k_scale, v_scale=v_scale)
 
 
 class FeedForward(nn.Module):
@@ -675,16 +678,16 @@ def decode_step(model: Transformer, token: Tensor, input_pos: Tensor, ctx: Decod
     """One greedy step: ``token [B, 1]``, sequence b at position ``input_pos[b]`` (``[B]``, or ``[1]``
     shared) → next token ``[B, 1]``.
 
-    Device work only (no host sync), so it can be captured; the caller advances input_pos and
-    ctx.offset (:func:`advance`), inside the graph too.
+    Device work only (no host sync), so it can be captured; the caller advances input_pos
+    (:func:`advance`), inside the graph too.
     """
     ctx.prepare(input_pos)
     logits = model(token, input_pos, ctx)  # [B, 1, V]
     return logits[:, -1].argmax(-1, keepdim=True)
 
 
-def advance(token: Tensor, next_token: Tensor, input_pos: Tensor, ctx: DecodeContext, *, stop_tokens: Tensor | None = None, done: Tensor | None = None) -> None:
-    """``token ← next_token``, ``input_pos += 1``, Philox offset ``+= 1``: device work only (capturable).
+def advance(token: Tensor, next_token: Tensor, input_pos: Tensor, *, stop_tokens: Tensor | None = None, done: Tensor | None = None) -> None:
+    """``token ← next_token``, ``input_pos += 1``: device work only (capturable).
 
     With ``done`` (bool ``[B]``, input_pos ``[B]``) and ``stop_tokens`` (int64 ``[n_stop]``): a
     finished sequence keeps its token and position (it is no longer extended), and ``done`` gains
@@ -697,7 +700,6 @@ def advance(token: Tensor, next_token: Tensor, input_pos: Tensor, ctx: DecodeCon
     else:
         input_pos.add_(1)
     token.copy_(next_token)
-    ctx.advance()
 
 
 def greedy_step(model: Transformer, ctx: DecodeContext, token: Tensor, input_pos: Tensor, *, stop_tokens: Tensor | None = None,
@@ -707,14 +709,14 @@ def greedy_step(model: Transformer, ctx: DecodeContext, token: Tensor, input_pos
     :func:`advance`, in place, device work only, so one CUDA graph can hold it."""
 
     def step() -> None:
-        advance(token, decode_step(model, token, input_pos, ctx), input_pos, ctx, stop_tokens=stop_tokens, done=done)
+        advance(token, decode_step(model, token, input_pos, ctx), input_pos, stop_tokens=stop_tokens, done=done)
 
     return step
 
 
 def capturable(model: Transformer, backend: str, santa_impl: str = "auto") -> bool:
     """Whether the decode step of ``backend`` on ``model`` can be one CUDA graph: a CUDA model and a
-    capturable method (:data:`santa.methods.METHODS`; a plugged-in attention counts as capturable), not the kernels' torch reference (``santa_impl="torch"`` reads the offset on the host)."""
+    capturable method (:data:`santa.methods.METHODS`; a plugged-in attention counts as capturable), not the kernels' torch reference (``santa_impl="torch"`` reads the keys and positions on the host)."""
     method = by_model_backend(backend)  # None: a plugged-in attention (a benchmark's)
     if model.output.weight.device.type != "cuda" or (method is not None and not method.capturable):
         return False

@@ -13,9 +13,11 @@ arithmetic; re-keying a path is a change to that function alone):
   (seed, layer, n_keys, n_queries) — :func:`hf_reference_generator`.
 - santa.hf, kernels (prop/flash): Philox with key = seed and counter = a mix of (layer, n_keys),
   keyed on (seed, layer, n_keys) — :func:`hf_kernel_philox`.
-- santa.model, ``santa-*`` backends (kernels and their torch reference): Philox with key =
-  :func:`layer_key` and counter = the step counter ``DecodeContext.offset`` (+1 per step), keyed on
-  (seed, layer) + step — :func:`model_kernel_key`.
+- santa.model, ``santa-*`` backends (kernels and their torch reference): **request-keyed** — Philox
+  with key = :func:`model_kernel_key` (seed, layer), one per sequence, and counter = (the query's
+  position in its own sequence, query head, stream), keyed on (seed, layer, head, position, sample)
+  and on nothing else: not the batch row, the padding, the cache's allocated length or the steps
+  taken, so a prompt draws the same samples alone or batched.
 - santa.model, reference backends: one ``torch.Generator`` per layer seeded with :func:`layer_key`,
   advanced by every draw, keyed on (seed, layer) + the draws made so far —
   :func:`model_reference_generator`.
@@ -31,8 +33,15 @@ every seed is legal; for a given seed, santa.model's sampled backends (``santa-p
 ``santa-flash`` and the reference backends) now draw different samples than before. The hf paths
 are unchanged.
 
-Issue 26 will re-key every path on (seed, layer, head, absolute position, sample index); the four
-path functions above are the places to change.
+Request-keyed draws (issue 26). :func:`santa.decode` and ``DecodePlan.run`` take ``positions`` (int
+``[B]``) and a per-sequence key tensor ``seed`` (int64 ``[B]``); the counter of a draw is then
+``(position, head, stream)`` under key ``seed[b]`` (:func:`santa.kernels.reference.call_uniforms`
+reproduces it): stream 0 is prop's one offset U per (sequence, head), stream ``t + 1`` flash's for tile
+t. Without ``positions`` the counter stays ``(offset, b·H + h, stream)``, the low-level API for callers
+that key draws themselves. santa.model's kernel backends use the request-keyed form (behaviour change:
+for a given seed they draw other samples than before, and a batched prompt now draws what it draws
+alone). Still keyed the old way, to be moved next: santa.hf (both paths) and santa.model's reference
+backends (``iid``, ``stratified``, ``systematic``; their generators advance with every draw).
 """
 
 from __future__ import annotations

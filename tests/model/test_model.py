@@ -66,7 +66,8 @@ def variation(v, seq_lens, heads, start=0, stop=None):
 
 def decode_with(backend, impl, q, k, v, seq_lens, budget):
     attn = Transformer(ModelArgs(n_layer=1, n_head=q.shape[1], n_kv_head=k.shape[2], dim=q.shape[1] * q.shape[2], intermediate_size=8, vocab_size=8)).layers[0].attention
-    ctx = DecodeContext(backend=backend, seq_lens=seq_lens, budget=budget, offset=torch.zeros(1, dtype=torch.int64), santa_impl=impl)
+    ctx = DecodeContext(backend=backend, seq_lens=seq_lens, budget=budget, positions=seq_lens.long() - 1,
+                        layer_keys=torch.zeros(1, q.shape[0], dtype=torch.int64), santa_impl=impl)
     return attn.decode(q, k, v, ctx).double()
 
 
@@ -139,14 +140,12 @@ def test_stop_token_ends_its_sequence_and_leaves_the_others_running(tiny_transfo
 
 
 def test_advance_freezes_finished_sequences_and_marks_new_stops():
-    ctx = DecodeContext(backend="sdpa", seq_lens=torch.zeros(3, dtype=torch.int32), offset=torch.zeros(1, dtype=torch.int64))
     token, input_pos = torch.tensor([[7], [8], [9]]), torch.tensor([10, 20, 30])
     done = torch.tensor([True, False, False])
-    advance(token, torch.tensor([[1], [2], [3]]), input_pos, ctx, stop_tokens=torch.tensor([3, 5]), done=done)
+    advance(token, torch.tensor([[1], [2], [3]]), input_pos, stop_tokens=torch.tensor([3, 5]), done=done)
     assert token.flatten().tolist() == [7, 2, 3]
     assert input_pos.tolist() == [10, 21, 31]
     assert done.tolist() == [True, False, True]
-    assert int(ctx.offset) == 1
 
 
 @pytest.mark.parametrize("backend", ["santa-prop", "santa-flash"])
@@ -189,12 +188,12 @@ def test_santa_decode_of_the_model_equals_the_kernel_reference_on_its_cache(tiny
     # Under TRITON_INTERPRET=1 this runs the Triton kernel; its oracle is santa.kernels.reference.
     attn, q, cache, seq_lens = prefilled_layer(tiny_transformer, (5, 130, 40))
     ctx = make_context(tiny_transformer, f"santa-{kernel}", prompt_len=seq_lens, budget=16, seed=3)
-    ctx.offset.fill_(11)
     with torch.inference_mode():
         out = attn.decode(q, cache.k_cache, cache.v_cache, ctx)
     kwargs = {"tile": flash_tile(TINY.head_dim)} if kernel == "flash" else {}
     ref = prop_reference if kernel == "prop" else flash_reference
-    expected, _ = ref(q, cache.k_cache, cache.v_cache, 16, seq_lens=ctx.seq_lens, seed=rng.model_kernel_key(3, 0), offset=11, **kwargs)
+    keys = torch.full((3,), rng.model_kernel_key(3, 0))  # layer 0's key for every sequence, at its query's position
+    expected, _ = ref(q, cache.k_cache, cache.v_cache, 16, seq_lens=ctx.seq_lens, seed=keys, positions=seq_lens - 1, **kwargs)
     assert torch.allclose(out, expected, atol=1e-5, rtol=1e-5)
 
 

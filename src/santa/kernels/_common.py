@@ -121,6 +121,26 @@ def philox_uniform(seed, off_lo, off_hi, row, stream, SHAPE: tl.constexpr):
 
 
 @triton.jit
+def call_uniforms(seed, seeds_ptr, off_lo, off_hi, positions_ptr, b, n_heads, h, stream, SHAPE: tl.constexpr,
+                  SEED_PER_SEQUENCE: tl.constexpr, POSITIONAL: tl.constexpr):
+    """The uniforms of sequence b, heads ``h`` (a scalar or a block of SHAPE), ``stream``:
+    key ``seeds_ptr[b]`` (SEED_PER_SEQUENCE) or ``seed``; counter ``(positions_ptr[b], h, stream)``
+    (POSITIONAL: a draw does not depend on the batch row) or ``(offset, b·H + h, stream)``.
+    Reproduced by :func:`santa.kernels.reference.call_uniforms`."""
+    if SEED_PER_SEQUENCE:
+        key = tl.load(seeds_ptr + b)
+    else:
+        key = seed
+    if POSITIONAL:
+        pos = tl.load(positions_ptr + b).to(tl.int64)
+        lo = (pos & 0xFFFFFFFF).to(tl.uint32)
+        hi = ((pos >> 32) & 0xFFFFFFFF).to(tl.uint32)
+        return philox_uniform(key, lo, hi, h, stream, SHAPE)
+    else:
+        return philox_uniform(key, off_lo, off_hi, b * n_heads + h, stream, SHAPE)
+
+
+@triton.jit
 def load_offset(offset, offset_ptr, OFFSET_IN_MEMORY: tl.constexpr):
     """The call's Philox offset split into two uint32 halves (read from device memory for graph replay)."""
     if OFFSET_IN_MEMORY:

@@ -113,6 +113,29 @@ def checked_cache_scales(k_scale, v_scale, *, kv_dtype: torch.dtype, kv_heads: i
     return tuple(result)
 
 
+def check_request_keys(seed, offset, positions, *, batch: int, device: torch.device, check_values: bool) -> None:
+    """Per-sequence keys and positions (request-keyed draws): ``seed`` an int or an int64 tensor ``[B]``
+    on ``device``, ``positions`` None or an int32/int64 tensor ``[B]`` on ``device`` (then ``offset``
+    must be the int 0). Values (keys in ``[0, 2**63)``, positions ≥ 0) are read only when
+    ``check_values`` (a host sync on CUDA). TypeError / ValueError naming the argument."""
+    for name, tensor, dtypes in (("seed", seed, (torch.int64,)), ("positions", positions, (torch.int32, torch.int64))):
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        if tensor.dtype not in dtypes or tensor.shape != (batch,):
+            allowed = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+            raise TypeError(f"{name} as a tensor must be {allowed} [B={batch}], got {tensor.dtype} {tuple(tensor.shape)}")
+        if tensor.device != device:
+            raise ValueError(f"{name} is on {tensor.device} but q is on {device}")
+        if batch > 1 and tensor.stride(0) != 1:
+            raise ValueError(f"{name} must be contiguous, got stride {tensor.stride(0)}")
+        if check_values and bool((tensor < 0).any()):
+            b = int((tensor < 0).nonzero()[0, 0])
+            raise ValueError(f"{name}[{b}] = {int(tensor[b])} must be ≥ 0" + (" (a key in [0, 2**63))" if name == "seed" else ""))
+    if positions is not None and (isinstance(offset, torch.Tensor) or offset != 0):
+        raise ValueError("offset must be 0 when positions are given: each draw is keyed on (seed, position, head), "
+                         "so the positions already advance with every decode step")
+
+
 def _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts):
     """Everything but the values of seed, offset and the tables (:func:`_check_seed_and_offset`, :func:`_check_tables`)."""
     q = _check_float_tensor("q", q, 3, "[B, H, d]")
@@ -343,6 +366,7 @@ def decode(
     check: bool | None = None,
     k_scale: float | torch.Tensor | None = None,
     v_scale: float | torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sampled attention for one new token per sequence: ``ô = (1/S) Σ_j c_j v_j`` (prop).
 
@@ -388,10 +412,13 @@ def decode(
             raise TypeError("fp8 caches (and k_scale / v_scale) are not supported under torch.compile yet: "
                             "call santa.decode eagerly, or plan_decode(kv_dtype=torch.float8_e4m3fn).run in a CUDA graph")
         return _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset,
-                                out, workspace, return_counts, check)
+                                out, workspace, return_counts, check, positions)
     _check_seed_and_offset(seed, offset)
     call = _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out,
                            return_counts)
+    if positions is not None or isinstance(seed, torch.Tensor):
+        check_request_keys(seed, offset, positions, batch=q.shape[0], device=q.device,
+                           check_values=bool(check or call.host_checks))
     if check is not None and not isinstance(check, bool):
         raise TypeError(f"check must be a bool or None, got {type(check).__name__}")
     # the torch fallback has no in-kernel guards, and on the CPU a check costs no synchronisation
@@ -407,17 +434,18 @@ def decode(
         check_workspace(workspace, call.workspace_key)
     if call.plan is None:
         return _decode_reference(q, k_cache, v_cache, call.budget, call.kernel, seq_lens, block_table, kv_layout, scale,
-                                 seed, offset, out, return_counts, k_scale, v_scale)
+                                 seed, offset, out, return_counts, k_scale, v_scale, positions)
     counts = torch.zeros(q.shape[0], q.shape[1], call.n_keys, dtype=torch.int32, device=q.device) if return_counts else None
     out = call.plan.run(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
-                        out=out, counts=counts, workspace=workspace, k_scale=k_scale, v_scale=v_scale)
+                        out=out, counts=counts, workspace=workspace, k_scale=k_scale, v_scale=v_scale, positions=positions)
     return (out, counts) if return_counts else out
 
 
 def _decode_reference(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out, return_counts,
-                      k_scale, v_scale):
+                      k_scale, v_scale, positions):
     result, counts = torch_decode(kernel, q, k_cache, v_cache, budget, seq_lens=seq_lens, block_table=block_table,
-                                  kv_layout=kv_layout, scale=scale, seed=seed, offset=offset, k_scale=k_scale, v_scale=v_scale)
+                                  kv_layout=kv_layout, scale=scale, seed=seed, offset=offset, k_scale=k_scale, v_scale=v_scale,
+                                  positions=positions)
     if out is not None:
         out.copy_(result)
         result = out
@@ -425,7 +453,7 @@ def _decode_reference(q, k_cache, v_cache, budget, kernel, seq_lens, block_table
 
 
 def _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out,
-                     workspace, return_counts, check):
+                     workspace, return_counts, check, positions):
     """:func:`decode` as torch.compile traces it: the checks that read no tensor values (the same
     errors as eager), then ``torch.ops.santa.decode`` (or ``decode_counts``), whose implementation is
     the eager call at execution time (its plan cached per call signature, with the plan's own
@@ -434,6 +462,8 @@ def _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table,
     does not read tensor values on the host (on the CPU the op still checks them when it runs)."""
     _check_seed_and_offset(seed, offset)
     _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts)
+    if positions is not None or isinstance(seed, torch.Tensor):
+        check_request_keys(seed, offset, positions, batch=q.shape[0], device=q.device, check_values=False)
     if check is not None and not isinstance(check, bool):
         raise TypeError(f"check must be a bool or None, got {type(check).__name__}")
     if check:
@@ -442,8 +472,10 @@ def _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table,
     if workspace is not None and not isinstance(workspace, Workspace):
         raise TypeError(f"workspace must be a santa.kernels.Workspace from make_workspace, got {type(workspace).__name__}")
     offset_tensor = offset if isinstance(offset, torch.Tensor) else None
-    args = (q, k_cache, v_cache, seq_lens, block_table, offset_tensor, int(budget), kernel, kv_layout,
-            None if scale is None else float(scale), int(seed), 0 if offset_tensor is not None else int(offset))
+    seeds = seed if isinstance(seed, torch.Tensor) else None
+    args = (q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, int(budget), kernel, kv_layout,
+            None if scale is None else float(scale), 0 if seeds is not None else int(seed),
+            0 if offset_tensor is not None else int(offset))
     if return_counts:
         result, counts = torch.ops.santa.decode_counts(*args)
     else:

@@ -18,10 +18,10 @@ import triton.language as tl
 from santa.kernels._common import (
     LOG2E,
     cache_scale,
+    call_uniforms,
     checked_seq_len,
     load_cache_rows,
     load_offset,
-    philox_uniform,
     row_offsets,
     tile_scores,
     tile_softmax_stats,
@@ -33,13 +33,13 @@ from santa.kernels.plan import workspace_strides
 @triton.jit(do_not_specialize=["seed", "offset", "budget"])
 def _flash_partial_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, partial_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, offset_ptr,
-    k_scale_ptr, v_scale_ptr, seed, offset, budget, n_keys, n_pages, n_kv_heads,
+    k_scale_ptr, v_scale_ptr, seeds_ptr, positions_ptr, seed, offset, budget, n_keys, n_pages, n_kv_heads,
     stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
     stride_part, stride_stats, stride_counts, qk_scale, k_scale, v_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, IEEE_DOT: tl.constexpr,
     OFFSET_IN_MEMORY: tl.constexpr, RETURN_COUNTS: tl.constexpr, K_SCALE_PER_HEAD: tl.constexpr,
-    V_SCALE_PER_HEAD: tl.constexpr,
+    V_SCALE_PER_HEAD: tl.constexpr, SEED_PER_SEQUENCE: tl.constexpr, POSITIONAL: tl.constexpr,
 ):
     t = tl.program_id(0)
     pid_bk = tl.program_id(1)
@@ -67,7 +67,8 @@ def _flash_partial_kernel(
         s_tile = (budget + n_tiles - 1) // n_tiles  # S_tile = ⌈S/T⌉
         s_tile_f = s_tile.to(tl.float32)
         off_lo, off_hi = load_offset(offset, offset_ptr, OFFSET_IN_MEMORY)
-        uni = philox_uniform(seed, off_lo, off_hi, rows, t + 1, [BLOCK_G])
+        uni = call_uniforms(seed, seeds_ptr, off_lo, off_hi, positions_ptr, b, n_kv_heads * G, kvh * G + offs_g, t + 1,
+                            [BLOCK_G], SEED_PER_SEQUENCE, POSITIONAL)
         last_nonzero = tl.max(tl.where(u > 0, offs_n[None, :], 0), axis=1)
         # K(j) = #{m < S_tile : (m + U)/S_tile < F_t(j)}
         cum = tl.ceil(s_tile_f * frac - uni[:, None])
@@ -146,7 +147,7 @@ def _flash_merge_kernel(
 
 
 def flash_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool, k_scale_per_head: bool = False,
-                    v_scale_per_head: bool = False) -> list:
+                    v_scale_per_head: bool = False, seed_per_sequence: bool = False, positional: bool = False) -> list:
     """flash's two launches for a :class:`santa.kernels.plan.DecodePlan`: ``[(name, Launcher)]``; each
     call's other arguments come by kernel name from ``DecodePlan._arguments``."""
     shape = plan.shape
@@ -159,7 +160,8 @@ def flash_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_
         G=plan.group, D=shape.head_dim, BLOCK_G=plan.block_g, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
         PAGED=paged, PAGE_SIZE=shape.page_size or 1, HAS_SEQ_LENS=has_seq_lens, IEEE_DOT=plan.ieee_dot,
         OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts, K_SCALE_PER_HEAD=k_scale_per_head,
-        V_SCALE_PER_HEAD=v_scale_per_head, num_warps=8 if shape.head_dim > 128 else 4, num_stages=1,
+        V_SCALE_PER_HEAD=v_scale_per_head, SEED_PER_SEQUENCE=seed_per_sequence, POSITIONAL=positional,
+        num_warps=8 if shape.head_dim > 128 else 4, num_stages=1,
     ))
     merge = Launcher(_flash_merge_kernel, grid=(shape.batch * shape.heads,),
                      fixed=dict(stats_fixed, n_heads=shape.heads, tiles_max=plan.tiles), meta=dict(

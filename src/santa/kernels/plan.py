@@ -287,11 +287,13 @@ def kernels_on_cpu() -> bool:
 
 
 def check_seed_and_offset(seed: object, offset: object) -> None:
-    """The per-call Philox scalars: ints (numpy ints too) in ``[0, 2**63)``; offset may also be a tensor
-    (whose dtype, size and device the caller checks). Wrong type: TypeError; out of range: ValueError."""
+    """The per-call Philox scalars: ints (numpy ints too) in ``[0, 2**63)``; seed may also be a tensor
+    (per-sequence keys) and offset a tensor (whose dtype, size and device the caller checks). Wrong
+    type: TypeError; out of range: ValueError."""
     if type(seed) is int and type(offset) is int and 0 <= seed < MAX_SEED and 0 <= offset < MAX_COUNTER:
         return  # the common case, without the slower ABC checks below
-    check_seed(seed)  # santa.rng's one seed range
+    if not isinstance(seed, torch.Tensor):
+        check_seed(seed)  # santa.rng's one seed range
     if not isinstance(offset, torch.Tensor):
         if isinstance(offset, bool) or not isinstance(offset, numbers.Integral):
             raise TypeError(f"offset must be an int in [0, 2**63) or a one-element int64 tensor, got {type(offset).__name__} {offset!r}")
@@ -335,13 +337,15 @@ def dequantised(cache: torch.Tensor, scale, kv_layout: str) -> torch.Tensor:
 
 
 def torch_decode(kernel: str, q, k_cache, v_cache, budget: int, *, seq_lens, block_table, kv_layout: str, scale,
-                 seed: int, offset, k_scale=1.0, v_scale=1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                 seed, offset, k_scale=1.0, v_scale=1.0, positions=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The torch fallback of a decode call: what the kernels compute, as ``(out in q's dtype, counts int32)``
     (fp8 caches dequantised first, as the kernels dequantise what they read)."""
     if isinstance(offset, torch.Tensor):
         offset = int(offset.item())
     k_cache, v_cache = dequantised(k_cache, k_scale, kv_layout), dequantised(v_cache, v_scale, kv_layout)
-    kwargs = dict(seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout, scale=scale, seed=int(seed), offset=int(offset))
+    seed = seed if isinstance(seed, torch.Tensor) else int(seed)
+    kwargs = dict(seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout, scale=scale, seed=seed, offset=int(offset),
+                  positions=positions)
     if kernel == "prop":
         result, counts = reference.prop_reference(q, k_cache, v_cache, budget, **kwargs)
     else:
@@ -503,8 +507,8 @@ class DecodePlan:
         return self._workspace
 
     def _stage_launchers(self, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool, k_scale_per_head: bool,
-                         v_scale_per_head: bool) -> tuple:
-        flags = (has_seq_lens, offset_in_memory, return_counts, k_scale_per_head, v_scale_per_head)
+                         v_scale_per_head: bool, seed_per_sequence: bool, positional: bool) -> tuple:
+        flags = (has_seq_lens, offset_in_memory, return_counts, k_scale_per_head, v_scale_per_head, seed_per_sequence, positional)
         stages = self._launchers.get(flags)
         if stages is None:
             if self.kernel == "prop":
@@ -512,26 +516,28 @@ class DecodePlan:
             else:
                 from santa.kernels.flash import flash_launchers as make
             stages = make(self, has_seq_lens=has_seq_lens, offset_in_memory=offset_in_memory, return_counts=return_counts,
-                          k_scale_per_head=k_scale_per_head, v_scale_per_head=v_scale_per_head)
+                          k_scale_per_head=k_scale_per_head, v_scale_per_head=v_scale_per_head,
+                          seed_per_sequence=seed_per_sequence, positional=positional)
             self._launchers[flags] = stages
         return stages
 
-    def _launchers_for(self, seq_lens, offset, counts, k_scale, v_scale) -> tuple:
+    def _launchers_for(self, seq_lens, offset, counts, k_scale, v_scale, seed, positions) -> tuple:
         return self._stage_launchers(
             has_seq_lens=seq_lens is not None, offset_in_memory=isinstance(offset, torch.Tensor), return_counts=counts is not None,
             k_scale_per_head=isinstance(k_scale, torch.Tensor), v_scale_per_head=isinstance(v_scale, torch.Tensor),
+            seed_per_sequence=isinstance(seed, torch.Tensor), positional=positions is not None,
         )
 
     def stages(self, q, k_cache, v_cache, *, seq_lens=None, block_table=None, seed: int = 0, offset=0, out=None,
-               counts=None, workspace: Workspace | None = None, k_scale=1.0, v_scale=1.0) -> list:
+               counts=None, workspace: Workspace | None = None, k_scale=1.0, v_scale=1.0, positions=None) -> list:
         """The call's launches as ``[(name, zero-argument callable)]`` in order (benchmarks time them one by one).
         A CPU plan has launches only under Triton's interpreter (:func:`kernels_on_cpu`), else a ValueError."""
         if self.on_cpu and not kernels_on_cpu():
             raise ValueError("stages() times the Triton kernels: this CPU plan runs the torch fallback "
                              "(plan for a CUDA device, or set TRITON_INTERPRET=1 before the kernels are imported)")
-        launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale)
+        launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale, seed, positions)
         key, args, tensors = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace,
-                                             k_scale, v_scale)
+                                             k_scale, v_scale, positions)
 
         def launch(launcher):
             with _on_device(self.cuda_index):
@@ -540,13 +546,14 @@ class DecodePlan:
         return [(name, lambda launcher=launcher: launch(launcher)) for name, launcher in launchers]
 
     def _arguments(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace, k_scale,
-                   v_scale) -> tuple:
+                   v_scale, positions=None) -> tuple:
         """(key, args, tensors) of one call: the launches' varying arguments by kernel name, pointers
         as ints (one dict for every launch of the plan); ``key``, everything Triton's specialisation
         of them can depend on that may change between calls of one plan (pointer alignment, strides,
         the pool size, 32- or 64-bit Philox words; the workspace is 256-byte aligned, its strides
         fixed by its key); ``tensors()``, the pointer arguments as tensors, for the JIT's first call.
-        A scale is a float (passed as the scalar) or a per-KV-head float32 tensor (passed as a pointer)."""
+        A scale is a float (passed as the scalar) or a per-KV-head float32 tensor (passed as a pointer);
+        so is the seed (an int, or an int64 tensor ``[B]`` of per-sequence keys); positions, a tensor or None."""
         ws = self.workspace if workspace is None else workspace
         q_ptr, k_ptr, v_ptr, out_ptr = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr()
         q_strides, out_strides, k_strides, v_strides = q.stride(), out.stride(), k_cache.stride(), v_cache.stride()
@@ -559,17 +566,22 @@ class DecodePlan:
         v_scale_tensor = v_scale if isinstance(v_scale, torch.Tensor) else None
         k_scale_ptr, k_scale = (q_ptr, float(k_scale)) if k_scale_tensor is None else (k_scale_tensor.data_ptr(), 1.0)
         v_scale_ptr, v_scale = (q_ptr, float(v_scale)) if v_scale_tensor is None else (v_scale_tensor.data_ptr(), 1.0)
-        seed, n_pages = int(seed), k_cache.shape[0]
+        seeds_tensor = seed if isinstance(seed, torch.Tensor) else None
+        seeds_ptr, seed = (q_ptr, int(seed)) if seeds_tensor is None else (seeds_tensor.data_ptr(), 0)
+        positions_ptr = q_ptr if positions is None else positions.data_ptr()
+        n_pages = k_cache.shape[0]
         kb, kn, kh = (k_strides[0], k_strides[1], k_strides[2]) if self.shape.kv_layout == "NHD" else (k_strides[0], k_strides[2], k_strides[1])
         vb, vn, vh = (v_strides[0], v_strides[1], v_strides[2]) if self.shape.kv_layout == "NHD" else (v_strides[0], v_strides[2], v_strides[1])
         key = (
             q_ptr & 15, k_ptr & 15, v_ptr & 15, out_ptr & 15, seq_lens_ptr & 15, bt_ptr & 15, counts_ptr & 15, offset_ptr & 15,
-            k_scale_ptr & 15, v_scale_ptr & 15, q_strides, out_strides, k_strides, v_strides, stride_bt, stride_counts, n_pages,
+            k_scale_ptr & 15, v_scale_ptr & 15, seeds_ptr & 15, positions_ptr & 15,
+            None if positions is None else positions.dtype, q_strides, out_strides, k_strides, v_strides, stride_bt, stride_counts, n_pages,
             seed < 2**31, offset < 2**31,
         )
         args = dict(
             ws.pointers, q_ptr=q_ptr, k_ptr=k_ptr, v_ptr=v_ptr, out_ptr=out_ptr, seq_lens_ptr=seq_lens_ptr, bt_ptr=bt_ptr,
-            counts_ptr=counts_ptr, offset_ptr=offset_ptr, k_scale_ptr=k_scale_ptr, v_scale_ptr=v_scale_ptr, seed=seed,
+            counts_ptr=counts_ptr, offset_ptr=offset_ptr, k_scale_ptr=k_scale_ptr, v_scale_ptr=v_scale_ptr,
+            seeds_ptr=seeds_ptr, positions_ptr=positions_ptr, seed=seed,
             offset=offset, n_pages=n_pages, k_scale=k_scale, v_scale=v_scale,
             stride_qb=q_strides[0], stride_qh=q_strides[1], stride_ob=out_strides[0], stride_oh=out_strides[1],
             stride_kb=kb, stride_kn=kn, stride_kh=kh, stride_vb=vb, stride_vn=vn, stride_vh=vh,
@@ -578,13 +590,14 @@ class DecodePlan:
 
         def tensors() -> dict:
             given = dict(q_ptr=q, k_ptr=k_cache, v_ptr=v_cache, out_ptr=out, seq_lens_ptr=seq_lens, bt_ptr=block_table,
-                         counts_ptr=counts, offset_ptr=offset_tensor, k_scale_ptr=k_scale_tensor, v_scale_ptr=v_scale_tensor)
+                         counts_ptr=counts, offset_ptr=offset_tensor, k_scale_ptr=k_scale_tensor, v_scale_ptr=v_scale_tensor,
+                         seeds_ptr=seeds_tensor, positions_ptr=positions)
             return {**ws.tensors(), **{name: (q if x is None else x) for name, x in given.items()}}
 
         return key, args, tensors
 
     def run(self, q, k_cache, v_cache, *, seq_lens=None, block_table=None, seed: int = 0, offset=0, out=None, counts=None,
-            workspace: Workspace | None = None, k_scale=1.0, v_scale=1.0) -> torch.Tensor:
+            workspace: Workspace | None = None, k_scale=1.0, v_scale=1.0, positions=None) -> torch.Tensor:
         """One decode step: ``out [B, H, d]`` (allocated when not given; pass it for graph capture).
 
         q ``[B, H, d]``; caches in the planned layout and ``kv_dtype`` (paged: ``block_table`` int32
@@ -592,7 +605,10 @@ class DecodePlan:
         offset: Philox key and counter (offset may be a one-element int64 device tensor); counts: an
         int32 ``[B, H, n_keys]`` zero tensor to receive per-key sample counts; workspace: one made for
         this plan's shape (default: the plan's own); k_scale, v_scale: an fp8 cache's dequantisation
-        scales, each a float or a float32 tensor ``[H_kv]`` on the device (1.0 for other caches). Only
+        scales, each a float or a float32 tensor ``[H_kv]`` on the device (1.0 for other caches);
+        seed may also be an int64 tensor ``[B]`` (one Philox key per sequence) and ``positions`` an
+        int32/int64 tensor ``[B]``, each query's position in its own sequence, which then replaces the
+        offset and the batch row in the counter (request-keyed draws: :mod:`santa.rng`). Only
         seed and offset are checked (TypeError for a wrong type, ValueError out of range); the tensors
         and scales are not. The kernels run on the plan's device (its current stream), whichever device
         is current. A CPU plan runs the torch fallback unless :func:`kernels_on_cpu`
@@ -601,29 +617,32 @@ class DecodePlan:
         """
         check_seed_and_offset(seed, offset)
         if self.on_cpu and not kernels_on_cpu():
-            return self._run_torch(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, k_scale, v_scale)
+            return self._run_torch(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, k_scale, v_scale,
+                                   positions)
         index = self.cuda_index
         if index is not None and torch.cuda.current_device() != index:
             with torch.cuda.device(index):
                 return self.run(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
-                                out=out, counts=counts, workspace=workspace, k_scale=k_scale, v_scale=v_scale)
+                                out=out, counts=counts, workspace=workspace, k_scale=k_scale, v_scale=v_scale,
+                                positions=positions)
         if out is None:
             out = torch.empty_like(q)
-        launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale)
+        launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale, seed, positions)
         key, args, tensors = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace,
-                                             k_scale, v_scale)
+                                             k_scale, v_scale, positions)
         stream = _launch.current_stream(index)
         for _, launcher in launchers:
             launcher(key, args, tensors, stream)
         return out
 
-    def _run_torch(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, k_scale, v_scale) -> torch.Tensor:
+    def _run_torch(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, k_scale, v_scale,
+                   positions) -> torch.Tensor:
         """The CPU fallback: the torch reference of the plan's kernel, written into ``out`` (and ``counts``)."""
         check_tables(seq_lens, block_table, n_keys=self.shape.n_keys, page_size=self.shape.page_size or 1,
                      n_pages=k_cache.shape[0])
         result, sampled = torch_decode(self.kernel, q, k_cache, v_cache, self.budget, seq_lens=seq_lens,
                                        block_table=block_table, kv_layout=self.shape.kv_layout, scale=self.scale,
-                                       seed=seed, offset=offset, k_scale=k_scale, v_scale=v_scale)
+                                       seed=seed, offset=offset, k_scale=k_scale, v_scale=v_scale, positions=positions)
         if counts is not None:
             counts.copy_(sampled)
         if out is None:

@@ -24,10 +24,10 @@ from triton.language.extra.cuda import gdc_wait
 from santa.kernels._common import (
     LOG2E,
     cache_scale,
+    call_uniforms,
     checked_seq_len,
     load_cache_rows,
     load_offset,
-    philox_uniform,
     row_offsets,
     tile_scores,
     tile_softmax_stats,
@@ -297,7 +297,7 @@ def _prop_chunk(
 @triton.jit(do_not_specialize=["seed", "offset", "budget"])
 def _prop_gather_kernel(
     v_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr,
-    out_ptr, counts_ptr, offset_ptr, v_scale_ptr,
+    out_ptr, counts_ptr, offset_ptr, v_scale_ptr, seeds_ptr, positions_ptr,
     seed, offset, budget, n_keys, n_pages, n_heads, tiles_max, v_scale,
     stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
     G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -305,6 +305,7 @@ def _prop_gather_kernel(
     BISECT: tl.constexpr, LOG_T: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, OFFSET_IN_MEMORY: tl.constexpr,
     RETURN_COUNTS: tl.constexpr, USE_PDL: tl.constexpr, DISCARD: tl.constexpr, V_SCALE_PER_HEAD: tl.constexpr,
+    SEED_PER_SEQUENCE: tl.constexpr, POSITIONAL: tl.constexpr,
 ):
     pid_s = tl.program_id(0)
     row = tl.program_id(1)  # b·H + h
@@ -313,7 +314,8 @@ def _prop_gather_kernel(
     kvh = h // G
     seq_len, bad_len = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
     off_lo, off_hi = load_offset(offset, offset_ptr, OFFSET_IN_MEMORY)
-    u = philox_uniform(seed, off_lo, off_hi, row, 0, [SBLOCK])  # one U per (sequence, head)
+    u = call_uniforms(seed, seeds_ptr, off_lo, off_hi, positions_ptr, b, n_heads, h, 0, [SBLOCK],
+                      SEED_PER_SEQUENCE, POSITIONAL)  # one U per (sequence, head)
     if USE_PDL:
         gdc_wait()  # launched early (programmatic dependent launch): wait for pass 1's writes here
     _prop_chunk(
@@ -326,7 +328,7 @@ def _prop_gather_kernel(
 
 
 def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool, k_scale_per_head: bool = False,
-                   v_scale_per_head: bool = False) -> list:
+                   v_scale_per_head: bool = False, seed_per_sequence: bool = False, positional: bool = False) -> list:
     """prop's two launches for a :class:`santa.kernels.plan.DecodePlan`: ``[(name, Launcher)]``; each
     call's other arguments come by kernel name from ``DecodePlan._arguments``."""
     shape, tuning = plan.shape, plan.tuning
@@ -351,6 +353,7 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
         ONE_CHUNK_T=plan.tiles <= block_t, BISECT=prop_tile_search(plan.tiles, tuning) == "bisect",
         LOG_T=max(1, plan.tiles.bit_length()), OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts, USE_PDL=plan.pdl,
         DISCARD=prop_discard_mode(n_chunks) if plan.discard_stash else 0, V_SCALE_PER_HEAD=v_scale_per_head,
+        SEED_PER_SEQUENCE=seed_per_sequence, POSITIONAL=positional,
         # 8 warps up to 256 tiles (32k: 31.2 vs 34.5 µs), 4 beyond (128k: 95.1 with 8 vs 86.7 with 4; H200, 2026-11-29)
         num_warps=tuning.warps_pass2 or (8 if plan.tiles <= 256 else 4), num_stages=1, launch_pdl=plan.pdl,
     ))

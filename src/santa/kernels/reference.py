@@ -65,23 +65,54 @@ def _philox4x32(c0, c1, c2, c3, k0, k1, rounds: int = 10):
     return c0
 
 
-def philox_uniforms(seed: int, offset: int, rows: torch.Tensor | np.ndarray, stream: torch.Tensor | np.ndarray | int = 0) -> torch.Tensor:
-    """The kernels' float32 uniforms in [0, 1) for counter rows ``b·H + h`` and ``stream`` (broadcast).
-    seed, offset: ints (numpy ints too) in ``[0, 2**64)``."""
-    rows_np = np.asarray(rows.cpu() if isinstance(rows, torch.Tensor) else rows, dtype=np.uint64)
-    stream_np = np.asarray(stream.cpu() if isinstance(stream, torch.Tensor) else stream, dtype=np.uint64)
-    rows_np, stream_np = np.broadcast_arrays(rows_np, stream_np)
-    seed, offset = integer("seed", seed, low=0, high=2**64), integer("offset", offset, low=0, high=2**64)
+def _as_uint64(x) -> np.ndarray:
+    return np.asarray(x.cpu() if isinstance(x, torch.Tensor) else x).astype(np.int64).astype(np.uint64)
+
+
+def philox_uniforms(seed, offset, rows: torch.Tensor | np.ndarray, stream: torch.Tensor | np.ndarray | int = 0) -> torch.Tensor:
+    """The kernels' float32 uniforms in [0, 1) under key ``seed`` and counter ``(offset, rows, stream)``
+    (``offset`` fills the counter's two low words, ``rows`` the third, ``stream`` the fourth), all
+    broadcast together. seed, offset: ints (numpy ints too) in ``[0, 2**64)``, or int tensors/arrays
+    of values in ``[0, 2**63)`` (one per element after broadcasting: per-sequence keys and positions)."""
+    if isinstance(seed, (torch.Tensor, np.ndarray)):
+        seed_np = _as_uint64(seed)
+    else:
+        seed_np = np.uint64(integer("seed", seed, low=0, high=2**64))
+    if isinstance(offset, (torch.Tensor, np.ndarray)):
+        offset_np = _as_uint64(offset)
+    else:
+        offset_np = np.uint64(integer("offset", offset, low=0, high=2**64))
+    rows_np, stream_np = _as_uint64(rows), _as_uint64(stream)
+    seed_np, offset_np, rows_np, stream_np = np.broadcast_arrays(seed_np, offset_np, rows_np, stream_np)
     with np.errstate(over="ignore"):
-        c0 = np.full(rows_np.shape, offset & 0xFFFFFFFF, dtype=np.uint64)
-        c1 = np.full(rows_np.shape, (offset >> 32) & 0xFFFFFFFF, dtype=np.uint64)
-        k0 = np.full(rows_np.shape, seed & 0xFFFFFFFF, dtype=np.uint64)
-        k1 = np.full(rows_np.shape, (seed >> 32) & 0xFFFFFFFF, dtype=np.uint64)
+        c0 = offset_np & _MASK32
+        c1 = (offset_np >> np.uint64(32)) & _MASK32
+        k0 = seed_np & _MASK32
+        k1 = (seed_np >> np.uint64(32)) & _MASK32
         x = _philox4x32(c0, c1, rows_np & _MASK32, stream_np & _MASK32, k0, k1)
         signed = x.astype(np.uint32).view(np.int32)
         signed = np.where(signed < 0, -signed - 1, signed).astype(np.int32)
         u = signed.astype(np.float32) * _UNIFORM_SCALE
     return torch.from_numpy(np.ascontiguousarray(u, dtype=np.float32))
+
+
+def call_uniforms(seed, offset, positions: torch.Tensor | None, batch: int, heads: int, stream=0) -> torch.Tensor:
+    """A decode call's uniforms ``[B, H, *stream's shape]`` (CPU float32), as the kernels draw them.
+
+    - ``positions`` None: key ``seed`` (an int, or an int tensor ``[B]``: one key per sequence),
+      counter ``(offset, b·H + h, stream)``;
+    - ``positions`` ``[B]``: key as above, counter ``(positions[b], h, stream)``: a draw depends on
+      the sequence's key, its query's position, the head and the stream, never on the batch row
+      (santa.rng, "request-keyed draws").
+    """
+    stream_np = np.asarray(stream.cpu() if isinstance(stream, torch.Tensor) else stream)
+    tail = (1,) * stream_np.ndim
+    keys = seed.reshape(batch, 1, *tail) if isinstance(seed, torch.Tensor) else seed
+    heads_ix = torch.arange(heads).reshape(1, heads, *tail)
+    if positions is None:
+        rows = torch.arange(batch).reshape(batch, 1, *tail) * heads + heads_ix
+        return philox_uniforms(keys, offset, rows, stream_np)
+    return philox_uniforms(keys, positions.reshape(batch, 1, *tail), heads_ix, stream_np)
 
 
 def gather_cache(
@@ -165,10 +196,6 @@ def systematic_counts(probs: torch.Tensor, budget: int, uniforms: torch.Tensor, 
     return torch.cat(blocks).reshape(probs.shape)
 
 
-def _rows(batch: int, heads: int, device: torch.device) -> torch.Tensor:
-    return torch.arange(batch * heads, device=device).reshape(batch, heads)
-
-
 def prop_reference(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -179,10 +206,12 @@ def prop_reference(
     block_table: torch.Tensor | None = None,
     kv_layout: str = "NHD",
     scale: float | None = None,
-    seed: int = 0,
+    seed: int | torch.Tensor = 0,
     offset: int = 0,
+    positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact global systematic sampling: returns ``(out [B, H, d] in q.dtype, counts [B, H, n_max] int64)``."""
+    """Exact global systematic sampling: returns ``(out [B, H, d] in q.dtype, counts [B, H, n_max] int64)``.
+    seed, offset, positions: the draws' key and counter (:func:`call_uniforms`)."""
     budget = check_budget_for_kernels(budget)
     batch, heads, dim = q.shape
     scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
@@ -190,7 +219,7 @@ def prop_reference(
     v, _ = gather_cache(v_cache, batch=batch, seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout)
     probs = _softmax_rows(_scores(q, k, visible, scale))  # [B, H, L]
     nan_rows = torch.isnan(probs).any(dim=-1)  # NaN/+inf scores: NaN out, no samples
-    uniforms = philox_uniforms(seed, offset, _rows(batch, heads, torch.device("cpu"))).to(q.device, torch.float64)
+    uniforms = call_uniforms(seed, offset, positions, batch, heads).to(q.device, torch.float64)
     counts = systematic_counts(probs.masked_fill(nan_rows.unsqueeze(-1), 0.0), budget, uniforms)  # [B, H, L]
     out = _sampled_values(counts, v, heads) / budget  # ô = (1/S) Σ_j c_j v_j
     return out.masked_fill(nan_rows.unsqueeze(-1), math.nan).to(q.dtype), counts
@@ -212,10 +241,12 @@ def flash_reference(
     block_table: torch.Tensor | None = None,
     kv_layout: str = "NHD",
     scale: float | None = None,
-    seed: int = 0,
+    seed: int | torch.Tensor = 0,
     offset: int = 0,
+    positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-tile systematic sampling with merge: returns ``(out [B, H, d], counts [B, H, n_max] int64)``.
+    seed, offset, positions: the draws' key and counter (:func:`call_uniforms`, stream ``t + 1``).
 
     Tile t of sequence b draws ``S_tile`` samples from its own distribution with the uniform of
     stream ``t + 1``; ``ô = Σ_t (W_t / Z) (1/S_tile) Σ_{j∈t} c_j v_j`` with ``W_t`` the tile's mass.
@@ -244,9 +275,7 @@ def flash_reference(
     lens = visible.sum(-1)  # [B]
     n_tiles = (lens + tile - 1) // tile
     s_tile = flash_tile_budget(budget, n_tiles)  # [B]
-    rows = _rows(batch, heads, torch.device("cpu")).unsqueeze(-1).expand(batch, heads, n_tiles_max)
-    streams = torch.arange(1, n_tiles_max + 1).expand(batch, heads, n_tiles_max)
-    uniforms = philox_uniforms(seed, offset, rows, streams).to(q.device, torch.float64)
+    uniforms = call_uniforms(seed, offset, positions, batch, heads, torch.arange(1, n_tiles_max + 1)).to(q.device, torch.float64)
     counts = torch.zeros(batch, heads, n_tiles_max, tile, dtype=torch.int64, device=q.device)
     for b in range(batch):
         counts[b] = systematic_counts(local[b], int(s_tile[b]), uniforms[b])
