@@ -169,17 +169,19 @@ def topk_probs(probs: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def value_weights(
-    probs: torch.Tensor, budget: int, sampler: str, *, generator: torch.Generator | None = None
+    probs: torch.Tensor, budget: int, sampler: str, *, generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Weights ``w [..., n]`` with ``ô = Σ_j w_j v_j``, and the sample counts (None for dense, top-k).
 
-    ``"dense"``: w = p. ``"topk"``: the k = budget largest p, renormalised. Samplers: w = c / S.
+    ``"dense"``: w = p. ``"topk"``: the k = budget largest p, renormalised. Samplers: w = c / S, from
+    ``uniforms`` when given (the shape :func:`santa.sample_counts` takes), else drawn from ``generator``.
     """
     if sampler == "dense":
         return probs, None
     if sampler == "topk":
         return topk_probs(probs, budget), None
-    counts = sample_counts(probs, budget, sampler, generator=generator)
+    counts = sample_counts(probs, budget, sampler, generator=generator, uniforms=uniforms)
     return counts.float() / budget, counts  # ô = (1/S) Σ_j c_j v_j
 
 
@@ -194,7 +196,8 @@ def weighted_values(weights: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
 
 
 def sampled_values(
-    probs: torch.Tensor, value: torch.Tensor, budget: int, sampler: str, *, generator: torch.Generator | None = None
+    probs: torch.Tensor, value: torch.Tensor, budget: int, sampler: str, *, generator: torch.Generator | None = None,
+    uniforms: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``ô [B, Hq, Lq, D]`` float32 from ``probs [B, Hq, Lq, n]`` and ``value [B, Hkv, n, D]``, and the
     counts (None for dense, top-k).
@@ -204,7 +207,7 @@ def sampled_values(
     every output row of its batch element and KV group through ``w·V`` (``0·NaN = NaN``), as in SDPA.
     """
     nan_rows = torch.isnan(probs).any(dim=-1, keepdim=True)
-    weights, counts = value_weights(probs.masked_fill(nan_rows, 0.0), budget, sampler, generator=generator)
+    weights, counts = value_weights(probs.masked_fill(nan_rows, 0.0), budget, sampler, generator=generator, uniforms=uniforms)
     return weighted_values(weights, value).masked_fill(nan_rows, math.nan), counts
 
 
@@ -227,6 +230,7 @@ def sampled_attention(
     generator: torch.Generator | None = None,
     score_samples: int | None = None,
     score_sampler: str = "stratified",
+    uniforms: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """SANTA attention with the signature of ``torch.nn.functional.scaled_dot_product_attention``.
 
@@ -237,6 +241,9 @@ def sampled_attention(
     sampler: ``"iid"`` (SANTA), ``"stratified"``, ``"systematic"`` (S²ANTA), ``"topk"``, ``"dense"``.
     Returns ``[B, Hq, Lq, D]`` in query's dtype: ``ô = (1/S) Σ_j c_j v_j`` with counts c from
     :func:`santa.sample_counts` on ``p = softmax(q kᵀ·scale + mask)``.
+    uniforms: the value sampler's uniforms instead of draws from ``generator``: ``[B, Hq, Lq, S]`` for
+        iid and stratified, ``[B, Hq, Lq]`` for systematic (e.g. request-keyed ones,
+        :func:`santa.kernels.reference.call_uniforms`); checked by :func:`santa.sample_counts`.
     score_samples: with B ≥ 1, the scores are Bernoulli qKᵀ too (:func:`santa.bernoulli_query`, B
     ternary draws of ``score_sampler``, one per KV-head group): ``p = softmax(q̃ kᵀ·scale + mask)``.
 
@@ -265,5 +272,5 @@ def sampled_attention(
         score_samples = check_budget(score_samples, "score_samples")
         scored = bernoulli_query(query, score_samples, kv_heads=key.shape[1], sampler=score_sampler, generator=generator).query
     probs = attention_probs(scored, key, scale=scale, is_causal=is_causal, attn_mask=attn_mask)
-    out, _ = sampled_values(probs, value, budget, sampler, generator=generator)  # [B, Hq, Lq, D]
+    out, _ = sampled_values(probs, value, budget, sampler, generator=generator, uniforms=uniforms)  # [B, Hq, Lq, D]
     return out.to(query.dtype)

@@ -191,8 +191,6 @@ class DecodeContext:
         its batch row, the cache's length or the steps taken (:mod:`santa.rng`).
     plans: the kernels' :class:`~santa.kernels.DecodePlan` per budget in use (each owns its
         workspace), planned by :func:`make_context` outside any CUDA graph.
-    generators: one ``torch.Generator`` per layer (reference backends), seeded from (seed, layer)
-        (:func:`santa.rng.model_reference_generator`).
     attention: a plugged-in attention ``(q [B, H, d], k_cache, v_cache, ctx, layer) → [B, H, d]``
         that replaces the backend's in every decode step (benchmarks), or None.
     kv_scales: per layer, the cache's ``(k_scale, v_scale)`` (float32 ``[H_kv]`` device tensors for an fp8
@@ -209,7 +207,6 @@ class DecodeContext:
     layer_keys: Tensor | None = None
     plans: dict[int, santa_kernels.DecodePlan] | None = None  # the kernels' plan per budget in use
     santa_impl: str = "auto"  # "auto" / "kernels": santa.kernels.decode; "torch": santa.kernels.reference
-    generators: list[torch.Generator] | None = None
     attention: Callable[[Tensor, Tensor, Tensor, DecodeContext, int], Tensor] | None = None
     kv_scales: list[tuple[Tensor | float, Tensor | float]] | None = None  # per layer (k_scale, v_scale): an fp8 cache's
 
@@ -306,8 +303,6 @@ def make_context(
         ctx.plans = {s: plan_kernel(backend, q, cache.k_cache, s) for s in {budget, *(layer_budgets or {}).values()}}
         for plan in ctx.plans.values():
             plan.workspace  # noqa: B018 (allocated now, outside any CUDA graph)
-    elif backend in REFERENCE_BACKENDS:
-        ctx.generators = [rng.model_reference_generator(seed, i, device) for i in range(model.args.n_layer)]
     return ctx
 
 
@@ -439,14 +434,20 @@ class Attention(nn.Module):
                 q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), attn_mask=ctx.attn_bias, enable_gqa=True
             )  # [B, H, 1, d]
             return y.squeeze(2)
+        keys = ctx.layer_keys[self.layer_id]  # [B]: each sequence's Philox key in this layer
         if ctx.backend in REFERENCE_BACKENDS:
             visible = torch.arange(k_cache.shape[1], device=q.device) < ctx.seq_lens.unsqueeze(-1)  # [B, L_max]
+            budget = ctx.budget_of(self.layer_id)
+            uniforms = None
+            if ctx.backend != "topk":  # request-keyed, as the kernels: sample m of head h uses stream m (systematic: 0)
+                streams = 0 if ctx.backend == "systematic" else torch.arange(budget)
+                uniforms = reference.call_uniforms(keys, 0, ctx.positions, q.shape[0], q.shape[1], streams)
+                uniforms = uniforms.to(q.device, torch.float64).unsqueeze(2)  # [B, H, 1(, S)]
             y = sampled_attention(
-                q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), ctx.budget_of(self.layer_id), sampler=ctx.backend,
-                attn_mask=visible[:, None, None], enable_gqa=True, generator=ctx.generators[self.layer_id],
+                q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), budget, sampler=ctx.backend,
+                attn_mask=visible[:, None, None], enable_gqa=True, uniforms=uniforms,
             )  # [B, H, 1, d]
             return y.squeeze(2)
-        keys = ctx.layer_keys[self.layer_id]  # [B]: each sequence's Philox key in this layer
         if not kernels:  # reads the keys and positions on the host: eager only
             kernel = ctx.backend.removeprefix("santa-")
             kwargs = {"tile": santa_kernels.flash_tile(q.shape[-1])} if kernel == "flash" else {}

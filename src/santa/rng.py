@@ -18,9 +18,9 @@ arithmetic; re-keying a path is a change to that function alone):
   position in its own sequence, query head, stream), keyed on (seed, layer, head, position, sample)
   and on nothing else: not the batch row, the padding, the cache's allocated length or the steps
   taken, so a prompt draws the same samples alone or batched.
-- santa.model, reference backends: one ``torch.Generator`` per layer seeded with :func:`layer_key`,
-  advanced by every draw, keyed on (seed, layer) + the draws made so far —
-  :func:`model_reference_generator`.
+- santa.model, reference backends (``iid``, ``stratified``, ``systematic``): the same request-keyed
+  uniforms as the kernels (:func:`santa.kernels.reference.call_uniforms`), sample m of a head on
+  stream m (systematic: its one offset on stream 0), fed to :func:`santa.sampled_attention`.
 
 All keys come from one golden-ratio mixer, :func:`mix`, whose values are those of the former
 ``santa.hf.stream_id`` (the hf paths draw exactly what they drew before).
@@ -40,8 +40,8 @@ reproduces it): stream 0 is prop's one offset U per (sequence, head), stream ``t
 t. Without ``positions`` the counter stays ``(offset, b·H + h, stream)``, the low-level API for callers
 that key draws themselves. santa.model's kernel backends use the request-keyed form (behaviour change:
 for a given seed they draw other samples than before, and a batched prompt now draws what it draws
-alone). Still keyed the old way, to be moved next: santa.hf (both paths) and santa.model's reference
-backends (``iid``, ``stratified``, ``systematic``; their generators advance with every draw).
+alone), and so do its reference backends. Still keyed the old way, to be moved next: santa.hf (both
+paths: a generator or counter per call, mixed from (seed, layer, n_keys, n_queries)).
 """
 
 from __future__ import annotations
@@ -113,8 +113,3 @@ def model_kernel_key(seed: int, layer: int) -> int:
     """The Philox key of layer ``layer`` on santa.model's ``santa-*`` backends (kernels and their
     torch reference); the counter is the context's step counter, ``DecodeContext.offset``."""
     return layer_key(seed, layer)
-
-
-def model_reference_generator(seed: int, layer: int, device: torch.device | str | None) -> torch.Generator:
-    """The generator of layer ``layer`` on santa.model's reference backends (one per layer and context)."""
-    return generator(layer_key(seed, layer), device)

@@ -207,8 +207,7 @@ def test_make_context_takes_the_whole_range_and_decodes(torch_fallback, tiny_tra
     prefill(tiny_transformer, torch.arange(1, 9).unsqueeze(0))
     ctx = make_context(tiny_transformer, backend, prompt_len=8, budget=4, seed=seed)
     assert ctx.seed == seed
-    if backend == "systematic":
-        assert [g.initial_seed() for g in ctx.generators] == [rng.layer_key(seed, i) for i in range(TINY.n_layer)]
+    assert ctx.layer_keys[:, 0].tolist() == [rng.layer_key(seed, i) for i in range(TINY.n_layer)]
     attn, cache = tiny_transformer.layers[0].attention, tiny_transformer.layers[0].attention.kv_cache
     ctx.prepare(torch.tensor([8]))
     q = torch.randn(1, TINY.n_head, TINY.head_dim)
