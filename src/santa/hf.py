@@ -8,10 +8,10 @@ Configure a model with one call::
     model.generate(...)
 
 Default: dense prefill (SDPA), sampled decode. ``prefill="sampled"`` also samples the prefill
-(the paper's Section 4 setting). Randomness is drawn from a generator seeded by
-``(seed, layer, n_keys, n_queries)`` (:mod:`santa.rng`): every layer and decode step gets fresh
-uniforms, and the same prompt with the same seed generates the same tokens, with no state to reset
-between calls.
+(the paper's Section 4 setting). Randomness is keyed on the request (:mod:`santa.rng`): each draw
+is a function of (seed, layer, head, the query's position in its own sequence, sample index), the
+position counted from the attention mask, so the same prompt and seed generate the same tokens
+alone or batched (left-padded), under a dynamic or a static cache, with no state to reset.
 
 What santa implements matches eager attention (tests/hf/test_hf_reliability.py): GQA, sliding
 windows (through the attention mask transformers builds), a score scale other than 1/√D, value
@@ -126,9 +126,8 @@ class SantaConfig:
     kernel: decode path for ``sampler="systematic"``: ``"auto"`` (on CUDA the Triton prop kernel
         when the step has no padding mask, else the torch reference), ``"prop"``, ``"flash"``
         (per-tile budgets, not global S²ANTA-sys; both run on any device through
-        :func:`santa.kernels.decode`), or ``"reference"``. The
-        kernels draw Philox uniforms keyed on (seed, layer, n_keys), so their samples differ from
-        the reference's torch generator; both are repeatable given the seed.
+        :func:`santa.kernels.decode`), or ``"reference"``. The kernels and the reference draw the
+        same request-keyed uniforms (Bernoulli scores still use a generator per call).
     """
 
     budget: int = 64
@@ -260,7 +259,7 @@ def _short(value: object) -> str:
 
 # The seed → randomness of both hf paths lives in santa.rng; these names stay for callers of santa.hf.
 stream_id = rng.hf_stream_id  # 63-bit number unique (up to hashing) to (seed, layer, n_keys, n_queries)
-layer_generator = rng.hf_reference_generator  # a generator unique to (seed, layer, decode position)
+layer_generator = rng.hf_reference_generator  # a generator unique to (seed, layer, n_keys, n_queries): Bernoulli scores
 
 
 def kernel_for(config: SantaConfig, query: torch.Tensor, attention_mask: torch.Tensor | None) -> str | None:
@@ -274,18 +273,46 @@ def kernel_for(config: SantaConfig, query: torch.Tensor, attention_mask: torch.T
     return methods.DEFAULT_KERNEL if config.kernel == "auto" else config.kernel
 
 
+def query_positions(attention_mask: torch.Tensor | None, n_queries: int, n_keys: int, batch: int,
+                    device: torch.device) -> torch.Tensor:
+    """int64 ``[B, Lq]``: each query row's position in its own sequence, the number of keys it sees
+    minus one (a left pad, or a static-cache slot not yet written, is not a key), from the bool mask
+    ``[B, 1, Lq, Lk]``; without a mask the rows end the key block (``n_keys − Lq + i``)."""
+    if attention_mask is not None:
+        return (attention_mask[:, 0].sum(-1) - 1).clamp_min(0).long()
+    rows = torch.arange(n_queries, device=device) + (n_keys - n_queries)
+    return rows.clamp_min(0).expand(batch, n_queries)
+
+
+def request_uniforms(config: SantaConfig, layer: int, positions: torch.Tensor, heads: int, sampler: str, budget: int,
+                     device: torch.device) -> torch.Tensor:
+    """The uniforms of a sampled call keyed on the request (:mod:`santa.rng`): key ``layer_key(seed,
+    layer)``, counter (position, head, stream) with sample m on stream m (systematic: its one offset
+    on stream 0), as the kernels draw them. ``[B, Hq, Lq]`` (systematic) or ``[B, Hq, Lq, S]`` float64."""
+    from santa.kernels.reference import philox_uniforms
+
+    tail = () if sampler == "systematic" else (1,)
+    streams = 0 if sampler == "systematic" else torch.arange(budget)
+    batch, n_queries = positions.shape
+    uniforms = philox_uniforms(rng.layer_key(config.seed, layer), positions.reshape(batch, 1, n_queries, *tail),
+                               torch.arange(heads).reshape(1, heads, 1, *tail), streams)
+    return uniforms.to(device, torch.float64)
+
+
 def kernel_decode(
-    module: torch.nn.Module, config: SantaConfig, kernel: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None
+    module: torch.nn.Module, config: SantaConfig, kernel: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    scaling: float | None, attention_mask: torch.Tensor | None,
 ) -> torch.Tensor:
     """One decode step with :func:`santa.kernels.decode`. query ``[B, Hq, 1, D]``, key/value
-    ``[B, Hkv, Lk, D]`` (read in place as the HND layout). Returns ``[B, 1, Hq, D]``."""
+    ``[B, Hkv, Lk, D]`` (read in place as the HND layout). Returns ``[B, 1, Hq, D]``. Draws keyed on
+    (seed, layer, head, the query's position): :func:`query_positions` on the device."""
     from santa.kernels import decode
 
     layer, n_keys = module.layer_idx, key.shape[2]
-    seed, offset = rng.hf_kernel_philox(config.seed, layer, n_keys)
+    positions = query_positions(attention_mask, 1, n_keys, query.shape[0], query.device)[:, 0].contiguous()
     result = decode(
         query[:, :, 0].contiguous(), key.contiguous(), value.contiguous(), config.budget_for(layer),
-        kernel=kernel, kv_layout="HND", scale=scaling, seed=seed, offset=offset,
+        kernel=kernel, kv_layout="HND", scale=scaling, seed=rng.layer_key(config.seed, layer), positions=positions,
         return_counts=config.record_stats,
     )
     if config.record_stats:
@@ -359,7 +386,7 @@ def santa_attention_forward(
             )
         kernel = None
     if kernel is not None:
-        return kernel_decode(module, config, kernel, query, key, value, scaling), None
+        return kernel_decode(module, config, kernel, query, key, value, scaling, attention_mask), None
     causal = attention_mask is None and n_queries > 1 and bool(is_causal)
     if causal and n_keys > n_queries:  # SDPA's reading: an unmasked causal block aligns top-left (an empty static cache)
         key, value, n_keys = key[:, :, :n_queries], value[:, :, :n_queries], n_queries
@@ -373,7 +400,11 @@ def santa_attention_forward(
             config.stats.features_total += drawn.features_read.numel()
     probs = attention_probs(scored, key, scale=scaling, is_causal=causal, attn_mask=attention_mask)  # [B, Hq, Lq, Lk]
     sampler = "dense" if exact_values else config.sampler
-    out, counts = sampled_values(probs, value, budget, sampler, generator=generator)
+    uniforms = None
+    if sampler in ("iid", "stratified", "systematic"):  # keyed on the request, as the kernels draw
+        positions = query_positions(attention_mask, n_queries, n_keys, query.shape[0], query.device)
+        uniforms = request_uniforms(config, layer, positions, query.shape[1], sampler, budget, query.device)
+    out, counts = sampled_values(probs, value, budget, sampler, generator=generator, uniforms=uniforms)
     if config.record_stats and counts is None and sampler == "topk":
         counts = topk_rows_read(probs, budget)
     if config.record_stats and counts is not None:

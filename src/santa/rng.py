@@ -9,10 +9,10 @@ and :func:`santa.model.generate`, :func:`santa.decode` and ``DecodePlan.run``, `
 What each path keys its randomness on (callers use the one function of their path, never the
 arithmetic; re-keying a path is a change to that function alone):
 
-- santa.hf, torch reference: a fresh ``torch.Generator`` per attention call, keyed on
-  (seed, layer, n_keys, n_queries) — :func:`hf_reference_generator`.
-- santa.hf, kernels (prop/flash): Philox with key = seed and counter = a mix of (layer, n_keys),
-  keyed on (seed, layer, n_keys) — :func:`hf_kernel_philox`.
+- santa.hf, kernels and torch reference: request-keyed like santa.model (below), the query's
+  position counted from the attention mask (:func:`santa.hf.query_positions`). Bernoulli qKᵀ
+  scores alone still draw from a fresh ``torch.Generator`` per attention call, keyed on (seed,
+  layer, n_keys, n_queries) — :func:`hf_reference_generator`.
 - santa.model, ``santa-*`` backends (kernels and their torch reference): **request-keyed** — Philox
   with key = :func:`model_kernel_key` (seed, layer), one per sequence, and counter = (the query's
   position in its own sequence, query head, stream), keyed on (seed, layer, head, position, sample)
@@ -40,8 +40,9 @@ reproduces it): stream 0 is prop's one offset U per (sequence, head), stream ``t
 t. Without ``positions`` the counter stays ``(offset, b·H + h, stream)``, the low-level API for callers
 that key draws themselves. santa.model's kernel backends use the request-keyed form (behaviour change:
 for a given seed they draw other samples than before, and a batched prompt now draws what it draws
-alone), and so do its reference backends. Still keyed the old way, to be moved next: santa.hf (both
-paths: a generator or counter per call, mixed from (seed, layer, n_keys, n_queries)).
+alone), and so do its reference backends and santa.hf's samplers (behaviour change there too: the hf
+paths used a generator or counter per call mixed from (seed, layer, n_keys, n_queries), which made a
+batched or static-cache prompt draw other samples).
 """
 
 from __future__ import annotations
@@ -93,12 +94,6 @@ def hf_stream_id(seed: int, layer: int, n_keys: int, n_queries: int) -> int:
 def hf_reference_generator(seed: int, layer: int, n_keys: int, n_queries: int, device: torch.device | str | None) -> torch.Generator:
     """The generator of one hf reference attention call (layer ``layer``, ``n_keys`` keys, ``n_queries`` rows)."""
     return generator(hf_stream_id(seed, layer, n_keys, n_queries), device)
-
-
-def hf_kernel_philox(seed: int, layer: int, n_keys: int) -> tuple[int, int]:
-    """``(key, counter)`` of one hf kernel decode step: the seed itself, and a counter mixed from
-    (layer, n_keys), so every layer and decode position draws fresh uniforms."""
-    return seed, hf_stream_id(0, layer, n_keys, 1)
 
 
 # ---- santa.model ---------------------------------------------------------------------------------

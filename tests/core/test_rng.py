@@ -44,11 +44,6 @@ def test_the_hf_streams_are_those_of_the_old_stream_id(args, expected):
     assert santa.hf.stream_id(*args) == expected  # the old name stays
 
 
-@pytest.mark.parametrize(("seed", "layer", "n_keys"), [(0, 3, 130), (2**63 - 1, 31, 100000), (10**13, 5, 17)])
-def test_the_hf_kernels_key_on_the_seed_with_the_old_counter(seed, layer, n_keys):
-    assert rng.hf_kernel_philox(seed, layer, n_keys) == (seed, OLD_STREAM_IDS.get((0, layer, n_keys, 1), rng.mix(0, layer, n_keys, 1)))
-
-
 def test_the_hf_reference_generator_is_seeded_with_the_stream():
     assert rng.hf_reference_generator(7, 1, 64, 8, "cpu").initial_seed() == OLD_STREAM_IDS[(7, 1, 64, 8)]
 
