@@ -186,7 +186,7 @@ class DecodeContext:
     seq_lens: int32 ``[B]``, keys visible to each sequence's new token (``input_pos + 1``).
     attn_bias: ``[B, 1, 1, L_max]`` in the model dtype, 0 on visible keys and −inf beyond (sdpa).
     positions: int64 ``[B]``, each sequence's query position (``input_pos``, set by :meth:`prepare`):
-        with ``layer_keys`` (int64 ``[n_layer, B]``, :func:`santa.rng.model_kernel_key` per sequence)
+        with ``layer_keys`` (int64 ``[n_layer, B]``, :func:`santa.rng.layer_key` per sequence)
         the counter of santa's kernels, so a sequence draws by (seed, layer, head, position) whatever
         its batch row, the cache's length or the steps taken (:mod:`santa.rng`).
     plans: the kernels' :class:`~santa.kernels.DecodePlan` per budget in use (each owns its
@@ -290,7 +290,7 @@ def make_context(
         layer_budgets=layer_budgets,
         seed=seed,
         positions=(seq_lens.expand(batch) - 1).long().clone(),
-        layer_keys=torch.tensor([[rng.model_kernel_key(seed, layer)] * batch for layer in range(model.args.n_layer)],
+        layer_keys=torch.tensor([[rng.layer_key(seed, layer)] * batch for layer in range(model.args.n_layer)],
                                 dtype=torch.int64, device=device),
         santa_impl=santa_impl,
         attention=attention,

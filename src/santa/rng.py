@@ -14,7 +14,7 @@ arithmetic; re-keying a path is a change to that function alone):
   scores alone still draw from a fresh ``torch.Generator`` per attention call, keyed on (seed,
   layer, n_keys, n_queries) — :func:`hf_reference_generator`.
 - santa.model, ``santa-*`` backends (kernels and their torch reference): **request-keyed** — Philox
-  with key = :func:`model_kernel_key` (seed, layer), one per sequence, and counter = (the query's
+  with key = :func:`layer_key` (seed, layer), one per sequence, and counter = (the query's
   position in its own sequence, query head, stream), keyed on (seed, layer, head, position, sample)
   and on nothing else: not the batch row, the padding, the cache's allocated length or the steps
   taken, so a prompt draws the same samples alone or batched.
@@ -96,15 +96,10 @@ def hf_reference_generator(seed: int, layer: int, n_keys: int, n_queries: int, d
     return generator(hf_stream_id(seed, layer, n_keys, n_queries), device)
 
 
-# ---- santa.model ---------------------------------------------------------------------------------
+# ---- every sampled path: the per-layer key -------------------------------------------------------
 
 
 def layer_key(seed: int, layer: int) -> int:
-    """santa.model's per-layer key: ``mix(seed, layer)``, in ``[0, 2**63)`` for every legal seed."""
+    """The Philox key of one request's layer on every sampled path (santa.model's kernels and
+    reference backends, santa.hf): ``mix(seed, layer)``, in ``[0, 2**63)`` for every legal seed."""
     return mix(seed, layer)
-
-
-def model_kernel_key(seed: int, layer: int) -> int:
-    """The Philox key of layer ``layer`` on santa.model's ``santa-*`` backends (kernels and their
-    torch reference); the counter is the context's step counter, ``DecodeContext.offset``."""
-    return layer_key(seed, layer)

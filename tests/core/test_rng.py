@@ -59,8 +59,8 @@ def test_every_layer_key_is_a_legal_philox_key_and_distinct_seeds_stay_distinct(
 
 def test_santa_model_no_longer_keys_on_seed_times_1000003():
     """The stated behaviour change: santa.model's per-layer key is rng.layer_key, not seed·1000003 + layer."""
-    assert [rng.model_kernel_key(3, layer) for layer in range(4)] == [rng.mix(3, layer) for layer in range(4)]
-    assert rng.model_kernel_key(3, 0) != 3 * 1000003
+    assert [rng.layer_key(3, layer) for layer in range(4)] == [rng.mix(3, layer) for layer in range(4)]
+    assert rng.layer_key(3, 0) != 3 * 1000003
 
 
 # ---- one range, checked by every entry point ----------------------------------------------------

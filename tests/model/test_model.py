@@ -192,7 +192,7 @@ def test_santa_decode_of_the_model_equals_the_kernel_reference_on_its_cache(tiny
         out = attn.decode(q, cache.k_cache, cache.v_cache, ctx)
     kwargs = {"tile": flash_tile(TINY.head_dim)} if kernel == "flash" else {}
     ref = prop_reference if kernel == "prop" else flash_reference
-    keys = torch.full((3,), rng.model_kernel_key(3, 0))  # layer 0's key for every sequence, at its query's position
+    keys = torch.full((3,), rng.layer_key(3, 0))  # layer 0's key for every sequence, at its query's position
     expected, _ = ref(q, cache.k_cache, cache.v_cache, 16, seq_lens=ctx.seq_lens, seed=keys, positions=seq_lens - 1, **kwargs)
     assert torch.allclose(out, expected, atol=1e-5, rtol=1e-5)
 
