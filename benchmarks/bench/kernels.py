@@ -206,15 +206,21 @@ def triton_cdiv(a, b):
     return -(-a // b)
 
 
+def random_inputs(batch: int, n_keys: int, args, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Seeded bf16 q ``[B, H, d]`` and NHD K, V ``[B, n, H_kv, d]`` on the GPU, in the shapes of ``args``."""
+    torch.manual_seed(seed)
+    q = torch.randn(batch, args.heads, args.head_dim, device="cuda", dtype=DTYPE)
+    k = torch.randn(batch, n_keys, args.kv_heads, args.head_dim, device="cuda", dtype=DTYPE)
+    v = torch.randn(batch, n_keys, args.kv_heads, args.head_dim, device="cuda", dtype=DTYPE)
+    return q, k, v
+
+
 def bench_batch(batch, n_keys, results, flusher, args, fi, page_size=16):
     from santa.kernels import decode, make_workspace
 
-    torch.manual_seed(1)
     dev = torch.device("cuda")
     heads, kv_heads, dim = args.heads, args.kv_heads, args.head_dim
-    q = torch.randn(batch, heads, dim, device=dev, dtype=DTYPE)
-    k = torch.randn(batch, n_keys, kv_heads, dim, device=dev, dtype=DTYPE)
-    v = torch.randn(batch, n_keys, kv_heads, dim, device=dev, dtype=DTYPE)
+    q, k, v = random_inputs(batch, n_keys, args, seed=1)
     seq_lens = torch.full((batch,), n_keys, dtype=torch.int32, device=dev)
     tag = f"b{batch}/n{n_keys}"
     kv_bytes = 2 * k.numel() * k.element_size()
@@ -271,12 +277,9 @@ def bench_fp8(batch, n_keys, results, flusher, args, fi, page_size=16, k_scale=0
     quantised from (``cache = bf16 / scale``), every backend on the same inputs in this run."""
     from santa.kernels import decode, make_workspace
 
-    torch.manual_seed(2)
     dev = torch.device("cuda")
     heads, kv_heads, dim = args.heads, args.kv_heads, args.head_dim
-    q = torch.randn(batch, heads, dim, device=dev, dtype=DTYPE)
-    k = torch.randn(batch, n_keys, kv_heads, dim, device=dev, dtype=DTYPE)
-    v = torch.randn(batch, n_keys, kv_heads, dim, device=dev, dtype=DTYPE)
+    q, k, v = random_inputs(batch, n_keys, args, seed=2)
     k8, v8 = (k.float() / k_scale).to(torch.float8_e4m3fn), (v.float() / v_scale).to(torch.float8_e4m3fn)
     tag = f"fp8/b{batch}/n{n_keys}"
     dense8 = 2 * k8.numel()
