@@ -263,14 +263,17 @@ layer_generator = rng.hf_reference_generator  # a generator unique to (seed, lay
 
 
 def kernel_for(config: SantaConfig, query: torch.Tensor, attention_mask: torch.Tensor | None) -> str | None:
-    """The Triton decode kernel to run for this step, or None for the torch reference."""
+    """The Triton decode kernel to run for this step, or None for the torch reference. Reads no tensor
+    values (no host sync): a mask goes to prop as a run of keys (:func:`kernel_decode`); flash, whose
+    tile budgets count from key 0, takes unmasked steps only."""
     if config.kernel == "reference" or query.shape[2] != 1 or config.sampler != "systematic" or config.score_samples:
         return None
     if config.kernel == "auto" and not query.is_cuda:
         return None
-    if attention_mask is not None and not bool(attention_mask.all()):
-        return None  # left padding: the kernels take per-sequence lengths, not masks
-    return methods.DEFAULT_KERNEL if config.kernel == "auto" else config.kernel
+    kernel = methods.DEFAULT_KERNEL if config.kernel == "auto" else config.kernel
+    if attention_mask is not None and kernel != "prop":
+        return None
+    return kernel
 
 
 def query_positions(attention_mask: torch.Tensor | None, n_queries: int, n_keys: int, batch: int,
@@ -299,25 +302,51 @@ def request_uniforms(config: SantaConfig, layer: int, positions: torch.Tensor, h
     return uniforms.to(device, torch.float64)
 
 
+def visible_run(attention_mask: torch.Tensor, n_keys: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A decode step's bool mask ``[B, 1, 1, Lk]`` as runs of keys, on the device: ``(starts, ends,
+    contiguous)`` int32 ``[B]`` ×2 and bool ``[B]``. Sequence b sees ``[starts[b], ends[b])`` when
+    ``contiguous[b]`` (left padding, a static cache's unwritten tail and a window all give one run)."""
+    visible = attention_mask[:, 0, 0, :]  # [B, Lk]
+    count = visible.sum(-1)
+    starts = visible.int().argmax(-1)  # the first visible key (0 for none)
+    ends = starts + count
+    keys = torch.arange(n_keys, device=visible.device)
+    contiguous = (visible == ((keys >= starts.unsqueeze(-1)) & (keys < ends.unsqueeze(-1)))).all(-1)
+    return starts.int(), ends.int(), contiguous
+
+
 def kernel_decode(
     module: torch.nn.Module, config: SantaConfig, kernel: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     scaling: float | None, attention_mask: torch.Tensor | None,
-) -> torch.Tensor:
+) -> torch.Tensor | None:
     """One decode step with :func:`santa.kernels.decode`. query ``[B, Hq, 1, D]``, key/value
-    ``[B, Hkv, Lk, D]`` (read in place as the HND layout). Returns ``[B, 1, Hq, D]``. Draws keyed on
-    (seed, layer, head, the query's position): :func:`query_positions` on the device."""
+    ``[B, Hkv, Lk, D]`` (read in place as the HND layout). Returns ``[B, 1, Hq, D]``, or None where an
+    eager step's mask is not one run of keys per sequence (the caller then runs the reference, which
+    draws the same samples). Draws keyed on (seed, layer, head, the query's position). With a mask,
+    sequence b reads keys ``[start, end)`` (:func:`visible_run`), all computed on the device: under
+    ``torch.compile`` nothing is read on the host, and a mask that is not one run gives that
+    sequence NaN instead of a wrong answer."""
     from santa.kernels import decode
 
-    layer, n_keys = module.layer_idx, key.shape[2]
-    positions = query_positions(attention_mask, 1, n_keys, query.shape[0], query.device)[:, 0].contiguous()
+    layer, n_keys, batch = module.layer_idx, key.shape[2], query.shape[0]
+    runs = {}
+    if attention_mask is not None:
+        starts, ends, contiguous = visible_run(attention_mask, n_keys)
+        if not torch.compiler.is_compiling() and not bool(contiguous.all()):
+            return None
+        ends = torch.where(contiguous, ends, n_keys + 1)  # an invalid length: NaN for that sequence
+        runs = dict(seq_lens=ends, starts=starts)
+    positions = query_positions(attention_mask, 1, n_keys, batch, query.device)[:, 0].contiguous()
     result = decode(
         query[:, :, 0].contiguous(), key.contiguous(), value.contiguous(), config.budget_for(layer),
         kernel=kernel, kv_layout="HND", scale=scaling, seed=rng.layer_key(config.seed, layer), positions=positions,
-        return_counts=config.record_stats,
+        return_counts=config.record_stats, **runs,
     )
     if config.record_stats:
         result, counts = result
         visible = torch.ones(counts.shape, dtype=torch.float32, device=counts.device)
+        if attention_mask is not None:
+            visible = visible * attention_mask[:, :, 0, :].float()  # [B, 1, Lk] over the heads
         _record(config.stats, counts.unsqueeze(2), visible.unsqueeze(2), module.num_key_value_groups)
     return result.unsqueeze(1)
 
@@ -386,7 +415,9 @@ def santa_attention_forward(
             )
         kernel = None
     if kernel is not None:
-        return kernel_decode(module, config, kernel, query, key, value, scaling, attention_mask), None
+        out = kernel_decode(module, config, kernel, query, key, value, scaling, attention_mask)
+        if out is not None:
+            return out, None
     causal = attention_mask is None and n_queries > 1 and bool(is_causal)
     if causal and n_keys > n_queries:  # SDPA's reading: an unmasked causal block aligns top-left (an empty static cache)
         key, value, n_keys = key[:, :, :n_queries], value[:, :, :n_queries], n_queries

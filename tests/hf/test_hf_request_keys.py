@@ -39,11 +39,21 @@ def test_a_prompt_draws_alike_alone_batched_and_in_a_static_cache(model, sampler
     assert torch.equal(alone, static), (alone, static)
 
 
-def test_the_kernels_and_the_reference_draw_the_same_samples(model, monkeypatch):
-    """The prop kernel (here santa.decode's CPU path) and the systematic reference take one definition of the draws."""
+def test_the_kernels_and_the_reference_draw_the_same_samples(model):
+    """The prop kernel (here santa.decode's CPU path, reading each sequence's run of keys) and the systematic
+    reference take one definition of the draws: the same tokens alone, left-padded and in a static cache."""
     reference = tokens(model, [PROMPT, LONGER], santa.hf.SantaConfig(sampler="systematic", budget=3, seed=7, kernel="reference"))
-    kernel = tokens(model, [PROMPT, PROMPT], santa.hf.SantaConfig(sampler="systematic", budget=3, seed=7, kernel="prop"))
-    assert torch.equal(reference[0], kernel[0]) and torch.equal(kernel[0], kernel[1])
+    config = santa.hf.SantaConfig(sampler="systematic", budget=3, seed=7, kernel="prop")
+    kernel = tokens(model, [LONGER, PROMPT], config)  # PROMPT left-padded: its keys are a run from key 5
+    static = tokens(model, [LONGER, PROMPT], config, cache_implementation="static")
+    assert torch.equal(reference[0], kernel[1]) and torch.equal(reference[1], kernel[0])
+    assert torch.equal(static, kernel)
+
+
+def test_visible_runs_come_from_the_mask_on_the_device():
+    mask = torch.tensor([[0, 0, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0], [0, 1, 0, 1, 0, 0]], dtype=torch.bool)[:, None, None, :]
+    starts, ends, contiguous = santa.hf.visible_run(mask, 6)
+    assert starts.tolist()[:2] == [2, 0] and ends.tolist()[:2] == [5, 4] and contiguous.tolist() == [True, True, False]
 
 
 def test_query_positions_count_the_keys_each_row_sees():

@@ -37,21 +37,22 @@ def op_args(cache: str, kernel: str, *, dtype=torch.float32) -> tuple:
         k, block_table = to_paged(k, 8, seed=1)
         v, _ = to_paged(v, 8, seed=1)  # the same seed: the same block table
         offset_tensor = torch.tensor([9], dtype=torch.int64, device=DEVICE)
-        return (q, k, v, seq_lens, block_table, offset_tensor, None, None, 16, kernel, "NHD", 0.3, 5, 0)
+        return (q, k, v, seq_lens, block_table, offset_tensor, None, None, None, 16, kernel, "NHD", 0.3, 5, 0)
     if cache == "hnd":  # every key visible
-        return (q, k, v, None, None, None, None, None, 24, kernel, "HND", None, 2**62 + 1, 2**40)
+        return (q, k, v, None, None, None, None, None, None, 24, kernel, "HND", None, 2**62 + 1, 2**40)
     # per-sequence keys and positions (request-keyed draws)
     seeds = torch.tensor([5, 2**62 + 3], dtype=torch.int64, device=DEVICE)
     positions = seq_lens.long() - 1
-    return (q, k, v, seq_lens, None, None, seeds, positions, 16, kernel, "NHD", None, 0, 0)
+    starts = torch.tensor([3, 0], dtype=torch.int32, device=DEVICE) if kernel == "prop" else None  # a left-padded first sequence
+    return (q, k, v, seq_lens, None, None, seeds, positions, starts, 16, kernel, "NHD", None, 0, 0)
 
 
 def eager_decode(args: tuple, **extra):
     """santa.decode with the op's positional arguments."""
-    q, k, v, seq_lens, block_table, offset_tensor, seeds, positions, budget, kernel, kv_layout, scale, seed, offset = args
+    q, k, v, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel, kv_layout, scale, seed, offset = args
     return santa.decode(q, k, v, budget, kernel=kernel, seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout,
                         scale=scale, seed=seed if seeds is None else seeds,
-                        offset=offset if offset_tensor is None else offset_tensor, positions=positions, **extra)
+                        offset=offset if offset_tensor is None else offset_tensor, positions=positions, starts=starts, **extra)
 
 
 @pytest.mark.parametrize("op", sorted(OPS))

@@ -79,3 +79,41 @@ def test_bad_request_keys_raise_naming_the_argument(change, error, match):
     kwargs.update(change)
     with pytest.raises(error, match=match):
         decode(q, k, v, 8, **kwargs)
+
+
+# --------------------------------------------------------------------------- starts: a run of keys [start, seq_len)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_a_left_padded_sequence_samples_its_run_as_the_unpadded_one(paged):
+    """starts[b] pads sequence b on the left: its keys are [start, seq_len). With positions counted in
+    the run, it draws what the same keys at offset 0 draw alone."""
+    q, k, v = make_inputs(2, 8, 2, 32, 300, seed=41, q_scale=2.0)
+    pad = 133
+    noise = make_inputs(2, 8, 2, 32, pad, seed=42)[1:]  # what the pad slots hold: never read
+    k_padded, v_padded = torch.cat([noise[0], k], dim=1), torch.cat([noise[1], v], dim=1)  # keys at [pad, pad + 300)
+    lens = torch.tensor([300, 170], dtype=torch.int32, device=DEVICE)
+    starts = torch.tensor([pad, pad], dtype=torch.int32, device=DEVICE)
+    positions = lens.long() - 1
+    kwargs = dict(seed=torch.tensor([5, 6], device=DEVICE), positions=positions, return_counts=True)
+    want_out, want_counts = decode(q, k, v, 40, seq_lens=lens, **kwargs)
+    if paged:
+        k_pages, table = to_paged(k_padded, 16, seed=2)
+        v_pages, _ = to_paged(v_padded, 16, seed=2)
+        out, counts = decode(q, k_pages, v_pages, 40, seq_lens=lens + pad, block_table=table, starts=starts, **kwargs)
+    else:
+        out, counts = decode(q, k_padded, v_padded, 40, seq_lens=lens + pad, starts=starts, **kwargs)
+    assert not counts[..., :pad].any()  # the pad is never sampled
+    assert torch.equal(counts[..., pad : pad + 300], want_counts)
+    torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_starts_are_refused_by_name():
+    q, k, v = make_inputs(2, 4, 2, 16, 20, seed=1, device="cpu")
+    lens = torch.tensor([20, 9], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"starts\[1\] = 10 must lie in \[0, 9\]"):
+        decode(q, k, v, 8, seq_lens=lens, starts=torch.tensor([0, 10], dtype=torch.int32))
+    with pytest.raises(TypeError, match=r"starts must be an int32 tensor \[B=2\]"):
+        decode(q, k, v, 8, starts=torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match="starts need kernel='prop'"):
+        decode(q, k, v, 8, kernel="flash", starts=torch.tensor([0, 1], dtype=torch.int32))

@@ -61,8 +61,19 @@ def checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS: tl.constexpr):
 
 
 @triton.jit
+def checked_first_key(starts_ptr, b, seq_len, HAS_STARTS: tl.constexpr):
+    """``(first, bad)``: sequence b's first visible key (its keys are ``[first, seq_len)``: a left-padded
+    or windowed run), clamped to ``[0, seq_len]``, and whether it had to be (NaN for the sequence)."""
+    if HAS_STARTS:
+        raw = tl.load(starts_ptr + b)
+        return tl.minimum(tl.maximum(raw, 0), seq_len), (raw < 0) | (raw > seq_len)
+    else:
+        return 0 * b, b < 0
+
+
+@triton.jit
 def tile_scores(
-    q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len, n_pages,
+    q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len, first_key, n_pages,
     stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE_DOT: tl.constexpr, K_EVICTION: tl.constexpr,
@@ -76,7 +87,7 @@ def tile_scores(
     offs_n = start + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     mask_g = offs_g < G
-    mask_n = offs_n < seq_len
+    mask_n = (offs_n < seq_len) & (offs_n >= first_key)  # the sequence's visible keys [first_key, seq_len)
     mask_d = offs_d < D
     q_rows = b.to(tl.int64) * stride_qb + (kvh * G + offs_g).to(tl.int64) * stride_qh
     q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)

@@ -136,6 +136,26 @@ def check_request_keys(seed, offset, positions, *, batch: int, device: torch.dev
                          "so the positions already advance with every decode step")
 
 
+def check_starts(starts, seq_lens, *, kernel: str, batch: int, n_keys: int, device: torch.device, check_values: bool) -> None:
+    """``starts``: an int32 tensor ``[B]`` on ``device``, with prop (flash's tile budgets count from key 0);
+    values in ``[0, seq_len]`` read only when ``check_values``. TypeError / ValueError naming it."""
+    if not isinstance(starts, torch.Tensor) or starts.dtype != torch.int32 or starts.shape != (batch,):
+        got = f"{starts.dtype} {tuple(starts.shape)}" if isinstance(starts, torch.Tensor) else type(starts).__name__
+        raise TypeError(f"starts must be an int32 tensor [B={batch}], got {got}")
+    if starts.device != device:
+        raise ValueError(f"starts is on {starts.device} but q is on {device}")
+    if batch > 1 and starts.stride(0) != 1:
+        raise ValueError(f"starts must be contiguous, got stride {starts.stride(0)}")
+    if kernel != "prop":
+        raise ValueError(f"starts need kernel='prop' (flash's per-tile budgets count the tiles from key 0), got kernel={kernel!r}")
+    if check_values:
+        ends = torch.full_like(starts, n_keys) if seq_lens is None else seq_lens
+        bad = (starts < 0) | (starts > ends)
+        if bool(bad.any()):
+            b = int(bad.nonzero()[0, 0])
+            raise ValueError(f"starts[{b}] = {int(starts[b])} must lie in [0, {int(ends[b])}] (sequence {b}'s length)")
+
+
 def _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts):
     """Everything but the values of seed, offset and the tables (:func:`_check_seed_and_offset`, :func:`_check_tables`)."""
     q = _check_float_tensor("q", q, 3, "[B, H, d]")
@@ -367,6 +387,7 @@ def decode(
     k_scale: float | torch.Tensor | None = None,
     v_scale: float | torch.Tensor | None = None,
     positions: torch.Tensor | None = None,
+    starts: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sampled attention for one new token per sequence: ``ô = (1/S) Σ_j c_j v_j`` (prop).
 
@@ -412,13 +433,16 @@ def decode(
             raise TypeError("fp8 caches (and k_scale / v_scale) are not supported under torch.compile yet: "
                             "call santa.decode eagerly, or plan_decode(kv_dtype=torch.float8_e4m3fn).run in a CUDA graph")
         return _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset,
-                                out, workspace, return_counts, check, positions)
+                                out, workspace, return_counts, check, positions, starts)
     _check_seed_and_offset(seed, offset)
     call = _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out,
                            return_counts)
     if positions is not None or isinstance(seed, torch.Tensor):
         check_request_keys(seed, offset, positions, batch=q.shape[0], device=q.device,
                            check_values=bool(check or call.host_checks))
+    if starts is not None:
+        check_starts(starts, seq_lens, kernel=call.kernel, batch=q.shape[0], n_keys=call.n_keys, device=q.device,
+                     check_values=bool(check or call.host_checks))
     if check is not None and not isinstance(check, bool):
         raise TypeError(f"check must be a bool or None, got {type(check).__name__}")
     # the torch fallback has no in-kernel guards, and on the CPU a check costs no synchronisation
@@ -434,18 +458,19 @@ def decode(
         check_workspace(workspace, call.workspace_key)
     if call.plan is None:
         return _decode_reference(q, k_cache, v_cache, call.budget, call.kernel, seq_lens, block_table, kv_layout, scale,
-                                 seed, offset, out, return_counts, k_scale, v_scale, positions)
+                                 seed, offset, out, return_counts, k_scale, v_scale, positions, starts)
     counts = torch.zeros(q.shape[0], q.shape[1], call.n_keys, dtype=torch.int32, device=q.device) if return_counts else None
     out = call.plan.run(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
-                        out=out, counts=counts, workspace=workspace, k_scale=k_scale, v_scale=v_scale, positions=positions)
+                        out=out, counts=counts, workspace=workspace, k_scale=k_scale, v_scale=v_scale, positions=positions,
+                        starts=starts)
     return (out, counts) if return_counts else out
 
 
 def _decode_reference(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out, return_counts,
-                      k_scale, v_scale, positions):
+                      k_scale, v_scale, positions, starts):
     result, counts = torch_decode(kernel, q, k_cache, v_cache, budget, seq_lens=seq_lens, block_table=block_table,
                                   kv_layout=kv_layout, scale=scale, seed=seed, offset=offset, k_scale=k_scale, v_scale=v_scale,
-                                  positions=positions)
+                                  positions=positions, starts=starts)
     if out is not None:
         out.copy_(result)
         result = out
@@ -453,7 +478,7 @@ def _decode_reference(q, k_cache, v_cache, budget, kernel, seq_lens, block_table
 
 
 def _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out,
-                     workspace, return_counts, check, positions):
+                     workspace, return_counts, check, positions, starts):
     """:func:`decode` as torch.compile traces it: the checks that read no tensor values (the same
     errors as eager), then ``torch.ops.santa.decode`` (or ``decode_counts``), whose implementation is
     the eager call at execution time (its plan cached per call signature, with the plan's own
@@ -464,6 +489,9 @@ def _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table,
     _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts)
     if positions is not None or isinstance(seed, torch.Tensor):
         check_request_keys(seed, offset, positions, batch=q.shape[0], device=q.device, check_values=False)
+    if starts is not None:
+        check_starts(starts, seq_lens, kernel="prop" if kernel == "auto" else kernel, batch=q.shape[0], n_keys=0, device=q.device,
+                     check_values=False)
     if check is not None and not isinstance(check, bool):
         raise TypeError(f"check must be a bool or None, got {type(check).__name__}")
     if check:
@@ -473,7 +501,7 @@ def _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table,
         raise TypeError(f"workspace must be a santa.kernels.Workspace from make_workspace, got {type(workspace).__name__}")
     offset_tensor = offset if isinstance(offset, torch.Tensor) else None
     seeds = seed if isinstance(seed, torch.Tensor) else None
-    args = (q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, int(budget), kernel, kv_layout,
+    args = (q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, int(budget), kernel, kv_layout,
             None if scale is None else float(scale), 0 if seeds is not None else int(seed),
             0 if offset_tensor is not None else int(offset))
     if return_counts:

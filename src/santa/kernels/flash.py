@@ -49,7 +49,7 @@ def _flash_partial_kernel(
     start = t * BLOCK_N
     if start < seq_len:
         s = tile_scores(
-            q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len, n_pages,
+            q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len, 0, n_pages,
             stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh,
             qk_scale * cache_scale(k_scale, k_scale_ptr, kvh, K_SCALE_PER_HEAD),  # q·(s_k k) = s_k (q·k)
             G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, "",
@@ -147,9 +147,14 @@ def _flash_merge_kernel(
 
 
 def flash_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool, k_scale_per_head: bool = False,
-                    v_scale_per_head: bool = False, seed_per_sequence: bool = False, positional: bool = False) -> list:
+                    v_scale_per_head: bool = False, seed_per_sequence: bool = False, positional: bool = False,
+                    has_starts: bool = False) -> list:
     """flash's two launches for a :class:`santa.kernels.plan.DecodePlan`: ``[(name, Launcher)]``; each
-    call's other arguments come by kernel name from ``DecodePlan._arguments``."""
+    call's other arguments come by kernel name from ``DecodePlan._arguments``. flash's tile budgets
+    count tiles from key 0, so runs that start later (``starts``) are prop's alone."""
+    if has_starts:
+        raise ValueError("starts (keys visible from a later first key: left padding, windows) need kernel='prop': "
+                         "flash's per-tile budgets count the tiles from key 0")
     shape = plan.shape
     paged = shape.page_size is not None
     n_keys, qk_scale = shape.n_keys, plan.scale * LOG2E

@@ -2,7 +2,7 @@
 that calls :func:`santa.decode` (and ``mode="reduce-overhead"`` captures it in a CUDA graph).
 
 - ``torch.ops.santa.decode(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds,
-  positions, budget, kernel, kv_layout, scale, seed, offset) -> out``: one decode step, a new ``[B, H, d]`` tensor in
+  positions, starts, budget, kernel, kv_layout, scale, seed, offset) -> out``: one decode step, a new ``[B, H, d]`` tensor in
   q's dtype (contiguous).
 - ``torch.ops.santa.decode_counts(...)`` (same arguments) ``-> (out, counts)``: also the per-key
   sample counts, int32 ``[B, H, n_keys]`` (statistics, tests).
@@ -12,7 +12,8 @@ The arguments are those of :func:`santa.decode`, tensors first: ``seq_lens``, ``
 ``offset`` when given (read inside the kernel, so a captured CUDA graph advances it per step; an int
 offset that changes per step makes dynamo recompile once, then trace it as a SymInt, and CUDA graphs
 record one graph per value); ``seeds`` (int64 ``[B]``, per-sequence keys) replaces ``seed`` when
-given, ``positions`` (``[B]``) keys the draws on each query's position (:func:`santa.decode`);
+given, ``positions`` (``[B]``) keys the draws on each query's position and ``starts`` (``[B]``)
+gives each sequence's first key (:func:`santa.decode`);
 ``scale`` None means ``1/√d``; seed and offset are ints in ``[0, 2**63)`` (they fit the schema's int64).
 
 The implementation is the eager :func:`santa.decode` at execution time: on CUDA (and on the CPU
@@ -36,14 +37,14 @@ _decode = importlib.import_module("santa.kernels.decode")
 __all__ = ["decode", "decode_counts"]
 
 
-def _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, budget, kernel, kv_layout, scale,
-           seed, offset, return_counts):
+def _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel, kv_layout,
+           scale, seed, offset, return_counts):
     """Both ops' implementation: the eager :func:`santa.decode` into a new contiguous output."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous whatever q's strides: as the fake
     return _decode.decode(q, k_cache, v_cache, budget, kernel=kernel, seq_lens=seq_lens, block_table=block_table,
                           kv_layout=kv_layout, scale=scale, seed=seed if seeds is None else seeds,
                           offset=offset if offset_tensor is None else offset_tensor, out=out, return_counts=return_counts,
-                          positions=positions)
+                          positions=positions, starts=starts)
 
 
 def _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset):
@@ -63,6 +64,7 @@ def decode(
     offset_tensor: Tensor | None,
     seeds: Tensor | None,
     positions: Tensor | None,
+    starts: Tensor | None,
     budget: int,
     kernel: str,
     kv_layout: str,
@@ -71,13 +73,13 @@ def decode(
     offset: int,
 ) -> Tensor:
     """One sampled-attention decode step (see :func:`santa.decode`): ``out [B, H, d]``."""
-    return _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, budget, kernel, kv_layout,
-                  scale, seed, offset, False)
+    return _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel,
+                  kv_layout, scale, seed, offset, False)
 
 
 @decode.register_fake
-def _decode_fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, budget, kernel, kv_layout, scale,
-                 seed, offset):
+def _decode_fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel, kv_layout,
+                 scale, seed, offset):
     _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset)
     return q.new_empty(q.shape)
 
@@ -92,6 +94,7 @@ def decode_counts(
     offset_tensor: Tensor | None,
     seeds: Tensor | None,
     positions: Tensor | None,
+    starts: Tensor | None,
     budget: int,
     kernel: str,
     kv_layout: str,
@@ -100,12 +103,12 @@ def decode_counts(
     offset: int,
 ) -> tuple[Tensor, Tensor]:
     """:func:`decode` and the per-key sample counts: ``(out [B, H, d], counts int32 [B, H, n_keys])``."""
-    return _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, budget, kernel, kv_layout,
-                  scale, seed, offset, True)
+    return _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel,
+                  kv_layout, scale, seed, offset, True)
 
 
 @decode_counts.register_fake
-def _decode_counts_fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, budget, kernel,
+def _decode_counts_fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel,
                         kv_layout, scale, seed, offset):
     n_keys = _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset)
     return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[1], n_keys), dtype=torch.int32)

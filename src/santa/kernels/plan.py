@@ -337,7 +337,7 @@ def dequantised(cache: torch.Tensor, scale, kv_layout: str) -> torch.Tensor:
 
 
 def torch_decode(kernel: str, q, k_cache, v_cache, budget: int, *, seq_lens, block_table, kv_layout: str, scale,
-                 seed, offset, k_scale=1.0, v_scale=1.0, positions=None) -> tuple[torch.Tensor, torch.Tensor]:
+                 seed, offset, k_scale=1.0, v_scale=1.0, positions=None, starts=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The torch fallback of a decode call: what the kernels compute, as ``(out in q's dtype, counts int32)``
     (fp8 caches dequantised first, as the kernels dequantise what they read)."""
     if isinstance(offset, torch.Tensor):
@@ -347,7 +347,7 @@ def torch_decode(kernel: str, q, k_cache, v_cache, budget: int, *, seq_lens, blo
     kwargs = dict(seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout, scale=scale, seed=seed, offset=int(offset),
                   positions=positions)
     if kernel == "prop":
-        result, counts = reference.prop_reference(q, k_cache, v_cache, budget, **kwargs)
+        result, counts = reference.prop_reference(q, k_cache, v_cache, budget, starts=starts, **kwargs)
     else:
         result, counts = reference.flash_reference(q, k_cache, v_cache, budget, tile=flash_tile(q.shape[-1]), **kwargs)
     return result, counts.to(torch.int32)
@@ -507,8 +507,9 @@ class DecodePlan:
         return self._workspace
 
     def _stage_launchers(self, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool, k_scale_per_head: bool,
-                         v_scale_per_head: bool, seed_per_sequence: bool, positional: bool) -> tuple:
-        flags = (has_seq_lens, offset_in_memory, return_counts, k_scale_per_head, v_scale_per_head, seed_per_sequence, positional)
+                         v_scale_per_head: bool, seed_per_sequence: bool, positional: bool, has_starts: bool) -> tuple:
+        flags = (has_seq_lens, offset_in_memory, return_counts, k_scale_per_head, v_scale_per_head, seed_per_sequence, positional,
+                 has_starts)
         stages = self._launchers.get(flags)
         if stages is None:
             if self.kernel == "prop":
@@ -517,27 +518,27 @@ class DecodePlan:
                 from santa.kernels.flash import flash_launchers as make
             stages = make(self, has_seq_lens=has_seq_lens, offset_in_memory=offset_in_memory, return_counts=return_counts,
                           k_scale_per_head=k_scale_per_head, v_scale_per_head=v_scale_per_head,
-                          seed_per_sequence=seed_per_sequence, positional=positional)
+                          seed_per_sequence=seed_per_sequence, positional=positional, has_starts=has_starts)
             self._launchers[flags] = stages
         return stages
 
-    def _launchers_for(self, seq_lens, offset, counts, k_scale, v_scale, seed, positions) -> tuple:
+    def _launchers_for(self, seq_lens, offset, counts, k_scale, v_scale, seed, positions, starts) -> tuple:
         return self._stage_launchers(
             has_seq_lens=seq_lens is not None, offset_in_memory=isinstance(offset, torch.Tensor), return_counts=counts is not None,
             k_scale_per_head=isinstance(k_scale, torch.Tensor), v_scale_per_head=isinstance(v_scale, torch.Tensor),
-            seed_per_sequence=isinstance(seed, torch.Tensor), positional=positions is not None,
+            seed_per_sequence=isinstance(seed, torch.Tensor), positional=positions is not None, has_starts=starts is not None,
         )
 
     def stages(self, q, k_cache, v_cache, *, seq_lens=None, block_table=None, seed: int = 0, offset=0, out=None,
-               counts=None, workspace: Workspace | None = None, k_scale=1.0, v_scale=1.0, positions=None) -> list:
+               counts=None, workspace: Workspace | None = None, k_scale=1.0, v_scale=1.0, positions=None, starts=None) -> list:
         """The call's launches as ``[(name, zero-argument callable)]`` in order (benchmarks time them one by one).
         A CPU plan has launches only under Triton's interpreter (:func:`kernels_on_cpu`), else a ValueError."""
         if self.on_cpu and not kernels_on_cpu():
             raise ValueError("stages() times the Triton kernels: this CPU plan runs the torch fallback "
                              "(plan for a CUDA device, or set TRITON_INTERPRET=1 before the kernels are imported)")
-        launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale, seed, positions)
+        launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale, seed, positions, starts)
         key, args, tensors = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace,
-                                             k_scale, v_scale, positions)
+                                             k_scale, v_scale, positions, starts)
 
         def launch(launcher):
             with _on_device(self.cuda_index):
@@ -546,7 +547,7 @@ class DecodePlan:
         return [(name, lambda launcher=launcher: launch(launcher)) for name, launcher in launchers]
 
     def _arguments(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace, k_scale,
-                   v_scale, positions=None) -> tuple:
+                   v_scale, positions=None, starts=None) -> tuple:
         """(key, args, tensors) of one call: the launches' varying arguments by kernel name, pointers
         as ints (one dict for every launch of the plan); ``key``, everything Triton's specialisation
         of them can depend on that may change between calls of one plan (pointer alignment, strides,
@@ -569,19 +570,20 @@ class DecodePlan:
         seeds_tensor = seed if isinstance(seed, torch.Tensor) else None
         seeds_ptr, seed = (q_ptr, int(seed)) if seeds_tensor is None else (seeds_tensor.data_ptr(), 0)
         positions_ptr = q_ptr if positions is None else positions.data_ptr()
+        starts_ptr = q_ptr if starts is None else starts.data_ptr()
         n_pages = k_cache.shape[0]
         kb, kn, kh = (k_strides[0], k_strides[1], k_strides[2]) if self.shape.kv_layout == "NHD" else (k_strides[0], k_strides[2], k_strides[1])
         vb, vn, vh = (v_strides[0], v_strides[1], v_strides[2]) if self.shape.kv_layout == "NHD" else (v_strides[0], v_strides[2], v_strides[1])
         key = (
             q_ptr & 15, k_ptr & 15, v_ptr & 15, out_ptr & 15, seq_lens_ptr & 15, bt_ptr & 15, counts_ptr & 15, offset_ptr & 15,
-            k_scale_ptr & 15, v_scale_ptr & 15, seeds_ptr & 15, positions_ptr & 15,
+            k_scale_ptr & 15, v_scale_ptr & 15, seeds_ptr & 15, positions_ptr & 15, starts_ptr & 15,
             None if positions is None else positions.dtype, q_strides, out_strides, k_strides, v_strides, stride_bt, stride_counts, n_pages,
             seed < 2**31, offset < 2**31,
         )
         args = dict(
             ws.pointers, q_ptr=q_ptr, k_ptr=k_ptr, v_ptr=v_ptr, out_ptr=out_ptr, seq_lens_ptr=seq_lens_ptr, bt_ptr=bt_ptr,
             counts_ptr=counts_ptr, offset_ptr=offset_ptr, k_scale_ptr=k_scale_ptr, v_scale_ptr=v_scale_ptr,
-            seeds_ptr=seeds_ptr, positions_ptr=positions_ptr, seed=seed,
+            seeds_ptr=seeds_ptr, positions_ptr=positions_ptr, starts_ptr=starts_ptr, seed=seed,
             offset=offset, n_pages=n_pages, k_scale=k_scale, v_scale=v_scale,
             stride_qb=q_strides[0], stride_qh=q_strides[1], stride_ob=out_strides[0], stride_oh=out_strides[1],
             stride_kb=kb, stride_kn=kn, stride_kh=kh, stride_vb=vb, stride_vn=vn, stride_vh=vh,
@@ -591,13 +593,13 @@ class DecodePlan:
         def tensors() -> dict:
             given = dict(q_ptr=q, k_ptr=k_cache, v_ptr=v_cache, out_ptr=out, seq_lens_ptr=seq_lens, bt_ptr=block_table,
                          counts_ptr=counts, offset_ptr=offset_tensor, k_scale_ptr=k_scale_tensor, v_scale_ptr=v_scale_tensor,
-                         seeds_ptr=seeds_tensor, positions_ptr=positions)
+                         seeds_ptr=seeds_tensor, positions_ptr=positions, starts_ptr=starts)
             return {**ws.tensors(), **{name: (q if x is None else x) for name, x in given.items()}}
 
         return key, args, tensors
 
     def run(self, q, k_cache, v_cache, *, seq_lens=None, block_table=None, seed: int = 0, offset=0, out=None, counts=None,
-            workspace: Workspace | None = None, k_scale=1.0, v_scale=1.0, positions=None) -> torch.Tensor:
+            workspace: Workspace | None = None, k_scale=1.0, v_scale=1.0, positions=None, starts=None) -> torch.Tensor:
         """One decode step: ``out [B, H, d]`` (allocated when not given; pass it for graph capture).
 
         q ``[B, H, d]``; caches in the planned layout and ``kv_dtype`` (paged: ``block_table`` int32
@@ -608,7 +610,9 @@ class DecodePlan:
         scales, each a float or a float32 tensor ``[H_kv]`` on the device (1.0 for other caches);
         seed may also be an int64 tensor ``[B]`` (one Philox key per sequence) and ``positions`` an
         int32/int64 tensor ``[B]``, each query's position in its own sequence, which then replaces the
-        offset and the batch row in the counter (request-keyed draws: :mod:`santa.rng`). Only
+        offset and the batch row in the counter (request-keyed draws: :mod:`santa.rng`); ``starts``
+        (int32 ``[B]``, prop only): sequence b's keys are ``[starts[b], seq_lens[b])`` (left padding,
+        a window). Only
         seed and offset are checked (TypeError for a wrong type, ValueError out of range); the tensors
         and scales are not. The kernels run on the plan's device (its current stream), whichever device
         is current. A CPU plan runs the torch fallback unless :func:`kernels_on_cpu`
@@ -618,31 +622,32 @@ class DecodePlan:
         check_seed_and_offset(seed, offset)
         if self.on_cpu and not kernels_on_cpu():
             return self._run_torch(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, k_scale, v_scale,
-                                   positions)
+                                   positions, starts)
         index = self.cuda_index
         if index is not None and torch.cuda.current_device() != index:
             with torch.cuda.device(index):
                 return self.run(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
                                 out=out, counts=counts, workspace=workspace, k_scale=k_scale, v_scale=v_scale,
-                                positions=positions)
+                                positions=positions, starts=starts)
         if out is None:
             out = torch.empty_like(q)
-        launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale, seed, positions)
+        launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale, seed, positions, starts)
         key, args, tensors = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace,
-                                             k_scale, v_scale, positions)
+                                             k_scale, v_scale, positions, starts)
         stream = _launch.current_stream(index)
         for _, launcher in launchers:
             launcher(key, args, tensors, stream)
         return out
 
     def _run_torch(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, k_scale, v_scale,
-                   positions) -> torch.Tensor:
+                   positions, starts) -> torch.Tensor:
         """The CPU fallback: the torch reference of the plan's kernel, written into ``out`` (and ``counts``)."""
         check_tables(seq_lens, block_table, n_keys=self.shape.n_keys, page_size=self.shape.page_size or 1,
                      n_pages=k_cache.shape[0])
         result, sampled = torch_decode(self.kernel, q, k_cache, v_cache, self.budget, seq_lens=seq_lens,
                                        block_table=block_table, kv_layout=self.shape.kv_layout, scale=self.scale,
-                                       seed=seed, offset=offset, k_scale=k_scale, v_scale=v_scale, positions=positions)
+                                       seed=seed, offset=offset, k_scale=k_scale, v_scale=v_scale, positions=positions,
+                                       starts=starts)
         if counts is not None:
             counts.copy_(sampled)
         if out is None:

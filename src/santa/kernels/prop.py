@@ -25,6 +25,7 @@ from santa.kernels._common import (
     LOG2E,
     cache_scale,
     call_uniforms,
+    checked_first_key,
     checked_seq_len,
     load_cache_rows,
     load_offset,
@@ -38,7 +39,7 @@ from santa.kernels.plan import prop_discard_mode, prop_sample_chunks, prop_tile_
 
 @triton.jit
 def _prop_tile(
-    q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, n_pages, n_kv_heads,
+    q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, first_key, n_pages, n_kv_heads,
     stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE_DOT: tl.constexpr, K_EVICTION: tl.constexpr,
@@ -47,7 +48,7 @@ def _prop_tile(
     start = t * BLOCK_N
     if start < seq_len:  # tiles past the sequence are never read by pass 2
         s = tile_scores(
-            q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len, n_pages,
+            q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len, first_key, n_pages,
             stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale,
             G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, K_EVICTION,
         )  # [BLOCK_G, BLOCK_N], log2 units
@@ -63,21 +64,22 @@ def _prop_tile(
 
 @triton.jit
 def _prop_scores_kernel(
-    q_ptr, k_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, k_scale_ptr,
+    q_ptr, k_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, k_scale_ptr, starts_ptr,
     n_keys, n_pages, n_kv_heads, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh,
     stride_stash, stride_stats, qk_scale, k_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, IEEE_DOT: tl.constexpr,
-    K_EVICTION: tl.constexpr, K_SCALE_PER_HEAD: tl.constexpr,
+    K_EVICTION: tl.constexpr, K_SCALE_PER_HEAD: tl.constexpr, HAS_STARTS: tl.constexpr,
 ):
     t = tl.program_id(0)
     pid_bk = tl.program_id(1)
     b = pid_bk // n_kv_heads
     kvh = pid_bk % n_kv_heads
     seq_len, _ = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
+    first_key, _ = checked_first_key(starts_ptr, b, seq_len, HAS_STARTS)
     score_scale = qk_scale * cache_scale(k_scale, k_scale_ptr, kvh, K_SCALE_PER_HEAD)  # q·(s_k k) = s_k (q·k)
     _prop_tile(
-        q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, n_pages, n_kv_heads,
+        q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, first_key, n_pages, n_kv_heads,
         stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, score_scale,
         G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, K_EVICTION,
     )
@@ -297,7 +299,7 @@ def _prop_chunk(
 @triton.jit(do_not_specialize=["seed", "offset", "budget"])
 def _prop_gather_kernel(
     v_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr,
-    out_ptr, counts_ptr, offset_ptr, v_scale_ptr, seeds_ptr, positions_ptr,
+    out_ptr, counts_ptr, offset_ptr, v_scale_ptr, seeds_ptr, positions_ptr, starts_ptr,
     seed, offset, budget, n_keys, n_pages, n_heads, tiles_max, v_scale,
     stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
     G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -305,7 +307,7 @@ def _prop_gather_kernel(
     BISECT: tl.constexpr, LOG_T: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, OFFSET_IN_MEMORY: tl.constexpr,
     RETURN_COUNTS: tl.constexpr, USE_PDL: tl.constexpr, DISCARD: tl.constexpr, V_SCALE_PER_HEAD: tl.constexpr,
-    SEED_PER_SEQUENCE: tl.constexpr, POSITIONAL: tl.constexpr,
+    SEED_PER_SEQUENCE: tl.constexpr, POSITIONAL: tl.constexpr, HAS_STARTS: tl.constexpr,
 ):
     pid_s = tl.program_id(0)
     row = tl.program_id(1)  # b·H + h
@@ -313,6 +315,8 @@ def _prop_gather_kernel(
     h = row % n_heads
     kvh = h // G
     seq_len, bad_len = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
+    _, bad_start = checked_first_key(starts_ptr, b, seq_len, HAS_STARTS)
+    bad_len = bad_len | bad_start  # the run's keys were masked in pass 1; a bad start makes the sequence NaN
     off_lo, off_hi = load_offset(offset, offset_ptr, OFFSET_IN_MEMORY)
     u = call_uniforms(seed, seeds_ptr, off_lo, off_hi, positions_ptr, b, n_heads, h, 0, [SBLOCK],
                       SEED_PER_SEQUENCE, POSITIONAL)  # one U per (sequence, head)
@@ -328,7 +332,8 @@ def _prop_gather_kernel(
 
 
 def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool, k_scale_per_head: bool = False,
-                   v_scale_per_head: bool = False, seed_per_sequence: bool = False, positional: bool = False) -> list:
+                   v_scale_per_head: bool = False, seed_per_sequence: bool = False, positional: bool = False,
+                   has_starts: bool = False) -> list:
     """prop's two launches for a :class:`santa.kernels.plan.DecodePlan`: ``[(name, Launcher)]``; each
     call's other arguments come by kernel name from ``DecodePlan._arguments``."""
     shape, tuning = plan.shape, plan.tuning
@@ -345,7 +350,7 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
                   stride_stash=stride_stash, stride_stats=stride_stats)
     pass1 = Launcher(_prop_scores_kernel, grid=(plan.tiles, shape.batch * shape.kv_heads), fixed=fixed1, meta=dict(
         common, BLOCK_G=plan.block_g, IEEE_DOT=plan.ieee_dot, K_EVICTION="evict_first" if plan.k_evict_first else "",
-        K_SCALE_PER_HEAD=k_scale_per_head,
+        K_SCALE_PER_HEAD=k_scale_per_head, HAS_STARTS=has_starts,
         num_warps=tuning.warps_pass1 or (8 if shape.head_dim > 128 else 4), num_stages=tuning.stages_pass1 or 1,
     ))
     pass2 = Launcher(_prop_gather_kernel, grid=(n_chunks, shape.batch * shape.heads), fixed=fixed2, meta=dict(
@@ -353,7 +358,7 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
         ONE_CHUNK_T=plan.tiles <= block_t, BISECT=prop_tile_search(plan.tiles, tuning) == "bisect",
         LOG_T=max(1, plan.tiles.bit_length()), OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts, USE_PDL=plan.pdl,
         DISCARD=prop_discard_mode(n_chunks) if plan.discard_stash else 0, V_SCALE_PER_HEAD=v_scale_per_head,
-        SEED_PER_SEQUENCE=seed_per_sequence, POSITIONAL=positional,
+        SEED_PER_SEQUENCE=seed_per_sequence, POSITIONAL=positional, HAS_STARTS=has_starts,
         # 8 warps up to 256 tiles (32k: 31.2 vs 34.5 µs), 4 beyond (128k: 95.1 with 8 vs 86.7 with 4; H200, 2026-11-29)
         num_warps=tuning.warps_pass2 or (8 if plan.tiles <= 256 else 4), num_stages=1, launch_pdl=plan.pdl,
     ))

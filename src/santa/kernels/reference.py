@@ -209,14 +209,18 @@ def prop_reference(
     seed: int | torch.Tensor = 0,
     offset: int = 0,
     positions: torch.Tensor | None = None,
+    starts: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact global systematic sampling: returns ``(out [B, H, d] in q.dtype, counts [B, H, n_max] int64)``.
-    seed, offset, positions: the draws' key and counter (:func:`call_uniforms`)."""
+    seed, offset, positions: the draws' key and counter (:func:`call_uniforms`); starts ``[B]``: sequence
+    b's keys are ``[starts[b], seq_lens[b])`` (a left-padded or windowed run)."""
     budget = check_budget_for_kernels(budget)
     batch, heads, dim = q.shape
     scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
     k, visible = gather_cache(k_cache, batch=batch, seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout)
     v, _ = gather_cache(v_cache, batch=batch, seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout)
+    if starts is not None:
+        visible = visible & (torch.arange(k.shape[1], device=visible.device) >= starts.to(visible.device).long().unsqueeze(-1))
     probs = _softmax_rows(_scores(q, k, visible, scale))  # [B, H, L]
     nan_rows = torch.isnan(probs).any(dim=-1)  # NaN/+inf scores: NaN out, no samples
     uniforms = call_uniforms(seed, offset, positions, batch, heads).to(q.device, torch.float64)
