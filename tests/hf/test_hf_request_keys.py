@@ -60,3 +60,30 @@ def test_query_positions_count_the_keys_each_row_sees():
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool)[:, None, None, :]
     assert santa.hf.query_positions(mask, 1, 5, 2, torch.device("cpu")).tolist() == [[2], [4]]
     assert santa.hf.query_positions(None, 3, 7, 2, torch.device("cpu")).tolist() == [[4, 5, 6], [4, 5, 6]]
+
+
+def test_the_kernel_path_compiles_in_one_graph_with_a_padding_mask():
+    """No host read on the kernel path: torch.compile(fullgraph=True) traces a masked decode step (left
+    padding and a static cache's unwritten tail), and it gives what the eager step gives."""
+    from helpers import qkv
+    from santa.hf import santa_attention_forward
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer_idx, self.num_key_value_groups, self.is_causal = 0, 3, True
+            self.santa_config = santa.hf.SantaConfig(budget=4, seed=3, kernel="prop")
+
+    module = Attention()
+    q, k, v = qkv(b=2, hq=6, hkv=2, lk=40, seed=5)
+    mask = torch.zeros(2, 1, 1, 40, dtype=torch.bool)
+    mask[0, ..., 3:31] = True  # left-padded by 3, 12 static slots unwritten
+    mask[1, ..., :37] = True
+
+    def step(q, k, v, mask):
+        return santa_attention_forward(module, q, k, v, mask)[0]
+
+    eager = step(q, k, v, mask)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="eager")(q, k, v, mask)
+    assert torch.equal(compiled, eager) and torch.isfinite(eager).all()
