@@ -123,11 +123,12 @@ class SantaConfig:
         (:func:`santa.bernoulli_query`, one draw per KV-head group), or None for exact scores.
         With ``sampler="dense"`` it samples the scores alone. Runs on the torch reference path.
     score_sampler: ``"stratified"`` (default, the paper's) or ``"iid"``.
-    kernel: decode path for ``sampler="systematic"``: ``"auto"`` (on CUDA the Triton prop kernel
-        when the step has no padding mask, else the torch reference), ``"prop"``, ``"flash"``
-        (per-tile budgets, not global S²ANTA-sys; both run on any device through
-        :func:`santa.kernels.decode`), or ``"reference"``. The kernels and the reference draw the
-        same request-keyed uniforms (Bernoulli scores still use a generator per call).
+    kernel: decode path for ``sampler="systematic"``: ``"auto"`` (on CUDA the Triton prop kernel,
+        else the torch reference), ``"prop"``, ``"flash"`` (per-tile budgets, not global S²ANTA-sys;
+        both run on any device through :func:`santa.kernels.decode`), or ``"reference"``. prop reads
+        a masked step (left padding, a static cache's unwritten tail, a window) as each sequence's run
+        of keys, found on the device; flash takes unmasked steps only. The kernels and the reference
+        draw the same request-keyed uniforms (Bernoulli scores still use a generator per call).
     """
 
     budget: int = 64
