@@ -113,6 +113,18 @@ def checked_cache_scales(k_scale, v_scale, *, kv_dtype: torch.dtype, kv_heads: i
     return tuple(result)
 
 
+def _check_per_sequence(name: str, x: object, dtypes: tuple, *, batch: int, device: torch.device, expected: str) -> None:
+    """One value per sequence: a tensor of one of ``dtypes``, shape ``[B]``, on ``device``, contiguous.
+    TypeError ``"{name} {expected} [B=…], got …"`` for the wrong kind; ValueError for the device or strides."""
+    if not isinstance(x, torch.Tensor) or x.dtype not in dtypes or x.shape != (batch,):
+        got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"{name} {expected} [B={batch}], got {got}")
+    if x.device != device:
+        raise ValueError(f"{name} is on {x.device} but q is on {device}")
+    if batch > 1 and x.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous (stride 1), got stride {x.stride(0)}: pass {name}.contiguous()")
+
+
 def check_request_keys(seed, offset, positions, *, batch: int, device: torch.device, check_values: bool) -> None:
     """Per-sequence keys and positions (request-keyed draws): ``seed`` an int or an int64 tensor ``[B]``
     on ``device``, ``positions`` None or an int32/int64 tensor ``[B]`` on ``device`` (then ``offset``
@@ -121,13 +133,8 @@ def check_request_keys(seed, offset, positions, *, batch: int, device: torch.dev
     for name, tensor, dtypes in (("seed", seed, (torch.int64,)), ("positions", positions, (torch.int32, torch.int64))):
         if not isinstance(tensor, torch.Tensor):
             continue
-        if tensor.dtype not in dtypes or tensor.shape != (batch,):
-            allowed = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
-            raise TypeError(f"{name} as a tensor must be {allowed} [B={batch}], got {tensor.dtype} {tuple(tensor.shape)}")
-        if tensor.device != device:
-            raise ValueError(f"{name} is on {tensor.device} but q is on {device}")
-        if batch > 1 and tensor.stride(0) != 1:
-            raise ValueError(f"{name} must be contiguous, got stride {tensor.stride(0)}")
+        allowed = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        _check_per_sequence(name, tensor, dtypes, batch=batch, device=device, expected=f"as a tensor must be {allowed}")
         if check_values and bool((tensor < 0).any()):
             b = int((tensor < 0).nonzero()[0, 0])
             raise ValueError(f"{name}[{b}] = {int(tensor[b])} must be ≥ 0" + (" (a key in [0, 2**63))" if name == "seed" else ""))
@@ -139,13 +146,7 @@ def check_request_keys(seed, offset, positions, *, batch: int, device: torch.dev
 def check_starts(starts, seq_lens, *, kernel: str, batch: int, n_keys: int, device: torch.device, check_values: bool) -> None:
     """``starts``: an int32 tensor ``[B]`` on ``device``, with prop (flash's tile budgets count from key 0);
     values in ``[0, seq_len]`` read only when ``check_values``. TypeError / ValueError naming it."""
-    if not isinstance(starts, torch.Tensor) or starts.dtype != torch.int32 or starts.shape != (batch,):
-        got = f"{starts.dtype} {tuple(starts.shape)}" if isinstance(starts, torch.Tensor) else type(starts).__name__
-        raise TypeError(f"starts must be an int32 tensor [B={batch}], got {got}")
-    if starts.device != device:
-        raise ValueError(f"starts is on {starts.device} but q is on {device}")
-    if batch > 1 and starts.stride(0) != 1:
-        raise ValueError(f"starts must be contiguous, got stride {starts.stride(0)}")
+    _check_per_sequence("starts", starts, (torch.int32,), batch=batch, device=device, expected="must be an int32 tensor")
     if kernel != "prop":
         raise ValueError(f"starts need kernel='prop' (flash's per-tile budgets count the tiles from key 0), got kernel={kernel!r}")
     if check_values:
@@ -209,13 +210,7 @@ def _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_lay
             raise ValueError(f"k_cache batch {k_cache.shape[0]} does not match q's batch {batch}")
         n_keys = k_cache.shape[pos_axis]
     if seq_lens is not None:
-        if not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype != torch.int32 or seq_lens.shape != (batch,):
-            got = f"{seq_lens.dtype} {tuple(seq_lens.shape)}" if isinstance(seq_lens, torch.Tensor) else type(seq_lens).__name__
-            raise TypeError(f"seq_lens must be an int32 tensor [B={batch}], got {got}")
-        if seq_lens.device != device:
-            raise ValueError(f"seq_lens is on {seq_lens.device} but q is on {device}")
-        if batch > 1 and seq_lens.stride(0) != 1:
-            raise ValueError(f"seq_lens must be contiguous (stride 1), got stride {seq_lens.stride(0)}: pass seq_lens.contiguous()")
+        _check_per_sequence("seq_lens", seq_lens, (torch.int32,), batch=batch, device=device, expected="must be an int32 tensor")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale)):
         raise TypeError(f"scale must be a finite float or None, got {scale!r}")
     if isinstance(offset, torch.Tensor):
