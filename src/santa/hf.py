@@ -35,6 +35,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from santa import methods, rng
 from santa.attention import ATTENTION_SAMPLERS, attention_probs, check_flag, sampled_values
 from santa.bernoulli import SCORE_SAMPLERS, bernoulli_query
+from santa.kernels.reference import sampler_uniforms
 from santa.rng import MAX_SEED, check_seed  # noqa: F401 (MAX_SEED: re-exported, the one seed range)
 from santa.sampling import check_budget, check_sampler
 from santa.stats import unique_keys
@@ -288,21 +289,6 @@ def query_positions(attention_mask: torch.Tensor | None, n_queries: int, n_keys:
     return rows.clamp_min(0).expand(batch, n_queries)
 
 
-def request_uniforms(config: SantaConfig, layer: int, positions: torch.Tensor, heads: int, sampler: str, budget: int,
-                     device: torch.device) -> torch.Tensor:
-    """The uniforms of a sampled call keyed on the request (:mod:`santa.rng`): key ``layer_key(seed,
-    layer)``, counter (position, head, stream) with sample m on stream m (systematic: its one offset
-    on stream 0), as the kernels draw them. ``[B, Hq, Lq]`` (systematic) or ``[B, Hq, Lq, S]`` float64."""
-    from santa.kernels.reference import philox_uniforms
-
-    tail = () if sampler == "systematic" else (1,)
-    streams = 0 if sampler == "systematic" else torch.arange(budget)
-    batch, n_queries = positions.shape
-    uniforms = philox_uniforms(rng.layer_key(config.seed, layer), positions.reshape(batch, 1, n_queries, *tail),
-                               torch.arange(heads).reshape(1, heads, 1, *tail), streams)
-    return uniforms.to(device, torch.float64)
-
-
 def visible_run(attention_mask: torch.Tensor, n_keys: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A decode step's bool mask ``[B, 1, 1, Lk]`` as runs of keys, on the device: ``(starts, ends,
     contiguous)`` int32 ``[B]`` ×2 and bool ``[B]``. Sequence b sees ``[starts[b], ends[b])`` when
@@ -434,8 +420,9 @@ def santa_attention_forward(
     sampler = "dense" if exact_values else config.sampler
     uniforms = None
     if sampler in ("iid", "stratified", "systematic"):  # keyed on the request, as the kernels draw
-        positions = query_positions(attention_mask, n_queries, n_keys, query.shape[0], query.device)
-        uniforms = request_uniforms(config, layer, positions, query.shape[1], sampler, budget, query.device)
+        positions = query_positions(attention_mask, n_queries, n_keys, query.shape[0], query.device)  # [B, Lq]
+        uniforms = sampler_uniforms(rng.layer_key(config.seed, layer), positions, query.shape[1], sampler, budget)
+        uniforms = uniforms.to(query.device, torch.float64)
     out, counts = sampled_values(probs, value, budget, sampler, generator=generator, uniforms=uniforms)
     if config.record_stats and counts is None and sampler == "topk":
         counts = topk_rows_read(probs, budget)

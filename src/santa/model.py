@@ -439,10 +439,9 @@ class Attention(nn.Module):
             visible = torch.arange(k_cache.shape[1], device=q.device) < ctx.seq_lens.unsqueeze(-1)  # [B, L_max]
             budget = ctx.budget_of(self.layer_id)
             uniforms = None
-            if ctx.backend != "topk":  # request-keyed, as the kernels: sample m of head h uses stream m (systematic: 0)
-                streams = 0 if ctx.backend == "systematic" else torch.arange(budget)
-                uniforms = reference.call_uniforms(keys, 0, ctx.positions, q.shape[0], q.shape[1], streams)
-                uniforms = uniforms.to(q.device, torch.float64).unsqueeze(2)  # [B, H, 1(, S)]
+            if ctx.backend != "topk":  # request-keyed, as the kernels draw: [B, H, 1(, S)]
+                uniforms = reference.sampler_uniforms(keys, ctx.positions.unsqueeze(1), q.shape[1], ctx.backend, budget)
+                uniforms = uniforms.to(q.device, torch.float64)
             y = sampled_attention(
                 q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), budget, sampler=ctx.backend,
                 attn_mask=visible[:, None, None], enable_gqa=True, uniforms=uniforms,

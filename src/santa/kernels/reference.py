@@ -97,22 +97,31 @@ def philox_uniforms(seed, offset, rows: torch.Tensor | np.ndarray, stream: torch
 
 
 def call_uniforms(seed, offset, positions: torch.Tensor | None, batch: int, heads: int, stream=0) -> torch.Tensor:
-    """A decode call's uniforms ``[B, H, *stream's shape]`` (CPU float32), as the kernels draw them.
+    """A decode call's uniforms ``[B, H, *rows, *stream's shape]`` (CPU float32), as the kernels draw them.
 
     - ``positions`` None: key ``seed`` (an int, or an int tensor ``[B]``: one key per sequence),
       counter ``(offset, b·H + h, stream)``;
-    - ``positions`` ``[B]``: key as above, counter ``(positions[b], h, stream)``: a draw depends on
-      the sequence's key, its query's position, the head and the stream, never on the batch row
-      (santa.rng, "request-keyed draws").
+    - ``positions`` ``[B, *rows]`` (``[B]`` for one query per sequence, ``[B, Lq]`` for query rows):
+      key as above, counter ``(position, h, stream)``: a draw depends on the sequence's key, its
+      query's position, the head and the stream, never on the batch row (santa.rng, "request-keyed draws").
     """
     stream_np = np.asarray(stream.cpu() if isinstance(stream, torch.Tensor) else stream)
     tail = (1,) * stream_np.ndim
-    keys = seed.reshape(batch, 1, *tail) if isinstance(seed, torch.Tensor) else seed
-    heads_ix = torch.arange(heads).reshape(1, heads, *tail)
+    rows = () if positions is None else tuple(positions.shape[1:])
+    ones = (1,) * len(rows)
+    keys = seed.reshape(batch, 1, *ones, *tail) if isinstance(seed, torch.Tensor) else seed
+    heads_ix = torch.arange(heads).reshape(1, heads, *ones, *tail)
     if positions is None:
-        rows = torch.arange(batch).reshape(batch, 1, *tail) * heads + heads_ix
-        return philox_uniforms(keys, offset, rows, stream_np)
-    return philox_uniforms(keys, positions.reshape(batch, 1, *tail), heads_ix, stream_np)
+        return philox_uniforms(keys, offset, torch.arange(batch).reshape(batch, 1, *tail) * heads + heads_ix, stream_np)
+    return philox_uniforms(keys, positions.reshape(batch, 1, *rows, *tail), heads_ix, stream_np)
+
+
+def sampler_uniforms(seed, positions: torch.Tensor, heads: int, sampler: str, budget: int) -> torch.Tensor:
+    """The request-keyed uniforms a sampler of :func:`santa.sample_counts` consumes, for query
+    ``positions [B, *rows]``: ``[B, H, *rows]`` for systematic (its one offset on stream 0, as prop's),
+    ``[B, H, *rows, S]`` for iid and stratified (sample m on stream m). CPU float32."""
+    streams = 0 if sampler == "systematic" else torch.arange(budget)
+    return call_uniforms(seed, 0, positions, positions.shape[0], heads, streams)
 
 
 def gather_cache(
