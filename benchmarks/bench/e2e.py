@@ -248,10 +248,8 @@ def time_prefill(model: Transformer, prompt: int, device: torch.device, seed: in
 
 
 def fill_random(model: Transformer, seed: int) -> None:
-    """Random K/V everywhere in the caches (stands in for the prefill's K/V); an fp8 cache holds them
-    quantised with per-KV-head scales, as a prefill would write them."""
-    from santa.model import per_head_scale, quantise
-
+    """Random K/V everywhere in the caches (stands in for the prefill's K/V); an fp8 cache gets them
+    through its own prefill write (``KVCache.update``: per-KV-head scales calibrated, values quantised)."""
     torch.manual_seed(seed)
     for layer in model.layers:
         kv = layer.attention.kv_cache
@@ -259,11 +257,9 @@ def fill_random(model: Transformer, seed: int) -> None:
             kv.k_cache.normal_()
             kv.v_cache.normal_()
             continue
-        for cache, scale in ((kv.k_cache, kv.k_scale), (kv.v_cache, kv.v_scale)):
-            values = torch.randn(cache.shape, device=cache.device)
-            scale.copy_(per_head_scale(values))
-            cache.view(torch.uint8).copy_(quantise(values, scale).view(torch.uint8))
-            del values
+        every_position = torch.arange(kv.k_cache.shape[1], device=kv.k_cache.device)
+        kv.update(every_position, torch.randn(kv.k_cache.shape, device=kv.k_cache.device),
+                  torch.randn(kv.v_cache.shape, device=kv.v_cache.device))
 
 
 def attention_check(model: Transformer, ctx, prompt: int, device: torch.device, seed: int,
