@@ -215,11 +215,26 @@ def random_inputs(batch: int, n_keys: int, args, seed: int) -> tuple[torch.Tenso
     return q, k, v
 
 
+def flashinfer_paged(fi, q, k_pages, v_pages, table, *, tensor_cores: bool, **scales):
+    """FlashInfer's paged decode over full pages ``[pages, P, H_kv, d]`` (NHD) in the order of ``table``
+    (int32 ``[B, pages per sequence]``), planned once: a zero-argument call. ``scales``: ``k_scale`` /
+    ``v_scale`` of an fp8 cache (its dtype is the pages')."""
+    batch, pages_per_seq = table.shape
+    _, page_size, kv_heads, dim = k_pages.shape
+    wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=q.device), "NHD", use_tensor_cores=tensor_cores)
+    indptr = torch.arange(0, batch + 1, device=q.device, dtype=torch.int32) * pages_per_seq
+    last = torch.full((batch,), page_size, dtype=torch.int32, device=q.device)
+    wrapper.plan(indptr, table.reshape(-1), last, q.shape[1], kv_heads, dim, page_size, q_data_type=q.dtype,
+                 kv_data_type=k_pages.dtype)
+    return lambda: wrapper.run(q, (k_pages, v_pages), **scales)
+
+
 def bench_batch(batch, n_keys, results, flusher, args, fi, page_size=16):
     from santa.kernels import decode, make_workspace
 
     dev = torch.device("cuda")
-    heads, kv_heads, dim = args.heads, args.kv_heads, args.head_dim
+    kv_heads, dim = args.kv_heads, args.head_dim
     q, k, v = random_inputs(batch, n_keys, args, seed=1)
     seq_lens = torch.full((batch,), n_keys, dtype=torch.int32, device=dev)
     tag = f"b{batch}/n{n_keys}"
@@ -238,12 +253,7 @@ def bench_batch(batch, n_keys, results, flusher, args, fi, page_size=16):
         for tc in (False, True):
             name = f"{tag}/flashinfer_paged{'_tc' if tc else ''}"
             try:
-                wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
-                    torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev), "NHD", use_tensor_cores=tc)
-                indptr = torch.arange(0, batch + 1, device=dev, dtype=torch.int32) * pages_per_seq
-                last = torch.full((batch,), page_size, dtype=torch.int32, device=dev)
-                wrapper.plan(indptr, table.reshape(-1), last, heads, kv_heads, dim, page_size, q_data_type=DTYPE, kv_data_type=DTYPE)
-                measure(results, name, lambda wrapper=wrapper: wrapper.run(q, (k_pages, v_pages)), flusher, meta=meta_dense)
+                measure(results, name, flashinfer_paged(fi, q, k_pages, v_pages, table, tensor_cores=tc), flusher, meta=meta_dense)
             except Exception as exc:
                 results[name] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
                 print("  flashinfer paged failed:", exc)
@@ -278,7 +288,7 @@ def bench_fp8(batch, n_keys, results, flusher, args, fi, page_size=16, k_scale=0
     from santa.kernels import decode, make_workspace
 
     dev = torch.device("cuda")
-    heads, kv_heads, dim = args.heads, args.kv_heads, args.head_dim
+    kv_heads, dim = args.kv_heads, args.head_dim
     q, k, v = random_inputs(batch, n_keys, args, seed=2)
     k8, v8 = (k.float() / k_scale).to(torch.float8_e4m3fn), (v.float() / v_scale).to(torch.float8_e4m3fn)
     tag = f"fp8/b{batch}/n{n_keys}"
@@ -309,18 +319,10 @@ def bench_fp8(batch, n_keys, results, flusher, args, fi, page_size=16, k_scale=0
                 fn = lambda tc=tc: fi.single_decode_with_kv_cache(q[0], k8[0], v8[0], kv_layout="NHD",  # noqa: E731
                                                                   use_tensor_cores=tc, k_scale=k_scale, v_scale=v_scale)
             else:
-                pages_per_seq = n_keys // page_size
-                k_pages = k8.reshape(batch * pages_per_seq, page_size, kv_heads, dim)
-                v_pages = v8.reshape(batch * pages_per_seq, page_size, kv_heads, dim)
-                wrapper = fi.BatchDecodeWithPagedKVCacheWrapper(
-                    torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev), "NHD", use_tensor_cores=tc)
-                indptr = torch.arange(0, batch + 1, device=dev, dtype=torch.int32) * pages_per_seq
-                indices = torch.arange(batch * pages_per_seq, device=dev, dtype=torch.int32)
-                last = torch.full((batch,), page_size, dtype=torch.int32, device=dev)
-                wrapper.plan(indptr, indices, last, heads, kv_heads, dim, page_size, q_data_type=DTYPE,
-                             kv_data_type=torch.float8_e4m3fn)
-                fn = lambda wrapper=wrapper, k_pages=k_pages, v_pages=v_pages: wrapper.run(  # noqa: E731
-                    q, (k_pages, v_pages), k_scale=k_scale, v_scale=v_scale)
+                pages_per_seq = n_keys // page_size  # sequence b's pages in order: b·pages_per_seq + i
+                table = torch.arange(batch * pages_per_seq, device=dev, dtype=torch.int32).view(batch, pages_per_seq)
+                fn = flashinfer_paged(fi, q, k8.view(-1, page_size, kv_heads, dim), v8.view(-1, page_size, kv_heads, dim), table,
+                                      tensor_cores=tc, k_scale=k_scale, v_scale=v_scale)
             measure(results, name, fn, flusher, meta=meta8)
         except Exception as exc:  # a backend that does not run here is recorded, not fatal
             results[name] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
