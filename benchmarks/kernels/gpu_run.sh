@@ -2,7 +2,7 @@
 # One device call for the kernel issue: the CUDA tests, then `python -m benchmarks.bench.kernels` on the
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (copied from ../shared/wheels).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [ab] [fp8] [llama] [small] [tune] [host] [hf] [e2e]
+#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [ab] [fp8] [llama] [small] [tune] [host] [hf] [hfq] [e2e]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -53,8 +53,16 @@ for stage in "$@"; do
         --batches 64 --batch-keys 8192 --out /tmp/fp8_smollm2 >> "$OUT/fp8.log" 2>&1; cp /tmp/fp8_smollm2/kernels.json "$OUT/fp8_smollm2.json"
       timeout "${FI_SECONDS:-200}" python3 -m benchmarks.bench.kernels --only-fp8 --sizes 32768 --batches 8 \
         --out /tmp/fp8_fi > "$OUT/fp8_fi.log" 2>&1; cp /tmp/fp8_fi/kernels.json "$OUT/fp8_fi.json" ;;
-    hf)  # HF generate() ms/token: SDPA against santa prop S=128 on a random Llama-3.1-8B-shaped model
-      python3 benchmarks/kernels/hf_generate.py "$OUT/hf_generate.json" 8192 30000 > "$OUT/hf_generate.log" 2>&1 ;;
+    hf)  # HF generate() ms/token, static cache + compiled decode: SDPA against santa prop S=128, Llama-3.1-8B shapes
+      timeout 560 python3 benchmarks/kernels/hf_generate.py --out "$OUT/hf_llama.json" --shape llama-3.1-8b --lengths 30000 \
+        --batches 1 6 --cache static --compile > "$OUT/hf_llama.log" 2>&1 ;;
+    hfq)  # the same on Qwen2.5-0.5B shapes at 32k, then santa.model's ms/token on the same shapes (the 15 % target)
+      timeout 240 python3 benchmarks/kernels/hf_generate.py --out "$OUT/hf_qwen.json" --shape qwen2.5-0.5b --lengths 32000 \
+        --batches 1 --cache static --compile > "$OUT/hf_qwen.log" 2>&1
+      timeout 200 python3 -m benchmarks.bench.e2e --batches 1,6 --prompts 30000 --new-tokens 64 --backends sdpa,santa-prop \
+        --no-prefill --out /tmp/e2e_llama > "$OUT/e2e_ref.log" 2>&1; cp /tmp/e2e_llama/e2e.json "$OUT/e2e_ref_llama.json"
+      timeout 100 python3 -m benchmarks.bench.e2e --config qwen2.5-0.5b --batches 1 --prompts 32000 --new-tokens 64 \
+        --backends sdpa,santa-prop --no-prefill --out /tmp/e2e_qwen >> "$OUT/e2e_ref.log" 2>&1; cp /tmp/e2e_qwen/e2e.json "$OUT/e2e_ref_qwen.json" ;;
     host)  # where the host time of eager decode() and plan.run goes (cProfile)
       python3 benchmarks/kernels/host_profile.py > "$OUT/host.log" 2>&1 ;;
     stash1)  # the SmolLM2 GGUF travels in two ignored folders, one per call (.gguf1, then .gguf2), with .pkgs and .whlgg
