@@ -233,6 +233,35 @@ def test_out_and_workspace_are_used_and_reused():
         assert torch.equal(again, out)
 
 
+@pytest.mark.parametrize("kernel", ["prop", "flash"])
+def test_a_scratch_workspace_reads_nothing_it_did_not_write(kernel):
+    """Workspace.scratch (the custom op's per-call workspace) zeroes only the semaphores: filled with NaN
+    elsewhere, it gives the counts and output of a zeroed one, with short sequences and (prop) runs of keys."""
+    from santa.kernels import Tuning, Workspace, plan_decode
+
+    q, k, v = make_inputs(2, 8, 2, 32, 300, seed=21)
+    seq_lens = torch.tensor([300, 131], dtype=torch.int32, device=DEVICE)
+    runs = dict(starts=torch.tensor([0, 40], dtype=torch.int32, device=DEVICE)) if kernel == "prop" else {}
+    tuning = Tuning(samples_per_program=4) if kernel == "prop" else Tuning()
+    plan = plan_decode(batch=2, heads=8, kv_heads=2, head_dim=32, n_keys=300, budget=48, dtype=q.dtype, device=DEVICE,
+                       kernel=kernel, tuning=tuning)
+    results = []
+    for fill in (0, 255):  # 0xFF bytes: every float32 word is a NaN
+        workspace = Workspace.scratch(plan.workspace_key)
+        assert not workspace.views.get("sem", torch.zeros(1)).any()
+        if fill:
+            for name, view in workspace.views.items():
+                if name != "sem":
+                    view.view(torch.uint8).fill_(fill)
+        else:
+            workspace.buffer.zero_()
+        counts = torch.zeros(2, 8, 300, dtype=torch.int32, device=DEVICE)
+        out = plan.run(q, k, v, seq_lens=seq_lens, seed=4, counts=counts, workspace=workspace, **runs)
+        results.append((out, counts))
+    assert torch.equal(results[0][1], results[1][1]) and torch.equal(results[0][0], results[1][0])
+    assert torch.isfinite(results[1][0]).all()
+
+
 @pytest.mark.parametrize("paged", [False, True])
 def test_planned_run_equals_eager_decode_and_leaves_the_semaphores_at_zero(paged):
     from santa.kernels import Tuning, plan_decode

@@ -20,9 +20,11 @@ The implementation is the eager :func:`santa.decode` at execution time: on CUDA 
 under ``TRITON_INTERPRET=1``) a :class:`santa.kernels.DecodePlan`, cached per call signature
 (shape, dtype, device, kernel, layout, budget, scale) with its own workspace, then ``plan.run``;
 on the CPU otherwise the torch fallback (:func:`santa.kernels.plan.torch_decode`), which checks the
-tables' values. The plan cache is consulted when the op *runs*, never while it is traced. Under
-CUDA-graph capture the first (warm-up) run makes the plan and its workspace, so the captured replay
-allocates nothing but its output. The fake implementation checks the call's shapes, dtypes and
+tables' values. The plan cache is consulted when the op *runs*, never while it is traced. Each run
+takes a scratch workspace of its own (:meth:`Workspace.scratch`: uninitialised but its semaphores),
+so the op holds no memory between calls: under CUDA graphs (``mode="reduce-overhead"``, whose
+cudagraph trees refuse an allocation that outlives a captured call) the workspace and the output
+live in the graph's pool. The fake implementation checks the call's shapes, dtypes and
 devices (what needs no tensor values) and returns the output's metadata.
 """
 
@@ -30,6 +32,8 @@ import importlib
 
 import torch
 from torch import Tensor
+
+from santa.kernels.plan import Workspace
 
 # the module (santa.kernels.decode, the attribute, is the function)
 _decode = importlib.import_module("santa.kernels.decode")
@@ -41,10 +45,13 @@ def _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, pos
            scale, seed, offset, return_counts):
     """Both ops' implementation: the eager :func:`santa.decode` into a new contiguous output."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous whatever q's strides: as the fake
+    offset = offset if offset_tensor is None else offset_tensor
+    call = _decode._validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out,
+                                   return_counts)
+    workspace = None if call.plan is None else Workspace.scratch(call.workspace_key)  # this call's own: nothing outlives it
     return _decode.decode(q, k_cache, v_cache, budget, kernel=kernel, seq_lens=seq_lens, block_table=block_table,
-                          kv_layout=kv_layout, scale=scale, seed=seed if seeds is None else seeds,
-                          offset=offset if offset_tensor is None else offset_tensor, out=out, return_counts=return_counts,
-                          positions=positions, starts=starts)
+                          kv_layout=kv_layout, scale=scale, seed=seed if seeds is None else seeds, offset=offset, out=out,
+                          return_counts=return_counts, positions=positions, starts=starts, workspace=workspace)
 
 
 def _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset):

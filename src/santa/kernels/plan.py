@@ -208,7 +208,20 @@ class Workspace:
 
     @classmethod
     def zeros(cls, key: WorkspaceKey) -> Workspace:
-        buffer = torch.zeros(workspace_nbytes(key), dtype=torch.uint8, device=key.device)
+        return cls._over(key, torch.zeros(workspace_nbytes(key), dtype=torch.uint8, device=key.device))
+
+    @classmethod
+    def scratch(cls, key: WorkspaceKey) -> Workspace:
+        """A workspace for one call: uninitialised memory but the semaphores (zeroed), the one region a
+        call reads before it writes. The custom op takes one per call, so it holds no memory between
+        calls (CUDA-graph trees refuse allocations that outlive a captured call)."""
+        workspace = cls._over(key, torch.empty(workspace_nbytes(key), dtype=torch.uint8, device=key.device))
+        if "sem" in workspace.views:
+            workspace.views["sem"].zero_()
+        return workspace
+
+    @classmethod
+    def _over(cls, key: WorkspaceKey, buffer: torch.Tensor) -> Workspace:
         views = {}
         for name, dtype, shape, start in workspace_regions(key):
             nbytes = math.prod(shape) * _ELEMENT_SIZE[dtype]
