@@ -2,7 +2,7 @@
 # One device call for the kernel issue: the CUDA tests, then `python -m benchmarks.bench.kernels` on the
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (copied from ../shared/wheels).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [ab] [fp8] [llama] [small] [tune] [host] [hf] [hfq] [e2e]
+#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [ab] [fp8] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -63,6 +63,15 @@ for stage in "$@"; do
         --no-prefill --out /tmp/e2e_llama > "$OUT/e2e_ref.log" 2>&1; cp /tmp/e2e_llama/e2e.json "$OUT/e2e_ref_llama.json"
       timeout 100 python3 -m benchmarks.bench.e2e --config qwen2.5-0.5b --batches 1 --prompts 32000 --new-tokens 64 \
         --backends sdpa,santa-prop --no-prefill --out /tmp/e2e_qwen >> "$OUT/e2e_ref.log" 2>&1; cp /tmp/e2e_qwen/e2e.json "$OUT/e2e_ref_qwen.json" ;;
+    hfprof)  # where compiled HF generate's time goes (torch.profiler), then santa.model's e2e on fp8 caches for Qwen and SmolLM2
+      timeout 200 python3 benchmarks/kernels/hf_generate.py --out "$OUT/hf_prof_qwen.json" --shape qwen2.5-0.5b --lengths 32000 \
+        --batches 1 --cache static --compile --repeats 1 --profile "$OUT/hf_prof.txt" > "$OUT/hf_prof.log" 2>&1
+      timeout 200 python3 benchmarks/kernels/hf_generate.py --out "$OUT/hf_prof_llama.json" --shape llama-3.1-8b --lengths 30000 \
+        --batches 1 --cache static --compile --repeats 1 --profile "$OUT/hf_prof.txt" >> "$OUT/hf_prof.log" 2>&1
+      timeout 80 python3 -m benchmarks.bench.e2e --config qwen2.5-0.5b --batches 1,16 --prompts 32000 --new-tokens 64 --kv-cache-dtype fp8 \
+        --backends flashinfer,santa-prop --no-prefill --out /tmp/e2e_qwen8 > "$OUT/e2e_fp8_small.log" 2>&1
+      timeout 80 python3 -m benchmarks.bench.e2e --config smollm2-135m --batches 1,16,64 --prompts 8000 --new-tokens 64 --budget-prop 64 \
+        --kv-cache-dtype fp8 --backends flashinfer,santa-prop --no-prefill --out /tmp/e2e_smol8 >> "$OUT/e2e_fp8_small.log" 2>&1 ;;
     host)  # where the host time of eager decode() and plan.run goes (cProfile)
       python3 benchmarks/kernels/host_profile.py > "$OUT/host.log" 2>&1 ;;
     stash1)  # the SmolLM2 GGUF travels in two ignored folders, one per call (.gguf1, then .gguf2), with .pkgs and .whlgg

@@ -57,6 +57,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--short", type=int, default=8)
     parser.add_argument("--long", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--profile", help="also profile one generate(LONG) per backend (torch.profiler): "
+                        "top CUDA kernels and GPU-busy time per token, written to this text file")
     args = parser.parse_args()
     if args.compile and args.cache != "static":
         parser.error("--compile needs --cache static (transformers compiles only with a static cache)")
@@ -73,6 +75,29 @@ def use_backend(model: torch.nn.Module, backend: str, budget: int) -> None:
     torch._dynamo.reset()  # a fresh compile per backend and batch: no guard failures mid-timing
     if hasattr(model, "_compiled_call"):
         del model._compiled_call
+
+
+def profile_generate(timed, args: argparse.Namespace, label: str) -> dict:
+    """generate(SHORT) and generate(LONG) under torch.profiler: per decode token (their difference over
+    LONG − SHORT, so the prefill cancels) the wall time against the summed time of the CUDA kernels (GPU
+    busy); the top kernels of the LONG run are appended to ``args.profile``."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    runs = {}
+    for new_tokens in (args.short, args.long):
+        with torch.profiler.profile(activities=activities) as profile:
+            wall_s, _ = timed(new_tokens)
+        kernels = [e for e in profile.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        runs[new_tokens] = (wall_s * 1e3, sum(e.device_time for e in kernels) / 1e3, len(kernels))
+    steps = args.long - args.short
+    result = {
+        "wall_ms_per_token": (runs[args.long][0] - runs[args.short][0]) / steps,
+        "kernel_ms_per_token": (runs[args.long][1] - runs[args.short][1]) / steps,
+        "launches_per_token": (runs[args.long][2] - runs[args.short][2]) / steps,
+    }
+    table = profile.key_averages().table(sort_by="device_time_total", row_limit=25)
+    with open(args.profile, "a") as f:
+        f.write(f"\n== {label}: per decode token (profiled) {result}\n{table}\n")
+    return result
 
 
 def main() -> None:
@@ -119,6 +144,8 @@ def main() -> None:
                         t_short, _ = timed(args.short)
                         t_long, out = timed(args.long)
                         per_token.append((t_long - t_short) / (args.long - args.short) * 1e3)
+                    if args.profile:
+                        case[f"{backend}_profile"] = profile_generate(timed, args, f"{args.shape} n={n} B={batch} {backend}")
                 case[backend] = {"ms_per_token_median": statistics.median(per_token), "ms_per_token_all": per_token,
                                  "warm_up_s": warm_up_s, "tokens_row0": out[0, n:].tolist()}
                 print(f"{args.shape} n={n} B={batch} {args.cache}{' compiled' if args.compile else ''} {backend:12s} "
