@@ -121,7 +121,7 @@ def main() -> None:
             ids = torch.randint(0, config.vocab_size, (batch, n), generator=torch.Generator().manual_seed(n)).to(device)
             cache = StaticCache(config=model.config, max_cache_len=n + args.long) if args.cache == "static" else None
 
-            def timed(new_tokens: int) -> tuple[float, torch.Tensor]:
+            def timed(new_tokens: int, cache=cache, ids=ids) -> tuple[float, torch.Tensor]:
                 kwargs = dict(generate_kwargs)
                 if cache is not None:
                     cache.reset()
@@ -155,7 +155,7 @@ def main() -> None:
             results["cases"].append(case)
             with open(args.out, "w") as f:
                 json.dump(results, f, indent=1)
-            del cache
+            cache = None  # free the static cache before the next batch size
             if device.type == "cuda":
                 torch.cuda.empty_cache()
 
