@@ -61,9 +61,14 @@ def hf_reason(job) -> str | None:
 
 def check_paths(jobs: Iterable, path: str) -> None:
     """Refuse (``ValueError``) prop / flash jobs that would have to run on the HF path, which has no
-    kernel path for left-padded batches. ``path``: ``"hf"`` or ``"fast"`` (resolved); jobs as in
-    :func:`hf_reason`, with a ``method``."""
+    kernel path for left-padded batches, and jobs on an fp8 KV cache (``kv_cache="fp8"``: only
+    santa.model has one) that would. ``path``: ``"hf"`` or ``"fast"`` (resolved); jobs as in
+    :func:`hf_reason`, with a ``method`` (and a ``kv_cache``)."""
     for job in jobs:
+        if getattr(job, "kv_cache", "auto") != "auto":
+            reason = "--path hf was asked for" if path == "hf" else hf_reason(job)
+            if reason is not None:
+                raise ValueError(f"an fp8 KV cache runs on the fast path only (santa.model), but {reason}")
         if job.method in FAST_ONLY:
             reason = "--path hf was asked for" if path == "hf" else hf_reason(job)
             if reason is not None:

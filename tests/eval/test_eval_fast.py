@@ -75,6 +75,23 @@ def test_the_path_is_not_part_of_the_job_key():
     assert "path" not in job().key()
 
 
+def test_kv_caches_multiply_the_grid_and_the_models_cache_keeps_the_old_keys():
+    jobs = grid(models=["m"], tasks=["fwe"], lengths=[512], methods=["dense", "prop"], budgets=[128], prompts=[0],
+                kv_caches=["auto", "fp8"])
+    assert sorted((j.method, j.kv_cache) for j in jobs) == [("dense", "auto"), ("dense", "fp8"), ("prop", "auto"), ("prop", "fp8")]
+    assert "kv_cache" not in job().key() and '"kv_cache": "fp8"' in job(kv_cache="fp8").key()
+    with pytest.raises(ValueError, match="kv_cache"):
+        grid(models=["m"], tasks=["fwe"], lengths=[512], methods=["dense"], prompts=[0], kv_caches=["fp8_e5m2"])
+
+
+def test_an_fp8_cache_on_the_hf_path_is_refused():
+    with pytest.raises(ValueError, match="an fp8 KV cache runs on the fast path only"):
+        check_paths([job(method="dense", kv_cache="fp8")], "hf")
+    with pytest.raises(ValueError, match="an fp8 KV cache runs on the fast path only .* sampled prefill"):
+        check_paths([job(method="systematic", prefill="sampled", kv_cache="fp8")], "fast")
+    check_paths([job(method="dense", kv_cache="fp8")], "fast")
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -82,6 +99,9 @@ def test_the_path_is_not_part_of_the_job_key():
         (["--path", "hf", "--methods", "dense,prop"], "argument --methods: prop and flash run on the fast path only"),
         (["--path", "fast", "--methods", "flash", "--tasks", "kl", "--lengths", "512", "--prefill", "sampled"],
          "argument --methods: method flash runs on the fast path only (santa.kernels), but sampled prefill"),
+        (["--path", "hf", "--methods", "dense", "--kv-caches", "auto,fp8"],
+         "argument --kv-caches: an fp8 KV cache runs on the fast path only (santa.model), but --path hf was asked for"),
+        (["--kv-caches", "fp16"], "argument --kv-caches: unknown KV cache 'fp16'; choose from auto, fp8"),
     ],
 )
 def test_eval_run_refuses_a_bad_path_flag_before_any_work(no_work, capsys, tmp_path, argv, message):
@@ -196,3 +216,18 @@ def test_kl_jobs_of_two_teacher_forced_lengths_in_one_batch_each_score_their_own
                                                          budgets=[16], prompts=[0], kl_tokens=kl_tokens)]
     run_sweep(jobs, tmp_path / "s.jsonl", device="cpu", progress=False, load=lambda name, device: loaded, path=path)
     assert sorted((r["max_new_tokens"], r["new_tokens"]) for r in read_records(tmp_path / "s.jsonl")) == [(4, 3), (6, 5)]
+
+
+@pytest.mark.slow
+def test_fp8_cells_run_on_their_own_cache_and_score_kl_against_dense_on_the_models(loaded, tmp_path):
+    """One sweep, dense and systematic on the model's cache and on fp8: answers on both, records that say
+    which cache they ran on, and KL against dense on the model's cache (so fp8 dense is above 0)."""
+    answers = sweep(loaded, tmp_path / "a.jsonl", "fast", ["dense"], prompts=[0], max_new_tokens=2, kv_caches=["auto", "fp8"])[0]
+    assert len(answers) == 2
+    assert sorted(r["kv_cache"] for r in read_records(tmp_path / "a.jsonl")) == ["auto", "fp8"]
+    jobs = grid(models=["smollm2-135m"], tasks=["kl"], lengths=[256], methods=["dense", "systematic"], budgets=[16], prompts=[0],
+                kl_tokens=4, kv_caches=["auto", "fp8"])
+    run_sweep(jobs, tmp_path / "kl.jsonl", device="cpu", progress=False, load=lambda name, device: loaded, path="fast")
+    kl = {(r["method"], r["kv_cache"]): r["kl"] for r in read_records(tmp_path / "kl.jsonl")}
+    assert kl["dense", "auto"] == 0.0 and kl["dense", "fp8"] > 0.0
+    assert all(math.isfinite(v) and v > 0 for key, v in kl.items() if key != ("dense", "auto"))

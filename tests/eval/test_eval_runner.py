@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from santa.eval.report import cells, table
 from santa.eval.runner import Job, append_record, batches, grid, read_records, run_sweep
 
@@ -299,3 +301,27 @@ def test_score_sampled_cells_are_a_setting_paired_with_exact_dense():
     panel = pivot(cells(dense + scores_only + both), delta=True)
     assert "**m · fwe · 512 tokens · dense+bqk8 prefill**" in panel and "| dense | -25.0 [-25.0, -25.0]* (all S) |" in panel
     assert "| m | fwe | 512 | dense+bqk8 |" in compare_methods(both + [{**r, "method": "topk"} for r in both], "systematic", "topk")
+
+
+def test_fp8_cells_pair_with_dense_on_their_own_cache_and_fp8_dense_with_the_models_cache():
+    """Issue 25 item 4: prop-fp8 − dense-fp8 and dense-fp8 − dense on the model's cache, each paired on the prompts."""
+    base = {"model": "m", "task": "fwe", "length": 512, "prefill": "dense", "seed": 0, "prompt_tokens": 500, "new_tokens": 8}
+    dense = [{**base, "method": "dense", "budget": 0, "prompt": p, "score": 1.0} for p in range(4)]
+    dense_fp8 = [{**r, "kv_cache": "fp8", "score": 0.75} for r in dense]
+    prop = [{**r, "method": "prop", "budget": 128, "score": 0.9} for r in dense]
+    prop_fp8 = [{**r, "kv_cache": "fp8", "score": 0.5} for r in prop]
+    by_setting = {(c.prefill, c.method): c for c in cells(dense + dense_fp8 + prop + prop_fp8)}
+    assert sorted(by_setting) == [("dense", "dense"), ("dense", "prop"), ("dense+fp8", "dense"), ("dense+fp8", "prop")]
+    assert by_setting["dense", "dense"].delta is None  # the reference
+    assert by_setting["dense", "prop"].delta == pytest.approx(-0.1)
+    assert by_setting["dense+fp8", "dense"].delta == pytest.approx(-0.25)  # what fp8 costs dense
+    assert by_setting["dense+fp8", "prop"].delta == pytest.approx(-0.25)  # prop-fp8 − dense-fp8
+
+
+def test_a_record_with_an_unknown_kv_cache_is_refused():
+    from santa.eval.report import record_problem
+
+    record = {"key": "k", "model": "m", "task": "fwe", "length": 512, "prefill": "dense", "method": "dense", "budget": 0,
+              "prompt": 0, "score": 1.0, "prompt_tokens": 500, "new_tokens": 8}
+    assert record_problem(record) is None
+    assert "kv_cache" in record_problem({**record, "kv_cache": "fp8_e5m2"})

@@ -17,6 +17,7 @@ from santa import cliargs, install_hint
 from santa.engine import FAST_ONLY, PATHS, check_paths, resolve_path
 from santa.eval.runner import (
     HF_METHODS,
+    KV_CACHES,
     MAX_NEW_TOKENS,
     METHODS,
     PREFILLS,
@@ -215,6 +216,11 @@ def add_run(sub) -> None:
         help="a per-layer schedule (santa tune budgets' schedule.json) for every sampled method; layers not in it use "
         "--budgets; records name it by the file's stem",
     )
+    run.add_argument(
+        "--kv-caches", default="auto", type=cliargs.choice_list("KV cache", KV_CACHES),
+        help="comma list of KV cache dtypes every method runs on: auto (the model's) and/or fp8 (e4m3, per-KV-head scales "
+        "calibrated on the prefill; fast path only)",
+    )
     run.add_argument("--device", default=None, type=cliargs.device, help="cpu or cuda (default: cuda when present)")
     run.add_argument("--batch", type=cliargs.positive_int, default=8, help="prompts run together, ≥ 1")
     run.add_argument(
@@ -317,7 +323,7 @@ def check_args(args: argparse.Namespace) -> None:
         try:
             check_paths(run_grid(args), args.path)
         except ValueError as error:
-            args.error(f"argument --methods: {error}")
+            args.error(f"argument --{'kv-caches' if 'fp8' in str(error) else 'methods'}: {error}")
     elif args.command == "report":
         if args.delta and not args.pivot:
             args.error("argument --delta: only with --pivot")
@@ -337,7 +343,8 @@ def grid_size(args: argparse.Namespace) -> int:
     per_prompt = 0
     for method in args.methods:
         per_prompt += 1 if method == "dense" else len(args.prefill) * len(args.budgets) * (1 if method == "topk" else len(args.seeds))
-    return len(args.model) * len(args.tasks) * len(args.lengths) * len(args.prompts) * per_prompt * len(args.score_samples)
+    return (len(args.model) * len(args.tasks) * len(args.lengths) * len(args.prompts) * per_prompt * len(args.score_samples)
+            * len(args.kv_caches))
 
 
 def check_model_limits(args: argparse.Namespace) -> None:
@@ -418,6 +425,7 @@ def run_grid(args: argparse.Namespace) -> list:
         exact_when_covers=args.exact_when_covers,
         layer_budgets=args.layer_budgets[1] if args.layer_budgets else None,
         schedule=args.layer_budgets[0] if args.layer_budgets else "schedule",
+        kv_caches=args.kv_caches,
     )
 
 

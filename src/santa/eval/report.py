@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from santa.checks import integer
-from santa.eval.runner import MAX_NEW_TOKENS, METHODS, PREFILLS, SweepFileError, load_sweep
+from santa.eval.runner import KV_CACHES, MAX_NEW_TOKENS, METHODS, PREFILLS, SweepFileError, load_sweep
 from santa.eval.tasks import TASKS
 from santa.methods import METHODS as REGISTRY
 
@@ -62,6 +62,7 @@ OPTIONAL_FIELDS = {
     "max_new_tokens": _count(1),
     "score_samples": _count(0),
     "schedule": ((lambda v: isinstance(v, str)), "a string"),
+    "kv_cache": _one_of(KV_CACHES),
     "kl_mode": _one_of(KL_MODES),
     "nll": ((lambda v: _is_finite(v) and v >= 0), "a finite number ≥ 0"),
     "v_rows_read": _share(),
@@ -214,11 +215,19 @@ def setting_label(record: dict) -> str:
         label += f"+bqk{record['score_samples']}"
     if record.get("schedule"):
         label += f"+{record['schedule']}"  # a per-layer budget schedule
+    if kv_cache(record) != "auto":
+        label += f"+{kv_cache(record)}"  # an fp8 KV cache
     return label
 
 
+def kv_cache(record: dict) -> str:
+    """The KV cache a record ran on: ``"auto"`` (the model's dtype; records before the field) or ``"fp8"``."""
+    return record.get("kv_cache", "auto")
+
+
 def is_baseline(record: dict) -> bool:
-    """Dense attention with exact scores: the reference every other cell is paired with."""
+    """Dense attention with exact scores on its KV cache: the reference the cells of that cache are
+    paired with (dense on the model's own cache is the reference of dense on fp8)."""
     return record["method"] == "dense" and record["prefill"] == "dense" and not record.get("score_samples")
 
 
@@ -260,8 +269,9 @@ def cells(records: list[dict]) -> list[Cell]:
     seeds per prompt, then bootstrapped over prompts (the prompts are the sampling unit).
 
     Each sampled or top-k cell of a RULER-style task also gets the paired difference to dense
-    (dense-prefill dense on the same prompts): the mean of per-prompt (method − dense) and its
-    bootstrap CI, much tighter than comparing two unpaired CIs.
+    (dense-prefill dense on the same prompts and the same KV cache): the mean of per-prompt
+    (method − dense) and its bootstrap CI, much tighter than comparing two unpaired CIs. Dense on an
+    fp8 cache is paired with dense on the model's own cache (what fp8 costs dense).
 
     ValueError naming the first record it cannot use (:func:`record_problem`).
     """
@@ -272,15 +282,18 @@ def cells(records: list[dict]) -> list[Cell]:
     dense_scores: dict[tuple, dict[int, float]] = defaultdict(dict)
     for r in records:
         if is_baseline(r) and r["task"] != "kl":
-            dense_scores[(r["model"], task_label(r), r["length"])][r["prompt"]] = r["score"]
+            dense_scores[(r["model"], task_label(r), r["length"], kv_cache(r))][r["prompt"]] = r["score"]
     out = []
     for key, rows in grouped.items():
         per_prompt = scores_by_prompt(rows)
         mean, low, high = bootstrap_ci([np.mean(v) for v in per_prompt.values()])
         model, task, length, _, method, _ = key
-        dense = dense_scores.get((model, task, length), {})
+        own_cache = kv_cache(rows[0])
+        reference = is_baseline(rows[0]) and own_cache == "auto"
+        baseline_cache = "auto" if is_baseline(rows[0]) else own_cache
+        dense = dense_scores.get((model, task, length, baseline_cache), {})
         paired = [np.mean(v) - dense[p] for p, v in per_prompt.items() if p in dense]
-        delta = bootstrap_ci(paired) if not is_baseline(rows[0]) and paired else (None, None, None)
+        delta = bootstrap_ci(paired) if not reference and paired else (None, None, None)
         kv = [r["v_rows_read_kv"] for r in rows if r.get("v_rows_read_kv") is not None]
         ppl = [r["nll"] for r in rows if "nll" in r]
         out.append(

@@ -75,6 +75,7 @@ METHODS = methods.names()  # santa.methods' registry, in its order (dense first)
 HF_METHODS = methods.names(path="hf")
 MAX_NEW_TOKENS = 64  # default answer budget of the generation tasks (RULER-style: 64, as the paper)
 PREFILLS = ("dense", "sampled")
+KV_CACHES = ("auto", "fp8")  # Job.kv_cache: the model's dtype, or e4m3 with per-KV-head scales (fast path only)
 
 
 @dataclass(frozen=True, order=True)
@@ -94,12 +95,15 @@ class Job:
     score_samples: int = 0  # Bernoulli qKᵀ draws B for the sampled rows' scores; 0 = exact scores
     schedule: str = ""  # name of a per-layer budget schedule ("" = ``budget`` in every layer)
     layer_budgets: tuple[tuple[int, int], ...] = ()  # the schedule's (layer, S) pairs
+    kv_cache: str = "auto"  # the KV cache's dtype: "auto" (the model's) or "fp8" (e4m3, per-KV-head scales; fast path)
 
     def key(self) -> str:
         fields = asdict(self)
         for name in ("score_samples", "schedule", "layer_budgets"):
             if not fields[name]:
                 del fields[name]  # jobs without them keep the keys of records written before they existed
+        if fields["kv_cache"] == "auto":
+            del fields["kv_cache"]
         return json.dumps(fields, sort_keys=True)
 
     @property
@@ -140,6 +144,7 @@ def grid(
     score_samples: Iterable[int] = (0,),
     layer_budgets: dict[int, int] | None = None,
     schedule: str = "schedule",
+    kv_caches: Iterable[str] = ("auto",),
 ) -> list[Job]:
     """Every job of the grid, ordered so that jobs sharing a prompt (one group) are adjacent.
 
@@ -149,11 +154,15 @@ def grid(
     the decode scores alone.
     layer_budgets: a per-layer schedule ``{layer: S}`` (``santa tune budgets``) for every sampled
     job, named ``schedule`` in the records; layers not in it use the job's budget.
+    kv_caches: the KV cache's dtype per job, ``"auto"`` (the model's) and/or ``"fp8"`` (e4m3 with
+    per-KV-head scales calibrated on the prefill, :meth:`santa.model.Transformer.setup_caches`; the
+    fast path only). Every method of the grid runs on each.
     """
     models, tasks, lengths, prompts = list(models), list(tasks), list(lengths), list(prompts)
     methods, budgets, seeds, prefills = list(methods), list(budgets), list(seeds), list(prefills)
-    score_samples = list(score_samples)
+    score_samples, kv_caches = list(score_samples), list(kv_caches)
     _check_ints("score_samples", score_samples, 0, note=" (0 = exact scores)")
+    _check_names("kv_cache", kv_caches, KV_CACHES)
     _check_ints("budgets", budgets, 1)
     _check_ints("seeds", seeds, 0, MAX_SEED)
     _check_ints("prompts", prompts, 0)
@@ -175,7 +184,7 @@ def grid(
     for model, task, length, prompt in itertools.product(models, tasks, lengths, prompts):
         length = 0 if task in FIXED_LENGTH_TASKS else length
         new_tokens = kl_tokens if task == "kl" else max_new_tokens
-        for prefill, method in itertools.product(prefills, methods):
+        for prefill, method, kv_cache in itertools.product(prefills, methods, kv_caches):
             if method == "dense":
                 cells = [("dense", 0, 0)]
             elif method == "topk":
@@ -184,7 +193,8 @@ def grid(
                 cells = [(prefill, b, s) for b in budgets for s in seeds]
             for (pre, budget, seed), b in itertools.product(cells, score_samples):
                 sched = ("", ()) if method == "dense" or not per_layer else (schedule, per_layer)
-                jobs.add(Job(model, task, length, prompt, pre, method, budget, seed, new_tokens, exact_when_covers, b, *sched))
+                jobs.add(Job(model, task, length, prompt, pre, method, budget, seed, new_tokens, exact_when_covers, b, *sched,
+                             kv_cache=kv_cache))
     # Prompt-major order: an interrupted sweep holds about as many prompts for every task.
     return sorted(
         jobs,
@@ -194,6 +204,7 @@ def grid(
             j.prompt,
             j.task,
             j.prefill != "dense",
+            KV_CACHES.index(j.kv_cache),
             METHODS.index(j.method),
             j.score_samples,
             j.budget,
@@ -400,11 +411,11 @@ def _share_read(job: Job, config: santa.hf.SantaConfig, n_prompt: int, steps: in
 
 def method_cells(jobs: list[Job]) -> list[list[Job]]:
     """The batch's jobs grouped by what they run (prefill, method, budget, seed, answer length,
-    score samples), order kept."""
+    score samples, schedule, KV cache), order kept."""
     cells: dict[tuple, list[Job]] = {}
     for job in jobs:
         cells.setdefault((job.prefill, job.method, job.budget, job.seed, job.max_new_tokens, job.score_samples,
-                          job.layer_budgets), []).append(job)
+                          job.layer_budgets, job.kv_cache), []).append(job)
     return list(cells.values())
 
 
@@ -563,10 +574,14 @@ def run_fast_batch(model: santa.model.Transformer, tokenizer, batch_jobs: list[J
     device = model.output.weight.device
     seeds = sorted({j.prompt for j in batch_jobs})
     prompts, token_lists = batch_prompts(first.task, tokenizer, first.length, seeds)
-    pre = engine.prefill(model, token_lists, max(j.max_new_tokens for j in batch_jobs))
+    max_new_tokens = max(j.max_new_tokens for j in batch_jobs)
     stops = stop_token_ids(tokenizer)
-    for cell in method_cells(batch_jobs):
+    pre, pre_kv_cache = None, None
+    for cell in method_cells(batch_jobs):  # grid order: the cells of one KV cache are adjacent, one prefill each
         job = cell[0]
+        if pre is None or pre_kv_cache != job.kv_cache:
+            del pre
+            pre, pre_kv_cache = engine.prefill(model, token_lists, max_new_tokens, kv_cache_dtype=job.kv_cache), job.kv_cache
         backend = FAST_BACKENDS[job.method]
         rows, decode_s = engine.decode(model, pre, job.max_new_tokens, backend=backend, budget=job.budget, seed=job.seed,
                                        stop_tokens=stops, layer_budgets=dict(job.layer_budgets))
@@ -614,13 +629,18 @@ def run_fast_kl_batch(model: santa.model.Transformer, tokenizer, batch_jobs: lis
         jobs = [j for j in batch_jobs if j.max_new_tokens == n_scored]
         if min(len(t) for t in token_lists) <= n_scored:
             raise ValueError(f"KL prompts need more than {n_scored} tokens, got {min(len(t) for t in token_lists)}")
-        pre = engine.prefill(model, [t[:-n_scored] for t in token_lists], n_scored)
+        contexts = [t[:-n_scored] for t in token_lists]
+        pre = engine.prefill(model, contexts, n_scored)
         continuation = torch.tensor([t[-n_scored:] for t in token_lists], dtype=torch.long, device=device)  # [B, T]
         dense = engine.teacher_forced(model, pre, continuation, backend="sdpa")
+        pre_kv_cache = "auto"
         for cell in method_cells(jobs):
             job = cell[0]
             backend = FAST_BACKENDS[job.method]
-            if job.method == "dense":
+            if job.kv_cache != pre_kv_cache:  # the reference stays dense on the model's cache
+                del pre
+                pre, pre_kv_cache = engine.prefill(model, contexts, n_scored, kv_cache_dtype=job.kv_cache), job.kv_cache
+            if job.method == "dense" and job.kv_cache == "auto":
                 nll, kl, decode_s = dense.nll, torch.zeros_like(dense.nll), dense.seconds
             else:
                 run = engine.teacher_forced(model, pre, continuation, backend=backend, budget=job.budget, seed=job.seed,
