@@ -25,6 +25,8 @@
 #   bash benchmarks/eval/gpu_sweeps.sh qwen SECONDS
 #   bash benchmarks/eval/gpu_sweeps.sh qwen_long SECONDS  # Qwen at 16k/32k on the fast path, then speed
 #                                                          # checks; call again with the same SECONDS to resume
+#   bash benchmarks/eval/gpu_sweeps.sh qwen_fp8 SECONDS   # Qwen at 16k/32k: dense and prop S=128 on bf16 and fp8
+#                                                          # caches (issue 25 item 4), RULER tasks and KL
 set -uo pipefail
 STAGE=$1
 DEADLINE=$((SECONDS + ${2:-520}))
@@ -364,6 +366,14 @@ qwen_long() {
   echo "== $(date +%T) qwen_long: $((DEADLINE - SECONDS)) s of this call left"
 }
 
+qwen_fp8() {  # issue 25 item 4: dense and prop S=128 on the bf16 and the fp8 (e4m3) cache, RULER tasks and KL, one file each
+  local common="--model $QWEN --methods dense,prop --budgets 128 --kv-caches auto,fp8 --path fast"
+  ev $common --tasks $LONG_TASKS --lengths $L32 --prompts 0-49 --batch 25 --out /tmp/sweeps/qwen_fp8.jsonl
+  ev $common --tasks $LONG_TASKS --lengths $L16 --prompts 0-49 --batch 50 --out /tmp/sweeps/qwen_fp8.jsonl
+  ev $common --tasks kl --lengths $L16,$L32 --prompts 0-19 --kl-tokens 32 --batch 10 --out /tmp/sweeps/qwen_fp8_kl.jsonl
+  echo "== $(date +%T) qwen_fp8: $((DEADLINE - SECONDS)) s of this call left"
+}
+
 case "$STAGE" in
   stash) stash ;;
   smollm2)
@@ -400,6 +410,11 @@ case "$STAGE" in
     J=/tmp/sweeps/qwen_long.jsonl
     qwen_long 2>&1 | tee -a /tmp/qwen_long.log
     ;;
+  qwen_fp8)  # call again with the same SECONDS to resume what a deadline cut
+    stash
+    join_qwen || exit 1
+    qwen_fp8 2>&1 | tee -a /tmp/qwen_fp8.log
+    ;;
   *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
 if [ "$STAGE" = qwen_long ]; then  # its own files only (at most 8 come back): 3 sweeps, bench real's JSON, the log
@@ -412,6 +427,7 @@ if [ "$STAGE" = qwen_long ]; then  # its own files only (at most 8 come back): 3
   exit 0
 fi
 # the records come back gzipped: a plain qwen.jsonl (~15 MB) is over the size the device returns
+[ -f /tmp/qwen_fp8.log ] && cp /tmp/qwen_fp8.log "$OUT"/
 for f in /tmp/sweeps/*; do
   [ -e "$f" ] || continue  # an empty /tmp/sweeps (the stash calls)
   case "$f" in *.jsonl) gzip -c "$f" > "$OUT/$(basename "$f").gz" ;; *) cp "$f" "$OUT"/ ;; esac
