@@ -1,0 +1,47 @@
+"""santa's vLLM configuration from the environment (no vLLM needed)."""
+
+import json
+
+import pytest
+
+from santa.vllm.config import ServingConfig, read_config
+
+
+def test_defaults_sample_with_prop_at_128():
+    assert read_config({}) == ServingConfig(budget=128, kernel="prop", seed=0)
+
+
+def test_variables_override_the_file(tmp_path):
+    path = tmp_path / "santa.json"
+    path.write_text(json.dumps({"budget": 64, "kernel": "flash", "seed": 5}))
+    config = read_config({"SANTA_VLLM_CONFIG": str(path), "SANTA_VLLM_BUDGET": "256", "PATH": "/bin"})
+    assert config == ServingConfig(budget=256, kernel="flash", seed=5)
+    assert read_config({"SANTA_VLLM_KERNEL": "dense"}).samples is False
+
+
+@pytest.mark.parametrize(
+    ("environ", "error", "message"),
+    [
+        ({"SANTA_VLLM_BUDGET": "12.5"}, ValueError, "SANTA_VLLM_BUDGET must be an integer, got '12.5'"),
+        ({"SANTA_VLLM_BUDGET": "0"}, ValueError, "budget"),
+        ({"SANTA_VLLM_SEED": "-1"}, ValueError, "seed"),
+        ({"SANTA_VLLM_KERNEL": "fast"}, ValueError, "kernel must be one of prop, flash, dense, got 'fast'"),
+        ({"SANTA_VLLM_BUGDET": "64"}, ValueError, "unknown santa variable SANTA_VLLM_BUGDET"),
+        ({"SANTA_VLLM_CONFIG": "/nonexistent/santa.json"}, ValueError, "cannot read it"),
+    ],
+)
+def test_bad_settings_are_refused_by_name(environ, error, message):
+    with pytest.raises(error, match=message.replace("(", r"\(").replace(".", r"\.")):
+        read_config(environ)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [("not json", "not JSON"), ("[1, 2]", "expected a JSON object"), ('{"budgets": 64}', "unknown key 'budgets'"),
+     ('{"budget": "64"}', "budget")],
+)
+def test_a_bad_config_file_is_refused_by_name(tmp_path, content, message):
+    path = tmp_path / "santa.json"
+    path.write_text(content)
+    with pytest.raises((TypeError, ValueError), match=message):
+        read_config({"SANTA_VLLM_CONFIG": str(path)})
