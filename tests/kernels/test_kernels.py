@@ -262,6 +262,28 @@ def test_a_scratch_workspace_reads_nothing_it_did_not_write(kernel):
     assert torch.isfinite(results[1][0]).all()
 
 
+def test_workspaces_of_several_batch_sizes_share_one_scratch_buffer():
+    """Workspace.within: plans for B = 3 and B = 1 run on views of one scratch buffer and one semaphore array
+    (alternating calls, as a serving engine's CUDA graphs of two batch sizes would), and give what their own
+    zeroed workspaces give."""
+    from santa.kernels import Tuning, Workspace, plan_decode
+    from santa.kernels.plan import workspace_nbytes
+
+    q, k, v = make_inputs(3, 8, 2, 32, 200, seed=22)
+    plans = {b: plan_decode(batch=b, heads=8, kv_heads=2, head_dim=32, n_keys=200, budget=24, dtype=q.dtype, device=DEVICE,
+                            kernel="prop", tuning=Tuning(samples_per_program=4)) for b in (3, 1)}
+    scratch = torch.full((workspace_nbytes(plans[3].workspace_key),), 255, dtype=torch.uint8, device=DEVICE)
+    semaphores = torch.zeros(3 * 8, dtype=torch.int32, device=DEVICE)
+    shared = {b: Workspace.within(plan.workspace_key, scratch=scratch, semaphores=semaphores) for b, plan in plans.items()}
+    for _ in range(2):
+        for b, plan in plans.items():
+            own = plan.run(q[:b], k[:b], v[:b], seed=5)
+            assert torch.equal(plan.run(q[:b], k[:b], v[:b], seed=5, workspace=shared[b]), own)
+            assert not semaphores.any()
+    with pytest.raises(ValueError, match="scratch must hold"):
+        Workspace.within(plans[3].workspace_key, scratch=scratch[:64], semaphores=semaphores)
+
+
 @pytest.mark.parametrize("paged", [False, True])
 def test_planned_run_equals_eager_decode_and_leaves_the_semaphores_at_zero(paged):
     from santa.kernels import Tuning, plan_decode

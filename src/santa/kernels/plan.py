@@ -221,6 +221,31 @@ class Workspace:
         return workspace
 
     @classmethod
+    def within(cls, key: WorkspaceKey, *, scratch: torch.Tensor, semaphores: torch.Tensor) -> Workspace:
+        """A workspace of views into buffers that several workspaces share: ``scratch`` (uint8, at least
+        :func:`workspace_nbytes` bytes) and ``semaphores`` (int32, zeroed, at least B·H of them). A call
+        leaves the semaphores at zero and reads nothing else it did not write in that call, so workspaces
+        of several batch sizes (a serving engine's CUDA graphs, one per batch size) can share one scratch
+        buffer sized for the largest, as long as their calls run one at a time (one stream)."""
+        if not isinstance(scratch, torch.Tensor) or scratch.dtype != torch.uint8 or scratch.dim() != 1:
+            raise TypeError("scratch must be a 1-D uint8 tensor")
+        if not isinstance(semaphores, torch.Tensor) or semaphores.dtype != torch.int32 or semaphores.dim() != 1:
+            raise TypeError("semaphores must be a 1-D int32 tensor (zeroed)")
+        need = workspace_nbytes(key)
+        if scratch.numel() < need or scratch.device != torch.device(key.device):
+            raise ValueError(f"scratch must hold ≥ {need} bytes on {key.device} for {key.describe()}, got {scratch.numel()} on {scratch.device}")
+        if scratch.data_ptr() % 16:  # the kernels are specialised on 16-byte aligned workspace pointers
+            raise ValueError("scratch must start on a 16-byte boundary")
+        workspace = cls._over(key, scratch[:need])
+        if "sem" in workspace.views:
+            rows = workspace.views["sem"].numel()
+            if semaphores.numel() < rows or semaphores.device != scratch.device:
+                raise ValueError(f"semaphores must hold ≥ {rows} int32 on {key.device}, got {semaphores.numel()} on {semaphores.device}")
+            workspace.views["sem"] = semaphores[:rows]
+            workspace.pointers["sem_ptr"] = semaphores.data_ptr()
+        return workspace
+
+    @classmethod
     def _over(cls, key: WorkspaceKey, buffer: torch.Tensor) -> Workspace:
         views = {}
         for name, dtype, shape, start in workspace_regions(key):
