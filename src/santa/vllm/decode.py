@@ -1,0 +1,109 @@
+"""santa's decode step on vLLM's paged KV cache, with no vLLM import (the backend in
+:mod:`santa.vllm.backend` calls it; CPU tests drive it with tensors laid out as vLLM lays them).
+
+vLLM 0.26's FlashAttention layout, which santa's backend keeps (so vLLM's own cache writes and its
+prefill kernel work unchanged): one tensor per layer of logical shape ``(num_blocks, H_kv, block_size,
+2·D)`` stored as ``[num_blocks, block_size, H_kv, 2·D]`` (K in the first D features of each row, V in the
+last D). :func:`split_kv_cache` gives K and V as paged NHD views ``[num_blocks, block_size, H_kv, D]``
+(strided: santa's kernels read any row strides); an fp8 cache is stored as uint8 and read as e4m3.
+
+Randomness: vLLM gives an attention backend neither request ids nor per-request seeds (checked in
+0.26.0's source), so a draw is keyed on (santa's seed, layer, head, the token's position in its own
+sequence, sample): a request's tokens do not depend on the other requests in its batch, and two
+requests at the same position share their uniforms (each estimate stays unbiased).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from santa import rng
+from santa.kernels.plan import DecodePlan, Workspace, plan_decode, workspace_nbytes
+
+FP8 = torch.float8_e4m3fn
+
+
+def split_kv_cache(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V ``[num_blocks, block_size, H_kv, D]`` views of one layer's packed cache (logical
+    ``(num_blocks, H_kv, block_size, 2·D)``, as vLLM's FlashAttention backend allocates it); a uint8
+    (fp8) cache is viewed as ``float8_e4m3fn``."""
+    if kv_cache.dim() != 4 or kv_cache.shape[-1] != 2 * head_size:
+        raise ValueError(f"kv_cache must be (num_blocks, H_kv, block_size, 2·{head_size}), got {tuple(kv_cache.shape)}")
+    if kv_cache.dtype == torch.uint8:
+        kv_cache = kv_cache.view(FP8)
+    rows = kv_cache.transpose(1, 2)  # [num_blocks, block_size, H_kv, 2·D]
+    if rows.stride(-1) != 1:
+        raise ValueError("kv_cache's feature dimension must be contiguous (vLLM's NHD stride order)")
+    return rows[..., :head_size], rows[..., head_size:]
+
+
+class PagedDecoder:
+    """santa's decode for every attention layer of one model in vLLM: a plan per (batch size, key
+    capacity, score scale), and one scratch buffer and one semaphore array for all of them, sized for
+    ``max_batch`` sequences (the layers and the CUDA graphs of every batch size run one at a time on
+    one stream, :meth:`Workspace.within`).
+
+    heads, kv_heads, head_dim: the layer's; block_size: vLLM's kernel block (the cache's page);
+    max_keys: the most keys a sequence can hold (the block table's width · block_size);
+    kernel: ``"prop"`` or ``"flash"``; budget: S; seed: santa's root seed; dtype: q's (the model's);
+    kv_dtype: the cache's (the model's, or ``torch.float8_e4m3fn``)."""
+
+    def __init__(self, *, heads: int, kv_heads: int, head_dim: int, block_size: int, max_keys: int, max_batch: int,
+                 budget: int, kernel: str, seed: int, dtype: torch.dtype, kv_dtype: torch.dtype, device: torch.device | str):
+        self.heads, self.kv_heads, self.head_dim, self.block_size = heads, kv_heads, head_dim, block_size
+        self.max_keys, self.max_batch, self.budget, self.kernel = max_keys, max_batch, budget, kernel
+        self.seed = rng.check_seed(seed)
+        self.dtype, self.kv_dtype, self.device = dtype, kv_dtype, torch.device(device)
+        self._plans: dict[tuple, tuple[DecodePlan, Workspace]] = {}
+        self._scratch: torch.Tensor | None = None
+        self._semaphores: torch.Tensor | None = None
+        self._scales: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def plan(self, batch: int, n_keys: int, scale: float) -> tuple[DecodePlan, Workspace]:
+        """The plan and workspace of one call shape (made on first use; the buffers on the first plan)."""
+        key = (batch, n_keys, scale)
+        if key not in self._plans:
+            if batch > self.max_batch or n_keys > self.max_keys:
+                raise ValueError(f"a decode batch of {batch} sequences × {n_keys} keys exceeds what santa's workspace was sized "
+                                 f"for ({self.max_batch} × {self.max_keys}: vLLM's max_num_seqs × max_model_len)")
+            plan = plan_decode(batch=batch, heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim, n_keys=n_keys,
+                               budget=self.budget, dtype=self.dtype, kv_dtype=self.kv_dtype, device=self.device,
+                               kernel=self.kernel, page_size=self.block_size, scale=scale)
+            if self._scratch is None:
+                largest = plan_decode(batch=self.max_batch, heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
+                                      n_keys=self.max_keys, budget=self.budget, dtype=self.dtype, kv_dtype=self.kv_dtype,
+                                      device=self.device, kernel=self.kernel, page_size=self.block_size, scale=scale)
+                self._scratch = torch.empty(workspace_nbytes(largest.workspace_key), dtype=torch.uint8, device=self.device)
+                self._semaphores = torch.zeros(self.max_batch * self.heads, dtype=torch.int32, device=self.device)
+            workspace = Workspace.within(plan.workspace_key, scratch=self._scratch, semaphores=self._semaphores)
+            self._plans[key] = (plan, workspace)
+        return self._plans[key]
+
+    def scales(self, layer: int, k_scale: torch.Tensor, v_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A layer's fp8 scales as santa takes them, float32 ``[H_kv]``, refreshed from vLLM's 0-d scale
+        tensors (``layer._k_scale``, ``layer._v_scale``) in buffers that keep their addresses (CUDA graphs)."""
+        if layer not in self._scales:
+            self._scales[layer] = tuple(torch.empty(self.kv_heads, dtype=torch.float32, device=self.device) for _ in range(2))
+        k, v = self._scales[layer]
+        k.copy_(k_scale.float().expand(self.kv_heads))
+        v.copy_(v_scale.float().expand(self.kv_heads))
+        return k, v
+
+    def run(self, query: torch.Tensor, kv_cache: torch.Tensor, *, seq_lens: torch.Tensor, block_table: torch.Tensor,
+            layer: int, scale: float, out: torch.Tensor, k_scale: torch.Tensor | None = None,
+            v_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """One decode step of one layer into ``out``: query ``[B, H, D]`` (one token per sequence, in the
+        model's dtype), kv_cache the layer's packed cache (:func:`split_kv_cache`), seq_lens int32 ``[B]``
+        (keys per sequence, the new token's included; 0 for a padded row, whose output is 0),
+        block_table int32 ``[B, max_blocks]``, k_scale / v_scale vLLM's 0-d fp8 scales (fp8 caches).
+        Draws are keyed on (seed, layer, head, position = seq_lens − 1, sample). Nothing is read on the host."""
+        k_cache, v_cache = split_kv_cache(kv_cache, self.head_dim)
+        batch, n_keys = query.shape[0], block_table.shape[1] * self.block_size
+        plan, workspace = self.plan(batch, n_keys, scale)
+        scales = {}
+        if k_cache.dtype == FP8:
+            k_scales, v_scales = self.scales(layer, k_scale, v_scale)
+            scales = dict(k_scale=k_scales, v_scale=v_scales)
+        positions = (seq_lens - 1).clamp_min(0)
+        return plan.run(query, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=rng.layer_key(self.seed, layer),
+                        positions=positions, out=out, workspace=workspace, **scales)

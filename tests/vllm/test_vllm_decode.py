@@ -1,0 +1,78 @@
+"""santa's decode on vLLM's paged cache layout (santa.vllm.decode; no vLLM needed): the packed FlashAttention
+cache splits into strided K/V views that give what santa.decode gives on contiguous copies, keyed on the layer
+and each token's position; fp8 caches stored as uint8; a padded row (seq_len 0) gives 0."""
+
+import pytest
+import torch
+
+from helpers import DEVICE, make_inputs, to_paged
+from santa import rng
+from santa.kernels import decode
+from santa.vllm.decode import PagedDecoder, split_kv_cache
+
+BLOCK = 16
+
+
+def packed(k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
+    """K and V pages [nb, bs, H_kv, D] as vLLM 0.26's FlashAttention cache: physical [nb, bs, H_kv, 2D],
+    logical (nb, H_kv, bs, 2D)."""
+    return torch.cat([k_pages, v_pages], dim=-1).permute(0, 2, 1, 3)
+
+
+def decoder(kernel="prop", kv_dtype=torch.float32, max_batch=4, max_keys=256, budget=24, seed=9):
+    return PagedDecoder(heads=8, kv_heads=2, head_dim=32, block_size=BLOCK, max_keys=max_keys, max_batch=max_batch,
+                        budget=budget, kernel=kernel, seed=seed, dtype=torch.float32, kv_dtype=kv_dtype, device=DEVICE)
+
+
+def test_split_gives_strided_views_of_the_packed_cache():
+    k_pages, v_pages = torch.randn(2, 5, BLOCK, 2, 32).unbind(0)
+    k, v = split_kv_cache(packed(k_pages, v_pages), 32)
+    assert torch.equal(k, k_pages) and torch.equal(v, v_pages) and not k.is_contiguous()
+    with pytest.raises(ValueError, match="kv_cache must be"):
+        split_kv_cache(packed(k_pages, v_pages), 16)
+
+
+@pytest.mark.parametrize("kernel", ["prop", "flash"])
+def test_a_decode_step_equals_santa_decode_on_contiguous_pages(kernel):
+    q, k, v = make_inputs(3, 8, 2, 32, 200, seed=31)
+    k_pages, table = to_paged(k, BLOCK, seed=2)
+    v_pages, _ = to_paged(v, BLOCK, seed=2)
+    seq_lens = torch.tensor([200, 77, 0], dtype=torch.int32, device=DEVICE)  # the last row: a CUDA-graph pad
+    run = decoder(kernel)
+    out = torch.full_like(q, float("nan"))
+    run.run(q, packed(k_pages, v_pages), seq_lens=seq_lens, block_table=table, layer=3, scale=0.2, out=out)
+    want = decode(q, k_pages.contiguous(), v_pages.contiguous(), 24, kernel=kernel, seq_lens=seq_lens, block_table=table,
+                  scale=0.2, seed=rng.layer_key(9, 3), positions=(seq_lens - 1).clamp_min(0))
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+    assert torch.equal(out[2], torch.zeros_like(out[2]))
+    # another layer draws other samples; a batch of one draws what that sequence drew in the batch
+    other = run.run(q, packed(k_pages, v_pages), seq_lens=seq_lens, block_table=table, layer=4, scale=0.2, out=torch.empty_like(q))
+    assert not torch.equal(other[:2], out[:2])
+    alone = run.run(q[1:2], packed(k_pages, v_pages), seq_lens=seq_lens[1:2], block_table=table[1:2], layer=3, scale=0.2,
+                    out=torch.empty_like(q[1:2]))
+    torch.testing.assert_close(alone[0], out[1], rtol=1e-5, atol=1e-6)
+
+
+def test_an_fp8_cache_stored_as_uint8_is_read_with_its_scales():
+    q, k, v = make_inputs(2, 8, 2, 32, 120, seed=32)
+    k_scale, v_scale = torch.tensor(0.02), torch.tensor(0.01)  # vLLM's 0-d layer scales
+    k8, v8 = (k / k_scale).to(torch.float8_e4m3fn), (v / v_scale).to(torch.float8_e4m3fn)
+    k_pages, table = to_paged(k8.view(torch.uint8), BLOCK, seed=3)
+    v_pages, _ = to_paged(v8.view(torch.uint8), BLOCK, seed=3)
+    seq_lens = torch.tensor([120, 64], dtype=torch.int32, device=DEVICE)
+    out = decoder(kv_dtype=torch.float8_e4m3fn).run(
+        q, packed(k_pages, v_pages), seq_lens=seq_lens, block_table=table, layer=0, scale=0.18, out=torch.empty_like(q),
+        k_scale=k_scale.to(DEVICE), v_scale=v_scale.to(DEVICE))
+    want = decode(q, k_pages.view(torch.float8_e4m3fn).contiguous(), v_pages.view(torch.float8_e4m3fn).contiguous(), 24,
+                  seq_lens=seq_lens, block_table=table, scale=0.18, seed=rng.layer_key(9, 0),
+                  positions=seq_lens - 1, k_scale=float(k_scale), v_scale=float(v_scale))
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_batch_beyond_the_workspace_is_refused():
+    q, _, _ = make_inputs(3, 8, 2, 32, 8, seed=1)
+    cache = torch.zeros(4, 2, BLOCK, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="exceeds what santa's workspace was sized for"):
+        decoder(max_batch=2).run(q, cache, seq_lens=torch.ones(3, dtype=torch.int32, device=DEVICE),
+                                 block_table=torch.zeros(3, 1, dtype=torch.int32, device=DEVICE), layer=0, scale=0.2,
+                                 out=torch.empty_like(q))
