@@ -1,0 +1,119 @@
+"""santa as a vLLM 0.26 attention backend (``attention_backend="CUSTOM"``, registered by
+:mod:`santa.vllm.plugin`).
+
+It is vLLM's FlashAttention backend with one change: a batch of decode tokens only (every request
+adds one token, ``max_query_len == 1``) runs santa's kernel (:class:`santa.vllm.decode.PagedDecoder`)
+on the same paged cache; prefill and mixed batches, batches whose longest sequence holds no more
+keys than the budget (exact attention reads no more rows), and ``SANTA_VLLM_KERNEL=dense`` run
+FlashAttention itself. The cache layout, its writes (``reshape_and_cache_flash``, fp8 included) and the
+metadata are FlashAttention's. Decode-only batches are captured in full CUDA graphs
+(``UNIFORM_SINGLE_TOKEN_DECODE``); santa's plans and workspace are made once per batch size and
+read the lengths, block table and positions from device memory. Settings: :mod:`santa.vllm.config`.
+
+Not yet run inside vLLM (issue 27): written against vLLM 0.26.0's source; the CPU tests cover
+:mod:`santa.vllm.decode`, :mod:`santa.vllm.config` and :mod:`santa.vllm.layers`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from vllm.model_executor.models.utils import extract_layer_index
+from vllm.v1.attention.backend import AttentionCGSupport, AttentionType
+from vllm.v1.attention.backends.flash_attn import (
+    FlashAttentionBackend,
+    FlashAttentionImpl,
+    FlashAttentionMetadataBuilder,
+)
+
+from santa.vllm.config import read_config
+from santa.vllm.decode import FP8, PagedDecoder
+from santa.vllm.layers import check_layer
+
+
+class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
+    """FlashAttention's metadata, plus the model's :class:`PagedDecoder` (one for every layer of the group)."""
+
+    _cudagraph_support = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    reorder_batch_threshold = 1  # the V1 runner puts decode requests first (V2 always does)
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        config, model, parallel = read_config(), vllm_config.model_config, vllm_config.parallel_config
+        block_size = kv_cache_spec.block_size
+        self.santa = PagedDecoder(
+            heads=model.get_num_attention_heads(parallel), kv_heads=model.get_num_kv_heads(parallel),
+            head_dim=model.get_head_size(), block_size=block_size,
+            max_keys=math.ceil(model.max_model_len / block_size) * block_size,
+            max_batch=vllm_config.scheduler_config.max_num_seqs, budget=config.budget,
+            kernel=config.kernel if config.samples else "prop", seed=config.seed, dtype=model.dtype,
+            kv_dtype=FP8 if str(vllm_config.cache_config.cache_dtype).startswith("fp8") else model.dtype, device=device,
+        )
+
+    def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
+        metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
+        metadata.santa = self.santa
+        return metadata
+
+
+class SantaAttentionImpl(FlashAttentionImpl):
+    """FlashAttention's implementation; decode-only batches go to santa (:meth:`forward`)."""
+
+    def __init__(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window, kv_cache_dtype,
+                 logits_soft_cap=None, attn_type=AttentionType.DECODER, kv_sharing_target_layer_name=None, sinks=None,
+                 **extra):
+        check_layer(alibi_slopes=alibi_slopes, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+                    attn_type=attn_type, sinks=sinks, extra=extra)
+        super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window, kv_cache_dtype,
+                         logits_soft_cap, attn_type, kv_sharing_target_layer_name)
+        self.santa_config = read_config()
+        self.layer_index: int | None = None
+
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, output_block_scale=None):
+        decoder = getattr(attn_metadata, "santa", None)
+        if (decoder is None or not self.santa_config.samples or attn_metadata.max_query_len != 1
+                or attn_metadata.max_seq_len <= self.santa_config.budget or output_scale is not None
+                or output_block_scale is not None):
+            return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale)
+        if self.layer_index is None:
+            self.layer_index = extract_layer_index(layer.layer_name)
+        n = attn_metadata.num_actual_tokens
+        q = query[:n]
+        if q.dtype != output.dtype:  # an fp8 cache: the layer quantised q for FlashAttention (with its _q_scale)
+            q = (q.float() * layer._q_scale).to(output.dtype)
+        decoder.run(q, kv_cache, seq_lens=attn_metadata.seq_lens[:n], block_table=attn_metadata.block_table[:n],
+                    layer=self.layer_index, scale=self.scale, out=output[:n], k_scale=layer._k_scale,
+                    v_scale=layer._v_scale)
+        return output
+
+
+class SantaAttentionBackend(FlashAttentionBackend):
+    """vLLM's ``CUSTOM`` backend: FlashAttention's layout and prefill, santa's decode. Decoder
+    self-attention only (no sliding windows, sinks, encoder or cross attention, MLA)."""
+
+    @staticmethod
+    def get_name() -> str:
+        return "CUSTOM"
+
+    @staticmethod
+    def get_impl_cls():
+        return SantaAttentionImpl
+
+    @staticmethod
+    def get_builder_cls():
+        return SantaMetadataBuilder
+
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_sink(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+
+__all__ = ["SantaAttentionBackend", "SantaAttentionImpl", "SantaMetadataBuilder"]
