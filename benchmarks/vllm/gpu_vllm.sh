@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# santa inside vLLM 0.26.0 on the lent H200 (issue 27), offline. vLLM and the 20 wheels it needs to import
+# (../shared/design/VLLM.md; 335 MB) travel as one tar in 8 pieces of ~42 MB, one ignored folder each
+# (.vw1 … .vw8, one per device call while the machine stays warm), joined and installed under /tmp.
+#
+# Preparing the pieces on the host (the wheels: pip download --no-deps --only-binary=:all: --python-version 3.12
+# --platform manylinux_2_28_x86_64 … for vllm==0.26.0 and the list in VLLM.md, flashinfer-python==0.6.14 included):
+#   tar cf /tmp/vllm_wheels.tar *.whl; S=$(stat -c %s /tmp/vllm_wheels.tar); C=$(( (S + 7) / 8 ))
+#   for i in 1 … 8: mkdir -p .vw$i; dd if=/tmp/vllm_wheels.tar of=.vw$i/p bs=4M iflag=skip_bytes,count_bytes skip=$(( (i-1)*C )) count=$C
+#   (sha256 of the joined tar on 2026-12-02: de0a1af52aada64eb5e8f61e4c3c47e9459fe2b48b30db10177a31edcdfb66a8)
+#
+#   bash benchmarks/vllm/gpu_vllm.sh stash          # keep this call's piece in /tmp/vw (carry one .vwN)
+#   bash benchmarks/vllm/gpu_vllm.sh install        # join, check, install under /tmp/vsite, santa's entry point beside it
+#   bash benchmarks/vllm/gpu_vllm.sh smoke          # tiny random Llama: FLASH_ATTN, CUSTOM dense, CUSTOM prop (eager)
+#   bash benchmarks/vllm/gpu_vllm.sh llama          # Llama-3.1-8B shapes at 30k, batch 16: FLASH_ATTN against CUSTOM prop S=128
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" /tmp/vw
+export PYTHONPATH=/tmp/vsite:$PWD/src PYTHONUNBUFFERED=1
+TAR_SHA=de0a1af52aada64eb5e8f61e4c3c47e9459fe2b48b30db10177a31edcdfb66a8
+run() {  # one offline.py process, bounded
+  local seconds=$1; shift
+  timeout "$seconds" python3 benchmarks/vllm/offline.py "$@" 2>&1 | grep -v "^DEBUG" | tail -n 25
+}
+for stage in "$@"; do
+  case $stage in
+    stash)
+      for d in .vw*; do [ -d "$d" ] && cp "$d/p" "/tmp/vw/${d#.}"; done
+      ls -la /tmp/vw ;;
+    install)
+      cat $(ls /tmp/vw/vw* | sort -V) > /tmp/vllm_wheels.tar
+      [ "$(sha256sum /tmp/vllm_wheels.tar | cut -d' ' -f1)" = "$TAR_SHA" ] || { echo "the joined tar is incomplete: $(ls /tmp/vw)"; exit 1; }
+      mkdir -p /tmp/vwheels && tar xf /tmp/vllm_wheels.tar -C /tmp/vwheels
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite /tmp/vwheels/*.whl
+      # santa from the source tree, with its vllm.general_plugins entry point where importlib.metadata finds it
+      mkdir -p /tmp/vsite/santa_attention-0.1.0.dist-info
+      printf 'Metadata-Version: 2.1\nName: santa-attention\nVersion: 0.1.0\n' > /tmp/vsite/santa_attention-0.1.0.dist-info/METADATA
+      printf '[vllm.general_plugins]\nsanta = santa.vllm.plugin:register\n' > /tmp/vsite/santa_attention-0.1.0.dist-info/entry_points.txt
+      python3 -c "import vllm, santa.vllm.backend; print('vllm', vllm.__version__, 'and santa.vllm.backend import')" 2>&1 | tail -3
+      python3 -m pytest -q -p no:cacheprovider tests/vllm_backend 2>&1 | tail -3 | tee "$OUT/tests_vllm.log" ;;
+    smoke)  # exact mode first: CUSTOM with SANTA_VLLM_KERNEL=dense must give FLASH_ATTN's greedy tokens
+      A="--folder /tmp/tiny --make tiny --prompt-tokens 2000 --batch 8 --new-tokens 16 --repeats 1 --enforce-eager"
+      run 200 $A --backend FLASH_ATTN --out "$OUT/smoke_flash.json"
+      SANTA_VLLM_KERNEL=dense run 200 $A --backend CUSTOM --out "$OUT/smoke_dense.json"
+      SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=64 run 200 $A --backend CUSTOM --out "$OUT/smoke_prop.json"
+      python3 benchmarks/vllm/offline.py --compare "$OUT/smoke_flash.json" "$OUT/smoke_dense.json"
+      python3 benchmarks/vllm/offline.py --compare "$OUT/smoke_flash.json" "$OUT/smoke_prop.json" ;;
+    llama)
+      A="--folder /tmp/llama8b --make llama-3.1-8b --prompt-tokens 30000 --batch 16 --new-tokens 64"
+      run 280 $A --backend FLASH_ATTN --out "$OUT/llama_flash.json"
+      SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 280 $A --backend CUSTOM --out "$OUT/llama_prop.json"
+      python3 benchmarks/vllm/offline.py --compare "$OUT/llama_flash.json" "$OUT/llama_prop.json" ;;
+  esac
+done

@@ -1,0 +1,140 @@
+"""Offline vLLM decode throughput and greedy tokens with one attention backend (issue 27): vLLM's own
+(``FLASH_ATTN``) or santa's (``CUSTOM``, settings from ``SANTA_VLLM_*``). One process per backend: run it
+once per backend and compare the JSON files (``--compare``).
+
+The model folder is made on the device when absent (``--make``): random bf16 weights of a real model's
+shape saved as safetensors (the time of a step does not depend on their values), no tokenizer (prompts
+are token ids, ``skip_tokenizer_init``). Decode tokens/s = batch · new tokens / (t(generate 1 + N tokens)
+− t(generate 1 token)), so the prefill cancels; median of ``--repeats``.
+
+    python benchmarks/vllm/offline.py --folder /tmp/llama8b --make llama-3.1-8b --backend CUSTOM \\
+        --prompt-tokens 30000 --batch 16 --new-tokens 64 --out custom.json
+    python benchmarks/vllm/offline.py --compare flash.json custom.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+SHAPES = {  # transformers configs of the shapes santa's other benchmarks use
+    "llama-3.1-8b": dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256, hidden_size=4096,
+                         intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                         head_dim=128, max_position_embeddings=131072, rope_theta=500000.0, rms_norm_eps=1e-5),
+    "qwen2.5-0.5b": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=151936, hidden_size=896,
+                         intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                         max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True),
+    "tiny": dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=512, hidden_size=256, intermediate_size=512,
+                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=8192),
+}
+
+
+def make_folder(folder: Path, shape: str) -> None:
+    """Random bf16 weights of ``shape`` as a transformers folder (config.json + safetensors), made on the GPU."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = dict(SHAPES[shape])
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+    model.save_pretrained(folder, safe_serialization=True)
+    del model
+    torch.cuda.empty_cache()
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--compare", nargs=2, metavar=("BASELINE", "OTHER"), help="print OTHER against BASELINE and exit")
+    parser.add_argument("--folder", type=Path, help="the model folder (made with --make when absent)")
+    parser.add_argument("--make", choices=sorted(SHAPES), help="the shape of the random weights to make the folder with")
+    parser.add_argument("--backend", default="CUSTOM", help="FLASH_ATTN (vLLM's default here) or CUSTOM (santa)")
+    parser.add_argument("--prompt-tokens", type=int, default=30000)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--kv-cache-dtype", default="auto", help="auto or fp8")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs (a smoke run)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    if not args.compare and (args.folder is None or args.out is None):
+        parser.error("--folder and --out are required (or --compare)")
+    return args
+
+
+def compare(baseline_path: str, other_path: str) -> None:
+    base, other = (json.loads(Path(p).read_text()) for p in (baseline_path, other_path))
+    ratio = other["decode_tokens_per_s"] / base["decode_tokens_per_s"]
+    same = sum(a == b for a, b in zip(base["tokens"], other["tokens"], strict=True))
+    print(f"{other['backend']} {other['santa']} over {base['backend']}: {ratio:.3f}× decode tokens/s "
+          f"({other['decode_tokens_per_s']:.0f} against {base['decode_tokens_per_s']:.0f}); "
+          f"{same} of {len(base['tokens'])} sequences with identical greedy tokens")
+
+
+def main() -> None:
+    args = parse_args()
+    if args.compare:
+        compare(*args.compare)
+        return
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # its top-k/top-p sampler JIT-compiles (no nvcc offline)
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if not (args.folder / "config.json").exists():
+        if args.make is None:
+            sys.exit(f"{args.folder} holds no config.json: give --make SHAPE to make it")
+        t = time.perf_counter()
+        make_folder(args.folder, args.make)
+        print(f"made {args.folder} ({args.make}) in {time.perf_counter() - t:.0f} s", flush=True)
+    import torch
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    config = json.loads((args.folder / "config.json").read_text())
+    generator = torch.Generator().manual_seed(args.prompt_tokens)
+    prompts = [TokensPrompt(prompt_token_ids=torch.randint(10, config["vocab_size"], (args.prompt_tokens,), generator=generator).tolist())
+               for _ in range(args.batch)]
+    t = time.perf_counter()
+    llm = LLM(model=str(args.folder), attention_backend=args.backend, kv_cache_dtype=args.kv_cache_dtype, dtype="bfloat16",
+              max_model_len=args.prompt_tokens + args.new_tokens + 16, max_num_seqs=args.batch, seed=0,
+              gpu_memory_utilization=args.gpu_memory_utilization, skip_tokenizer_init=True, enable_prefix_caching=False,
+              enforce_eager=args.enforce_eager)
+    start_s = time.perf_counter() - t
+    print(f"engine up in {start_s:.0f} s", flush=True)
+
+    def timed(new_tokens: int) -> tuple[float, list]:
+        params = SamplingParams(max_tokens=new_tokens, min_tokens=new_tokens, temperature=0.0, ignore_eos=True,
+                                detokenize=False)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        return time.perf_counter() - t0, [list(o.outputs[0].token_ids) for o in outputs]
+
+    timed(1), timed(1 + args.new_tokens)  # warm-up
+    per_s, tokens = [], None
+    for _ in range(args.repeats):
+        prefill_s, _ = timed(1)
+        total_s, tokens = timed(1 + args.new_tokens)
+        per_s.append(args.batch * args.new_tokens / (total_s - prefill_s))
+    santa_settings = {k: v for k, v in os.environ.items() if k.startswith("SANTA_VLLM_")}
+    result = {
+        "backend": args.backend, "santa": santa_settings, "vllm": vllm.__version__, "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(), "folder": str(args.folder), "shape": args.make, "batch": args.batch,
+        "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "kv_cache_dtype": args.kv_cache_dtype,
+        "enforce_eager": args.enforce_eager, "engine_start_s": start_s, "decode_tokens_per_s": statistics.median(per_s),
+        "decode_tokens_per_s_all": per_s, "tokens": tokens, "commit": os.environ.get("SANTA_COMMIT"),
+    }
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"{args.backend} {santa_settings}: {result['decode_tokens_per_s']:.0f} decode tokens/s "
+          f"({[round(x) for x in per_s]}), batch {args.batch} × {args.prompt_tokens}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
