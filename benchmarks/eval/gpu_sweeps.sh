@@ -9,9 +9,9 @@
 #   G=$(python -c "from santa.assets import gguf_file; print(gguf_file('smollm2-135m'))")
 #   head -c 50000000 $G > .gguf1/c1; tail -c +50000001 $G > .gguf2/c2
 #   G=$(python -c "from santa.assets import gguf_file; print(gguf_file('qwen2.5-coder-0.5b'))")
-#   C=$(( ($(stat -c %s $G) + 9) / 10 ))   # 49,140,007 bytes, 10 equal chunks (the last 9 bytes shorter)
-#   for i in 1 … 10: mkdir -p .qw$i; dd if=$G of=.qw$i/c bs=4M iflag=skip_bytes,count_bytes skip=$(( (i-1)*C )) count=$C
-#   cat .qw{1..10}/c | sha256sum   # 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
+#   C=$(( ($(stat -c %s $G) + 11) / 12 ))  # 40,950,006 bytes, 12 chunks (since 2026-12-02: the tracked files grew to 16.9 MB)
+#   for i in 1 … 12: mkdir -p .qw$i; dd if=$G of=.qw$i/c bs=4M iflag=skip_bytes,count_bytes skip=$(( (i-1)*C )) count=$C
+#   cat .qw{1..12}/c | sha256sum   # 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
 #   A call sends the tracked files (12.7 MB on 2026-12-01, after the Qwen 16k/32k records) plus its
 #   carry, at most 64 MiB (67.1 MB): 9 chunks of 54.6 MB stopped fitting that day, 10 of 49.1 MB leave
 #   ~5 MB. A call that carries a chunk carries nothing else (.pkgs and .whlgg go with the stage calls);
