@@ -53,6 +53,21 @@ def test_a_decode_step_equals_santa_decode_on_contiguous_pages(kernel):
     torch.testing.assert_close(alone[0], out[1], rtol=1e-5, atol=1e-6)
 
 
+def test_a_block_table_wider_than_the_model_is_read_through_a_column_slice():
+    """vLLM's V2 runner rounds the table's width up (to 128 keys): the backend passes its first columns, a strided view."""
+    q, k, v = make_inputs(2, 8, 2, 32, 96, seed=33)
+    k_pages, table = to_paged(k, BLOCK, seed=4)
+    v_pages, _ = to_paged(v, BLOCK, seed=4)
+    wide = torch.cat([table, torch.zeros(2, 5, dtype=torch.int32, device=DEVICE)], dim=1)  # 5 unused columns
+    seq_lens = torch.tensor([96, 50], dtype=torch.int32, device=DEVICE)
+    run = decoder(max_keys=96)
+    sliced = run.run(q, packed(k_pages, v_pages), seq_lens=seq_lens, block_table=wide[:, :6], layer=1, scale=0.2,
+                     out=torch.empty_like(q))
+    plain = run.run(q, packed(k_pages, v_pages), seq_lens=seq_lens, block_table=table, layer=1, scale=0.2,
+                    out=torch.empty_like(q))
+    assert not wide[:, :6].is_contiguous() and torch.equal(sliced, plain)
+
+
 def test_an_fp8_cache_stored_as_uint8_is_read_with_its_scales():
     q, k, v = make_inputs(2, 8, 2, 32, 120, seed=32)
     k_scale, v_scale = torch.tensor(0.02), torch.tensor(0.01)  # vLLM's 0-d layer scales

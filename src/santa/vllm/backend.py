@@ -3,21 +3,30 @@
 
 It is vLLM's FlashAttention backend with one change: a batch of decode tokens only (every request
 adds one token, ``max_query_len == 1``) runs santa's kernel (:class:`santa.vllm.decode.PagedDecoder`)
-on the same paged cache; prefill and mixed batches, batches whose longest sequence holds no more
-keys than the budget (exact attention reads no more rows), and ``SANTA_VLLM_KERNEL=dense`` run
-FlashAttention itself. The cache layout, its writes (``reshape_and_cache_flash``, fp8 included) and the
-metadata are FlashAttention's. Decode-only batches are captured in full CUDA graphs
-(``UNIFORM_SINGLE_TOKEN_DECODE``); santa's plans and workspace are made once per batch size and
+on the same paged cache, whatever its sequences' lengths (so eager steps and CUDA-graph replays
+agree); prefill and mixed batches, and every batch under ``SANTA_VLLM_KERNEL=dense`` (the exact
+control), run FlashAttention itself. The cache layout, its writes (``reshape_and_cache_flash``, fp8
+included) and the metadata are FlashAttention's. Decode-only batches are captured in full CUDA graphs
+(``UNIFORM_SINGLE_TOKEN_DECODE``); santa's plans are made once per batch size over one workspace and
 read the lengths, block table and positions from device memory. Settings: :mod:`santa.vllm.config`.
 
-Not yet run inside vLLM (issue 27): written against vLLM 0.26.0's source; the CPU tests cover
-:mod:`santa.vllm.decode`, :mod:`santa.vllm.config` and :mod:`santa.vllm.layers`.
+Memory: santa's workspace (:func:`santa.kernels.workspace_bytes` for ``max_num_seqs`` sequences of
+``max_model_len`` keys: 35 MiB at 64 × 4k, 1.06 GiB at 256 × 32k for Llama-3.1-8B's heads) is allocated
+after vLLM has sized its KV cache: leave that much room (``gpu_memory_utilization``); the builder logs it.
+
+Refused at selection (vLLM's own check): sliding windows, sinks, MLA, encoder and cross attention,
+per-head query/KV quantisation scales; decode context parallelism is refused by vLLM's own assertion
+(santa returns no log-sum-exp). Checked against vLLM 0.26.0 on a CPU machine with a faked H200
+(import, plugin loading, backend selection, construction, a decode step in FlashAttention's layout);
+not yet run inside vLLM on a GPU (issue 27).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
+import torch
 from vllm.model_executor.models.utils import extract_layer_index
 from vllm.v1.attention.backend import AttentionCGSupport, AttentionType
 from vllm.v1.attention.backends.flash_attn import (
@@ -30,6 +39,8 @@ from santa.vllm.config import read_config
 from santa.vllm.decode import FP8, PagedDecoder
 from santa.vllm.layers import check_layer
 
+logger = logging.getLogger(__name__)
+
 
 class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
     """FlashAttention's metadata, plus the model's :class:`PagedDecoder` (one for every layer of the group)."""
@@ -41,14 +52,19 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         config, model, parallel = read_config(), vllm_config.model_config, vllm_config.parallel_config
         block_size = kv_cache_spec.block_size
+        # this group's cache (layers in --kv-cache-dtype-skip-layers have their own group in the model's dtype)
+        fp8 = kv_cache_spec.dtype in (torch.uint8, FP8)
         self.santa = PagedDecoder(
             heads=model.get_num_attention_heads(parallel), kv_heads=model.get_num_kv_heads(parallel),
             head_dim=model.get_head_size(), block_size=block_size,
             max_keys=math.ceil(model.max_model_len / block_size) * block_size,
             max_batch=vllm_config.scheduler_config.max_num_seqs, budget=config.budget,
             kernel=config.kernel if config.samples else "prop", seed=config.seed, dtype=model.dtype,
-            kv_dtype=FP8 if str(vllm_config.cache_config.cache_dtype).startswith("fp8") else model.dtype, device=device,
+            kv_dtype=FP8 if fp8 else model.dtype, device=device,
         )
+        if config.samples:
+            logger.info("santa: %s S=%d on decode-only batches; its workspace takes %.2f GiB (allocated after the KV cache)",
+                        config.kernel, config.budget, self.santa.workspace_nbytes() / 2**30)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
         metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
@@ -58,6 +74,8 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
 
 class SantaAttentionImpl(FlashAttentionImpl):
     """FlashAttention's implementation; decode-only batches go to santa (:meth:`forward`)."""
+
+    can_return_lse_for_decode = False  # santa's decode returns no log-sum-exp: vLLM refuses decode context parallelism
 
     def __init__(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window, kv_cache_dtype,
                  logits_soft_cap=None, attn_type=AttentionType.DECODER, kv_sharing_target_layer_name=None, sinks=None,
@@ -72,8 +90,7 @@ class SantaAttentionImpl(FlashAttentionImpl):
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, output_block_scale=None):
         decoder = getattr(attn_metadata, "santa", None)
         if (decoder is None or not self.santa_config.samples or attn_metadata.max_query_len != 1
-                or attn_metadata.max_seq_len <= self.santa_config.budget or output_scale is not None
-                or output_block_scale is not None):
+                or output_scale is not None or output_block_scale is not None):
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale)
         if self.layer_index is None:
             self.layer_index = extract_layer_index(layer.layer_name)
@@ -81,7 +98,9 @@ class SantaAttentionImpl(FlashAttentionImpl):
         q = query[:n]
         if q.dtype != output.dtype:  # an fp8 cache: the layer quantised q for FlashAttention (with its _q_scale)
             q = (q.float() * layer._q_scale).to(output.dtype)
-        decoder.run(q, kv_cache, seq_lens=attn_metadata.seq_lens[:n], block_table=attn_metadata.block_table[:n],
+        # the runner's table may be wider than max_model_len (the V2 runner rounds it up to 128 keys): unused columns
+        table = attn_metadata.block_table[:n, : decoder.max_keys // decoder.block_size]
+        decoder.run(q, kv_cache, seq_lens=attn_metadata.seq_lens[:n], block_table=table,
                     layer=self.layer_index, scale=self.scale, out=output[:n], k_scale=layer._k_scale,
                     v_scale=layer._v_scale)
         return output
@@ -114,6 +133,10 @@ class SantaAttentionBackend(FlashAttentionBackend):
     @classmethod
     def supports_attn_type(cls, attn_type: str) -> bool:
         return attn_type == AttentionType.DECODER
+
+    @classmethod
+    def supports_per_head_quant_scales(cls) -> bool:
+        return False  # santa dequantises q with one scale
 
 
 __all__ = ["SantaAttentionBackend", "SantaAttentionImpl", "SantaMetadataBuilder"]

@@ -59,6 +59,15 @@ class PagedDecoder:
         self._semaphores: torch.Tensor | None = None
         self._scales: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
+    def workspace_nbytes(self) -> int:
+        """Bytes of the shared scratch buffer (sized for ``max_batch`` sequences of ``max_keys`` keys)."""
+        return workspace_nbytes(self._largest_plan(1.0).workspace_key)
+
+    def _largest_plan(self, scale: float) -> DecodePlan:
+        return plan_decode(batch=self.max_batch, heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
+                           n_keys=self.max_keys, budget=self.budget, dtype=self.dtype, kv_dtype=self.kv_dtype,
+                           device=self.device, kernel=self.kernel, page_size=self.block_size, scale=scale)
+
     def plan(self, batch: int, n_keys: int, scale: float) -> tuple[DecodePlan, Workspace]:
         """The plan and workspace of one call shape (made on first use; the buffers on the first plan)."""
         key = (batch, n_keys, scale)
@@ -70,10 +79,7 @@ class PagedDecoder:
                                budget=self.budget, dtype=self.dtype, kv_dtype=self.kv_dtype, device=self.device,
                                kernel=self.kernel, page_size=self.block_size, scale=scale)
             if self._scratch is None:
-                largest = plan_decode(batch=self.max_batch, heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
-                                      n_keys=self.max_keys, budget=self.budget, dtype=self.dtype, kv_dtype=self.kv_dtype,
-                                      device=self.device, kernel=self.kernel, page_size=self.block_size, scale=scale)
-                self._scratch = torch.empty(workspace_nbytes(largest.workspace_key), dtype=torch.uint8, device=self.device)
+                self._scratch = torch.empty(self.workspace_nbytes(), dtype=torch.uint8, device=self.device)
                 self._semaphores = torch.zeros(self.max_batch * self.heads, dtype=torch.int32, device=self.device)
             workspace = Workspace.within(plan.workspace_key, scratch=self._scratch, semaphores=self._semaphores)
             self._plans[key] = (plan, workspace)
