@@ -45,6 +45,12 @@ def test_a_decode_step_equals_santa_decode_on_contiguous_pages(kernel):
                   scale=0.2, seed=rng.layer_key(9, 3), positions=(seq_lens - 1).clamp_min(0))
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
     assert torch.equal(out[2], torch.zeros_like(out[2]))
+    # positions computed once per step (the metadata builder's buffer) give the same step
+    positions = run.positions(seq_lens)
+    assert positions.tolist() == [199, 76, 0]
+    again = run.run(q, packed(k_pages, v_pages), seq_lens=seq_lens, block_table=table, layer=3, scale=0.2,
+                    out=torch.empty_like(q), positions=positions)
+    assert torch.equal(again, out)
     # another layer draws other samples; a batch of one draws what that sequence drew in the batch
     other = run.run(q, packed(k_pages, v_pages), seq_lens=seq_lens, block_table=table, layer=4, scale=0.2, out=torch.empty_like(q))
     assert not torch.equal(other[:2], out[:2])

@@ -69,6 +69,7 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
         metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
         metadata.santa = self.santa
+        metadata.santa_positions = self.santa.positions(metadata.seq_lens)  # once per step, for every layer
         return metadata
 
 
@@ -102,7 +103,7 @@ class SantaAttentionImpl(FlashAttentionImpl):
         table = attn_metadata.block_table[:n, : decoder.max_keys // decoder.block_size]
         decoder.run(q, kv_cache, seq_lens=attn_metadata.seq_lens[:n], block_table=table,
                     layer=self.layer_index, scale=self.scale, out=output[:n], k_scale=layer._k_scale,
-                    v_scale=layer._v_scale)
+                    v_scale=layer._v_scale, positions=attn_metadata.santa_positions[:n])
         return output
 
 

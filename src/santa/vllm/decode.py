@@ -58,6 +58,7 @@ class PagedDecoder:
         self._scratch: torch.Tensor | None = None
         self._semaphores: torch.Tensor | None = None
         self._scales: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._positions = torch.zeros(max_batch, dtype=torch.int32, device=self.device)
 
     def workspace_nbytes(self) -> int:
         """Bytes of the shared scratch buffer (sized for ``max_batch`` sequences of ``max_keys`` keys)."""
@@ -85,6 +86,15 @@ class PagedDecoder:
             self._plans[key] = (plan, workspace)
         return self._plans[key]
 
+    def positions(self, seq_lens: torch.Tensor) -> torch.Tensor:
+        """Each decode token's position in its sequence, ``seq_lens − 1`` (0 for a padded row), int32 ``[B]``, in a
+        buffer that keeps its address: computed once per step for every layer (vLLM's metadata builder calls it)."""
+        if seq_lens.shape[0] > self._positions.shape[0]:  # a batch past max_batch (plan() refuses it for santa)
+            return (seq_lens - 1).clamp_min(0).int()
+        out = self._positions[: seq_lens.shape[0]]
+        torch.sub(seq_lens, 1, out=out)
+        return out.clamp_min_(0)
+
     def scales(self, layer: int, k_scale: torch.Tensor, v_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A layer's fp8 scales as santa takes them, float32 ``[H_kv]``, refreshed from vLLM's 0-d scale
         tensors (``layer._k_scale``, ``layer._v_scale``) in buffers that keep their addresses (CUDA graphs)."""
@@ -97,11 +107,12 @@ class PagedDecoder:
 
     def run(self, query: torch.Tensor, kv_cache: torch.Tensor, *, seq_lens: torch.Tensor, block_table: torch.Tensor,
             layer: int, scale: float, out: torch.Tensor, k_scale: torch.Tensor | None = None,
-            v_scale: torch.Tensor | None = None) -> torch.Tensor:
+            v_scale: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
         """One decode step of one layer into ``out``: query ``[B, H, D]`` (one token per sequence, in the
         model's dtype), kv_cache the layer's packed cache (:func:`split_kv_cache`), seq_lens int32 ``[B]``
         (keys per sequence, the new token's included; 0 for a padded row, whose output is 0),
-        block_table int32 ``[B, max_blocks]``, k_scale / v_scale vLLM's 0-d fp8 scales (fp8 caches).
+        block_table int32 ``[B, max_blocks]``, k_scale / v_scale vLLM's 0-d fp8 scales (fp8 caches), positions
+        :meth:`positions` of this step (computed here when not given).
         Draws are keyed on (seed, layer, head, position = seq_lens − 1, sample). Nothing is read on the host."""
         k_cache, v_cache = split_kv_cache(kv_cache, self.head_dim)
         batch, n_keys = query.shape[0], block_table.shape[1] * self.block_size
@@ -110,6 +121,7 @@ class PagedDecoder:
         if k_cache.dtype == FP8:
             k_scales, v_scales = self.scales(layer, k_scale, v_scale)
             scales = dict(k_scale=k_scales, v_scale=v_scales)
-        positions = (seq_lens - 1).clamp_min(0)
+        if positions is None:
+            positions = (seq_lens - 1).clamp_min(0)
         return plan.run(query, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=rng.layer_key(self.seed, layer),
                         positions=positions, out=out, workspace=workspace, **scales)
