@@ -131,6 +131,13 @@ class KVCache(nn.Module):
         # k_val: [B, T, H_kv, d]. T > 1: input_pos [T], shared by the batch (prefill);
         # T = 1: input_pos [B] (or [1]), sequence b writes at its own position input_pos[b].
         if self.fp8:
+            if k_val.shape[1] == 1 and k_val.is_cuda and santa_kernels.use_triton(k_val.device):
+                # one launch instead of ten (santa.kernels.cache_write): the same bytes as the lines below
+                from santa.kernels.cache_write import fp8_decode_write
+
+                fp8_decode_write(k_val, v_val, k_scale=self.k_scale, v_scale=self.v_scale, k_cache=self.k_cache,
+                                 v_cache=self.v_cache, positions=input_pos)
+                return self.k_cache, self.v_cache
             if k_val.shape[1] > 1:  # a prefill block: calibrate the scales on it (in place: graphs keep their pointers)
                 self.k_scale.copy_(per_head_scale(k_val))
                 self.v_scale.copy_(per_head_scale(v_val))
