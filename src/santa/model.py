@@ -113,7 +113,8 @@ class KVCache(nn.Module):
     scale per KV head (``k_scale``, ``v_scale`` ``[H_kv]``): calibrated on every prefill write as
     ``amax / 448`` over that block (pad tokens included), so the prompt fits exactly; later decode
     writes that exceed it saturate at ±448 · scale. The prefill attends the block's fresh K/V in the
-    model dtype; decode steps read the fp8 cache.
+    model dtype; decode steps read the fp8 cache. On CUDA a decode step's write is one Triton launch
+    (:mod:`santa.kernels.cache_write`, the same bytes as :func:`quantise` and the indexed copy).
     """
 
     def __init__(self, batch: int, max_len: int, n_kv_head: int, head_dim: int, dtype: torch.dtype, device=None):
