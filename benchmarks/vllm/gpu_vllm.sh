@@ -13,6 +13,11 @@
 #   bash benchmarks/vllm/gpu_vllm.sh install        # join, check, install under /tmp/vsite, santa's entry point beside it
 #   bash benchmarks/vllm/gpu_vllm.sh smoke          # tiny random Llama: FLASH_ATTN, CUSTOM dense, CUSTOM prop (eager)
 #   bash benchmarks/vllm/gpu_vllm.sh llama          # Llama-3.1-8B shapes at 30k, batch 16: FLASH_ATTN against CUSTOM prop S=128
+#   bash benchmarks/vllm/gpu_vllm.sh llama_fp8      # the same on fp8 caches
+#   bash benchmarks/vllm/gpu_vllm.sh qwen           # Qwen2.5-0.5B shapes at 32k, batch 1, 16 and 64
+#   bash benchmarks/vllm/gpu_vllm.sh needles        # the bundled Qwen's needle tasks at 16k/32k, 50 prompts, through vLLM
+#                                                   # (after gpu_sweeps.sh has joined the Qwen GGUF under /tmp/santa)
+# Every engine start costs ~1-2 min (torch.compile, CUDA-graph capture): budget the device calls for it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/vw
@@ -50,5 +55,23 @@ for stage in "$@"; do
       run 280 $A --backend FLASH_ATTN --out "$OUT/llama_flash.json"
       SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 280 $A --backend CUSTOM --out "$OUT/llama_prop.json"
       python3 benchmarks/vllm/offline.py --compare "$OUT/llama_flash.json" "$OUT/llama_prop.json" ;;
+    llama_fp8)
+      A="--folder /tmp/llama8b --make llama-3.1-8b --prompt-tokens 30000 --batch 16 --new-tokens 64 --kv-cache-dtype fp8"
+      run 280 $A --backend FLASH_ATTN --out "$OUT/llama8_flash.json"
+      SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 280 $A --backend CUSTOM --out "$OUT/llama8_prop.json"
+      python3 benchmarks/vllm/offline.py --compare "$OUT/llama8_flash.json" "$OUT/llama8_prop.json" ;;
+    qwen)
+      for B in 1 16 64; do
+        A="--folder /tmp/qwen_random --make qwen2.5-0.5b --prompt-tokens 32000 --batch $B --new-tokens 64"
+        run 200 $A --backend FLASH_ATTN --out "$OUT/qwen${B}_flash.json"
+        SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 200 $A --backend CUSTOM --out "$OUT/qwen${B}_prop.json"
+        python3 benchmarks/vllm/offline.py --compare "$OUT/qwen${B}_flash.json" "$OUT/qwen${B}_prop.json"
+      done ;;
+    needles)
+      export PYTHONPATH=/tmp/pkgs:$PYTHONPATH SANTA_CACHE=/tmp/santa HF_HUB_OFFLINE=1
+      timeout 280 python3 benchmarks/vllm/needles.py --folder /tmp/qwen --backend FLASH_ATTN --out "$OUT/needles_flash.json" 2>&1 | tail -n 3
+      SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 timeout 280 python3 benchmarks/vllm/needles.py --folder /tmp/qwen --backend CUSTOM \
+        --out "$OUT/needles_prop.json" 2>&1 | tail -n 3
+      python3 benchmarks/vllm/needles.py --compare "$OUT/needles_flash.json" "$OUT/needles_prop.json" ;;
   esac
 done
