@@ -97,3 +97,15 @@ def test_a_batch_beyond_the_workspace_is_refused():
         decoder(max_batch=2).run(q, cache, seq_lens=torch.ones(3, dtype=torch.int32, device=DEVICE),
                                  block_table=torch.zeros(3, 1, dtype=torch.int32, device=DEVICE), layer=0, scale=0.2,
                                  out=torch.empty_like(q))
+
+
+def test_the_workspace_is_allocated_once_and_shared_by_every_batch_size():
+    run = decoder(max_batch=4, max_keys=256)
+    run.allocate()
+    scratch = run._scratch
+    assert scratch.numel() == run.workspace_nbytes() and run._semaphores.numel() == 4 * 8
+    for batch in (1, 3):
+        _, workspace = run.plan(batch, 256, 0.2)
+        assert workspace.buffer.data_ptr() == scratch.data_ptr()
+    run.allocate()
+    assert run._scratch is scratch

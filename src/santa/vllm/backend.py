@@ -12,7 +12,8 @@ read the lengths, block table and positions from device memory. Settings: :mod:`
 
 Memory: santa's workspace (:func:`santa.kernels.workspace_bytes` for ``max_num_seqs`` sequences of
 ``max_model_len`` keys: 35 MiB at 64 × 4k, 1.06 GiB at 256 × 32k for Llama-3.1-8B's heads) is allocated
-after vLLM has sized its KV cache: leave that much room (``gpu_memory_utilization``); the builder logs it.
+when the metadata builder starts, after vLLM has sized its KV cache: leave that much room
+(``gpu_memory_utilization``); the builder logs it, and running out names what to lower.
 
 Refused at selection (vLLM's own check): sliding windows, sinks, MLA, encoder and cross attention,
 per-head query/KV quantisation scales; decode context parallelism is refused by vLLM's own assertion
@@ -65,6 +66,7 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
         if config.samples:
             logger.info("santa: %s S=%d on decode-only batches; its workspace takes %.2f GiB (allocated after the KV cache)",
                         config.kernel, config.budget, self.santa.workspace_nbytes() / 2**30)
+            self.santa.allocate()  # now, outside any CUDA-graph capture
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
         metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)

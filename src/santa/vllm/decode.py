@@ -60,6 +60,20 @@ class PagedDecoder:
         self._scales: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._positions = torch.zeros(max_batch, dtype=torch.int32, device=self.device)
 
+    def allocate(self) -> None:
+        """Allocate the shared scratch buffer and semaphores now (vLLM's builder calls this at start-up, outside
+        any CUDA-graph capture); an out-of-memory error names what to lower."""
+        if self._scratch is not None:
+            return
+        nbytes = self.workspace_nbytes()
+        try:
+            self._scratch = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        except torch.cuda.OutOfMemoryError as error:
+            raise torch.cuda.OutOfMemoryError(
+                f"santa's decode workspace needs {nbytes / 2**30:.2f} GiB ({self.max_batch} sequences × {self.max_keys} keys) "
+                "after vLLM's KV cache: lower gpu_memory_utilization, max_num_seqs or max_model_len") from error
+        self._semaphores = torch.zeros(self.max_batch * self.heads, dtype=torch.int32, device=self.device)
+
     def workspace_nbytes(self) -> int:
         """Bytes of the shared scratch buffer (sized for ``max_batch`` sequences of ``max_keys`` keys)."""
         return workspace_nbytes(self._largest_plan(1.0).workspace_key)
@@ -79,9 +93,7 @@ class PagedDecoder:
             plan = plan_decode(batch=batch, heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim, n_keys=n_keys,
                                budget=self.budget, dtype=self.dtype, kv_dtype=self.kv_dtype, device=self.device,
                                kernel=self.kernel, page_size=self.block_size, scale=scale)
-            if self._scratch is None:
-                self._scratch = torch.empty(self.workspace_nbytes(), dtype=torch.uint8, device=self.device)
-                self._semaphores = torch.zeros(self.max_batch * self.heads, dtype=torch.int32, device=self.device)
+            self.allocate()
             workspace = Workspace.within(plan.workspace_key, scratch=self._scratch, semaphores=self._semaphores)
             self._plans[key] = (plan, workspace)
         return self._plans[key]
