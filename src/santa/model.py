@@ -55,6 +55,7 @@ from santa.checkpoint import (  # noqa: F401 (ModelArgs: re-exported as santa.mo
 )
 from santa.checks import integer
 from santa.kernels import reference
+from santa.kernels.plan import FP8, dequantised  # FP8: re-exported as santa.model.FP8
 from santa.methods import METHODS, by_model_backend
 from santa.sampling import check_budget
 
@@ -84,7 +85,6 @@ CONFIGS = {
 }
 
 
-FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # the largest finite float8_e4m3fn
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # kv_cache_dtype by name, as vLLM spells them
 
@@ -162,7 +162,8 @@ class KVCache(nn.Module):
         """The caches' values in ``dtype`` (a copy for an fp8 cache: ``cache.float() * scale``)."""
         if not self.fp8:
             return self.k_cache, self.v_cache
-        return dequantise(self.k_cache, self.k_scale).to(dtype), dequantise(self.v_cache, self.v_scale).to(dtype)
+        return (dequantised(self.k_cache, self.k_scale, "NHD").to(dtype),
+                dequantised(self.v_cache, self.v_scale, "NHD").to(dtype))
 
 
 def per_head_scale(x: Tensor) -> Tensor:
@@ -174,11 +175,6 @@ def per_head_scale(x: Tensor) -> Tensor:
 def quantise(x: Tensor, scale: Tensor) -> Tensor:
     """``x [B, T, H_kv, d] / scale`` (per KV head), saturated to ±448 and rounded to e4m3."""
     return (x.float() / scale.view(1, 1, -1, 1)).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
-
-
-def dequantise(cache: Tensor, scale: Tensor | float) -> Tensor:
-    """An fp8 cache's float32 values ``cache.float() * scale`` (per KV head, or one float)."""
-    return cache.float() * (scale.view(1, 1, -1, 1) if isinstance(scale, Tensor) else scale)
 
 
 def visibility_bias(seq_lens: Tensor, max_len: int, dtype: torch.dtype) -> Tensor:
@@ -436,7 +432,8 @@ class Attention(nn.Module):
         kernels = ctx.backend.startswith("santa-") and _santa_kernels(ctx.santa_impl) is not None
         k_scale, v_scale = (1.0, 1.0) if self.kv_cache is None else self.kv_cache.scales()
         if k_cache.dtype == FP8 and not kernels:  # the other paths attend the dequantised values
-            k_cache, v_cache = dequantise(k_cache, k_scale).to(q.dtype), dequantise(v_cache, v_scale).to(q.dtype)
+            k_cache = dequantised(k_cache, k_scale, "NHD").to(q.dtype)
+            v_cache = dequantised(v_cache, v_scale, "NHD").to(q.dtype)
         if ctx.backend == "sdpa":
             y = F.scaled_dot_product_attention(
                 q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), attn_mask=ctx.attn_bias, enable_gqa=True
