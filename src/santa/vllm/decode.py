@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 
 from santa import rng
-from santa.kernels.plan import DecodePlan, Workspace, plan_decode, workspace_nbytes
+from santa.kernels.decode import workspace_bytes
+from santa.kernels.plan import DecodePlan, Workspace, plan_decode
 
 FP8 = torch.float8_e4m3fn
 
@@ -76,12 +77,7 @@ class PagedDecoder:
 
     def workspace_nbytes(self) -> int:
         """Bytes of the shared scratch buffer (sized for ``max_batch`` sequences of ``max_keys`` keys)."""
-        return workspace_nbytes(self._largest_plan(1.0).workspace_key)
-
-    def _largest_plan(self, scale: float) -> DecodePlan:
-        return plan_decode(batch=self.max_batch, heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim,
-                           n_keys=self.max_keys, budget=self.budget, dtype=self.dtype, kv_dtype=self.kv_dtype,
-                           device=self.device, kernel=self.kernel, page_size=self.block_size, scale=scale)
+        return workspace_bytes(self.max_batch, self.heads, self.head_dim, self.max_keys, self.budget, self.kernel)
 
     def plan(self, batch: int, n_keys: int, scale: float) -> tuple[DecodePlan, Workspace]:
         """The plan and workspace of one call shape (made on first use; the buffers on the first plan)."""
@@ -134,6 +130,6 @@ class PagedDecoder:
             k_scales, v_scales = self.scales(layer, k_scale, v_scale)
             scales = dict(k_scale=k_scales, v_scale=v_scales)
         if positions is None:
-            positions = (seq_lens - 1).clamp_min(0)
+            positions = self.positions(seq_lens)
         return plan.run(query, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=rng.layer_key(self.seed, layer),
                         positions=positions, out=out, workspace=workspace, **scales)
