@@ -284,9 +284,15 @@ def query_positions(attention_mask: torch.Tensor | None, n_queries: int, n_keys:
     minus one (a left pad, or a static-cache slot not yet written, is not a key), from the bool mask
     ``[B, 1, Lq, Lk]``; without a mask the rows end the key block (``n_keys − Lq + i``)."""
     if attention_mask is not None:
-        return (attention_mask[:, 0].sum(-1) - 1).clamp_min(0).long()
+        return position_of(attention_mask[:, 0].sum(-1))
     rows = torch.arange(n_queries, device=device) + (n_keys - n_queries)
     return rows.clamp_min(0).expand(batch, n_queries)
+
+
+def position_of(keys_seen: torch.Tensor) -> torch.Tensor:
+    """A query's position in its own sequence from the number of keys it sees: ``keys_seen − 1``, int64
+    (0 for a row that sees none)."""
+    return (keys_seen - 1).clamp_min(0).long()
 
 
 def visible_run(attention_mask: torch.Tensor, n_keys: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -321,9 +327,11 @@ def kernel_decode(
         starts, ends, contiguous = visible_run(attention_mask, n_keys)
         if not torch.compiler.is_compiling() and not bool(contiguous.all()):
             return None
+        positions = position_of(ends - starts)  # the run's length is the keys the query sees (no second pass over the mask)
         ends = torch.where(contiguous, ends, n_keys + 1)  # an invalid length: NaN for that sequence
         runs = dict(seq_lens=ends, starts=starts)
-    positions = query_positions(attention_mask, 1, n_keys, batch, query.device)[:, 0].contiguous()
+    else:
+        positions = query_positions(None, 1, n_keys, batch, query.device)[:, 0].contiguous()
     result = decode(
         query[:, :, 0].contiguous(), key.contiguous(), value.contiguous(), config.budget_for(layer),
         kernel=kernel, kv_layout="HND", scale=scaling, seed=rng.layer_key(config.seed, layer), positions=positions,
