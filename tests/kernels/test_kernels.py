@@ -267,7 +267,7 @@ def test_workspaces_of_several_batch_sizes_share_one_scratch_buffer():
     (alternating calls, as a serving engine's CUDA graphs of two batch sizes would), and give what their own
     zeroed workspaces give."""
     from santa.kernels import Tuning, Workspace, plan_decode
-    from santa.kernels.plan import workspace_nbytes
+    from santa.kernels.layout import workspace_nbytes
 
     q, k, v = make_inputs(3, 8, 2, 32, 200, seed=22)
     plans = {b: plan_decode(batch=b, heads=8, kv_heads=2, head_dim=32, n_keys=200, budget=24, dtype=q.dtype, device=DEVICE,
@@ -353,7 +353,7 @@ def test_k_evict_first_is_chosen_by_the_stash_size_and_never_changes_a_sample():
     """The K loads' L2 hint is on only where the stash fits the L2 but is not tiny (the measured rule),
     can be forced either way, and changes no count or output."""
     from santa.kernels import Tuning, plan_decode
-    from santa.kernels.plan import prop_k_evict_first
+    from santa.kernels.layout import prop_k_evict_first
 
     l2 = 60 << 20
     assert not prop_k_evict_first(4 << 20, l2) and prop_k_evict_first(16 << 20, l2) and prop_k_evict_first(45 << 20, l2)
@@ -378,7 +378,7 @@ def test_the_stash_discard_mode_follows_the_chunks_per_head():
     """Where a head has few pass-2 chunks its last chunk drops the whole row; from 8 on every chunk
     drops its own part (the measured rule); with the discard off, or on the CPU, nothing is dropped."""
     from santa.kernels import plan_decode
-    from santa.kernels.plan import prop_discard_mode
+    from santa.kernels.layout import prop_discard_mode
     from santa.kernels.prop import prop_launchers
 
     assert [prop_discard_mode(c) for c in (1, 2, 4, 7, 8, 16)] == [1, 1, 1, 1, 2, 2]
@@ -397,7 +397,7 @@ def test_stash_rows_are_whole_l2_lines_for_every_tile_size():
     """discard.global.L2 takes 128-byte aligned lines: every stash row starts on one and spans whole
     lines, also for 16-key tiles and an odd tile count (whose keys alone would end mid-line)."""
     from santa.kernels import Tuning
-    from santa.kernels.plan import WorkspaceKey, workspace_regions, workspace_strides
+    from santa.kernels.layout import WorkspaceKey, workspace_regions, workspace_strides
 
     for block_n, n_keys in ((16, 16 * 7 - 3), (32, 100), (128, 1000), (64, 4097)):
         key = WorkspaceKey.of(kernel="prop", batch=3, heads=5, head_dim=64, n_keys=n_keys, budget=64, device="cpu",

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from santa.checks import integer
+from santa.kernels.layout import WorkspaceKey, workspace_nbytes
 from santa.kernels.plan import (
     DTYPES,
     FP8,
@@ -32,7 +33,6 @@ from santa.kernels.plan import (
     KV_LAYOUTS,
     DecodePlan,
     Workspace,
-    WorkspaceKey,
     check_budget_for_kernels,
     check_seed_and_offset,
     check_tables,
@@ -41,7 +41,6 @@ from santa.kernels.plan import (
     plan_decode,
     resolve_device,
     torch_decode,
-    workspace_nbytes,
 )
 
 _PLAN_CACHE_SIZE = 32

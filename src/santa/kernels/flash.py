@@ -27,7 +27,7 @@ from santa.kernels._common import (
     tile_softmax_stats,
 )
 from santa.kernels._launch import Launcher
-from santa.kernels.plan import workspace_strides
+from santa.kernels.layout import workspace_strides
 
 
 @triton.jit(do_not_specialize=["seed", "offset", "budget"])

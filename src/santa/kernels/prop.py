@@ -34,7 +34,7 @@ from santa.kernels._common import (
     tile_softmax_stats,
 )
 from santa.kernels._launch import Launcher
-from santa.kernels.plan import prop_discard_mode, prop_sample_chunks, prop_tile_search, workspace_strides
+from santa.kernels.layout import prop_discard_mode, prop_sample_chunks, prop_tile_search, workspace_strides
 
 
 @triton.jit
@@ -215,7 +215,7 @@ def _prop_chunk(
     DISCARD: tl.constexpr,
 ):
     """Pass-2 work of one chunk of samples of one (sequence, head) row: place them, gather V, reduce.
-    DISCARD (see :func:`santa.kernels.plan.prop_discard_mode`): 0 keeps the stash in L2, 1 has the
+    DISCARD (see :func:`santa.kernels.layout.prop_discard_mode`): 0 keeps the stash in L2, 1 has the
     row's last chunk drop the whole row, 2 has every chunk drop the part that no other chunk reads."""
     n_tiles = tl.cdiv(seq_len, BLOCK_N)
     offs_s = pid_s * SBLOCK + tl.arange(0, SBLOCK)
