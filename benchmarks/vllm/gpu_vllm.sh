@@ -48,18 +48,18 @@ for stage in "$@"; do
       python3 benchmarks/vllm/offline.py --compare "$OUT/smoke_flash.json" "$OUT/smoke_dense.json"
       python3 benchmarks/vllm/offline.py --compare "$OUT/smoke_flash.json" "$OUT/smoke_prop.json" ;;
     llama)
-      A="--folder /tmp/llama8b --make llama-3.1-8b --prompt-tokens 30000 --batch 16 --new-tokens 64"
+      A="--folder /tmp/llama8b --make llama-3.1-8b --prompt-tokens 30000 --batch 16"
       run 280 $A --backend FLASH_ATTN --out "$OUT/llama_flash.json"
       SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 280 $A --backend CUSTOM --out "$OUT/llama_prop.json"
       python3 benchmarks/vllm/offline.py --compare "$OUT/llama_flash.json" "$OUT/llama_prop.json" ;;
     llama_fp8)
-      A="--folder /tmp/llama8b --make llama-3.1-8b --prompt-tokens 30000 --batch 16 --new-tokens 64 --kv-cache-dtype fp8"
+      A="--folder /tmp/llama8b --make llama-3.1-8b --prompt-tokens 30000 --batch 16 --kv-cache-dtype fp8"
       run 280 $A --backend FLASH_ATTN --out "$OUT/llama8_flash.json"
       SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 280 $A --backend CUSTOM --out "$OUT/llama8_prop.json"
       python3 benchmarks/vllm/offline.py --compare "$OUT/llama8_flash.json" "$OUT/llama8_prop.json" ;;
     qwen)
       for B in 1 16 64; do
-        A="--folder /tmp/qwen_random --make qwen2.5-0.5b --prompt-tokens 32000 --batch $B --new-tokens 64"
+        A="--folder /tmp/qwen_random --make qwen2.5-0.5b --prompt-tokens 32000 --batch $B"
         run 200 $A --backend FLASH_ATTN --out "$OUT/qwen${B}_flash.json"
         SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 200 $A --backend CUSTOM --out "$OUT/qwen${B}_prop.json"
         python3 benchmarks/vllm/offline.py --compare "$OUT/qwen${B}_flash.json" "$OUT/qwen${B}_prop.json"

@@ -4,8 +4,13 @@ once per backend and compare the JSON files (``--compare``).
 
 The model folder is made on the device when absent (``--make``): random bf16 weights of a real model's
 shape saved as safetensors (the time of a step does not depend on their values), no tokenizer (prompts
-are token ids, ``skip_tokenizer_init``). Decode tokens/s = batch · new tokens / (t(generate 1 + N tokens)
-− t(generate 1 token)), so the prefill cancels; median of ``--repeats``.
+are token ids, ``skip_tokenizer_init``). Decode tokens/s is timed on the engine's own steps: the batch's
+requests are added together and ``LLMEngine.step()`` is driven by hand; the clock starts once every request
+has ``--warm-tokens`` tokens (its prefill is over, so every later step is a decode step of the whole batch,
+the steps santa's backend runs) and stops once every request has ``--new-tokens`` more; tokens/s = tokens
+generated in between / the time between. Chunked prefill lets early requests decode beside later ones'
+prefill chunks (mixed batches, run by vLLM's own attention): those steps are outside the clock. One
+prefill per repeat; median of ``--repeats``.
 
     python benchmarks/vllm/offline.py --folder /tmp/llama8b --make llama-3.1-8b --backend CUSTOM \\
         --prompt-tokens 30000 --batch 16 --new-tokens 64 --out custom.json
@@ -57,9 +62,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--backend", default="CUSTOM", help="FLASH_ATTN (vLLM's default here) or CUSTOM (santa)")
     parser.add_argument("--prompt-tokens", type=int, default=30000)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=128, help="decode tokens per request inside the clock")
+    parser.add_argument("--warm-tokens", type=int, default=4, help="tokens per request before the clock starts")
     parser.add_argument("--kv-cache-dtype", default="auto", help="auto or fp8")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs (a smoke run)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     parser.add_argument("--out", type=Path)
@@ -78,6 +84,53 @@ def compare(baseline_path: str, other_path: str) -> None:
           f"{same} of {len(base['tokens'])} sequences with identical greedy tokens")
 
 
+def decode_rate(llm, prompts: list, *, new_tokens: int, warm_tokens: int, tag: str) -> tuple[float, list[list[int]]]:
+    """Decode tokens/s of the whole batch on the engine's steps (see the module docstring), and each
+    request's greedy tokens. ``tag`` keeps request ids unique across repeats. Requests may ask for more
+    tokens than the clock needs: one whose prefill ended early decodes beside the others' prefill chunks,
+    and none may finish before the clock stops (the batch would shrink)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    chunk = llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    spread = -(-sum(len(p["prompt_token_ids"]) for p in prompts) // chunk)  # steps between the first and last prefill's end
+    cap = warm_tokens + new_tokens + spread + 8
+    params = SamplingParams(max_tokens=cap, min_tokens=cap, temperature=0.0, ignore_eos=True, detokenize=False,
+                            output_kind=RequestOutputKind.DELTA)
+    return clocked_steps(llm.llm_engine, prompts, params, warm_tokens=warm_tokens, new_tokens=new_tokens, tag=tag)
+
+
+def clocked_steps(engine, prompts: list, params, *, warm_tokens: int, new_tokens: int, tag: str,
+                  clock=time.perf_counter) -> tuple[float, list[list[int]]]:
+    """Drive ``engine`` (``add_request``, ``step``, ``has_unfinished_requests``; outputs in DELTA mode) until
+    its requests finish. The clock runs from the step after which every request holds ``warm_tokens`` to
+    the one after which every request holds ``new_tokens`` more; returns the tokens generated in between
+    over the time between, and every request's tokens. Raises if a request reached ``params.max_tokens``
+    inside the window (the later steps would not decode the whole batch)."""
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"{tag}x{i}", prompt, params)
+    tokens = [[] for _ in prompts]
+    start = stop = None
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        now = clock()
+        for output in outputs:  # the id is ours, or ours plus vLLM's "-<8 random characters>"
+            tokens[int(output.request_id.split("-")[0].split("x")[1])].extend(output.outputs[0].token_ids)
+        lengths = [len(t) for t in tokens]
+        if start is None and min(lengths) >= warm_tokens:
+            start = (now, sum(lengths))
+        if start is not None and stop is None:
+            if min(lengths) >= warm_tokens + new_tokens:
+                stop = (now, sum(lengths))
+            elif max(lengths) >= params.max_tokens:
+                raise RuntimeError(f"a request finished while the clock ran ({lengths} tokens, max_tokens "
+                                   f"{params.max_tokens}): ask for more tokens than warm + new + the prefills' spread")
+    if start is None or stop is None or stop[0] <= start[0]:
+        raise RuntimeError(f"the clock never ran: tokens per request {[len(t) for t in tokens]}, "
+                           f"{warm_tokens} + {new_tokens} asked of max_tokens {params.max_tokens}")
+    return (stop[1] - start[1]) / (stop[0] - start[0]), tokens
+
+
 def main() -> None:
     args = parse_args()
     if args.compare:
@@ -94,7 +147,7 @@ def main() -> None:
         print(f"made {args.folder} ({args.make}) in {time.perf_counter() - t:.0f} s", flush=True)
     import torch
     import vllm
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
     from vllm.inputs import TokensPrompt
 
     config = json.loads((args.folder / "config.json").read_text())
@@ -103,37 +156,28 @@ def main() -> None:
                for _ in range(args.batch)]
     t = time.perf_counter()
     llm = LLM(model=str(args.folder), attention_backend=args.backend, kv_cache_dtype=args.kv_cache_dtype, dtype="bfloat16",
-              max_model_len=args.prompt_tokens + args.new_tokens + 16, max_num_seqs=args.batch, seed=0,
+              max_model_len=args.prompt_tokens + args.warm_tokens + args.new_tokens + 4096,  # room for the prefills' spread max_num_seqs=args.batch, seed=0,
               gpu_memory_utilization=args.gpu_memory_utilization, skip_tokenizer_init=True, enable_prefix_caching=False,
               enforce_eager=args.enforce_eager)
     start_s = time.perf_counter() - t
     print(f"engine up in {start_s:.0f} s", flush=True)
 
-    def timed(new_tokens: int) -> tuple[float, list]:
-        params = SamplingParams(max_tokens=new_tokens, min_tokens=new_tokens, temperature=0.0, ignore_eos=True,
-                                detokenize=False)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        return time.perf_counter() - t0, [list(o.outputs[0].token_ids) for o in outputs]
-
-    timed(1), timed(1 + args.new_tokens)  # warm-up
-    per_s, tokens = [], None
-    for _ in range(args.repeats):
-        prefill_s, _ = timed(1)
-        total_s, tokens = timed(1 + args.new_tokens)
-        per_s.append(args.batch * args.new_tokens / (total_s - prefill_s))
+    rates, tokens = [], None
+    for repeat in range(args.repeats):
+        rate, tokens = decode_rate(llm, prompts, new_tokens=args.new_tokens, warm_tokens=args.warm_tokens, tag=f"r{repeat}")
+        rates.append(rate)
+        print(f"repeat {repeat}: {rate:.0f} decode tokens/s", flush=True)
     santa_settings = {k: v for k, v in os.environ.items() if k.startswith("SANTA_VLLM_")}
     result = {
         "backend": args.backend, "santa": santa_settings, "vllm": vllm.__version__, "torch": torch.__version__,
         "device": torch.cuda.get_device_name(), "folder": str(args.folder), "shape": args.make, "batch": args.batch,
         "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "kv_cache_dtype": args.kv_cache_dtype,
-        "enforce_eager": args.enforce_eager, "engine_start_s": start_s, "decode_tokens_per_s": statistics.median(per_s),
-        "decode_tokens_per_s_all": per_s, "tokens": tokens, "commit": os.environ.get("SANTA_COMMIT"),
+        "enforce_eager": args.enforce_eager, "engine_start_s": start_s, "decode_tokens_per_s": statistics.median(rates),
+        "decode_tokens_per_s_all": rates, "warm_tokens": args.warm_tokens, "tokens": tokens, "commit": os.environ.get("SANTA_COMMIT"),
     }
     args.out.write_text(json.dumps(result, indent=1))
     print(f"{args.backend} {santa_settings}: {result['decode_tokens_per_s']:.0f} decode tokens/s "
-          f"({[round(x) for x in per_s]}), batch {args.batch} × {args.prompt_tokens}", flush=True)
+          f"({[round(x) for x in rates]}), batch {args.batch} × {args.prompt_tokens}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,62 @@
+"""benchmarks/vllm/offline.py's clock (issue 27), without vLLM: a fake engine whose requests finish their
+chunked prefill at different steps, so that early requests decode beside later prefills (mixed steps,
+slow here) before every step is a decode step of the whole batch (fast). Only the latter may be timed."""
+
+import types
+
+import pytest
+from benchmarks.vllm import offline
+
+MIXED_STEP, DECODE_STEP = 10.0, 1.0  # seconds per engine step on the fake clock
+
+
+class FakeEngine:
+    """Request i's prefill ends after step ``2 + i``; from then on each step gives it one token (DELTA),
+    up to ``params.max_tokens``. Its ids carry vLLM's random suffix."""
+
+    def __init__(self):
+        self.now, self.steps, self.requests = 0.0, 0, []
+
+    def add_request(self, request_id, prompt, params):
+        self.requests.append(dict(id=f"{request_id}-a1b2c3d4", ready=2 + len(self.requests), made=0, max=params.max_tokens))
+
+    def has_unfinished_requests(self):
+        return any(r["made"] < r["max"] for r in self.requests)
+
+    def clock(self):
+        return self.now
+
+    def step(self):
+        self.steps += 1
+        prefilling = any(self.steps <= r["ready"] for r in self.requests)
+        self.now += MIXED_STEP if prefilling else DECODE_STEP
+        outputs = []
+        for r in self.requests:
+            if self.steps > r["ready"] and r["made"] < r["max"]:
+                r["made"] += 1
+                token = 1000 * int(r["id"].split("x")[1].split("-")[0]) + r["made"]
+                outputs.append(types.SimpleNamespace(request_id=r["id"], outputs=[types.SimpleNamespace(token_ids=[token])]))
+        return outputs
+
+
+def test_only_steps_that_decode_the_whole_batch_are_timed():
+    """Request 2 decodes from step 5; request 0, two steps ahead, may not finish inside the clock."""
+    engine = FakeEngine()
+    rate, tokens = offline.clocked_steps(engine, ["p0", "p1", "p2"], types.SimpleNamespace(max_tokens=14), warm_tokens=4,
+                                         new_tokens=8, tag="r0", clock=engine.clock)
+    assert rate == pytest.approx(3 / DECODE_STEP)  # 3 tokens per decode step; the mixed steps (10 s each) lie outside
+    assert tokens == [[1000 * i + k for k in range(1, 15)] for i in range(3)]
+
+
+def test_a_request_that_finishes_inside_the_clock_is_an_error_not_a_rate():
+    engine = FakeEngine()  # request 0 is two tokens ahead of request 2: 13 tokens cannot hold 4 + 8 for all three
+    with pytest.raises(RuntimeError, match="finished while the clock ran"):
+        offline.clocked_steps(engine, ["p0", "p1", "p2"], types.SimpleNamespace(max_tokens=13), warm_tokens=4, new_tokens=8,
+                              tag="r0", clock=engine.clock)
+
+
+def test_a_clock_that_never_starts_is_an_error_not_a_rate():
+    engine = FakeEngine()
+    with pytest.raises(RuntimeError, match="the clock never ran"):
+        offline.clocked_steps(engine, ["p0", "p1"], types.SimpleNamespace(max_tokens=3), warm_tokens=4, new_tokens=1, tag="r0",
+                              clock=engine.clock)
