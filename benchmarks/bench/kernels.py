@@ -284,8 +284,9 @@ def bench_batch(batch, n_keys, results, flusher, args, fi, page_size=16):
 def bench_fp8(batch, n_keys, results, flusher, args, fi, page_size=16, k_scale=0.5, v_scale=0.5):
     """fp8 (e4m3) K/V caches, one case: santa prop (and flash at batch 1) on fp8 beside FlashInfer's fp8
     decode (CUDA cores and tensor cores), cuDNN SDPA and santa prop on the bf16 caches the fp8 ones were
-    quantised from (``cache = bf16 / scale``), every backend on the same inputs in this run."""
-    from santa.kernels import decode, make_workspace
+    quantised from (``cache = bf16 / scale``), every backend on the same inputs in this run; prop on fp8
+    also with ``Tuning(fp8_k_f16=True)`` (``…_fp8_kf16``), the A/B that decides that field's default."""
+    from santa.kernels import Tuning, decode, make_workspace, plan_decode
 
     dev = torch.device("cuda")
     kv_heads, dim = args.kv_heads, args.head_dim
@@ -304,6 +305,12 @@ def bench_fp8(batch, n_keys, results, flusher, args, fi, page_size=16, k_scale=0
         measure(results, f"{tag}/santa_prop_S{budget}_{name}", lambda kc=kc, vc=vc, ws=ws, scales=scales: decode(
             q, kc, vc, budget, kernel="prop", out=out, workspace=ws, **scales), flusher,
             meta={"floor_us": nbytes / READ_BW * 1e6, "bytes": nbytes})
+    # Tuning(fp8_k_f16=True): the score dot in float16 (K's e4m3 → f16 in one conversion per pair), against the default above
+    plan = plan_decode(batch=batch, heads=args.heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget, dtype=q.dtype,
+                       kv_dtype=torch.float8_e4m3fn, device=dev, tuning=Tuning(fp8_k_f16=True))
+    nbytes = santa_bytes(q, k8, budget, "prop")
+    measure(results, f"{tag}/santa_prop_S{budget}_fp8_kf16", lambda: plan.run(q, k8, v8, out=out, k_scale=k_scale, v_scale=v_scale),
+            flusher, meta={"floor_us": nbytes / READ_BW * 1e6, "bytes": nbytes})
     if batch == 1:
         ws = make_workspace(q, k8, 2048, kernel="flash")
         nbytes = santa_bytes(q, k8, 2048, "flash")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from helpers import CUDA, DEVICE, make_inputs, to_paged
-from santa.kernels import decode, flash_reference, flash_tile, plan_decode, prop_reference
+from santa.kernels import Tuning, decode, flash_reference, flash_tile, plan_decode, prop_reference
 from test_kernels import assert_counts_match_systematic, dense_probs, prop_uniforms
 
 triton = pytest.importorskip("triton")  # the interpreter's setup: tests/kernels/conftest.py
@@ -93,6 +93,49 @@ def test_a_planned_fp8_run_equals_eager_decode_and_the_torch_fallback(monkeypatc
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
         cpu_out, cpu_counts = decode(q, k8, v8, 24, seed=4, offset=1, k_scale=k_scale, v_scale=0.125, return_counts=True)
         assert torch.equal(cpu_counts.long(), ref_counts) and torch.equal(cpu_out, ref_out)
+
+
+@pytest.mark.parametrize("kernel", ["prop", "flash"])
+@pytest.mark.parametrize("q_range", [1.0, 2.0**60, 2.0**-60])
+def test_fp8_keys_read_as_float16_give_the_samples_of_the_bf16_dot(kernel, q_range):
+    """Tuning(fp8_k_f16=True): the K tile converted to float16 and q (bf16), scaled by a power of two, too;
+    the scores are the bf16 path's, so the same counts and outputs (bit for bit in the interpreter, whose
+    dots are fp32 of the same exact products), also for queries far outside float16's range; and the
+    samples of the dequantised caches."""
+    batch, heads, kv_heads, dim, n_keys, budget = 2, 8, 2, 64, 300, 64
+    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, seed=23)
+    q = (q * q_range).to(torch.bfloat16)
+    k8, v8 = (k * 4).to(FP8), (v * 4).to(FP8)
+    k_scale = torch.tensor([0.25, 0.5], device=DEVICE)
+    seq_lens = torch.tensor([n_keys, 131], dtype=torch.int32, device=DEVICE)
+    runs = {}
+    for f16 in (False, True):
+        plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget,
+                           dtype=torch.bfloat16, kv_dtype=FP8, device=DEVICE, kernel=kernel, tuning=Tuning(fp8_k_f16=f16))
+        assert plan.k_f16 is f16
+        counts = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device=DEVICE)
+        out = plan.run(q, k8, v8, seq_lens=seq_lens, seed=5, offset=2, counts=counts, k_scale=k_scale, v_scale=0.25)
+        runs[f16] = out, counts
+    if CUDA:  # the f16 and bf16 tensor-core dots may round their sums apart: the samples of the dequantised caches
+        if kernel == "prop":
+            probs = dense_probs(q, k8.float() * k_scale.view(1, 1, 2, 1), seq_lens)
+            assert_counts_match_systematic(runs[True][1], probs, budget, prop_uniforms(batch, heads, 5, 2))
+        else:
+            assert (runs[True][1] == runs[False][1]).all(-1).float().mean() >= 0.75
+    else:
+        assert torch.equal(runs[True][1], runs[False][1]) and torch.equal(runs[True][0], runs[False][0])
+        assert runs[True][1].sum(-1).gt(0).all()  # every head sampled (neither run all NaN or empty)
+
+
+def test_fp8_keys_as_float16_apply_to_bf16_queries_on_fp8_caches_only():
+    f16 = Tuning(fp8_k_f16=True)
+    common = dict(batch=1, heads=2, kv_heads=1, head_dim=16, n_keys=10, budget=4, device=DEVICE, tuning=f16)
+    assert plan_decode(dtype=torch.bfloat16, kv_dtype=FP8, **common).k_f16
+    assert not plan_decode(dtype=torch.float16, kv_dtype=FP8, **common).k_f16  # an f16 q reads K as f16 already
+    assert not plan_decode(dtype=torch.bfloat16, **common).k_f16
+    assert not plan_decode(dtype=torch.bfloat16, kv_dtype=FP8, **dict(common, tuning=Tuning())).k_f16  # off unless asked
+    with pytest.raises(TypeError, match=r"Tuning.fp8_k_f16 must be None or a bool"):
+        plan_decode(dtype=torch.bfloat16, kv_dtype=FP8, **dict(common, tuning=Tuning(fp8_k_f16=1)))
 
 
 @pytest.mark.parametrize(

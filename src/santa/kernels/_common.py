@@ -77,12 +77,16 @@ def tile_scores(
     stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE_DOT: tl.constexpr, K_EVICTION: tl.constexpr,
+    K_F16: tl.constexpr,
 ):
     """Scores of the G grouped heads on one K tile, in log2 units: ``[BLOCK_G, BLOCK_N]`` fp32, −inf off
     the sequence, NaN on rows behind a page id outside the pool (so that the heads' outputs are NaN).
     ``qk_scale`` includes the K cache's dequantisation scale (:func:`cache_scale`) for an fp8 cache.
     K_EVICTION: the K load's L2 eviction policy (``""``: the default; ``"evict_first"``: K is read once, so that what the
-    caller writes, e.g. prop's stash, stays in L2 for the next launch)."""
+    caller writes, e.g. prop's stash, stays in L2 for the next launch).
+    K_F16: an fp8 K tile is converted to float16 (one instruction per pair of elements; to bf16 it takes
+    three more and the repacking) and q, scaled by a power of two, to float16 as well (:func:`f16_scaled`):
+    the same products, so the same scores up to the float32 accumulation."""
     offs_g = tl.arange(0, BLOCK_G)
     offs_n = start + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -92,14 +96,40 @@ def tile_scores(
     q_rows = b.to(tl.int64) * stride_qb + (kvh * G + offs_g).to(tl.int64) * stride_qh
     q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)
     k_rows, k_ok = row_offsets(b, offs_n, mask_n, kvh, bt_ptr, stride_bt, n_pages, stride_kb, stride_kn, stride_kh, PAGED, PAGE_SIZE)
-    k = load_cache_rows(k_ptr, k_rows, k_ok, offs_d, mask_d, q.dtype, K_EVICTION)  # an fp8 cache: converted exactly
-    if IEEE_DOT:
-        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    if K_F16:
+        k = load_cache_rows(k_ptr, k_rows, k_ok, offs_d, mask_d, tl.float16, K_EVICTION)  # e4m3 → f16: exact
+        q16, unscale = f16_scaled(q)
+        qk_scale = qk_scale * unscale  # exact (a power of two): one multiply per score, as below
+        if IEEE_DOT:
+            s = tl.dot(q16.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q16, tl.trans(k))
     else:
-        s = tl.dot(q, tl.trans(k))
+        k = load_cache_rows(k_ptr, k_rows, k_ok, offs_d, mask_d, q.dtype, K_EVICTION)  # an fp8 cache: converted exactly
+        if IEEE_DOT:
+            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
     s = s * qk_scale
     s = tl.where(k_ok[None, :] | ~mask_n[None, :], s, float("nan"))
     return tl.where(mask_n[None, :], s, -float("inf"))
+
+
+@triton.jit
+def f16_scaled(q):
+    """``(q16, unscale)``: q (bf16 or fp32, ``[M, D]``) times ``2**−e`` as float16, and ``2**e``, with e picked
+    from the largest |q| so that it lands in ``[2**14, 2**15)``: every element within 28 binades of the
+    largest converts exactly (bf16's 8 significant bits fit float16's 11), smaller ones to float16's
+    subnormals (a change below 2**−38 of the largest, far under float32's rounding of the dot), and
+    ``dot(q16, k) · unscale`` is the dot of q. The powers of two are built from exponent bits (exact);
+    e stays in ``[−126, 126]``. NaN or ±inf in q stays NaN or inf in q16."""
+    qf = q.to(tl.float32)
+    largest = tl.max(tl.max(tl.abs(qf), axis=1), axis=0)
+    binade = ((largest.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2 |q|max) for a normal float
+    e = tl.minimum(tl.maximum(binade - 14, -126), 126)
+    scale = ((127 - e) << 23).to(tl.float32, bitcast=True)  # 2**−e
+    unscale = ((127 + e) << 23).to(tl.float32, bitcast=True)  # 2**e
+    return (qf * scale).to(tl.float16), unscale
 
 
 @triton.jit

@@ -39,7 +39,7 @@ def _flash_partial_kernel(
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, IEEE_DOT: tl.constexpr,
     OFFSET_IN_MEMORY: tl.constexpr, RETURN_COUNTS: tl.constexpr, K_SCALE_PER_HEAD: tl.constexpr,
-    V_SCALE_PER_HEAD: tl.constexpr, SEED_PER_SEQUENCE: tl.constexpr, POSITIONAL: tl.constexpr,
+    V_SCALE_PER_HEAD: tl.constexpr, SEED_PER_SEQUENCE: tl.constexpr, POSITIONAL: tl.constexpr, K_F16: tl.constexpr,
 ):
     t = tl.program_id(0)
     pid_bk = tl.program_id(1)
@@ -52,7 +52,7 @@ def _flash_partial_kernel(
             q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len, 0, n_pages,
             stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh,
             qk_scale * cache_scale(k_scale, k_scale_ptr, kvh, K_SCALE_PER_HEAD),  # q·(s_k k) = s_k (q·k)
-            G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, "",
+            G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, "", K_F16,
         )  # [BLOCK_G, BLOCK_N], log2 units
         m, u, poisoned_mass = tile_softmax_stats(s)  # ℓ_t NaN on a row with NaN/+inf scores
         healthy = poisoned_mass == poisoned_mass  # [BLOCK_G]
@@ -165,7 +165,7 @@ def flash_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_
         G=plan.group, D=shape.head_dim, BLOCK_G=plan.block_g, BLOCK_N=plan.block_n, BLOCK_D=plan.block_d,
         PAGED=paged, PAGE_SIZE=shape.page_size or 1, HAS_SEQ_LENS=has_seq_lens, IEEE_DOT=plan.ieee_dot,
         OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts, K_SCALE_PER_HEAD=k_scale_per_head,
-        V_SCALE_PER_HEAD=v_scale_per_head, SEED_PER_SEQUENCE=seed_per_sequence, POSITIONAL=positional,
+        V_SCALE_PER_HEAD=v_scale_per_head, SEED_PER_SEQUENCE=seed_per_sequence, POSITIONAL=positional, K_F16=plan.k_f16,
         num_warps=8 if shape.head_dim > 128 else 4, num_stages=1,
     ))
     merge = Launcher(_flash_merge_kernel, grid=(shape.batch * shape.heads,),

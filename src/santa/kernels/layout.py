@@ -25,7 +25,8 @@ def cdiv(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class Tuning:
-    """prop's launch parameters (they change speed, never samples); ``None`` picks the measured default."""
+    """prop's launch parameters (they change speed, never samples; ``fp8_k_f16`` flash's too); ``None`` picks the
+    measured default."""
 
     block_n: int | None = None  # keys per pass-1 tile
     warps_pass1: int | None = None
@@ -36,6 +37,10 @@ class Tuning:
     pdl: bool | None = None  # pass 2 as a programmatic dependent launch (Hopper)
     k_evict_first: bool | None = None  # pass 1 loads K with L2 policy evict_first, so the stash stays in L2
     discard_stash: bool | None = None  # pass 2 drops each row's dead stash from L2 (no write-back to DRAM)
+    # an fp8 K tile with a bf16 q: score dot in float16 (e4m3 → f16 is one conversion per pair of elements, → bf16 three
+    # more per element, on the GPU's slow conversion path; q scaled by a power of two into f16, exactly); None: off,
+    # until timed against the bf16 dot on the GPU (issue 25)
+    fp8_k_f16: bool | None = None
 
 
 def prop_tile(dim: int, tuning: Tuning = Tuning()) -> int:

@@ -42,7 +42,7 @@ def _prop_tile(
     q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, first_key, n_pages, n_kv_heads,
     stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, qk_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE_DOT: tl.constexpr, K_EVICTION: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE_DOT: tl.constexpr, K_EVICTION: tl.constexpr, K_F16: tl.constexpr,
 ):
     """Pass-1 work of one (tile, sequence, KV head): stash, tile max and mass of the G grouped heads."""
     start = t * BLOCK_N
@@ -50,7 +50,7 @@ def _prop_tile(
         s = tile_scores(
             q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len, first_key, n_pages,
             stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale,
-            G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, K_EVICTION,
+            G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, K_EVICTION, K_F16,
         )  # [BLOCK_G, BLOCK_N], log2 units
         m, u, mass = tile_softmax_stats(s)  # u = exp(s − m_t), 0 off the sequence; ℓ_t NaN on a poisoned row
         offs_g = tl.arange(0, BLOCK_G)
@@ -69,7 +69,7 @@ def _prop_scores_kernel(
     stride_stash, stride_stats, qk_scale, k_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, IEEE_DOT: tl.constexpr,
-    K_EVICTION: tl.constexpr, K_SCALE_PER_HEAD: tl.constexpr, HAS_STARTS: tl.constexpr,
+    K_EVICTION: tl.constexpr, K_SCALE_PER_HEAD: tl.constexpr, HAS_STARTS: tl.constexpr, K_F16: tl.constexpr,
 ):
     t = tl.program_id(0)
     pid_bk = tl.program_id(1)
@@ -81,7 +81,7 @@ def _prop_scores_kernel(
     _prop_tile(
         q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, first_key, n_pages, n_kv_heads,
         stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats, score_scale,
-        G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, K_EVICTION,
+        G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, K_EVICTION, K_F16,
     )
 
 
@@ -350,7 +350,7 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
                   stride_stash=stride_stash, stride_stats=stride_stats)
     pass1 = Launcher(_prop_scores_kernel, grid=(plan.tiles, shape.batch * shape.kv_heads), fixed=fixed1, meta=dict(
         common, BLOCK_G=plan.block_g, IEEE_DOT=plan.ieee_dot, K_EVICTION="evict_first" if plan.k_evict_first else "",
-        K_SCALE_PER_HEAD=k_scale_per_head, HAS_STARTS=has_starts,
+        K_SCALE_PER_HEAD=k_scale_per_head, HAS_STARTS=has_starts, K_F16=plan.k_f16,
         num_warps=tuning.warps_pass1 or (8 if shape.head_dim > 128 else 4), num_stages=tuning.stages_pass1 or 1,
     ))
     pass2 = Launcher(_prop_gather_kernel, grid=(n_chunks, shape.batch * shape.heads), fixed=fixed2, meta=dict(
