@@ -8,6 +8,7 @@
 #
 #   bash benchmarks/vllm/gpu_vllm.sh stash          # keep this call's piece in /tmp/vw (carry one .vwN)
 #   bash benchmarks/vllm/gpu_vllm.sh install        # join, check, install under /tmp/vsite, santa's entry point beside it
+#   bash benchmarks/vllm/gpu_vllm.sh models         # the random-weight model folders under /tmp (before the timed stages)
 #   bash benchmarks/vllm/gpu_vllm.sh smoke          # tiny random Llama: FLASH_ATTN, CUSTOM dense, CUSTOM prop (eager)
 #   bash benchmarks/vllm/gpu_vllm.sh llama          # Llama-3.1-8B shapes at 30k, batch 16: FLASH_ATTN against CUSTOM prop S=128
 #   bash benchmarks/vllm/gpu_vllm.sh llama_fp8      # the same on fp8 caches
@@ -40,6 +41,11 @@ for stage in "$@"; do
       printf '[vllm.general_plugins]\nsanta = santa.vllm.plugin:register\n' > /tmp/vsite/santa_attention-0.1.0.dist-info/entry_points.txt
       python3 -c "import vllm, santa.vllm.backend; print('vllm', vllm.__version__, 'and santa.vllm.backend import')" 2>&1 | tail -3
       python3 -m pytest -q -p no:cacheprovider tests/vllm_backend 2>&1 | tail -3 | tee "$OUT/tests_vllm.log" ;;
+    models)  # the random-weight folders, once per machine (Llama-3.1-8B's 16 GB take ~1-2 min), so no timed stage makes one
+      for m in "tiny /tmp/tiny" "llama-3.1-8b /tmp/llama8b" "qwen2.5-0.5b /tmp/qwen_random"; do
+        read -r shape folder <<< "$m"
+        timeout 200 python3 benchmarks/vllm/offline.py --folder "$folder" --make "$shape" --make-only 2>&1 | tail -2
+      done ;;
     smoke)  # exact mode first: CUSTOM with SANTA_VLLM_KERNEL=dense must give FLASH_ATTN's greedy tokens
       A="--folder /tmp/tiny --make tiny --prompt-tokens 2000 --batch 8 --new-tokens 16 --repeats 1 --enforce-eager"
       run 200 $A --backend FLASH_ATTN --out "$OUT/smoke_flash.json"

@@ -48,7 +48,7 @@ def make_folder(folder: Path, shape: str) -> None:
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(folder, safe_serialization=True)
     del model
     torch.cuda.empty_cache()
@@ -66,12 +66,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warm-tokens", type=int, default=4, help="tokens per request before the clock starts")
     parser.add_argument("--kv-cache-dtype", default="auto", help="auto or fp8")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=16384, help="tokens per engine step (prefill chunks)")
     parser.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs (a smoke run)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    parser.add_argument("--make-only", action="store_true", help="make the folder (--make) and exit, no engine")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    if not args.compare and (args.folder is None or args.out is None):
-        parser.error("--folder and --out are required (or --compare)")
+    if not args.compare and (args.folder is None or (args.out is None and not args.make_only)):
+        parser.error("--folder and --out are required (or --compare, or --folder with --make-only)")
     return args
 
 
@@ -94,7 +96,7 @@ def decode_rate(llm, prompts: list, *, new_tokens: int, warm_tokens: int, tag: s
 
     chunk = llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
     spread = -(-sum(len(p["prompt_token_ids"]) for p in prompts) // chunk)  # steps between the first and last prefill's end
-    cap = warm_tokens + new_tokens + spread + 8
+    cap = warm_tokens + new_tokens + spread + 8  # within main's max_model_len (its margin: the same spread + 16)
     params = SamplingParams(max_tokens=cap, min_tokens=cap, temperature=0.0, ignore_eos=True, detokenize=False,
                             output_kind=RequestOutputKind.DELTA)
     return clocked_steps(llm.llm_engine, prompts, params, warm_tokens=warm_tokens, new_tokens=new_tokens, tag=tag)
@@ -145,6 +147,8 @@ def main() -> None:
         t = time.perf_counter()
         make_folder(args.folder, args.make)
         print(f"made {args.folder} ({args.make}) in {time.perf_counter() - t:.0f} s", flush=True)
+    if args.make_only:
+        return
     import torch
     import vllm
     from vllm import LLM
@@ -155,8 +159,11 @@ def main() -> None:
     prompts = [TokensPrompt(prompt_token_ids=torch.randint(10, config["vocab_size"], (args.prompt_tokens,), generator=generator).tolist())
                for _ in range(args.batch)]
     t = time.perf_counter()
+    # every request asks for warm + new tokens plus the steps by which its prefill may end before the last one's
+    spread = -(-args.batch * args.prompt_tokens // args.max_num_batched_tokens)
     llm = LLM(model=str(args.folder), attention_backend=args.backend, kv_cache_dtype=args.kv_cache_dtype, dtype="bfloat16",
-              max_model_len=args.prompt_tokens + args.warm_tokens + args.new_tokens + 4096,  # room for the prefills' spread max_num_seqs=args.batch, seed=0,
+              max_model_len=args.prompt_tokens + args.warm_tokens + args.new_tokens + spread + 16,
+              max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.batch, seed=0,
               gpu_memory_utilization=args.gpu_memory_utilization, skip_tokenizer_init=True, enable_prefix_caching=False,
               enforce_eager=args.enforce_eager)
     start_s = time.perf_counter() - t

@@ -40,7 +40,7 @@ from santa.vllm.config import read_config
 from santa.vllm.decode import FP8, PagedDecoder
 from santa.vllm.layers import check_layer
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("vllm.santa")  # under vLLM's logger, the one vLLM gives a handler ("santa.vllm…" prints nothing)
 
 
 class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
@@ -64,7 +64,8 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
             kv_dtype=FP8 if fp8 else model.dtype, device=device,
         )
         if config.samples:
-            logger.info("santa: %s S=%d on decode-only batches; its workspace takes %.2f GiB (allocated after the KV cache)",
+            logger.info("santa: %s S=%d on decode-only batches; its workspace takes %.2f GiB, allocated now, outside the "
+                        "KV cache's budget (lower gpu_memory_utilization by as much where memory is tight)",
                         config.kernel, config.budget, self.santa.workspace_nbytes() / 2**30)
             self.santa.allocate()  # now, outside any CUDA-graph capture
 
@@ -97,6 +98,9 @@ class SantaAttentionImpl(FlashAttentionImpl):
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale)
         if self.layer_index is None:
             self.layer_index = extract_layer_index(layer.layer_name)
+            if self.layer_index == 0:  # once per engine (and per graph capture): santa's decode did run
+                logger.info("santa: layer 0 decodes %d sequences with %s S=%d", attn_metadata.num_actual_tokens,
+                            self.santa_config.kernel, self.santa_config.budget)
         n = attn_metadata.num_actual_tokens
         q = query[:n]
         if q.dtype != output.dtype:  # an fp8 cache: the layer quantised q for FlashAttention (with its _q_scale)
