@@ -95,7 +95,7 @@ def main() -> None:
                 jobs.append((task, length, seed, prompt, tokenizer(prompt.text, add_special_tokens=False).input_ids))
     llm = LLM(model=str(args.folder), attention_backend=args.backend, kv_cache_dtype=args.kv_cache_dtype, dtype="bfloat16",
               max_model_len=max(len(ids) for *_, ids in jobs) + NEW_TOKENS + 16, seed=0, gpu_memory_utilization=0.85,
-              enable_prefix_caching=False)
+              max_num_seqs=64, enable_prefix_caching=False)  # 64: santa's workspace and vLLM's graphs for 64 sequences, not 1,024
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, stop_token_ids=sorted(stop_token_ids(tokenizer)),
                             detokenize=False)
     start = time.perf_counter()
