@@ -1,7 +1,8 @@
-"""An L2 choice of prop end to end: ``santa bench e2e`` with the plan's rule as is ("rule") and with it
-forced off ("off"), in one process, alternating, so that the two share the machine's state.
-RULE_NAME: ``prop_k_evict_first`` (the K loads' eviction hint) or ``discard_stash`` (pass 2 dropping
-the stash from L2).
+"""A choice of prop's plan end to end: ``santa bench e2e`` with the plan's rule as is and with its ``Tuning``
+field forced, in one process, alternating, so that the two share the machine's state. RULE_NAME:
+``prop_k_evict_first`` (the K loads' eviction hint) or ``discard_stash`` (pass 2 dropping the stash from
+L2), arms "rule" and "off" (forced False); ``fp8_k_f16`` (the score dot in float16 on an fp8 cache: give
+``--kv-cache-dtype fp8``), arms "default" and "on" (forced True).
 
 santa.model holds its kernels' plans: each context plans them anew with ``santa.kernels.plan_decode``
 (and bench e2e makes a context per backend run), so the "off" arm only has to plan with
@@ -22,16 +23,21 @@ import santa.kernels
 from santa.kernels import Tuning
 
 PLAN_DECODE = santa.kernels.plan_decode  # what santa.model plans with (santa.model calls it by this name)
-FIELDS = {"prop_k_evict_first": "k_evict_first", "discard_stash": "discard_stash"}
+# rule name → (the Tuning field, the plan attribute it decides, the forced arm's value, the arms' names)
+FIELDS = {
+    "prop_k_evict_first": ("k_evict_first", "k_evict_first", False, ("rule", "off")),
+    "discard_stash": ("discard_stash", "discard_stash", False, ("rule", "off")),
+    "fp8_k_f16": ("fp8_k_f16", "k_f16", True, ("default", "on")),
+}
 
 
-def planner(made: list, forced_off: str | None):
-    """``santa.kernels.plan_decode`` that keeps every plan it makes in ``made``; with ``forced_off``,
-    it plans with that Tuning field False."""
+def planner(made: list, forced: dict | None):
+    """``santa.kernels.plan_decode`` that keeps every plan it makes in ``made``; with ``forced``
+    (``{field: value}``), it plans with that Tuning."""
 
     def plan_decode(**kwargs):
-        if forced_off is not None:
-            kwargs = {**kwargs, "tuning": Tuning(**{forced_off: False})}
+        if forced is not None:
+            kwargs = {**kwargs, "tuning": Tuning(**forced)}
         plan = PLAN_DECODE(**kwargs)
         made.append(plan)
         return plan
@@ -41,22 +47,24 @@ def planner(made: list, forced_off: str | None):
 
 def main() -> int:
     rule, out, rest = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
-    field = FIELDS[rule]
+    if rule not in FIELDS:
+        raise SystemExit(f"RULE_NAME must be one of {sorted(FIELDS)}, got {rule!r}")
+    field, attribute, value, (plain, forced) = FIELDS[rule]
     for round_ in range(2):
-        for name in (("rule", "off") if round_ == 0 else ("off", "rule")):
+        for name in ((plain, forced) if round_ == 0 else (forced, plain)):
             made = []
-            santa.kernels.plan_decode = planner(made, field if name == "off" else None)
+            santa.kernels.plan_decode = planner(made, {field: value} if name == forced else None)
             print(f"=== {name} round {round_}", flush=True)
             try:
                 e2e.main([*rest, "--out", str(out / f"{name}_{round_}")])
             finally:
                 santa.kernels.plan_decode = PLAN_DECODE
-            used = sorted({getattr(p, field) for p in made if p.kernel == "prop"})
-            print(f"=== {name} round {round_}: the prop plans ran with {field} = {used}", flush=True)
+            used = sorted({getattr(p, attribute) for p in made if p.kernel == "prop"})
+            print(f"=== {name} round {round_}: the prop plans ran with {attribute} = {used}", flush=True)
             if not used:
                 raise SystemExit(f"the '{name}' arm made no prop plan: run santa-prop (--backends) for an A/B")
-            if name == "off" and any(used):
-                raise SystemExit(f"the 'off' arm ran a plan with {field} on: the A/B is void")
+            if name == forced and used != [value]:
+                raise SystemExit(f"the '{name}' arm ran plans with {attribute} = {used}, not {value}: the A/B is void")
     return 0
 
 

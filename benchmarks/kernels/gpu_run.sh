@@ -3,7 +3,7 @@
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (`bash benchmarks/device/prepare.sh flashinfer`;
 # `ab` also carries .old43, from `prepare.sh old43`).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [ab] [fp8] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
+#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [ab] [fp8] [kf16] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -54,6 +54,11 @@ for stage in "$@"; do
         --batches 64 --batch-keys 8192 --out /tmp/fp8_smollm2 >> "$OUT/fp8.log" 2>&1; cp /tmp/fp8_smollm2/kernels.json "$OUT/fp8_smollm2.json"
       timeout "${FI_SECONDS:-200}" python3 -m benchmarks.bench.kernels --only-fp8 --sizes 32768 --batches 8 \
         --out /tmp/fp8_fi > "$OUT/fp8_fi.log" 2>&1; cp /tmp/fp8_fi/kernels.json "$OUT/fp8_fi.json" ;;
+    kf16)  # Tuning(fp8_k_f16) end to end (issue 25): Llama-3.1-8B 30k B=16 on fp8 caches, FlashInfer fp8 and santa prop with the
+           # field as planned ("default") and forced on ("on"), alternating in one process; one archive back
+      timeout 540 python3 -m benchmarks.kernels.e2e_hint_ab fp8_k_f16 /tmp/kf16 --batches 16 --prompts 30000 --new-tokens 64 \
+        --kv-cache-dtype fp8 --backends flashinfer,santa-prop --no-prefill > "$OUT/kf16_e2e.log" 2>&1
+      tar czf "$OUT/kf16_e2e.tgz" -C /tmp kf16 ;;
     hf)  # HF generate() ms/token, static cache + compiled decode: SDPA against santa prop S=128, Llama-3.1-8B shapes
       timeout 560 python3 benchmarks/kernels/hf_generate.py --out "$OUT/hf_llama.json" --shape llama-3.1-8b --lengths 30000 \
         --batches 1 6 --cache static --compile > "$OUT/hf_llama.log" 2>&1 ;;
