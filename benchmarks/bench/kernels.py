@@ -581,6 +581,9 @@ def tuning_variants() -> list:
         Tuning(tile_search="scan"), Tuning(tile_search="bisect"),
         Tuning(samples_per_program=64, tile_search="bisect"), Tuning(samples_per_program=128, tile_search="bisect"),
         Tuning(k_evict_first=True), Tuning(k_evict_first=False), Tuning(discard_stash=False),
+        # several pass-1 tiles per program in a pipelined loop (2026-12-02: compiled, not yet timed)
+        Tuning(tiles_per_program=2), Tuning(tiles_per_program=4), Tuning(tiles_per_program=8),
+        Tuning(tiles_per_program=4, stages_pass1=2), Tuning(tiles_per_program=4, stages_pass1=4),
     ]
 
 

@@ -29,6 +29,9 @@ class Tuning:
     measured default."""
 
     block_n: int | None = None  # keys per pass-1 tile
+    # pass-1 tiles per program, in a loop Triton pipelines (stages_pass1 deep, default 3); None: 1, one tile per
+    # program (2026-12-02: the multi-tile loop compiles to cp.async on sm_90, not yet timed; run 8's A/B had no pipelining)
+    tiles_per_program: int | None = None
     warps_pass1: int | None = None
     stages_pass1: int | None = None
     warps_pass2: int | None = None
