@@ -588,7 +588,8 @@ def tuning_variants() -> list:
 
 
 def sweep_prop_tuning(results, flusher, args, n_keys=32768, batch=1):
-    """prop launch variants (:class:`santa.kernels.Tuning`) at one size: speed only, samples do not change."""
+    """prop launch variants (:class:`santa.kernels.Tuning`) at one size: speed only, samples do not change; pass 1
+    alone too for the default and the ``tiles_per_program`` variants (issue 24's first check: the K stream)."""
     torch.manual_seed(0)
     dev = torch.device("cuda")
     q = torch.randn(batch, args.heads, args.head_dim, device=dev, dtype=DTYPE)
@@ -607,6 +608,8 @@ def sweep_prop_tuning(results, flusher, args, n_keys=32768, batch=1):
             out = torch.empty_like(q)
             e = measure(results, f"tune/b{batch}/n{n_keys}/prop_S128/{name}", lambda plan=plan, out=out: plan.run(q, k, v, out=out), flusher)
             e["close_to_default"] = bool(torch.allclose(plan.run(q, k, v, seed=5).float(), reference_out.float(), atol=2e-2, rtol=2e-2))
+            if name == "default" or tuning.tiles_per_program is not None:  # pass 1 alone: the K stream the loop changes
+                measure(results, f"tune/b{batch}/n{n_keys}/prop_S128/{name}/pass1", plan.stages(q, k, v, out=out)[0][1], flusher)
             t = e.get("graph", {}).get("median_us")
             if t is not None and (best is None or t < best[0]):
                 best = (t, name)
