@@ -783,28 +783,38 @@ def main(argv=None) -> int:
         return 0
     sizes = [8192, 32768] if args.quick else args.sizes
     t0 = time.time()
+
+    def save():  # after every case: a run cut short (a device call's time limit) keeps what it measured
+        results["env"]["seconds"] = time.time() - t0
+        path = os.path.join(args.out, "kernels.json")
+        with open(path + ".partial", "w") as f:
+            json.dump(results, f, indent=1, default=str)
+        os.replace(path + ".partial", path)
+
     if args.fp8 or args.only_fp8:
         for batch, n in [(1, n) for n in sizes] + [(b, args.batch_keys) for b in ([] if args.no_batch else args.batches)]:
             print(f"fp8 caches, batch {batch}, n_k = {n}:")
             bench_fp8(batch, n, results, flusher, args, fi)
+            save()
         if args.only_fp8:
             sizes, args.no_batch, args.no_tune = [], True, True
     if not args.no_tune:
         for batch, n in args.tune_cases:
             print(f"prop launch variants at batch {batch}, n_k = {n}:")
             sweep_prop_tuning(results, flusher, args, n, batch)
+            save()
         if args.only_tune:
             sizes, args.no_batch = [], True
     for n in sizes:
         print(f"batch 1, n_k = {n}:")
         bench_single(n, results, flusher, args, fi)
+        save()
     if not (args.quick or args.no_batch):
         for batch in args.batches:
             print(f"batch {batch}, n_k = {args.batch_keys}:")
             bench_batch(batch, args.batch_keys, results, flusher, args, fi)
-    results["env"]["seconds"] = time.time() - t0
-    with open(os.path.join(args.out, "kernels.json"), "w") as f:
-        json.dump(results, f, indent=1, default=str)
+            save()
+    save()
     plot(results, os.path.join(args.out, "kernels.png"))
     print_summary(results)
     return 0
