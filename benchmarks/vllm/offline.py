@@ -72,6 +72,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--make-only", action="store_true", help="make the folder (--make) and exit, no engine")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    for name in ("prompt_tokens", "batch", "new_tokens", "warm_tokens", "repeats", "max_num_batched_tokens"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(args, name)}")
     if not args.compare and (args.folder is None or (args.out is None and not args.make_only)):
         parser.error("--folder and --out are required (or --compare, or --folder with --make-only)")
     return args
@@ -169,20 +172,21 @@ def main() -> None:
     start_s = time.perf_counter() - t
     print(f"engine up in {start_s:.0f} s", flush=True)
 
-    rates, tokens = [], None
+    santa_settings = {k: v for k, v in os.environ.items() if k.startswith("SANTA_VLLM_")}
+    rates, result = [], {}
     for repeat in range(args.repeats):
         rate, tokens = decode_rate(llm, prompts, new_tokens=args.new_tokens, warm_tokens=args.warm_tokens, tag=f"r{repeat}")
         rates.append(rate)
         print(f"repeat {repeat}: {rate:.0f} decode tokens/s", flush=True)
-    santa_settings = {k: v for k, v in os.environ.items() if k.startswith("SANTA_VLLM_")}
-    result = {
-        "backend": args.backend, "santa": santa_settings, "vllm": vllm.__version__, "torch": torch.__version__,
-        "device": torch.cuda.get_device_name(), "folder": str(args.folder), "shape": args.make, "batch": args.batch,
-        "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "kv_cache_dtype": args.kv_cache_dtype,
-        "enforce_eager": args.enforce_eager, "engine_start_s": start_s, "decode_tokens_per_s": statistics.median(rates),
-        "decode_tokens_per_s_all": rates, "warm_tokens": args.warm_tokens, "tokens": tokens, "commit": os.environ.get("SANTA_COMMIT"),
-    }
-    args.out.write_text(json.dumps(result, indent=1))
+        result = {  # written after every repeat: a call cut at its time limit keeps the repeats it finished
+            "backend": args.backend, "santa": santa_settings, "vllm": vllm.__version__, "torch": torch.__version__,
+            "device": torch.cuda.get_device_name(), "folder": str(args.folder), "shape": args.make, "batch": args.batch,
+            "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "kv_cache_dtype": args.kv_cache_dtype,
+            "enforce_eager": args.enforce_eager, "engine_start_s": start_s, "decode_tokens_per_s": statistics.median(rates),
+            "decode_tokens_per_s_all": rates, "warm_tokens": args.warm_tokens, "tokens": tokens,
+            "commit": os.environ.get("SANTA_COMMIT"),
+        }
+        args.out.write_text(json.dumps(result, indent=1))
     print(f"{args.backend} {santa_settings}: {result['decode_tokens_per_s']:.0f} decode tokens/s "
           f"({[round(x) for x in rates]}), batch {args.batch} × {args.prompt_tokens}", flush=True)
 
