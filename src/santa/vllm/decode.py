@@ -19,9 +19,7 @@ import torch
 
 from santa import rng
 from santa.kernels.decode import workspace_bytes
-from santa.kernels.plan import DecodePlan, Workspace, plan_decode
-
-FP8 = torch.float8_e4m3fn
+from santa.kernels.plan import FP8, DecodePlan, Workspace, plan_decode  # FP8: the kernels' e4m3 cache dtype
 
 
 def split_kv_cache(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
