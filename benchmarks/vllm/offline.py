@@ -89,6 +89,13 @@ def compare(baseline_path: str, other_path: str) -> None:
           f"{same} of {len(base['tokens'])} sequences with identical greedy tokens")
 
 
+def tokens_per_request(*, prompt_tokens: int, batch: int, chunk: int, warm_tokens: int, new_tokens: int) -> int:
+    """What each request asks for: warm + new tokens, plus the steps by which its prefill may end before the
+    last request's (``batch · prompt_tokens`` prefill tokens, ``chunk`` per engine step), plus 8."""
+    spread = -(-batch * prompt_tokens // chunk)
+    return warm_tokens + new_tokens + spread + 8
+
+
 def decode_rate(llm, prompts: list, *, new_tokens: int, warm_tokens: int, tag: str) -> tuple[float, list[list[int]]]:
     """Decode tokens/s of the whole batch on the engine's steps (see the module docstring), and each
     request's greedy tokens. ``tag`` keeps request ids unique across repeats. Requests may ask for more
@@ -97,9 +104,9 @@ def decode_rate(llm, prompts: list, *, new_tokens: int, warm_tokens: int, tag: s
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    chunk = llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
-    spread = -(-sum(len(p["prompt_token_ids"]) for p in prompts) // chunk)  # steps between the first and last prefill's end
-    cap = warm_tokens + new_tokens + spread + 8  # within main's max_model_len (its margin: the same spread + 16)
+    cap = tokens_per_request(prompt_tokens=max(len(p["prompt_token_ids"]) for p in prompts), batch=len(prompts),
+                             chunk=llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens,
+                             warm_tokens=warm_tokens, new_tokens=new_tokens)
     params = SamplingParams(max_tokens=cap, min_tokens=cap, temperature=0.0, ignore_eos=True, detokenize=False,
                             output_kind=RequestOutputKind.DELTA)
     return clocked_steps(llm.llm_engine, prompts, params, warm_tokens=warm_tokens, new_tokens=new_tokens, tag=tag)
@@ -162,10 +169,10 @@ def main() -> None:
     prompts = [TokensPrompt(prompt_token_ids=torch.randint(10, config["vocab_size"], (args.prompt_tokens,), generator=generator).tolist())
                for _ in range(args.batch)]
     t = time.perf_counter()
-    # every request asks for warm + new tokens plus the steps by which its prefill may end before the last one's
-    spread = -(-args.batch * args.prompt_tokens // args.max_num_batched_tokens)
     llm = LLM(model=str(args.folder), attention_backend=args.backend, kv_cache_dtype=args.kv_cache_dtype, dtype="bfloat16",
-              max_model_len=args.prompt_tokens + args.warm_tokens + args.new_tokens + spread + 16,
+              max_model_len=args.prompt_tokens + tokens_per_request(
+                  prompt_tokens=args.prompt_tokens, batch=args.batch, chunk=args.max_num_batched_tokens,
+                  warm_tokens=args.warm_tokens, new_tokens=args.new_tokens) + 8,  # 8 to spare
               max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.batch, seed=0,
               gpu_memory_utilization=args.gpu_memory_utilization, skip_tokenizer_init=True, enable_prefix_caching=False,
               enforce_eager=args.enforce_eager)
