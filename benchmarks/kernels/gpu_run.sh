@@ -3,7 +3,7 @@
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (`bash benchmarks/device/prepare.sh flashinfer`;
 # `ab` also carries .old43, from `prepare.sh old43`).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [ab] [fp8] [kf16] [tpp] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
+#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [ab] [fp8] [fp8ab] [kf16] [tpp] [tpps] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -12,6 +12,7 @@ export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 if [ -d .whl ] && [ ! -d /tmp/site/flashinfer ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || true
 fi
+TPP="--tune-variants default tiles_per_program2 tiles_per_program4 tiles_per_program8 tiles_per_program4_stages_pass12 tiles_per_program4_stages_pass14"
 for stage in "$@"; do
   case $stage in
     tests)
@@ -36,14 +37,20 @@ for stage in "$@"; do
       python3 -m benchmarks.bench.kernels --only-tune --no-flashinfer $V --heads 14 --kv-heads 2 --head-dim 64 \
         --tune-cases 1x4096,1x32768,16x32768 --out /tmp/tune_q >> "$OUT/tune_small.log" 2>&1
       cp /tmp/tune_s/kernels.json "$OUT/tune_smollm2.json"; cp /tmp/tune_q/kernels.json "$OUT/tune_qwen.json" ;;
-    tpp)  # several pass-1 tiles per program, pipelined (Tuning.tiles_per_program), against the default, the three models' shapes
-      V="--tune-variants default tiles_per_program2 tiles_per_program4 tiles_per_program8 tiles_per_program4_stages_pass12 tiles_per_program4_stages_pass14"
-      timeout 300 python3 -m benchmarks.bench.kernels --only-tune --no-flashinfer $V --out /tmp/tpp > "$OUT/tpp.log" 2>&1
-      cp /tmp/tpp/kernels.json "$OUT/tpp.json"
-      timeout 120 python3 -m benchmarks.bench.kernels --only-tune --no-flashinfer $V --heads 14 --kv-heads 2 --head-dim 64 \
-        --tune-cases 1x32768,16x32768 --out /tmp/tpp_q >> "$OUT/tpp.log" 2>&1; cp /tmp/tpp_q/kernels.json "$OUT/tpp_qwen.json"
-      timeout 120 python3 -m benchmarks.bench.kernels --only-tune --no-flashinfer $V --heads 9 --kv-heads 3 --head-dim 64 \
-        --tune-cases 1x8192,64x8192 --out /tmp/tpp_s >> "$OUT/tpp.log" 2>&1; cp /tmp/tpp_s/kernels.json "$OUT/tpp_smollm2.json" ;;
+    tpp)  # several pass-1 tiles per program, pipelined (Tuning.tiles_per_program), against the default, Llama-3.1-8B shapes
+      timeout 300 python3 -m benchmarks.bench.kernels --only-tune --no-flashinfer $TPP --tune-cases 1x32768,1x131072,8x32768,32x32768 \
+        --out /tmp/tpp > "$OUT/tpp.log" 2>&1; cp /tmp/tpp/kernels.json "$OUT/tpp.json" ;;
+    tpps)  # the same on Qwen2.5-0.5B and SmolLM2-135M shapes
+      timeout 120 python3 -m benchmarks.bench.kernels --only-tune --no-flashinfer $TPP --heads 14 --kv-heads 2 --head-dim 64 \
+        --tune-cases 1x32768,16x32768 --out /tmp/tpp_q > "$OUT/tpps.log" 2>&1; cp /tmp/tpp_q/kernels.json "$OUT/tpp_qwen.json"
+      timeout 120 python3 -m benchmarks.bench.kernels --only-tune --no-flashinfer $TPP --heads 9 --kv-heads 3 --head-dim 64 \
+        --tune-cases 1x8192,64x8192 --out /tmp/tpp_s >> "$OUT/tpps.log" 2>&1; cp /tmp/tpp_s/kernels.json "$OUT/tpp_smollm2.json" ;;
+    fp8ab)  # one bounded call for the two untimed Tuning fields: their GPU spec tests, then the fp8 table on Llama shapes with
+            # FlashInfer's fp8 decode in the same process (santa fp8 as planned and with fp8_k_f16, prop bf16, cuDNN bf16)
+      timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels -k "fp8 or tiles_per_program" 2>&1 | tail -6 \
+        | tee "$OUT/tests_fp8ab.log"
+      timeout 270 python3 -m benchmarks.bench.kernels --only-fp8 --sizes 32768 131072 --batches 8 32 --out /tmp/fp8ab \
+        > "$OUT/fp8ab.log" 2>&1; cp /tmp/fp8ab/kernels.json "$OUT/fp8ab.json" ;;
     smoke)  # the prop spec tests on the GPU, bounded (a group barrier that never opens would hang)
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernels.py -k "prop or graph or large" \
         2>&1 | tail -15 | tee "$OUT/smoke.log" ;;
