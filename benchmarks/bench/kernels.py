@@ -284,9 +284,8 @@ def bench_batch(batch, n_keys, results, flusher, args, fi, page_size=16):
 def bench_fp8(batch, n_keys, results, flusher, args, fi, page_size=16, k_scale=0.5, v_scale=0.5):
     """fp8 (e4m3) K/V caches, one case: santa prop (and flash at batch 1) on fp8 beside FlashInfer's fp8
     decode (CUDA cores and tensor cores), cuDNN SDPA and santa prop on the bf16 caches the fp8 ones were
-    quantised from (``cache = bf16 / scale``), every backend on the same inputs in this run; prop on fp8
-    also with ``Tuning(fp8_k_f16=True)`` (``…_fp8_kf16``), the A/B that decides that field's default."""
-    from santa.kernels import Tuning, decode, make_workspace, plan_decode
+    quantised from (``cache = bf16 / scale``), every backend on the same inputs in this run."""
+    from santa.kernels import decode, make_workspace
 
     dev = torch.device("cuda")
     kv_heads, dim = args.kv_heads, args.head_dim
@@ -305,12 +304,6 @@ def bench_fp8(batch, n_keys, results, flusher, args, fi, page_size=16, k_scale=0
         measure(results, f"{tag}/santa_prop_S{budget}_{name}", lambda kc=kc, vc=vc, ws=ws, scales=scales: decode(
             q, kc, vc, budget, kernel="prop", out=out, workspace=ws, **scales), flusher,
             meta={"floor_us": nbytes / READ_BW * 1e6, "bytes": nbytes})
-    # Tuning(fp8_k_f16=True): the score dot in float16 (K's e4m3 → f16 in one conversion per pair), against the default above
-    plan = plan_decode(batch=batch, heads=args.heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget, dtype=q.dtype,
-                       kv_dtype=torch.float8_e4m3fn, device=dev, tuning=Tuning(fp8_k_f16=True))
-    nbytes = santa_bytes(q, k8, budget, "prop")
-    measure(results, f"{tag}/santa_prop_S{budget}_fp8_kf16", lambda: plan.run(q, k8, v8, out=out, k_scale=k_scale, v_scale=v_scale),
-            flusher, meta={"floor_us": nbytes / READ_BW * 1e6, "bytes": nbytes})
     if batch == 1:
         ws = make_workspace(q, k8, 2048, kernel="flash")
         nbytes = santa_bytes(q, k8, 2048, "flash")
@@ -581,15 +574,12 @@ def tuning_variants() -> list:
         Tuning(tile_search="scan"), Tuning(tile_search="bisect"),
         Tuning(samples_per_program=64, tile_search="bisect"), Tuning(samples_per_program=128, tile_search="bisect"),
         Tuning(k_evict_first=True), Tuning(k_evict_first=False), Tuning(discard_stash=False),
-        # several pass-1 tiles per program in a pipelined loop (2026-12-02: compiled, not yet timed)
-        Tuning(tiles_per_program=2), Tuning(tiles_per_program=4), Tuning(tiles_per_program=8),
-        Tuning(tiles_per_program=4, stages_pass1=2), Tuning(tiles_per_program=4, stages_pass1=4),
     ]
 
 
 def sweep_prop_tuning(results, flusher, args, n_keys=32768, batch=1):
     """prop launch variants (:class:`santa.kernels.Tuning`) at one size: speed only, samples do not change; pass 1
-    alone too for the default and the ``tiles_per_program`` variants (issue 24's first check: the K stream)."""
+    alone too for the default (the K stream)."""
     torch.manual_seed(0)
     dev = torch.device("cuda")
     q = torch.randn(batch, args.heads, args.head_dim, device=dev, dtype=DTYPE)
@@ -608,7 +598,7 @@ def sweep_prop_tuning(results, flusher, args, n_keys=32768, batch=1):
             out = torch.empty_like(q)
             e = measure(results, f"tune/b{batch}/n{n_keys}/prop_S128/{name}", lambda plan=plan, out=out: plan.run(q, k, v, out=out), flusher)
             e["close_to_default"] = bool(torch.allclose(plan.run(q, k, v, seed=5).float(), reference_out.float(), atol=2e-2, rtol=2e-2))
-            if name == "default" or tuning.tiles_per_program is not None:  # pass 1 alone: the K stream the loop changes
+            if name == "default":  # pass 1 alone: the K stream
                 measure(results, f"tune/b{batch}/n{n_keys}/prop_S128/{name}/pass1", plan.stages(q, k, v, out=out)[0][1], flusher)
             t = e.get("graph", {}).get("median_us")
             if t is not None and (best is None or t < best[0]):

@@ -1,8 +1,7 @@
 """A choice of prop's plan end to end: ``santa bench e2e`` with the plan's rule as is and with its ``Tuning``
 field forced, in one process, alternating, so that the two share the machine's state. RULE_NAME:
 ``prop_k_evict_first`` (the K loads' eviction hint) or ``discard_stash`` (pass 2 dropping the stash from
-L2), arms "rule" and "off" (forced False); ``fp8_k_f16`` (the score dot in float16 on an fp8 cache: give
-``--kv-cache-dtype fp8``), arms "default" and "on" (forced True).
+L2), arms "rule" and "off" (forced False).
 
 santa.model holds its kernels' plans: each context plans them anew with ``santa.kernels.plan_decode``
 (and bench e2e makes a context per backend run), so the "off" arm only has to plan with
@@ -27,7 +26,6 @@ PLAN_DECODE = santa.kernels.plan_decode  # what santa.model plans with (santa.mo
 FIELDS = {
     "prop_k_evict_first": ("k_evict_first", "k_evict_first", False, ("rule", "off")),
     "discard_stash": ("discard_stash", "discard_stash", False, ("rule", "off")),
-    "fp8_k_f16": ("fp8_k_f16", "k_f16", True, ("default", "on")),
 }
 
 

@@ -3,7 +3,7 @@
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (`bash benchmarks/device/prepare.sh flashinfer`;
 # `ab` also carries .old43, from `prepare.sh old43`).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [ab] [fp8] [fp8ab] [kf16] [tpp] [tpps] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
+#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -12,7 +12,6 @@ export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 if [ -d .whl ] && [ ! -d /tmp/site/flashinfer ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || true
 fi
-TPP="--tune-variants default tiles_per_program2 tiles_per_program4 tiles_per_program8 tiles_per_program4_stages_pass12 tiles_per_program4_stages_pass14"
 for stage in "$@"; do
   case $stage in
     tests)
@@ -37,17 +36,9 @@ for stage in "$@"; do
       python3 -m benchmarks.bench.kernels --only-tune --no-flashinfer $V --heads 14 --kv-heads 2 --head-dim 64 \
         --tune-cases 1x4096,1x32768,16x32768 --out /tmp/tune_q >> "$OUT/tune_small.log" 2>&1
       cp /tmp/tune_s/kernels.json "$OUT/tune_smollm2.json"; cp /tmp/tune_q/kernels.json "$OUT/tune_qwen.json" ;;
-    tpp)  # several pass-1 tiles per program, pipelined (Tuning.tiles_per_program), against the default, Llama-3.1-8B shapes
-      timeout 300 python3 -m benchmarks.bench.kernels --only-tune --no-flashinfer $TPP --tune-cases 1x32768,1x131072,8x32768,32x32768 \
-        --out /tmp/tpp > "$OUT/tpp.log" 2>&1; cp /tmp/tpp/kernels.json "$OUT/tpp.json" ;;
-    tpps)  # the same on Qwen2.5-0.5B and SmolLM2-135M shapes
-      timeout 120 python3 -m benchmarks.bench.kernels --only-tune --no-flashinfer $TPP --heads 14 --kv-heads 2 --head-dim 64 \
-        --tune-cases 1x32768,16x32768 --out /tmp/tpp_q > "$OUT/tpps.log" 2>&1; cp /tmp/tpp_q/kernels.json "$OUT/tpp_qwen.json"
-      timeout 120 python3 -m benchmarks.bench.kernels --only-tune --no-flashinfer $TPP --heads 9 --kv-heads 3 --head-dim 64 \
-        --tune-cases 1x8192,64x8192 --out /tmp/tpp_s >> "$OUT/tpps.log" 2>&1; cp /tmp/tpp_s/kernels.json "$OUT/tpp_smollm2.json" ;;
-    fp8ab)  # one bounded call for the two untimed Tuning fields: their GPU spec tests, then the fp8 table on Llama shapes with
-            # FlashInfer's fp8 decode in the same process (santa fp8 as planned and with fp8_k_f16, prop bf16, cuDNN bf16)
-      timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels -k "fp8 or tiles_per_program" 2>&1 | tail -6 \
+    fp8ab)  # one bounded call: the fp8 GPU spec tests, then the fp8 table on Llama shapes with FlashInfer's fp8 decode in the
+            # same process (santa prop and flash on fp8, prop bf16, cuDNN bf16)
+      timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels -k "fp8" 2>&1 | tail -6 \
         | tee "$OUT/tests_fp8ab.log"
       timeout 270 python3 -m benchmarks.bench.kernels --only-fp8 --sizes 32768 131072 --batches 8 32 --out /tmp/fp8ab \
         > "$OUT/fp8ab.log" 2>&1; cp /tmp/fp8ab/kernels.json "$OUT/fp8ab.json" ;;
@@ -69,11 +60,6 @@ for stage in "$@"; do
         --batches 64 --batch-keys 8192 --out /tmp/fp8_smollm2 >> "$OUT/fp8.log" 2>&1; cp /tmp/fp8_smollm2/kernels.json "$OUT/fp8_smollm2.json"
       timeout "${FI_SECONDS:-200}" python3 -m benchmarks.bench.kernels --only-fp8 --sizes 32768 --batches 8 \
         --out /tmp/fp8_fi > "$OUT/fp8_fi.log" 2>&1; cp /tmp/fp8_fi/kernels.json "$OUT/fp8_fi.json" ;;
-    kf16)  # Tuning(fp8_k_f16) end to end (issue 25): Llama-3.1-8B 30k B=16 on fp8 caches, FlashInfer fp8 and santa prop with the
-           # field as planned ("default") and forced on ("on"), alternating in one process; one archive back
-      timeout 540 python3 -m benchmarks.kernels.e2e_hint_ab fp8_k_f16 /tmp/kf16 --batches 16 --prompts 30000 --new-tokens 64 \
-        --kv-cache-dtype fp8 --backends flashinfer,santa-prop --no-prefill > "$OUT/kf16_e2e.log" 2>&1
-      tar czf "$OUT/kf16_e2e.tgz" -C /tmp kf16 ;;
     hf)  # HF generate() ms/token, static cache + compiled decode: SDPA against santa prop S=128, Llama-3.1-8B shapes
       timeout 560 python3 benchmarks/kernels/hf_generate.py --out "$OUT/hf_llama.json" --shape llama-3.1-8b --lengths 30000 \
         --batches 1 6 --cache static --compile > "$OUT/hf_llama.log" 2>&1 ;;

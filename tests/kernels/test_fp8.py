@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from helpers import CUDA, DEVICE, make_inputs, to_paged
-from santa.kernels import Tuning, decode, flash_reference, flash_tile, plan_decode, prop_reference
+from santa.kernels import decode, flash_reference, flash_tile, plan_decode, prop_reference
 from test_kernels import assert_counts_match_systematic, dense_probs, prop_uniforms
 
 triton = pytest.importorskip("triton")  # the interpreter's setup: tests/kernels/conftest.py
@@ -97,45 +97,47 @@ def test_a_planned_fp8_run_equals_eager_decode_and_the_torch_fallback(monkeypatc
 
 @pytest.mark.parametrize("kernel", ["prop", "flash"])
 @pytest.mark.parametrize("q_range", [1.0, 2.0**60, 2.0**-60])
-def test_fp8_keys_read_as_float16_give_the_samples_of_the_bf16_dot(kernel, q_range):
-    """Tuning(fp8_k_f16=True): the K tile converted to float16 and q (bf16), scaled by a power of two, too;
-    the scores are the bf16 path's, so the same counts and outputs (bit for bit in the interpreter, whose
-    dots are fp32 of the same exact products), also for queries far outside float16's range; and the
-    samples of the dequantised caches."""
+def test_fp8_keys_read_as_float16_give_the_samples_of_the_dequantised_bf16_cache(kernel, q_range):
+    """A bf16 q on an fp8 cache reads the K tile as float16 and q, scaled by a power of two, as float16 too
+    (``DecodePlan.k_f16``); the products are the bf16 ones, so the counts and outputs are bit for bit those of
+    the same call on the dequantised bf16 caches in the interpreter (its dots are fp32 of the same exact
+    products; power-of-two scales keep the dequantised values exact in bf16), also for queries far outside
+    float16's range. On the GPU the f16 and bf16 tensor-core dots may round their sums apart: the samples
+    of the dequantised caches' probabilities."""
     batch, heads, kv_heads, dim, n_keys, budget = 2, 8, 2, 64, 300, 64
     q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, seed=23)
     q = (q * q_range).to(torch.bfloat16)
     k8, v8 = (k * 4).to(FP8), (v * 4).to(FP8)
     k_scale = torch.tensor([0.25, 0.5], device=DEVICE)
+    k16 = (k8.float() * k_scale.view(1, 1, 2, 1)).to(torch.bfloat16)  # exact: e4m3 times a power of two
+    v16 = (v8.float() * 0.25).to(torch.bfloat16)
     seq_lens = torch.tensor([n_keys, 131], dtype=torch.int32, device=DEVICE)
     runs = {}
-    for f16 in (False, True):
+    for name, kc, vc, kv_dtype, scales in (("fp8", k8, v8, FP8, dict(k_scale=k_scale, v_scale=0.25)),
+                                           ("bf16", k16, v16, None, {})):
         plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget,
-                           dtype=torch.bfloat16, kv_dtype=FP8, device=DEVICE, kernel=kernel, tuning=Tuning(fp8_k_f16=f16))
-        assert plan.k_f16 is f16
+                           dtype=torch.bfloat16, kv_dtype=kv_dtype, device=DEVICE, kernel=kernel)
+        assert plan.k_f16 is (name == "fp8")
         counts = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device=DEVICE)
-        out = plan.run(q, k8, v8, seq_lens=seq_lens, seed=5, offset=2, counts=counts, k_scale=k_scale, v_scale=0.25)
-        runs[f16] = out, counts
-    if CUDA:  # the f16 and bf16 tensor-core dots may round their sums apart: the samples of the dequantised caches
+        out = plan.run(q, kc, vc, seq_lens=seq_lens, seed=5, offset=2, counts=counts, **scales)
+        runs[name] = out, counts
+    assert runs["fp8"][1].sum(-1).gt(0).all()  # every head sampled (not all NaN or empty)
+    if CUDA:
         if kernel == "prop":
-            probs = dense_probs(q, k8.float() * k_scale.view(1, 1, 2, 1), seq_lens)
-            assert_counts_match_systematic(runs[True][1], probs, budget, prop_uniforms(batch, heads, 5, 2))
+            probs = dense_probs(q, k16.float(), seq_lens)
+            assert_counts_match_systematic(runs["fp8"][1], probs, budget, prop_uniforms(batch, heads, 5, 2))
         else:
-            assert (runs[True][1] == runs[False][1]).all(-1).float().mean() >= 0.75
+            assert (runs["fp8"][1] == runs["bf16"][1]).all(-1).float().mean() >= 0.75
     else:
-        assert torch.equal(runs[True][1], runs[False][1]) and torch.equal(runs[True][0], runs[False][0])
-        assert runs[True][1].sum(-1).gt(0).all()  # every head sampled (neither run all NaN or empty)
+        assert torch.equal(runs["fp8"][1], runs["bf16"][1]) and torch.equal(runs["fp8"][0], runs["bf16"][0])
 
 
 def test_fp8_keys_as_float16_apply_to_bf16_queries_on_fp8_caches_only():
-    f16 = Tuning(fp8_k_f16=True)
-    common = dict(batch=1, heads=2, kv_heads=1, head_dim=16, n_keys=10, budget=4, device=DEVICE, tuning=f16)
+    common = dict(batch=1, heads=2, kv_heads=1, head_dim=16, n_keys=10, budget=4, device=DEVICE)
     assert plan_decode(dtype=torch.bfloat16, kv_dtype=FP8, **common).k_f16
     assert not plan_decode(dtype=torch.float16, kv_dtype=FP8, **common).k_f16  # an f16 q reads K as f16 already
+    assert not plan_decode(dtype=torch.float32, kv_dtype=FP8, **common).k_f16  # an fp32 q: the fp32 dot
     assert not plan_decode(dtype=torch.bfloat16, **common).k_f16
-    assert not plan_decode(dtype=torch.bfloat16, kv_dtype=FP8, **dict(common, tuning=Tuning())).k_f16  # off unless asked
-    with pytest.raises(TypeError, match=r"Tuning.fp8_k_f16 must be None or a bool"):
-        plan_decode(dtype=torch.bfloat16, kv_dtype=FP8, **dict(common, tuning=Tuning(fp8_k_f16=1)))
 
 
 @pytest.mark.parametrize(

@@ -349,38 +349,6 @@ def test_bisect_and_scan_tile_searches_give_equal_counts(n_keys, block_n, per_pr
         assert_counts_match_systematic(rows, probs, budget, prop_uniforms(batch, heads, 3, 5)[[0, 2]][:, [0, 2, 3]])
 
 
-@pytest.mark.parametrize("paged", [False, True])
-@pytest.mark.parametrize("per_program", [2, 4])
-def test_several_pass1_tiles_per_program_give_the_same_samples(paged, per_program):
-    """Tuning(tiles_per_program=N): pass 1 loops over N tiles per program (pipelined on the GPU); every tile
-    is computed as before, so the counts and outputs are bit for bit those of one tile per program — with
-    lengths that end inside a program's tiles, an empty sequence, a later first key and a poisoned row."""
-    from santa.kernels import Tuning, plan_decode
-
-    batch, heads, kv_heads, dim, budget, n_keys = 4, 4, 2, 16, 24, 288
-    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, seed=31, q_scale=3.0)
-    q[3, 2, 0] = float("nan")
-    seq_lens = torch.tensor([n_keys, 0, 70, 200], dtype=torch.int32, device=DEVICE)
-    starts = torch.tensor([0, 0, 5, 33], dtype=torch.int32, device=DEVICE)
-    block_table = None
-    if paged:
-        k, block_table = to_paged(k, 16, seed=4)
-        v, _ = to_paged(v, 16, seed=4)
-    planned_keys = k.shape[1] * (block_table.shape[1] if paged else 1)
-    results = []
-    for tuning in (Tuning(block_n=32), Tuning(block_n=32, tiles_per_program=per_program)):
-        plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=planned_keys, budget=budget,
-                           dtype=q.dtype, device=DEVICE, page_size=16 if paged else None, tuning=tuning)
-        counts = torch.zeros(batch, heads, planned_keys, dtype=torch.int32, device=DEVICE)
-        out = plan.run(q, k, v, seq_lens=seq_lens, block_table=block_table, seed=2, offset=1, counts=counts, starts=starts)
-        results.append((out, counts))
-    (one_out, one_counts), (many_out, many_counts) = results
-    assert torch.equal(many_counts, one_counts)
-    assert torch.equal(many_out.isnan(), one_out.isnan()) and many_out[3, 2].isnan().all()
-    assert torch.equal(many_out.nan_to_num(), one_out.nan_to_num())
-    assert (one_counts.sum(-1)[[0, 2]] == budget).all() and not one_counts[1].any()
-
-
 def test_k_evict_first_is_chosen_by_the_stash_size_and_never_changes_a_sample():
     """The K loads' L2 hint is on only where the stash fits the L2 but is not tiny (the measured rule),
     can be forced either way, and changes no count or output."""

@@ -25,13 +25,9 @@ def cdiv(a: int, b: int) -> int:
 
 @dataclass(frozen=True)
 class Tuning:
-    """prop's launch parameters (they change speed, never samples; ``fp8_k_f16`` flash's too); ``None`` picks the
-    measured default."""
+    """prop's launch parameters (they change speed, never samples); ``None`` picks the measured default."""
 
     block_n: int | None = None  # keys per pass-1 tile
-    # pass-1 tiles per program, in a loop Triton pipelines (stages_pass1 deep, default 3); None: 1, one tile per
-    # program (2026-12-02: the multi-tile loop compiles to cp.async on sm_90, not yet timed; run 8's A/B had no pipelining)
-    tiles_per_program: int | None = None
     warps_pass1: int | None = None
     stages_pass1: int | None = None
     warps_pass2: int | None = None
@@ -40,10 +36,6 @@ class Tuning:
     pdl: bool | None = None  # pass 2 as a programmatic dependent launch (Hopper)
     k_evict_first: bool | None = None  # pass 1 loads K with L2 policy evict_first, so the stash stays in L2
     discard_stash: bool | None = None  # pass 2 drops each row's dead stash from L2 (no write-back to DRAM)
-    # an fp8 K tile with a bf16 q: score dot in float16 (e4m3 → f16 is one conversion per pair of elements, → bf16 three
-    # more per element, on the GPU's slow conversion path; q scaled by a power of two into f16, exactly); None: off,
-    # until timed against the bf16 dot on the GPU (issue 25)
-    fp8_k_f16: bool | None = None
 
 
 def prop_tile(dim: int, tuning: Tuning = Tuning()) -> int:

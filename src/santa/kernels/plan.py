@@ -266,7 +266,7 @@ def checked_tuning(tuning: object) -> Tuning:
         raise TypeError(f"tuning must be a santa.kernels.Tuning, got {type(tuning).__name__}")
     ints = {}
     for name, low, high in (("block_n", 16, 512), ("warps_pass1", 1, 16), ("warps_pass2", 1, 16),
-                            ("samples_per_program", 1, 1024), ("tiles_per_program", 1, 64)):
+                            ("samples_per_program", 1, 1024)):
         value = getattr(tuning, name)
         if value is None:
             continue
@@ -288,7 +288,7 @@ def checked_tuning(tuning: object) -> Tuning:
             raise ValueError(f"Tuning.stages_pass1 must be None or an int in [1, 4], got {int(tuning.stages_pass1)}") from None
     if tuning.tile_search not in (None, *TILE_SEARCHES):
         raise ValueError(f"Tuning.tile_search must be None or one of {TILE_SEARCHES}, got {tuning.tile_search!r}")
-    for name in ("pdl", "k_evict_first", "discard_stash", "fp8_k_f16"):
+    for name in ("pdl", "k_evict_first", "discard_stash"):
         if getattr(tuning, name) is not None and not isinstance(getattr(tuning, name), bool):
             raise TypeError(f"Tuning.{name} must be None or a bool, got {getattr(tuning, name)!r}")
     return dataclasses.replace(tuning, **ints) if ints else tuning
@@ -391,8 +391,11 @@ class DecodePlan:
         # fp32 dots: fp32 inputs, the interpreter (its bf16 dot rounds), and flash budgets whose per-key
         # counts could pass 65535 (flash splits counts into bytes: the high byte is exact in bf16 up to 256)
         self.ieee_dot = s.dtype == torch.float32 or device.type != "cuda" or (kernel == "flash" and budget > 65535)
-        # fp8 K read as float16 for the score dot (Tuning.fp8_k_f16; q bf16 only: an f16 q already reads K as f16)
-        self.k_f16 = s.kv_dtype == FP8 and s.dtype == torch.bfloat16 and tuning.fp8_k_f16 is True
+        # an fp8 K tile with a bf16 q: the score dot in float16 (e4m3 → f16 is one conversion per pair of elements,
+        # → bf16 three more per element on the slow conversion path; q scaled by a power of two into f16, exactly).
+        # The same scores; H200, 2026-12-02: prop fp8 32k 28.2 → 25.8 µs, B=32 × 32k 490.7 → 428.1 (RESULTS.md).
+        # An f16 q reads K as f16 already; an fp32 q takes the fp32 dot.
+        self.k_f16 = s.kv_dtype == FP8 and s.dtype == torch.bfloat16
         major = torch.cuda.get_device_capability(device)[0] if device.type == "cuda" else 0  # 0: CPU / interpreter
         self.pdl = major >= 9 and tuning.pdl is not False
         self.cuda_index = device.index if device.type == "cuda" else None  # launches go to this device's current stream

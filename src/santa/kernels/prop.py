@@ -70,45 +70,22 @@ def _prop_scores_kernel(
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, IEEE_DOT: tl.constexpr,
     K_EVICTION: tl.constexpr, K_SCALE_PER_HEAD: tl.constexpr, HAS_STARTS: tl.constexpr, K_F16: tl.constexpr,
-    TILES_PER_PROGRAM: tl.constexpr, PIPELINE: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """Pass 1 over tiles ``[t0, t0 + TILES_PER_PROGRAM)`` of one (sequence, KV head), ``t0 = program_id(0) ·
-    TILES_PER_PROGRAM``. With several tiles, PIPELINE (the GPU) runs them in a ``tl.range`` loop that
-    Triton 3.6 software-pipelines (cp.async, STAGES deep) — only with no ``if`` around the loads and not
-    as a ``while`` loop (compiled for sm_90: benchmarks/KERNEL_NOTES.md, run 11); the interpreter, which
-    cannot run ``tl.range`` with runtime bounds, runs the same body in a ``while`` loop."""
-    t0 = tl.program_id(0) * TILES_PER_PROGRAM
+    """Pass 1 over tile ``program_id(0)`` of one (sequence, KV head). (Several tiles per program in a pipelined
+    ``tl.range`` loop measured slower on every shape: benchmarks/RESULTS.md, 2026-12-02.)"""
+    t = tl.program_id(0)
     pid_bk = tl.program_id(1)
     b = pid_bk // n_kv_heads
     kvh = pid_bk % n_kv_heads
     seq_len, _ = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
     first_key, _ = checked_first_key(starts_ptr, b, seq_len, HAS_STARTS)
     score_scale = qk_scale * cache_scale(k_scale, k_scale_ptr, kvh, K_SCALE_PER_HEAD)  # q·(s_k k) = s_k (q·k)
-    if TILES_PER_PROGRAM == 1:
-        if t0 * BLOCK_N < seq_len:
-            _prop_tile(
-                q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t0, b, kvh, seq_len, first_key, n_pages,
-                n_kv_heads, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats,
-                score_scale, G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, K_EVICTION, K_F16,
-            )
-    else:
-        reached = tl.minimum(tl.maximum(tl.cdiv(seq_len, BLOCK_N) - t0, 0), TILES_PER_PROGRAM)  # tiles the sequence reaches
-        if PIPELINE:
-            for i in tl.range(0, reached, num_stages=STAGES):
-                _prop_tile(
-                    q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t0 + i, b, kvh, seq_len, first_key,
-                    n_pages, n_kv_heads, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash,
-                    stride_stats, score_scale, G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, K_EVICTION, K_F16,
-                )
-        else:
-            i = 0
-            while i < reached:
-                _prop_tile(
-                    q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t0 + i, b, kvh, seq_len, first_key,
-                    n_pages, n_kv_heads, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash,
-                    stride_stats, score_scale, G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, K_EVICTION, K_F16,
-                )
-                i += 1
+    if t * BLOCK_N < seq_len:
+        _prop_tile(
+            q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, first_key, n_pages,
+            n_kv_heads, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats,
+            score_scale, G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, K_EVICTION, K_F16,
+        )
 
 
 @triton.jit
@@ -374,11 +351,9 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
     fixed1 = dict(n_keys=n_keys, n_kv_heads=shape.kv_heads, stride_stash=stride_stash, stride_stats=stride_stats, qk_scale=qk_scale)
     fixed2 = dict(budget=plan.budget, n_keys=n_keys, n_heads=shape.heads, tiles_max=plan.tiles,
                   stride_stash=stride_stash, stride_stats=stride_stats)
-    per_program = tuning.tiles_per_program or 1
-    pass1 = Launcher(_prop_scores_kernel, grid=(triton.cdiv(plan.tiles, per_program), shape.batch * shape.kv_heads), fixed=fixed1, meta=dict(
+    pass1 = Launcher(_prop_scores_kernel, grid=(plan.tiles, shape.batch * shape.kv_heads), fixed=fixed1, meta=dict(
         common, BLOCK_G=plan.block_g, IEEE_DOT=plan.ieee_dot, K_EVICTION="evict_first" if plan.k_evict_first else "",
         K_SCALE_PER_HEAD=k_scale_per_head, HAS_STARTS=has_starts, K_F16=plan.k_f16,
-        TILES_PER_PROGRAM=per_program, PIPELINE=not plan.on_cpu, STAGES=tuning.stages_pass1 or 3,
         num_warps=tuning.warps_pass1 or (8 if shape.head_dim > 128 else 4), num_stages=tuning.stages_pass1 or 1,
     ))
     pass2 = Launcher(_prop_gather_kernel, grid=(n_chunks, shape.batch * shape.heads), fixed=fixed2, meta=dict(
