@@ -14,6 +14,7 @@
 #   bash benchmarks/vllm/gpu_vllm.sh llama_fp8      # the same on fp8 caches
 #   bash benchmarks/vllm/gpu_vllm.sh qwen           # Qwen2.5-0.5B shapes at 32k, batch 1, 16 and 64
 #   bash benchmarks/vllm/gpu_vllm.sh needles        # the bundled Qwen's needle tasks at 16k/32k, 50 prompts, through vLLM
+#   bash benchmarks/vllm/gpu_vllm.sh needles_fp8    # the same on fp8 caches
 #                                                   # (after `gpu_sweeps.sh stash` calls carrying .pkgs + .whlgg, then .qw1 … .qw12 one each)
 # Every engine start costs ~1-2 min (torch.compile, CUDA-graph capture): budget the device calls for it.
 set -uo pipefail
@@ -70,12 +71,13 @@ for stage in "$@"; do
         SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 200 $A --backend CUSTOM --out "$OUT/qwen${B}_prop.json"
         python3 benchmarks/vllm/offline.py --compare "$OUT/qwen${B}_flash.json" "$OUT/qwen${B}_prop.json"
       done ;;
-    needles)  # the Qwen GGUF's 12 chunks and .pkgs/.whlgg stashed first (gpu_sweeps.sh stash, carrying .qw1 … .qw12)
+    needles|needles_fp8)  # the Qwen GGUF's 12 chunks and .pkgs/.whlgg stashed first (gpu_sweeps.sh stash calls)
       bash benchmarks/eval/gpu_sweeps.sh join > /dev/null || { echo "the Qwen GGUF is not here: stash its chunks first"; exit 1; }
       export PYTHONPATH=/tmp/pkgs:$PYTHONPATH:/tmp/site SANTA_CACHE=/tmp/santa HF_HUB_OFFLINE=1
-      timeout 280 python3 benchmarks/vllm/needles.py --folder /tmp/qwen --backend FLASH_ATTN --out "$OUT/needles_flash.json" 2>&1 | tail -n 3
+      N="$OUT/$stage"; K="--kv-cache-dtype auto"; [ "$stage" = needles_fp8 ] && K="--kv-cache-dtype fp8"
+      timeout 280 python3 benchmarks/vllm/needles.py --folder /tmp/qwen --backend FLASH_ATTN $K --out "${N}_flash.json" 2>&1 | tail -n 3
       SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 timeout 280 python3 benchmarks/vllm/needles.py --folder /tmp/qwen --backend CUSTOM \
-        --out "$OUT/needles_prop.json" 2>&1 | tail -n 3
-      python3 benchmarks/vllm/needles.py --compare "$OUT/needles_flash.json" "$OUT/needles_prop.json" ;;
+        $K --out "${N}_prop.json" 2>&1 | tail -n 3
+      python3 benchmarks/vllm/needles.py --compare "${N}_flash.json" "${N}_prop.json" ;;
   esac
 done
