@@ -10,6 +10,7 @@
 #   bash benchmarks/vllm/gpu_vllm.sh install        # join, check, install under /tmp/vsite, santa's entry point beside it
 #   bash benchmarks/vllm/gpu_vllm.sh models         # the random-weight model folders under /tmp (before the timed stages)
 #   bash benchmarks/vllm/gpu_vllm.sh smoke          # tiny random Llama: FLASH_ATTN, CUSTOM dense, CUSTOM prop (eager)
+#   bash benchmarks/vllm/gpu_vllm.sh capacity       # santa's step on 2k/8k sequences planned for 32k/128k keys (no vLLM)
 #   bash benchmarks/vllm/gpu_vllm.sh llama          # Llama-3.1-8B shapes at 30k, batch 16: FLASH_ATTN against CUSTOM prop S=128
 #   bash benchmarks/vllm/gpu_vllm.sh llama_fp8      # the same on fp8 caches
 #   bash benchmarks/vllm/gpu_vllm.sh qwen           # Qwen2.5-0.5B shapes at 32k, batch 1, 16 and 64
@@ -54,6 +55,8 @@ for stage in "$@"; do
       SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=64 run 200 $A --backend CUSTOM --out "$OUT/smoke_prop.json"
       python3 benchmarks/vllm/offline.py --compare "$OUT/smoke_flash.json" "$OUT/smoke_dense.json"
       python3 benchmarks/vllm/offline.py --compare "$OUT/smoke_flash.json" "$OUT/smoke_prop.json" ;;
+    capacity)  # what a large max_model_len costs santa's step on short sequences (no vLLM needed: run it in a stash call)
+      timeout 200 python3 benchmarks/vllm/capacity_ab.py "$OUT/capacity.json" 2>&1 | tail -n 8 ;;
     llama)
       A="--folder /tmp/llama8b --make llama-3.1-8b --prompt-tokens 30000 --batch 16"
       run 280 $A --backend FLASH_ATTN --out "$OUT/llama_flash.json"
