@@ -737,6 +737,15 @@ def largest_case_bytes(args: argparse.Namespace) -> int:
     return 2 * max(keys, default=0) * per_key + 512 * 2**20
 
 
+def write_results(path: str, results: dict) -> None:
+    """``results`` as JSON at ``path`` all at once (this process's staging file, then a rename): a reader, a
+    run cut short or a second run on the same folder never leaves half a file there."""
+    staging = f"{path}.{os.getpid()}.partial"
+    with open(staging, "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    os.replace(staging, path)
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -759,8 +768,7 @@ def main(argv=None) -> int:
     flusher = Flusher(torch.device("cuda"))
     if args.real:
         def save():
-            with open(os.path.join(args.out, "real_attention.json"), "w") as f:
-                json.dump(results, f, indent=1, default=str)
+            write_results(os.path.join(args.out, "real_attention.json"), results)
 
         bench_real(capture, results, flusher, args, fi, save=save)
         save()
@@ -776,10 +784,7 @@ def main(argv=None) -> int:
 
     def save():  # after every case: a run cut short (a device call's time limit) keeps what it measured
         results["env"]["seconds"] = time.time() - t0
-        path = os.path.join(args.out, "kernels.json")
-        with open(path + ".partial", "w") as f:
-            json.dump(results, f, indent=1, default=str)
-        os.replace(path + ".partial", path)
+        write_results(os.path.join(args.out, "kernels.json"), results)
 
     if args.fp8 or args.only_fp8:
         for batch, n in [(1, n) for n in sizes] + [(b, args.batch_keys) for b in ([] if args.no_batch else args.batches)]:

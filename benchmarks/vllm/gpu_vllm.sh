@@ -56,7 +56,7 @@ for stage in "$@"; do
       python3 benchmarks/vllm/offline.py --compare "$OUT/smoke_flash.json" "$OUT/smoke_dense.json"
       python3 benchmarks/vllm/offline.py --compare "$OUT/smoke_flash.json" "$OUT/smoke_prop.json" ;;
     capacity)  # what a large max_model_len costs santa's step on short sequences (no vLLM needed: run it in a stash call)
-      timeout 200 python3 benchmarks/vllm/capacity_ab.py "$OUT/capacity.json" 2>&1 | tail -n 8 ;;
+      timeout 200 python3 benchmarks/vllm/capacity_ab.py "$OUT/capacity.jsonl" 2>&1 | tail -n 8 ;;
     llama)
       A="--folder /tmp/llama8b --make llama-3.1-8b --prompt-tokens 30000 --batch 16"
       run 280 $A --backend FLASH_ATTN --out "$OUT/llama_flash.json"

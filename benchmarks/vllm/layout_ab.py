@@ -22,23 +22,40 @@ from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
 HEADS, KV_HEADS, DIM, BLOCK, BUDGET = 32, 8, 128, 16, 128
 
 
-def case(batch: int, n_keys: int, flusher: Flusher) -> dict:
-    from santa import rng
-    from santa.kernels import plan_decode
-    from santa.vllm.decode import PagedDecoder
-
+def paged_inputs(batch: int, n_keys: int, *, capacity: int | None = None):
+    """``(packed, kv_cache, table, seq_lens, q)``: ``batch`` sequences of ``n_keys`` keys in pages of BLOCK keys
+    shuffled over one pool, ``packed`` its physical rows ``[pages, BLOCK, H_kv, 2·D]`` and ``kv_cache`` vLLM's
+    logical view of them ``(num_blocks, H_kv, block_size, 2·D)``; the block table ``capacity // BLOCK`` wide
+    (default ``n_keys``; unused columns page 0, as vLLM's); one bf16 query per sequence. Seeded: the same
+    inputs on every call."""
     torch.manual_seed(0)
     pages_per_seq = n_keys // BLOCK
     n_pages = batch * pages_per_seq
     packed = torch.randn(n_pages, BLOCK, KV_HEADS, 2 * DIM, device="cuda", dtype=torch.bfloat16)  # physical layout
-    kv_cache = packed.permute(0, 2, 1, 3)  # vLLM's logical (num_blocks, H_kv, block_size, 2·D)
-    k_cache, v_cache = packed[..., :DIM].contiguous(), packed[..., DIM:].contiguous()
-    table = torch.randperm(n_pages, device="cuda").to(torch.int32).reshape(batch, pages_per_seq)
+    table = torch.zeros(batch, (capacity or n_keys) // BLOCK, dtype=torch.int32, device="cuda")
+    table[:, :pages_per_seq] = torch.randperm(n_pages, device="cuda").to(torch.int32).reshape(batch, pages_per_seq)
     seq_lens = torch.full((batch,), n_keys, dtype=torch.int32, device="cuda")
     q = torch.randn(batch, HEADS, DIM, device="cuda", dtype=torch.bfloat16)
+    return packed, packed.permute(0, 2, 1, 3), table, seq_lens, q
+
+
+def paged_decoder(max_batch: int, max_keys: int):
+    """santa.vllm.decode.PagedDecoder for these shapes (prop S = BUDGET, seed 0), as the backend makes it."""
+    from santa.vllm.decode import PagedDecoder
+
+    return PagedDecoder(heads=HEADS, kv_heads=KV_HEADS, head_dim=DIM, block_size=BLOCK, max_keys=max_keys,
+                        max_batch=max_batch, budget=BUDGET, kernel="prop", seed=0, dtype=torch.bfloat16,
+                        kv_dtype=torch.bfloat16, device="cuda")
+
+
+def case(batch: int, n_keys: int, flusher: Flusher) -> dict:
+    from santa import rng
+    from santa.kernels import plan_decode
+
+    packed, kv_cache, table, seq_lens, q = paged_inputs(batch, n_keys)
+    k_cache, v_cache = packed[..., :DIM].contiguous(), packed[..., DIM:].contiguous()
     out = torch.empty_like(q)
-    decoder = PagedDecoder(heads=HEADS, kv_heads=KV_HEADS, head_dim=DIM, block_size=BLOCK, max_keys=n_keys, max_batch=batch,
-                           budget=BUDGET, kernel="prop", seed=0, dtype=torch.bfloat16, kv_dtype=torch.bfloat16, device="cuda")
+    decoder = paged_decoder(batch, n_keys)
     plan = plan_decode(batch=batch, heads=HEADS, kv_heads=KV_HEADS, head_dim=DIM, n_keys=n_keys, budget=BUDGET,
                        dtype=torch.bfloat16, device="cuda", kernel="prop", page_size=BLOCK)
     positions = seq_lens - 1
