@@ -82,6 +82,7 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from santa.budgets.schedule import write_json_atomic
     from santa.decoding import stop_token_ids
     from santa.eval.grading import grade
     from santa.eval.tasks import build_prompt
@@ -107,9 +108,9 @@ def main() -> None:
         records.append({"task": task, "length": length, "prompt": seed, "prompt_tokens": len(ids), "answer": answer,
                         "expected": list(prompt.answers), "score": grade(prompt, answer)})
     santa_settings = {k: v for k, v in os.environ.items() if k.startswith("SANTA_VLLM_")}
-    args.out.write_text(json.dumps({"backend": args.backend, "santa": santa_settings, "kv_cache_dtype": args.kv_cache_dtype,
+    write_json_atomic(args.out, {"backend": args.backend, "santa": santa_settings, "kv_cache_dtype": args.kv_cache_dtype,
                                     "model": MODEL, "seconds": seconds, "commit": os.environ.get("SANTA_COMMIT"),
-                                    "records": records}, indent=1))
+                                    "records": records})
     print(f"{args.backend} {santa_settings}: {len(records)} prompts in {seconds:.0f} s")
 
 

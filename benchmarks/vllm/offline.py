@@ -164,6 +164,8 @@ def main() -> None:
     from vllm import LLM
     from vllm.inputs import TokensPrompt
 
+    from santa.budgets.schedule import write_json_atomic
+
     config = json.loads((args.folder / "config.json").read_text())
     generator = torch.Generator().manual_seed(args.prompt_tokens)
     prompts = [TokensPrompt(prompt_token_ids=torch.randint(10, config["vocab_size"], (args.prompt_tokens,), generator=generator).tolist())
@@ -193,7 +195,7 @@ def main() -> None:
             "decode_tokens_per_s_all": rates, "warm_tokens": args.warm_tokens, "tokens": tokens,
             "commit": os.environ.get("SANTA_COMMIT"),
         }
-        args.out.write_text(json.dumps(result, indent=1))
+        write_json_atomic(args.out, result)  # whole or not at all: a kill mid-write leaves the last repeat's file
     print(f"{args.backend} {santa_settings}: {result['decode_tokens_per_s']:.0f} decode tokens/s "
           f"({[round(x) for x in rates]}), batch {args.batch} × {args.prompt_tokens}", flush=True)
 
