@@ -487,3 +487,33 @@ def test_report_plots_stay_in_their_folder_whatever_the_names_in_the_records(tmp
     written = [line.removeprefix("wrote ") for line in capsys.readouterr().out.splitlines() if line.startswith("wrote ")]
     assert written and all(Path(w).parent == plots for w in written)
     assert sorted(p.name for p in tmp_path.rglob("*.png")) == sorted(Path(w).name for w in written)
+
+
+def _gguf_header(fields: dict[str, int | str]) -> bytes:
+    """A GGUF v3 header with no tensors: ``fields`` as uint32 (type 4) or string (type 8) values."""
+    import struct
+
+    def text(s: str) -> bytes:
+        return struct.pack("<Q", len(s.encode())) + s.encode()
+
+    body = b"".join(text(k) + (struct.pack("<I", 8) + text(v) if isinstance(v, str) else struct.pack("<II", 4, v))
+                    for k, v in fields.items())
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, len(fields)) + body
+
+
+def test_model_shape_reads_a_joined_multi_part_gguf_without_its_packages(tmp_path, monkeypatch):
+    """A multi-part model joined into $SANTA_CACHE before (a GPU machine given the joined file, no packages):
+    the flags are bounded by that file's header, not refused because part 1's package is missing."""
+    from santa import assets
+    from santa.eval.cli import ModelShape, model_shape
+
+    monkeypatch.setenv("SANTA_CACHE", str(tmp_path))
+    (tmp_path / assets.lookup("qwen2.5-coder-0.5b").gguf_name).write_bytes(_gguf_header({
+        "general.architecture": "qwen2", "qwen2.block_count": 3, "qwen2.context_length": 1024,
+        "qwen2.attention.head_count": 4, "qwen2.embedding_length": 256}))
+
+    def no_package(package, hint):
+        raise FileNotFoundError(f"package {package!r} is not installed")
+
+    monkeypatch.setattr(assets, "package_folder", no_package)
+    assert model_shape("qwen2.5-coder-0.5b") == ModelShape(layers=3, context=1024, heads=4, head_dim=64)

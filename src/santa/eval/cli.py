@@ -53,7 +53,8 @@ class ModelShape:
 
 def model_shape(model: str) -> ModelShape:
     """A bundled model's :class:`ModelShape`, without loading any weight: from the cached
-    ``config.json`` when the model was loaded before, else from the GGUF file's header (a few KiB
+    ``config.json`` when the model was loaded before, else from the GGUF header (the joined file in the cache
+    when a multi-part model was joined before, else its packages; a few KiB
     read). ValueError naming the file when neither can be read."""
     from santa import assets
 
@@ -61,6 +62,9 @@ def model_shape(model: str) -> ModelShape:
     config = assets.cache_dir() / model / "config.json"
     if config.is_file():
         return _config_shape(config)
+    joined = assets.cache_dir() / spec.gguf_name  # a multi-part GGUF joined before: its header, no package needed
+    if len(spec.files) > 1 and joined.is_file():
+        return _gguf_shape([joined])
     parts = [assets.package_folder(p, spec.install) / f for p, f in zip(spec.packages, spec.files, strict=True)]
     return _gguf_shape(parts)
 
