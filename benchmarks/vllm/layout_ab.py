@@ -39,13 +39,14 @@ def paged_inputs(batch: int, n_keys: int, *, capacity: int | None = None):
     return packed, packed.permute(0, 2, 1, 3), table, seq_lens, q
 
 
-def paged_decoder(max_batch: int, max_keys: int):
-    """santa.vllm.decode.PagedDecoder for these shapes (prop S = BUDGET, seed 0), as the backend makes it."""
+def paged_decoder(max_batch: int, max_keys: int, tuning=None):
+    """santa.vllm.decode.PagedDecoder for these shapes (prop S = BUDGET, seed 0), as the backend makes it
+    (``tuning``: a santa.kernels.Tuning, the backend's defaults when None)."""
     from santa.vllm.decode import PagedDecoder
 
     return PagedDecoder(heads=HEADS, kv_heads=KV_HEADS, head_dim=DIM, block_size=BLOCK, max_keys=max_keys,
                         max_batch=max_batch, budget=BUDGET, kernel="prop", seed=0, dtype=torch.bfloat16,
-                        kv_dtype=torch.bfloat16, device="cuda")
+                        kv_dtype=torch.bfloat16, device="cuda", tuning=tuning)
 
 
 def case(batch: int, n_keys: int, flusher: Flusher) -> dict:

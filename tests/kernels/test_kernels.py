@@ -349,6 +349,50 @@ def test_bisect_and_scan_tile_searches_give_equal_counts(n_keys, block_n, per_pr
         assert_counts_match_systematic(rows, probs, budget, prop_uniforms(batch, heads, 3, 5)[[0, 2]][:, [0, 2, 3]])
 
 
+def test_pass1_grid_is_cut_past_its_program_cap():
+    """Every planned tile gets its own program up to PASS1_PROGRAMS programs in all (every timed table's plan);
+    past it, as many programs per (sequence, KV head) as fit, at least one."""
+    from santa.kernels import Tuning
+    from santa.kernels.layout import PASS1_PROGRAMS, prop_pass1_tiles
+
+    assert prop_pass1_tiles(256, 32 * 8) == 256  # Llama B = 32 × 32k: 65,536 programs, uncut
+    assert 32 * 8 * 256 == PASS1_PROGRAMS
+    assert prop_pass1_tiles(1024, 64 * 8) == PASS1_PROGRAMS // (64 * 8)  # batch 64 planned for 128k keys: 128
+    assert prop_pass1_tiles(19, 6, Tuning(pass1_programs=64)) == 10 and prop_pass1_tiles(19, 6, Tuning(pass1_programs=4)) == 1
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_a_cut_pass1_grid_gives_the_samples_of_one_tile_per_program(paged):
+    """A plan far past its sequences (pass 1's grid cut, each program looping over tiles t, t + grid, …) gives
+    the counts and outputs of one program per tile, bit for bit: full, short, empty and later-starting
+    sequences, a poisoned head, contiguous and paged."""
+    from santa.kernels import Tuning, plan_decode
+
+    batch, heads, kv_heads, dim, budget, n_keys = 3, 4, 2, 16, 40, 300
+    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, seed=11, q_scale=3.0)
+    q[2, 1, 0] = float("nan")  # a poisoned row: NaN output, no counts
+    seq_lens = torch.tensor([n_keys, 0, 101], dtype=torch.int32, device=DEVICE)
+    block_table = None
+    if paged:
+        k, block_table = to_paged(k, 16, seed=4)
+        v, _ = to_paged(v, 16, seed=4)
+    planned_keys = k.shape[1] * (block_table.shape[1] if paged else 1)
+    results = {}
+    for cap in (None, 32, 1):  # 19 tiles × 6 rows: uncut; 5 programs per row (tiles t, t+5, …); one program per row
+        plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=planned_keys, budget=budget,
+                           dtype=q.dtype, device=DEVICE, page_size=16 if paged else None,
+                           tuning=Tuning(block_n=16, samples_per_program=8, pass1_programs=cap))
+        counts = torch.zeros(batch, heads, planned_keys, dtype=torch.int32, device=DEVICE)
+        results[cap] = plan.run(q, k, v, seq_lens=seq_lens, block_table=block_table, seed=3, offset=5, counts=counts), counts
+    (out, counts) = results[None]
+    assert counts.sum(-1)[0].tolist() == [budget] * heads and not counts[1].any() and counts[2].sum(-1).tolist() == [budget, 0, budget, budget]
+    for cap in (32, 1):
+        cut_out, cut_counts = results[cap]
+        assert torch.equal(cut_counts, counts)
+        assert torch.equal(cut_out.isnan(), out.isnan())
+        assert torch.equal(cut_out.nan_to_num(), out.nan_to_num())
+
+
 def test_k_evict_first_is_chosen_by_the_stash_size_and_never_changes_a_sample():
     """The K loads' L2 hint is on only where the stash fits the L2 but is not tiny (the measured rule),
     can be forced either way, and changes no count or output."""

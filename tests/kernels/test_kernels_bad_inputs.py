@@ -229,7 +229,7 @@ def test_the_torch_fallback_checks_tables_even_unasked(monkeypatch):
     (dict(warps_pass2=-4), "warps_pass2"), (dict(stages_pass1=9), "stages_pass1"), (dict(pdl="yes"), "pdl"),
     (dict(tile_search="binary"), "tile_search"), (dict(tile_search=["scan"]), "tile_search"),
     (dict(k_evict_first="yes"), "k_evict_first"), (dict(k_evict_first=1), "k_evict_first"),
-    (dict(discard_stash="no"), "discard_stash"),
+    (dict(discard_stash="no"), "discard_stash"), (dict(pass1_programs=3), "pass1_programs"), (dict(pass1_programs=0), "pass1_programs"),
 ])
 def test_bad_tuning_fields_are_refused_by_name(tuning, match):
     from santa.kernels import Tuning

@@ -36,6 +36,7 @@ class Tuning:
     pdl: bool | None = None  # pass 2 as a programmatic dependent launch (Hopper)
     k_evict_first: bool | None = None  # pass 1 loads K with L2 policy evict_first, so the stash stays in L2
     discard_stash: bool | None = None  # pass 2 drops each row's dead stash from L2 (no write-back to DRAM)
+    pass1_programs: int | None = None  # pass-1 programs at most (a power of two); a smaller grid loops over the tiles
 
 
 def prop_tile(dim: int, tuning: Tuning = Tuning()) -> int:
@@ -46,6 +47,22 @@ def prop_tile(dim: int, tuning: Tuning = Tuning()) -> int:
 def flash_tile(dim: int) -> int:
     """Keys per flash tile: the sampling unit, so part of flash's semantics."""
     return 128 if dim <= 128 else 64
+
+
+# Pass 1 launches a program per (tile, sequence, KV head) of the *planned* keys: under CUDA graphs the grid is fixed
+# at the capacity (vLLM's max_model_len, a static cache's length), and the programs past a sequence's length exit at
+# once but are still launched, ~0.83 ns each on the H200 (2026-12-02, benchmarks/vllm/capacity_ab.py: 2k-key
+# sequences planned for 128k keys at batch 64 take 640 µs against 210.5 planned for 2k). Past this many programs
+# the grid is cut and each program loops over tiles t, t + grid, … that its sequence reaches. 2^16 is the largest
+# grid any timed table uses (Llama B = 32 × 32k: 32 · 8 · 256), so every timed plan keeps its one-tile programs.
+PASS1_PROGRAMS = 1 << 16
+
+
+def prop_pass1_tiles(tiles: int, rows: int, tuning: Tuning = Tuning()) -> int:
+    """Pass-1 programs per (sequence, KV head) for ``rows = B·H_kv`` and ``tiles`` planned tiles: all of them up to
+    ``Tuning.pass1_programs`` (default :data:`PASS1_PROGRAMS`) programs in all, else as many as fit (at least one)."""
+    cap = tuning.pass1_programs or PASS1_PROGRAMS
+    return tiles if rows * tiles <= cap else max(1, cap // rows)
 
 
 def prop_sample_chunks(budget: int, tiles: int, rows: int, tuning: Tuning = Tuning()) -> tuple[int, int]:

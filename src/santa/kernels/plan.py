@@ -266,7 +266,7 @@ def checked_tuning(tuning: object) -> Tuning:
         raise TypeError(f"tuning must be a santa.kernels.Tuning, got {type(tuning).__name__}")
     ints = {}
     for name, low, high in (("block_n", 16, 512), ("warps_pass1", 1, 16), ("warps_pass2", 1, 16),
-                            ("samples_per_program", 1, 1024)):
+                            ("samples_per_program", 1, 1024), ("pass1_programs", 1, 1 << 30)):
         value = getattr(tuning, name)
         if value is None:
             continue

@@ -34,7 +34,13 @@ from santa.kernels._common import (
     tile_softmax_stats,
 )
 from santa.kernels._launch import Launcher
-from santa.kernels.layout import prop_discard_mode, prop_sample_chunks, prop_tile_search, workspace_strides
+from santa.kernels.layout import (
+    prop_discard_mode,
+    prop_pass1_tiles,
+    prop_sample_chunks,
+    prop_tile_search,
+    workspace_strides,
+)
 
 
 @triton.jit
@@ -70,9 +76,12 @@ def _prop_scores_kernel(
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, IEEE_DOT: tl.constexpr,
     K_EVICTION: tl.constexpr, K_SCALE_PER_HEAD: tl.constexpr, HAS_STARTS: tl.constexpr, K_F16: tl.constexpr,
+    LOOP: tl.constexpr,
 ):
-    """Pass 1 over tile ``program_id(0)`` of one (sequence, KV head). (Several tiles per program in a pipelined
-    ``tl.range`` loop measured slower on every shape: benchmarks/RESULTS.md, 2026-12-02.)"""
+    """Pass 1 over tile ``program_id(0)`` of one (sequence, KV head); LOOP (a grid cut at
+    :data:`santa.kernels.layout.PASS1_PROGRAMS`): tiles t, t + grid, … that the sequence reaches, one after the other.
+    (Several tiles per program in a *pipelined* ``tl.range`` loop measured slower on every shape: benchmarks/RESULTS.md,
+    2026-12-02; the loop here is a plain ``while``, for plans whose capacity far exceeds their sequences.)"""
     t = tl.program_id(0)
     pid_bk = tl.program_id(1)
     b = pid_bk // n_kv_heads
@@ -80,7 +89,16 @@ def _prop_scores_kernel(
     seq_len, _ = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
     first_key, _ = checked_first_key(starts_ptr, b, seq_len, HAS_STARTS)
     score_scale = qk_scale * cache_scale(k_scale, k_scale_ptr, kvh, K_SCALE_PER_HEAD)  # q·(s_k k) = s_k (q·k)
-    if t * BLOCK_N < seq_len:
+    if LOOP:
+        tile = t
+        while tile * BLOCK_N < seq_len:
+            _prop_tile(
+                q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, tile, b, kvh, seq_len, first_key, n_pages,
+                n_kv_heads, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats,
+                score_scale, G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, K_EVICTION, K_F16,
+            )
+            tile += tl.num_programs(0)
+    elif t * BLOCK_N < seq_len:
         _prop_tile(
             q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, first_key, n_pages,
             n_kv_heads, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats,
@@ -351,9 +369,10 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
     fixed1 = dict(n_keys=n_keys, n_kv_heads=shape.kv_heads, stride_stash=stride_stash, stride_stats=stride_stats, qk_scale=qk_scale)
     fixed2 = dict(budget=plan.budget, n_keys=n_keys, n_heads=shape.heads, tiles_max=plan.tiles,
                   stride_stash=stride_stash, stride_stats=stride_stats)
-    pass1 = Launcher(_prop_scores_kernel, grid=(plan.tiles, shape.batch * shape.kv_heads), fixed=fixed1, meta=dict(
+    pass1_tiles = prop_pass1_tiles(plan.tiles, shape.batch * shape.kv_heads, tuning)
+    pass1 = Launcher(_prop_scores_kernel, grid=(pass1_tiles, shape.batch * shape.kv_heads), fixed=fixed1, meta=dict(
         common, BLOCK_G=plan.block_g, IEEE_DOT=plan.ieee_dot, K_EVICTION="evict_first" if plan.k_evict_first else "",
-        K_SCALE_PER_HEAD=k_scale_per_head, HAS_STARTS=has_starts, K_F16=plan.k_f16,
+        K_SCALE_PER_HEAD=k_scale_per_head, HAS_STARTS=has_starts, K_F16=plan.k_f16, LOOP=pass1_tiles < plan.tiles,
         num_warps=tuning.warps_pass1 or (8 if shape.head_dim > 128 else 4), num_stages=tuning.stages_pass1 or 1,
     ))
     pass2 = Launcher(_prop_gather_kernel, grid=(n_chunks, shape.batch * shape.heads), fixed=fixed2, meta=dict(

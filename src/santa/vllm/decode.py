@@ -19,6 +19,7 @@ import torch
 
 from santa import rng
 from santa.kernels.decode import workspace_bytes
+from santa.kernels.layout import Tuning
 from santa.kernels.plan import FP8, DecodePlan, Workspace, plan_decode  # FP8: the kernels' e4m3 cache dtype
 
 
@@ -45,14 +46,17 @@ class PagedDecoder:
     heads, kv_heads, head_dim: the layer's; block_size: vLLM's kernel block (the cache's page);
     max_keys: the most keys a sequence can hold (the block table's width · block_size);
     kernel: ``"prop"`` or ``"flash"``; budget: S; seed: santa's root seed; dtype: q's (the model's);
-    kv_dtype: the cache's (the model's, or ``torch.float8_e4m3fn``)."""
+    kv_dtype: the cache's (the model's, or ``torch.float8_e4m3fn``); tuning: prop's launch parameters
+    (:class:`santa.kernels.Tuning`; None: the measured defaults)."""
 
     def __init__(self, *, heads: int, kv_heads: int, head_dim: int, block_size: int, max_keys: int, max_batch: int,
-                 budget: int, kernel: str, seed: int, dtype: torch.dtype, kv_dtype: torch.dtype, device: torch.device | str):
+                 budget: int, kernel: str, seed: int, dtype: torch.dtype, kv_dtype: torch.dtype, device: torch.device | str,
+                 tuning: Tuning | None = None):
         self.heads, self.kv_heads, self.head_dim, self.block_size = heads, kv_heads, head_dim, block_size
         self.max_keys, self.max_batch, self.budget, self.kernel = max_keys, max_batch, budget, kernel
         self.seed = rng.check_seed(seed)
         self.dtype, self.kv_dtype, self.device = dtype, kv_dtype, torch.device(device)
+        self.tuning = tuning
         self._plans: dict[tuple, tuple[DecodePlan, Workspace]] = {}
         self._scratch: torch.Tensor | None = None
         self._semaphores: torch.Tensor | None = None
@@ -86,7 +90,7 @@ class PagedDecoder:
                                  f"for ({self.max_batch} × {self.max_keys}: vLLM's max_num_seqs × max_model_len)")
             plan = plan_decode(batch=batch, heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim, n_keys=n_keys,
                                budget=self.budget, dtype=self.dtype, kv_dtype=self.kv_dtype, device=self.device,
-                               kernel=self.kernel, page_size=self.block_size, scale=scale)
+                               kernel=self.kernel, page_size=self.block_size, scale=scale, tuning=self.tuning)
             self.allocate()
             workspace = Workspace.within(plan.workspace_key, scratch=self._scratch, semaphores=self._semaphores)
             self._plans[key] = (plan, workspace)
