@@ -14,6 +14,7 @@
 #   bash benchmarks/vllm/gpu_vllm.sh llama          # Llama-3.1-8B shapes at 30k, batch 16: FLASH_ATTN against CUSTOM prop S=128
 #   bash benchmarks/vllm/gpu_vllm.sh llama_fp8      # the same on fp8 caches
 #   bash benchmarks/vllm/gpu_vllm.sh qwen           # Qwen2.5-0.5B shapes at 32k, batch 1, 16 and 64
+#   bash benchmarks/vllm/gpu_vllm.sh qwen_fp8       # the same on fp8 caches
 #   bash benchmarks/vllm/gpu_vllm.sh needles        # the bundled Qwen's needle tasks at 16k/32k, 50 prompts, through vLLM
 #   bash benchmarks/vllm/gpu_vllm.sh needles_fp8    # the same on fp8 caches
 #                                                   # (after `gpu_sweeps.sh stash` calls carrying .pkgs + .whlgg, then .qw1 … .qw12 one each)
@@ -55,8 +56,8 @@ for stage in "$@"; do
       SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=64 run 200 $A --backend CUSTOM --out "$OUT/smoke_prop.json"
       python3 benchmarks/vllm/offline.py --compare "$OUT/smoke_flash.json" "$OUT/smoke_dense.json"
       python3 benchmarks/vllm/offline.py --compare "$OUT/smoke_flash.json" "$OUT/smoke_prop.json" ;;
-    capacity)  # what a large max_model_len costs santa's step on short sequences (no vLLM needed: run it in a stash call)
-      timeout 200 python3 benchmarks/vllm/capacity_ab.py "$OUT/capacity.jsonl" 2>&1 | tail -n 8 ;;
+    capacity)  # what a large max_model_len costs santa's step on short sequences, cut pass-1 grid against uncut (no vLLM needed)
+      timeout 300 python3 benchmarks/vllm/capacity_ab.py "$OUT/capacity.jsonl" 2>&1 | tail -n 8 ;;
     llama)
       A="--folder /tmp/llama8b --make llama-3.1-8b --prompt-tokens 30000 --batch 16"
       run 280 $A --backend FLASH_ATTN --out "$OUT/llama_flash.json"
@@ -67,12 +68,13 @@ for stage in "$@"; do
       run 280 $A --backend FLASH_ATTN --out "$OUT/llama8_flash.json"
       SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 280 $A --backend CUSTOM --out "$OUT/llama8_prop.json"
       python3 benchmarks/vllm/offline.py --compare "$OUT/llama8_flash.json" "$OUT/llama8_prop.json" ;;
-    qwen)
+    qwen|qwen_fp8)  # qwen_fp8: the same on fp8 caches (files qwen8_*)
+      K=""; P=qwen; [ "$stage" = qwen_fp8 ] && { K="--kv-cache-dtype fp8"; P=qwen8; }
       for B in 1 16 64; do
-        A="--folder /tmp/qwen_random --make qwen2.5-0.5b --prompt-tokens 32000 --batch $B"
-        run 200 $A --backend FLASH_ATTN --out "$OUT/qwen${B}_flash.json"
-        SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 200 $A --backend CUSTOM --out "$OUT/qwen${B}_prop.json"
-        python3 benchmarks/vllm/offline.py --compare "$OUT/qwen${B}_flash.json" "$OUT/qwen${B}_prop.json"
+        A="--folder /tmp/qwen_random --make qwen2.5-0.5b --prompt-tokens 32000 --batch $B $K"
+        run 200 $A --backend FLASH_ATTN --out "$OUT/${P}${B}_flash.json"
+        SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 200 $A --backend CUSTOM --out "$OUT/${P}${B}_prop.json"
+        python3 benchmarks/vllm/offline.py --compare "$OUT/${P}${B}_flash.json" "$OUT/${P}${B}_prop.json"
       done ;;
     needles|needles_fp8)  # the Qwen GGUF's 12 chunks and .pkgs/.whlgg stashed first (gpu_sweeps.sh stash calls)
       bash benchmarks/eval/gpu_sweeps.sh join > /dev/null || { echo "the Qwen GGUF is not here: stash its chunks first"; exit 1; }
