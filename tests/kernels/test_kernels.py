@@ -307,6 +307,20 @@ def test_planned_run_equals_eager_decode_and_leaves_the_semaphores_at_zero(paged
         assert not plan.workspace.views["sem"].any()
 
 
+def edge_case_inputs(n_keys: int, short: int, paged: bool, *, seed: int):
+    """``(q, k, v, seq_lens, block_table, planned_keys)`` for 3 sequences × 4 heads (2 KV heads, d = 16): a full one,
+    an empty one and one of ``short`` keys whose head 1 is poisoned (a NaN query: NaN output, no counts);
+    paged in shuffled pages of 16 keys when ``paged``."""
+    q, k, v = make_inputs(3, 4, 2, 16, n_keys, seed=seed, q_scale=3.0)
+    q[2, 1, 0] = float("nan")
+    seq_lens = torch.tensor([n_keys, 0, short], dtype=torch.int32, device=DEVICE)
+    block_table = None
+    if paged:
+        k, block_table = to_paged(k, 16, seed=2)
+        v, _ = to_paged(v, 16, seed=2)
+    return q, k, v, seq_lens, block_table, k.shape[1] * (block_table.shape[1] if paged else 1)
+
+
 @pytest.mark.parametrize(
     "n_keys,block_n,per_program,paged",
     [
@@ -321,14 +335,7 @@ def test_bisect_and_scan_tile_searches_give_equal_counts(n_keys, block_n, per_pr
     from santa.kernels import Tuning, plan_decode
 
     batch, heads, kv_heads, dim, budget = 3, 4, 2, 16, 40
-    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, seed=n_keys, q_scale=3.0)
-    q[2, 1, 0] = float("nan")  # a poisoned row: NaN output, no counts
-    seq_lens = torch.tensor([n_keys, 0, min(n_keys // 3 + 1, 301)], dtype=torch.int32, device=DEVICE)
-    block_table = None
-    if paged:
-        k, block_table = to_paged(k, 16, seed=2)
-        v, _ = to_paged(v, 16, seed=2)
-    planned_keys = k.shape[1] * (block_table.shape[1] if paged else 1)
+    q, k, v, seq_lens, block_table, planned_keys = edge_case_inputs(n_keys, min(n_keys // 3 + 1, 301), paged, seed=n_keys)
     results = {}
     for search in ("scan", "bisect"):
         tuning = Tuning(block_n=block_n, samples_per_program=per_program, tile_search=search)
@@ -369,14 +376,7 @@ def test_a_cut_pass1_grid_gives_the_samples_of_one_tile_per_program(paged):
     from santa.kernels import Tuning, plan_decode
 
     batch, heads, kv_heads, dim, budget, n_keys = 3, 4, 2, 16, 40, 300
-    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, seed=11, q_scale=3.0)
-    q[2, 1, 0] = float("nan")  # a poisoned row: NaN output, no counts
-    seq_lens = torch.tensor([n_keys, 0, 101], dtype=torch.int32, device=DEVICE)
-    block_table = None
-    if paged:
-        k, block_table = to_paged(k, 16, seed=4)
-        v, _ = to_paged(v, 16, seed=4)
-    planned_keys = k.shape[1] * (block_table.shape[1] if paged else 1)
+    q, k, v, seq_lens, block_table, planned_keys = edge_case_inputs(n_keys, 101, paged, seed=11)
     results = {}
     for cap in (None, 32, 1):  # 19 tiles × 6 rows: uncut; 5 programs per row (tiles t, t+5, …); one program per row
         plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=planned_keys, budget=budget,
