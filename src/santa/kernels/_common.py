@@ -96,20 +96,16 @@ def tile_scores(
     q_rows = b.to(tl.int64) * stride_qb + (kvh * G + offs_g).to(tl.int64) * stride_qh
     q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :], mask=mask_g[:, None] & mask_d[None, :], other=0.0)
     k_rows, k_ok = row_offsets(b, offs_n, mask_n, kvh, bt_ptr, stride_bt, n_pages, stride_kb, stride_kn, stride_kh, PAGED, PAGE_SIZE)
-    if K_F16:
+    if K_F16:  # a constexpr branch: q's type may change
         k = load_cache_rows(k_ptr, k_rows, k_ok, offs_d, mask_d, tl.float16, K_EVICTION)  # e4m3 → f16: exact
-        q16, unscale = f16_scaled(q)
+        q, unscale = f16_scaled(q)
         qk_scale = qk_scale * unscale  # exact (a power of two): one multiply per score, as below
-        if IEEE_DOT:
-            s = tl.dot(q16.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q16, tl.trans(k))
     else:
         k = load_cache_rows(k_ptr, k_rows, k_ok, offs_d, mask_d, q.dtype, K_EVICTION)  # an fp8 cache: converted exactly
-        if IEEE_DOT:
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
+    if IEEE_DOT:
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
     s = s * qk_scale
     s = tl.where(k_ok[None, :] | ~mask_n[None, :], s, float("nan"))
     return tl.where(mask_n[None, :], s, -float("inf"))
