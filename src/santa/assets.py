@@ -98,6 +98,11 @@ def joined_gguf(parts: list[Path], path: Path) -> None:
         Path(partial).unlink(missing_ok=True)
 
 
+def joined_gguf_path(spec: BundledModel) -> Path:
+    """Where a multi-part model's GGUF is joined (and read from once joined): the cache folder."""
+    return cache_dir() / spec.gguf_name
+
+
 def gguf_file(model: str = DEFAULT_MODEL) -> Path:
     """Path of the model's GGUF, SHA-256 verified (multi-part files are joined into the cache once;
     a joined file that does not verify is joined again)."""
@@ -106,7 +111,7 @@ def gguf_file(model: str = DEFAULT_MODEL) -> Path:
     if len(parts) == 1:
         path = parts[0]
     else:
-        path = cache_dir() / spec.gguf_name
+        path = joined_gguf_path(spec)
         if not path.exists() or sha256_of(path) != spec.sha256:
             joined_gguf(parts, path)
     digest = sha256_of(path)

@@ -62,7 +62,7 @@ def model_shape(model: str) -> ModelShape:
     config = assets.cache_dir() / model / "config.json"
     if config.is_file():
         return _config_shape(config)
-    joined = assets.cache_dir() / spec.gguf_name  # a multi-part GGUF joined before: its header, no package needed
+    joined = assets.joined_gguf_path(spec)  # a multi-part GGUF joined before: its header, no package needed
     if len(spec.files) > 1 and joined.is_file():
         return _gguf_shape([joined])
     parts = [assets.package_folder(p, spec.install) / f for p, f in zip(spec.packages, spec.files, strict=True)]
