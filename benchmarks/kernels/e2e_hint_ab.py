@@ -22,11 +22,7 @@ import santa.kernels
 from santa.kernels import Tuning
 
 PLAN_DECODE = santa.kernels.plan_decode  # what santa.model plans with (santa.model calls it by this name)
-# rule name → (the Tuning field, the plan attribute it decides, the forced arm's value, the arms' names)
-FIELDS = {
-    "prop_k_evict_first": ("k_evict_first", "k_evict_first", False, ("rule", "off")),
-    "discard_stash": ("discard_stash", "discard_stash", False, ("rule", "off")),
-}
+FIELDS = {"prop_k_evict_first": "k_evict_first", "discard_stash": "discard_stash"}  # rule name → Tuning field = plan attribute
 
 
 def planner(made: list, forced: dict | None):
@@ -47,22 +43,22 @@ def main() -> int:
     rule, out, rest = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
     if rule not in FIELDS:
         raise SystemExit(f"RULE_NAME must be one of {sorted(FIELDS)}, got {rule!r}")
-    field, attribute, value, (plain, forced) = FIELDS[rule]
+    field = FIELDS[rule]
     for round_ in range(2):
-        for name in ((plain, forced) if round_ == 0 else (forced, plain)):
+        for name in (("rule", "off") if round_ == 0 else ("off", "rule")):
             made = []
-            santa.kernels.plan_decode = planner(made, {field: value} if name == forced else None)
+            santa.kernels.plan_decode = planner(made, {field: False} if name == "off" else None)
             print(f"=== {name} round {round_}", flush=True)
             try:
                 e2e.main([*rest, "--out", str(out / f"{name}_{round_}")])
             finally:
                 santa.kernels.plan_decode = PLAN_DECODE
-            used = sorted({getattr(p, attribute) for p in made if p.kernel == "prop"})
-            print(f"=== {name} round {round_}: the prop plans ran with {attribute} = {used}", flush=True)
+            used = sorted({getattr(p, field) for p in made if p.kernel == "prop"})
+            print(f"=== {name} round {round_}: the prop plans ran with {field} = {used}", flush=True)
             if not used:
                 raise SystemExit(f"the '{name}' arm made no prop plan: run santa-prop (--backends) for an A/B")
-            if name == forced and used != [value]:
-                raise SystemExit(f"the '{name}' arm ran plans with {attribute} = {used}, not {value}: the A/B is void")
+            if name == "off" and used != [False]:
+                raise SystemExit(f"the 'off' arm ran plans with {field} = {used}, not False: the A/B is void")
     return 0
 
 
