@@ -13,7 +13,7 @@
 #   bash benchmarks/vllm/gpu_vllm.sh capacity       # santa's step on 2k/8k sequences planned for 32k/128k keys (no vLLM)
 #   bash benchmarks/vllm/gpu_vllm.sh llama          # Llama-3.1-8B shapes at 30k, batch 16: FLASH_ATTN against CUSTOM prop S=128
 #   bash benchmarks/vllm/gpu_vllm.sh llama_fp8      # the same on fp8 caches
-#   bash benchmarks/vllm/gpu_vllm.sh qwen           # Qwen2.5-0.5B shapes at 32k, batch 1, 16 and 64
+#   bash benchmarks/vllm/gpu_vllm.sh qwen           # Qwen2.5-0.5B shapes at 32k, batch 1, 16 and 64 (one engine per backend)
 #   bash benchmarks/vllm/gpu_vllm.sh qwen_fp8       # the same on fp8 caches
 #   bash benchmarks/vllm/gpu_vllm.sh needles        # the bundled Qwen's needle tasks at 16k/32k, 50 prompts, through vLLM
 #   bash benchmarks/vllm/gpu_vllm.sh needles_fp8    # the same on fp8 caches
@@ -68,14 +68,12 @@ for stage in "$@"; do
       run 280 $A --backend FLASH_ATTN --out "$OUT/llama8_flash.json"
       SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 280 $A --backend CUSTOM --out "$OUT/llama8_prop.json"
       python3 benchmarks/vllm/offline.py --compare "$OUT/llama8_flash.json" "$OUT/llama8_prop.json" ;;
-    qwen|qwen_fp8)  # qwen_fp8: the same on fp8 caches (files qwen8_*)
+    qwen|qwen_fp8)  # one engine per backend times batch 1, 16 and 64 in turn; qwen_fp8: the same on fp8 caches (files qwen8_*)
       K=""; P=qwen; [ "$stage" = qwen_fp8 ] && { K="--kv-cache-dtype fp8"; P=qwen8; }
-      for B in 1 16 64; do
-        A="--folder /tmp/qwen_random --make qwen2.5-0.5b --prompt-tokens 32000 --batch $B $K"
-        run 200 $A --backend FLASH_ATTN --out "$OUT/${P}${B}_flash.json"
-        SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 200 $A --backend CUSTOM --out "$OUT/${P}${B}_prop.json"
-        python3 benchmarks/vllm/offline.py --compare "$OUT/${P}${B}_flash.json" "$OUT/${P}${B}_prop.json"
-      done ;;
+      A="--folder /tmp/qwen_random --make qwen2.5-0.5b --prompt-tokens 32000 --batch 1 16 64 $K"
+      run 280 $A --backend FLASH_ATTN --out "$OUT/${P}{batch}_flash.json"
+      SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 280 $A --backend CUSTOM --out "$OUT/${P}{batch}_prop.json"
+      for B in 1 16 64; do python3 benchmarks/vllm/offline.py --compare "$OUT/${P}${B}_flash.json" "$OUT/${P}${B}_prop.json"; done ;;
     needles|needles_fp8)  # the Qwen GGUF's 12 chunks and .pkgs/.whlgg stashed first (gpu_sweeps.sh stash calls)
       bash benchmarks/eval/gpu_sweeps.sh join > /dev/null || { echo "the Qwen GGUF is not here: stash its chunks first"; exit 1; }
       export PYTHONPATH=/tmp/pkgs:$PYTHONPATH:/tmp/site SANTA_CACHE=/tmp/santa HF_HUB_OFFLINE=1

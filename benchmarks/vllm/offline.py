@@ -12,8 +12,14 @@ generated in between / the time between. Chunked prefill lets early requests dec
 prefill chunks (mixed batches, run by vLLM's own attention): those steps are outside the clock. One
 prefill per repeat; median of ``--repeats``.
 
+Several batch sizes share one engine (``--batch 1 16 64``, an engine start costs 1-2 min): the engine is sized
+for the largest (``max_num_seqs``, ``max_model_len``), each size is timed in turn, and ``--out`` names one file
+per size through ``{batch}``.
+
     python benchmarks/vllm/offline.py --folder /tmp/llama8b --make llama-3.1-8b --backend CUSTOM \\
         --prompt-tokens 30000 --batch 16 --new-tokens 64 --out custom.json
+    python benchmarks/vllm/offline.py --folder /tmp/qwen_random --make qwen2.5-0.5b --backend CUSTOM \\
+        --prompt-tokens 32000 --batch 1 16 64 --out custom_b{batch}.json
     python benchmarks/vllm/offline.py --compare flash.json custom.json
 """
 
@@ -61,7 +67,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--make", choices=sorted(SHAPES), help="the shape of the random weights to make the folder with")
     parser.add_argument("--backend", default="CUSTOM", help="FLASH_ATTN (vLLM's default here) or CUSTOM (santa)")
     parser.add_argument("--prompt-tokens", type=int, default=30000)
-    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--batch", type=int, nargs="+", default=[16], help="one or more batch sizes, timed in one engine")
     parser.add_argument("--new-tokens", type=int, default=128, help="decode tokens per request inside the clock")
     parser.add_argument("--warm-tokens", type=int, default=4, help="tokens per request before the clock starts")
     parser.add_argument("--kv-cache-dtype", default="auto", help="auto or fp8")
@@ -72,12 +78,21 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--make-only", action="store_true", help="make the folder (--make) and exit, no engine")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    for name in ("prompt_tokens", "batch", "new_tokens", "warm_tokens", "repeats", "max_num_batched_tokens"):
+    for name in ("prompt_tokens", "new_tokens", "warm_tokens", "repeats", "max_num_batched_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(args, name)}")
+    if min(args.batch) < 1 or len(set(args.batch)) != len(args.batch):
+        parser.error(f"--batch takes distinct sizes ≥ 1, got {args.batch}")
     if not args.compare and (args.folder is None or (args.out is None and not args.make_only)):
         parser.error("--folder and --out are required (or --compare, or --folder with --make-only)")
+    if args.out is not None and len(args.batch) > 1 and "{batch}" not in str(args.out):
+        parser.error(f"--out must hold {{batch}} when several batch sizes are timed (one file each), got {args.out}")
     return args
+
+
+def out_path(out: Path, batch: int) -> Path:
+    """The result file of one batch size: ``out`` with ``{batch}`` filled in (``out`` itself when it has none)."""
+    return Path(str(out).replace("{batch}", str(batch)))
 
 
 def compare(baseline_path: str, other_path: str) -> None:
@@ -167,37 +182,40 @@ def main() -> None:
     from santa.budgets.schedule import write_json_atomic
 
     config = json.loads((args.folder / "config.json").read_text())
-    generator = torch.Generator().manual_seed(args.prompt_tokens)
-    prompts = [TokensPrompt(prompt_token_ids=torch.randint(10, config["vocab_size"], (args.prompt_tokens,), generator=generator).tolist())
-               for _ in range(args.batch)]
+    largest = max(args.batch)
     t = time.perf_counter()
     llm = LLM(model=str(args.folder), attention_backend=args.backend, kv_cache_dtype=args.kv_cache_dtype, dtype="bfloat16",
               max_model_len=args.prompt_tokens + tokens_per_request(
-                  prompt_tokens=args.prompt_tokens, batch=args.batch, chunk=args.max_num_batched_tokens,
+                  prompt_tokens=args.prompt_tokens, batch=largest, chunk=args.max_num_batched_tokens,
                   warm_tokens=args.warm_tokens, new_tokens=args.new_tokens) + 8,  # 8 to spare
-              max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.batch, seed=0,
+              max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=largest, seed=0,
               gpu_memory_utilization=args.gpu_memory_utilization, skip_tokenizer_init=True, enable_prefix_caching=False,
               enforce_eager=args.enforce_eager)
     start_s = time.perf_counter() - t
     print(f"engine up in {start_s:.0f} s", flush=True)
 
     santa_settings = {k: v for k, v in os.environ.items() if k.startswith("SANTA_VLLM_")}
-    rates, result = [], {}
-    for repeat in range(args.repeats):
-        rate, tokens = decode_rate(llm, prompts, new_tokens=args.new_tokens, warm_tokens=args.warm_tokens, tag=f"r{repeat}")
-        rates.append(rate)
-        print(f"repeat {repeat}: {rate:.0f} decode tokens/s", flush=True)
-        result = {  # written after every repeat: a call cut at its time limit keeps the repeats it finished
-            "backend": args.backend, "santa": santa_settings, "vllm": vllm.__version__, "torch": torch.__version__,
-            "device": torch.cuda.get_device_name(), "folder": str(args.folder), "shape": args.make, "batch": args.batch,
-            "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "kv_cache_dtype": args.kv_cache_dtype,
-            "enforce_eager": args.enforce_eager, "engine_start_s": start_s, "decode_tokens_per_s": statistics.median(rates),
-            "decode_tokens_per_s_all": rates, "warm_tokens": args.warm_tokens, "tokens": tokens,
-            "commit": os.environ.get("SANTA_COMMIT"),
-        }
-        write_json_atomic(args.out, result)  # whole or not at all: a kill mid-write leaves the last repeat's file
-    print(f"{args.backend} {santa_settings}: {result['decode_tokens_per_s']:.0f} decode tokens/s "
-          f"({[round(x) for x in rates]}), batch {args.batch} × {args.prompt_tokens}", flush=True)
+    for batch in args.batch:
+        generator = torch.Generator().manual_seed(args.prompt_tokens)  # batch b's prompts: the first b of the largest batch's
+        prompts = [TokensPrompt(prompt_token_ids=torch.randint(10, config["vocab_size"], (args.prompt_tokens,),
+                                                               generator=generator).tolist()) for _ in range(batch)]
+        rates, result = [], {}
+        for repeat in range(args.repeats):
+            rate, tokens = decode_rate(llm, prompts, new_tokens=args.new_tokens, warm_tokens=args.warm_tokens,
+                                       tag=f"b{batch}r{repeat}")
+            rates.append(rate)
+            print(f"batch {batch}, repeat {repeat}: {rate:.0f} decode tokens/s", flush=True)
+            result = {  # written after every repeat: a call cut at its time limit keeps the repeats it finished
+                "backend": args.backend, "santa": santa_settings, "vllm": vllm.__version__, "torch": torch.__version__,
+                "device": torch.cuda.get_device_name(), "folder": str(args.folder), "shape": args.make, "batch": batch,
+                "engine_batches": args.batch, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
+                "kv_cache_dtype": args.kv_cache_dtype, "enforce_eager": args.enforce_eager, "engine_start_s": start_s,
+                "decode_tokens_per_s": statistics.median(rates), "decode_tokens_per_s_all": rates,
+                "warm_tokens": args.warm_tokens, "tokens": tokens, "commit": os.environ.get("SANTA_COMMIT"),
+            }
+            write_json_atomic(out_path(args.out, batch), result)  # whole or not at all: a kill mid-write leaves the last repeat's
+        print(f"{args.backend} {santa_settings}: {result['decode_tokens_per_s']:.0f} decode tokens/s "
+              f"({[round(x) for x in rates]}), batch {batch} × {args.prompt_tokens}", flush=True)
 
 
 if __name__ == "__main__":

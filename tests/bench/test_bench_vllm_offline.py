@@ -60,3 +60,20 @@ def test_a_clock_that_never_starts_is_an_error_not_a_rate():
     with pytest.raises(RuntimeError, match="the clock never ran"):
         offline.clocked_steps(engine, ["p0", "p1"], types.SimpleNamespace(max_tokens=3), warm_tokens=4, new_tokens=1, tag="r0",
                               clock=engine.clock)
+
+
+def test_several_batch_sizes_need_one_out_file_each(monkeypatch):
+    """``--batch 1 16 64`` shares one engine; ``--out`` must then name a file per size through ``{batch}``."""
+    argv = ["offline.py", "--folder", "/tmp/m", "--batch", "1", "16", "64"]
+    monkeypatch.setattr("sys.argv", [*argv, "--out", "r.json"])
+    with pytest.raises(SystemExit):
+        offline.parse_args()
+    monkeypatch.setattr("sys.argv", [*argv, "--out", "r_b{batch}.json"])
+    args = offline.parse_args()
+    assert args.batch == [1, 16, 64]
+    assert [str(offline.out_path(args.out, b)) for b in args.batch] == ["r_b1.json", "r_b16.json", "r_b64.json"]
+    monkeypatch.setattr("sys.argv", [*argv[:-2], "--out", "r.json"])  # one size: the file as named
+    assert str(offline.out_path(offline.parse_args().out, 1)) == "r.json"
+    monkeypatch.setattr("sys.argv", [*argv, "1", "--out", "r_b{batch}.json"])  # a size twice
+    with pytest.raises(SystemExit):
+        offline.parse_args()
