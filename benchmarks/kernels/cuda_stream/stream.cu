@@ -1,0 +1,164 @@
+// Issue 24's first check, in CUDA C++: the stream phase of a one-launch prop alone. Each CTA reads one slice of
+// one group's keys (group = sequence, KV head) once, scores the group's G query heads on every key and keeps
+// the slice's statistics per head: m = max_j s_j and l = sum_j 2^(s_j - m), with s in the log2 domain
+// (s = q.k * log2(e) / sqrt(D)). No stash, no sampling: this is the K read the one-launch design stands on,
+// timed against Triton pass 1 (benchmarks/kernels/cuda_stream_check.py). Benchmark code, not the library.
+//
+// Layouts (contiguous, NHD): q [B, Hkv*G, D] bf16; k [B, n, Hkv, D] bf16; stats [B, Hkv*G, C, 2] float32.
+// Grid (C, Hkv, B); 256 threads. A key's D values for one KV head are D*2 bytes: LPK = D/8 lanes load 16 B each,
+// so a warp takes KPW = 32/LPK keys per load instruction; U loads per lane per step, double-buffered.
+// The G head scores of a key are reduced over its LPK lanes by a butterfly that halves the values it carries
+// each round (G padded to GP, a power of two <= LPK): after log2(GP) rounds each lane holds one head's partial.
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+template <int D, int G, int GP, int U>
+__device__ __forceinline__ void stream_slice(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                                             float* __restrict__ stats, int n, int hkv, int slice_len, float scale_log2) {
+  constexpr int LPK = D / 8;          // lanes per key
+  constexpr int KPW = 32 / LPK;       // keys per warp per load
+  constexpr int KEYS_PER_STEP = kWarps * U * KPW;
+  static_assert(GP <= LPK && GP >= G, "the butterfly needs GP <= LPK lanes");
+  const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, slices = gridDim.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int sub = lane % LPK, key_in_warp = lane / LPK;
+
+  // q chunk of this lane (8 dims) for the G heads, pre-scaled into the log2 domain
+  float qf[G][8];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(q + ((size_t)b * hkv * G + (size_t)h * G + g) * D + sub * 8);
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(pairs[j]);
+      qf[g][2 * j] = f.x * scale_log2;
+      qf[g][2 * j + 1] = f.y * scale_log2;
+    }
+  }
+
+  // which head this lane ends up holding after the butterfly, and whether it is the one lane that reports it
+  int head = 0;
+#pragma unroll
+  for (int o = LPK / 2, v = GP; o >= 1 && v > 1; o >>= 1, v >>= 1)
+    if (sub & o) head += v / 2;
+  constexpr int SPARE = LPK / GP;  // lanes holding the same head after the butterfly (the low bits of sub)
+  const bool reports = head < G && (sub % SPARE) == 0;
+
+  const int start = c * slice_len, stop = min(n, start + slice_len);
+  const size_t row = (size_t)hkv * D;  // elements between two keys
+  const __nv_bfloat16* kb = k + (size_t)b * n * row + (size_t)h * D + sub * 8;
+  float m = -INFINITY, l = 0.f;
+
+  auto load = [&](uint4 (&dst)[U], int base) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int key = base + (u * kWarps + warp) * KPW + key_in_warp;
+      dst[u] = key < stop ? __ldg(reinterpret_cast<const uint4*>(kb + (size_t)key * row)) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  auto consume = [&](const uint4 (&src)[U], int base) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int key = base + (u * kWarps + warp) * KPW + key_in_warp;
+      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&src[u]);
+      float kf[8];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(pairs[j]);
+        kf[2 * j] = f.x;
+        kf[2 * j + 1] = f.y;
+      }
+      float part[GP];
+#pragma unroll
+      for (int g = 0; g < GP; ++g) {
+        float acc = 0.f;
+        if (g < G) {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc = fmaf(qf[g < G ? g : 0][j], kf[j], acc);
+        }
+        part[g] = acc;
+      }
+      // butterfly: carry v values, send half, keep half, until one remains; then plain sums
+#pragma unroll
+      for (int o = LPK / 2, v = GP; o >= 1; o >>= 1) {
+        if (v > 1) {
+          const bool up = sub & o;
+#pragma unroll
+          for (int i = 0; i < v / 2; ++i) {
+            const float send = up ? part[i] : part[i + v / 2];
+            const float keep = up ? part[i + v / 2] : part[i];
+            part[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+          }
+          v >>= 1;
+        } else {
+          part[0] += __shfl_xor_sync(0xffffffffu, part[0], o);
+        }
+      }
+      if (reports && key < stop) {
+        const float s = part[0];
+        const float m_new = fmaxf(m, s);
+        l = l * exp2f(m - m_new) + exp2f(s - m_new);
+        m = m_new;
+      }
+    }
+  };
+
+  // two register buffers in turn (a loop unrolled by two: a runtime index would put them on the stack)
+  uint4 even[U], odd[U];
+  if (start < stop) load(even, start);
+  for (int base = start; base < stop; base += 2 * KEYS_PER_STEP) {
+    if (base + KEYS_PER_STEP < stop) load(odd, base + KEYS_PER_STEP);
+    consume(even, base);
+    if (base + KEYS_PER_STEP >= stop) break;
+    if (base + 2 * KEYS_PER_STEP < stop) load(even, base + 2 * KEYS_PER_STEP);
+    consume(odd, base + KEYS_PER_STEP);
+  }
+
+  // the slice's statistics per head: reporting lanes (one per key of a warp's load, per head) merge in shared memory
+  __shared__ float sm_m[kWarps * 32], sm_l[kWarps * 32];
+  sm_m[threadIdx.x] = reports ? m : -INFINITY;
+  sm_l[threadIdx.x] = reports ? l : 0.f;
+  __syncthreads();
+  if (threadIdx.x < G) {
+    const int g = threadIdx.x;
+    float mg = -INFINITY;
+    for (int t = 0; t < kThreads; ++t) {
+      const int s2 = (t & 31) % LPK;
+      int hd = 0;
+      for (int o = LPK / 2, v = GP; o >= 1 && v > 1; o >>= 1, v >>= 1)
+        if (s2 & o) hd += v / 2;
+      if (hd == g && (s2 % SPARE) == 0) mg = fmaxf(mg, sm_m[t]);
+    }
+    float lg = 0.f;
+    for (int t = 0; t < kThreads; ++t) {
+      const int s2 = (t & 31) % LPK;
+      int hd = 0;
+      for (int o = LPK / 2, v = GP; o >= 1 && v > 1; o >>= 1, v >>= 1)
+        if (s2 & o) hd += v / 2;
+      if (hd == g && (s2 % SPARE) == 0 && sm_l[t] > 0.f) lg += sm_l[t] * exp2f(sm_m[t] - mg);
+    }
+    float* out = stats + (((size_t)b * hkv * G + (size_t)h * G + g) * slices + c) * 2;
+    out[0] = mg;
+    out[1] = lg;
+  }
+}
+
+}  // namespace
+
+#define SANTA_STREAM(NAME, D, G, GP, U)                                                                            \
+  extern "C" __global__ void __launch_bounds__(kThreads, 2)                                                       \
+      NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, float* stats, int n, int hkv, int slice_len, float scale) { \
+    stream_slice<D, G, GP, U>(q, k, stats, n, hkv, slice_len, scale);                                              \
+  }
+
+SANTA_STREAM(stream_d128_g4_u4, 128, 4, 4, 4)   // Llama-3.1-8B: 32 q / 8 kv heads
+SANTA_STREAM(stream_d128_g4_u8, 128, 4, 4, 8)
+SANTA_STREAM(stream_d64_g7_u4, 64, 7, 8, 4)     // Qwen2.5-0.5B: 14 q / 2 kv heads
+SANTA_STREAM(stream_d64_g3_u4, 64, 3, 4, 4)     // SmolLM2-135M: 9 q / 3 kv heads
+SANTA_STREAM(stream_d64_g3_u8, 64, 3, 4, 8)

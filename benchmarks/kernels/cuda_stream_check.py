@@ -1,0 +1,170 @@
+"""Issue 24's first check in CUDA C++: does a stream phase written in CUDA read K faster than Triton's pass 1?
+
+``cuda_stream/stream.cu`` (compiled here with nvcc, launched through the driver API with ctypes on torch's
+stream, so it is captured in CUDA graphs like any launch) reads each group's keys once in C slices, scores the
+group's G query heads and keeps each slice's (max, mass) per head: the stream phase of the one-launch prop the
+issue describes, without the sample phase. It is checked against torch (the statistics, float32) and timed in
+the same process as santa's pass 1 alone and santa's whole prop step (S = 128) on the same inputs: CUDA-graph
+replay, clean cold L2, medians (benchmarks/bench/timing.py). The issue's bar: the stream phase ≥ 1.5 µs faster
+than pass 1 at Llama 32k.
+
+    python benchmarks/kernels/cuda_stream_check.py OUT.json [COMMIT]
+
+One JSON object, rewritten after every case (a call cut at its limit keeps the cases it finished).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, ".")
+from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
+
+SOURCE = Path(__file__).with_name("cuda_stream") / "stream.cu"
+THREADS, WARPS = 256, 8
+# (name, batch, keys, q heads, kv heads, head dim)
+CASES = [("llama 8k", 1, 8192, 32, 8, 128), ("llama 32k", 1, 32768, 32, 8, 128), ("llama 128k", 1, 131072, 32, 8, 128),
+         ("llama B=8 x 32k", 8, 32768, 32, 8, 128), ("llama B=32 x 32k", 32, 32768, 32, 8, 128),
+         ("qwen B=16 x 32k", 16, 32768, 14, 2, 64), ("smollm2 B=64 x 8k", 64, 8192, 9, 3, 64)]
+UNROLLS = {(128, 4): (4, 8), (64, 7): (4,), (64, 3): (4, 8)}
+
+
+class Kernels:
+    """The cubin's entry points, launched with cuLaunchKernel on torch's current stream."""
+
+    def __init__(self, cubin: Path):
+        self.cuda = ctypes.CDLL("libcuda.so.1")
+        self.module = ctypes.c_void_p()
+        self._check(self.cuda.cuModuleLoad(ctypes.byref(self.module), str(cubin).encode()), "cuModuleLoad")
+        self.functions = {}
+
+    def _check(self, status: int, what: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"{what} failed with CUresult {status}")
+
+    def function(self, name: str) -> ctypes.c_void_p:
+        if name not in self.functions:
+            fn = ctypes.c_void_p()
+            self._check(self.cuda.cuModuleGetFunction(ctypes.byref(fn), self.module, name.encode()), f"cuModuleGetFunction({name})")
+            self.functions[name] = fn
+        return self.functions[name]
+
+    def launch(self, name: str, grid: tuple[int, int, int], q, k, stats, n: int, hkv: int, slice_len: int, scale: float):
+        values = [ctypes.c_void_p(q.data_ptr()), ctypes.c_void_p(k.data_ptr()), ctypes.c_void_p(stats.data_ptr()),
+                  ctypes.c_int(n), ctypes.c_int(hkv), ctypes.c_int(slice_len), ctypes.c_float(scale)]
+        args = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        self._check(self.cuda.cuLaunchKernel(self.function(name), *grid, THREADS, 1, 1, 0, stream, args, None), "cuLaunchKernel")
+
+
+def reference_stats(q, k, slices: int, slice_len: int) -> torch.Tensor:
+    """[B, H, C, 2] float32: per slice and head, m = max s and l = Σ 2^(s − m), s = q·k · log2(e)/√D; an empty
+    slice has m = −inf, l = 0. One sequence at a time (the float32 copy of K stays small)."""
+    batch, heads, dim = q.shape
+    n, kv_heads = k.shape[1], k.shape[2]
+    out = torch.empty(batch, heads, slices, 2, device=q.device)
+    for b in range(batch):
+        qg = q[b].float().view(kv_heads, heads // kv_heads, dim)
+        s = torch.einsum("kgd,nkd->kgn", qg, k[b].float()).reshape(heads, n) * (math.log2(math.e) / math.sqrt(dim))
+        padded = torch.full((heads, slices * slice_len), -math.inf, device=q.device)
+        padded[:, :n] = s
+        padded = padded.view(heads, slices, slice_len)
+        m = padded.amax(-1)
+        out[b, ..., 0] = m
+        out[b, ..., 1] = torch.exp2(padded - m.unsqueeze(-1).clamp_min(-1e30)).sum(-1)
+    return out
+
+
+def errors(stats: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
+    """Largest |Δm| (empty slices, −inf in both, count as equal) and largest relative Δl."""
+    same_inf = torch.isinf(want[..., 0]) & (stats[..., 0] == want[..., 0])
+    m_err = torch.where(same_inf, 0.0, (stats[..., 0] - want[..., 0]).abs()).max().item()
+    l_err = ((stats[..., 1] - want[..., 1]).abs() / want[..., 1].clamp_min(1e-30)).max().item()
+    return m_err, l_err
+
+
+def slice_choices(batch: int, kv_heads: int, n: int, keys_per_step: int) -> list[int]:
+    """Slices per group C for about 1, 2, 4 and 8 waves of 2 CTAs per SM (132 SMs), at least one step of keys each."""
+    groups, ctas = batch * kv_heads, 2 * torch.cuda.get_device_properties(0).multi_processor_count
+    out = []
+    for waves in (1, 2, 4, 8):
+        c = max(1, round(waves * ctas / groups))
+        c = min(c, max(1, n // keys_per_step))
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def main() -> None:
+    out_path = Path(sys.argv[1])
+    commit = sys.argv[2] if len(sys.argv) > 2 else None
+    cubin = Path("/tmp/santa_stream.cubin")
+    build = subprocess.run(["nvcc", "-arch=sm_90a", "-O3", "-cubin", "-Xptxas", "-v", "-o", str(cubin), str(SOURCE)],
+                           capture_output=True, text=True)
+    if build.returncode != 0:
+        sys.exit(f"nvcc failed:\n{build.stderr}")
+    flusher = Flusher(torch.device("cuda"))  # torch first: the primary context the module loads into
+    kernels = Kernels(cubin)
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
+               "ptxas": [line for line in build.stderr.splitlines() if "Used" in line or "spill" in line], "cases": {}}
+    for name, batch, n, heads, kv_heads, dim in CASES:
+        case = measure_case(kernels, flusher, batch=batch, n=n, heads=heads, kv_heads=kv_heads, dim=dim)
+        results["cases"][name] = case
+        best = case["best"]
+        print(f"{name}: stream {best['us']:.1f} µs ({best['variant']}), santa pass 1 {case['santa_pass1_us']:.1f}, "
+              f"santa prop {case['santa_prop_us']:.1f}", flush=True)
+        tmp = out_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(results, indent=1))
+        tmp.replace(out_path)
+
+
+def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, heads: int, kv_heads: int, dim: int) -> dict:
+    """One shape: santa's prop step and pass 1 alone, then every stream variant (checked, then timed)."""
+    from santa.kernels import plan_decode
+
+    torch.manual_seed(0)
+    q = torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, n, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    group = heads // kv_heads
+    case = {"batch": batch, "keys": n, "heads": heads, "kv_heads": kv_heads, "head_dim": dim,
+            "k_mb": k.numel() * 2 / 1e6, "variants": {}}
+    plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n, budget=128,
+                       dtype=q.dtype, device=q.device)
+    out = torch.empty_like(q)
+    case["santa_prop_us"] = time_fn(lambda: plan.run(q, k, v, out=out), flusher.read, graph=True)["median_us"]
+    case["santa_pass1_us"] = time_fn(plan.stages(q, k, v, out=out)[0][1], flusher.read, graph=True)["median_us"]
+    scale = math.log2(math.e) / math.sqrt(dim)
+    best = None
+    for unroll in UNROLLS[(dim, group)]:
+        kernel = f"stream_d{dim}_g{group}_u{unroll}"
+        keys_per_step = WARPS * unroll * (32 // (dim // 8))
+        for slices in slice_choices(batch, kv_heads, n, keys_per_step):
+            slice_len = -(-n // slices)
+            stats = torch.empty(batch, heads, slices, 2, device="cuda", dtype=torch.float32)
+
+            def call(kernel=kernel, slices=slices, slice_len=slice_len, stats=stats):
+                kernels.launch(kernel, (slices, kv_heads, batch), q, k, stats, n, kv_heads, slice_len, scale)
+
+            call()
+            torch.cuda.synchronize()
+            m_err, l_err = errors(stats, reference_stats(q, k, slices, slice_len))
+            us = time_fn(call, flusher.read, graph=True)["median_us"]
+            case["variants"][f"{kernel}/C{slices}"] = {"us": us, "slices": slices, "slice_len": slice_len,
+                                                       "max_abs_m_err": m_err, "max_rel_l_err": l_err,
+                                                       "tb_per_s": case["k_mb"] * 1e6 / (us * 1e-6) / 1e12}
+            if best is None or us < best[0]:
+                best = (us, f"{kernel}/C{slices}")
+    case["best"] = {"us": best[0], "variant": best[1], "gain_over_pass1_us": case["santa_pass1_us"] - best[0]}
+    return case
+
+
+if __name__ == "__main__":
+    main()
