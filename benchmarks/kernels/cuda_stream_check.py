@@ -34,6 +34,7 @@ CASES = [("llama 8k", 1, 8192, 32, 8, 128), ("llama 32k", 1, 32768, 32, 8, 128),
          ("llama B=8 x 32k", 8, 32768, 32, 8, 128), ("llama B=32 x 32k", 32, 32768, 32, 8, 128),
          ("qwen B=16 x 32k", 16, 32768, 14, 2, 64), ("smollm2 B=64 x 8k", 64, 8192, 9, 3, 64)]
 UNROLLS = {(128, 4): (4, 8), (64, 7): (4,), (64, 3): (4, 8)}
+READS = {(128, 4): ("read_d128_g4_u4", "read_d128_g4_u8")}  # the same loads without scores: the read's own speed
 
 
 class Kernels:
@@ -118,8 +119,10 @@ def main() -> None:
         case = measure_case(kernels, flusher, batch=batch, n=n, heads=heads, kv_heads=kv_heads, dim=dim)
         results["cases"][name] = case
         best = case["best"]
+        reads = [(v["us"], key) for key, v in case["variants"].items() if key.startswith("read")]
         print(f"{name}: stream {best['us']:.1f} µs ({best['variant']}), santa pass 1 {case['santa_pass1_us']:.1f}, "
-              f"santa prop {case['santa_prop_us']:.1f}", flush=True)
+              f"santa prop {case['santa_prop_us']:.1f}" + (f", read only {min(reads)[0]:.1f} ({min(reads)[1]})" if reads else ""),
+              flush=True)
         tmp = out_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(results, indent=1))
         tmp.replace(out_path)
@@ -163,6 +166,18 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
             if best is None or us < best[0]:
                 best = (us, f"{kernel}/C{slices}")
     case["best"] = {"us": best[0], "variant": best[1], "gain_over_pass1_us": case["santa_pass1_us"] - best[0]}
+    for kernel in READS.get((dim, group), ()):
+        unroll = int(kernel.rsplit("_u", 1)[1])
+        for slices in slice_choices(batch, kv_heads, n, WARPS * unroll * (32 // (dim // 8))):
+            slice_len = -(-n // slices)
+            stats = torch.empty(batch, heads, slices, 2, device="cuda", dtype=torch.float32)
+
+            def read(kernel=kernel, slices=slices, slice_len=slice_len, stats=stats):
+                kernels.launch(kernel, (slices, kv_heads, batch), q, k, stats, n, kv_heads, slice_len, scale)
+
+            us = time_fn(read, flusher.read, graph=True)["median_us"]
+            case["variants"][f"{kernel}/C{slices}"] = {"us": us, "slices": slices, "slice_len": slice_len,
+                                                       "tb_per_s": case["k_mb"] * 1e6 / (us * 1e-6) / 1e12}
     return case
 
 

@@ -17,7 +17,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
-template <int D, int G, int GP, int U>
+template <int D, int G, int GP, int U, bool SCORE>
 __device__ __forceinline__ void stream_slice(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                                              float* __restrict__ stats, int n, int hkv, int slice_len, float scale_log2) {
   constexpr int LPK = D / 8;          // lanes per key
@@ -62,7 +62,13 @@ __device__ __forceinline__ void stream_slice(const __nv_bfloat16* __restrict__ q
       dst[u] = key < stop ? __ldg(reinterpret_cast<const uint4*>(kb + (size_t)key * row)) : make_uint4(0, 0, 0, 0);
     }
   };
+  unsigned sink = 0;  // SCORE = false: the same loads, no scores (the read's own speed)
   auto consume = [&](const uint4 (&src)[U], int base) {
+    if constexpr (!SCORE) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) sink ^= src[u].x ^ src[u].y ^ src[u].z ^ src[u].w;
+      return;
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int key = base + (u * kWarps + warp) * KPW + key_in_warp;
@@ -120,28 +126,33 @@ __device__ __forceinline__ void stream_slice(const __nv_bfloat16* __restrict__ q
     consume(odd, base + KEYS_PER_STEP);
   }
 
-  // the slice's statistics per head: reporting lanes (one per key of a warp's load, per head) merge in shared memory
-  __shared__ float sm_m[kWarps * 32], sm_l[kWarps * 32];
-  sm_m[threadIdx.x] = reports ? m : -INFINITY;
-  sm_l[threadIdx.x] = reports ? l : 0.f;
+  if constexpr (!SCORE) {
+    if (sink == 0x9e3779b9u) stats[0] = 0.f;  // keeps the loads; never true for these inputs in practice
+    return;
+  }
+  // the slice's statistics per head: first the lanes of a warp with the same sub (same head, other keys: the lane
+  // bits from LPK up) merge by shuffles, then thread g merges the warps' head-g pairs in warp order
+#pragma unroll
+  for (int o = LPK; o < 32; o <<= 1) {
+    const float m_o = __shfl_xor_sync(0xffffffffu, m, o), l_o = __shfl_xor_sync(0xffffffffu, l, o);
+    const float m_new = fmaxf(m, m_o);
+    l = m_new == -INFINITY ? 0.f : l * exp2f(m - m_new) + l_o * exp2f(m_o - m_new);
+    m = m_new;
+  }
+  __shared__ float sm_m[kWarps][GP], sm_l[kWarps][GP];
+  if (reports && key_in_warp == 0) {
+    sm_m[warp][head] = m;
+    sm_l[warp][head] = l;
+  }
   __syncthreads();
   if (threadIdx.x < G) {
     const int g = threadIdx.x;
-    float mg = -INFINITY;
-    for (int t = 0; t < kThreads; ++t) {
-      const int s2 = (t & 31) % LPK;
-      int hd = 0;
-      for (int o = LPK / 2, v = GP; o >= 1 && v > 1; o >>= 1, v >>= 1)
-        if (s2 & o) hd += v / 2;
-      if (hd == g && (s2 % SPARE) == 0) mg = fmaxf(mg, sm_m[t]);
-    }
-    float lg = 0.f;
-    for (int t = 0; t < kThreads; ++t) {
-      const int s2 = (t & 31) % LPK;
-      int hd = 0;
-      for (int o = LPK / 2, v = GP; o >= 1 && v > 1; o >>= 1, v >>= 1)
-        if (s2 & o) hd += v / 2;
-      if (hd == g && (s2 % SPARE) == 0 && sm_l[t] > 0.f) lg += sm_l[t] * exp2f(sm_m[t] - mg);
+    float mg = -INFINITY, lg = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float m_new = fmaxf(mg, sm_m[w][g]);
+      lg = m_new == -INFINITY ? 0.f : lg * exp2f(mg - m_new) + sm_l[w][g] * exp2f(sm_m[w][g] - m_new);
+      mg = m_new;
     }
     float* out = stats + (((size_t)b * hkv * G + (size_t)h * G + g) * slices + c) * 2;
     out[0] = mg;
@@ -151,14 +162,16 @@ __device__ __forceinline__ void stream_slice(const __nv_bfloat16* __restrict__ q
 
 }  // namespace
 
-#define SANTA_STREAM(NAME, D, G, GP, U)                                                                            \
+#define SANTA_STREAM(NAME, D, G, GP, U, SCORE)                                                                            \
   extern "C" __global__ void __launch_bounds__(kThreads, 2)                                                       \
       NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, float* stats, int n, int hkv, int slice_len, float scale) { \
-    stream_slice<D, G, GP, U>(q, k, stats, n, hkv, slice_len, scale);                                              \
+    stream_slice<D, G, GP, U, SCORE>(q, k, stats, n, hkv, slice_len, scale);                                              \
   }
 
-SANTA_STREAM(stream_d128_g4_u4, 128, 4, 4, 4)   // Llama-3.1-8B: 32 q / 8 kv heads
-SANTA_STREAM(stream_d128_g4_u8, 128, 4, 4, 8)
-SANTA_STREAM(stream_d64_g7_u4, 64, 7, 8, 4)     // Qwen2.5-0.5B: 14 q / 2 kv heads
-SANTA_STREAM(stream_d64_g3_u4, 64, 3, 4, 4)     // SmolLM2-135M: 9 q / 3 kv heads
-SANTA_STREAM(stream_d64_g3_u8, 64, 3, 4, 8)
+SANTA_STREAM(stream_d128_g4_u4, 128, 4, 4, 4, true)   // Llama-3.1-8B: 32 q / 8 kv heads
+SANTA_STREAM(stream_d128_g4_u8, 128, 4, 4, 8, true)
+SANTA_STREAM(read_d128_g4_u4, 128, 4, 4, 4, false)    // the same loads, no scores
+SANTA_STREAM(read_d128_g4_u8, 128, 4, 4, 8, false)
+SANTA_STREAM(stream_d64_g7_u4, 64, 7, 8, 4, true)     // Qwen2.5-0.5B: 14 q / 2 kv heads
+SANTA_STREAM(stream_d64_g3_u4, 64, 3, 4, 4, true)     // SmolLM2-135M: 9 q / 3 kv heads
+SANTA_STREAM(stream_d64_g3_u8, 64, 3, 4, 8, true)
