@@ -28,13 +28,16 @@ sys.path.insert(0, ".")
 from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
 
 SOURCE = Path(__file__).with_name("cuda_stream") / "stream.cu"
-THREADS, WARPS = 256, 8
+THREADS = 256
 # (name, batch, keys, q heads, kv heads, head dim)
 CASES = [("llama 8k", 1, 8192, 32, 8, 128), ("llama 32k", 1, 32768, 32, 8, 128), ("llama 128k", 1, 131072, 32, 8, 128),
          ("llama B=8 x 32k", 8, 32768, 32, 8, 128), ("llama B=32 x 32k", 32, 32768, 32, 8, 128),
          ("qwen B=16 x 32k", 16, 32768, 14, 2, 64), ("smollm2 B=64 x 8k", 64, 8192, 9, 3, 64)]
-UNROLLS = {(128, 4): (4, 8), (64, 7): (4,), (64, 3): (4, 8)}
-READS = {(128, 4): ("read_d128_g4_u4", "read_d128_g4_u8")}  # the same loads without scores: the read's own speed
+# (dim, group) → [(kernel, keys per CTA step)]: scores on CUDA cores (stream_*), on tensor cores (mma_*)
+SCORING = {(128, 4): [("stream_d128_g4_u4", 64), ("stream_d128_g4_u8", 128), ("mma_d128_g4_u1", 64), ("mma_d128_g4_u2", 128)],
+           (64, 7): [("stream_d64_g7_u4", 128), ("mma_d64_g7_u4", 256)],
+           (64, 3): [("stream_d64_g3_u4", 128), ("stream_d64_g3_u8", 256), ("mma_d64_g3_u4", 256)]}
+READS = {(128, 4): [("read_d128_g4_u4", 64), ("read_d128_g4_u8", 128)]}  # the same loads without scores: the read's own speed
 
 
 class Kernels:
@@ -146,9 +149,7 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
     case["santa_pass1_us"] = time_fn(plan.stages(q, k, v, out=out)[0][1], flusher.read, graph=True)["median_us"]
     scale = math.log2(math.e) / math.sqrt(dim)
     best = None
-    for unroll in UNROLLS[(dim, group)]:
-        kernel = f"stream_d{dim}_g{group}_u{unroll}"
-        keys_per_step = WARPS * unroll * (32 // (dim // 8))
+    for kernel, keys_per_step in SCORING[(dim, group)]:
         for slices in slice_choices(batch, kv_heads, n, keys_per_step):
             slice_len = -(-n // slices)
             stats = torch.empty(batch, heads, slices, 2, device="cuda", dtype=torch.float32)
@@ -166,9 +167,8 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
             if best is None or us < best[0]:
                 best = (us, f"{kernel}/C{slices}")
     case["best"] = {"us": best[0], "variant": best[1], "gain_over_pass1_us": case["santa_pass1_us"] - best[0]}
-    for kernel in READS.get((dim, group), ()):
-        unroll = int(kernel.rsplit("_u", 1)[1])
-        for slices in slice_choices(batch, kv_heads, n, WARPS * unroll * (32 // (dim // 8))):
+    for kernel, keys_per_step in READS.get((dim, group), ()):
+        for slices in slice_choices(batch, kv_heads, n, keys_per_step):
             slice_len = -(-n // slices)
             stats = torch.empty(batch, heads, slices, 2, device="cuda", dtype=torch.float32)
 

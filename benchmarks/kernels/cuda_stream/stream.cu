@@ -160,6 +160,105 @@ __device__ __forceinline__ void stream_slice(const __nv_bfloat16* __restrict__ q
   }
 }
 
+// The same stream phase with the scores on tensor cores (mma.sync m16n8k16, bf16 in, fp32 out): a warp scores 8 keys
+// per mma group; lane = 4·n + kslot loads 16 contiguous bytes of key n (dims 32·j + 8·kslot … + 8 for each
+// 32-dim block j). The dot product does not care about the order of the dims, so the mma's k index is mapped to
+// the dims this lane loaded: its B registers are its own K words, and its A registers (q of head g = lane / 4,
+// rows 8-15 zero) are its own q words of the same dims. The C fragment gives lane (g, 2·kslot + {0, 1}): two keys'
+// scores of head g, with no shuffles.
+template <int D, int G, int U>
+__device__ __forceinline__ void stream_slice_mma(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                                                 float* __restrict__ stats, int n, int hkv, int slice_len, float scale_log2) {
+  constexpr int BLOCKS = D / 32;                    // 16-byte loads per key per lane
+  constexpr int KEYS_PER_STEP = kWarps * U * 8;
+  static_assert(G <= 8, "one mma row per head");
+  const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, slices = gridDim.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, kslot = lane & 3;
+  const bool live_head = g < G;
+
+  uint4 qw[BLOCKS];
+#pragma unroll
+  for (int j = 0; j < BLOCKS; ++j)
+    qw[j] = live_head ? *reinterpret_cast<const uint4*>(q + ((size_t)b * hkv * G + (size_t)h * G + g) * D + j * 32 + kslot * 8)
+                      : make_uint4(0, 0, 0, 0);
+
+  const int start = c * slice_len, stop = min(n, start + slice_len);
+  const size_t row = (size_t)hkv * D;
+  const __nv_bfloat16* kb = k + (size_t)b * n * row + (size_t)h * D + kslot * 8;
+  float m = -INFINITY, l = 0.f;
+
+  auto load = [&](uint4 (&dst)[U][BLOCKS], int base) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int key = base + (u * kWarps + warp) * 8 + g;  // lane / 4 is also the key within the group of 8
+#pragma unroll
+      for (int j = 0; j < BLOCKS; ++j)
+        dst[u][j] = key < stop ? __ldg(reinterpret_cast<const uint4*>(kb + (size_t)key * row + j * 32)) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  auto consume = [&](const uint4 (&src)[U][BLOCKS], int base) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float c0 = 0.f, c1 = 0.f, c2 = 0.f, c3 = 0.f;
+#pragma unroll
+      for (int j = 0; j < BLOCKS; ++j) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+                     : "r"(qw[j].x), "r"(0u), "r"(qw[j].y), "r"(0u), "r"(src[u][j].x), "r"(src[u][j].y));
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+                     : "r"(qw[j].z), "r"(0u), "r"(qw[j].w), "r"(0u), "r"(src[u][j].z), "r"(src[u][j].w));
+      }
+      const int key0 = base + (u * kWarps + warp) * 8 + 2 * kslot;  // the C columns of this lane: keys key0, key0 + 1
+      const float s0 = key0 < stop ? c0 * scale_log2 : -INFINITY;
+      const float s1 = key0 + 1 < stop ? c1 * scale_log2 : -INFINITY;
+      const float m_new = fmaxf(m, fmaxf(s0, s1));
+      if (m_new != -INFINITY) {
+        l = l * exp2f(m - m_new) + exp2f(s0 - m_new) + exp2f(s1 - m_new);
+        m = m_new;
+      }
+    }
+  };
+
+  uint4 even[U][BLOCKS], odd[U][BLOCKS];
+  if (start < stop) load(even, start);
+  for (int base = start; base < stop; base += 2 * KEYS_PER_STEP) {
+    if (base + KEYS_PER_STEP < stop) load(odd, base + KEYS_PER_STEP);
+    consume(even, base);
+    if (base + KEYS_PER_STEP >= stop) break;
+    if (base + 2 * KEYS_PER_STEP < stop) load(even, base + 2 * KEYS_PER_STEP);
+    consume(odd, base + KEYS_PER_STEP);
+  }
+
+#pragma unroll
+  for (int o = 1; o < 4; o <<= 1) {  // the 4 lanes of head g
+    const float m_o = __shfl_xor_sync(0xffffffffu, m, o), l_o = __shfl_xor_sync(0xffffffffu, l, o);
+    const float m_new = fmaxf(m, m_o);
+    l = m_new == -INFINITY ? 0.f : l * exp2f(m - m_new) + l_o * exp2f(m_o - m_new);
+    m = m_new;
+  }
+  __shared__ float sm_m[kWarps][8], sm_l[kWarps][8];
+  if (kslot == 0) {
+    sm_m[warp][g] = m;
+    sm_l[warp][g] = l;
+  }
+  __syncthreads();
+  if (threadIdx.x < G) {
+    const int head = threadIdx.x;
+    float mg = -INFINITY, lg = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float m_new = fmaxf(mg, sm_m[w][head]);
+      lg = m_new == -INFINITY ? 0.f : lg * exp2f(mg - m_new) + sm_l[w][head] * exp2f(sm_m[w][head] - m_new);
+      mg = m_new;
+    }
+    float* out = stats + (((size_t)b * hkv * G + (size_t)h * G + head) * slices + c) * 2;
+    out[0] = mg;
+    out[1] = lg;
+  }
+}
+
 }  // namespace
 
 #define SANTA_STREAM(NAME, D, G, GP, U, SCORE)                                                                            \
@@ -175,3 +274,14 @@ SANTA_STREAM(read_d128_g4_u8, 128, 4, 4, 8, false)
 SANTA_STREAM(stream_d64_g7_u4, 64, 7, 8, 4, true)     // Qwen2.5-0.5B: 14 q / 2 kv heads
 SANTA_STREAM(stream_d64_g3_u4, 64, 3, 4, 4, true)     // SmolLM2-135M: 9 q / 3 kv heads
 SANTA_STREAM(stream_d64_g3_u8, 64, 3, 4, 8, true)
+
+#define SANTA_STREAM_MMA(NAME, D, G, U)                                                                             \
+  extern "C" __global__ void __launch_bounds__(kThreads, 2)                                                        \
+      NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, float* stats, int n, int hkv, int slice_len, float scale) { \
+    stream_slice_mma<D, G, U>(q, k, stats, n, hkv, slice_len, scale);                                               \
+  }
+
+SANTA_STREAM_MMA(mma_d128_g4_u1, 128, 4, 1)
+SANTA_STREAM_MMA(mma_d128_g4_u2, 128, 4, 2)
+SANTA_STREAM_MMA(mma_d64_g7_u4, 64, 7, 4)
+SANTA_STREAM_MMA(mma_d64_g3_u4, 64, 3, 4)
