@@ -17,6 +17,38 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
+// (m, l) ← the merge of two slices' statistics (log2 domain); two empty ones (m = −inf) stay empty
+__device__ __forceinline__ void merge_stats(float& m, float& l, float m_o, float l_o) {
+  const float m_new = fmaxf(m, m_o);
+  l = m_new == -INFINITY ? 0.f : l * exp2f(m - m_new) + l_o * exp2f(m_o - m_new);
+  m = m_new;
+}
+
+// The slice's (m, l) per head from one (m, l) per warp and head: lanes with `writer` set hold their warp's pair of
+// head `head`; thread g < G merges the warps' pairs in warp order and writes stats[b, h·G + g, c]. Call from all
+// threads (it synchronises the CTA).
+template <int G, int SLOTS>
+__device__ __forceinline__ void store_slice_stats(float m, float l, bool writer, int head, float* __restrict__ stats,
+                                                  int hkv) {
+  __shared__ float sm_m[kWarps][SLOTS], sm_l[kWarps][SLOTS];
+  const int warp = threadIdx.x >> 5;
+  if (writer) {
+    sm_m[warp][head] = m;
+    sm_l[warp][head] = l;
+  }
+  __syncthreads();
+  if (threadIdx.x < G) {
+    const int g = threadIdx.x;
+    float mg = -INFINITY, lg = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) merge_stats(mg, lg, sm_m[w][g], sm_l[w][g]);
+    const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    float* out = stats + (((size_t)b * hkv * G + (size_t)h * G + g) * gridDim.x + c) * 2;
+    out[0] = mg;
+    out[1] = lg;
+  }
+}
+
 template <int D, int G, int GP, int U, bool SCORE>
 __device__ __forceinline__ void stream_slice(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                                              float* __restrict__ stats, int n, int hkv, int slice_len, float scale_log2) {
@@ -24,7 +56,7 @@ __device__ __forceinline__ void stream_slice(const __nv_bfloat16* __restrict__ q
   constexpr int KPW = 32 / LPK;       // keys per warp per load
   constexpr int KEYS_PER_STEP = kWarps * U * KPW;
   static_assert(GP <= LPK && GP >= G, "the butterfly needs GP <= LPK lanes");
-  const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, slices = gridDim.x;
+  const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int sub = lane % LPK, key_in_warp = lane / LPK;
 
@@ -133,31 +165,8 @@ __device__ __forceinline__ void stream_slice(const __nv_bfloat16* __restrict__ q
   // the slice's statistics per head: first the lanes of a warp with the same sub (same head, other keys: the lane
   // bits from LPK up) merge by shuffles, then thread g merges the warps' head-g pairs in warp order
 #pragma unroll
-  for (int o = LPK; o < 32; o <<= 1) {
-    const float m_o = __shfl_xor_sync(0xffffffffu, m, o), l_o = __shfl_xor_sync(0xffffffffu, l, o);
-    const float m_new = fmaxf(m, m_o);
-    l = m_new == -INFINITY ? 0.f : l * exp2f(m - m_new) + l_o * exp2f(m_o - m_new);
-    m = m_new;
-  }
-  __shared__ float sm_m[kWarps][GP], sm_l[kWarps][GP];
-  if (reports && key_in_warp == 0) {
-    sm_m[warp][head] = m;
-    sm_l[warp][head] = l;
-  }
-  __syncthreads();
-  if (threadIdx.x < G) {
-    const int g = threadIdx.x;
-    float mg = -INFINITY, lg = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float m_new = fmaxf(mg, sm_m[w][g]);
-      lg = m_new == -INFINITY ? 0.f : lg * exp2f(mg - m_new) + sm_l[w][g] * exp2f(sm_m[w][g] - m_new);
-      mg = m_new;
-    }
-    float* out = stats + (((size_t)b * hkv * G + (size_t)h * G + g) * slices + c) * 2;
-    out[0] = mg;
-    out[1] = lg;
-  }
+  for (int o = LPK; o < 32; o <<= 1) merge_stats(m, l, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, l, o));
+  store_slice_stats<G, GP>(m, l, reports && key_in_warp == 0, head, stats, hkv);
 }
 
 // The same stream phase with the scores on tensor cores (mma.sync m16n8k16, bf16 in, fp32 out): a warp scores 8 keys
@@ -172,7 +181,7 @@ __device__ __forceinline__ void stream_slice_mma(const __nv_bfloat16* __restrict
   constexpr int BLOCKS = D / 32;                    // 16-byte loads per key per lane
   constexpr int KEYS_PER_STEP = kWarps * U * 8;
   static_assert(G <= 8, "one mma row per head");
-  const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, slices = gridDim.x;
+  const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, kslot = lane & 3;
   const bool live_head = g < G;
@@ -232,31 +241,9 @@ __device__ __forceinline__ void stream_slice_mma(const __nv_bfloat16* __restrict
   }
 
 #pragma unroll
-  for (int o = 1; o < 4; o <<= 1) {  // the 4 lanes of head g
-    const float m_o = __shfl_xor_sync(0xffffffffu, m, o), l_o = __shfl_xor_sync(0xffffffffu, l, o);
-    const float m_new = fmaxf(m, m_o);
-    l = m_new == -INFINITY ? 0.f : l * exp2f(m - m_new) + l_o * exp2f(m_o - m_new);
-    m = m_new;
-  }
-  __shared__ float sm_m[kWarps][8], sm_l[kWarps][8];
-  if (kslot == 0) {
-    sm_m[warp][g] = m;
-    sm_l[warp][g] = l;
-  }
-  __syncthreads();
-  if (threadIdx.x < G) {
-    const int head = threadIdx.x;
-    float mg = -INFINITY, lg = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float m_new = fmaxf(mg, sm_m[w][head]);
-      lg = m_new == -INFINITY ? 0.f : lg * exp2f(mg - m_new) + sm_l[w][head] * exp2f(sm_m[w][head] - m_new);
-      mg = m_new;
-    }
-    float* out = stats + (((size_t)b * hkv * G + (size_t)h * G + head) * slices + c) * 2;
-    out[0] = mg;
-    out[1] = lg;
-  }
+  for (int o = 1; o < 4; o <<= 1)  // the 4 lanes of head g
+    merge_stats(m, l, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, l, o));
+  store_slice_stats<G, 8>(m, l, kslot == 0, g, stats, hkv);
 }
 
 }  // namespace
