@@ -49,6 +49,21 @@ __device__ __forceinline__ void store_slice_stats(float m, float l, bool writer,
   }
 }
 
+// Streams keys [start, stop) in steps of `step`: two register buffers in turn, the next step's loads issued before
+// this step's scores (a loop unrolled by two: a runtime buffer index would put the buffers on the stack)
+template <typename Buffer, typename Load, typename Consume>
+__device__ __forceinline__ void double_buffered(int start, int stop, int step, Load load, Consume consume) {
+  Buffer even, odd;
+  if (start < stop) load(even, start);
+  for (int base = start; base < stop; base += 2 * step) {
+    if (base + step < stop) load(odd, base + step);
+    consume(even, base);
+    if (base + step >= stop) break;
+    if (base + 2 * step < stop) load(even, base + 2 * step);
+    consume(odd, base + step);
+  }
+}
+
 template <int D, int G, int GP, int U, bool SCORE>
 __device__ __forceinline__ void stream_slice(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                                              float* __restrict__ stats, int n, int hkv, int slice_len, float scale_log2) {
@@ -147,16 +162,8 @@ __device__ __forceinline__ void stream_slice(const __nv_bfloat16* __restrict__ q
     }
   };
 
-  // two register buffers in turn (a loop unrolled by two: a runtime index would put them on the stack)
-  uint4 even[U], odd[U];
-  if (start < stop) load(even, start);
-  for (int base = start; base < stop; base += 2 * KEYS_PER_STEP) {
-    if (base + KEYS_PER_STEP < stop) load(odd, base + KEYS_PER_STEP);
-    consume(even, base);
-    if (base + KEYS_PER_STEP >= stop) break;
-    if (base + 2 * KEYS_PER_STEP < stop) load(even, base + 2 * KEYS_PER_STEP);
-    consume(odd, base + KEYS_PER_STEP);
-  }
+  using Buffer = uint4[U];
+  double_buffered<Buffer>(start, stop, KEYS_PER_STEP, load, consume);
 
   if constexpr (!SCORE) {
     if (sink == 0x9e3779b9u) stats[0] = 0.f;  // keeps the loads; never true for these inputs in practice
@@ -230,15 +237,8 @@ __device__ __forceinline__ void stream_slice_mma(const __nv_bfloat16* __restrict
     }
   };
 
-  uint4 even[U][BLOCKS], odd[U][BLOCKS];
-  if (start < stop) load(even, start);
-  for (int base = start; base < stop; base += 2 * KEYS_PER_STEP) {
-    if (base + KEYS_PER_STEP < stop) load(odd, base + KEYS_PER_STEP);
-    consume(even, base);
-    if (base + KEYS_PER_STEP >= stop) break;
-    if (base + 2 * KEYS_PER_STEP < stop) load(even, base + 2 * KEYS_PER_STEP);
-    consume(odd, base + KEYS_PER_STEP);
-  }
+  using Buffer = uint4[U][BLOCKS];
+  double_buffered<Buffer>(start, stop, KEYS_PER_STEP, load, consume);
 
 #pragma unroll
   for (int o = 1; o < 4; o <<= 1)  // the 4 lanes of head g
