@@ -37,6 +37,10 @@ CASES = [("llama 8k", 1, 8192, 32, 8, 128), ("llama 32k", 1, 32768, 32, 8, 128),
 SCORING = {(128, 4): [("stream_d128_g4_u4", 64), ("stream_d128_g4_u8", 128), ("mma_d128_g4_u1", 64), ("mma_d128_g4_u2", 128)],
            (64, 7): [("stream_d64_g7_u4", 128), ("mma_d64_g7_u4", 256)],
            (64, 3): [("stream_d64_g3_u4", 128), ("stream_d64_g3_u8", 256), ("mma_d64_g3_u4", 256)]}
+# the tensor-core stream that also keeps placement's data: scores in shared memory, then per-64-key-tile (m_t, ℓ_t)
+# and u in place (not yet run on a GPU when written); timed where G × slice_len float32 fit the default 48 KB
+KEEPING = {(128, 4): [("keep_d128_g4_u1", 64)], (64, 7): [("keep_d64_g7_u4", 256)], (64, 3): [("keep_d64_g3_u4", 256)]}
+KEEP_TILE, SHARED_BYTES = 64, 48 * 1024
 READS = {(128, 4): [("read_d128_g4_u4", 64), ("read_d128_g4_u8", 128)]}  # the same loads without scores: the read's own speed
 
 
@@ -60,12 +64,16 @@ class Kernels:
             self.functions[name] = fn
         return self.functions[name]
 
-    def launch(self, name: str, grid: tuple[int, int, int], q, k, stats, n: int, hkv: int, slice_len: int, scale: float):
+    def launch(self, name: str, grid: tuple[int, int, int], q, k, stats, n: int, hkv: int, slice_len: int, scale: float,
+               tile_stats=None, shared_bytes: int = 0):
         values = [ctypes.c_void_p(q.data_ptr()), ctypes.c_void_p(k.data_ptr()), ctypes.c_void_p(stats.data_ptr()),
                   ctypes.c_int(n), ctypes.c_int(hkv), ctypes.c_int(slice_len), ctypes.c_float(scale)]
+        if tile_stats is not None:  # the keep_* kernels
+            values.append(ctypes.c_void_p(tile_stats.data_ptr()))
         args = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        self._check(self.cuda.cuLaunchKernel(self.function(name), *grid, THREADS, 1, 1, 0, stream, args, None), "cuLaunchKernel")
+        self._check(self.cuda.cuLaunchKernel(self.function(name), *grid, THREADS, 1, 1, shared_bytes, stream, args, None),
+                    "cuLaunchKernel")
 
 
 def reference_stats(q, k, slices: int, slice_len: int) -> torch.Tensor:
@@ -80,6 +88,25 @@ def reference_stats(q, k, slices: int, slice_len: int) -> torch.Tensor:
         padded = torch.full((heads, slices * slice_len), -math.inf, device=q.device)
         padded[:, :n] = s
         padded = padded.view(heads, slices, slice_len)
+        m = padded.amax(-1)
+        out[b, ..., 0] = m
+        out[b, ..., 1] = torch.exp2(padded - m.unsqueeze(-1).clamp_min(-1e30)).sum(-1)
+    return out
+
+
+def reference_tile_stats(q, k, slices: int, slice_len: int) -> torch.Tensor:
+    """[B, H, C, ⌈slice_len/64⌉, 2] float32: per 64-key tile of each slice, m_t and ℓ_t = Σ 2^(s − m_t); tiles past the
+    keys hold (−inf, 0)."""
+    tiles = -(-slice_len // KEEP_TILE)
+    batch, heads, dim = q.shape
+    n, kv_heads = k.shape[1], k.shape[2]
+    out = torch.empty(batch, heads, slices, tiles, 2, device=q.device)
+    for b in range(batch):
+        qg = q[b].float().view(kv_heads, heads // kv_heads, dim)
+        s = torch.einsum("kgd,nkd->kgn", qg, k[b].float()).reshape(heads, n) * (math.log2(math.e) / math.sqrt(dim))
+        padded = torch.full((heads, slices, tiles * KEEP_TILE), -math.inf, device=q.device)
+        padded[:, :, :slice_len] = torch.cat([s, s.new_full((heads, slices * slice_len - n), -math.inf)], 1).view(heads, slices, slice_len)
+        padded = padded.view(heads, slices, tiles, KEEP_TILE)
         m = padded.amax(-1)
         out[b, ..., 0] = m
         out[b, ..., 1] = torch.exp2(padded - m.unsqueeze(-1).clamp_min(-1e30)).sum(-1)
@@ -123,9 +150,10 @@ def main() -> None:
         results["cases"][name] = case
         best = case["best"]
         reads = [(v["us"], key) for key, v in case["variants"].items() if key.startswith("read")]
+        keeps = [(v["us"], key) for key, v in case["variants"].items() if key.startswith("keep")]
         print(f"{name}: stream {best['us']:.1f} µs ({best['variant']}), santa pass 1 {case['santa_pass1_us']:.1f}, "
-              f"santa prop {case['santa_prop_us']:.1f}" + (f", read only {min(reads)[0]:.1f} ({min(reads)[1]})" if reads else ""),
-              flush=True)
+              f"santa prop {case['santa_prop_us']:.1f}" + (f", read only {min(reads)[0]:.1f} ({min(reads)[1]})" if reads else "")
+              + (f", keeping u {min(keeps)[0]:.1f} ({min(keeps)[1]})" if keeps else ""), flush=True)
         tmp = out_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(results, indent=1))
         tmp.replace(out_path)
@@ -167,6 +195,30 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
             if best is None or us < best[0]:
                 best = (us, f"{kernel}/C{slices}")
     case["best"] = {"us": best[0], "variant": best[1], "gain_over_pass1_us": case["santa_pass1_us"] - best[0]}
+    for kernel, keys_per_step in KEEPING[(dim, group)]:
+        for slices in slice_choices(batch, kv_heads, n, keys_per_step):
+            slice_len = -(-n // slices)
+            shared = group * slice_len * 4
+            if shared > SHARED_BYTES:
+                continue
+            stats = torch.empty(batch, heads, slices, 2, device="cuda", dtype=torch.float32)
+            tile_stats = torch.zeros(batch, heads, slices, -(-slice_len // KEEP_TILE), 2, device="cuda", dtype=torch.float32)
+
+            def keep(kernel=kernel, slices=slices, slice_len=slice_len, stats=stats, tile_stats=tile_stats, shared=shared):
+                kernels.launch(kernel, (slices, kv_heads, batch), q, k, stats, n, kv_heads, slice_len, scale,
+                               tile_stats=tile_stats, shared_bytes=shared)
+
+            keep()
+            torch.cuda.synchronize()
+            m_err, l_err = errors(stats, reference_stats(q, k, slices, slice_len))
+            want_tiles = reference_tile_stats(q, k, slices, slice_len)
+            live = torch.isfinite(want_tiles[..., 0])  # tiles past a slice's keys are never written
+            tm_err, tl_err = errors(tile_stats[live], want_tiles[live]) if live.any() else (0.0, 0.0)
+            us = time_fn(keep, flusher.read, graph=True)["median_us"]
+            case["variants"][f"{kernel}/C{slices}"] = {"us": us, "slices": slices, "slice_len": slice_len,
+                                                       "shared_bytes": shared, "max_abs_m_err": m_err, "max_rel_l_err": l_err,
+                                                       "max_abs_tile_m_err": tm_err, "max_rel_tile_l_err": tl_err,
+                                                       "tb_per_s": case["k_mb"] * 1e6 / (us * 1e-6) / 1e12}
     for kernel, keys_per_step in READS.get((dim, group), ()):
         for slices in slice_choices(batch, kv_heads, n, keys_per_step):
             slice_len = -(-n // slices)

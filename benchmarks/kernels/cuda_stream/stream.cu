@@ -182,9 +182,16 @@ __device__ __forceinline__ void stream_slice(const __nv_bfloat16* __restrict__ q
 // the dims this lane loaded: its B registers are its own K words, and its A registers (q of head g = lane / 4,
 // rows 8-15 zero) are its own q words of the same dims. The C fragment gives lane (g, 2·kslot + {0, 1}): two keys'
 // scores of head g, with no shuffles.
-template <int D, int G, int U>
+//
+// KEEP (not yet run on a GPU; compiled for sm_90a): the slice also keeps what placement needs, as the one-launch
+// design would: every score in shared memory (dynamic, G × slice_len float32), then per 64-key tile of the slice
+// its max m_t and mass ℓ_t = Σ 2^(s − m_t), with u = 2^(s − m_t) written back in place; the tiles' (m_t, ℓ_t) go to
+// tile_stats [B, Hkv·G, C, ⌈slice_len / 64⌉, 2] so that they can be checked.
+template <int D, int G, int U, bool KEEP>
 __device__ __forceinline__ void stream_slice_mma(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
-                                                 float* __restrict__ stats, int n, int hkv, int slice_len, float scale_log2) {
+                                                 float* __restrict__ stats, float* __restrict__ tile_stats, int n, int hkv,
+                                                 int slice_len, float scale_log2) {
+  extern __shared__ float kept[];  // KEEP: [G][slice_len] scores, then u
   constexpr int BLOCKS = D / 32;                    // 16-byte loads per key per lane
   constexpr int KEYS_PER_STEP = kWarps * U * 8;
   static_assert(G <= 8, "one mma row per head");
@@ -229,6 +236,10 @@ __device__ __forceinline__ void stream_slice_mma(const __nv_bfloat16* __restrict
       const int key0 = base + (u * kWarps + warp) * 8 + 2 * kslot;  // the C columns of this lane: keys key0, key0 + 1
       const float s0 = key0 < stop ? c0 * scale_log2 : -INFINITY;
       const float s1 = key0 + 1 < stop ? c1 * scale_log2 : -INFINITY;
+      if constexpr (KEEP) {
+        if (live_head && key0 < stop) kept[g * slice_len + key0 - start] = s0;
+        if (live_head && key0 + 1 < stop) kept[g * slice_len + key0 + 1 - start] = s1;
+      }
       const float m_new = fmaxf(m, fmaxf(s0, s1));
       if (m_new != -INFINITY) {
         l = l * exp2f(m - m_new) + exp2f(s0 - m_new) + exp2f(s1 - m_new);
@@ -239,6 +250,30 @@ __device__ __forceinline__ void stream_slice_mma(const __nv_bfloat16* __restrict
 
   using Buffer = uint4[U][BLOCKS];
   double_buffered<Buffer>(start, stop, KEYS_PER_STEP, load, consume);
+
+  if constexpr (KEEP) {  // per 64-key tile and head, one warp: m_t, ℓ_t, and u in place of the scores
+    __syncthreads();
+    const int keys = max(stop - start, 0), tiles = (keys + 63) / 64, tiles_planned = (slice_len + 63) / 64;
+    for (int item = warp; item < G * tiles; item += kWarps) {
+      const int head = item / tiles, t = item % tiles, i0 = t * 64 + lane, i1 = i0 + 32;
+      float* row_keep = kept + head * slice_len;
+      const float v0 = i0 < keys ? row_keep[i0] : -INFINITY, v1 = i1 < keys ? row_keep[i1] : -INFINITY;
+      float mt = fmaxf(v0, v1);
+#pragma unroll
+      for (int o = 16; o >= 1; o >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, o));
+      const float u0 = i0 < keys ? exp2f(v0 - mt) : 0.f, u1 = i1 < keys ? exp2f(v1 - mt) : 0.f;
+      if (i0 < keys) row_keep[i0] = u0;
+      if (i1 < keys) row_keep[i1] = u1;
+      float lt = u0 + u1;
+#pragma unroll
+      for (int o = 16; o >= 1; o >>= 1) lt += __shfl_xor_sync(0xffffffffu, lt, o);
+      if (lane == 0) {
+        float* out = tile_stats + ((((size_t)b * hkv * G + (size_t)h * G + head) * gridDim.x + c) * tiles_planned + t) * 2;
+        out[0] = mt;
+        out[1] = lt;
+      }
+    }
+  }
 
 #pragma unroll
   for (int o = 1; o < 4; o <<= 1)  // the 4 lanes of head g
@@ -265,10 +300,19 @@ SANTA_STREAM(stream_d64_g3_u8, 64, 3, 4, 8, true)
 #define SANTA_STREAM_MMA(NAME, D, G, U)                                                                             \
   extern "C" __global__ void __launch_bounds__(kThreads, 2)                                                        \
       NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, float* stats, int n, int hkv, int slice_len, float scale) { \
-    stream_slice_mma<D, G, U>(q, k, stats, n, hkv, slice_len, scale);                                               \
+    stream_slice_mma<D, G, U, false>(q, k, stats, nullptr, n, hkv, slice_len, scale);                               \
+  }
+#define SANTA_STREAM_KEEP(NAME, D, G, U)                                                                            \
+  extern "C" __global__ void __launch_bounds__(kThreads, 2)                                                        \
+      NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, float* stats, int n, int hkv, int slice_len, float scale,   \
+           float* tile_stats) {                                                                                     \
+    stream_slice_mma<D, G, U, true>(q, k, stats, tile_stats, n, hkv, slice_len, scale);                             \
   }
 
 SANTA_STREAM_MMA(mma_d128_g4_u1, 128, 4, 1)
 SANTA_STREAM_MMA(mma_d128_g4_u2, 128, 4, 2)
 SANTA_STREAM_MMA(mma_d64_g7_u4, 64, 7, 4)
 SANTA_STREAM_MMA(mma_d64_g3_u4, 64, 3, 4)
+SANTA_STREAM_KEEP(keep_d128_g4_u1, 128, 4, 1)  // not yet run on a GPU
+SANTA_STREAM_KEEP(keep_d64_g7_u4, 64, 7, 4)
+SANTA_STREAM_KEEP(keep_d64_g3_u4, 64, 3, 4)
