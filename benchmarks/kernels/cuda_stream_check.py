@@ -70,10 +70,40 @@ class Kernels:
                   ctypes.c_int(n), ctypes.c_int(hkv), ctypes.c_int(slice_len), ctypes.c_float(scale)]
         if tile_stats is not None:  # the keep_* kernels
             values.append(ctypes.c_void_p(tile_stats.data_ptr()))
+        self.launch_values(name, grid, values, shared_bytes=shared_bytes)
+
+    def launch_values(self, name: str, grid: tuple[int, int, int], values: list, *, shared_bytes: int = 0,
+                      cooperative: bool = False) -> None:
+        """Launch ``name`` with the ctypes ``values`` as its arguments, on torch's current stream; ``cooperative``:
+        every CTA resident at once (cuLaunchCooperativeKernel, or the launch fails)."""
         args = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        self._check(self.cuda.cuLaunchKernel(self.function(name), *grid, THREADS, 1, 1, shared_bytes, stream, args, None),
-                    "cuLaunchKernel")
+        fn = self.function(name)
+        if cooperative:
+            status = self.cuda.cuLaunchCooperativeKernel(fn, *grid, THREADS, 1, 1, shared_bytes, stream, args)
+            self._check(status, "cuLaunchCooperativeKernel")
+        else:
+            self._check(self.cuda.cuLaunchKernel(fn, *grid, THREADS, 1, 1, shared_bytes, stream, args, None), "cuLaunchKernel")
+
+    def allow_shared(self, name: str, shared_bytes: int) -> None:
+        """Let ``name`` take ``shared_bytes`` of dynamic shared memory (past the default 48 KB)."""
+        self._check(self.cuda.cuFuncSetAttribute(self.function(name), 8, shared_bytes), "cuFuncSetAttribute")  # 8: MAX_DYNAMIC_SHARED
+
+    def resident_per_sm(self, name: str, shared_bytes: int) -> int:
+        """CTAs of ``name`` (THREADS threads, ``shared_bytes`` dynamic shared memory) that fit on one SM at once."""
+        blocks = ctypes.c_int()
+        self._check(self.cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(blocks), self.function(name), THREADS,
+                                                                         ctypes.c_size_t(shared_bytes)), "cuOccupancy")
+        return blocks.value
+
+
+def build(cubin: Path) -> str:
+    """nvcc the source into ``cubin`` for sm_90a; returns ptxas's report (exits on a failed build)."""
+    result = subprocess.run(["nvcc", "-arch=sm_90a", "-O3", "-cubin", "-Xptxas", "-v", "-o", str(cubin), str(SOURCE)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"nvcc failed:\n{result.stderr}")
+    return result.stderr
 
 
 def reference_stats(q, k, slices: int, slice_len: int) -> torch.Tensor:
@@ -137,14 +167,11 @@ def main() -> None:
     out_path = Path(sys.argv[1])
     commit = sys.argv[2] if len(sys.argv) > 2 else None
     cubin = Path("/tmp/santa_stream.cubin")
-    build = subprocess.run(["nvcc", "-arch=sm_90a", "-O3", "-cubin", "-Xptxas", "-v", "-o", str(cubin), str(SOURCE)],
-                           capture_output=True, text=True)
-    if build.returncode != 0:
-        sys.exit(f"nvcc failed:\n{build.stderr}")
+    report = build(cubin)
     flusher = Flusher(torch.device("cuda"))  # torch first: the primary context the module loads into
     kernels = Kernels(cubin)
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
-               "ptxas": [line for line in build.stderr.splitlines() if "Used" in line or "spill" in line], "cases": {}}
+               "ptxas": [line for line in report.splitlines() if "Used" in line or "spill" in line], "cases": {}}
     for name, batch, n, heads, kv_heads, dim in CASES:
         case = measure_case(kernels, flusher, batch=batch, n=n, heads=heads, kv_heads=kv_heads, dim=dim)
         results["cases"][name] = case

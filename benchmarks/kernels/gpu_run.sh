@@ -3,7 +3,7 @@
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (`bash benchmarks/device/prepare.sh flashinfer`;
 # `ab` also carries .old43, from `prepare.sh old43`).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
+#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -44,6 +44,8 @@ for stage in "$@"; do
         > "$OUT/fp8ab.log" 2>&1; cp /tmp/fp8ab/kernels.json "$OUT/fp8ab.json" ;;
     stream)  # issue 24's first check in CUDA C++: the stream phase alone (nvcc on the device) beside pass 1 and prop
       timeout 300 python3 benchmarks/kernels/cuda_stream_check.py "$OUT/stream.json" "${SANTA_COMMIT:-}" 2>&1 | tail -8 ;;
+    onelaunch)  # issue 24: prop in one cooperative CUDA launch against santa's prop (bounded: a barrier bug would hang)
+      timeout 240 python3 benchmarks/kernels/cuda_one_launch_check.py "$OUT/one_launch.json" "${SANTA_COMMIT:-}" 2>&1 | tail -8 ;;
     smoke)  # the prop spec tests on the GPU, bounded (a group barrier that never opens would hang)
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernels.py -k "prop or graph or large" \
         2>&1 | tail -15 | tee "$OUT/smoke.log" ;;

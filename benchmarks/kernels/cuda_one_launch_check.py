@@ -1,0 +1,130 @@
+"""Issue 24: prop in one cooperative launch, in CUDA C++ (``cuda_stream/stream.cu``, ``prop1_*``), against santa's
+two-launch Triton prop on the same inputs and the same uniforms. Written 2026-12-02 and NOT YET RUN ON A GPU: the
+first device call says whether it is right, then how fast.
+
+Per case (bf16, contiguous NHD, every sequence n keys, S = 128): the uniforms santa's kernels draw for (seed, offset)
+(``santa.kernels.reference.philox_uniforms``) are handed to the CUDA kernel, so both place the same comb. Checked:
+every head draws S samples; the counts against santa's (rows equal, samples moved: the two compute the float32 CDF
+in different orders, so a point within rounding of a CDF step may move, as the spec tests allow); the outputs
+against santa's; two CUDA runs bitwise equal. Then timed in the same process as santa's prop step (CUDA-graph
+replay, clean cold L2, medians; benchmarks/bench/timing.py). C, the slices per group, is the largest that keeps
+every CTA resident (``cuOccupancyMaxActiveBlocksPerMultiprocessor`` with the slice's shared memory).
+
+    python benchmarks/kernels/cuda_one_launch_check.py OUT.json [COMMIT]
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, ".")
+from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
+from benchmarks.kernels.cuda_stream_check import Kernels, build  # noqa: E402
+
+BUDGET, SEED, OFFSET = 128, 3, 5
+# (name, batch, keys, q heads, kv heads, head dim)
+CASES = [("llama 8k", 1, 8192, 32, 8, 128), ("llama 32k", 1, 32768, 32, 8, 128), ("llama 128k", 1, 131072, 32, 8, 128),
+         ("llama B=4 x 32k", 4, 32768, 32, 8, 128), ("qwen 32k", 1, 32768, 14, 2, 64), ("smollm2 8k", 1, 8192, 9, 3, 64)]
+SHARED_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90
+
+
+def slice_plan(kernels: Kernels, kernel: str, *, groups: int, n: int, group_size: int) -> tuple[int, int, int]:
+    """(C, slice_len, shared bytes): the most slices per group whose CTAs are all resident at once."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for slices in range(max(1, 2 * sms // groups), 0, -1):
+        slice_len = -(-n // slices)
+        shared = group_size * slice_len * 4
+        if shared > SHARED_LIMIT:
+            break
+        if shared > 48 * 1024:
+            kernels.allow_shared(kernel, shared)
+        if groups * slices <= kernels.resident_per_sm(kernel, shared) * sms:
+            return slices, slice_len, shared
+    raise ValueError(f"{kernel}: no slice count keeps {groups} groups of {n} keys resident (rounds are not built)")
+
+
+def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, heads: int, kv_heads: int, dim: int) -> dict:
+    from santa.kernels import plan_decode
+    from santa.kernels.reference import philox_uniforms
+
+    torch.manual_seed(0)
+    q = torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, n, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    group = heads // kv_heads
+    kernel = f"prop1_d{dim}_g{group}"
+    uniforms = philox_uniforms(SEED, OFFSET, torch.arange(batch * heads).reshape(batch, heads)).float().cuda()
+
+    plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n, budget=BUDGET,
+                       dtype=q.dtype, device=q.device)
+    santa_counts = torch.zeros(batch, heads, n, dtype=torch.int32, device="cuda")
+    santa_out = plan.run(q, k, v, seed=SEED, offset=OFFSET, counts=santa_counts)
+
+    slices, slice_len, shared = slice_plan(kernels, kernel, groups=batch * kv_heads, n=n, group_size=group)
+    slice_stats = torch.empty(batch, heads, slices, 2, device="cuda")
+    partial = torch.empty(batch, heads, slices, dim, device="cuda")
+    arrive = torch.zeros(batch * kv_heads, dtype=torch.int32, device="cuda")
+    depart = torch.zeros_like(arrive)
+    out = torch.empty_like(q)
+    counts = torch.zeros(batch, heads, n, dtype=torch.int32, device="cuda")
+    scale = math.log2(math.e) / math.sqrt(dim)
+
+    def launch(with_counts: bool) -> None:
+        values = [ctypes.c_void_p(t.data_ptr()) for t in (q, k, v, uniforms, out)]
+        values.append(ctypes.c_void_p(counts.data_ptr() if with_counts else 0))
+        values += [ctypes.c_void_p(t.data_ptr()) for t in (slice_stats, partial, arrive, depart)]
+        values += [ctypes.c_int(n), ctypes.c_int(kv_heads), ctypes.c_int(slice_len), ctypes.c_float(scale), ctypes.c_int(BUDGET)]
+        kernels.launch_values(kernel, (slices, kv_heads, batch), values, shared_bytes=shared, cooperative=True)
+
+    case = {"batch": batch, "keys": n, "heads": heads, "kv_heads": kv_heads, "head_dim": dim, "slices": slices,
+            "slice_len": slice_len, "shared_bytes": shared}
+    launch(True)
+    torch.cuda.synchronize()
+    first = out.clone()
+    launch(False)
+    torch.cuda.synchronize()
+    case["repeat_bitwise_equal"] = bool(torch.equal(first, out))
+    case["counters_reset"] = bool((arrive == 0).all() and (depart == 0).all())
+    per_head = counts.sum(-1)
+    case["every_head_draws_S"] = bool((per_head == BUDGET).all())
+    case["rows_equal_to_santa"] = float((counts == santa_counts).all(-1).float().mean())
+    case["samples_moved"] = int((counts - santa_counts).abs().sum()) // 2
+    case["max_abs_out_diff"] = float((first.float() - santa_out.float()).abs().max())
+    case["santa_prop_us"] = time_fn(lambda: plan.run(q, k, v, out=santa_out), flusher.read, graph=True)["median_us"]
+    try:
+        case["one_launch_us"] = time_fn(lambda: launch(False), flusher.read, graph=True)["median_us"]
+    except RuntimeError as exc:  # a cooperative launch that a graph cannot capture: say so, time it eagerly
+        case["graph_error"] = str(exc)
+        case["one_launch_eager_us"] = time_fn(lambda: launch(False), flusher.read)["median_us"]
+    return case
+
+
+def main() -> None:
+    out_path = Path(sys.argv[1])
+    commit = sys.argv[2] if len(sys.argv) > 2 else None
+    cubin = Path("/tmp/santa_one_launch.cubin")
+    report = build(cubin)
+    flusher = Flusher(torch.device("cuda"))  # torch first: the primary context the module loads into
+    kernels = Kernels(cubin)
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
+               "ptxas": [line for line in report.splitlines() if "prop1" in line or "Used" in line], "cases": {}}
+    for name, batch, n, heads, kv_heads, dim in CASES:
+        try:
+            case = measure_case(kernels, flusher, batch=batch, n=n, heads=heads, kv_heads=kv_heads, dim=dim)
+        except (RuntimeError, ValueError) as exc:  # record and go on: one bad case must not hide the others
+            case = {"error": str(exc)}
+        results["cases"][name] = case
+        print(name, {key: case[key] for key in case if key not in ("heads", "kv_heads", "head_dim")}, flush=True)
+        tmp = out_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(results, indent=1))
+        tmp.replace(out_path)
+
+
+if __name__ == "__main__":
+    main()
