@@ -16,7 +16,6 @@ every CTA resident (``cuOccupancyMaxActiveBlocksPerMultiprocessor`` with the sli
 from __future__ import annotations
 
 import ctypes
-import json
 import math
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ import torch
 
 sys.path.insert(0, ".")
 from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
-from benchmarks.kernels.cuda_stream_check import Kernels, build  # noqa: E402
+from benchmarks.kernels.cuda_stream_check import Kernels, random_inputs, save, start_run  # noqa: E402
 
 BUDGET, SEED, OFFSET = 128, 3, 5
 # (name, batch, keys, q heads, kv heads, head dim)
@@ -53,10 +52,7 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
     from santa.kernels import plan_decode
     from santa.kernels.reference import philox_uniforms
 
-    torch.manual_seed(0)
-    q = torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(batch, n, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
+    q, k, v = random_inputs(batch=batch, n=n, heads=heads, kv_heads=kv_heads, dim=dim)
     group = heads // kv_heads
     kernel = f"prop1_d{dim}_g{group}"
     uniforms = philox_uniforms(SEED, OFFSET, torch.arange(batch * heads).reshape(batch, heads)).float().cuda()
@@ -108,12 +104,7 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
 def main() -> None:
     out_path = Path(sys.argv[1])
     commit = sys.argv[2] if len(sys.argv) > 2 else None
-    cubin = Path("/tmp/santa_one_launch.cubin")
-    report = build(cubin)
-    flusher = Flusher(torch.device("cuda"))  # torch first: the primary context the module loads into
-    kernels = Kernels(cubin)
-    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
-               "ptxas": [line for line in report.splitlines() if "prop1" in line or "Used" in line], "cases": {}}
+    kernels, flusher, results = start_run(Path("/tmp/santa_one_launch.cubin"), commit)
     for name, batch, n, heads, kv_heads, dim in CASES:
         try:
             case = measure_case(kernels, flusher, batch=batch, n=n, heads=heads, kv_heads=kv_heads, dim=dim)
@@ -121,9 +112,7 @@ def main() -> None:
             case = {"error": str(exc)}
         results["cases"][name] = case
         print(name, {key: case[key] for key in case if key not in ("heads", "kv_heads", "head_dim")}, flush=True)
-        tmp = out_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(results, indent=1))
-        tmp.replace(out_path)
+        save(out_path, results)
 
 
 if __name__ == "__main__":

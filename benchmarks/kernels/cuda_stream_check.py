@@ -97,13 +97,24 @@ class Kernels:
         return blocks.value
 
 
-def build(cubin: Path) -> str:
-    """nvcc the source into ``cubin`` for sm_90a; returns ptxas's report (exits on a failed build)."""
-    result = subprocess.run(["nvcc", "-arch=sm_90a", "-O3", "-cubin", "-Xptxas", "-v", "-o", str(cubin), str(SOURCE)],
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        sys.exit(f"nvcc failed:\n{result.stderr}")
-    return result.stderr
+def start_run(cubin: Path, commit: str | None) -> tuple[Kernels, Flusher, dict]:
+    """nvcc the source into ``cubin`` for sm_90a (exits on a failed build) and load it; the L2 flusher; the results
+    record with ptxas's registers and spills."""
+    build = subprocess.run(["nvcc", "-arch=sm_90a", "-O3", "-cubin", "-Xptxas", "-v", "-o", str(cubin), str(SOURCE)],
+                           capture_output=True, text=True)
+    if build.returncode != 0:
+        sys.exit(f"nvcc failed:\n{build.stderr}")
+    flusher = Flusher(torch.device("cuda"))  # torch first: the primary context the module loads into
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
+               "ptxas": [line for line in build.stderr.splitlines() if "Used" in line or "spill" in line], "cases": {}}
+    return Kernels(cubin), flusher, results
+
+
+def save(out_path: Path, results: dict) -> None:
+    """Rewrite ``out_path`` whole (a call cut at its limit keeps the cases it finished)."""
+    tmp = out_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=1))
+    tmp.replace(out_path)
 
 
 def reference_stats(q, k, slices: int, slice_len: int) -> torch.Tensor:
@@ -166,12 +177,7 @@ def slice_choices(batch: int, kv_heads: int, n: int, keys_per_step: int) -> list
 def main() -> None:
     out_path = Path(sys.argv[1])
     commit = sys.argv[2] if len(sys.argv) > 2 else None
-    cubin = Path("/tmp/santa_stream.cubin")
-    report = build(cubin)
-    flusher = Flusher(torch.device("cuda"))  # torch first: the primary context the module loads into
-    kernels = Kernels(cubin)
-    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
-               "ptxas": [line for line in report.splitlines() if "Used" in line or "spill" in line], "cases": {}}
+    kernels, flusher, results = start_run(Path("/tmp/santa_stream.cubin"), commit)
     for name, batch, n, heads, kv_heads, dim in CASES:
         case = measure_case(kernels, flusher, batch=batch, n=n, heads=heads, kv_heads=kv_heads, dim=dim)
         results["cases"][name] = case
@@ -181,19 +187,22 @@ def main() -> None:
         print(f"{name}: stream {best['us']:.1f} µs ({best['variant']}), santa pass 1 {case['santa_pass1_us']:.1f}, "
               f"santa prop {case['santa_prop_us']:.1f}" + (f", read only {min(reads)[0]:.1f} ({min(reads)[1]})" if reads else "")
               + (f", keeping u {min(keeps)[0]:.1f} ({min(keeps)[1]})" if keeps else ""), flush=True)
-        tmp = out_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(results, indent=1))
-        tmp.replace(out_path)
+        save(out_path, results)
+
+
+def random_inputs(*, batch: int, n: int, heads: int, kv_heads: int, dim: int):
+    """q [B, H, d], K and V [B, n, H_kv, d]: bf16 normal draws on the GPU, seeded (every script, every backend)."""
+    torch.manual_seed(0)
+    q = torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, n, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
+    return q, k, torch.randn_like(k)
 
 
 def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, heads: int, kv_heads: int, dim: int) -> dict:
     """One shape: santa's prop step and pass 1 alone, then every stream variant (checked, then timed)."""
     from santa.kernels import plan_decode
 
-    torch.manual_seed(0)
-    q = torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(batch, n, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
+    q, k, v = random_inputs(batch=batch, n=n, heads=heads, kv_heads=kv_heads, dim=dim)
     group = heads // kv_heads
     case = {"batch": batch, "keys": n, "heads": heads, "kv_heads": kv_heads, "head_dim": dim,
             "k_mb": k.numel() * 2 / 1e6, "variants": {}}
