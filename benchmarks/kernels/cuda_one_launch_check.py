@@ -10,7 +10,9 @@ against santa's; two CUDA runs bitwise equal. Then timed in the same process as 
 replay, clean cold L2, medians; benchmarks/bench/timing.py). C, the slices per group, is the largest that keeps
 every CTA resident (``cuOccupancyMaxActiveBlocksPerMultiprocessor`` with the slice's shared memory).
 
-    python benchmarks/kernels/cuda_one_launch_check.py OUT.json [COMMIT]
+    python benchmarks/kernels/cuda_one_launch_check.py OUT.jsonl [COMMIT]
+
+One JSON line per case, resumable and with one writer at a time, as ``cuda_stream_check.py`` (``run_cases``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 
 sys.path.insert(0, ".")
 from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
-from benchmarks.kernels.cuda_stream_check import Kernels, random_inputs, save, start_run  # noqa: E402
+from benchmarks.kernels.cuda_stream_check import Kernels, random_inputs, run_cases  # noqa: E402
 
 BUDGET, SEED, OFFSET = 128, 3, 5
 # (name, batch, keys, q heads, kv heads, head dim)
@@ -101,18 +103,20 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
     return case
 
 
+def measure_or_error(kernels: Kernels, flusher: Flusher, **shape) -> dict:
+    """:func:`measure_case`, or the error it raised as the record: one bad case must not hide the others."""
+    try:
+        return measure_case(kernels, flusher, **shape)
+    except (RuntimeError, ValueError) as exc:
+        return {"error": str(exc)}
+
+
 def main() -> None:
-    out_path = Path(sys.argv[1])
-    commit = sys.argv[2] if len(sys.argv) > 2 else None
-    kernels, flusher, results = start_run(Path("/tmp/santa_one_launch.cubin"), commit)
-    for name, batch, n, heads, kv_heads, dim in CASES:
-        try:
-            case = measure_case(kernels, flusher, batch=batch, n=n, heads=heads, kv_heads=kv_heads, dim=dim)
-        except (RuntimeError, ValueError) as exc:  # record and go on: one bad case must not hide the others
-            case = {"error": str(exc)}
-        results["cases"][name] = case
-        print(name, {key: case[key] for key in case if key not in ("heads", "kv_heads", "head_dim")}, flush=True)
-        save(out_path, results)
+    if len(sys.argv) not in (2, 3):
+        sys.exit(__doc__)
+    run_cases(sys.argv[1], cases=CASES, cubin=Path("/tmp/santa_one_launch.cubin"), commit=sys.argv[2] if len(sys.argv) > 2 else None,
+              measure=measure_or_error, holder="cuda_one_launch_check.py",
+              describe=lambda name, case: f"{name} {({key: case[key] for key in case if key not in ('heads', 'kv_heads', 'head_dim')})}")
 
 
 if __name__ == "__main__":

@@ -8,15 +8,16 @@ the same process as santa's pass 1 alone and santa's whole prop step (S = 128) o
 replay, clean cold L2, medians (benchmarks/bench/timing.py). The issue's bar: the stream phase ≥ 1.5 µs faster
 than pass 1 at Llama 32k.
 
-    python benchmarks/kernels/cuda_stream_check.py OUT.json [COMMIT]
+    python benchmarks/kernels/cuda_stream_check.py OUT.jsonl [COMMIT]
 
-One JSON object, rewritten after every case (a call cut at its limit keeps the cases it finished).
+One JSON line per case (its name as "key", with device, torch, commit and ptxas's report), appended as it is
+measured; a re-run skips the cases already in OUT.jsonl, and a second run on the same file is refused while the
+first holds it (``santa.writer_lock``).
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
 import math
 import subprocess
 import sys
@@ -98,60 +99,62 @@ class Kernels:
 
 
 def start_run(cubin: Path, commit: str | None) -> tuple[Kernels, Flusher, dict]:
-    """nvcc the source into ``cubin`` for sm_90a (exits on a failed build) and load it; the L2 flusher; the results
-    record with ptxas's registers and spills."""
+    """nvcc the source into ``cubin`` for sm_90a (exits on a failed build) and load it; the L2 flusher; what every
+    record carries (device, torch, commit, ptxas's registers and spills)."""
     build = subprocess.run(["nvcc", "-arch=sm_90a", "-O3", "-cubin", "-Xptxas", "-v", "-o", str(cubin), str(SOURCE)],
                            capture_output=True, text=True)
     if build.returncode != 0:
         sys.exit(f"nvcc failed:\n{build.stderr}")
     flusher = Flusher(torch.device("cuda"))  # torch first: the primary context the module loads into
-    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
-               "ptxas": [line for line in build.stderr.splitlines() if "Used" in line or "spill" in line], "cases": {}}
-    return Kernels(cubin), flusher, results
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
+            "ptxas": [line for line in build.stderr.splitlines() if "Used" in line or "spill" in line]}
+    return Kernels(cubin), flusher, meta
 
 
-def save(out_path: Path, results: dict) -> None:
-    """Rewrite ``out_path`` whole (a call cut at its limit keeps the cases it finished)."""
-    tmp = out_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(results, indent=1))
-    tmp.replace(out_path)
+def run_cases(path: str, *, cases: list, cubin: Path, commit: str | None, measure, describe, holder: str) -> None:
+    """Every case of ``cases`` not yet in the JSONL file ``path``: ``measure(kernels, flusher, batch=…, n=…, heads=…,
+    kv_heads=…, dim=…)`` gives its record, appended as one line (key = the case's name) and printed through
+    ``describe(name, record)``. A re-run skips the cases already there (a call cut at its limit resumes); a second run
+    on the same file is refused while the first holds it (``santa.writer_lock``)."""
+    from santa.eval.runner import append_record, read_records
+    from santa.writer_lock import OutputUnusable, writer_lock
+
+    try:
+        with writer_lock(path, holder=holder):
+            done = {record["key"] for record in read_records(path)}
+            todo = [case for case in cases if case[0] not in done]
+            if not todo:
+                return
+            kernels, flusher, meta = start_run(cubin, commit)
+            for name, batch, n, heads, kv_heads, dim in todo:
+                record = measure(kernels, flusher, batch=batch, n=n, heads=heads, kv_heads=kv_heads, dim=dim)
+                append_record(path, {"key": name, **meta, **record})
+                print(describe(name, record), flush=True)
+    except OutputUnusable as error:  # another run holds the file, or it cannot be written: one line
+        sys.exit(f"{holder}: {error}")
 
 
-def reference_stats(q, k, slices: int, slice_len: int) -> torch.Tensor:
-    """[B, H, C, 2] float32: per slice and head, m = max s and l = Σ 2^(s − m), s = q·k · log2(e)/√D; an empty
-    slice has m = −inf, l = 0. One sequence at a time (the float32 copy of K stays small)."""
-    batch, heads, dim = q.shape
-    n, kv_heads = k.shape[1], k.shape[2]
-    out = torch.empty(batch, heads, slices, 2, device=q.device)
-    for b in range(batch):
-        qg = q[b].float().view(kv_heads, heads // kv_heads, dim)
-        s = torch.einsum("kgd,nkd->kgn", qg, k[b].float()).reshape(heads, n) * (math.log2(math.e) / math.sqrt(dim))
-        padded = torch.full((heads, slices * slice_len), -math.inf, device=q.device)
-        padded[:, :n] = s
-        padded = padded.view(heads, slices, slice_len)
-        m = padded.amax(-1)
-        out[b, ..., 0] = m
-        out[b, ..., 1] = torch.exp2(padded - m.unsqueeze(-1).clamp_min(-1e30)).sum(-1)
-    return out
-
-
-def reference_tile_stats(q, k, slices: int, slice_len: int) -> torch.Tensor:
-    """[B, H, C, ⌈slice_len/64⌉, 2] float32: per 64-key tile of each slice, m_t and ℓ_t = Σ 2^(s − m_t); tiles past the
-    keys hold (−inf, 0)."""
-    tiles = -(-slice_len // KEEP_TILE)
+def reference_stats(q, k, slices: int, slice_len: int, tile: int | None = None) -> torch.Tensor:
+    """Per slice and head, m = max s and l = Σ 2^(s − m), s = q·k · log2(e)/√D, float32: [B, H, C, 2]; with ``tile``,
+    per ``tile``-key tile of each slice: [B, H, C, ⌈slice_len / tile⌉, 2]. An empty slice or tile has m = −inf, l = 0.
+    One sequence at a time (the float32 copy of K stays small)."""
+    block = tile or slice_len
+    tiles = -(-slice_len // block)
     batch, heads, dim = q.shape
     n, kv_heads = k.shape[1], k.shape[2]
     out = torch.empty(batch, heads, slices, tiles, 2, device=q.device)
     for b in range(batch):
         qg = q[b].float().view(kv_heads, heads // kv_heads, dim)
         s = torch.einsum("kgd,nkd->kgn", qg, k[b].float()).reshape(heads, n) * (math.log2(math.e) / math.sqrt(dim))
-        padded = torch.full((heads, slices, tiles * KEEP_TILE), -math.inf, device=q.device)
-        padded[:, :, :slice_len] = torch.cat([s, s.new_full((heads, slices * slice_len - n), -math.inf)], 1).view(heads, slices, slice_len)
-        padded = padded.view(heads, slices, tiles, KEEP_TILE)
+        by_slice = torch.full((heads, slices * slice_len), -math.inf, device=q.device)
+        by_slice[:, :n] = s
+        padded = torch.full((heads, slices, tiles * block), -math.inf, device=q.device)
+        padded[:, :, :slice_len] = by_slice.view(heads, slices, slice_len)
+        padded = padded.view(heads, slices, tiles, block)
         m = padded.amax(-1)
         out[b, ..., 0] = m
         out[b, ..., 1] = torch.exp2(padded - m.unsqueeze(-1).clamp_min(-1e30)).sum(-1)
-    return out
+    return out if tile else out.squeeze(3)
 
 
 def errors(stats: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
@@ -174,20 +177,21 @@ def slice_choices(batch: int, kv_heads: int, n: int, keys_per_step: int) -> list
     return out
 
 
+def describe(name: str, case: dict) -> str:
+    """One line per case: the best stream, pass 1, prop, and the loads-only and keeping variants where timed."""
+    best = case["best"]
+    reads = [(v["us"], key) for key, v in case["variants"].items() if key.startswith("read")]
+    keeps = [(v["us"], key) for key, v in case["variants"].items() if key.startswith("keep")]
+    return (f"{name}: stream {best['us']:.1f} µs ({best['variant']}), santa pass 1 {case['santa_pass1_us']:.1f}, "
+            f"santa prop {case['santa_prop_us']:.1f}" + (f", read only {min(reads)[0]:.1f} ({min(reads)[1]})" if reads else "")
+            + (f", keeping u {min(keeps)[0]:.1f} ({min(keeps)[1]})" if keeps else ""))
+
+
 def main() -> None:
-    out_path = Path(sys.argv[1])
-    commit = sys.argv[2] if len(sys.argv) > 2 else None
-    kernels, flusher, results = start_run(Path("/tmp/santa_stream.cubin"), commit)
-    for name, batch, n, heads, kv_heads, dim in CASES:
-        case = measure_case(kernels, flusher, batch=batch, n=n, heads=heads, kv_heads=kv_heads, dim=dim)
-        results["cases"][name] = case
-        best = case["best"]
-        reads = [(v["us"], key) for key, v in case["variants"].items() if key.startswith("read")]
-        keeps = [(v["us"], key) for key, v in case["variants"].items() if key.startswith("keep")]
-        print(f"{name}: stream {best['us']:.1f} µs ({best['variant']}), santa pass 1 {case['santa_pass1_us']:.1f}, "
-              f"santa prop {case['santa_prop_us']:.1f}" + (f", read only {min(reads)[0]:.1f} ({min(reads)[1]})" if reads else "")
-              + (f", keeping u {min(keeps)[0]:.1f} ({min(keeps)[1]})" if keeps else ""), flush=True)
-        save(out_path, results)
+    if len(sys.argv) not in (2, 3):
+        sys.exit(__doc__)
+    run_cases(sys.argv[1], cases=CASES, cubin=Path("/tmp/santa_stream.cubin"), commit=sys.argv[2] if len(sys.argv) > 2 else None,
+              measure=measure_case, describe=describe, holder="cuda_stream_check.py")
 
 
 def random_inputs(*, batch: int, n: int, heads: int, kv_heads: int, dim: int):
@@ -247,7 +251,7 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
             keep()
             torch.cuda.synchronize()
             m_err, l_err = errors(stats, reference_stats(q, k, slices, slice_len))
-            want_tiles = reference_tile_stats(q, k, slices, slice_len)
+            want_tiles = reference_stats(q, k, slices, slice_len, tile=KEEP_TILE)
             live = torch.isfinite(want_tiles[..., 0])  # tiles past a slice's keys are never written
             tm_err, tl_err = errors(tile_stats[live], want_tiles[live]) if live.any() else (0.0, 0.0)
             us = time_fn(keep, flusher.read, graph=True)["median_us"]
