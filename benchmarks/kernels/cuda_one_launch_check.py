@@ -1,14 +1,15 @@
 """Issue 24: prop in one cooperative launch, in CUDA C++ (``cuda_stream/stream.cu``, ``prop1_*``), against santa's
-two-launch Triton prop on the same inputs and the same uniforms. Written 2026-12-02 and NOT YET RUN ON A GPU: the
-first device call says whether it is right, then how fast.
+two-launch Triton prop on the same inputs and the same uniforms. First run on the H200 on 2026-12-02 (the first
+version: right, slower than santa's prop; KERNEL_NOTES run 14); this is the second version (run 15).
 
 Per case (bf16, contiguous NHD, every sequence n keys, S = 128): the uniforms santa's kernels draw for (seed, offset)
 (``santa.kernels.reference.philox_uniforms``) are handed to the CUDA kernel, so both place the same comb. Checked:
 every head draws S samples; the counts against santa's (rows equal, samples moved: the two compute the float32 CDF
 in different orders, so a point within rounding of a CDF step may move, as the spec tests allow); the outputs
 against santa's; two CUDA runs bitwise equal. Then timed in the same process as santa's prop step (CUDA-graph
-replay, clean cold L2, medians; benchmarks/bench/timing.py). C, the slices per group, is the largest that keeps
-every CTA resident (``cuOccupancyMaxActiveBlocksPerMultiprocessor`` with the slice's shared memory).
+replay, clean cold L2, medians; benchmarks/bench/timing.py), with the phases alone (``prop1s1_*``: stream and
+publish; ``prop1s2_*``: + barrier, placement and partials). C, the slices per group: the largest that keeps every CTA
+resident (``cuOccupancyMaxActiveBlocksPerMultiprocessor`` with the slice's shared memory), a half and a quarter of it.
 
     python benchmarks/kernels/cuda_one_launch_check.py OUT.jsonl [COMMIT]
 
@@ -26,7 +27,7 @@ import torch
 
 sys.path.insert(0, ".")
 from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
-from benchmarks.kernels.cuda_stream_check import Kernels, random_inputs, run_cases  # noqa: E402
+from benchmarks.kernels.cuda_stream_check import Kernels, kept_bytes, random_inputs, run_cases  # noqa: E402
 
 BUDGET, SEED, OFFSET = 128, 3, 5
 # (name, batch, keys, q heads, kv heads, head dim)
@@ -35,19 +36,28 @@ CASES = [("llama 8k", 1, 8192, 32, 8, 128), ("llama 32k", 1, 32768, 32, 8, 128),
 SHARED_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90
 
 
-def slice_plan(kernels: Kernels, kernel: str, *, groups: int, n: int, group_size: int) -> tuple[int, int, int]:
-    """(C, slice_len, shared bytes): the most slices per group whose CTAs are all resident at once."""
+def slice_plans(kernels: Kernels, kernel: str, *, groups: int, n: int, group_size: int) -> list[tuple[int, int, int]]:
+    """(C, slice_len, shared bytes) to time: the most slices per group whose CTAs are all resident at once, then a
+    half and a quarter as many (fewer partials to merge, longer slices)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    plans = []
     for slices in range(max(1, 2 * sms // groups), 0, -1):
         slice_len = -(-n // slices)
-        shared = group_size * slice_len * 4
+        shared = kept_bytes(group_size, slice_len) + 4 * group_size * slices * 2  # + the group's stats
         if shared > SHARED_LIMIT:
             break
         if shared > 48 * 1024:
             kernels.allow_shared(kernel, shared)
+            for stage in ("prop1s1", "prop1s2"):
+                kernels.allow_shared(kernel.replace("prop1", stage), shared)
         if groups * slices <= kernels.resident_per_sm(kernel, shared) * sms:
-            return slices, slice_len, shared
-    raise ValueError(f"{kernel}: no slice count keeps {groups} groups of {n} keys resident (rounds are not built)")
+            if not plans or slices <= plans[-1][0] // 2:
+                plans.append((slices, slice_len, shared))
+            if len(plans) == 3:
+                break
+    if not plans:
+        raise ValueError(f"{kernel}: no slice count keeps {groups} groups of {n} keys resident (rounds are not built)")
+    return plans
 
 
 def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, heads: int, kv_heads: int, dim: int) -> dict:
@@ -63,43 +73,57 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
                        dtype=q.dtype, device=q.device)
     santa_counts = torch.zeros(batch, heads, n, dtype=torch.int32, device="cuda")
     santa_out = plan.run(q, k, v, seed=SEED, offset=OFFSET, counts=santa_counts)
-
-    slices, slice_len, shared = slice_plan(kernels, kernel, groups=batch * kv_heads, n=n, group_size=group)
-    slice_stats = torch.empty(batch, heads, slices, 2, device="cuda")
-    partial = torch.empty(batch, heads, slices, dim, device="cuda")
-    arrive = torch.zeros(batch * kv_heads, dtype=torch.int32, device="cuda")
-    depart = torch.zeros_like(arrive)
+    case = {"batch": batch, "keys": n, "heads": heads, "kv_heads": kv_heads, "head_dim": dim, "plans": {}}
+    case["santa_prop_us"] = time_fn(lambda: plan.run(q, k, v, out=santa_out), flusher.read, graph=True)["median_us"]
+    scale = math.log2(math.e) / math.sqrt(dim)
     out = torch.empty_like(q)
     counts = torch.zeros(batch, heads, n, dtype=torch.int32, device="cuda")
-    scale = math.log2(math.e) / math.sqrt(dim)
+    best = None
+    for slices, slice_len, shared in slice_plans(kernels, kernel, groups=batch * kv_heads, n=n, group_size=group):
+        slice_stats = torch.empty(batch, heads, slices, 2, device="cuda")
+        partial = torch.empty(batch, heads, slices, dim, device="cuda")
+        arrive = torch.zeros(batch * kv_heads, dtype=torch.int32, device="cuda")
+        depart = torch.zeros_like(arrive)
 
-    def launch(with_counts: bool) -> None:
-        values = [ctypes.c_void_p(t.data_ptr()) for t in (q, k, v, uniforms, out)]
-        values.append(ctypes.c_void_p(counts.data_ptr() if with_counts else 0))
-        values += [ctypes.c_void_p(t.data_ptr()) for t in (slice_stats, partial, arrive, depart)]
-        values += [ctypes.c_int(n), ctypes.c_int(kv_heads), ctypes.c_int(slice_len), ctypes.c_float(scale), ctypes.c_int(BUDGET)]
-        kernels.launch_values(kernel, (slices, kv_heads, batch), values, shared_bytes=shared, cooperative=True)
+        def launch(with_counts: bool, name: str = kernel, slices=slices, slice_len=slice_len, shared=shared,
+                   slice_stats=slice_stats, partial=partial, arrive=arrive, depart=depart) -> None:
+            values = [ctypes.c_void_p(t.data_ptr()) for t in (q, k, v, uniforms, out)]
+            values.append(ctypes.c_void_p(counts.data_ptr() if with_counts else 0))
+            values += [ctypes.c_void_p(t.data_ptr()) for t in (slice_stats, partial, arrive, depart)]
+            values += [ctypes.c_int(n), ctypes.c_int(kv_heads), ctypes.c_int(slice_len), ctypes.c_float(scale), ctypes.c_int(BUDGET)]
+            kernels.launch_values(name, (slices, kv_heads, batch), values, shared_bytes=shared, cooperative=True)
 
-    case = {"batch": batch, "keys": n, "heads": heads, "kv_heads": kv_heads, "head_dim": dim, "slices": slices,
-            "slice_len": slice_len, "shared_bytes": shared}
-    launch(True)
-    torch.cuda.synchronize()
-    first = out.clone()
-    launch(False)
-    torch.cuda.synchronize()
-    case["repeat_bitwise_equal"] = bool(torch.equal(first, out))
-    case["counters_reset"] = bool((arrive == 0).all() and (depart == 0).all())
-    per_head = counts.sum(-1)
-    case["every_head_draws_S"] = bool((per_head == BUDGET).all())
-    case["rows_equal_to_santa"] = float((counts == santa_counts).all(-1).float().mean())
-    case["samples_moved"] = int((counts - santa_counts).abs().sum()) // 2
-    case["max_abs_out_diff"] = float((first.float() - santa_out.float()).abs().max())
-    case["santa_prop_us"] = time_fn(lambda: plan.run(q, k, v, out=santa_out), flusher.read, graph=True)["median_us"]
-    try:
-        case["one_launch_us"] = time_fn(lambda: launch(False), flusher.read, graph=True)["median_us"]
-    except RuntimeError as exc:  # a cooperative launch that a graph cannot capture: say so, time it eagerly
-        case["graph_error"] = str(exc)
-        case["one_launch_eager_us"] = time_fn(lambda: launch(False), flusher.read)["median_us"]
+        row = {"slices": slices, "slice_len": slice_len, "shared_bytes": shared}
+        counts.zero_()
+        launch(True)
+        torch.cuda.synchronize()
+        first = out.clone()
+        launch(False)
+        torch.cuda.synchronize()
+        row["repeat_bitwise_equal"] = bool(torch.equal(first, out))
+        row["counters_whole_launches"] = bool((arrive % slices == 0).all() and (depart % slices == 0).all())
+        row["every_head_draws_S"] = bool((counts.sum(-1) == BUDGET).all())
+        row["rows_equal_to_santa"] = float((counts == santa_counts).all(-1).float().mean())
+        row["samples_moved"] = int((counts - santa_counts).abs().sum()) // 2
+        row["max_abs_out_diff"] = float((first.float() - santa_out.float()).abs().max())
+        try:
+            row["us"] = time_fn(lambda: launch(False), flusher.read, graph=True)["median_us"]
+        except RuntimeError as exc:  # a cooperative launch that a graph cannot capture: say so, time it eagerly
+            row["graph_error"] = str(exc)
+            row["eager_us"] = time_fn(lambda: launch(False), flusher.read)["median_us"]
+            case["plans"][f"C{slices}"] = row
+            continue
+        for stage in ("prop1s1", "prop1s2"):  # the phases: stream + publish; + barrier, placement, partials
+            try:
+                row[f"{stage}_us"] = time_fn(lambda stage=stage: launch(False, kernel.replace("prop1", stage)),
+                                             flusher.read, graph=True)["median_us"]
+            except RuntimeError as exc:
+                row[f"{stage}_error"] = str(exc)
+        case["plans"][f"C{slices}"] = row
+        if best is None or row["us"] < best[0]:
+            best = (row["us"], f"C{slices}")
+    if best is not None:
+        case["one_launch_us"], case["best_plan"] = best
     return case
 
 
@@ -116,7 +140,19 @@ def main() -> None:
         sys.exit(__doc__)
     run_cases(sys.argv[1], cases=CASES, cubin=Path("/tmp/santa_one_launch.cubin"), commit=sys.argv[2] if len(sys.argv) > 2 else None,
               measure=measure_or_error, holder="cuda_one_launch_check.py",
-              describe=lambda name, case: f"{name} {({key: case[key] for key in case if key not in ('heads', 'kv_heads', 'head_dim')})}")
+              describe=describe)
+
+
+def describe(name: str, case: dict) -> str:
+    """One line per case: santa's prop, then per plan the time, its phases and the check."""
+    if "error" in case:
+        return f"{name}: {case['error']}"
+    parts = [f"{name}: santa prop {case['santa_prop_us']:.1f} µs"]
+    for key, row in case["plans"].items():
+        phases = f" (stream {row['prop1s1_us']:.1f}, +sample {row['prop1s2_us']:.1f})" if "prop1s2_us" in row else ""
+        parts.append(f"{key} {row.get('us', float('nan')):.1f}{phases} equal {row['rows_equal_to_santa']:.2f} "
+                     f"moved {row['samples_moved']} S {row['every_head_draws_S']} rep {row['repeat_bitwise_equal']}")
+    return "; ".join(parts)
 
 
 if __name__ == "__main__":

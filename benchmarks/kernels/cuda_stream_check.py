@@ -38,10 +38,10 @@ CASES = [("llama 8k", 1, 8192, 32, 8, 128), ("llama 32k", 1, 32768, 32, 8, 128),
 SCORING = {(128, 4): [("stream_d128_g4_u4", 64), ("stream_d128_g4_u8", 128), ("mma_d128_g4_u1", 64), ("mma_d128_g4_u2", 128)],
            (64, 7): [("stream_d64_g7_u4", 128), ("mma_d64_g7_u4", 256)],
            (64, 3): [("stream_d64_g3_u4", 128), ("stream_d64_g3_u8", 256), ("mma_d64_g3_u4", 256)]}
-# the tensor-core stream that also keeps placement's data: scores in shared memory, then per-64-key-tile (m_t, ℓ_t)
-# and u in place (not yet run on a GPU when written); timed where G × slice_len float32 fit the default 48 KB
+# the tensor-core stream that also keeps placement's data: scores and per-8-key-subtile (m_i, ℓ_i) in shared memory
+# (what prop1_* keeps); timed where they fit the default 48 KB
 KEEPING = {(128, 4): [("keep_d128_g4_u1", 64)], (64, 7): [("keep_d64_g7_u4", 256)], (64, 3): [("keep_d64_g3_u4", 256)]}
-KEEP_TILE, SHARED_BYTES = 64, 48 * 1024
+KEEP_TILE, SHARED_BYTES = 8, 48 * 1024
 READS = {(128, 4): [("read_d128_g4_u4", 64), ("read_d128_g4_u8", 128)]}  # the same loads without scores: the read's own speed
 
 
@@ -132,6 +132,11 @@ def run_cases(path: str, *, cases: list, cubin: Path, commit: str | None, measur
                 print(describe(name, record), flush=True)
     except OutputUnusable as error:  # another run holds the file, or it cannot be written: one line
         sys.exit(f"{holder}: {error}")
+
+
+def kept_bytes(heads: int, slice_len: int) -> int:
+    """Shared memory a KEEP stream takes (stream.cu's kept_floats): the scores and the 8-key subtiles' (m, ℓ)."""
+    return 4 * heads * (slice_len + 2 * -(-slice_len // 8))
 
 
 def reference_stats(q, k, slices: int, slice_len: int, tile: int | None = None) -> torch.Tensor:
@@ -238,7 +243,7 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
     for kernel, keys_per_step in KEEPING[(dim, group)]:
         for slices in slice_choices(batch, kv_heads, n, keys_per_step):
             slice_len = -(-n // slices)
-            shared = group * slice_len * 4
+            shared = kept_bytes(group, slice_len)
             if shared > SHARED_BYTES:
                 continue
             stats = torch.empty(batch, heads, slices, 2, device="cuda", dtype=torch.float32)

@@ -183,10 +183,11 @@ __device__ __forceinline__ void stream_slice(const __nv_bfloat16* __restrict__ q
 // rows 8-15 zero) are its own q words of the same dims. The C fragment gives lane (g, 2·kslot + {0, 1}): two keys'
 // scores of head g, with no shuffles.
 //
-// KEEP (not yet run on a GPU; compiled for sm_90a): the slice also keeps what placement needs, as the one-launch
-// design would: every score in shared memory (dynamic, G × slice_len float32), then per 64-key tile of the slice
-// its max m_t and mass ℓ_t = Σ 2^(s − m_t), with u = 2^(s − m_t) written back in place; the tiles' (m_t, ℓ_t) go to
-// tile_stats [B, Hkv·G, C, ⌈slice_len / 64⌉, 2] so that they can be checked.
+// KEEP: the slice also keeps what placement needs, as the one-launch design does: every score in shared memory
+// (kept, [G][kept_stride] float32) and, per 8-key subtile (one mma group: keys start + 8·i …), its max and mass
+// m_i = max s, ℓ_i = Σ 2^(s − m_i) (sub_m, sub_l: [G][⌈kept_stride / 8⌉]), from the C fragment by two shuffles, while
+// the next loads are in flight; the lane's (m, l) then merges subtiles (lanes with kslot = 0 only: the four lanes of
+// a head hold the same subtile pair).
 template <int D, int G, int U, bool KEEP>
 __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, int n,
                                            int hkv, int start, int stop, float scale_log2, float* kept, int kept_stride,
@@ -200,6 +201,9 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, kslot = lane & 3;
   const bool live_head = g < G;
+  const int n_sub = (kept_stride + 7) / 8;
+  float* sub_m = kept + G * kept_stride;
+  float* sub_l = sub_m + G * n_sub;
 
   uint4 qw[BLOCKS];
 #pragma unroll
@@ -234,17 +238,33 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
                      : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
                      : "r"(qw[j].z), "r"(0u), "r"(qw[j].w), "r"(0u), "r"(src[u][j].z), "r"(src[u][j].w));
       }
-      const int key0 = base + (u * kWarps + warp) * 8 + 2 * kslot;  // the C columns of this lane: keys key0, key0 + 1
+      const int group0 = base + (u * kWarps + warp) * 8;  // the mma group's first key
+      const int key0 = group0 + 2 * kslot;                // the C columns of this lane: keys key0, key0 + 1
       const float s0 = key0 < stop ? c0 * scale_log2 : -INFINITY;
       const float s1 = key0 + 1 < stop ? c1 * scale_log2 : -INFINITY;
       if constexpr (KEEP) {
         if (live_head && key0 < stop) kept[g * kept_stride + key0 - start] = s0;
         if (live_head && key0 + 1 < stop) kept[g * kept_stride + key0 + 1 - start] = s1;
-      }
-      const float m_new = fmaxf(m, fmaxf(s0, s1));
-      if (m_new != -INFINITY) {
-        l = l * exp2f(m - m_new) + exp2f(s0 - m_new) + exp2f(s1 - m_new);
-        m = m_new;
+        float m8 = fmaxf(s0, s1);  // the subtile's max and mass over the head's four lanes
+        m8 = fmaxf(m8, __shfl_xor_sync(0xffffffffu, m8, 1));
+        m8 = fmaxf(m8, __shfl_xor_sync(0xffffffffu, m8, 2));
+        float l8 = m8 == -INFINITY ? 0.f : exp2f(s0 - m8) + exp2f(s1 - m8);
+        l8 += __shfl_xor_sync(0xffffffffu, l8, 1);
+        l8 += __shfl_xor_sync(0xffffffffu, l8, 2);
+        if (kslot == 0 && group0 < stop) {
+          if (live_head) {
+            const int i = (group0 - start) >> 3;
+            sub_m[g * n_sub + i] = m8;
+            sub_l[g * n_sub + i] = l8;
+          }
+          merge_stats(m, l, m8, l8);
+        }
+      } else {
+        const float m_new = fmaxf(m, fmaxf(s0, s1));
+        if (m_new != -INFINITY) {
+          l = l * exp2f(m - m_new) + exp2f(s0 - m_new) + exp2f(s1 - m_new);
+          m = m_new;
+        }
       }
     }
   };
@@ -253,39 +273,31 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
   double_buffered<Buffer>(start, stop, KEYS_PER_STEP, load, consume);
 }
 
+// Dynamic shared memory of a KEEP stream for G heads and slice_len keys, in floats: the scores and the subtiles' (m, ℓ)
+__host__ __device__ constexpr int kept_floats(int heads, int slice_len) { return heads * (slice_len + 2 * ((slice_len + 7) / 8)); }
+
 template <int D, int G, int U, bool KEEP>
 __device__ __forceinline__ void stream_slice_mma(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                                                  float* __restrict__ stats, float* __restrict__ tile_stats, int n, int hkv,
                                                  int slice_len, float scale_log2) {
-  extern __shared__ float kept[];  // KEEP: [G][slice_len] scores, then u
+  extern __shared__ float kept[];  // KEEP: [G][slice_len] scores, then the subtiles' m and ℓ
   const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
   const int g = lane >> 2, kslot = lane & 3;
   const int start = c * slice_len, stop = min(n, start + slice_len);
   float m, l;
   mma_stream<D, G, U, KEEP>(q, k, n, hkv, start, stop, scale_log2, kept, slice_len, m, l);
 
-  if constexpr (KEEP) {  // per 64-key tile and head, one warp: m_t, ℓ_t, and u in place of the scores
+  if constexpr (KEEP) {  // the subtiles' (m_i, ℓ_i) out to tile_stats [B, Hkv·G, C, ⌈slice_len / 8⌉, 2], to be checked
     __syncthreads();
-    const int keys = max(stop - start, 0), tiles = (keys + 63) / 64, tiles_planned = (slice_len + 63) / 64;
-    for (int item = warp; item < G * tiles; item += kWarps) {
-      const int head = item / tiles, t = item % tiles, i0 = t * 64 + lane, i1 = i0 + 32;
-      float* row_keep = kept + head * slice_len;
-      const float v0 = i0 < keys ? row_keep[i0] : -INFINITY, v1 = i1 < keys ? row_keep[i1] : -INFINITY;
-      float mt = fmaxf(v0, v1);
-#pragma unroll
-      for (int o = 16; o >= 1; o >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, o));
-      const float u0 = i0 < keys ? exp2f(v0 - mt) : 0.f, u1 = i1 < keys ? exp2f(v1 - mt) : 0.f;
-      if (i0 < keys) row_keep[i0] = u0;
-      if (i1 < keys) row_keep[i1] = u1;
-      float lt = u0 + u1;
-#pragma unroll
-      for (int o = 16; o >= 1; o >>= 1) lt += __shfl_xor_sync(0xffffffffu, lt, o);
-      if (lane == 0) {
-        float* out = tile_stats + ((((size_t)b * hkv * G + (size_t)h * G + head) * gridDim.x + c) * tiles_planned + t) * 2;
-        out[0] = mt;
-        out[1] = lt;
-      }
+    const int n_sub = (slice_len + 7) / 8, live = (max(stop - start, 0) + 7) / 8;
+    const float* sub_m = kept + G * slice_len;
+    const float* sub_l = sub_m + G * n_sub;
+    for (int item = threadIdx.x; item < G * live; item += kThreads) {
+      const int head = item / live, i = item % live;
+      float* out = tile_stats + ((((size_t)b * hkv * G + (size_t)h * G + head) * gridDim.x + c) * n_sub + i) * 2;
+      out[0] = sub_m[head * n_sub + i];
+      out[1] = sub_l[head * n_sub + i];
     }
   }
 
@@ -295,36 +307,73 @@ __device__ __forceinline__ void stream_slice_mma(const __nv_bfloat16* __restrict
   store_slice_stats<G, 8>(m, l, kslot == 0, g, stats, hkv);
 }
 
-// prop in one launch (issue 24), a first version: NOT YET RUN ON A GPU (compiled for sm_90a only). Exact global
-// systematic sampling as santa's two-launch prop, for contiguous NHD bf16 K and V whose sequences all hold n keys,
-// with the uniforms given ([B, Hkv·G] float32, santa.kernels.reference.philox_uniforms): one persistent grid
-// (C, Hkv, B), every CTA resident (a cooperative launch), a CTA per slice of a group's keys.
-//   stream: mma_stream with KEEP (the slice's scores in shared memory); the slice max m_c per head; u = 2^(s − m_c)
-//           in place and its inclusive prefix per head (cum), the slice mass w_c = cum[last]; publish (m_c, w_c);
-//           arrive on the group's counter; wait for the group's C arrivals.
-//   sample: warp g = head g. Every CTA computes the group's slice prefix in the same order (bit-identical): m* = max
-//           m_c', W_c' = 2^(m_c' − m*)·w_c', Z = Σ W, P_c = S·(Σ_{c'≤c} W_c')/Z (P_{C−1} = S exactly). Comb point m
-//           (position m + U) belongs to this slice iff P_{c−1} − m ≤ U < P_c − m (santa's pass 2 test); inside it,
-//           x = (U − (P_{c−1} − m)) / (P_c − P_{c−1}) and the key is #{j : cum_j / cum_last ≤ x}, clamped to the last
-//           key with u > 0 (pass 2's rule). V rows summed in sample order (deterministic); a partial per slice.
-//   merge:  depart on the group's second counter; the last CTA of the group sums the C partials in slice order,
-//           writes out = Σ / S and resets both counters (every CTA of the group has passed its wait by then).
+// bf16 V row elements [PER_LANE] of one lane, as floats (one 4- or 8-byte load)
+template <int PER_LANE>
+__device__ __forceinline__ void load_row(const __nv_bfloat16* p, float (&x)[PER_LANE]) {
+  static_assert(PER_LANE == 2 || PER_LANE == 4, "d = 64 or 128");
+  if constexpr (PER_LANE == 2) {
+    const unsigned w = __ldg(reinterpret_cast<const unsigned*>(p));
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+    x[0] = f.x;
+    x[1] = f.y;
+  } else {
+    const uint2 w = __ldg(reinterpret_cast<const uint2*>(p));
+    const float2 f0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.x));
+    const float2 f1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.y));
+    x[0] = f0.x;
+    x[1] = f0.y;
+    x[2] = f1.x;
+    x[3] = f1.y;
+  }
+}
+
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// prop in one launch (issue 24), second version. Exact global systematic sampling as santa's two-launch prop, for
+// contiguous NHD bf16 K and V whose sequences all hold n keys, with the uniforms given ([B, Hkv·G] float32,
+// santa.kernels.reference.philox_uniforms): one persistent grid (C, Hkv, B), every CTA resident (a cooperative
+// launch), a CTA per slice of a group's keys.
+//   stream:  mma_stream with KEEP: scores and 8-key subtiles' (m_i, ℓ_i) in shared memory, the lanes' running max.
+//            Then per head (warp g) the slice max m_c and the subtiles' masses W_i = ℓ_i·2^(m_i − m_c) with their
+//            inclusive prefix Cum_i in place of ℓ_i; the slice's mass w_c = Cum_last. Publish (m_c, w_c); arrive.
+//   barrier: a counter per group that only grows: a CTA waits for the next multiple of C (nothing to reset).
+//   sample:  the group's C × G (m, w) into shared memory in one read. Warp g, head g: m* = max m_c, W_c =
+//            w_c·2^(m_c − m*), F = their inclusive prefix, computed by the same lanes in the same order on every
+//            CTA (so F(c) is bit for bit the same number where slice c and slice c + 1 use it); P_c = S·F(c)/F(C−1)
+//            (P_{C−1} = S exactly). Comb point m (position m + U) is this slice's iff P_{c−1} − m ≤ U < P_c − m
+//            (santa's pass 2 test); there t = (U − (P_{c−1} − m))/(P_c − P_{c−1})·w_c, its subtile the first with
+//            Cum_i > t (bisection; past the last subtile with mass: that one), its key the first of the subtile with
+//            Cum_{i−1} + Σ_{k'≤k} 2^(s_k' − m_c) > t (else the subtile's last key with mass). V rows summed in sample
+//            order, four loads in flight; a partial per slice and head.
+//   merge:   a second counter; the group's last CTA sums the C partials in slice order (all threads, eight loads in
+//            flight each) and writes out = Σ / S.
+// STAGE 1 stops after publishing, STAGE 2 after the partials (timing the phases; their outputs are not checked).
 // Not handled yet (the Triton kernel does all of them): per-sequence lengths, paged caches, NaN rows, S > n checks,
 // fp8, other dtypes, groups beyond one wave (rounds).
-template <int D, int G, int U>
+template <int D, int G, int U, int STAGE>
 __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                                                 const __nv_bfloat16* __restrict__ v, const float* __restrict__ uniforms,
                                                 __nv_bfloat16* __restrict__ out, int* __restrict__ counts,
                                                 float* __restrict__ slice_stats, float* __restrict__ partial,
-                                                int* __restrict__ arrive, int* __restrict__ depart, int n, int hkv,
+                                                unsigned* __restrict__ arrive, unsigned* __restrict__ depart, int n, int hkv,
                                                 int slice_len, float scale_log2, int budget) {
-  extern __shared__ float kept[];  // [G][slice_len]: scores, then u, then its inclusive prefix
-  __shared__ float warp_max[kWarps][8], slice_max[8], chunk_sum[kWarps];
-  __shared__ int last_live[8], is_last;
+  extern __shared__ float smem[];  // kept_floats(G, slice_len), then the group's stats [G][C][2]
+  __shared__ float warp_max[kWarps][8], slice_max[8];
+  __shared__ int last_live_sub[8], is_last;
   constexpr int PER_LANE = D / 32;  // V elements per lane
   const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, slices = gridDim.x, group = b * hkv + h;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int start = c * slice_len, stop = min(n, start + slice_len), keys = max(stop - start, 0);
+  const int n_sub = (slice_len + 7) / 8, live_subs = (keys + 7) / 8;
+  float* kept = smem;
+  float* sub_m = kept + G * slice_len;
+  float* cum = sub_m + G * n_sub;  // ℓ_i from the stream, then Cum_i
+  float* group_stats = smem + kept_floats(G, slice_len);
+  const size_t head0 = (size_t)b * hkv * G + (size_t)h * G;  // the group's first query-head row
 
   // ---- stream
   float m, l;
@@ -332,56 +381,61 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
 #pragma unroll
   for (int o = 1; o < 4; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));  // the 4 lanes of head lane / 4
   if ((lane & 3) == 0) warp_max[warp][lane >> 2] = m;
-  if (threadIdx.x < 8) last_live[threadIdx.x] = -1;
   __syncthreads();
-  if (threadIdx.x < G) {
-    float mg = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) mg = fmaxf(mg, warp_max[w][threadIdx.x]);
-    slice_max[threadIdx.x] = mg;
-  }
-  __syncthreads();
-  // u in place and its inclusive prefix, one head at a time: each thread a contiguous chunk, then the chunk totals
-  const int chunk = (keys + kThreads - 1) / kThreads, lo = min(keys, threadIdx.x * chunk), hi = min(keys, lo + chunk);
-  for (int g = 0; g < G; ++g) {
-    float* row = kept + g * slice_len;
-    const float mg = slice_max[g];
-    float run = 0.f;
-    int live = -1;
-    for (int j = lo; j < hi; ++j) {
-      const float u = mg == -INFINITY ? 0.f : exp2f(row[j] - mg);
-      if (u > 0.f) live = j;
-      run += u;
-      row[j] = run;
-    }
-    if (live >= 0) atomicMax(&last_live[g], live);
-    float incl = run;  // the chunk totals' inclusive scan over the CTA's threads, in thread order
+  if (warp < G) {  // warp g: head g's slice max, subtile masses and their prefix, four subtiles per lane per round
+    const int g = warp;
+    float mc = -INFINITY;
 #pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const float other = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += other;
+    for (int w = 0; w < kWarps; ++w) mc = fmaxf(mc, warp_max[w][g]);
+    float carry = 0.f;
+    int live = -1;
+    for (int base = 0; base < live_subs; base += 128) {
+      const int i0 = base + lane * 4;
+      float run[4], total = 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = i0 + e;
+        const float w = i < live_subs && mc != -INFINITY ? cum[g * n_sub + i] * exp2f(sub_m[g * n_sub + i] - mc) : 0.f;
+        if (w > 0.f) live = i;
+        total += w;
+        run[e] = total;
+      }
+      float incl = total;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const float other = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += other;
+      }
+      float excl = __shfl_up_sync(0xffffffffu, incl, 1);
+      if (lane == 0) excl = 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (i0 + e < live_subs) cum[g * n_sub + i0 + e] = carry + (excl + run[e]);
+      carry += __shfl_sync(0xffffffffu, incl, 31);
     }
-    if (lane == 31) chunk_sum[warp] = incl;
-    float before = __shfl_up_sync(0xffffffffu, incl, 1);  // the exclusive scan: the previous lane's inclusive one
-    if (lane == 0) before = 0.f;
-    __syncthreads();
-    for (int w = 0; w < warp; ++w) before += chunk_sum[w];
-    for (int j = lo; j < hi; ++j) row[j] += before;
-    __syncthreads();
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) live = max(live, __shfl_xor_sync(0xffffffffu, live, o));
+    __syncwarp();
+    if (lane == 0) {
+      slice_max[g] = mc;
+      last_live_sub[g] = live;
+      float* st = slice_stats + ((head0 + g) * slices + c) * 2;  // publish (m_c, w_c = Cum_last)
+      st[0] = mc;
+      st[1] = live_subs > 0 ? cum[g * n_sub + live_subs - 1] : 0.f;
+      __threadfence();
+    }
   }
-  // ---- publish, arrive, wait
-  if (threadIdx.x < G) {
-    const int g = threadIdx.x;
-    float* st = slice_stats + (((size_t)b * hkv * G + (size_t)h * G + g) * slices + c) * 2;
-    st[0] = slice_max[g];
-    st[1] = keys > 0 ? kept[g * slice_len + keys - 1] : 0.f;
-  }
-  __threadfence();
   __syncthreads();
+  if constexpr (STAGE == 1) return;
+
+  // ---- arrive; wait for the group's C arrivals of this launch
   if (threadIdx.x == 0) {
-    atomicAdd(&arrive[group], 1);
-    while (atomicAdd(&arrive[group], 0) < slices) __nanosleep(64);
-    __threadfence();
+    const unsigned before = atomicAdd(&arrive[group], 1u);
+    const unsigned target = (before / slices + 1) * slices;
+    while ((int)(load_acquire(&arrive[group]) - target) < 0) __nanosleep(32);
   }
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * slices * 2; i += kThreads) group_stats[i] = __ldcg(slice_stats + head0 * slices * 2 + i);
   __syncthreads();
 
   // ---- sample: warp g places head g's comb points that fall in this slice
@@ -390,23 +444,43 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
   for (int e = 0; e < PER_LANE; ++e) acc[e] = 0.f;
   const int g = warp;
   if (g < G) {
-    const size_t hrow = (size_t)b * hkv * G + (size_t)h * G + g;
-    const float* st = slice_stats + hrow * slices * 2;
+    const float* st = group_stats + g * slices * 2;
+    const int per = (slices + 31) / 32, lo = min(slices, lane * per), hi = min(slices, lo + per);
     float m_star = -INFINITY;
-    for (int i = 0; i < slices; ++i) m_star = fmaxf(m_star, __ldcg(st + 2 * i));
+    for (int i = lo; i < hi; ++i) m_star = fmaxf(m_star, st[2 * i]);
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) m_star = fmaxf(m_star, __shfl_xor_sync(0xffffffffu, m_star, o));
     const float m_ref = m_star == -INFINITY ? 0.f : m_star;
-    float z = 0.f, below = 0.f, through = 0.f;  // the running sum before and through this slice: the same loop on
-    for (int i = 0; i < slices; ++i) {           // every CTA, so slice c's `through` is slice c + 1's `below`, bit
-      const float w = __ldcg(st + 2 * i + 1) * exp2f(__ldcg(st + 2 * i) - m_ref);  // for bit, and no point is
-      z += w;                                                                        // placed twice or never
-      if (i == c - 1) below = z;
-      if (i == c) through = z;
+    float chunk = 0.f;
+    for (int i = lo; i < hi; ++i) chunk += st[2 * i + 1] * exp2f(st[2 * i] - m_ref);
+    float incl = chunk;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float other = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += other;
     }
-    const float s_f = (float)budget, uni = uniforms[hrow];
+    float excl = __shfl_up_sync(0xffffffffu, incl, 1);
+    if (lane == 0) excl = 0.f;
+    // F(i) = excl + Σ_{lo ≤ i' ≤ i} W_i' on the lane that owns i: the same value wherever it is used
+    float below = 0.f, through = 0.f, last = 0.f, run = 0.f;
+    for (int i = lo; i < hi; ++i) {
+      run += st[2 * i + 1] * exp2f(st[2 * i] - m_ref);
+      const float f = excl + run;
+      if (i == c - 1) below = f;
+      if (i == c) through = f;
+      if (i == slices - 1) last = f;
+    }
+    below = __shfl_sync(0xffffffffu, below, c > 0 ? (c - 1) / per : 0);
+    through = __shfl_sync(0xffffffffu, through, c / per);
+    const float z = __shfl_sync(0xffffffffu, last, (slices - 1) / per);
+    const float s_f = (float)budget, uni = uniforms[head0 + g];
     const float p_lo = c == 0 ? 0.f : (below / z) * s_f;
     const float p_hi = (through / z) * s_f;  // S exactly for the last slice (z / z = 1), as pass 2's P_last
-    const float* cum = kept + g * slice_len;
-    const float total = keys > 0 ? cum[keys - 1] : 0.f;
+    const float mc = slice_max[g];
+    const float* cg = cum + g * n_sub;
+    const float* sg = kept + g * slice_len;
+    const int live_sub = last_live_sub[g];
+    const float total = live_sub >= 0 ? cg[live_subs - 1] : 0.f;
     const int first_m = max(0, (int)ceilf(p_lo - uni) - 1), last_m = min(budget - 1, (int)ceilf(p_hi - uni));
     const __nv_bfloat16* vb = v + (size_t)b * n * hkv * D + (size_t)h * D + lane * PER_LANE;
     for (int m0 = first_m; m0 <= last_m && z > 0.f && total > 0.f; m0 += 32) {
@@ -416,49 +490,71 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
       int key = 0;
       if (mine) {
         const float width = p_hi - p_lo;
-        const float x = (uni - (p_lo - mf)) / (width > 0.f ? width : 1.f);
-        int pos = 0;  // #{j < keys : cum_j / total <= x} by bisection (cum is non-decreasing)
-        for (int step = 1 << 30; step > 0; step >>= 1)
-          if (pos + step <= keys && cum[pos + step - 1] / total <= x) pos += step;
-        key = start + min(pos, last_live[g]);
-        if (counts != nullptr) atomicAdd(&counts[hrow * n + key], 1);
+        const float t = (uni - (p_lo - mf)) / (width > 0.f ? width : 1.f) * total;
+        int pos = 0;  // the first subtile with Cum_i > t: #{i : Cum_i <= t} (Cum is non-decreasing)
+        for (int step = 1 << 14; step > 0; step >>= 1)
+          if (pos + step <= live_subs && cg[pos + step - 1] <= t) pos += step;
+        pos = min(pos, live_sub);
+        const float before = pos == 0 ? 0.f : cg[pos - 1];
+        float sum = 0.f;
+        int chosen = -1, live_key = pos * 8;
+        for (int j = pos * 8; j < min(keys, pos * 8 + 8); ++j) {
+          const float u = exp2f(sg[j] - mc);
+          sum += u;
+          if (u > 0.f) live_key = j;
+          if (chosen < 0 && before + sum > t) chosen = j;
+        }
+        key = start + (chosen >= 0 ? chosen : live_key);
+        if (counts != nullptr) atomicAdd(&counts[(head0 + g) * n + key], 1);
       }
-      const unsigned found = __ballot_sync(0xffffffffu, mine);
-      for (unsigned bits = found; bits != 0; bits &= bits - 1) {  // in sample order: deterministic sums
-        const int src = __ffs(bits) - 1;
-        const int kk = __shfl_sync(0xffffffffu, key, src);
-        const __nv_bfloat16* vr = vb + (size_t)kk * hkv * D;
+      unsigned bits = __ballot_sync(0xffffffffu, mine);
+      while (bits != 0) {  // in sample order (deterministic sums), four rows in flight
+        float rows[4][PER_LANE];
 #pragma unroll
-        for (int e = 0; e < PER_LANE; ++e) acc[e] += __bfloat162float(vr[e]);
+        for (int r = 0; r < 4; ++r) {
+          const bool any = bits != 0;
+          const int src = any ? __ffs(bits) - 1 : 0;
+          const int kk = __shfl_sync(0xffffffffu, key, src);
+          if (any) {
+            load_row<PER_LANE>(vb + (size_t)kk * hkv * D, rows[r]);
+            bits &= bits - 1;
+          } else {
+#pragma unroll
+            for (int e = 0; e < PER_LANE; ++e) rows[r][e] = 0.f;
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+          for (int e = 0; e < PER_LANE; ++e) acc[e] += rows[r][e];
       }
     }
-    float* pr = partial + (hrow * slices + c) * D + lane * PER_LANE;
+    float* pr = partial + ((head0 + g) * slices + c) * D + lane * PER_LANE;
 #pragma unroll
     for (int e = 0; e < PER_LANE; ++e) pr[e] = acc[e];
+    __threadfence();
   }
+  if constexpr (STAGE == 2) return;
+
   // ---- depart; the group's last CTA merges the partials in slice order
-  __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(&depart[group], 1) == slices - 1;
+  if (threadIdx.x == 0) is_last = atomicAdd(&depart[group], 1u) % slices == (unsigned)(slices - 1);
   __syncthreads();
   if (!is_last) return;
   __threadfence();
-  if (g < G) {
-    const size_t hrow = (size_t)b * hkv * G + (size_t)h * G + g;
-    float sum[PER_LANE];
+  for (int o = threadIdx.x; o < G * D; o += kThreads) {
+    const float* pr = partial + (head0 * slices) * D + (size_t)(o / D) * slices * D + o % D;
+    float sum = 0.f;
+    int i = 0;
+    for (; i + 8 <= slices; i += 8) {
+      float x[8];
 #pragma unroll
-    for (int e = 0; e < PER_LANE; ++e) sum[e] = 0.f;
-    for (int i = 0; i < slices; ++i) {
-      const float* pr = partial + (hrow * slices + i) * D + lane * PER_LANE;
+      for (int j = 0; j < 8; ++j) x[j] = __ldcg(pr + (size_t)(i + j) * D);
 #pragma unroll
-      for (int e = 0; e < PER_LANE; ++e) sum[e] += __ldcg(pr + e);
+      for (int j = 0; j < 8; ++j) sum += x[j];
     }
-#pragma unroll
-    for (int e = 0; e < PER_LANE; ++e) out[hrow * D + lane * PER_LANE + e] = __float2bfloat16(sum[e] / (float)budget);
-  }
-  if (threadIdx.x == 0) {
-    atomicExch(&arrive[group], 0);
-    atomicExch(&depart[group], 0);
+    for (; i < slices; ++i) sum += __ldcg(pr + (size_t)i * D);
+    out[head0 * D + o] = __float2bfloat16(sum / (float)budget);
   }
 }
 
@@ -494,19 +590,25 @@ SANTA_STREAM_MMA(mma_d128_g4_u1, 128, 4, 1)
 SANTA_STREAM_MMA(mma_d128_g4_u2, 128, 4, 2)
 SANTA_STREAM_MMA(mma_d64_g7_u4, 64, 7, 4)
 SANTA_STREAM_MMA(mma_d64_g3_u4, 64, 3, 4)
-SANTA_STREAM_KEEP(keep_d128_g4_u1, 128, 4, 1)  // not yet run on a GPU
+SANTA_STREAM_KEEP(keep_d128_g4_u1, 128, 4, 1)
 SANTA_STREAM_KEEP(keep_d64_g7_u4, 64, 7, 4)
 SANTA_STREAM_KEEP(keep_d64_g3_u4, 64, 3, 4)
 
-#define SANTA_PROP_ONE_LAUNCH(NAME, D, G, U)                                                                        \
+#define SANTA_PROP_ONE_LAUNCH(NAME, D, G, U, STAGE)                                                                \
   extern "C" __global__ void __launch_bounds__(kThreads, 2)                                                        \
       NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* uniforms,             \
-           __nv_bfloat16* out, int* counts, float* slice_stats, float* partial, int* arrive, int* depart, int n,       \
-           int hkv, int slice_len, float scale, int budget) {                                                       \
-    prop_one_launch<D, G, U>(q, k, v, uniforms, out, counts, slice_stats, partial, arrive, depart, n, hkv, slice_len, \
-                             scale, budget);                                                                         \
+           __nv_bfloat16* out, int* counts, float* slice_stats, float* partial, unsigned* arrive, unsigned* depart,     \
+           int n, int hkv, int slice_len, float scale, int budget) {                                                \
+    prop_one_launch<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, partial, arrive, depart, n, hkv,    \
+                                    slice_len, scale, budget);                                                       \
   }
 
-SANTA_PROP_ONE_LAUNCH(prop1_d128_g4, 128, 4, 1)  // not yet run on a GPU
-SANTA_PROP_ONE_LAUNCH(prop1_d64_g7, 64, 7, 4)
-SANTA_PROP_ONE_LAUNCH(prop1_d64_g3, 64, 3, 4)
+SANTA_PROP_ONE_LAUNCH(prop1_d128_g4, 128, 4, 1, 0)
+SANTA_PROP_ONE_LAUNCH(prop1_d64_g7, 64, 7, 4, 0)
+SANTA_PROP_ONE_LAUNCH(prop1_d64_g3, 64, 3, 4, 0)
+SANTA_PROP_ONE_LAUNCH(prop1s1_d128_g4, 128, 4, 1, 1)  // the phases alone: stream and publish
+SANTA_PROP_ONE_LAUNCH(prop1s1_d64_g7, 64, 7, 4, 1)
+SANTA_PROP_ONE_LAUNCH(prop1s1_d64_g3, 64, 3, 4, 1)
+SANTA_PROP_ONE_LAUNCH(prop1s2_d128_g4, 128, 4, 1, 2)  // … then barrier, placement and partials
+SANTA_PROP_ONE_LAUNCH(prop1s2_d64_g7, 64, 7, 4, 2)
+SANTA_PROP_ONE_LAUNCH(prop1s2_d64_g3, 64, 3, 4, 2)
