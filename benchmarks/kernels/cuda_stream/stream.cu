@@ -184,16 +184,19 @@ __device__ __forceinline__ void stream_slice(const __nv_bfloat16* __restrict__ q
 // scores of head g, with no shuffles.
 //
 // KEEP: the slice also keeps what placement needs, as the one-launch design does: every score in shared memory
-// (kept, [G][kept_stride] float32) and, per 8-key subtile (one mma group: keys start + 8·i …), its max and mass
-// m_i = max s, ℓ_i = Σ 2^(s − m_i) (sub_m, sub_l: [G][⌈kept_stride / 8⌉]), from the C fragment by two shuffles, while
+// (kept, [G][kept_stride(slice_len)] float32: rows padded so that the heads' stores fall in different banks) and, per
+// 8-key subtile (one mma group: keys start + 8·i …), its max and mass m_i = max s, ℓ_i = Σ 2^(s − m_i) (sub_m, sub_l:
+// [G][⌈slice_len / 8⌉]), from the C fragment by two shuffles, while
 // the next loads are in flight; the lane's (m, l) then merges subtiles (lanes with kslot = 0 only: the four lanes of
 // a head hold the same subtile pair).
+__host__ __device__ constexpr int kept_stride(int slice_len) { return ((slice_len + 31) / 32) * 32 + 8; }
+
 template <int D, int G, int U, bool KEEP>
 __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, int n,
-                                           int hkv, int start, int stop, float scale_log2, float* kept, int kept_stride,
+                                           int hkv, int start, int stop, float scale_log2, float* kept, int slice_len,
                                            float& m, float& l) {
   // Streams keys [start, stop) of group (blockIdx.z, blockIdx.y): this lane's running (m, l) of head lane / 4 over the
-  // keys it scored; KEEP: every score s also into kept[head · kept_stride + key − start] (shared memory).
+  // keys it scored; KEEP: every score s also into kept[head · kept_stride(slice_len) + key − start] (shared memory).
   constexpr int BLOCKS = D / 32;                    // 16-byte loads per key per lane
   constexpr int KEYS_PER_STEP = kWarps * U * 8;
   static_assert(G <= 8, "one mma row per head");
@@ -201,8 +204,8 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, kslot = lane & 3;
   const bool live_head = g < G;
-  const int n_sub = (kept_stride + 7) / 8;
-  float* sub_m = kept + G * kept_stride;
+  const int stride = kept_stride(slice_len), n_sub = (slice_len + 7) / 8;
+  float* sub_m = kept + G * stride;
   float* sub_l = sub_m + G * n_sub;
 
   uint4 qw[BLOCKS];
@@ -243,8 +246,11 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
       const float s0 = key0 < stop ? c0 * scale_log2 : -INFINITY;
       const float s1 = key0 + 1 < stop ? c1 * scale_log2 : -INFINITY;
       if constexpr (KEEP) {
-        if (live_head && key0 < stop) kept[g * kept_stride + key0 - start] = s0;
-        if (live_head && key0 + 1 < stop) kept[g * kept_stride + key0 + 1 - start] = s1;
+        if (live_head && key0 + 1 < stop) {  // key0 − start and the stride are even: one 8-byte store
+          *reinterpret_cast<float2*>(kept + g * stride + key0 - start) = make_float2(s0, s1);
+        } else if (live_head && key0 < stop) {
+          kept[g * stride + key0 - start] = s0;
+        }
         float m8 = fmaxf(s0, s1);  // the subtile's max and mass over the head's four lanes
         m8 = fmaxf(m8, __shfl_xor_sync(0xffffffffu, m8, 1));
         m8 = fmaxf(m8, __shfl_xor_sync(0xffffffffu, m8, 2));
@@ -274,7 +280,9 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
 }
 
 // Dynamic shared memory of a KEEP stream for G heads and slice_len keys, in floats: the scores and the subtiles' (m, ℓ)
-__host__ __device__ constexpr int kept_floats(int heads, int slice_len) { return heads * (slice_len + 2 * ((slice_len + 7) / 8)); }
+__host__ __device__ constexpr int kept_floats(int heads, int slice_len) {
+  return heads * (kept_stride(slice_len) + 2 * ((slice_len + 7) / 8));
+}
 
 template <int D, int G, int U, bool KEEP>
 __device__ __forceinline__ void stream_slice_mma(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
@@ -291,7 +299,7 @@ __device__ __forceinline__ void stream_slice_mma(const __nv_bfloat16* __restrict
   if constexpr (KEEP) {  // the subtiles' (m_i, ℓ_i) out to tile_stats [B, Hkv·G, C, ⌈slice_len / 8⌉, 2], to be checked
     __syncthreads();
     const int n_sub = (slice_len + 7) / 8, live = (max(stop - start, 0) + 7) / 8;
-    const float* sub_m = kept + G * slice_len;
+    const float* sub_m = kept + G * kept_stride(slice_len);
     const float* sub_l = sub_m + G * n_sub;
     for (int item = threadIdx.x; item < G * live; item += kThreads) {
       const int head = item / live, i = item % live;
@@ -327,30 +335,54 @@ __device__ __forceinline__ void load_row(const __nv_bfloat16* p, float (&x)[PER_
   }
 }
 
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
+// Words tagged with the launch they belong to: (tag << 32) | float bits, one 8-byte store or load (single-copy atomic),
+// so a reader that sees the tag it waits for also sees the value: no fence, no counter, no second read.
+__device__ __forceinline__ void store_tagged(unsigned long long* p, float x, unsigned tag) {
+  const unsigned long long word = ((unsigned long long)tag << 32) | __float_as_uint(x);
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(word) : "memory");
+}
+__device__ __forceinline__ unsigned long long load_word(const unsigned long long* p) {
+  unsigned long long word;
+  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(word) : "l"(p) : "memory");
+  return word;
+}
+// The value of *p once it carries `tag` (spins until then), given a first load already in flight
+__device__ __forceinline__ float await_tagged(const unsigned long long* p, unsigned long long word, unsigned tag) {
+  for (int spins = 0; (unsigned)(word >> 32) != tag; ++spins) {
+    if (spins == 1 << 22) __trap();  // tens of ms: a CTA that never publishes is a bug, not a wait
+    __nanosleep(16);
+    word = load_word(p);
+  }
+  return __uint_as_float((unsigned)word);
+}
+// dst[i] = the values of words[i] for i < count once they carry `tag`: all threads, two loads in flight each
+__device__ __forceinline__ void gather_tagged(float* dst, const unsigned long long* words, int count, unsigned tag) {
+  for (int i = threadIdx.x; i < count; i += 2 * kThreads) {
+    const int j = i + kThreads;
+    const unsigned long long wi = load_word(words + i), wj = j < count ? load_word(words + j) : 0ull;
+    dst[i] = await_tagged(words + i, wi, tag);
+    if (j < count) dst[j] = await_tagged(words + j, wj, tag);
+  }
 }
 
-// prop in one launch (issue 24), second version. Exact global systematic sampling as santa's two-launch prop, for
+// prop in one launch (issue 24), third version. Exact global systematic sampling as santa's two-launch prop, for
 // contiguous NHD bf16 K and V whose sequences all hold n keys, with the uniforms given ([B, Hkv·G] float32,
 // santa.kernels.reference.philox_uniforms): one persistent grid (C, Hkv, B), every CTA resident (a cooperative
-// launch), a CTA per slice of a group's keys.
+// launch), a CTA per slice of a group's keys. The CTAs of a group exchange data twice, through words tagged with the
+// launch (tag = epoch[group] + 1, read at the start; CTA 0 stores it back once every CTA has published): no atomics.
 //   stream:  mma_stream with KEEP: scores and 8-key subtiles' (m_i, ℓ_i) in shared memory, the lanes' running max.
 //            Then per head (warp g) the slice max m_c and the subtiles' masses W_i = ℓ_i·2^(m_i − m_c) with their
-//            inclusive prefix Cum_i in place of ℓ_i; the slice's mass w_c = Cum_last. Publish (m_c, w_c); arrive.
-//   barrier: a counter per group that only grows: a CTA waits for the next multiple of C (nothing to reset).
-//   sample:  the group's C × G (m, w) into shared memory in one read. Warp g, head g: m* = max m_c, W_c =
-//            w_c·2^(m_c − m*), F = their inclusive prefix, computed by the same lanes in the same order on every
+//            inclusive prefix Cum_i in place of ℓ_i; the slice's mass w_c = Cum_last. Publish (m_c, w_c), tagged.
+//   sample:  read the group's C × G tagged (m, w) (waiting for those not yet there). Warp g, head g: m* = max m_c,
+//            W_c = w_c·2^(m_c − m*), F = their inclusive prefix, computed by the same lanes in the same order on every
 //            CTA (so F(c) is bit for bit the same number where slice c and slice c + 1 use it); P_c = S·F(c)/F(C−1)
 //            (P_{C−1} = S exactly). Comb point m (position m + U) is this slice's iff P_{c−1} − m ≤ U < P_c − m
 //            (santa's pass 2 test); there t = (U − (P_{c−1} − m))/(P_c − P_{c−1})·w_c, its subtile the first with
 //            Cum_i > t (bisection; past the last subtile with mass: that one), its key the first of the subtile with
 //            Cum_{i−1} + Σ_{k'≤k} 2^(s_k' − m_c) > t (else the subtile's last key with mass). V rows summed in sample
-//            order, four loads in flight; a partial per slice and head.
-//   merge:   a second counter; the group's last CTA sums the C partials in slice order (all threads, eight loads in
-//            flight each) and writes out = Σ / S.
+//            order, four loads in flight; the slice's partial sums per head, tagged.
+//   merge:   CTA c owns E = ⌈G·D / C⌉ of the group's G·D outputs: it reads their C tagged partials (waiting for those
+//            not yet there), sums them in slice order and writes out = Σ / S.
 // STAGE 1 stops after publishing, STAGE 2 after the partials (timing the phases; their outputs are not checked).
 // Not handled yet (the Triton kernel does all of them): per-sequence lengths, paged caches, NaN rows, S > n checks,
 // fp8, other dtypes, groups beyond one wave (rounds).
@@ -358,22 +390,23 @@ template <int D, int G, int U, int STAGE>
 __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                                                 const __nv_bfloat16* __restrict__ v, const float* __restrict__ uniforms,
                                                 __nv_bfloat16* __restrict__ out, int* __restrict__ counts,
-                                                float* __restrict__ slice_stats, float* __restrict__ partial,
-                                                unsigned* __restrict__ arrive, unsigned* __restrict__ depart, int n, int hkv,
-                                                int slice_len, float scale_log2, int budget) {
+                                                unsigned long long* __restrict__ slice_stats,
+                                                unsigned long long* __restrict__ partial, unsigned* __restrict__ epoch,
+                                                int n, int hkv, int slice_len, float scale_log2, int budget) {
   extern __shared__ float smem[];  // kept_floats(G, slice_len), then the group's stats [G][C][2]
   __shared__ float warp_max[kWarps][8], slice_max[8];
-  __shared__ int last_live_sub[8], is_last;
+  __shared__ int last_live_sub[8];
   constexpr int PER_LANE = D / 32;  // V elements per lane
   const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, slices = gridDim.x, group = b * hkv + h;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int start = c * slice_len, stop = min(n, start + slice_len), keys = max(stop - start, 0);
-  const int n_sub = (slice_len + 7) / 8, live_subs = (keys + 7) / 8;
+  const int stride = kept_stride(slice_len), n_sub = (slice_len + 7) / 8, live_subs = (keys + 7) / 8;
   float* kept = smem;
-  float* sub_m = kept + G * slice_len;
+  float* sub_m = kept + G * stride;
   float* cum = sub_m + G * n_sub;  // ℓ_i from the stream, then Cum_i
   float* group_stats = smem + kept_floats(G, slice_len);
   const size_t head0 = (size_t)b * hkv * G + (size_t)h * G;  // the group's first query-head row
+  const unsigned tag = __ldcg(epoch + group) + 1u;
 
   // ---- stream
   float m, l;
@@ -416,26 +449,20 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) live = max(live, __shfl_xor_sync(0xffffffffu, live, o));
     __syncwarp();
+    if (lane < 2) {  // publish (m_c, w_c = Cum_last), tagged
+      const float w_c = live_subs > 0 ? cum[g * n_sub + live_subs - 1] : 0.f;
+      store_tagged(slice_stats + ((head0 + g) * slices + c) * 2 + lane, lane == 0 ? mc : w_c, tag);
+    }
     if (lane == 0) {
       slice_max[g] = mc;
       last_live_sub[g] = live;
-      float* st = slice_stats + ((head0 + g) * slices + c) * 2;  // publish (m_c, w_c = Cum_last)
-      st[0] = mc;
-      st[1] = live_subs > 0 ? cum[g * n_sub + live_subs - 1] : 0.f;
-      __threadfence();
     }
   }
-  __syncthreads();
   if constexpr (STAGE == 1) return;
 
-  // ---- arrive; wait for the group's C arrivals of this launch
-  if (threadIdx.x == 0) {
-    const unsigned before = atomicAdd(&arrive[group], 1u);
-    const unsigned target = (before / slices + 1) * slices;
-    while ((int)(load_acquire(&arrive[group]) - target) < 0) __nanosleep(32);
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < G * slices * 2; i += kThreads) group_stats[i] = __ldcg(slice_stats + head0 * slices * 2 + i);
+  // ---- the group's stats, once every CTA has published them
+  gather_tagged(group_stats, slice_stats + head0 * slices * 2, G * slices * 2, tag);
+  if (c == 0 && threadIdx.x == 0) epoch[group] = tag;  // every CTA of the group has read the old epoch by now
   __syncthreads();
 
   // ---- sample: warp g places head g's comb points that fall in this slice
@@ -478,7 +505,7 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
     const float p_hi = (through / z) * s_f;  // S exactly for the last slice (z / z = 1), as pass 2's P_last
     const float mc = slice_max[g];
     const float* cg = cum + g * n_sub;
-    const float* sg = kept + g * slice_len;
+    const float* sg = kept + g * stride;
     const int live_sub = last_live_sub[g];
     const float total = live_sub >= 0 ? cg[live_subs - 1] : 0.f;
     const int first_m = max(0, (int)ceilf(p_lo - uni) - 1), last_m = min(budget - 1, (int)ceilf(p_hi - uni));
@@ -529,32 +556,31 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
           for (int e = 0; e < PER_LANE; ++e) acc[e] += rows[r][e];
       }
     }
-    float* pr = partial + ((head0 + g) * slices + c) * D + lane * PER_LANE;
+    unsigned long long* pr = partial + ((head0 + g) * slices + c) * D + lane * PER_LANE;
 #pragma unroll
-    for (int e = 0; e < PER_LANE; ++e) pr[e] = acc[e];
-    __threadfence();
+    for (int e = 0; e < PER_LANE; ++e) store_tagged(pr + e, acc[e], tag);
   }
   if constexpr (STAGE == 2) return;
 
-  // ---- depart; the group's last CTA merges the partials in slice order
+  // ---- merge: this CTA's E outputs, their C partials each (tagged), summed in slice order
+  const int per_cta = (G * D + slices - 1) / slices, o0 = c * per_cta, owned = max(0, min(G * D, o0 + per_cta) - o0);
+  __syncthreads();  // the shared scores are free again: they hold the partials [owned][C]
+  for (int i = threadIdx.x; i < owned * slices; i += 2 * kThreads) {
+    const int j = i + kThreads;
+    // item i: output o0 + i / C (head o / D, element o % D), slice i % C
+    auto word = [&](int item) {
+      const int o = o0 + item / slices;
+      return partial + ((head0 + o / D) * slices + item % slices) * D + o % D;
+    };
+    const unsigned long long wi = load_word(word(i)), wj = j < owned * slices ? load_word(word(j)) : 0ull;
+    kept[i] = await_tagged(word(i), wi, tag);
+    if (j < owned * slices) kept[j] = await_tagged(word(j), wj, tag);
+  }
   __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(&depart[group], 1u) % slices == (unsigned)(slices - 1);
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  for (int o = threadIdx.x; o < G * D; o += kThreads) {
-    const float* pr = partial + (head0 * slices) * D + (size_t)(o / D) * slices * D + o % D;
+  if (threadIdx.x < owned) {
     float sum = 0.f;
-    int i = 0;
-    for (; i + 8 <= slices; i += 8) {
-      float x[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) x[j] = __ldcg(pr + (size_t)(i + j) * D);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) sum += x[j];
-    }
-    for (; i < slices; ++i) sum += __ldcg(pr + (size_t)i * D);
-    out[head0 * D + o] = __float2bfloat16(sum / (float)budget);
+    for (int i = 0; i < slices; ++i) sum += kept[threadIdx.x * slices + i];
+    out[head0 * D + o0 + threadIdx.x] = __float2bfloat16(sum / (float)budget);
   }
 }
 
@@ -597,10 +623,10 @@ SANTA_STREAM_KEEP(keep_d64_g3_u4, 64, 3, 4)
 #define SANTA_PROP_ONE_LAUNCH(NAME, D, G, U, STAGE)                                                                \
   extern "C" __global__ void __launch_bounds__(kThreads, 2)                                                        \
       NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* uniforms,             \
-           __nv_bfloat16* out, int* counts, float* slice_stats, float* partial, unsigned* arrive, unsigned* depart,     \
-           int n, int hkv, int slice_len, float scale, int budget) {                                                \
-    prop_one_launch<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, partial, arrive, depart, n, hkv,    \
-                                    slice_len, scale, budget);                                                       \
+           __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* partial,              \
+           unsigned* epoch, int n, int hkv, int slice_len, float scale, int budget) {                               \
+    prop_one_launch<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, partial, epoch, n, hkv, slice_len,  \
+                                    scale, budget);                                                                  \
   }
 
 SANTA_PROP_ONE_LAUNCH(prop1_d128_g4, 128, 4, 1, 0)
