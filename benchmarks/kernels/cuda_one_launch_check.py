@@ -89,10 +89,11 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
                    for name in (kernel, kernel.replace("prop1", "prop1s1"), kernel.replace("prop1", "prop1s2"))}
 
         def launch(with_counts: bool, name: str = kernel, slices=slices, slice_len=slice_len, shared=shared,
-                   buffers=buffers) -> None:
+                   buffers=buffers, marks: torch.Tensor | None = None) -> None:
             values = [ctypes.c_void_p(t.data_ptr()) for t in (q, k, v, uniforms, out)]
             values.append(ctypes.c_void_p(counts.data_ptr() if with_counts else 0))
             values += [ctypes.c_void_p(t.data_ptr()) for t in buffers[name]]
+            values.append(ctypes.c_void_p(marks.data_ptr() if marks is not None else 0))
             values += [ctypes.c_int(n), ctypes.c_int(kv_heads), ctypes.c_int(slice_len), ctypes.c_float(scale), ctypes.c_int(BUDGET)]
             kernels.launch_values(name, (slices, kv_heads, batch), values, shared_bytes=shared, cooperative=True)
 
@@ -122,12 +123,38 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
                                              flusher.read, graph=True)["median_us"]
             except RuntimeError as exc:
                 row[f"{stage}_error"] = str(exc)
+        marks = torch.zeros(batch * kv_heads * slices, 8, 2, dtype=torch.int64, device="cuda")
+        for _ in range(3):  # warm, then the last of three eager launches (no flush: phases, not the step's time)
+            launch(False, marks=marks)
+        torch.cuda.synchronize()
+        row["phases"] = phase_marks(marks.cpu())
         case["plans"][f"C{slices}"] = row
         if best is None or row["us"] < best[0]:
             best = (row["us"], f"C{slices}")
     if best is not None:
         case["one_launch_us"], case["best_plan"] = best
     return case
+
+
+PHASES = ["start", "streamed", "published", "stats read", "first points placed", "partial stored",
+          "partials to merge read", "done"]
+
+
+def phase_marks(marks: torch.Tensor) -> dict:
+    """From the kernel's marks [CTAs, 8, (globaltimer ns, clock64)]: per phase boundary, when the last CTA reached it
+    (µs after the first CTA started, globaltimer), and per phase the median and largest cycles a CTA spent in it."""
+    ns, cycles = marks[..., 0].double(), marks[..., 1].double()
+    seen = marks[..., 0] != 0  # mark 4 is missing where head 0 places no point in the slice
+    t0 = ns[:, 0].min()
+    out = {"last_cta_us": {}, "cycles_median": {}, "cycles_max": {}}
+    for i, name in enumerate(PHASES):
+        if seen[:, i].any():
+            out["last_cta_us"][name] = float((ns[seen[:, i], i].max() - t0) / 1e3)
+        if i and (both := seen[:, i] & seen[:, i - 1]).any():
+            spent = cycles[both, i] - cycles[both, i - 1]
+            out["cycles_median"][name] = float(spent.median())
+            out["cycles_max"][name] = float(spent.max())
+    return out
 
 
 def measure_or_error(kernels: Kernels, flusher: Flusher, **shape) -> dict:

@@ -383,7 +383,9 @@ __device__ __forceinline__ void gather_tagged(float* dst, const unsigned long lo
 //            order, four loads in flight; the slice's partial sums per head, tagged.
 //   merge:   CTA c owns E = ⌈G·D / C⌉ of the group's G·D outputs: it reads their C tagged partials (waiting for those
 //            not yet there), sums them in slice order and writes out = Σ / S.
-// STAGE 1 stops after publishing, STAGE 2 after the partials (timing the phases; their outputs are not checked).
+// STAGE 1 stops after publishing, STAGE 2 after the partials (timing the phases; their outputs are not checked);
+// marks, where given, get each CTA's clocks at the phase boundaries (0 start, 1 streamed, 2 published, 3 stats read,
+// 4 first points placed, 5 partial stored, 6 partials to merge read, 7 done).
 // Not handled yet (the Triton kernel does all of them): per-sequence lengths, paged caches, NaN rows, S > n checks,
 // fp8, other dtypes, groups beyond one wave (rounds).
 template <int D, int G, int U, int STAGE>
@@ -392,7 +394,19 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
                                                 __nv_bfloat16* __restrict__ out, int* __restrict__ counts,
                                                 unsigned long long* __restrict__ slice_stats,
                                                 unsigned long long* __restrict__ partial, unsigned* __restrict__ epoch,
-                                                int n, int hkv, int slice_len, float scale_log2, int budget) {
+                                                long long* __restrict__ marks, int n, int hkv, int slice_len,
+                                                float scale_log2, int budget) {
+  // marks (nullptr: none): per CTA, 8 pairs (globaltimer ns, clock64) at the phase boundaries, by thread 0
+  auto mark = [&](int i) {
+    if (marks != nullptr && threadIdx.x == 0) {
+      long long ns;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+      long long* at = marks + ((size_t)(blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * 16 + 2 * i;
+      at[0] = ns;
+      at[1] = clock64();
+    }
+  };
+  mark(0);
   extern __shared__ float smem[];  // kept_floats(G, slice_len), then the group's stats [G][C][2]
   __shared__ float warp_max[kWarps][8], slice_max[8];
   __shared__ int last_live_sub[8];
@@ -415,6 +429,7 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
   for (int o = 1; o < 4; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));  // the 4 lanes of head lane / 4
   if ((lane & 3) == 0) warp_max[warp][lane >> 2] = m;
   __syncthreads();
+  mark(1);  // the slice streamed
   if (warp < G) {  // warp g: head g's slice max, subtile masses and their prefix, four subtiles per lane per round
     const int g = warp;
     float mc = -INFINITY;
@@ -458,12 +473,14 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
       last_live_sub[g] = live;
     }
   }
+  mark(2);  // published
   if constexpr (STAGE == 1) return;
 
   // ---- the group's stats, once every CTA has published them
   gather_tagged(group_stats, slice_stats + head0 * slices * 2, G * slices * 2, tag);
   if (c == 0 && threadIdx.x == 0) epoch[group] = tag;  // every CTA of the group has read the old epoch by now
   __syncthreads();
+  mark(3);  // the group's stats here
 
   // ---- sample: warp g places head g's comb points that fall in this slice
   float acc[PER_LANE];
@@ -534,6 +551,7 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
         key = start + (chosen >= 0 ? chosen : live_key);
         if (counts != nullptr) atomicAdd(&counts[(head0 + g) * n + key], 1);
       }
+      if (m0 == first_m) mark(4);  // head 0's first points placed
       unsigned bits = __ballot_sync(0xffffffffu, mine);
       while (bits != 0) {  // in sample order (deterministic sums), four rows in flight
         float rows[4][PER_LANE];
@@ -560,6 +578,7 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
 #pragma unroll
     for (int e = 0; e < PER_LANE; ++e) store_tagged(pr + e, acc[e], tag);
   }
+  mark(5);  // head 0's partial stored
   if constexpr (STAGE == 2) return;
 
   // ---- merge: this CTA's E outputs, their C partials each (tagged), summed in slice order
@@ -577,11 +596,13 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
     if (j < owned * slices) kept[j] = await_tagged(word(j), wj, tag);
   }
   __syncthreads();
+  mark(6);  // the partials this CTA merges here
   if (threadIdx.x < owned) {
     float sum = 0.f;
     for (int i = 0; i < slices; ++i) sum += kept[threadIdx.x * slices + i];
     out[head0 * D + o0 + threadIdx.x] = __float2bfloat16(sum / (float)budget);
   }
+  mark(7);
 }
 
 }  // namespace
@@ -624,9 +645,9 @@ SANTA_STREAM_KEEP(keep_d64_g3_u4, 64, 3, 4)
   extern "C" __global__ void __launch_bounds__(kThreads, 2)                                                        \
       NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* uniforms,             \
            __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* partial,              \
-           unsigned* epoch, int n, int hkv, int slice_len, float scale, int budget) {                               \
-    prop_one_launch<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, partial, epoch, n, hkv, slice_len,  \
-                                    scale, budget);                                                                  \
+           unsigned* epoch, long long* marks, int n, int hkv, int slice_len, float scale, int budget) {              \
+    prop_one_launch<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, partial, epoch, marks, n, hkv,     \
+                                    slice_len, scale, budget);                                                       \
   }
 
 SANTA_PROP_ONE_LAUNCH(prop1_d128_g4, 128, 4, 1, 0)
