@@ -124,7 +124,8 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
             except RuntimeError as exc:
                 row[f"{stage}_error"] = str(exc)
         marks = torch.zeros(batch * kv_heads * slices, 8, 2, dtype=torch.int64, device="cuda")
-        for _ in range(3):  # warm, then the last of three eager launches (no flush: phases, not the step's time)
+        for _ in range(3):  # warm, then the last of three eager launches, each after a clean L2 as in the timing
+            flusher.read()
             launch(False, marks=marks)
         torch.cuda.synchronize()
         row["phases"] = phase_marks(marks.cpu())
