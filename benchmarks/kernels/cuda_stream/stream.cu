@@ -365,7 +365,7 @@ __device__ __forceinline__ void gather_tagged(float* dst, const unsigned long lo
   }
 }
 
-// prop in one launch (issue 24), third version. Exact global systematic sampling as santa's two-launch prop, for
+// prop in one launch (issue 24), fourth version. Exact global systematic sampling as santa's two-launch prop, for
 // contiguous NHD bf16 K and V whose sequences all hold n keys, with the uniforms given ([B, Hkv·G] float32,
 // santa.kernels.reference.philox_uniforms): one persistent grid (C, Hkv, B), every CTA resident (a cooperative
 // launch), a CTA per slice of a group's keys. The CTAs of a group exchange data twice, through words tagged with the
@@ -380,7 +380,7 @@ __device__ __forceinline__ void gather_tagged(float* dst, const unsigned long lo
 //            (santa's pass 2 test); there t = (U − (P_{c−1} − m))/(P_c − P_{c−1})·w_c, its subtile the first with
 //            Cum_i > t (bisection; past the last subtile with mass: that one), its key the first of the subtile with
 //            Cum_{i−1} + Σ_{k'≤k} 2^(s_k' − m_c) > t (else the subtile's last key with mass). V rows summed in sample
-//            order, four loads in flight; the slice's partial sums per head, tagged.
+//            order, eight loads in flight; the slice's partial sums per head, tagged.
 //   merge:   CTA c owns E = ⌈G·D / C⌉ of the group's G·D outputs: it reads their C tagged partials (waiting for those
 //            not yet there), sums them in slice order and writes out = Σ / S.
 // STAGE 1 stops after publishing, STAGE 2 after the partials (timing the phases; their outputs are not checked);
@@ -421,6 +421,7 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
   float* group_stats = smem + kept_floats(G, slice_len);
   const size_t head0 = (size_t)b * hkv * G + (size_t)h * G;  // the group's first query-head row
   const unsigned tag = __ldcg(epoch + group) + 1u;
+  const float uni = warp < G ? __ldg(uniforms + head0 + warp) : 0.f;  // loaded now, used after the stream
 
   // ---- stream
   float m, l;
@@ -430,18 +431,18 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
   if ((lane & 3) == 0) warp_max[warp][lane >> 2] = m;
   __syncthreads();
   mark(1);  // the slice streamed
-  if (warp < G) {  // warp g: head g's slice max, subtile masses and their prefix, four subtiles per lane per round
+  if (warp < G) {  // warp g: head g's slice max, subtile masses and their prefix, eight subtiles per lane per round
     const int g = warp;
     float mc = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) mc = fmaxf(mc, warp_max[w][g]);
     float carry = 0.f;
     int live = -1;
-    for (int base = 0; base < live_subs; base += 128) {
-      const int i0 = base + lane * 4;
-      float run[4], total = 0.f;
+    for (int base = 0; base < live_subs; base += 256) {
+      const int i0 = base + lane * 8;
+      float run[8], total = 0.f;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
+      for (int e = 0; e < 8; ++e) {
         const int i = i0 + e;
         const float w = i < live_subs && mc != -INFINITY ? cum[g * n_sub + i] * exp2f(sub_m[g * n_sub + i] - mc) : 0.f;
         if (w > 0.f) live = i;
@@ -457,7 +458,7 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
       float excl = __shfl_up_sync(0xffffffffu, incl, 1);
       if (lane == 0) excl = 0.f;
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
+      for (int e = 0; e < 8; ++e)
         if (i0 + e < live_subs) cum[g * n_sub + i0 + e] = carry + (excl + run[e]);
       carry += __shfl_sync(0xffffffffu, incl, 31);
     }
@@ -517,7 +518,7 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
     below = __shfl_sync(0xffffffffu, below, c > 0 ? (c - 1) / per : 0);
     through = __shfl_sync(0xffffffffu, through, c / per);
     const float z = __shfl_sync(0xffffffffu, last, (slices - 1) / per);
-    const float s_f = (float)budget, uni = uniforms[head0 + g];
+    const float s_f = (float)budget;
     const float p_lo = c == 0 ? 0.f : (below / z) * s_f;
     const float p_hi = (through / z) * s_f;  // S exactly for the last slice (z / z = 1), as pass 2's P_last
     const float mc = slice_max[g];
@@ -536,7 +537,7 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
         const float width = p_hi - p_lo;
         const float t = (uni - (p_lo - mf)) / (width > 0.f ? width : 1.f) * total;
         int pos = 0;  // the first subtile with Cum_i > t: #{i : Cum_i <= t} (Cum is non-decreasing)
-        for (int step = 1 << 14; step > 0; step >>= 1)
+        for (int step = 1 << (31 - __clz(live_subs)); step > 0; step >>= 1)
           if (pos + step <= live_subs && cg[pos + step - 1] <= t) pos += step;
         pos = min(pos, live_sub);
         const float before = pos == 0 ? 0.f : cg[pos - 1];
@@ -553,10 +554,10 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
       }
       if (m0 == first_m) mark(4);  // head 0's first points placed
       unsigned bits = __ballot_sync(0xffffffffu, mine);
-      while (bits != 0) {  // in sample order (deterministic sums), four rows in flight
-        float rows[4][PER_LANE];
+      while (bits != 0) {  // in sample order (deterministic sums), eight rows in flight
+        float rows[8][PER_LANE];
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
+        for (int r = 0; r < 8; ++r) {
           const bool any = bits != 0;
           const int src = any ? __ffs(bits) - 1 : 0;
           const int kk = __shfl_sync(0xffffffffu, key, src);
@@ -569,7 +570,7 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
           }
         }
 #pragma unroll
-        for (int r = 0; r < 4; ++r)
+        for (int r = 0; r < 8; ++r)
 #pragma unroll
           for (int e = 0; e < PER_LANE; ++e) acc[e] += rows[r][e];
       }
