@@ -1,6 +1,6 @@
 """Issue 24: prop in one cooperative launch, in CUDA C++ (``cuda_stream/stream.cu``, ``prop1_*``), against santa's
 two-launch Triton prop on the same inputs and the same uniforms. First run on the H200 on 2026-12-02 (the first
-version: right, slower than santa's prop; KERNEL_NOTES run 14); this is the second version (run 15).
+version: right, slower than santa's prop); this is the fifth (KERNEL_NOTES run 15 has all five).
 
 Per case (bf16, contiguous NHD, every sequence n keys, S = 128): the uniforms santa's kernels draw for (seed, offset)
 (``santa.kernels.reference.philox_uniforms``) are handed to the CUDA kernel, so both place the same comb. Checked:
@@ -8,7 +8,7 @@ every head draws S samples; the counts against santa's (rows equal, samples move
 in different orders, so a point within rounding of a CDF step may move, as the spec tests allow); the outputs
 against santa's; two CUDA runs bitwise equal. Then timed in the same process as santa's prop step (CUDA-graph
 replay, clean cold L2, medians; benchmarks/bench/timing.py), with the phases alone (``prop1s1_*``: stream and
-publish; ``prop1s2_*``: + barrier, placement and partials). C, the slices per group: the largest that keeps every CTA
+publish; ``prop1s2_*``: + the stats exchange and placement). C, the slices per group: the largest that keeps every CTA
 resident (``cuOccupancyMaxActiveBlocksPerMultiprocessor`` with the slice's shared memory), a half and a quarter of it.
 
     python benchmarks/kernels/cuda_one_launch_check.py OUT.jsonl [COMMIT]
@@ -36,14 +36,15 @@ CASES = [("llama 8k", 1, 8192, 32, 8, 128), ("llama 32k", 1, 32768, 32, 8, 128),
 SHARED_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90
 
 
-def slice_plans(kernels: Kernels, kernel: str, *, groups: int, n: int, group_size: int) -> list[tuple[int, int, int]]:
+def slice_plans(kernels: Kernels, kernel: str, *, groups: int, n: int, group_size: int, dim: int) -> list[tuple[int, int, int]]:
     """(C, slice_len, shared bytes) to time: the most slices per group whose CTAs are all resident at once, then a
-    half and a quarter as many (fewer partials to merge, longer slices)."""
+    half and a quarter as many (fewer CTAs to wait for, longer slices)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     plans = []
     for slices in range(max(1, 2 * sms // groups), 0, -1):
         slice_len = -(-n // slices)
-        shared = kept_bytes(group_size, slice_len) + 4 * group_size * slices * 2  # + the group's stats
+        vectors_per_cta = -(-group_size * dim // 8 // slices)  # the gather's rows: [vectors][S][8] float32
+        shared = max(kept_bytes(group_size, slice_len) + 4 * group_size * slices * 2, 4 * 8 * BUDGET * vectors_per_cta)
         if shared > SHARED_LIMIT:
             break
         if shared > 48 * 1024:
@@ -79,12 +80,10 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
     out = torch.empty_like(q)
     counts = torch.zeros(batch, heads, n, dtype=torch.int32, device="cuda")
     best = None
-    for slices, slice_len, shared in slice_plans(kernels, kernel, groups=batch * kv_heads, n=n, group_size=group):
-        if slice_len + 8 < dim:
-            continue  # the merge keeps its partials where the scores were: too few keys per slice for that
-        # per kernel (the full one and its phases): tagged stats and partials, the groups' epochs
+    for slices, slice_len, shared in slice_plans(kernels, kernel, groups=batch * kv_heads, n=n, group_size=group, dim=dim):
+        # per kernel (the full one and its phases): tagged stats and sampled keys, the groups' epochs
         buffers = {name: (torch.zeros(batch, heads, slices, 2, dtype=torch.int64, device="cuda"),
-                          torch.zeros(batch, heads, slices, dim, dtype=torch.int64, device="cuda"),
+                          torch.zeros(batch, heads, BUDGET, dtype=torch.int64, device="cuda"),
                           torch.zeros(batch * kv_heads, dtype=torch.int32, device="cuda"))
                    for name in (kernel, kernel.replace("prop1", "prop1s1"), kernel.replace("prop1", "prop1s2"))}
 
@@ -117,7 +116,7 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
             row["eager_us"] = time_fn(lambda: launch(False), flusher.read)["median_us"]
             case["plans"][f"C{slices}"] = row
             continue
-        for stage in ("prop1s1", "prop1s2"):  # the phases: stream + publish; + barrier, placement, partials
+        for stage in ("prop1s1", "prop1s2"):  # the phases: stream + publish; + the stats exchange and placement
             try:
                 row[f"{stage}_us"] = time_fn(lambda stage=stage: launch(False, kernel.replace("prop1", stage)),
                                              flusher.read, graph=True)["median_us"]
@@ -137,8 +136,8 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
     return case
 
 
-PHASES = ["start", "streamed", "published", "stats read", "first points placed", "partial stored",
-          "partials to merge read", "done"]
+PHASES = ["start", "streamed", "published", "stats read", "first points placed", "keys written", "V rows gathered",
+          "done"]
 
 
 def phase_marks(marks: torch.Tensor) -> dict:

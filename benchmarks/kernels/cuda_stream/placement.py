@@ -4,9 +4,10 @@ kernel computes for one (sequence, head) row, so that its arithmetic can be chec
 spent on the kernel itself.
 
 Per slice c of ``slice_len`` keys, in 8-key subtiles i (kept while the kernel streams K): m_i = max s and
-ℓ_i = Σ 2^(s − m_i); m_c = max m_i, W_i = ℓ_i · 2^(m_i − m_c), Cum = their inclusive prefix, w_c = Cum[last]. Over
-the slices, in order: m* = max m_c, W_c = w_c · 2^(m_c − m*), F = their prefix, z = F[last]; P_c = S · F(c) / z.
-Comb point m sits in slice c iff P_{c−1} − m ≤ U < P_c − m; there t = (U − (P_{c−1} − m)) / (P_c − P_{c−1}) · w_c,
+ℓ_i = Σ 2^(s − m_i); m_c = max m_i, W_i = ℓ_i · 2^(m_i − m_c), Cum = their inclusive prefix; the published mass w_c
+= Σ 2^(s − m_c) comes from the stream's own running (m, l), so it may differ from Cum[last] by rounding. Over the
+slices, in order: m* = max m_c, W_c = w_c · 2^(m_c − m*), F = their prefix, z = F[last]; P_c = S · F(c) / z.
+Comb point m sits in slice c iff P_{c−1} − m ≤ U < P_c − m; there t = (U − (P_{c−1} − m)) / (P_c − P_{c−1}) · Cum[last],
 its subtile the first with Cum_i > t (past the last subtile with mass: that one), its key the subtile's first with
 Cum_{i−1} + Σ_{k' ≤ k} 2^(s_k' − m_c) > t (else the subtile's last key with mass).
 """
@@ -32,16 +33,17 @@ def one_launch_counts(scores_log2: torch.Tensor, budget: int, uniform: float, sl
         m_c = sub_m.max()
         w = torch.zeros_like(sub_l) if m_c == -torch.inf else sub_l * torch.exp2(sub_m - m_c)
         live = int(torch.nonzero(w > 0).max()) if (w > 0).any() else -1
-        slices.append((start, m_c, torch.cumsum(w, 0), live))
-    m_star = torch.stack([m_c for _, m_c, _, _ in slices]).max()
+        w_c = zero if m_c == -torch.inf else torch.exp2(s - m_c).sum()  # published from the stream's own (m, l)
+        slices.append((start, m_c, w_c, torch.cumsum(w, 0), live))
+    m_star = torch.stack([m_c for _, m_c, _, _, _ in slices]).max()
     m_ref = zero if m_star == -torch.inf else m_star
-    prefix = torch.cumsum(torch.stack([cum[-1] * torch.exp2(m_c - m_ref) for _, m_c, cum, _ in slices]), 0)
+    prefix = torch.cumsum(torch.stack([w_c * torch.exp2(m_c - m_ref) for _, m_c, w_c, _, _ in slices]), 0)
     z = prefix[-1]
     counts = torch.zeros(n, dtype=torch.int64)
     if not z > 0:
         return counts
     s_f, u_f = torch.tensor(float(budget), dtype=f32), torch.tensor(uniform, dtype=f32)
-    for c, (start, m_c, cum, live) in enumerate(slices):
+    for c, (start, m_c, _, cum, live) in enumerate(slices):
         p_lo = zero if c == 0 else (prefix[c - 1] / z) * s_f
         p_hi = (prefix[c] / z) * s_f
         total = cum[-1]

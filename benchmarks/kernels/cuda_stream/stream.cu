@@ -365,27 +365,30 @@ __device__ __forceinline__ void gather_tagged(float* dst, const unsigned long lo
   }
 }
 
-// prop in one launch (issue 24), fourth version. Exact global systematic sampling as santa's two-launch prop, for
+// prop in one launch (issue 24), fifth version. Exact global systematic sampling as santa's two-launch prop, for
 // contiguous NHD bf16 K and V whose sequences all hold n keys, with the uniforms given ([B, Hkv·G] float32,
 // santa.kernels.reference.philox_uniforms): one persistent grid (C, Hkv, B), every CTA resident (a cooperative
 // launch), a CTA per slice of a group's keys. The CTAs of a group exchange data twice, through words tagged with the
 // launch (tag = epoch[group] + 1, read at the start; CTA 0 stores it back once every CTA has published): no atomics.
-//   stream:  mma_stream with KEEP: scores and 8-key subtiles' (m_i, ℓ_i) in shared memory, the lanes' running max.
-//            Then per head (warp g) the slice max m_c and the subtiles' masses W_i = ℓ_i·2^(m_i − m_c) with their
-//            inclusive prefix Cum_i in place of ℓ_i; the slice's mass w_c = Cum_last. Publish (m_c, w_c), tagged.
-//   sample:  read the group's C × G tagged (m, w) (waiting for those not yet there). Warp g, head g: m* = max m_c,
+//   stream:  mma_stream with KEEP: scores and 8-key subtiles' (m_i, ℓ_i) in shared memory, the lanes' (m, l) over
+//            their subtiles. The slice's (m_c, w_c) per head from those (shuffles, then eight warps by a fixed tree),
+//            published tagged at once; then, while the other CTAs' stats travel, per head (warp g) the subtiles'
+//            masses W_i = ℓ_i·2^(m_i − m_c) and their inclusive prefix Cum_i in place of ℓ_i.
+//   place:   read the group's C × G tagged (m, w) (waiting for those not yet there). Warp g, head g: m* = max m_c,
 //            W_c = w_c·2^(m_c − m*), F = their inclusive prefix, computed by the same lanes in the same order on every
-//            CTA (so F(c) is bit for bit the same number where slice c and slice c + 1 use it); P_c = S·F(c)/F(C−1)
-//            (P_{C−1} = S exactly). Comb point m (position m + U) is this slice's iff P_{c−1} − m ≤ U < P_c − m
-//            (santa's pass 2 test); there t = (U − (P_{c−1} − m))/(P_c − P_{c−1})·w_c, its subtile the first with
-//            Cum_i > t (bisection; past the last subtile with mass: that one), its key the first of the subtile with
-//            Cum_{i−1} + Σ_{k'≤k} 2^(s_k' − m_c) > t (else the subtile's last key with mass). V rows summed in sample
-//            order, eight loads in flight; the slice's partial sums per head, tagged.
-//   merge:   CTA c owns E = ⌈G·D / C⌉ of the group's G·D outputs: it reads their C tagged partials (waiting for those
-//            not yet there), sums them in slice order and writes out = Σ / S.
-// STAGE 1 stops after publishing, STAGE 2 after the partials (timing the phases; their outputs are not checked);
-// marks, where given, get each CTA's clocks at the phase boundaries (0 start, 1 streamed, 2 published, 3 stats read,
-// 4 first points placed, 5 partial stored, 6 partials to merge read, 7 done).
+//            CTA (so F(c) is bit for bit the same number where slice c and slice c + 1 use it: every comb point
+//            falls in exactly one slice); P_c = S·F(c)/F(C−1) (P_{C−1} = S exactly). Comb point m (position m + U)
+//            is this slice's iff P_{c−1} − m ≤ U < P_c − m (santa's pass 2 test); there t = (U − (P_{c−1} − m)) /
+//            (P_c − P_{c−1})·Cum_last, its subtile the first with Cum_i > t (bisection; past the last subtile with
+//            mass: that one), its key the first of the subtile with Cum_{i−1} + Σ_{k'≤k} 2^(s_k' − m_c) > t (else
+//            the subtile's last key with mass). The key is written, tagged, as sample m of head g.
+//   gather:  CTA c owns V_c = ⌈G·D/8 / C⌉ of the group's 8-element output vectors: for each it reads the S tagged
+//            keys of the vector's head (waiting for those not yet there), loads those S V rows' 16 bytes, and sums
+//            them by a fixed tree (16 threads per output, 8 samples each in order, then shuffles): out = Σ / S.
+//            Each sampled V sector is read once, by the CTA that owns it; no partial sums travel.
+// STAGE 1 stops after publishing, STAGE 2 after the keys (timing the phases; their outputs are not checked); marks,
+// where given, get each CTA's clocks at the phase boundaries (0 start, 1 streamed, 2 published, 3 stats read,
+// 4 first points placed, 5 keys written, 6 V rows gathered, 7 done).
 // Not handled yet (the Triton kernel does all of them): per-sequence lengths, paged caches, NaN rows, S > n checks,
 // fp8, other dtypes, groups beyond one wave (rounds).
 template <int D, int G, int U, int STAGE>
@@ -393,7 +396,7 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
                                                 const __nv_bfloat16* __restrict__ v, const float* __restrict__ uniforms,
                                                 __nv_bfloat16* __restrict__ out, int* __restrict__ counts,
                                                 unsigned long long* __restrict__ slice_stats,
-                                                unsigned long long* __restrict__ partial, unsigned* __restrict__ epoch,
+                                                unsigned long long* __restrict__ sampled, unsigned* __restrict__ epoch,
                                                 long long* __restrict__ marks, int n, int hkv, int slice_len,
                                                 float scale_log2, int budget) {
   // marks (nullptr: none): per CTA, 8 pairs (globaltimer ns, clock64) at the phase boundaries, by thread 0
@@ -408,9 +411,9 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
   };
   mark(0);
   extern __shared__ float smem[];  // kept_floats(G, slice_len), then the group's stats [G][C][2]
-  __shared__ float warp_max[kWarps][8], slice_max[8];
+  __shared__ float warp_m[kWarps][8], warp_l[kWarps][8], slice_max[8], head_mass[8];
   __shared__ int last_live_sub[8];
-  constexpr int PER_LANE = D / 32;  // V elements per lane
+  constexpr int VECS = G * D / 8;  // the group's 8-element output vectors
   const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, slices = gridDim.x, group = b * hkv + h;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int start = c * slice_len, stop = min(n, start + slice_len), keys = max(stop - start, 0);
@@ -423,19 +426,26 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
   const unsigned tag = __ldcg(epoch + group) + 1u;
   const float uni = warp < G ? __ldg(uniforms + head0 + warp) : 0.f;  // loaded now, used after the stream
 
-  // ---- stream
+  // ---- stream; the slice's (m_c, w_c) per head, published at once
   float m, l;
   mma_stream<D, G, U, true>(q, k, n, hkv, start, stop, scale_log2, kept, slice_len, m, l);
 #pragma unroll
-  for (int o = 1; o < 4; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));  // the 4 lanes of head lane / 4
-  if ((lane & 3) == 0) warp_max[warp][lane >> 2] = m;
+  for (int o = 1; o < 4; o <<= 1)  // the 4 lanes of head lane / 4 (only kslot = 0 holds a pair)
+    merge_stats(m, l, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, l, o));
+  if ((lane & 3) == 0) {
+    warp_m[warp][lane >> 2] = m;
+    warp_l[warp][lane >> 2] = l;
+  }
   __syncthreads();
   mark(1);  // the slice streamed
-  if (warp < G) {  // warp g: head g's slice max, subtile masses and their prefix, eight subtiles per lane per round
+  if (warp < G) {
     const int g = warp;
-    float mc = -INFINITY;
+    float mc = lane < kWarps ? warp_m[lane][g] : -INFINITY, wc = lane < kWarps ? warp_l[lane][g] : 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mc = fmaxf(mc, warp_max[w][g]);
+    for (int o = 1; o < kWarps; o <<= 1)  // the eight warps' pairs by a fixed tree
+      merge_stats(mc, wc, __shfl_xor_sync(0xffffffffu, mc, o), __shfl_xor_sync(0xffffffffu, wc, o));
+    if (lane < 2) store_tagged(slice_stats + ((head0 + g) * slices + c) * 2 + lane, lane == 0 ? mc : wc, tag);
+    // the subtiles' masses and their prefix, eight subtiles per lane per round, while the stats travel
     float carry = 0.f;
     int live = -1;
     for (int base = 0; base < live_subs; base += 256) {
@@ -464,17 +474,12 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
     }
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) live = max(live, __shfl_xor_sync(0xffffffffu, live, o));
-    __syncwarp();
-    if (lane < 2) {  // publish (m_c, w_c = Cum_last), tagged
-      const float w_c = live_subs > 0 ? cum[g * n_sub + live_subs - 1] : 0.f;
-      store_tagged(slice_stats + ((head0 + g) * slices + c) * 2 + lane, lane == 0 ? mc : w_c, tag);
-    }
     if (lane == 0) {
       slice_max[g] = mc;
       last_live_sub[g] = live;
     }
   }
-  mark(2);  // published
+  mark(2);  // published (and the prefix built)
   if constexpr (STAGE == 1) return;
 
   // ---- the group's stats, once every CTA has published them
@@ -483,10 +488,7 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
   __syncthreads();
   mark(3);  // the group's stats here
 
-  // ---- sample: warp g places head g's comb points that fall in this slice
-  float acc[PER_LANE];
-#pragma unroll
-  for (int e = 0; e < PER_LANE; ++e) acc[e] = 0.f;
+  // ---- place: warp g writes the keys of head g's comb points that fall in this slice
   const int g = warp;
   if (g < G) {
     const float* st = group_stats + g * slices * 2;
@@ -527,81 +529,76 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
     const int live_sub = last_live_sub[g];
     const float total = live_sub >= 0 ? cg[live_subs - 1] : 0.f;
     const int first_m = max(0, (int)ceilf(p_lo - uni) - 1), last_m = min(budget - 1, (int)ceilf(p_hi - uni));
-    const __nv_bfloat16* vb = v + (size_t)b * n * hkv * D + (size_t)h * D + lane * PER_LANE;
-    for (int m0 = first_m; m0 <= last_m && z > 0.f && total > 0.f; m0 += 32) {
+    for (int m0 = first_m; m0 <= last_m && z > 0.f; m0 += 32) {
       const int mm = m0 + lane;
       const float mf = (float)mm;
-      const bool mine = mm <= last_m && (p_lo - mf) <= uni && uni < (p_hi - mf);
-      int key = 0;
-      if (mine) {
-        const float width = p_hi - p_lo;
-        const float t = (uni - (p_lo - mf)) / (width > 0.f ? width : 1.f) * total;
-        int pos = 0;  // the first subtile with Cum_i > t: #{i : Cum_i <= t} (Cum is non-decreasing)
-        for (int step = 1 << (31 - __clz(live_subs)); step > 0; step >>= 1)
-          if (pos + step <= live_subs && cg[pos + step - 1] <= t) pos += step;
-        pos = min(pos, live_sub);
-        const float before = pos == 0 ? 0.f : cg[pos - 1];
-        float sum = 0.f;
-        int chosen = -1, live_key = pos * 8;
-        for (int j = pos * 8; j < min(keys, pos * 8 + 8); ++j) {
-          const float u = exp2f(sg[j] - mc);
-          sum += u;
-          if (u > 0.f) live_key = j;
-          if (chosen < 0 && before + sum > t) chosen = j;
+      if (mm <= last_m && (p_lo - mf) <= uni && uni < (p_hi - mf)) {
+        int key = 0;  // a point in a slice without mass cannot happen (its W_c is 0); key 0 keeps it defined
+        if (total > 0.f) {
+          const float width = p_hi - p_lo;
+          const float t = (uni - (p_lo - mf)) / (width > 0.f ? width : 1.f) * total;
+          int pos = 0;  // the first subtile with Cum_i > t: #{i : Cum_i <= t} (Cum is non-decreasing)
+          for (int step = 1 << (31 - __clz(live_subs)); step > 0; step >>= 1)
+            if (pos + step <= live_subs && cg[pos + step - 1] <= t) pos += step;
+          pos = min(pos, live_sub);
+          const float before = pos == 0 ? 0.f : cg[pos - 1];
+          float sum = 0.f;
+          int chosen = -1, live_key = pos * 8;
+          for (int j = pos * 8; j < min(keys, pos * 8 + 8); ++j) {
+            const float u = exp2f(sg[j] - mc);
+            sum += u;
+            if (u > 0.f) live_key = j;
+            if (chosen < 0 && before + sum > t) chosen = j;
+          }
+          key = start + (chosen >= 0 ? chosen : live_key);
         }
-        key = start + (chosen >= 0 ? chosen : live_key);
         if (counts != nullptr) atomicAdd(&counts[(head0 + g) * n + key], 1);
+        store_tagged(sampled + (head0 + g) * budget + mm, __int_as_float(key), tag);
       }
       if (m0 == first_m) mark(4);  // head 0's first points placed
-      unsigned bits = __ballot_sync(0xffffffffu, mine);
-      while (bits != 0) {  // in sample order (deterministic sums), eight rows in flight
-        float rows[8][PER_LANE];
-#pragma unroll
-        for (int r = 0; r < 8; ++r) {
-          const bool any = bits != 0;
-          const int src = any ? __ffs(bits) - 1 : 0;
-          const int kk = __shfl_sync(0xffffffffu, key, src);
-          if (any) {
-            load_row<PER_LANE>(vb + (size_t)kk * hkv * D, rows[r]);
-            bits &= bits - 1;
-          } else {
-#pragma unroll
-            for (int e = 0; e < PER_LANE; ++e) rows[r][e] = 0.f;
-          }
-        }
-#pragma unroll
-        for (int r = 0; r < 8; ++r)
-#pragma unroll
-          for (int e = 0; e < PER_LANE; ++e) acc[e] += rows[r][e];
-      }
     }
-    unsigned long long* pr = partial + ((head0 + g) * slices + c) * D + lane * PER_LANE;
-#pragma unroll
-    for (int e = 0; e < PER_LANE; ++e) store_tagged(pr + e, acc[e], tag);
+    if (lane == 0) head_mass[g] = z;  // for the gather: a row without mass has no samples to wait for
   }
-  mark(5);  // head 0's partial stored
+  mark(5);  // head 0's keys written
   if constexpr (STAGE == 2) return;
 
-  // ---- merge: this CTA's E outputs, their C partials each (tagged), summed in slice order
-  const int per_cta = (G * D + slices - 1) / slices, o0 = c * per_cta, owned = max(0, min(G * D, o0 + per_cta) - o0);
-  __syncthreads();  // the shared scores are free again: they hold the partials [owned][C]
-  for (int i = threadIdx.x; i < owned * slices; i += 2 * kThreads) {
-    const int j = i + kThreads;
-    // item i: output o0 + i / C (head o / D, element o % D), slice i % C
-    auto word = [&](int item) {
-      const int o = o0 + item / slices;
-      return partial + ((head0 + o / D) * slices + item % slices) * D + o % D;
-    };
-    const unsigned long long wi = load_word(word(i)), wj = j < owned * slices ? load_word(word(j)) : 0ull;
-    kept[i] = await_tagged(word(i), wi, tag);
-    if (j < owned * slices) kept[j] = await_tagged(word(j), wj, tag);
+  // ---- gather: this CTA's output vectors, S rows' 16 bytes each, from the tagged keys
+  const int per_cta = (VECS + slices - 1) / slices, vec0 = c * per_cta, owned = max(0, min(VECS, vec0 + per_cta) - vec0);
+  __syncthreads();  // shared memory is free again: it holds the rows [owned][S][8] (the host sizes it for them too)
+  for (int i = threadIdx.x; i < owned * budget; i += kThreads) {
+    const int vec = vec0 + i / budget, mm = i % budget, head = vec / (D / 8);
+    float* dst = kept + (size_t)i * 8;
+    if (!(head_mass[head] > 0.f)) {  // no mass: nothing was sampled
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dst[e] = 0.f;
+      continue;
+    }
+    const unsigned long long* word = sampled + (head0 + head) * budget + mm;
+    const int key = __float_as_int(await_tagged(word, load_word(word), tag));
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(v + ((size_t)b * n + key) * hkv * D + (size_t)h * D + (vec % (D / 8)) * 8));
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = __bfloat1622float2(pairs[e]);
+      dst[2 * e] = f.x;
+      dst[2 * e + 1] = f.y;
+    }
   }
   __syncthreads();
-  mark(6);  // the partials this CTA merges here
-  if (threadIdx.x < owned) {
+  mark(6);  // the rows here
+  // out element (vec, e): 16 threads, each summing its run of samples in order, then a fixed shuffle tree
+  const int runs = 16, run_len = (budget + runs - 1) / runs;
+  for (int base = 0; base < owned * 8; base += kThreads / runs) {
+    const int item = base + threadIdx.x / runs, part = threadIdx.x % runs;
     float sum = 0.f;
-    for (int i = 0; i < slices; ++i) sum += kept[threadIdx.x * slices + i];
-    out[head0 * D + o0 + threadIdx.x] = __float2bfloat16(sum / (float)budget);
+    if (item < owned * 8) {
+      const int vec_local = item / 8, e = item % 8;
+      for (int mm = part * run_len; mm < min(budget, part * run_len + run_len); ++mm)
+        sum += kept[((size_t)vec_local * budget + mm) * 8 + e];
+    }
+#pragma unroll
+    for (int o = runs / 2; o >= 1; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (item < owned * 8 && part == 0) out[head0 * D + (size_t)vec0 * 8 + item] = __float2bfloat16(sum / (float)budget);
   }
   mark(7);
 }
@@ -645,9 +642,9 @@ SANTA_STREAM_KEEP(keep_d64_g3_u4, 64, 3, 4)
 #define SANTA_PROP_ONE_LAUNCH(NAME, D, G, U, STAGE)                                                                \
   extern "C" __global__ void __launch_bounds__(kThreads, 2)                                                        \
       NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* uniforms,             \
-           __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* partial,              \
+           __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* sampled,              \
            unsigned* epoch, long long* marks, int n, int hkv, int slice_len, float scale, int budget) {              \
-    prop_one_launch<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, partial, epoch, marks, n, hkv,     \
+    prop_one_launch<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, sampled, epoch, marks, n, hkv,     \
                                     slice_len, scale, budget);                                                       \
   }
 
@@ -657,6 +654,6 @@ SANTA_PROP_ONE_LAUNCH(prop1_d64_g3, 64, 3, 4, 0)
 SANTA_PROP_ONE_LAUNCH(prop1s1_d128_g4, 128, 4, 1, 1)  // the phases alone: stream and publish
 SANTA_PROP_ONE_LAUNCH(prop1s1_d64_g7, 64, 7, 4, 1)
 SANTA_PROP_ONE_LAUNCH(prop1s1_d64_g3, 64, 3, 4, 1)
-SANTA_PROP_ONE_LAUNCH(prop1s2_d128_g4, 128, 4, 1, 2)  // … then barrier, placement and partials
+SANTA_PROP_ONE_LAUNCH(prop1s2_d128_g4, 128, 4, 1, 2)  // … then the stats exchange and placement
 SANTA_PROP_ONE_LAUNCH(prop1s2_d64_g7, 64, 7, 4, 2)
 SANTA_PROP_ONE_LAUNCH(prop1s2_d64_g3, 64, 3, 4, 2)
