@@ -444,6 +444,8 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
 #pragma unroll
     for (int o = 1; o < kWarps; o <<= 1)  // the eight warps' pairs by a fixed tree
       merge_stats(mc, wc, __shfl_xor_sync(0xffffffffu, mc, o), __shfl_xor_sync(0xffffffffu, wc, o));
+    mc = __shfl_sync(0xffffffffu, mc, 0);  // lanes 8–31 merged only their own empty pairs
+    wc = __shfl_sync(0xffffffffu, wc, 0);
     if (lane < 2) store_tagged(slice_stats + ((head0 + g) * slices + c) * 2 + lane, lane == 0 ? mc : wc, tag);
     // the subtiles' masses and their prefix, eight subtiles per lane per round, while the stats travel
     float carry = 0.f;
