@@ -447,14 +447,15 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
     mc = __shfl_sync(0xffffffffu, mc, 0);  // lanes 8–31 merged only their own empty pairs
     wc = __shfl_sync(0xffffffffu, wc, 0);
     if (lane < 2) store_tagged(slice_stats + ((head0 + g) * slices + c) * 2 + lane, lane == 0 ? mc : wc, tag);
-    // the subtiles' masses and their prefix, eight subtiles per lane per round, while the stats travel
+    // the subtiles' masses and their prefix, four subtiles per lane per round (eight timed slower), while the stats
+    // travel
     float carry = 0.f;
     int live = -1;
-    for (int base = 0; base < live_subs; base += 256) {
-      const int i0 = base + lane * 8;
-      float run[8], total = 0.f;
+    for (int base = 0; base < live_subs; base += 128) {
+      const int i0 = base + lane * 4;
+      float run[4], total = 0.f;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
+      for (int e = 0; e < 4; ++e) {
         const int i = i0 + e;
         const float w = i < live_subs && mc != -INFINITY ? cum[g * n_sub + i] * exp2f(sub_m[g * n_sub + i] - mc) : 0.f;
         if (w > 0.f) live = i;
@@ -470,7 +471,7 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
       float excl = __shfl_up_sync(0xffffffffu, incl, 1);
       if (lane == 0) excl = 0.f;
 #pragma unroll
-      for (int e = 0; e < 8; ++e)
+      for (int e = 0; e < 4; ++e)
         if (i0 + e < live_subs) cum[g * n_sub + i0 + e] = carry + (excl + run[e]);
       carry += __shfl_sync(0xffffffffu, incl, 31);
     }
