@@ -32,33 +32,50 @@ from benchmarks.kernels.cuda_stream_check import Kernels, kept_bytes, random_inp
 BUDGET, SEED, OFFSET = 128, 3, 5
 # (name, batch, keys, q heads, kv heads, head dim)
 CASES = [("llama 8k", 1, 8192, 32, 8, 128), ("llama 32k", 1, 32768, 32, 8, 128), ("llama 128k", 1, 131072, 32, 8, 128),
-         ("llama B=4 x 32k", 4, 32768, 32, 8, 128), ("qwen 32k", 1, 32768, 14, 2, 64), ("smollm2 8k", 1, 8192, 9, 3, 64)]
+         ("llama B=4 x 32k", 4, 32768, 32, 8, 128), ("qwen 32k", 1, 32768, 14, 2, 64), ("smollm2 8k", 1, 8192, 9, 3, 64),
+         ("llama B=8 x 32k", 8, 32768, 32, 8, 128), ("llama B=32 x 32k", 32, 32768, 32, 8, 128),
+         ("qwen B=16 x 32k", 16, 32768, 14, 2, 64), ("smollm2 B=64 x 8k", 64, 8192, 9, 3, 64)]
 SHARED_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90
 
 
-def slice_plans(kernels: Kernels, kernel: str, *, groups: int, n: int, group_size: int, dim: int) -> list[tuple[int, int, int]]:
-    """(C, slice_len, shared bytes) to time: the most slices per group whose CTAs are all resident at once, then a
-    half and a quarter as many (fewer CTAs to wait for, longer slices)."""
+def plan_shared(kernels: Kernels, kernel: str, *, slices: int, slice_len: int, group_size: int, dim: int) -> int:
+    """Dynamic shared memory of one CTA (allowed past 48 KB for the kernel and its phase kernels): the kept scores and
+    subtiles plus the group's stats, or the gather's rows [vectors][S][8] float32 where those take more."""
+    vectors_per_cta = -(-group_size * dim // 8 // slices)
+    shared = max(kept_bytes(group_size, slice_len) + 4 * group_size * slices * 2, 4 * 8 * BUDGET * vectors_per_cta)
+    if 48 * 1024 < shared <= SHARED_LIMIT:
+        for name in (kernel, kernel.replace("prop1", "prop1s1"), kernel.replace("prop1", "prop1s2")):
+            kernels.allow_shared(name, shared)
+    return shared
+
+
+def slice_plans(kernels: Kernels, kernel: str, *, groups: int, n: int, group_size: int, dim: int) -> list[tuple[int, int, int, int]]:
+    """(C, slice_len, shared bytes, grid) to time. Where every group fits one wave: the most slices per group that
+    keep all CTAs resident, a half and a quarter as many. Past one wave (rounds): C = 32, 16, 8, 4 where the slice
+    fits shared memory, the grid the largest multiple of C that stays resident (a group's slices share a round)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     plans = []
     for slices in range(max(1, 2 * sms // groups), 0, -1):
         slice_len = -(-n // slices)
-        vectors_per_cta = -(-group_size * dim // 8 // slices)  # the gather's rows: [vectors][S][8] float32
-        shared = max(kept_bytes(group_size, slice_len) + 4 * group_size * slices * 2, 4 * 8 * BUDGET * vectors_per_cta)
+        shared = plan_shared(kernels, kernel, slices=slices, slice_len=slice_len, group_size=group_size, dim=dim)
         if shared > SHARED_LIMIT:
             break
-        if shared > 48 * 1024:
-            kernels.allow_shared(kernel, shared)
-            for stage in ("prop1s1", "prop1s2"):
-                kernels.allow_shared(kernel.replace("prop1", stage), shared)
         if groups * slices <= kernels.resident_per_sm(kernel, shared) * sms:
             if not plans or slices <= plans[-1][0] // 2:
-                plans.append((slices, slice_len, shared))
+                plans.append((slices, slice_len, shared, groups * slices))
             if len(plans) == 3:
-                break
+                return plans
+    if plans:
+        return plans
+    for slices in (32, 16, 8, 4):
+        slice_len = -(-n // slices)
+        shared = plan_shared(kernels, kernel, slices=slices, slice_len=slice_len, group_size=group_size, dim=dim)
+        resident = kernels.resident_per_sm(kernel, shared) * sms if shared <= SHARED_LIMIT else 0
+        if resident >= slices:
+            plans.append((slices, slice_len, shared, resident // slices * slices))
     if not plans:
-        raise ValueError(f"{kernel}: no slice count keeps {groups} groups of {n} keys resident (rounds are not built)")
-    return plans
+        raise ValueError(f"{kernel}: no slice count fits {n} keys per group in shared memory")
+    return plans[:3]
 
 
 def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, heads: int, kv_heads: int, dim: int) -> dict:
@@ -80,23 +97,26 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
     out = torch.empty_like(q)
     counts = torch.zeros(batch, heads, n, dtype=torch.int32, device="cuda")
     best = None
-    for slices, slice_len, shared in slice_plans(kernels, kernel, groups=batch * kv_heads, n=n, group_size=group, dim=dim):
+    for slices, slice_len, shared, grid in slice_plans(kernels, kernel, groups=batch * kv_heads, n=n, group_size=group,
+                                                       dim=dim):
         # per kernel (the full one and its phases): tagged stats and sampled keys, the groups' epochs
         buffers = {name: (torch.zeros(batch, heads, slices, 2, dtype=torch.int64, device="cuda"),
                           torch.zeros(batch, heads, BUDGET, dtype=torch.int64, device="cuda"),
                           torch.zeros(batch * kv_heads, dtype=torch.int32, device="cuda"))
                    for name in (kernel, kernel.replace("prop1", "prop1s1"), kernel.replace("prop1", "prop1s2"))}
 
-        def launch(with_counts: bool, name: str = kernel, slices=slices, slice_len=slice_len, shared=shared,
+        def launch(with_counts: bool, name: str = kernel, slices=slices, slice_len=slice_len, shared=shared, grid=grid,
                    buffers=buffers, marks: torch.Tensor | None = None) -> None:
             values = [ctypes.c_void_p(t.data_ptr()) for t in (q, k, v, uniforms, out)]
             values.append(ctypes.c_void_p(counts.data_ptr() if with_counts else 0))
             values += [ctypes.c_void_p(t.data_ptr()) for t in buffers[name]]
             values.append(ctypes.c_void_p(marks.data_ptr() if marks is not None else 0))
-            values += [ctypes.c_int(n), ctypes.c_int(kv_heads), ctypes.c_int(slice_len), ctypes.c_float(scale), ctypes.c_int(BUDGET)]
-            kernels.launch_values(name, (slices, kv_heads, batch), values, shared_bytes=shared, cooperative=True)
+            values += [ctypes.c_int(n), ctypes.c_int(kv_heads), ctypes.c_int(batch * kv_heads), ctypes.c_int(slices),
+                       ctypes.c_int(slice_len), ctypes.c_float(scale), ctypes.c_int(BUDGET)]
+            kernels.launch_values(name, (grid, 1, 1), values, shared_bytes=shared, cooperative=True)
 
-        row = {"slices": slices, "slice_len": slice_len, "shared_bytes": shared}
+        row = {"slices": slices, "slice_len": slice_len, "shared_bytes": shared, "grid": grid,
+               "rounds": -(-batch * kv_heads * slices // grid)}
         counts.zero_()
         launch(True)
         torch.cuda.synchronize()
@@ -180,7 +200,7 @@ def describe(name: str, case: dict) -> str:
     parts = [f"{name}: santa prop {case['santa_prop_us']:.1f} µs"]
     for key, row in case["plans"].items():
         phases = f" (stream {row['prop1s1_us']:.1f}, +sample {row['prop1s2_us']:.1f})" if "prop1s2_us" in row else ""
-        parts.append(f"{key} {row.get('us', float('nan')):.1f}{phases} equal {row['rows_equal_to_santa']:.2f} "
+        parts.append(f"{key}/r{row.get('rounds', 1)} {row.get('us', float('nan')):.1f}{phases} equal {row['rows_equal_to_santa']:.2f} "
                      f"moved {row['samples_moved']} S {row['every_head_draws_S']} rep {row['repeat_bitwise_equal']}")
     return "; ".join(parts)
 

@@ -193,14 +193,13 @@ __host__ __device__ constexpr int kept_stride(int slice_len) { return ((slice_le
 
 template <int D, int G, int U, bool KEEP>
 __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, int n,
-                                           int hkv, int start, int stop, float scale_log2, float* kept, int slice_len,
+                                           int hkv, int b, int h, int start, int stop, float scale_log2, float* kept, int slice_len,
                                            float& m, float& l) {
-  // Streams keys [start, stop) of group (blockIdx.z, blockIdx.y): this lane's running (m, l) of head lane / 4 over the
+  // Streams keys [start, stop) of group (b, h): this lane's running (m, l) of head lane / 4 over the
   // keys it scored; KEEP: every score s also into kept[head · kept_stride(slice_len) + key − start] (shared memory).
   constexpr int BLOCKS = D / 32;                    // 16-byte loads per key per lane
   constexpr int KEYS_PER_STEP = kWarps * U * 8;
   static_assert(G <= 8, "one mma row per head");
-  const int h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, kslot = lane & 3;
   const bool live_head = g < G;
@@ -294,7 +293,7 @@ __device__ __forceinline__ void stream_slice_mma(const __nv_bfloat16* __restrict
   const int g = lane >> 2, kslot = lane & 3;
   const int start = c * slice_len, stop = min(n, start + slice_len);
   float m, l;
-  mma_stream<D, G, U, KEEP>(q, k, n, hkv, start, stop, scale_log2, kept, slice_len, m, l);
+  mma_stream<D, G, U, KEEP>(q, k, n, hkv, b, h, start, stop, scale_log2, kept, slice_len, m, l);
 
   if constexpr (KEEP) {  // the subtiles' (m_i, ℓ_i) out to tile_stats [B, Hkv·G, C, ⌈slice_len / 8⌉, 2], to be checked
     __syncthreads();
@@ -389,22 +388,22 @@ __device__ __forceinline__ void gather_tagged(float* dst, const unsigned long lo
 // STAGE 1 stops after publishing, STAGE 2 after the keys (timing the phases; their outputs are not checked); marks,
 // where given, get each CTA's clocks at the phase boundaries (0 start, 1 streamed, 2 published, 3 stats read,
 // 4 first points placed, 5 keys written, 6 V rows gathered, 7 done).
-// Not handled yet (the Triton kernel does all of them): per-sequence lengths, paged caches, NaN rows, S > n checks,
-// fp8, other dtypes, groups beyond one wave (rounds).
+// Groups beyond one wave run in rounds (prop_one_launch below). Not handled yet (the Triton kernel does all of
+// them): per-sequence lengths, paged caches, NaN rows, S > n checks, fp8, other dtypes.
 template <int D, int G, int U, int STAGE>
-__device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
-                                                const __nv_bfloat16* __restrict__ v, const float* __restrict__ uniforms,
-                                                __nv_bfloat16* __restrict__ out, int* __restrict__ counts,
-                                                unsigned long long* __restrict__ slice_stats,
-                                                unsigned long long* __restrict__ sampled, unsigned* __restrict__ epoch,
-                                                long long* __restrict__ marks, int n, int hkv, int slice_len,
-                                                float scale_log2, int budget) {
-  // marks (nullptr: none): per CTA, 8 pairs (globaltimer ns, clock64) at the phase boundaries, by thread 0
+__device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                                           const __nv_bfloat16* __restrict__ v, const float* __restrict__ uniforms,
+                                           __nv_bfloat16* __restrict__ out, int* __restrict__ counts,
+                                           unsigned long long* __restrict__ slice_stats,
+                                           unsigned long long* __restrict__ sampled, unsigned* __restrict__ epoch,
+                                           long long* __restrict__ marks, int n, int hkv, int slices, int item,
+                                           int slice_len, float scale_log2, int budget) {
+  // marks (nullptr: none): per work item, 8 pairs (globaltimer ns, clock64) at the phase boundaries, by thread 0
   auto mark = [&](int i) {
     if (marks != nullptr && threadIdx.x == 0) {
       long long ns;
       asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-      long long* at = marks + ((size_t)(blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * 16 + 2 * i;
+      long long* at = marks + (size_t)item * 16 + 2 * i;
       at[0] = ns;
       at[1] = clock64();
     }
@@ -414,7 +413,7 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
   __shared__ float warp_m[kWarps][8], warp_l[kWarps][8], slice_max[8], head_mass[8];
   __shared__ int last_live_sub[8];
   constexpr int VECS = G * D / 8;  // the group's 8-element output vectors
-  const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z, slices = gridDim.x, group = b * hkv + h;
+  const int group = item / slices, c = item % slices, h = group % hkv, b = group / hkv;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int start = c * slice_len, stop = min(n, start + slice_len), keys = max(stop - start, 0);
   const int stride = kept_stride(slice_len), n_sub = (slice_len + 7) / 8, live_subs = (keys + 7) / 8;
@@ -428,7 +427,7 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
 
   // ---- stream; the slice's (m_c, w_c) per head, published at once
   float m, l;
-  mma_stream<D, G, U, true>(q, k, n, hkv, start, stop, scale_log2, kept, slice_len, m, l);
+  mma_stream<D, G, U, true>(q, k, n, hkv, b, h, start, stop, scale_log2, kept, slice_len, m, l);
 #pragma unroll
   for (int o = 1; o < 4; o <<= 1)  // the 4 lanes of head lane / 4 (only kslot = 0 holds a pair)
     merge_stats(m, l, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, l, o));
@@ -568,23 +567,36 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
   // ---- gather: this CTA's output vectors, S rows' 16 bytes each, from the tagged keys
   const int per_cta = (VECS + slices - 1) / slices, vec0 = c * per_cta, owned = max(0, min(VECS, vec0 + per_cta) - vec0);
   __syncthreads();  // shared memory is free again: it holds the rows [owned][S][8] (the host sizes it for them too)
-  for (int i = threadIdx.x; i < owned * budget; i += kThreads) {
-    const int vec = vec0 + i / budget, mm = i % budget, head = vec / (D / 8);
-    float* dst = kept + (size_t)i * 8;
-    if (!(head_mass[head] > 0.f)) {  // no mass: nothing was sampled
+  for (int i0 = threadIdx.x; i0 < owned * budget; i0 += 4 * kThreads) {  // four items in flight per thread
+    unsigned long long words[4];
+    const unsigned long long* at[4];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) dst[e] = 0.f;
-      continue;
+    for (int r = 0; r < 4; ++r) {
+      const int i = i0 + r * kThreads, vec = vec0 + i / budget, head = vec / (D / 8);
+      at[r] = sampled + (head0 + head) * budget + i % budget;
+      words[r] = i < owned * budget && head_mass[head] > 0.f ? load_word(at[r]) : 0ull;
     }
-    const unsigned long long* word = sampled + (head0 + head) * budget + mm;
-    const int key = __float_as_int(await_tagged(word, load_word(word), tag));
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(v + ((size_t)b * n + key) * hkv * D + (size_t)h * D + (vec % (D / 8)) * 8));
-    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    uint4 raw[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 f = __bfloat1622float2(pairs[e]);
-      dst[2 * e] = f.x;
-      dst[2 * e + 1] = f.y;
+    for (int r = 0; r < 4; ++r) {
+      const int i = i0 + r * kThreads, vec = vec0 + i / budget, head = vec / (D / 8);
+      raw[r] = make_uint4(0, 0, 0, 0);  // a row without mass sampled nothing: zeros
+      if (i < owned * budget && head_mass[head] > 0.f) {
+        const int key = __float_as_int(await_tagged(at[r], words[r], tag));
+        raw[r] = __ldg(reinterpret_cast<const uint4*>(v + ((size_t)b * n + key) * hkv * D + (size_t)h * D + (vec % (D / 8)) * 8));
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int i = i0 + r * kThreads;
+      if (i >= owned * budget) continue;
+      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[r]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(pairs[e]);
+        kept[(size_t)i * 8 + 2 * e] = f.x;
+        kept[(size_t)i * 8 + 2 * e + 1] = f.y;
+      }
     }
   }
   __syncthreads();
@@ -604,6 +616,23 @@ __device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict_
     if (item < owned * 8 && part == 0) out[head0 * D + (size_t)vec0 * 8 + item] = __float2bfloat16(sum / (float)budget);
   }
   mark(7);
+}
+
+// The persistent grid: CTA i takes work items i, i + grid, … (item = group · C + slice). The host makes the grid a
+// multiple of C, so the C slices of a group run in the same round and wait only on CTAs that are resident.
+template <int D, int G, int U, int STAGE>
+__device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                                                const __nv_bfloat16* __restrict__ v, const float* __restrict__ uniforms,
+                                                __nv_bfloat16* __restrict__ out, int* __restrict__ counts,
+                                                unsigned long long* __restrict__ slice_stats,
+                                                unsigned long long* __restrict__ sampled, unsigned* __restrict__ epoch,
+                                                long long* __restrict__ marks, int n, int hkv, int groups, int slices,
+                                                int slice_len, float scale_log2, int budget) {
+  for (int item = blockIdx.x; item < groups * slices; item += gridDim.x) {
+    prop_slice<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, sampled, epoch, marks, n, hkv, slices, item,
+                               slice_len, scale_log2, budget);
+    __syncthreads();  // the next item reuses shared memory
+  }
 }
 
 }  // namespace
@@ -646,9 +675,10 @@ SANTA_STREAM_KEEP(keep_d64_g3_u4, 64, 3, 4)
   extern "C" __global__ void __launch_bounds__(kThreads, 2)                                                        \
       NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* uniforms,             \
            __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* sampled,              \
-           unsigned* epoch, long long* marks, int n, int hkv, int slice_len, float scale, int budget) {              \
+           unsigned* epoch, long long* marks, int n, int hkv, int groups, int slices, int slice_len, float scale,     \
+           int budget) {                                                                                            \
     prop_one_launch<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, sampled, epoch, marks, n, hkv,     \
-                                    slice_len, scale, budget);                                                       \
+                                    groups, slices, slice_len, scale, budget);                                       \
   }
 
 SANTA_PROP_ONE_LAUNCH(prop1_d128_g4, 128, 4, 1, 0)
