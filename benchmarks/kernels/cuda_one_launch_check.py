@@ -51,7 +51,7 @@ def plan_shared(kernels: Kernels, kernel: str, *, slices: int, slice_len: int, g
 
 def slice_plans(kernels: Kernels, kernel: str, *, groups: int, n: int, group_size: int, dim: int) -> list[tuple[int, int, int, int]]:
     """(C, slice_len, shared bytes, grid) to time. Where every group fits one wave: the most slices per group that
-    keep all CTAs resident, a half and a quarter as many. Past one wave (rounds): C = 32, 16, 8, 4 where the slice
+    keep all CTAs resident, a half and a quarter as many. Past one wave (rounds): C = 16, 8, 4, 2, 1 (the first four) where the slice
     fits shared memory, the grid the largest multiple of C that stays resident (a group's slices share a round)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     plans = []
@@ -67,7 +67,7 @@ def slice_plans(kernels: Kernels, kernel: str, *, groups: int, n: int, group_siz
                 return plans
     if plans:
         return plans
-    for slices in (32, 16, 8, 4):
+    for slices in (16, 8, 4, 2, 1):
         slice_len = -(-n // slices)
         shared = plan_shared(kernels, kernel, slices=slices, slice_len=slice_len, group_size=group_size, dim=dim)
         resident = kernels.resident_per_sm(kernel, shared) * sms if shared <= SHARED_LIMIT else 0
@@ -75,7 +75,7 @@ def slice_plans(kernels: Kernels, kernel: str, *, groups: int, n: int, group_siz
             plans.append((slices, slice_len, shared, resident // slices * slices))
     if not plans:
         raise ValueError(f"{kernel}: no slice count fits {n} keys per group in shared memory")
-    return plans[:3]
+    return plans[:4]
 
 
 def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, heads: int, kv_heads: int, dim: int) -> dict:
