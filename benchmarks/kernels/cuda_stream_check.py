@@ -38,8 +38,8 @@ CASES = [("llama 8k", 1, 8192, 32, 8, 128), ("llama 32k", 1, 32768, 32, 8, 128),
 SCORING = {(128, 4): [("stream_d128_g4_u4", 64), ("stream_d128_g4_u8", 128), ("mma_d128_g4_u1", 64), ("mma_d128_g4_u2", 128)],
            (64, 7): [("stream_d64_g7_u4", 128), ("mma_d64_g7_u4", 256)],
            (64, 3): [("stream_d64_g3_u4", 128), ("stream_d64_g3_u8", 256), ("mma_d64_g3_u4", 256)]}
-# the tensor-core stream that also keeps placement's data: scores and per-8-key-subtile (m_i, ℓ_i) in shared memory
-# (what prop1_* keeps); timed where they fit the default 48 KB
+# the tensor-core stream that also keeps placement's data: its scores in shared memory (what prop1_* keeps), checked
+# through their 8-key subtiles' (m_i, ℓ_i); timed where they fit the default 48 KB
 KEEPING = {(128, 4): [("keep_d128_g4_u1", 64)], (64, 7): [("keep_d64_g7_u4", 256)], (64, 3): [("keep_d64_g3_u4", 256)]}
 KEEP_TILE, SHARED_BYTES = 8, 48 * 1024
 READS = {(128, 4): [("read_d128_g4_u4", 64), ("read_d128_g4_u8", 128)]}  # the same loads without scores: the read's own speed
@@ -135,9 +135,9 @@ def run_cases(path: str, *, cases: list, cubin: Path, commit: str | None, measur
 
 
 def kept_bytes(heads: int, slice_len: int) -> int:
-    """Shared memory a KEEP stream takes (stream.cu's kept_floats): the scores and the 8-key subtiles' (m, ℓ)."""
+    """Shared memory a KEEP stream takes (stream.cu's kept_floats): the scores and one float per 8-key subtile."""
     stride = -(-slice_len // 32) * 32 + 8  # kept_stride: rows padded so that the heads' stores fall in other banks
-    return 4 * heads * (stride + 2 * -(-slice_len // 8))
+    return 4 * heads * (stride + -(-slice_len // 8))
 
 
 def reference_stats(q, k, slices: int, slice_len: int, tile: int | None = None) -> torch.Tensor:

@@ -184,11 +184,10 @@ __device__ __forceinline__ void stream_slice(const __nv_bfloat16* __restrict__ q
 // scores of head g, with no shuffles.
 //
 // KEEP: the slice also keeps what placement needs, as the one-launch design does: every score in shared memory
-// (kept, [G][kept_stride(slice_len)] float32: rows padded so that the heads' stores fall in different banks) and, per
-// 8-key subtile (one mma group: keys start + 8·i …), its max and mass m_i = max s, ℓ_i = Σ 2^(s − m_i) (sub_m, sub_l:
-// [G][⌈slice_len / 8⌉]), from the C fragment by two shuffles, while
-// the next loads are in flight; the lane's (m, l) then merges subtiles (lanes with kslot = 0 only: the four lanes of
-// a head hold the same subtile pair).
+// (kept, [G][kept_stride(slice_len)] float32: rows padded so that the heads' stores fall in different banks), one
+// 8-byte store per lane and mma group, and nothing else: per-subtile maxima and masses kept in the stream (two
+// shuffles and four exp2 per group and lane) cost 16 % of the stream at 128k and 44–50 % at d = 64 with batch
+// (measured 2026-12-02); the masses are summed from the kept scores after the stream instead.
 __host__ __device__ constexpr int kept_stride(int slice_len) { return ((slice_len + 31) / 32) * 32 + 8; }
 
 template <int D, int G, int U, bool KEEP>
@@ -203,9 +202,7 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, kslot = lane & 3;
   const bool live_head = g < G;
-  const int stride = kept_stride(slice_len), n_sub = (slice_len + 7) / 8;
-  float* sub_m = kept + G * stride;
-  float* sub_l = sub_m + G * n_sub;
+  const int stride = kept_stride(slice_len);
 
   uint4 qw[BLOCKS];
 #pragma unroll
@@ -250,26 +247,11 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
         } else if (live_head && key0 < stop) {
           kept[g * stride + key0 - start] = s0;
         }
-        float m8 = fmaxf(s0, s1);  // the subtile's max and mass over the head's four lanes
-        m8 = fmaxf(m8, __shfl_xor_sync(0xffffffffu, m8, 1));
-        m8 = fmaxf(m8, __shfl_xor_sync(0xffffffffu, m8, 2));
-        float l8 = m8 == -INFINITY ? 0.f : exp2f(s0 - m8) + exp2f(s1 - m8);
-        l8 += __shfl_xor_sync(0xffffffffu, l8, 1);
-        l8 += __shfl_xor_sync(0xffffffffu, l8, 2);
-        if (kslot == 0 && group0 < stop) {
-          if (live_head) {
-            const int i = (group0 - start) >> 3;
-            sub_m[g * n_sub + i] = m8;
-            sub_l[g * n_sub + i] = l8;
-          }
-          merge_stats(m, l, m8, l8);
-        }
-      } else {
-        const float m_new = fmaxf(m, fmaxf(s0, s1));
-        if (m_new != -INFINITY) {
-          l = l * exp2f(m - m_new) + exp2f(s0 - m_new) + exp2f(s1 - m_new);
-          m = m_new;
-        }
+      }
+      const float m_new = fmaxf(m, fmaxf(s0, s1));
+      if (m_new != -INFINITY) {
+        l = l * exp2f(m - m_new) + exp2f(s0 - m_new) + exp2f(s1 - m_new);
+        m = m_new;
       }
     }
   };
@@ -278,16 +260,17 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
   double_buffered<Buffer>(start, stop, KEYS_PER_STEP, load, consume);
 }
 
-// Dynamic shared memory of a KEEP stream for G heads and slice_len keys, in floats: the scores and the subtiles' (m, ℓ)
+// Dynamic shared memory of a KEEP stream for G heads and slice_len keys, in floats: the scores, then one float per
+// 8-key subtile (the prop kernel's subtile masses and their prefix; the keep_* check kernels' nothing)
 __host__ __device__ constexpr int kept_floats(int heads, int slice_len) {
-  return heads * (kept_stride(slice_len) + 2 * ((slice_len + 7) / 8));
+  return heads * (kept_stride(slice_len) + (slice_len + 7) / 8);
 }
 
 template <int D, int G, int U, bool KEEP>
 __device__ __forceinline__ void stream_slice_mma(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                                                  float* __restrict__ stats, float* __restrict__ tile_stats, int n, int hkv,
                                                  int slice_len, float scale_log2) {
-  extern __shared__ float kept[];  // KEEP: [G][slice_len] scores, then the subtiles' m and ℓ
+  extern __shared__ float kept[];  // KEEP: [G][kept_stride(slice_len)] scores
   const int c = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, kslot = lane & 3;
@@ -295,16 +278,18 @@ __device__ __forceinline__ void stream_slice_mma(const __nv_bfloat16* __restrict
   float m, l;
   mma_stream<D, G, U, KEEP>(q, k, n, hkv, b, h, start, stop, scale_log2, kept, slice_len, m, l);
 
-  if constexpr (KEEP) {  // the subtiles' (m_i, ℓ_i) out to tile_stats [B, Hkv·G, C, ⌈slice_len / 8⌉, 2], to be checked
-    __syncthreads();
-    const int n_sub = (slice_len + 7) / 8, live = (max(stop - start, 0) + 7) / 8;
-    const float* sub_m = kept + G * kept_stride(slice_len);
-    const float* sub_l = sub_m + G * n_sub;
+  if constexpr (KEEP) {  // the kept scores, checked through their 8-key subtiles' (m_i, ℓ_i): tile_stats
+    __syncthreads();     // [B, Hkv·G, C, ⌈slice_len / 8⌉, 2]
+    const int n_sub = (slice_len + 7) / 8, keys = max(stop - start, 0), live = (keys + 7) / 8;
     for (int item = threadIdx.x; item < G * live; item += kThreads) {
       const int head = item / live, i = item % live;
+      const float* row = kept + head * kept_stride(slice_len) + i * 8;
+      float mi = -INFINITY, li = 0.f;
+      for (int e = 0; e < 8 && i * 8 + e < keys; ++e) mi = fmaxf(mi, row[e]);
+      for (int e = 0; e < 8 && i * 8 + e < keys && mi != -INFINITY; ++e) li += exp2f(row[e] - mi);
       float* out = tile_stats + ((((size_t)b * hkv * G + (size_t)h * G + head) * gridDim.x + c) * n_sub + i) * 2;
-      out[0] = sub_m[head * n_sub + i];
-      out[1] = sub_l[head * n_sub + i];
+      out[0] = mi;
+      out[1] = li;
     }
   }
 
@@ -418,8 +403,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   const int start = c * slice_len, stop = min(n, start + slice_len), keys = max(stop - start, 0);
   const int stride = kept_stride(slice_len), n_sub = (slice_len + 7) / 8, live_subs = (keys + 7) / 8;
   float* kept = smem;
-  float* sub_m = kept + G * stride;
-  float* cum = sub_m + G * n_sub;  // ℓ_i from the stream, then Cum_i
+  float* cum = kept + G * stride;  // the subtiles' masses W_i, then their prefix Cum_i
   float* group_stats = smem + kept_floats(G, slice_len);
   const size_t head0 = (size_t)b * hkv * G + (size_t)h * G;  // the group's first query-head row
   const unsigned tag = __ldcg(epoch + group) + 1u;
@@ -429,7 +413,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   float m, l;
   mma_stream<D, G, U, true>(q, k, n, hkv, b, h, start, stop, scale_log2, kept, slice_len, m, l);
 #pragma unroll
-  for (int o = 1; o < 4; o <<= 1)  // the 4 lanes of head lane / 4 (only kslot = 0 holds a pair)
+  for (int o = 1; o < 4; o <<= 1)  // the 4 lanes of head lane / 4
     merge_stats(m, l, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, l, o));
   if ((lane & 3) == 0) {
     warp_m[warp][lane >> 2] = m;
@@ -446,8 +430,26 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     mc = __shfl_sync(0xffffffffu, mc, 0);  // lanes 8–31 merged only their own empty pairs
     wc = __shfl_sync(0xffffffffu, wc, 0);
     if (lane < 2) store_tagged(slice_stats + ((head0 + g) * slices + c) * 2 + lane, lane == 0 ? mc : wc, tag);
-    // the subtiles' masses and their prefix, four subtiles per lane per round (eight timed slower), while the stats
-    // travel
+    if (lane == 0) slice_max[g] = mc;
+  }
+  __syncthreads();
+  // while the stats travel: the subtiles' masses W_i = Σ 2^(s − m_c) over their keys in order (all threads), then per
+  // head (warp g) their inclusive prefix, four subtiles per lane per round (eight timed slower)
+  for (int idx = threadIdx.x; idx < G * live_subs; idx += kThreads) {
+    const int head = idx / live_subs, i = idx % live_subs;
+    const float mch = slice_max[head];
+    const float4* row = reinterpret_cast<const float4*>(kept + head * stride + i * 8);
+    const float4 lo4 = row[0], hi4 = row[1];
+    const float sc[8] = {lo4.x, lo4.y, lo4.z, lo4.w, hi4.x, hi4.y, hi4.z, hi4.w};
+    float w = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      if (i * 8 + e < keys && mch != -INFINITY) w += exp2f(sc[e] - mch);
+    cum[head * n_sub + i] = w;
+  }
+  __syncthreads();
+  if (warp < G) {
+    const int g = warp;
     float carry = 0.f;
     int live = -1;
     for (int base = 0; base < live_subs; base += 128) {
@@ -456,7 +458,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int i = i0 + e;
-        const float w = i < live_subs && mc != -INFINITY ? cum[g * n_sub + i] * exp2f(sub_m[g * n_sub + i] - mc) : 0.f;
+        const float w = i < live_subs ? cum[g * n_sub + i] : 0.f;
         if (w > 0.f) live = i;
         total += w;
         run[e] = total;
@@ -476,10 +478,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     }
 #pragma unroll
     for (int o = 16; o >= 1; o >>= 1) live = max(live, __shfl_xor_sync(0xffffffffu, live, o));
-    if (lane == 0) {
-      slice_max[g] = mc;
-      last_live_sub[g] = live;
-    }
+    if (lane == 0) last_live_sub[g] = live;
   }
   mark(2);  // published (and the prefix built)
   if constexpr (STAGE == 1) return;
