@@ -3,8 +3,8 @@ kernel computes for one (sequence, head) row, so that its arithmetic can be chec
 ``santa.sample_counts(..., "systematic")`` (``tests/bench/test_one_launch_placement.py``) before device time is
 spent on the kernel itself.
 
-Per slice c of ``slice_len`` keys, in 8-key subtiles i (kept while the kernel streams K): m_i = max s and
-ℓ_i = Σ 2^(s − m_i); m_c = max m_i, W_i = ℓ_i · 2^(m_i − m_c), Cum = their inclusive prefix; the published mass w_c
+Per slice c of ``slice_len`` keys (the kernel keeps the slice's scores while it streams K), m_c = max s and in
+8-key subtiles i, W_i = Σ 2^(s − m_c), Cum = their inclusive prefix; the published mass w_c
 = Σ 2^(s − m_c) comes from the stream's own running (m, l), so it may differ from Cum[last] by rounding. Over the
 slices, in order: m* = max m_c, W_c = w_c · 2^(m_c − m*), F = their prefix, z = F[last]; P_c = S · F(c) / z.
 Comb point m sits in slice c iff P_{c−1} − m ≤ U < P_c − m; there t = (U − (P_{c−1} − m)) / (P_c − P_{c−1}) · Cum[last],
@@ -28,10 +28,8 @@ def one_launch_counts(scores_log2: torch.Tensor, budget: int, uniform: float, sl
     for start in range(0, n, slice_len):
         s = scores_log2[start : start + slice_len]
         subtiles = [s[i : i + 8] for i in range(0, s.numel(), 8)]
-        sub_m = torch.stack([t.max() for t in subtiles])
-        sub_l = torch.stack([zero if m == -torch.inf else torch.exp2(t - m).sum() for t, m in zip(subtiles, sub_m, strict=True)])
-        m_c = sub_m.max()
-        w = torch.zeros_like(sub_l) if m_c == -torch.inf else sub_l * torch.exp2(sub_m - m_c)
+        m_c = s.max()
+        w = torch.stack([zero if m_c == -torch.inf else torch.exp2(t - m_c).sum() for t in subtiles])
         live = int(torch.nonzero(w > 0).max()) if (w > 0).any() else -1
         w_c = zero if m_c == -torch.inf else torch.exp2(s - m_c).sum()  # published from the stream's own (m, l)
         slices.append((start, m_c, w_c, torch.cumsum(w, 0), live))
