@@ -65,9 +65,11 @@ def slice_plans(kernels: Kernels, kernel: str, *, groups: int, n: int, group_siz
                 plans.append((slices, slice_len, shared, groups * slices))
             if len(plans) == 3:
                 return plans
-    if plans:
+    if len(plans) > 1:
         return plans
-    for slices in (16, 8, 4, 2, 1):
+    for slices in (16, 8, 4, 2, 1):  # rounds (also where one wave allows only one slice count)
+        if plans and slices == plans[0][0]:
+            continue
         slice_len = -(-n // slices)
         shared = plan_shared(kernels, kernel, slices=slices, slice_len=slice_len, group_size=group_size, dim=dim)
         resident = kernels.resident_per_sm(kernel, shared) * sms if shared <= SHARED_LIMIT else 0
