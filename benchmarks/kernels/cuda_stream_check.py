@@ -135,9 +135,9 @@ def run_cases(path: str, *, cases: list, cubin: Path, commit: str | None, measur
 
 
 def kept_bytes(heads: int, slice_len: int) -> int:
-    """Shared memory a KEEP stream takes (stream.cu's kept_floats): the scores and two floats per 8-key subtile."""
+    """Shared memory a KEEP stream takes (stream.cu's kept_floats): the scores and one float per 8-key subtile."""
     stride = -(-slice_len // 32) * 32 + 8  # kept_stride: rows padded so that the heads' stores fall in other banks
-    return 4 * heads * (stride + 2 * -(-slice_len // 8))
+    return 4 * heads * (stride + -(-slice_len // 8))
 
 
 def reference_stats(q, k, slices: int, slice_len: int, tile: int | None = None) -> torch.Tensor:

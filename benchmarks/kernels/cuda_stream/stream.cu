@@ -260,10 +260,10 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
   double_buffered<Buffer>(start, stop, KEYS_PER_STEP, load, consume);
 }
 
-// Dynamic shared memory of a KEEP stream for G heads and slice_len keys, in floats: the scores, then two floats per
-// 8-key subtile (the prop kernel's subtile prefix and its chunk totals; the keep_* check kernels use neither)
+// Dynamic shared memory of a KEEP stream for G heads and slice_len keys, in floats: the scores, then one float per
+// 8-key subtile (the prop kernel's subtile masses and their prefix; the keep_* check kernels' nothing)
 __host__ __device__ constexpr int kept_floats(int heads, int slice_len) {
-  return heads * (kept_stride(slice_len) + 2 * ((slice_len + 7) / 8));
+  return heads * (kept_stride(slice_len) + (slice_len + 7) / 8);
 }
 
 template <int D, int G, int U, bool KEEP>
@@ -403,8 +403,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   const int start = c * slice_len, stop = min(n, start + slice_len), keys = max(stop - start, 0);
   const int stride = kept_stride(slice_len), n_sub = (slice_len + 7) / 8, live_subs = (keys + 7) / 8;
   float* kept = smem;
-  float* cum = kept + G * stride;       // the subtiles' prefix Cum_i
-  float* chunk_total = cum + G * n_sub;  // its chunks' totals, then their offsets
+  float* cum = kept + G * stride;  // the subtiles' masses W_i, then their prefix Cum_i
   float* group_stats = smem + kept_floats(G, slice_len);
   const size_t head0 = (size_t)b * hkv * G + (size_t)h * G;  // the group's first query-head row
   const unsigned tag = __ldcg(epoch + group) + 1u;
@@ -434,57 +433,53 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     if (lane == 0) slice_max[g] = mc;
   }
   __syncthreads();
-  // while the stats travel, Cum_i = the inclusive prefix of the subtiles' masses W_i = Σ 2^(s − m_c) (keys in order), in
-  // three steps over all threads: each takes a chunk of ch consecutive subtiles (ch a power of two ≤ 8, so that the
-  // chunks about fill the CTA), their W and local prefix; warp g scans head g's chunk totals; each chunk adds its
-  // offset. (A scan by one warp per head, four subtiles per lane, took 4.7 µs at 128k.)
-  const int ch = min(8, 1 << (32 - __clz(max(0, (G * live_subs - 1) / kThreads)))), chunks = (live_subs + ch - 1) / ch;
-  if (threadIdx.x < G) last_live_sub[threadIdx.x] = -1;
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < G * chunks; idx += kThreads) {
-    const int head = idx / chunks, ci = idx % chunks;
+  // while the stats travel: the subtiles' masses W_i = Σ 2^(s − m_c) over their keys in order (all threads), then per
+  // head (warp g) their inclusive prefix, four subtiles per lane per round (eight timed slower)
+  for (int idx = threadIdx.x; idx < G * live_subs; idx += kThreads) {
+    const int head = idx / live_subs, i = idx % live_subs;
     const float mch = slice_max[head];
-    float run = 0.f;
-    int live = -1;
-    for (int e = 0; e < ch && ci * ch + e < live_subs; ++e) {
-      const int i = ci * ch + e;
-      const float4* row = reinterpret_cast<const float4*>(kept + head * stride + i * 8);
-      const float4 lo4 = row[0], hi4 = row[1];
-      const float sc[8] = {lo4.x, lo4.y, lo4.z, lo4.w, hi4.x, hi4.y, hi4.z, hi4.w};
-      float w = 0.f;
+    const float4* row = reinterpret_cast<const float4*>(kept + head * stride + i * 8);
+    const float4 lo4 = row[0], hi4 = row[1];
+    const float sc[8] = {lo4.x, lo4.y, lo4.z, lo4.w, hi4.x, hi4.y, hi4.z, hi4.w};
+    float w = 0.f;
 #pragma unroll
-      for (int k8 = 0; k8 < 8; ++k8)
-        if (i * 8 + k8 < keys && mch != -INFINITY) w += exp2f(sc[k8] - mch);
-      if (w > 0.f) live = i;
-      run += w;
-      cum[head * n_sub + i] = run;  // the chunk's local prefix
-    }
-    chunk_total[head * chunks + ci] = run;
-    if (live >= 0) atomicMax(&last_live_sub[head], live);
+    for (int e = 0; e < 8; ++e)
+      if (i * 8 + e < keys && mch != -INFINITY) w += exp2f(sc[e] - mch);
+    cum[head * n_sub + i] = w;
   }
   __syncthreads();
-  if (warp < G) {  // head g's chunk totals → their exclusive prefix, in place
+  if (warp < G) {
     const int g = warp;
     float carry = 0.f;
-    for (int base = 0; base < chunks; base += 32) {
-      const int ci = base + lane;
-      const float t = ci < chunks ? chunk_total[g * chunks + ci] : 0.f;
-      float incl = t;
+    int live = -1;
+    for (int base = 0; base < live_subs; base += 128) {
+      const int i0 = base + lane * 4;
+      float run[4], total = 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = i0 + e;
+        const float w = i < live_subs ? cum[g * n_sub + i] : 0.f;
+        if (w > 0.f) live = i;
+        total += w;
+        run[e] = total;
+      }
+      float incl = total;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
         const float other = __shfl_up_sync(0xffffffffu, incl, o);
         if (lane >= o) incl += other;
       }
-      if (ci < chunks) chunk_total[g * chunks + ci] = carry + (incl - t);
+      float excl = __shfl_up_sync(0xffffffffu, incl, 1);
+      if (lane == 0) excl = 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (i0 + e < live_subs) cum[g * n_sub + i0 + e] = carry + (excl + run[e]);
       carry += __shfl_sync(0xffffffffu, incl, 31);
     }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) live = max(live, __shfl_xor_sync(0xffffffffu, live, o));
+    if (lane == 0) last_live_sub[g] = live;
   }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < G * live_subs; idx += kThreads) {
-    const int head = idx / live_subs, i = idx % live_subs;
-    cum[head * n_sub + i] += chunk_total[head * chunks + i / ch];
-  }
-  __syncthreads();
   mark(2);  // published (and the prefix built)
   if constexpr (STAGE == 1) return;
 
