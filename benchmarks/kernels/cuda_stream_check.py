@@ -190,7 +190,7 @@ def describe(name: str, case: dict) -> str:
     keeps = [(v["us"], key) for key, v in case["variants"].items() if key.startswith("keep")]
     return (f"{name}: stream {best['us']:.1f} µs ({best['variant']}), santa pass 1 {case['santa_pass1_us']:.1f}, "
             f"santa prop {case['santa_prop_us']:.1f}" + (f", read only {min(reads)[0]:.1f} ({min(reads)[1]})" if reads else "")
-            + (f", keeping u {min(keeps)[0]:.1f} ({min(keeps)[1]})" if keeps else ""))
+            + (f", keeping scores {min(keeps)[0]:.1f} ({min(keeps)[1]})" if keeps else ""))
 
 
 def main() -> None:

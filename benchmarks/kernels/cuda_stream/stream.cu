@@ -3,6 +3,8 @@
 // the slice's statistics per head: m = max_j s_j and l = sum_j 2^(s_j - m), with s in the log2 domain
 // (s = q.k * log2(e) / sqrt(D)). No stash, no sampling: this is the K read the one-launch design stands on,
 // timed against Triton pass 1 (benchmarks/kernels/cuda_stream_check.py). Benchmark code, not the library.
+// The file also holds prop in one cooperative launch built on that stream (prop1_*, at the end; checked and timed
+// by benchmarks/kernels/cuda_one_launch_check.py; KERNEL_NOTES runs 14 and 15).
 //
 // Layouts (contiguous, NHD): q [B, Hkv*G, D] bf16; k [B, n, Hkv, D] bf16; stats [B, Hkv*G, C, 2] float32.
 // Grid (C, Hkv, B); 256 threads. A key's D values for one KV head are D*2 bytes: LPK = D/8 lanes load 16 B each,
