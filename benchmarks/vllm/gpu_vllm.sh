@@ -24,9 +24,10 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/vw
 export PYTHONPATH=/tmp/vsite:$PWD/src PYTHONUNBUFFERED=1
 TAR_SHA=c8745b73bd4a9369ebc6027167a74738b5198d7b3880867d68049730c4632dfb  # = prepare.sh's VLLM_TAR_SHA
-run() {  # one offline.py process, bounded
+run() {  # one offline.py process, bounded; its lock files do not come back (they would count against $OUT's 8 files)
   local seconds=$1; shift
   timeout "$seconds" python3 benchmarks/vllm/offline.py "$@" 2>&1 | grep -v "^DEBUG" | tail -n 25
+  rm -f "$OUT"/*.lock
 }
 for stage in "$@"; do
   case $stage in

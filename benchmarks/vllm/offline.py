@@ -14,7 +14,10 @@ prefill per repeat; median of ``--repeats``.
 
 Several batch sizes share one engine (``--batch 1 16 64``, an engine start costs 1-2 min): the engine is sized
 for the largest (``max_num_seqs``, ``max_model_len``), each size is timed in turn, and ``--out`` names one file
-per size through ``{batch}``.
+per size through ``{batch}``. One run at a time per ``--out`` (a second is refused: ``<out>.lock``), and a run
+picks up where a killed one stopped: a size whose file already holds all ``--repeats`` with the same settings
+(backend, ``SANTA_VLLM_*``, tokens, cache dtype, eager) is not timed again, and the engine is not started when
+every size is done.
 
     python benchmarks/vllm/offline.py --folder /tmp/llama8b --make llama-3.1-8b --backend CUSTOM \\
         --prompt-tokens 30000 --batch 16 --new-tokens 64 --out custom.json
@@ -93,6 +96,29 @@ def parse_args() -> argparse.Namespace:
 def out_path(out: Path, batch: int) -> Path:
     """The result file of one batch size: ``out`` with ``{batch}`` filled in (``out`` itself when it has none)."""
     return Path(str(out).replace("{batch}", str(batch)))
+
+
+def lock_path(out: Path) -> Path:
+    """The one lock of a run's result files: ``out`` without ``{batch}``, plus ``.lock``."""
+    return Path(str(out).replace("{batch}", "") + ".lock")
+
+
+def run_settings(args: argparse.Namespace, santa_settings: dict) -> dict:
+    """What a result file must match to count as this run's: a file written with other settings is timed again."""
+    return {"backend": args.backend, "santa": santa_settings, "folder": str(args.folder), "prompt_tokens": args.prompt_tokens,
+            "new_tokens": args.new_tokens, "warm_tokens": args.warm_tokens, "kv_cache_dtype": args.kv_cache_dtype,
+            "enforce_eager": args.enforce_eager, "repeats": args.repeats}
+
+
+def finished(path: Path, settings: dict) -> bool:
+    """Whether ``path`` already holds every repeat of this batch size with these settings (a killed run's file holds
+    fewer; an unreadable file counts as not finished and is rewritten)."""
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return (isinstance(result, dict) and all(result.get(key) == value for key, value in settings.items())
+            and len(result.get("decode_tokens_per_s_all", [])) >= settings["repeats"])
 
 
 def compare(baseline_path: str, other_path: str) -> None:
@@ -174,6 +200,24 @@ def main() -> None:
         print(f"made {args.folder} ({args.make}) in {time.perf_counter() - t:.0f} s", flush=True)
     if args.make_only:
         return
+    from santa.writer_lock import OutputLocked, OutputUnusable, writer_lock
+
+    try:
+        with writer_lock(lock_path(args.out), holder="offline.py run"):
+            time_batches(args)
+    except (OutputLocked, OutputUnusable) as error:
+        sys.exit(str(error))
+
+
+def time_batches(args: argparse.Namespace) -> None:
+    """Start the engine (unless every batch size is finished) and time each batch size not yet finished."""
+    santa_settings = {k: v for k, v in os.environ.items() if k.startswith("SANTA_VLLM_")}
+    settings = run_settings(args, santa_settings)
+    todo = [batch for batch in args.batch if not finished(out_path(args.out, batch), settings)]
+    for batch in sorted(set(args.batch) - set(todo)):
+        print(f"batch {batch}: {out_path(args.out, batch)} already holds this run's {args.repeats} repeats", flush=True)
+    if not todo:
+        return
     import torch
     import vllm
     from vllm import LLM
@@ -194,8 +238,7 @@ def main() -> None:
     start_s = time.perf_counter() - t
     print(f"engine up in {start_s:.0f} s", flush=True)
 
-    santa_settings = {k: v for k, v in os.environ.items() if k.startswith("SANTA_VLLM_")}
-    for batch in args.batch:
+    for batch in todo:
         generator = torch.Generator().manual_seed(args.prompt_tokens)  # batch b's prompts: the first b of the largest batch's
         prompts = [TokensPrompt(prompt_token_ids=torch.randint(10, config["vocab_size"], (args.prompt_tokens,),
                                                                generator=generator).tolist()) for _ in range(batch)]
@@ -206,12 +249,10 @@ def main() -> None:
             rates.append(rate)
             print(f"batch {batch}, repeat {repeat}: {rate:.0f} decode tokens/s", flush=True)
             result = {  # written after every repeat: a call cut at its time limit keeps the repeats it finished
-                "backend": args.backend, "santa": santa_settings, "vllm": vllm.__version__, "torch": torch.__version__,
-                "device": torch.cuda.get_device_name(), "folder": str(args.folder), "shape": args.make, "batch": batch,
-                "engine_batches": args.batch, "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens,
-                "kv_cache_dtype": args.kv_cache_dtype, "enforce_eager": args.enforce_eager, "engine_start_s": start_s,
-                "decode_tokens_per_s": statistics.median(rates), "decode_tokens_per_s_all": rates,
-                "warm_tokens": args.warm_tokens, "tokens": tokens, "commit": os.environ.get("SANTA_COMMIT"),
+                **settings, "vllm": vllm.__version__, "torch": torch.__version__, "device": torch.cuda.get_device_name(),
+                "shape": args.make, "batch": batch, "engine_batches": args.batch, "engine_start_s": start_s,
+                "decode_tokens_per_s": statistics.median(rates), "decode_tokens_per_s_all": rates, "tokens": tokens,
+                "commit": os.environ.get("SANTA_COMMIT"),
             }
             write_json_atomic(out_path(args.out, batch), result)  # whole or not at all: a kill mid-write leaves the last repeat's
         print(f"{args.backend} {santa_settings}: {result['decode_tokens_per_s']:.0f} decode tokens/s "

@@ -1,11 +1,16 @@
 """benchmarks/vllm/offline.py's clock (issue 27), without vLLM: a fake engine whose requests finish their
 chunked prefill at different steps, so that early requests decode beside later prefills (mixed steps,
-slow here) before every step is a decode step of the whole batch (fast). Only the latter may be timed."""
+slow here) before every step is a decode step of the whole batch (fast). Only the latter may be timed. Also its
+result files: one run per --out, and a killed run resumed where it stopped."""
 
+import json
+import sys
 import types
 
 import pytest
 from benchmarks.vllm import offline
+
+from santa.writer_lock import writer_lock
 
 MIXED_STEP, DECODE_STEP = 10.0, 1.0  # seconds per engine step on the fake clock
 
@@ -77,3 +82,41 @@ def test_several_batch_sizes_need_one_out_file_each(monkeypatch):
     monkeypatch.setattr("sys.argv", [*argv, "1", "--out", "r_b{batch}.json"])  # a size twice
     with pytest.raises(SystemExit):
         offline.parse_args()
+
+
+def finished_run(tmp_path, monkeypatch, batches=("1", "16")):
+    """argv of a run over ``batches`` into tmp_path/r_b{batch}.json, with a model folder that exists."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    out = tmp_path / "r_b{batch}.json"
+    monkeypatch.setattr("sys.argv", ["offline.py", "--folder", str(folder), "--batch", *batches, "--repeats", "2",
+                                     "--out", str(out)])
+    monkeypatch.delenv("SANTA_VLLM_BUDGET", raising=False)
+    return offline.parse_args()
+
+
+def test_a_finished_size_is_not_timed_again_and_other_settings_are(tmp_path, monkeypatch):
+    """A size whose file holds every repeat with this run's settings is skipped (no engine when all are); fewer repeats,
+    another backend or an unreadable file is timed again."""
+    args = finished_run(tmp_path, monkeypatch)
+    settings = offline.run_settings(args, {})
+    path = offline.out_path(args.out, 1)
+    assert not offline.finished(path, settings)  # no file yet
+    path.write_text(json.dumps({**settings, "decode_tokens_per_s_all": [1.0]}))
+    assert not offline.finished(path, settings)  # a killed run: one repeat of two
+    path.write_text(json.dumps({**settings, "decode_tokens_per_s_all": [1.0, 2.0]}))
+    assert offline.finished(path, settings)
+    assert not offline.finished(path, {**settings, "backend": "FLASH_ATTN"})
+    path.write_text("{not json")
+    assert not offline.finished(path, settings)
+    for batch in (1, 16):  # every size done: time_batches returns before it imports torch or vLLM
+        offline.out_path(args.out, batch).write_text(json.dumps({**settings, "decode_tokens_per_s_all": [1.0, 2.0]}))
+    monkeypatch.setitem(sys.modules, "vllm", None)  # an import of vLLM would now raise
+    offline.time_batches(args)
+
+
+def test_a_second_run_on_the_same_out_is_refused(tmp_path, monkeypatch):
+    args = finished_run(tmp_path, monkeypatch)
+    with writer_lock(offline.lock_path(args.out)), pytest.raises(SystemExit, match="another offline.py run"):
+        offline.main()
