@@ -321,6 +321,20 @@ __device__ __forceinline__ void load_row(const __nv_bfloat16* p, float (&x)[PER_
   }
 }
 
+// The warp's inclusive prefix sum of x in lane order (returned) and its exclusive one (excl): a fixed shuffle tree, so
+// the same inputs give the same floats on every CTA
+__device__ __forceinline__ float warp_scan(float x, float& excl) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float other = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += other;
+  }
+  excl = __shfl_up_sync(0xffffffffu, x, 1);
+  if (lane == 0) excl = 0.f;
+  return x;
+}
+
 // Words tagged with the launch they belong to: (tag << 32) | float bits, one 8-byte store or load (single-copy atomic),
 // so a reader that sees the tag it waits for also sees the value: no fence, no counter, no second read.
 __device__ __forceinline__ void store_tagged(unsigned long long* p, float x, unsigned tag) {
@@ -375,7 +389,7 @@ __device__ __forceinline__ void gather_tagged(float* dst, const unsigned long lo
 // STAGE 1 stops after publishing, STAGE 2 after the keys (timing the phases; their outputs are not checked); marks,
 // where given, get each CTA's clocks at the phase boundaries (0 start, 1 streamed, 2 published, 3 stats read,
 // 4 first points placed, 5 keys written, 6 V rows gathered, 7 done).
-// Groups beyond one wave run in rounds (prop_one_launch below). Not handled yet (the Triton kernel does all of
+// Groups beyond one wave run in rounds (SANTA_PROP_ONE_LAUNCH below). Not handled yet (the Triton kernel does all of
 // them): per-sequence lengths, paged caches, NaN rows, S > n checks, fp8, other dtypes.
 template <int D, int G, int U, int STAGE>
 __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
@@ -465,14 +479,8 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
         total += w;
         run[e] = total;
       }
-      float incl = total;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const float other = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += other;
-      }
-      float excl = __shfl_up_sync(0xffffffffu, incl, 1);
-      if (lane == 0) excl = 0.f;
+      float excl;
+      const float incl = warp_scan(total, excl);
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         if (i0 + e < live_subs) cum[g * n_sub + i0 + e] = carry + (excl + run[e]);
@@ -503,14 +511,8 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     const float m_ref = m_star == -INFINITY ? 0.f : m_star;
     float chunk = 0.f;
     for (int i = lo; i < hi; ++i) chunk += st[2 * i + 1] * exp2f(st[2 * i] - m_ref);
-    float incl = chunk;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const float other = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += other;
-    }
-    float excl = __shfl_up_sync(0xffffffffu, incl, 1);
-    if (lane == 0) excl = 0.f;
+    float excl;
+    warp_scan(chunk, excl);
     // F(i) = excl + Σ_{lo ≤ i' ≤ i} W_i' on the lane that owns i: the same value wherever it is used
     float below = 0.f, through = 0.f, last = 0.f, run = 0.f;
     for (int i = lo; i < hi; ++i) {
@@ -619,23 +621,6 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   mark(7);
 }
 
-// The persistent grid: CTA i takes work items i, i + grid, … (item = group · C + slice). The host makes the grid a
-// multiple of C, so the C slices of a group run in the same round and wait only on CTAs that are resident.
-template <int D, int G, int U, int STAGE>
-__device__ __forceinline__ void prop_one_launch(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
-                                                const __nv_bfloat16* __restrict__ v, const float* __restrict__ uniforms,
-                                                __nv_bfloat16* __restrict__ out, int* __restrict__ counts,
-                                                unsigned long long* __restrict__ slice_stats,
-                                                unsigned long long* __restrict__ sampled, unsigned* __restrict__ epoch,
-                                                long long* __restrict__ marks, int n, int hkv, int groups, int slices,
-                                                int slice_len, float scale_log2, int budget) {
-  for (int item = blockIdx.x; item < groups * slices; item += gridDim.x) {
-    prop_slice<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, sampled, epoch, marks, n, hkv, slices, item,
-                               slice_len, scale_log2, budget);
-    __syncthreads();  // the next item reuses shared memory
-  }
-}
-
 }  // namespace
 
 #define SANTA_STREAM(NAME, D, G, GP, U, SCORE)                                                                            \
@@ -672,14 +657,19 @@ SANTA_STREAM_KEEP(keep_d128_g4_u1, 128, 4, 1)
 SANTA_STREAM_KEEP(keep_d64_g7_u4, 64, 7, 4)
 SANTA_STREAM_KEEP(keep_d64_g3_u4, 64, 3, 4)
 
+// The persistent grid: CTA i takes work items i, i + grid, … (item = group · C + slice). The host makes the grid a
+// multiple of C, so the C slices of a group run in the same round and wait only on CTAs that are resident.
 #define SANTA_PROP_ONE_LAUNCH(NAME, D, G, U, STAGE)                                                                \
   extern "C" __global__ void __launch_bounds__(kThreads, 2)                                                        \
       NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* uniforms,             \
            __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* sampled,              \
            unsigned* epoch, long long* marks, int n, int hkv, int groups, int slices, int slice_len, float scale,     \
            int budget) {                                                                                            \
-    prop_one_launch<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, sampled, epoch, marks, n, hkv,     \
-                                    groups, slices, slice_len, scale, budget);                                       \
+    for (int item = blockIdx.x; item < groups * slices; item += gridDim.x) {                                       \
+      prop_slice<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, sampled, epoch, marks, n, hkv, slices, \
+                                 item, slice_len, scale, budget);                                                   \
+      __syncthreads(); /* the next item reuses shared memory */                                                    \
+    }                                                                                                               \
   }
 
 SANTA_PROP_ONE_LAUNCH(prop1_d128_g4, 128, 4, 1, 0)
