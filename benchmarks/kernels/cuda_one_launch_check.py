@@ -1,6 +1,8 @@
 """Issue 24: prop in one cooperative launch, in CUDA C++ (``cuda_stream/stream.cu``, ``prop1_*``), against santa's
 two-launch Triton prop on the same inputs and the same uniforms. First run on the H200 on 2026-12-02 (the first
-version: right, slower than santa's prop); this is the fifth (KERNEL_NOTES run 15 has all five).
+version: right, slower than santa's prop); KERNEL_NOTES runs 15 and 16 have every version since. Each plan (C slices per
+group) runs on the schedules of ``cuda_stream/schedule.py``: ``rounds`` (every CTA in step) and, where there is more
+than one round, ``staggered`` (plan name suffix ``s``: two halves of the grid half a round apart).
 
 Per case (bf16, contiguous NHD, every sequence n keys, S = 128): the uniforms santa's kernels draw for (seed, offset)
 (``santa.kernels.reference.philox_uniforms``) are handed to the CUDA kernel, so both place the same comb. Checked:
@@ -11,13 +13,14 @@ replay, clean cold L2, medians; benchmarks/bench/timing.py), with the phases alo
 publish; ``prop1s2_*``: + the stats exchange and placement). C, the slices per group: the largest that keeps every CTA
 resident (``cuOccupancyMaxActiveBlocksPerMultiprocessor`` with the slice's shared memory), a half and a quarter of it.
 
-    python benchmarks/kernels/cuda_one_launch_check.py OUT.jsonl [COMMIT]
+    python benchmarks/kernels/cuda_one_launch_check.py OUT.jsonl [COMMIT] [--only CASE ...]
 
 One JSON line per case, resumable and with one writer at a time, as ``cuda_stream_check.py`` (``run_cases``).
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import math
 import sys
@@ -27,6 +30,7 @@ import torch
 
 sys.path.insert(0, ".")
 from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
+from benchmarks.kernels.cuda_stream.schedule import SCHEDULES, build_schedule, schedule_table  # noqa: E402
 from benchmarks.kernels.cuda_stream_check import Kernels, kept_bytes, random_inputs, run_cases  # noqa: E402
 
 BUDGET, SEED, OFFSET = 128, 3, 5
@@ -38,11 +42,16 @@ CASES = [("llama 8k", 1, 8192, 32, 8, 128), ("llama 32k", 1, 32768, 32, 8, 128),
 SHARED_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90
 
 
-def plan_shared(kernels: Kernels, kernel: str, *, slices: int, slice_len: int, group_size: int, dim: int) -> int:
-    """Dynamic shared memory of one CTA (allowed past 48 KB for the kernel and its phase kernels): the kept scores and
-    subtiles plus the group's stats, or the gather's rows [vectors][S][8] float32 where those take more."""
+def slice_shared(*, slices: int, slice_len: int, group_size: int, dim: int) -> int:
+    """Dynamic shared memory of one CTA working on a slice of a group cut in ``slices``: the kept scores and subtiles
+    plus the group's stats, or the gather's rows [vectors][S][8] float32 where those take more."""
     vectors_per_cta = -(-group_size * dim // 8 // slices)
-    shared = max(kept_bytes(group_size, slice_len) + 4 * group_size * slices * 2, 4 * 8 * BUDGET * vectors_per_cta)
+    return max(kept_bytes(group_size, slice_len) + 4 * group_size * slices * 2, 4 * 8 * BUDGET * vectors_per_cta)
+
+
+def plan_shared(kernels: Kernels, kernel: str, *, slices: int, slice_len: int, group_size: int, dim: int) -> int:
+    """:func:`slice_shared`, allowed past 48 KB for the kernel and its phase kernels."""
+    shared = slice_shared(slices=slices, slice_len=slice_len, group_size=group_size, dim=dim)
     if 48 * 1024 < shared <= SHARED_LIMIT:
         for name in (kernel, kernel.replace("prop1", "prop1s1"), kernel.replace("prop1", "prop1s2")):
             kernels.allow_shared(name, shared)
@@ -52,7 +61,8 @@ def plan_shared(kernels: Kernels, kernel: str, *, slices: int, slice_len: int, g
 def slice_plans(kernels: Kernels, kernel: str, *, groups: int, n: int, group_size: int, dim: int) -> list[tuple[int, int, int, int]]:
     """(C, slice_len, shared bytes, grid) to time. Where every group fits one wave: the most slices per group that
     keep all CTAs resident, a half and a quarter as many. Past one wave (rounds): C = 16, 8, 4, 2, 1 (the first four) where the slice
-    fits shared memory, the grid the largest multiple of C that stays resident (a group's slices share a round)."""
+    fits shared memory, the grid every CTA that stays resident (the schedule, ``cuda_stream/schedule.py``, keeps a
+    group's slices in one round)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     plans = []
     for slices in range(max(1, 2 * sms // groups), 0, -1):
@@ -74,7 +84,7 @@ def slice_plans(kernels: Kernels, kernel: str, *, groups: int, n: int, group_siz
         shared = plan_shared(kernels, kernel, slices=slices, slice_len=slice_len, group_size=group_size, dim=dim)
         resident = kernels.resident_per_sm(kernel, shared) * sms if shared <= SHARED_LIMIT else 0
         if resident >= slices:
-            plans.append((slices, slice_len, shared, resident // slices * slices))
+            plans.append((slices, slice_len, shared, resident))
     if not plans:
         raise ValueError(f"{kernel}: no slice count fits {n} keys per group in shared memory")
     return plans[:4]
@@ -100,73 +110,110 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
     out = torch.empty_like(q)
     counts = torch.zeros(batch, heads, n, dtype=torch.int32, device="cuda")
     best = None
-    for slices, slice_len, shared, grid in slice_plans(kernels, kernel, groups=batch * kv_heads, n=n, group_size=group,
-                                                       dim=dim):
-        # per kernel (the full one and its phases): tagged stats and sampled keys, the groups' epochs
-        buffers = {name: (torch.zeros(batch, heads, slices, 2, dtype=torch.int64, device="cuda"),
-                          torch.zeros(batch, heads, BUDGET, dtype=torch.int64, device="cuda"),
-                          torch.zeros(batch * kv_heads, dtype=torch.int32, device="cuda"))
-                   for name in (kernel, kernel.replace("prop1", "prop1s1"), kernel.replace("prop1", "prop1s2"))}
-
-        def launch(with_counts: bool, name: str = kernel, slices=slices, slice_len=slice_len, shared=shared, grid=grid,
-                   buffers=buffers, marks: torch.Tensor | None = None) -> None:
-            values = [ctypes.c_void_p(t.data_ptr()) for t in (q, k, v, uniforms, out)]
-            values.append(ctypes.c_void_p(counts.data_ptr() if with_counts else 0))
-            values += [ctypes.c_void_p(t.data_ptr()) for t in buffers[name]]
-            values.append(ctypes.c_void_p(marks.data_ptr() if marks is not None else 0))
-            values += [ctypes.c_int(n), ctypes.c_int(kv_heads), ctypes.c_int(batch * kv_heads), ctypes.c_int(slices),
-                       ctypes.c_int(slice_len), ctypes.c_float(scale), ctypes.c_int(BUDGET)]
-            kernels.launch_values(name, (grid, 1, 1), values, shared_bytes=shared, cooperative=True)
-
-        def check_plan(row: dict, launch, slices=slices, buffers=buffers) -> None:
-            """Fills ``row``: the checks against santa and the kernel's own counts, the times, the phase marks."""
-            counts.zero_()
-            launch(True)
-            torch.cuda.synchronize()
-            first = out.clone()
-            launch(False)
-            torch.cuda.synchronize()
-            row["repeat_bitwise_equal"] = bool(torch.equal(first, out))
-            row["epochs_count_launches"] = bool((buffers[kernel][2] == 2).all())
-            row["every_head_draws_S"] = bool((counts.sum(-1) == BUDGET).all())
-            row["rows_equal_to_santa"] = float((counts == santa_counts).all(-1).float().mean())
-            row["samples_moved"] = int((counts - santa_counts).abs().sum()) // 2
-            row["max_abs_out_diff"] = float((first.float() - santa_out.float()).abs().max())
-            # the output against its own draw: Σ_j counts_j · v_j / S in float32 (the gather and its sum, exactly checked)
-            own = torch.einsum("bkgn,bnkd->bkgd", counts.view(batch, kv_heads, group, n).float(), v.float()) / BUDGET
-            row["max_abs_diff_to_own_counts"] = float((first.float() - own.reshape(batch, heads, dim)).abs().max())
-            try:
-                row["us"] = time_fn(lambda: launch(False), flusher.read, graph=True)["median_us"]
-            except RuntimeError as exc:  # a cooperative launch that a graph cannot capture: say so, time it eagerly
-                row["graph_error"] = str(exc)
-                row["eager_us"] = time_fn(lambda: launch(False), flusher.read)["median_us"]
-                return
-            for stage in ("prop1s1", "prop1s2"):  # the phases: stream + publish; + the stats exchange and placement
-                try:
-                    row[f"{stage}_us"] = time_fn(lambda stage=stage: launch(False, kernel.replace("prop1", stage)),
-                                                 flusher.read, graph=True)["median_us"]
-                except RuntimeError as exc:
-                    row[f"{stage}_error"] = str(exc)
-            marks = torch.zeros(batch * kv_heads * slices, 8, 2, dtype=torch.int64, device="cuda")
-            for _ in range(3):  # warm, then the last of three eager launches, each after a clean L2 as in the timing
-                flusher.read()
-                launch(False, marks=marks)
-            torch.cuda.synchronize()
-            row["phases"] = phase_marks(marks.cpu())
-
-        row = {"slices": slices, "slice_len": slice_len, "shared_bytes": shared, "grid": grid,
-               "rounds": -(-batch * kv_heads * slices // grid)}
-        case["plans"][f"C{slices}"] = row
-        try:
-            check_plan(row, launch)
-        except RuntimeError as exc:  # a launch refused (e.g. a grid the cooperative launch finds too large): this plan
-            row["error"] = str(exc)   # says so, the others still run
-            continue
-        if "us" in row and (best is None or row["us"] < best[0]):
-            best = (row["us"], f"C{slices}")
+    for slices, _, _, grid in slice_plans(kernels, kernel, groups=batch * kv_heads, n=n, group_size=group, dim=dim):
+        for kind in SCHEDULES:
+            rounds = build_schedule(groups=batch * kv_heads, n=n, slices=slices, grid=grid, kind="rounds")
+            if kind == "staggered":
+                if len(rounds) == 1 or grid // 2 < 2 * slices:
+                    continue  # one wave: nothing to stagger
+                rounds = build_schedule(groups=batch * kv_heads, n=n, slices=slices, grid=grid, kind=kind)
+            row = run_schedule(kernels, flusher, kernel, rounds, inputs=(q, k, v, uniforms, out, counts), santa=(santa_counts, santa_out),
+                               group=group, dim=dim, scale=scale)
+            case["plans"][f"C{slices}" + ("s" if kind == "staggered" else "")] = row
+            if "us" in row and (best is None or row["us"] < best[0]):
+                best = (row["us"], f"C{slices}" + ("s" if kind == "staggered" else ""))
     if best is not None:
         case["one_launch_us"], case["best_plan"] = best
     return case
+
+
+def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, *, inputs: tuple, santa: tuple, group: int,
+                 dim: int, scale: float) -> dict:
+    """One plan: the kernel on the schedule ``rounds`` (``cuda_stream/schedule.py``), checked against santa's counts and
+    output and its own counts, timed with its phases, and its phase marks; a refused launch is the row's error."""
+    q, k, v, uniforms, out, counts = inputs
+    santa_counts, santa_out = santa
+    batch, heads, n = counts.shape
+    kv_heads = heads // group
+    works = [w for row in rounds for w in row if w is not None]
+    slots = max(w.slices for w in works)
+    shared = max(slice_shared(slices=w.slices, slice_len=w.slice_len, group_size=group, dim=dim) for w in works)
+    grid = len(rounds[0])
+    row = {"slices": min(w.slices for w in works), "slice_len": max(w.slice_len for w in works), "shared_bytes": shared,
+           "grid": grid, "rounds": len(rounds), "slice_counts": sorted({w.slices for w in works})}
+    resident = kernels.resident_per_sm(kernel, shared) * torch.cuda.get_device_properties(0).multi_processor_count
+    if shared > SHARED_LIMIT or resident < grid:
+        row["error"] = f"{shared} bytes of shared memory: {resident} CTAs resident, the schedule needs {grid}"
+        return row
+    names = (kernel, kernel.replace("prop1", "prop1s1"), kernel.replace("prop1", "prop1s2"))
+    if shared > 48 * 1024:
+        for name in names:
+            kernels.allow_shared(name, shared)
+    table = torch.tensor(schedule_table(rounds), dtype=torch.int32, device="cuda")
+    # per kernel (the full one and its phases): tagged stats and sampled keys, the groups' epochs
+    buffers = {name: (torch.zeros(batch * kv_heads, group, slots, 2, dtype=torch.int64, device="cuda"),
+                      torch.zeros(batch, heads, BUDGET, dtype=torch.int64, device="cuda"),
+                      torch.zeros(batch * kv_heads, dtype=torch.int32, device="cuda")) for name in names}
+
+    def launch(with_counts: bool, name: str = kernel, marks: torch.Tensor | None = None) -> None:
+        values = [ctypes.c_void_p(t.data_ptr()) for t in (q, k, v, uniforms, out)]
+        values.append(ctypes.c_void_p(counts.data_ptr() if with_counts else 0))
+        values += [ctypes.c_void_p(t.data_ptr()) for t in buffers[name]]
+        values.append(ctypes.c_void_p(marks.data_ptr() if marks is not None else 0))
+        values += [ctypes.c_void_p(table.data_ptr()), ctypes.c_int(len(rounds)), ctypes.c_int(slots), ctypes.c_int(n),
+                   ctypes.c_int(kv_heads), ctypes.c_float(scale), ctypes.c_int(BUDGET)]
+        kernels.launch_values(name, (grid, 1, 1), values, shared_bytes=shared, cooperative=True)
+
+    try:
+        counts.zero_()
+        launch(True)
+        torch.cuda.synchronize()
+        first = out.clone()
+        launch(False)
+        torch.cuda.synchronize()
+        row["repeat_bitwise_equal"] = bool(torch.equal(first, out))
+        row["epochs_count_launches"] = bool((buffers[kernel][2] == 2).all())
+        row["every_head_draws_S"] = bool((counts.sum(-1) == BUDGET).all())
+        row["rows_equal_to_santa"] = float((counts == santa_counts).all(-1).float().mean())
+        row["samples_moved"] = int((counts - santa_counts).abs().sum()) // 2
+        row["max_abs_out_diff"] = float((first.float() - santa_out.float()).abs().max())
+        # the output against its own draw: Σ_j counts_j · v_j / S in float32 (the gather and its sum, exactly checked)
+        own = torch.einsum("bkgn,bnkd->bkgd", counts.view(batch, kv_heads, group, n).float(), v.float()) / BUDGET
+        row["max_abs_diff_to_own_counts"] = float((first.float() - own.reshape(batch, heads, dim)).abs().max())
+        try:
+            row["us"] = time_fn(lambda: launch(False), flusher.read, graph=True)["median_us"]
+        except RuntimeError as exc:  # a cooperative launch that a graph cannot capture: say so, time it eagerly
+            row["graph_error"] = str(exc)
+            row["eager_us"] = time_fn(lambda: launch(False), flusher.read)["median_us"]
+            return row
+        for stage, name in zip(("prop1s1", "prop1s2"), names[1:], strict=True):  # stream + publish; + the stats exchange and placement
+            try:
+                row[f"{stage}_us"] = time_fn(lambda name=name: launch(False, name), flusher.read, graph=True)["median_us"]
+            except RuntimeError as exc:
+                row[f"{stage}_error"] = str(exc)
+        marks = torch.zeros(len(rounds) * grid, 9, 2, dtype=torch.int64, device="cuda")
+        for _ in range(3):  # warm, then the last of three eager launches, each after a clean L2 as in the timing
+            flusher.read()
+            launch(False, marks=marks)
+        torch.cuda.synchronize()
+        marks = marks.cpu()
+        row["phases"] = phase_marks(marks[:, :8])
+        row["sm_sharing"] = sm_sharing(marks[:grid, 8, 0], started=marks[:grid, 0, 0] != 0)
+    except RuntimeError as exc:  # a launch refused (e.g. a grid the cooperative launch finds too large): this plan says
+        row["error"] = str(exc)    # so, the others still run
+    return row
+
+
+def sm_sharing(smid: torch.Tensor, *, started: torch.Tensor) -> dict:
+    """Which CTAs the block scheduler put on one SM (round 0): the share of CTA pairs (i, i + grid/2) and (2j, 2j + 1),
+    among pairs that both ran in round 0, that sit on the same SM: the staggered schedule assumes the first."""
+    half = smid.numel() // 2
+    out = {}
+    for name, a, b in (("i_and_i_plus_half", torch.arange(half), torch.arange(half) + half),
+                       ("even_and_odd", torch.arange(0, 2 * half, 2), torch.arange(1, 2 * half, 2))):
+        both = started[a] & started[b]
+        out[name] = float((smid[a] == smid[b])[both].float().mean()) if both.any() else None
+    return out
 
 
 PHASES = ["start", "streamed", "published", "stats read", "first points placed", "keys written", "V rows gathered",
@@ -198,12 +245,21 @@ def measure_or_error(kernels: Kernels, flusher: Flusher, **shape) -> dict:
         return {"error": str(exc)}
 
 
+def slug(name: str) -> str:
+    """A case's name as one shell word."""
+    return name.replace(" ", "_")
+
+
 def main() -> None:
-    if len(sys.argv) not in (2, 3):
-        sys.exit(__doc__)
-    run_cases(sys.argv[1], cases=CASES, cubin=Path("/tmp/santa_one_launch.cubin"), commit=sys.argv[2] if len(sys.argv) > 2 else None,
-              measure=measure_or_error, holder="cuda_one_launch_check.py",
-              describe=describe)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", help="the JSONL file (one line per case; a re-run resumes)")
+    parser.add_argument("commit", nargs="?", help="the commit the records carry (the device's .git may be stale)")
+    parser.add_argument("--only", nargs="+", metavar="CASE", choices=[slug(name) for name, *_ in CASES],
+                        help="these cases only, spaces written as _ (e.g. llama_B=8_x_32k; default: all)")
+    args = parser.parse_args()
+    cases = [case for case in CASES if args.only is None or slug(case[0]) in args.only]
+    run_cases(args.out, cases=cases, cubin=Path("/tmp/santa_one_launch.cubin"), commit=args.commit,
+              measure=measure_or_error, holder="cuda_one_launch_check.py", describe=describe)
 
 
 def describe(name: str, case: dict) -> str:
@@ -216,6 +272,8 @@ def describe(name: str, case: dict) -> str:
             parts.append(f"{key}: {row['error']}")
             continue
         phases = f" (stream {row['prop1s1_us']:.1f}, +sample {row['prop1s2_us']:.1f})" if "prop1s2_us" in row else ""
+        shared_sm = row.get("sm_sharing", {}).get("i_and_i_plus_half")
+        phases += f" [CTAs i, i + grid/2 on one SM: {shared_sm:.2f}]" if shared_sm is not None else ""
         parts.append(f"{key}/r{row.get('rounds', 1)} {row.get('us', float('nan')):.1f}{phases} equal {row['rows_equal_to_santa']:.2f} "
                      f"moved {row['samples_moved']} S {row['every_head_draws_S']} rep {row['repeat_bitwise_equal']} "
                      f"out-santa {row['max_abs_out_diff']:.3f} out-own {row['max_abs_diff_to_own_counts']:.4f}")

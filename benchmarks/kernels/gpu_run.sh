@@ -45,7 +45,8 @@ for stage in "$@"; do
     stream)  # issue 24's first check in CUDA C++: the stream phase alone (nvcc on the device) beside pass 1 and prop
       timeout 300 python3 benchmarks/kernels/cuda_stream_check.py "$OUT/stream.jsonl" "${SANTA_COMMIT:-}" 2>&1 | tail -8 ;;
     onelaunch)  # issue 24: prop in one cooperative CUDA launch against santa's prop (bounded: a barrier bug would hang)
-      timeout 420 python3 benchmarks/kernels/cuda_one_launch_check.py "$OUT/one_launch.jsonl" "${SANTA_COMMIT:-}" 2>&1 | tail -8 ;;
+      timeout 420 python3 benchmarks/kernels/cuda_one_launch_check.py "$OUT/one_launch.jsonl" "${SANTA_COMMIT:-}" \
+        ${ONE_LAUNCH_ONLY:+--only $ONE_LAUNCH_ONLY} 2>&1 | tail -8 ;;
     smoke)  # the prop spec tests on the GPU, bounded (a group barrier that never opens would hang)
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernels.py -k "prop or graph or large" \
         2>&1 | tail -15 | tee "$OUT/smoke.log" ;;

@@ -397,24 +397,31 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
                                            __nv_bfloat16* __restrict__ out, int* __restrict__ counts,
                                            unsigned long long* __restrict__ slice_stats,
                                            unsigned long long* __restrict__ sampled, unsigned* __restrict__ epoch,
-                                           long long* __restrict__ marks, int n, int hkv, int slices, int item,
-                                           int slice_len, float scale_log2, int budget) {
-  // marks (nullptr: none): per work item, 8 pairs (globaltimer ns, clock64) at the phase boundaries, by thread 0
+                                           long long* __restrict__ marks, int n, int hkv, int group, int c,
+                                           int slices, int slice_len, int stats_slots, int slot, float scale_log2,
+                                           int budget) {
+  // marks (nullptr: none): per schedule slot, 8 pairs (globaltimer ns, clock64) at the phase boundaries, then
+  // (the SM's id, 0), by thread 0
   auto mark = [&](int i) {
     if (marks != nullptr && threadIdx.x == 0) {
       long long ns;
       asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-      long long* at = marks + (size_t)item * 16 + 2 * i;
+      long long* at = marks + (size_t)slot * 18 + 2 * i;
       at[0] = ns;
       at[1] = clock64();
     }
   };
   mark(0);
+  if (marks != nullptr && threadIdx.x == 0) {  // pair 8: the SM this CTA runs on
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    marks[(size_t)slot * 18 + 16] = smid;
+  }
   extern __shared__ float smem[];  // kept_floats(G, slice_len), then the group's stats [G][C][2]
   __shared__ float warp_m[kWarps][8], warp_l[kWarps][8], slice_max[8], head_mass[8];
   __shared__ int last_live_sub[8];
   constexpr int VECS = G * D / 8;  // the group's 8-element output vectors
-  const int group = item / slices, c = item % slices, h = group % hkv, b = group / hkv;
+  const int h = group % hkv, b = group / hkv;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int start = c * slice_len, stop = min(n, start + slice_len), keys = max(stop - start, 0);
   const int stride = kept_stride(slice_len), n_sub = (slice_len + 7) / 8, live_subs = (keys + 7) / 8;
@@ -422,6 +429,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   float* cum = kept + G * stride;  // the subtiles' masses W_i, then their prefix Cum_i
   float* group_stats = smem + kept_floats(G, slice_len);
   const size_t head0 = (size_t)b * hkv * G + (size_t)h * G;  // the group's first query-head row
+  unsigned long long* group_words = slice_stats + (size_t)group * G * stats_slots * 2;  // [G][slices][2] of the group
   const unsigned tag = __ldcg(epoch + group) + 1u;
   const float uni = warp < G ? __ldg(uniforms + head0 + warp) : 0.f;  // loaded now, used after the stream
 
@@ -445,7 +453,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
       merge_stats(mc, wc, __shfl_xor_sync(0xffffffffu, mc, o), __shfl_xor_sync(0xffffffffu, wc, o));
     mc = __shfl_sync(0xffffffffu, mc, 0);  // lanes 8–31 merged only their own empty pairs
     wc = __shfl_sync(0xffffffffu, wc, 0);
-    if (lane < 2) store_tagged(slice_stats + ((head0 + g) * slices + c) * 2 + lane, lane == 0 ? mc : wc, tag);
+    if (lane < 2) store_tagged(group_words + (g * slices + c) * 2 + lane, lane == 0 ? mc : wc, tag);
     if (lane == 0) slice_max[g] = mc;
   }
   __syncthreads();
@@ -494,7 +502,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   if constexpr (STAGE == 1) return;
 
   // ---- the group's stats, once every CTA has published them
-  gather_tagged(group_stats, slice_stats + head0 * slices * 2, G * slices * 2, tag);
+  gather_tagged(group_stats, group_words, G * slices * 2, tag);
   if (c == 0 && threadIdx.x == 0) epoch[group] = tag;  // every CTA of the group has read the old epoch by now
   __syncthreads();
   mark(3);  // the group's stats here
@@ -657,17 +665,24 @@ SANTA_STREAM_KEEP(keep_d128_g4_u1, 128, 4, 1)
 SANTA_STREAM_KEEP(keep_d64_g7_u4, 64, 7, 4)
 SANTA_STREAM_KEEP(keep_d64_g3_u4, 64, 3, 4)
 
-// The persistent grid: CTA i takes work items i, i + grid, … (item = group · C + slice). The host makes the grid a
-// multiple of C, so the C slices of a group run in the same round and wait only on CTAs that are resident.
+// The persistent grid runs a schedule the host builds: schedule[r · grid + CTA] = (group, slice c, the group's slice
+// count C_g, its slice length), or group −1 (nothing in that round). All slices of a group sit in the same round, so a
+// CTA waits only on CTAs that reach that round (every CTA is resident): no cycle. The host may give groups different
+// slice counts (benchmarks/kernels/cuda_one_launch_check.py: a half of the grid running half-length slices first, so the
+// two CTAs of an SM sample in turn instead of together). slice_stats is [groups][G][stats_slots][2], stats_slots the
+// largest C_g.
 #define SANTA_PROP_ONE_LAUNCH(NAME, D, G, U, STAGE)                                                                \
   extern "C" __global__ void __launch_bounds__(kThreads, 2)                                                        \
       NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* uniforms,             \
            __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* sampled,              \
-           unsigned* epoch, long long* marks, int n, int hkv, int groups, int slices, int slice_len, float scale,     \
-           int budget) {                                                                                            \
-    for (int item = blockIdx.x; item < groups * slices; item += gridDim.x) {                                       \
-      prop_slice<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, sampled, epoch, marks, n, hkv, slices, \
-                                 item, slice_len, scale, budget);                                                   \
+           unsigned* epoch, long long* marks, const int4* schedule, int rounds, int stats_slots, int n, int hkv,      \
+           float scale, int budget) {                                                                               \
+    for (int r = 0; r < rounds; ++r) {                                                                              \
+      const int slot = r * gridDim.x + blockIdx.x;                                                                  \
+      const int4 work = __ldg(schedule + slot);                                                                     \
+      if (work.x < 0) continue;                                                                                     \
+      prop_slice<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, sampled, epoch, marks, n, hkv, work.x,  \
+                                 work.y, work.z, work.w, stats_slots, slot, scale, budget);                         \
       __syncthreads(); /* the next item reuses shared memory */                                                    \
     }                                                                                                               \
   }
