@@ -117,8 +117,9 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
                 if len(rounds) == 1 or grid // 2 < 2 * slices:
                     continue  # one wave: nothing to stagger
                 rounds = build_schedule(groups=batch * kv_heads, n=n, slices=slices, grid=grid, kind=kind)
-            row = run_schedule(kernels, flusher, kernel, rounds, inputs=(q, k, v, uniforms, out, counts), santa=(santa_counts, santa_out),
-                               group=group, dim=dim, scale=scale)
+            row = run_schedule(kernels, flusher, kernel, rounds, staggered=kind == "staggered",
+                               inputs=(q, k, v, uniforms, out, counts), santa=(santa_counts, santa_out), group=group,
+                               dim=dim, scale=scale)
             case["plans"][f"C{slices}" + ("s" if kind == "staggered" else "")] = row
             if "us" in row and (best is None or row["us"] < best[0]):
                 best = (row["us"], f"C{slices}" + ("s" if kind == "staggered" else ""))
@@ -127,8 +128,8 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
     return case
 
 
-def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, *, inputs: tuple, santa: tuple, group: int,
-                 dim: int, scale: float) -> dict:
+def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, *, staggered: bool, inputs: tuple,
+                 santa: tuple, group: int, dim: int, scale: float) -> dict:
     """One plan: the kernel on the schedule ``rounds`` (``cuda_stream/schedule.py``), checked against santa's counts and
     output and its own counts, timed with its phases, and its phase marks; a refused launch is the row's error."""
     q, k, v, uniforms, out, counts = inputs
@@ -141,26 +142,35 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
     grid = len(rounds[0])
     row = {"slices": min(w.slices for w in works), "slice_len": max(w.slice_len for w in works), "shared_bytes": shared,
            "grid": grid, "rounds": len(rounds), "slice_counts": sorted({w.slices for w in works})}
-    resident = kernels.resident_per_sm(kernel, shared) * torch.cuda.get_device_properties(0).multi_processor_count
-    if shared > SHARED_LIMIT or resident < grid:
-        row["error"] = f"{shared} bytes of shared memory: {resident} CTAs resident, the schedule needs {grid}"
-        return row
     names = (kernel, kernel.replace("prop1", "prop1s1"), kernel.replace("prop1", "prop1s2"))
+    if shared > SHARED_LIMIT:
+        row["error"] = f"{shared} bytes of shared memory"
+        return row
     if shared > 48 * 1024:
         for name in names:
             kernels.allow_shared(name, shared)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    per_sm = kernels.resident_per_sm(kernel, shared)
+    if per_sm * sms < grid:
+        row["error"] = f"{shared} bytes of shared memory: {per_sm * sms} CTAs resident, the schedule needs {grid}"
+        return row
+    # staggered: each SM must hold one CTA of each half, which the kernel arranges by counting arrivals per SM
+    paired = staggered and per_sm == 2 and grid == 2 * sms
+    row["sm_paired"] = paired
     table = torch.tensor(schedule_table(rounds), dtype=torch.int32, device="cuda")
     # per kernel (the full one and its phases): tagged stats and sampled keys, the groups' epochs
     buffers = {name: (torch.zeros(batch * kv_heads, group, slots, 2, dtype=torch.int64, device="cuda"),
                       torch.zeros(batch, heads, BUDGET, dtype=torch.int64, device="cuda"),
                       torch.zeros(batch * kv_heads, dtype=torch.int32, device="cuda")) for name in names}
+    arrivals = {name: torch.zeros(1026, dtype=torch.int32, device="cuda") for name in names}  # per SM, then per half
 
     def launch(with_counts: bool, name: str = kernel, marks: torch.Tensor | None = None) -> None:
         values = [ctypes.c_void_p(t.data_ptr()) for t in (q, k, v, uniforms, out)]
         values.append(ctypes.c_void_p(counts.data_ptr() if with_counts else 0))
         values += [ctypes.c_void_p(t.data_ptr()) for t in buffers[name]]
         values.append(ctypes.c_void_p(marks.data_ptr() if marks is not None else 0))
-        values += [ctypes.c_void_p(table.data_ptr()), ctypes.c_int(len(rounds)), ctypes.c_int(slots), ctypes.c_int(n),
+        values += [ctypes.c_void_p(table.data_ptr()), ctypes.c_void_p(arrivals[name].data_ptr() if paired else 0),
+                   ctypes.c_int(len(rounds)), ctypes.c_int(slots), ctypes.c_int(n),
                    ctypes.c_int(kv_heads), ctypes.c_float(scale), ctypes.c_int(BUDGET)]
         kernels.launch_values(name, (grid, 1, 1), values, shared_bytes=shared, cooperative=True)
 
@@ -199,14 +209,16 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
         marks = marks.cpu()
         row["phases"] = phase_marks(marks[:, :8])
         row["sm_sharing"] = sm_sharing(marks[:grid, 8, 0], started=marks[:grid, 0, 0] != 0)
+        row["smid_round0"] = marks[:grid, 8, 0].tolist()  # the SM of each schedule CTA in round 0 (0 where idle)
     except RuntimeError as exc:  # a launch refused (e.g. a grid the cooperative launch finds too large): this plan says
         row["error"] = str(exc)    # so, the others still run
     return row
 
 
 def sm_sharing(smid: torch.Tensor, *, started: torch.Tensor) -> dict:
-    """Which CTAs the block scheduler put on one SM (round 0): the share of CTA pairs (i, i + grid/2) and (2j, 2j + 1),
-    among pairs that both ran in round 0, that sit on the same SM: the staggered schedule assumes the first."""
+    """Which schedule CTAs sit on one SM (round 0): the share of CTA pairs (i, i + grid/2) and (2j, 2j + 1), among
+    pairs that both ran in round 0, on the same SM. The staggered schedule wants the first to be 1: the block
+    scheduler alone gives 0 for both (measured 2026-12-03), so the kernel pairs the halves itself (``arrivals``)."""
     half = smid.numel() // 2
     out = {}
     for name, a, b in (("i_and_i_plus_half", torch.arange(half), torch.arange(half) + half),
@@ -225,7 +237,7 @@ def phase_marks(marks: torch.Tensor) -> dict:
     (µs after the first CTA started, globaltimer), and per phase the median and largest cycles a CTA spent in it."""
     ns, cycles = marks[..., 0].double(), marks[..., 1].double()
     seen = marks[..., 0] != 0  # mark 4 is missing where head 0 places no point in the slice
-    t0 = ns[:, 0].min()
+    t0 = ns[seen[:, 0], 0].min()  # idle schedule slots carry no marks
     out = {"last_cta_us": {}, "cycles_median": {}, "cycles_max": {}}
     for i, name in enumerate(PHASES):
         if seen[:, i].any():

@@ -671,14 +671,34 @@ SANTA_STREAM_KEEP(keep_d64_g3_u4, 64, 3, 4)
 // slice counts (benchmarks/kernels/cuda_one_launch_check.py: a half of the grid running half-length slices first, so the
 // two CTAs of an SM sample in turn instead of together). slice_stats is [groups][G][stats_slots][2], stats_slots the
 // largest C_g.
+// arrivals (nullptr: the schedule's CTA is blockIdx.x): for a grid of two CTAs on each of grid/2 SMs, the schedule's
+// CTA index is chosen so that each SM holds one CTA of each half ([0, grid/2) and [grid/2, grid)): the first CTA to
+// arrive on an SM takes the first half, the second the other (arrivals[smid] counts them; two per launch keep the
+// parity), and a rank within its half (arrivals[1024 + half], grid/2 per launch, taken modulo grid/2). No reset
+// between launches: graph-safe. Which CTA runs which work changes between launches; what each work item computes
+// does not, so the output stays bitwise repeatable.
+__device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
+  if (arrivals == nullptr) return blockIdx.x;
+  __shared__ int cta;
+  if (threadIdx.x == 0) {
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    const unsigned half = gridDim.x / 2, which = atomicAdd(arrivals + smid, 1u) & 1u;
+    cta = (int)(which * half + atomicAdd(arrivals + 1024 + which, 1u) % half);
+  }
+  __syncthreads();
+  return cta;
+}
+
 #define SANTA_PROP_ONE_LAUNCH(NAME, D, G, U, STAGE)                                                                \
   extern "C" __global__ void __launch_bounds__(kThreads, 2)                                                        \
       NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* uniforms,             \
            __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* sampled,              \
-           unsigned* epoch, long long* marks, const int4* schedule, int rounds, int stats_slots, int n, int hkv,      \
-           float scale, int budget) {                                                                               \
+           unsigned* epoch, long long* marks, const int4* schedule, unsigned* arrivals, int rounds, int stats_slots,   \
+           int n, int hkv, float scale, int budget) {                                                               \
+    const int cta = schedule_cta(arrivals);                                                                         \
     for (int r = 0; r < rounds; ++r) {                                                                              \
-      const int slot = r * gridDim.x + blockIdx.x;                                                                  \
+      const int slot = r * gridDim.x + cta;                                                                         \
       const int4 work = __ldg(schedule + slot);                                                                     \
       if (work.x < 0) continue;                                                                                     \
       prop_slice<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, sampled, epoch, marks, n, hkv, work.x,  \
