@@ -24,6 +24,7 @@ import argparse
 import ctypes
 import math
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -53,9 +54,18 @@ def plan_shared(kernels: Kernels, kernel: str, *, slices: int, slice_len: int, g
     """:func:`slice_shared`, allowed past 48 KB for the kernel and its phase kernels."""
     shared = slice_shared(slices=slices, slice_len=slice_len, group_size=group_size, dim=dim)
     if 48 * 1024 < shared <= SHARED_LIMIT:
-        for name in (kernel, kernel.replace("prop1", "prop1s1"), kernel.replace("prop1", "prop1s2")):
+        for name in phase_names(kernel):
             kernels.allow_shared(name, shared)
     return shared
+
+
+VARIANTS = {"prop1": "", "prop1pf": "pf "}  # kernel prefix → plan-name prefix (prop1pf: L2 prefetch 4 steps ahead)
+
+
+def phase_names(kernel: str) -> tuple[str, str, str]:
+    """The kernel and its two phase kernels: prop1_d128_g4 → (…, prop1s1_d128_g4, prop1s2_d128_g4)."""
+    prefix, shape = kernel.split("_", 1)
+    return kernel, f"{prefix}s1_{shape}", f"{prefix}s2_{shape}"
 
 
 def slice_plans(kernels: Kernels, kernel: str, *, groups: int, n: int, group_size: int, dim: int) -> list[tuple[int, int, int, int]]:
@@ -96,7 +106,6 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
 
     q, k, v = random_inputs(batch=batch, n=n, heads=heads, kv_heads=kv_heads, dim=dim)
     group = heads // kv_heads
-    kernel = f"prop1_d{dim}_g{group}"
     uniforms = philox_uniforms(SEED, OFFSET, torch.arange(batch * heads).reshape(batch, heads)).float().cuda()
 
     plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n, budget=BUDGET,
@@ -110,19 +119,23 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
     out = torch.empty_like(q)
     counts = torch.zeros(batch, heads, n, dtype=torch.int32, device="cuda")
     best = None
-    for slices, _, _, grid in slice_plans(kernels, kernel, groups=batch * kv_heads, n=n, group_size=group, dim=dim):
-        for kind in SCHEDULES:
-            rounds = build_schedule(groups=batch * kv_heads, n=n, slices=slices, grid=grid, kind="rounds")
-            if kind == "staggered":
-                if len(rounds) == 1 or grid // 2 < 2 * slices:
-                    continue  # one wave: nothing to stagger
-                rounds = build_schedule(groups=batch * kv_heads, n=n, slices=slices, grid=grid, kind=kind)
-            row = run_schedule(kernels, flusher, kernel, rounds, staggered=kind == "staggered",
-                               inputs=(q, k, v, uniforms, out, counts), santa=(santa_counts, santa_out), group=group,
-                               dim=dim, scale=scale)
-            case["plans"][f"C{slices}" + ("s" if kind == "staggered" else "")] = row
-            if "us" in row and (best is None or row["us"] < best[0]):
-                best = (row["us"], f"C{slices}" + ("s" if kind == "staggered" else ""))
+    groups = batch * kv_heads
+    for prefix, label in VARIANTS.items():
+        kernel = f"{prefix}_d{dim}_g{group}"
+        for slices, _, _, grid in slice_plans(kernels, kernel, groups=groups, n=n, group_size=group, dim=dim):
+            for kind in SCHEDULES:
+                rounds = build_schedule(groups=groups, n=n, slices=slices, grid=grid, kind="rounds")
+                if kind == "staggered":
+                    if len(rounds) == 1 or grid // 2 < 2 * slices:
+                        continue  # one wave: nothing to stagger
+                    rounds = build_schedule(groups=groups, n=n, slices=slices, grid=grid, kind=kind)
+                row = run_schedule(kernels, flusher, kernel, rounds, staggered=kind == "staggered",
+                                   inputs=(q, k, v, uniforms, out, counts), santa=(santa_counts, santa_out), group=group,
+                                   dim=dim, scale=scale)
+                name = f"{label}C{slices}" + ("s" if kind == "staggered" else "")
+                case["plans"][name] = row
+                if "us" in row and (best is None or row["us"] < best[0]):
+                    best = (row["us"], name)
     if best is not None:
         case["one_launch_us"], case["best_plan"] = best
     return case
@@ -142,7 +155,7 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
     grid = len(rounds[0])
     row = {"slices": min(w.slices for w in works), "slice_len": max(w.slice_len for w in works), "shared_bytes": shared,
            "grid": grid, "rounds": len(rounds), "slice_counts": sorted({w.slices for w in works})}
-    names = (kernel, kernel.replace("prop1", "prop1s1"), kernel.replace("prop1", "prop1s2"))
+    names = phase_names(kernel)
     if shared > SHARED_LIMIT:
         row["error"] = f"{shared} bytes of shared memory"
         return row
@@ -254,7 +267,7 @@ def measure_or_error(kernels: Kernels, flusher: Flusher, **shape) -> dict:
     try:
         return measure_case(kernels, flusher, **shape)
     except (RuntimeError, ValueError) as exc:
-        return {"error": str(exc)}
+        return {"error": str(exc), "where": traceback.format_exc(limit=-3)}
 
 
 def slug(name: str) -> str:
