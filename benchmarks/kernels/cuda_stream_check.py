@@ -87,8 +87,10 @@ class Kernels:
             self._check(self.cuda.cuLaunchKernel(fn, *grid, THREADS, 1, 1, shared_bytes, stream, args, None), "cuLaunchKernel")
 
     def allow_shared(self, name: str, shared_bytes: int) -> None:
-        """Let ``name`` take ``shared_bytes`` of dynamic shared memory (past the default 48 KB)."""
+        """Let ``name`` take ``shared_bytes`` of dynamic shared memory (past the default 48 KB), with the SM's whole
+        carveout preferred for shared memory, so that the occupancy query and the launch see the same split."""
         self._check(self.cuda.cuFuncSetAttribute(self.function(name), 8, shared_bytes), "cuFuncSetAttribute")  # 8: MAX_DYNAMIC_SHARED
+        self._check(self.cuda.cuFuncSetAttribute(self.function(name), 9, 100), "cuFuncSetAttribute")  # 9: PREFERRED_CARVEOUT
 
     def resident_per_sm(self, name: str, shared_bytes: int) -> int:
         """CTAs of ``name`` (THREADS threads, ``shared_bytes`` dynamic shared memory) that fit on one SM at once."""

@@ -192,7 +192,7 @@ __device__ __forceinline__ void stream_slice(const __nv_bfloat16* __restrict__ q
 // (measured 2026-12-02); the masses are summed from the kept scores after the stream instead.
 __host__ __device__ constexpr int kept_stride(int slice_len) { return ((slice_len + 31) / 32) * 32 + 8; }
 
-template <int D, int G, int U, bool KEEP, int PREFETCH = 0>
+template <int D, int G, int U, bool KEEP>
 __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, int n,
                                            int hkv, int b, int h, int start, int stop, float scale_log2, float* kept, int slice_len,
                                            float& m, float& l) {
@@ -224,11 +224,6 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
 #pragma unroll
       for (int j = 0; j < BLOCKS; ++j)
         dst[u][j] = key < stop ? __ldg(reinterpret_cast<const uint4*>(kb + (size_t)key * row + j * 32)) : make_uint4(0, 0, 0, 0);
-      if constexpr (PREFETCH > 0) {  // the same key PREFETCH steps ahead into L2: one bulk prefetch of its D·2 bytes
-        const int ahead = key + PREFETCH * KEYS_PER_STEP;
-        if (kslot == 0 && ahead < stop)
-          asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(kb + (size_t)ahead * row), "n"(D * 2) : "memory");
-      }
     }
   };
   auto consume = [&](const uint4 (&src)[U][BLOCKS], int base) {
@@ -396,7 +391,7 @@ __device__ __forceinline__ void gather_tagged(float* dst, const unsigned long lo
 // 4 first points placed, 5 keys written, 6 V rows gathered, 7 done).
 // Groups beyond one wave run in rounds (SANTA_PROP_ONE_LAUNCH below). Not handled yet (the Triton kernel does all of
 // them): per-sequence lengths, paged caches, NaN rows, S > n checks, fp8, other dtypes.
-template <int D, int G, int U, int STAGE, int PREFETCH>
+template <int D, int G, int U, int STAGE>
 __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                                            const __nv_bfloat16* __restrict__ v, const float* __restrict__ uniforms,
                                            __nv_bfloat16* __restrict__ out, int* __restrict__ counts,
@@ -440,7 +435,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
 
   // ---- stream; the slice's (m_c, w_c) per head, published at once
   float m, l;
-  mma_stream<D, G, U, true, PREFETCH>(q, k, n, hkv, b, h, start, stop, scale_log2, kept, slice_len, m, l);
+  mma_stream<D, G, U, true>(q, k, n, hkv, b, h, start, stop, scale_log2, kept, slice_len, m, l);
 #pragma unroll
   for (int o = 1; o < 4; o <<= 1)  // the 4 lanes of head lane / 4
     merge_stats(m, l, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, l, o));
@@ -695,7 +690,7 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
   return cta;
 }
 
-#define SANTA_PROP_ONE_LAUNCH(NAME, D, G, U, STAGE, PREFETCH)                                                      \
+#define SANTA_PROP_ONE_LAUNCH(NAME, D, G, U, STAGE)                                                                \
   extern "C" __global__ void __launch_bounds__(kThreads, 2)                                                        \
       NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* uniforms,             \
            __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* sampled,              \
@@ -706,29 +701,18 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
       const int slot = r * gridDim.x + cta;                                                                         \
       const int4 work = __ldg(schedule + slot);                                                                     \
       if (work.x < 0) continue;                                                                                     \
-      prop_slice<D, G, U, STAGE, PREFETCH>(q, k, v, uniforms, out, counts, slice_stats, sampled, epoch, marks, n, hkv, work.x,  \
+      prop_slice<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, sampled, epoch, marks, n, hkv, work.x,  \
                                  work.y, work.z, work.w, stats_slots, slot, scale, budget);                         \
       __syncthreads(); /* the next item reuses shared memory */                                                    \
     }                                                                                                               \
   }
 
-// prop1: as timed in KERNEL_NOTES run 15; prop1pf: each stream load also prefetches its key 4 steps ahead into L2
-// (cp.async.bulk.prefetch), more bytes in flight without registers (run 16)
-SANTA_PROP_ONE_LAUNCH(prop1_d128_g4, 128, 4, 1, 0, 0)
-SANTA_PROP_ONE_LAUNCH(prop1_d64_g7, 64, 7, 4, 0, 0)
-SANTA_PROP_ONE_LAUNCH(prop1_d64_g3, 64, 3, 4, 0, 0)
-SANTA_PROP_ONE_LAUNCH(prop1s1_d128_g4, 128, 4, 1, 1, 0)  // the phases alone: stream and publish
-SANTA_PROP_ONE_LAUNCH(prop1s1_d64_g7, 64, 7, 4, 1, 0)
-SANTA_PROP_ONE_LAUNCH(prop1s1_d64_g3, 64, 3, 4, 1, 0)
-SANTA_PROP_ONE_LAUNCH(prop1s2_d128_g4, 128, 4, 1, 2, 0)  // … then the stats exchange and placement
-SANTA_PROP_ONE_LAUNCH(prop1s2_d64_g7, 64, 7, 4, 2, 0)
-SANTA_PROP_ONE_LAUNCH(prop1s2_d64_g3, 64, 3, 4, 2, 0)
-SANTA_PROP_ONE_LAUNCH(prop1pf_d128_g4, 128, 4, 1, 0, 4)
-SANTA_PROP_ONE_LAUNCH(prop1pf_d64_g7, 64, 7, 4, 0, 4)
-SANTA_PROP_ONE_LAUNCH(prop1pf_d64_g3, 64, 3, 4, 0, 4)
-SANTA_PROP_ONE_LAUNCH(prop1pfs1_d128_g4, 128, 4, 1, 1, 4)
-SANTA_PROP_ONE_LAUNCH(prop1pfs1_d64_g7, 64, 7, 4, 1, 4)
-SANTA_PROP_ONE_LAUNCH(prop1pfs1_d64_g3, 64, 3, 4, 1, 4)
-SANTA_PROP_ONE_LAUNCH(prop1pfs2_d128_g4, 128, 4, 1, 2, 4)
-SANTA_PROP_ONE_LAUNCH(prop1pfs2_d64_g7, 64, 7, 4, 2, 4)
-SANTA_PROP_ONE_LAUNCH(prop1pfs2_d64_g3, 64, 3, 4, 2, 4)
+SANTA_PROP_ONE_LAUNCH(prop1_d128_g4, 128, 4, 1, 0)
+SANTA_PROP_ONE_LAUNCH(prop1_d64_g7, 64, 7, 4, 0)
+SANTA_PROP_ONE_LAUNCH(prop1_d64_g3, 64, 3, 4, 0)
+SANTA_PROP_ONE_LAUNCH(prop1s1_d128_g4, 128, 4, 1, 1)  // the phases alone: stream and publish
+SANTA_PROP_ONE_LAUNCH(prop1s1_d64_g7, 64, 7, 4, 1)
+SANTA_PROP_ONE_LAUNCH(prop1s1_d64_g3, 64, 3, 4, 1)
+SANTA_PROP_ONE_LAUNCH(prop1s2_d128_g4, 128, 4, 1, 2)  // … then the stats exchange and placement
+SANTA_PROP_ONE_LAUNCH(prop1s2_d64_g7, 64, 7, 4, 2)
+SANTA_PROP_ONE_LAUNCH(prop1s2_d64_g3, 64, 3, 4, 2)
