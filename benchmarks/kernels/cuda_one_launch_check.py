@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import math
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -99,7 +101,8 @@ def slice_plans(kernels: Kernels, kernel: str, *, groups: int, n: int, group_siz
     return plans[:4]
 
 
-def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, heads: int, kv_heads: int, dim: int) -> dict:
+def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, heads: int, kv_heads: int, dim: int,
+                 plans: set[str] | None = None) -> dict:
     from santa.kernels import plan_decode
     from santa.kernels.reference import philox_uniforms
 
@@ -127,6 +130,8 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
                 if len(rounds) == 1 or grid // 2 < 2 * slices:
                     continue  # one wave: nothing to stagger
                 rounds = build_schedule(groups=groups, n=n, slices=slices, grid=grid, kind=kind)
+            if plans is not None and f"C{slices}" + ("s" if kind == "staggered" else "") not in plans:
+                continue
             row = run_schedule(kernels, flusher, kernel, rounds, staggered=kind == "staggered",
                                inputs=(q, k, v, uniforms, out, counts), santa=(santa_counts, santa_out), group=group,
                                dim=dim, scale=scale)
@@ -189,6 +194,7 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
                    ctypes.c_int(kv_heads), ctypes.c_float(scale), ctypes.c_int(BUDGET)]
         kernels.launch_values(name, (grid, 1, 1), values, shared_bytes=shared, cooperative=True)
 
+    started = time.perf_counter()
     try:
         counts.zero_()
         launch(True)
@@ -227,6 +233,7 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
         row["smid_round0"] = marks[:grid, 8, 0].tolist()  # the SM of each schedule CTA in round 0 (0 where idle)
     except RuntimeError as exc:  # a launch refused (e.g. a grid the cooperative launch finds too large): this plan says
         row["error"] = str(exc)    # so, the others still run
+        row["failed_after_s"] = time.perf_counter() - started  # seconds: a spin that timed out (__trap), not a fault
     return row
 
 
@@ -264,10 +271,10 @@ def phase_marks(marks: torch.Tensor) -> dict:
     return out
 
 
-def measure_or_error(kernels: Kernels, flusher: Flusher, **shape) -> dict:
+def measure_or_error(kernels: Kernels, flusher: Flusher, plans: set[str] | None = None, **shape) -> dict:
     """:func:`measure_case`, or the error it raised as the record: one bad case must not hide the others."""
     try:
-        return measure_case(kernels, flusher, **shape)
+        return measure_case(kernels, flusher, plans=plans, **shape)
     except (RuntimeError, ValueError) as exc:
         return {"error": str(exc), "where": traceback.format_exc(limit=-3)}
 
@@ -283,10 +290,12 @@ def main() -> None:
     parser.add_argument("commit", nargs="?", help="the commit the records carry (the device's .git may be stale)")
     parser.add_argument("--only", nargs="+", metavar="CASE", choices=[slug(name) for name, *_ in CASES],
                         help="these cases only, spaces written as _ (e.g. llama_B=8_x_32k; default: all)")
+    parser.add_argument("--plans", nargs="+", metavar="PLAN", help="these plans only (e.g. C8 C8s; default: all)")
     args = parser.parse_args()
     cases = [case for case in CASES if args.only is None or slug(case[0]) in args.only]
     run_cases(args.out, cases=cases, cubin=Path("/tmp/santa_one_launch.cubin"), commit=args.commit,
-              measure=measure_or_error, holder="cuda_one_launch_check.py", describe=describe)
+              measure=functools.partial(measure_or_error, plans=set(args.plans) if args.plans else None),
+              holder="cuda_one_launch_check.py", describe=describe)
 
 
 def describe(name: str, case: dict) -> str:
