@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, ".")
 from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
-from benchmarks.kernels.cuda_stream.schedule import SCHEDULES, build_schedule, schedule_table  # noqa: E402
+from benchmarks.kernels.cuda_stream.schedule import SCHEDULES, Work, build_schedule, schedule_table  # noqa: E402
 from benchmarks.kernels.cuda_stream_check import Kernels, kept_bytes, random_inputs, run_cases  # noqa: E402
 
 BUDGET, SEED, OFFSET = 128, 3, 5
@@ -177,7 +177,13 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
     # staggered: each SM must hold one CTA of each half, which the kernel arranges by counting arrivals per SM
     paired = staggered and per_sm == 2 and grid == 2 * sms
     row["sm_paired"] = paired
-    table = torch.tensor(schedule_table(rounds), dtype=torch.int32, device="cuda")
+    # one round of the "rounds" schedule (every group C_g slices, items group-major from CTA 0): the kernel derives
+    # its item from its index
+    regular = len(rounds) == 1 and not staggered
+    assert not regular or all(w == Work(i // w.slices, i % w.slices, w.slices, w.slice_len)
+                              for i, w in enumerate(rounds[0]) if w is not None)
+    table = None if regular else torch.tensor(schedule_table(rounds), dtype=torch.int32, device="cuda")
+    row["schedule_table"] = not regular
     # per kernel (the full one and its phases): tagged stats and sampled keys, the groups' epochs
     buffers = {name: (torch.zeros(batch * kv_heads, group, slots, 2, dtype=torch.int64, device="cuda"),
                       torch.zeros(batch, heads, BUDGET, dtype=torch.int64, device="cuda"),
@@ -189,8 +195,10 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
         values.append(ctypes.c_void_p(counts.data_ptr() if with_counts else 0))
         values += [ctypes.c_void_p(t.data_ptr()) for t in buffers[name]]
         values.append(ctypes.c_void_p(marks.data_ptr() if marks is not None else 0))
-        values += [ctypes.c_void_p(table.data_ptr()), ctypes.c_void_p(arrivals[name].data_ptr() if paired else 0),
-                   ctypes.c_int(len(rounds)), ctypes.c_int(slots), ctypes.c_int(n),
+        values += [ctypes.c_void_p(table.data_ptr() if table is not None else 0),
+                   ctypes.c_void_p(arrivals[name].data_ptr() if paired else 0), ctypes.c_int(len(rounds)),
+                   ctypes.c_int(slots), ctypes.c_int(batch * kv_heads), ctypes.c_int(works[0].slices),
+                   ctypes.c_int(works[0].slice_len), ctypes.c_int(n),
                    ctypes.c_int(kv_heads), ctypes.c_float(scale), ctypes.c_int(BUDGET)]
         kernels.launch_values(name, (grid, 1, 1), values, shared_bytes=shared, cooperative=True)
 
