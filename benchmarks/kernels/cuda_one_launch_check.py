@@ -63,6 +63,11 @@ def plan_shared(kernels: Kernels, kernel: str, *, slices: int, slice_len: int, g
 
 
 
+# kernel prefix → plan-name prefix: prop1 sums the sampled rows by a warp per output vector, prop1t by run 15's tree
+# (the same-call A/B of 2026-12-03)
+VARIANTS = {"prop1": "", "prop1t": "t "}
+
+
 def phase_names(kernel: str) -> tuple[str, str, str]:
     """The kernel and its two phase kernels: prop1_d128_g4 → (…, prop1s1_d128_g4, prop1s2_d128_g4)."""
     prefix, shape = kernel.split("_", 1)
@@ -122,23 +127,24 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
     counts = torch.zeros(batch, heads, n, dtype=torch.int32, device="cuda")
     best = None
     groups = batch * kv_heads
-    kernel = f"prop1_d{dim}_g{group}"
-    for slices, _, _, grid in slice_plans(kernels, kernel, groups=groups, n=n, group_size=group, dim=dim):
-        for kind in SCHEDULES:
-            rounds = build_schedule(groups=groups, n=n, slices=slices, grid=grid, kind="rounds")
-            if kind == "staggered":
-                if len(rounds) == 1 or grid // 2 < 2 * slices:
-                    continue  # one wave: nothing to stagger
-                rounds = build_schedule(groups=groups, n=n, slices=slices, grid=grid, kind=kind)
-            if plans is not None and f"C{slices}" + ("s" if kind == "staggered" else "") not in plans:
-                continue
-            row = run_schedule(kernels, flusher, kernel, rounds, staggered=kind == "staggered",
-                               inputs=(q, k, v, uniforms, out, counts), santa=(santa_counts, santa_out), group=group,
-                               dim=dim, scale=scale)
-            name = f"C{slices}" + ("s" if kind == "staggered" else "")
-            case["plans"][name] = row
-            if "us" in row and (best is None or row["us"] < best[0]):
-                best = (row["us"], name)
+    for prefix, label in VARIANTS.items():
+        kernel = f"{prefix}_d{dim}_g{group}"
+        for slices, _, _, grid in slice_plans(kernels, kernel, groups=groups, n=n, group_size=group, dim=dim):
+            for kind in SCHEDULES:
+                name = f"{label}C{slices}" + ("s" if kind == "staggered" else "")
+                if plans is not None and name not in plans:
+                    continue
+                rounds = build_schedule(groups=groups, n=n, slices=slices, grid=grid, kind="rounds")
+                if kind == "staggered":
+                    if len(rounds) == 1 or grid // 2 < 2 * slices:
+                        continue  # one wave: nothing to stagger
+                    rounds = build_schedule(groups=groups, n=n, slices=slices, grid=grid, kind=kind)
+                row = run_schedule(kernels, flusher, kernel, rounds, staggered=kind == "staggered",
+                                   inputs=(q, k, v, uniforms, out, counts), santa=(santa_counts, santa_out),
+                                   group=group, dim=dim, scale=scale)
+                case["plans"][name] = row
+                if "us" in row and (best is None or row["us"] < best[0]):
+                    best = (row["us"], name)
     if best is not None:
         case["one_launch_us"], case["best_plan"] = best
     return case
