@@ -101,15 +101,19 @@ class Kernels:
 
 
 def start_run(cubin: Path, commit: str | None) -> tuple[Kernels, Flusher, dict]:
-    """nvcc the source into ``cubin`` for sm_90a (exits on a failed build) and load it; the L2 flusher; what every
+    """nvcc the source into ``cubin`` for sm_90a (exits on a failed build; skipped where ``cubin`` and its ptxas log
+    are newer than the source: several runs in one device call build once) and load it; the L2 flusher; what every
     record carries (device, torch, commit, ptxas's registers and spills)."""
-    build = subprocess.run(["nvcc", "-arch=sm_90a", "-O3", "-cubin", "-Xptxas", "-v", "-o", str(cubin), str(SOURCE)],
-                           capture_output=True, text=True)
-    if build.returncode != 0:
-        sys.exit(f"nvcc failed:\n{build.stderr}")
+    log = cubin.with_suffix(".ptxas.log")
+    if not (log.exists() and cubin.exists() and min(cubin.stat().st_mtime, log.stat().st_mtime) > SOURCE.stat().st_mtime):
+        build = subprocess.run(["nvcc", "-arch=sm_90a", "-O3", "-cubin", "-Xptxas", "-v", "-o", str(cubin), str(SOURCE)],
+                               capture_output=True, text=True)
+        if build.returncode != 0:
+            sys.exit(f"nvcc failed:\n{build.stderr}")
+        log.write_text(build.stderr)
     flusher = Flusher(torch.device("cuda"))  # torch first: the primary context the module loads into
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
-            "ptxas": [line for line in build.stderr.splitlines() if "Used" in line or "spill" in line]}
+            "ptxas": [line for line in log.read_text().splitlines() if "Used" in line or "spill" in line]}
     return Kernels(cubin), flusher, meta
 
 
