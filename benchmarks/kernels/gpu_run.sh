@@ -52,9 +52,11 @@ for stage in "$@"; do
       P=benchmarks/kernels/cuda_one_launch_check.py
       timeout 200 python3 $P "$OUT/ab_batch1.jsonl" "${SANTA_COMMIT:-}" --only llama_8k llama_32k llama_128k llama_B=4_x_32k \
         qwen_32k smollm2_8k --plans C33 "t C33" C8 "t C8" C66 "t C66" C44 "t C44" 2>&1 | tail -1 | cut -c1-300
-      timeout 250 python3 $P "$OUT/ab_batched.jsonl" "${SANTA_COMMIT:-}" --only llama_B=8_x_32k llama_B=32_x_32k \
-        qwen_B=16_x_32k --plans C8 C8s "t C8" "t C8s" C16 C16s "t C16" "t C16s" 2>&1 | tail -1 | cut -c1-300
-      for PLAN in C4 C4s C16s C1; do
+      timeout 200 python3 $P "$OUT/ab_batched.jsonl" "${SANTA_COMMIT:-}" --only llama_B=8_x_32k llama_B=32_x_32k \
+        --plans C8 C8s "t C8" "t C8s" 2>&1 | tail -1 | cut -c1-300
+      timeout 60 python3 $P "$OUT/ab_qwen.jsonl" "${SANTA_COMMIT:-}" --only qwen_B=16_x_32k --plans C16 "t C16" 2>&1 \
+        | tail -1 | cut -c1-300
+      for PLAN in C4 C16s C1; do
         timeout 80 python3 $P "$OUT/smollm2_b64_$PLAN.jsonl" "${SANTA_COMMIT:-}" --only smollm2_B=64_x_8k --plans $PLAN \
           2>&1 | tail -1 | cut -c1-400
       done ;;
