@@ -63,9 +63,9 @@ def plan_shared(kernels: Kernels, kernel: str, *, slices: int, slice_len: int, g
 
 
 
-# kernel prefix → plan-name prefix: prop1 sums the sampled rows by a warp per output vector, prop1t by run 15's tree
-# (the same-call A/B of 2026-12-03)
-VARIANTS = {"prop1": "", "prop1t": "t "}
+# kernel prefix → plan-name prefix (a second variant, e.g. {"prop1t": "t "}, times beside prop1 in the same call: how
+# run 16's sum A/B ran, 0b846d5)
+VARIANTS = {"prop1": ""}
 
 
 def phase_names(kernel: str) -> tuple[str, str, str]:

@@ -3,7 +3,7 @@
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (`bash benchmarks/device/prepare.sh flashinfer`;
 # `ab` also carries .old43, from `prepare.sh old43`).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchab] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
+#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchplans] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -47,18 +47,11 @@ for stage in "$@"; do
     onelaunch)  # issue 24: prop in one cooperative CUDA launch against santa's prop (bounded: a barrier bug would hang)
       timeout 420 python3 benchmarks/kernels/cuda_one_launch_check.py "$OUT/one_launch.jsonl" "${SANTA_COMMIT:-}" \
         ${ONE_LAUNCH_ONLY:+--only $ONE_LAUNCH_ONLY} 2>&1 | tail -8 ;;
-    onelaunchab)  # issue 24: prop1_* against prop1t_* (the sum A/B) on each case's best plans, then SmolLM2 B = 64's
-                  # plans one process each (a plan that breaks the CUDA context takes only itself down)
-      P=benchmarks/kernels/cuda_one_launch_check.py
-      timeout 200 python3 $P "$OUT/ab_batch1.jsonl" "${SANTA_COMMIT:-}" --only llama_8k llama_32k llama_128k llama_B=4_x_32k \
-        qwen_32k smollm2_8k --plans C33 "t C33" C8 "t C8" C66 "t C66" C44 "t C44" 2>&1 | tail -1 | cut -c1-300
-      timeout 200 python3 $P "$OUT/ab_batched.jsonl" "${SANTA_COMMIT:-}" --only llama_B=8_x_32k llama_B=32_x_32k \
-        --plans C8 C8s "t C8" "t C8s" 2>&1 | tail -1 | cut -c1-300
-      timeout 60 python3 $P "$OUT/ab_qwen.jsonl" "${SANTA_COMMIT:-}" --only qwen_B=16_x_32k --plans C16 "t C16" 2>&1 \
-        | tail -1 | cut -c1-300
-      for PLAN in C4 C16s C1; do
-        timeout 80 python3 $P "$OUT/smollm2_b64_$PLAN.jsonl" "${SANTA_COMMIT:-}" --only smollm2_B=64_x_8k --plans $PLAN \
-          2>&1 | tail -1 | cut -c1-400
+    onelaunchplans)  # issue 24: SmolLM2 B = 64's one-launch plans, one process each (a plan that breaks the CUDA context
+                     # takes only itself down)
+      for PLAN in C4 C4s C8 C8s C16 C16s C1; do
+        timeout 80 python3 benchmarks/kernels/cuda_one_launch_check.py "$OUT/smollm2_b64_$PLAN.jsonl" "${SANTA_COMMIT:-}" \
+          --only smollm2_B=64_x_8k --plans $PLAN 2>&1 | tail -1 | cut -c1-400
       done ;;
     smoke)  # the prop spec tests on the GPU, bounded (a group barrier that never opens would hang)
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernels.py -k "prop or graph or large" \

@@ -391,7 +391,7 @@ __device__ __forceinline__ void gather_tagged(float* dst, const unsigned long lo
 // 4 first points placed, 5 keys written, 6 V rows gathered, 7 done).
 // Groups beyond one wave run in rounds (SANTA_PROP_ONE_LAUNCH below). Not handled yet (the Triton kernel does all of
 // them): per-sequence lengths, paged caches, NaN rows, S > n checks, fp8, other dtypes.
-template <int D, int G, int U, int STAGE, bool TREE_SUM>
+template <int D, int G, int U, int STAGE>
 __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                                            const __nv_bfloat16* __restrict__ v, const float* __restrict__ uniforms,
                                            __nv_bfloat16* __restrict__ out, int* __restrict__ counts,
@@ -612,34 +612,18 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   }
   __syncthreads();
   mark(6);  // the rows here
-  if constexpr (TREE_SUM) {  // (measured against the warp sum below, 2026-12-03; the loser is deleted)
-    // out element (vec, e): 16 threads, each summing its run of samples in order, then a fixed shuffle tree
-    const int runs = 16, run_len = (budget + runs - 1) / runs;
-    for (int base = 0; base < owned * 8; base += kThreads / runs) {
-      const int item = base + threadIdx.x / runs, part = threadIdx.x % runs;
-      float sum = 0.f;
-      if (item < owned * 8) {
-        const int vec_local = item / 8, e = item % 8;
-        for (int mm = part * run_len; mm < min(budget, part * run_len + run_len); ++mm)
-          sum += kept[((size_t)vec_local * budget + mm) * 8 + e];
-      }
-#pragma unroll
-      for (int o = runs / 2; o >= 1; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      if (item < owned * 8 && part == 0) out[head0 * D + (size_t)vec0 * 8 + item] = __float2bfloat16(sum / (float)budget);
-    }
-  } else {
-    // out vector v: one warp; lane = 8 · part + e sums element e of samples part, part + 4, … in order (a warp's 32
-    // loads are 32 consecutive floats: no bank conflicts, where the tree's 16 runs of one element sat 64 floats apart,
-    // all in one bank), then the 4 parts by a fixed shuffle tree
-    const int e = lane & 7, part = lane >> 3;
-    for (int vec_local = warp; vec_local < owned; vec_local += kWarps) {
-      const float* rows = kept + (size_t)vec_local * budget * 8 + e;
-      float sum = 0.f;
-      for (int mm = part; mm < budget; mm += 4) sum += rows[(size_t)mm * 8];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 8);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 16);
-      if (part == 0) out[head0 * D + (size_t)(vec0 + vec_local) * 8 + e] = __float2bfloat16(sum / (float)budget);
-    }
+  // out vector v: one warp; lane = 8 · part + e sums element e of samples part, part + 4, … in order (a warp's 32
+  // loads are 32 consecutive floats: no bank conflicts; run 15's tree, 16 threads per element reading runs of samples
+  // 64 floats apart, all in one bank, cost 6,900 cycles per round at B = 32 against ~1,100: KERNEL_NOTES run 16),
+  // then the 4 parts by a fixed shuffle tree
+  const int e = lane & 7, part = lane >> 3;
+  for (int vec_local = warp; vec_local < owned; vec_local += kWarps) {
+    const float* rows = kept + (size_t)vec_local * budget * 8 + e;
+    float sum = 0.f;
+    for (int mm = part; mm < budget; mm += 4) sum += rows[(size_t)mm * 8];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 8);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+    if (part == 0) out[head0 * D + (size_t)(vec0 + vec_local) * 8 + e] = __float2bfloat16(sum / (float)budget);
   }
   mark(7);
 }
@@ -707,7 +691,7 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
   return cta;
 }
 
-#define SANTA_PROP_ONE_LAUNCH(NAME, D, G, U, STAGE, TREE_SUM)                                                      \
+#define SANTA_PROP_ONE_LAUNCH(NAME, D, G, U, STAGE)                                                                \
   extern "C" __global__ void __launch_bounds__(kThreads, 2)                                                        \
       NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* uniforms,             \
            __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* sampled,              \
@@ -720,27 +704,18 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
                         : slot < groups * slices ? make_int4(slot / slices, slot % slices, slices, slice_len)          \
                                                  : make_int4(-1, 0, 1, 1);                                          \
       if (work.x < 0) continue;                                                                                     \
-      prop_slice<D, G, U, STAGE, TREE_SUM>(q, k, v, uniforms, out, counts, slice_stats, sampled, epoch, marks, n, hkv, work.x,  \
+      prop_slice<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, sampled, epoch, marks, n, hkv, work.x,  \
                                  work.y, work.z, work.w, stats_slots, slot, scale, budget);                         \
       __syncthreads(); /* the next item reuses shared memory */                                                    \
     }                                                                                                               \
   }
 
-SANTA_PROP_ONE_LAUNCH(prop1_d128_g4, 128, 4, 1, 0, false)
-SANTA_PROP_ONE_LAUNCH(prop1_d64_g7, 64, 7, 4, 0, false)
-SANTA_PROP_ONE_LAUNCH(prop1_d64_g3, 64, 3, 4, 0, false)
-SANTA_PROP_ONE_LAUNCH(prop1s1_d128_g4, 128, 4, 1, 1, false)  // the phases alone: stream and publish
-SANTA_PROP_ONE_LAUNCH(prop1s1_d64_g7, 64, 7, 4, 1, false)
-SANTA_PROP_ONE_LAUNCH(prop1s1_d64_g3, 64, 3, 4, 1, false)
-SANTA_PROP_ONE_LAUNCH(prop1s2_d128_g4, 128, 4, 1, 2, false)  // … then the stats exchange and placement
-SANTA_PROP_ONE_LAUNCH(prop1s2_d64_g7, 64, 7, 4, 2, false)
-SANTA_PROP_ONE_LAUNCH(prop1s2_d64_g3, 64, 3, 4, 2, false)
-SANTA_PROP_ONE_LAUNCH(prop1t_d128_g4, 128, 4, 1, 0, true)  // the sum by run 15's tree (the A/B of 2026-12-03)
-SANTA_PROP_ONE_LAUNCH(prop1t_d64_g7, 64, 7, 4, 0, true)
-SANTA_PROP_ONE_LAUNCH(prop1t_d64_g3, 64, 3, 4, 0, true)
-SANTA_PROP_ONE_LAUNCH(prop1ts1_d128_g4, 128, 4, 1, 1, true)
-SANTA_PROP_ONE_LAUNCH(prop1ts1_d64_g7, 64, 7, 4, 1, true)
-SANTA_PROP_ONE_LAUNCH(prop1ts1_d64_g3, 64, 3, 4, 1, true)
-SANTA_PROP_ONE_LAUNCH(prop1ts2_d128_g4, 128, 4, 1, 2, true)
-SANTA_PROP_ONE_LAUNCH(prop1ts2_d64_g7, 64, 7, 4, 2, true)
-SANTA_PROP_ONE_LAUNCH(prop1ts2_d64_g3, 64, 3, 4, 2, true)
+SANTA_PROP_ONE_LAUNCH(prop1_d128_g4, 128, 4, 1, 0)
+SANTA_PROP_ONE_LAUNCH(prop1_d64_g7, 64, 7, 4, 0)
+SANTA_PROP_ONE_LAUNCH(prop1_d64_g3, 64, 3, 4, 0)
+SANTA_PROP_ONE_LAUNCH(prop1s1_d128_g4, 128, 4, 1, 1)  // the phases alone: stream and publish
+SANTA_PROP_ONE_LAUNCH(prop1s1_d64_g7, 64, 7, 4, 1)
+SANTA_PROP_ONE_LAUNCH(prop1s1_d64_g3, 64, 3, 4, 1)
+SANTA_PROP_ONE_LAUNCH(prop1s2_d128_g4, 128, 4, 1, 2)  // … then the stats exchange and placement
+SANTA_PROP_ONE_LAUNCH(prop1s2_d64_g7, 64, 7, 4, 2)
+SANTA_PROP_ONE_LAUNCH(prop1s2_d64_g3, 64, 3, 4, 2)
