@@ -211,8 +211,16 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
     started = time.perf_counter()
     try:
         counts.zero_()
+        kernels.zero_global("hang_report")
+        kernels.zero_global("hang_abort")
         launch(True)
         torch.cuda.synchronize()
+        if hang := hang_report(kernels, buffers[kernel], group=group, slots=slots, budget=BUDGET):
+            row["error"] = "a tagged-word wait gave up"
+            row["hang"] = hang
+            kernels.zero_global("hang_report")
+            kernels.zero_global("hang_abort")
+            return row
         first = out.clone()
         launch(False)
         torch.cuda.synchronize()
@@ -247,8 +255,29 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
         row["smid_round0"] = marks[:grid, 8, 0].tolist()  # the SM of each schedule CTA in round 0 (0 where idle)
     except RuntimeError as exc:  # a launch refused (e.g. a grid the cooperative launch finds too large): this plan says
         row["error"] = str(exc)    # so, the others still run
-        row["failed_after_s"] = time.perf_counter() - started  # seconds: a spin that timed out (__trap), not a fault
+        row["failed_after_s"] = time.perf_counter() - started  # at once: a fault (a hung wait reports, see hang_report)
     return row
+
+
+def hang_report(kernels: Kernels, buffers: tuple, *, group: int, slots: int, budget: int) -> dict | None:
+    """What the kernel's first wait past its limit recorded (``hang_report`` in stream.cu), with the word decoded
+    against the launch's buffers: slice statistics [groups][G][slots][2] or sampled keys [B·H][S]; None if none."""
+    words = kernels.read_global("hang_report", 8)
+    if words[0] == 0:
+        return None
+    stats, sampled, _ = buffers
+    address, tag, seen = words[3], words[4], words[5]
+    report = {"cta": words[1], "thread": words[2], "tag_awaited": tag, "tag_seen": seen >> 32}
+    for name, tensor in (("slice_stats", stats), ("sampled", sampled)):
+        first = tensor.data_ptr()
+        if first <= address < first + tensor.numel() * 8:
+            index = (address - first) // 8
+            report["buffer"] = name
+            if name == "slice_stats":  # [group][G · slots · 2]: the slice c and head g depend on the group's C_g
+                report["group"], report["word_in_group"] = divmod(index, group * slots * 2)
+            else:
+                report["row"], report["sample"] = divmod(index, budget)
+    return report
 
 
 def sm_sharing(smid: torch.Tensor, *, started: torch.Tensor) -> dict:

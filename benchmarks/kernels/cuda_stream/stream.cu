@@ -346,10 +346,33 @@ __device__ __forceinline__ unsigned long long load_word(const unsigned long long
   asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(word) : "l"(p) : "memory");
   return word;
 }
+// A wait that never ends is a bug, not a wait. Instead of trapping (which loses the CUDA context and says nothing),
+// the first waiter past the limit records what it waited on in hang_report, which the host reads with
+// cuModuleGetGlobal after the launch: [0] 1 once written, [1] blockIdx.x, [2] threadIdx.x, [3] the word's address,
+// [4] the tag awaited, [5] the word last seen, [6] %globaltimer; then every waiter gives up (hang_abort), so the
+// launch ends with a wrong output and a report instead of a trap. The host zeroes both before it launches again.
+__device__ unsigned long long hang_report[8];
+__device__ unsigned hang_abort;
+
 // The value of *p once it carries `tag` (spins until then), given a first load already in flight
 __device__ __forceinline__ float await_tagged(const unsigned long long* p, unsigned long long word, unsigned tag) {
   for (int spins = 0; (unsigned)(word >> 32) != tag; ++spins) {
-    if (spins == 1 << 22) __trap();  // tens of ms: a CTA that never publishes is a bug, not a wait
+    if ((spins & 1023) == 1023 && *(volatile unsigned*)&hang_abort) break;
+    if (spins == 1 << 21) {  // ~1 s
+      if (atomicCAS(&hang_report[0], 0ull, 1ull) == 0ull) {
+        long long ns;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+        hang_report[1] = blockIdx.x;
+        hang_report[2] = threadIdx.x;
+        hang_report[3] = (unsigned long long)p;
+        hang_report[4] = tag;
+        hang_report[5] = word;
+        hang_report[6] = (unsigned long long)ns;
+        __threadfence();
+      }
+      atomicExch(&hang_abort, 1u);
+      break;
+    }
     __nanosleep(16);
     word = load_word(p);
   }
