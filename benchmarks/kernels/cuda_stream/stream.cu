@@ -526,8 +526,13 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
 
   // ---- the group's stats, once every CTA has published them
   gather_tagged(group_stats, group_words, G * slices * 2, tag);
-  if (c == 0 && threadIdx.x == 0) epoch[group] = tag;  // every CTA of the group has read the old epoch by now
   __syncthreads();
+  // Only now has this CTA seen every slice's words, so every CTA of the group has read the old epoch: slice 0 may
+  // store the new one. (Until 098da22 thread 0 stored it right after its own share of the words, which can be its
+  // own slice's alone: a CTA of the group that started its item later, still finishing an earlier round, then read
+  // the new epoch, published under the next tag and everyone waited forever. Short slices after uneven rounds open
+  // that window: SmolLM2 B = 64's staggered C = 16 plan, 249-key slices, hung in every call of 2026-12-03.)
+  if (c == 0 && threadIdx.x == 0) epoch[group] = tag;
   mark(3);  // the group's stats here
 
   // ---- place: warp g writes the keys of head g's comb points that fall in this slice
