@@ -621,7 +621,8 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
       const int i = i0 + r * kThreads, vec = vec0 + i / budget, head = vec / (D / 8);
       raw[r] = make_uint4(0, 0, 0, 0);  // a row without mass sampled nothing: zeros
       if (i < owned * budget && head_mass[head] > 0.f) {
-        const int key = __float_as_int(await_tagged(at[r], words[r], tag));
+        // clamped: a wait that gave up (hang_report) returns whatever the word held, never an address past the cache
+        const int key = min(max(__float_as_int(await_tagged(at[r], words[r], tag)), 0), n - 1);
         raw[r] = __ldg(reinterpret_cast<const uint4*>(v + ((size_t)b * n + key) * hkv * D + (size_t)h * D + (vec % (D / 8)) * 8));
       }
     }
