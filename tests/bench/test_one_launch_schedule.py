@@ -22,7 +22,8 @@ def covered_keys(rounds, n):
 
 @pytest.mark.parametrize("kind", ["rounds", "staggered"])
 @pytest.mark.parametrize(("groups", "n", "slices", "grid"), [(256, 32768, 8, 264), (64, 32768, 8, 264), (32, 8192, 4, 264),
-                                                              (16, 1000, 16, 256), (3, 100, 4, 40), (192, 8192, 4, 264)])
+                                                              (16, 1000, 16, 256), (3, 100, 4, 40), (192, 8192, 4, 264),
+                                                              (192, 8192, 16, 264)])
 def test_every_key_once_and_a_group_in_one_round(kind, groups, n, slices, grid):
     rounds = build_schedule(groups=groups, n=n, slices=slices, grid=grid, kind=kind)
     seen = covered_keys(rounds, n)
