@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, ".")
 from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
-from benchmarks.kernels.cuda_stream.schedule import SCHEDULES, Work, build_schedule, schedule_table  # noqa: E402
+from benchmarks.kernels.cuda_stream.schedule import SCHEDULES, build_schedule, schedule_table  # noqa: E402
 from benchmarks.kernels.cuda_stream_check import Kernels, kept_bytes, random_inputs, run_cases  # noqa: E402
 
 BUDGET, SEED, OFFSET = 128, 3, 5
@@ -59,13 +59,6 @@ def plan_shared(kernels: Kernels, kernel: str, *, slices: int, slice_len: int, g
         for name in phase_names(kernel):
             kernels.allow_shared(name, shared)
     return shared
-
-
-
-
-# kernel prefix → plan-name prefix (a second variant, e.g. {"prop1t": "t "}, times beside prop1 in the same call: how
-# run 16's sum A/B ran, 0b846d5)
-VARIANTS = {"prop1": ""}
 
 
 def phase_names(kernel: str) -> tuple[str, str, str]:
@@ -127,24 +120,23 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
     counts = torch.zeros(batch, heads, n, dtype=torch.int32, device="cuda")
     best = None
     groups = batch * kv_heads
-    for prefix, label in VARIANTS.items():
-        kernel = f"{prefix}_d{dim}_g{group}"
-        for slices, _, _, grid in slice_plans(kernels, kernel, groups=groups, n=n, group_size=group, dim=dim):
-            for kind in SCHEDULES:
-                name = f"{label}C{slices}" + ("s" if kind == "staggered" else "")
-                if plans is not None and name not in plans:
-                    continue
-                rounds = build_schedule(groups=groups, n=n, slices=slices, grid=grid, kind="rounds")
-                if kind == "staggered":
-                    if len(rounds) == 1 or grid // 2 < 2 * slices:
-                        continue  # one wave: nothing to stagger
-                    rounds = build_schedule(groups=groups, n=n, slices=slices, grid=grid, kind=kind)
-                row = run_schedule(kernels, flusher, kernel, rounds, staggered=kind == "staggered",
-                                   inputs=(q, k, v, uniforms, out, counts), santa=(santa_counts, santa_out),
-                                   group=group, dim=dim, scale=scale)
-                case["plans"][name] = row
-                if "us" in row and (best is None or row["us"] < best[0]):
-                    best = (row["us"], name)
+    kernel = f"prop1_d{dim}_g{group}"
+    for slices, _, _, grid in slice_plans(kernels, kernel, groups=groups, n=n, group_size=group, dim=dim):
+        for kind in SCHEDULES:
+            name = f"C{slices}" + ("s" if kind == "staggered" else "")
+            if plans is not None and name not in plans:
+                continue
+            rounds = build_schedule(groups=groups, n=n, slices=slices, grid=grid, kind="rounds")
+            if kind == "staggered":
+                if len(rounds) == 1 or grid // 2 < 2 * slices:
+                    continue  # one wave: nothing to stagger
+                rounds = build_schedule(groups=groups, n=n, slices=slices, grid=grid, kind=kind)
+            row = run_schedule(kernels, flusher, kernel, rounds, staggered=kind == "staggered",
+                               inputs=(q, k, v, uniforms, out, counts), santa=(santa_counts, santa_out), group=group,
+                               dim=dim, scale=scale)
+            case["plans"][name] = row
+            if "us" in row and (best is None or row["us"] < best[0]):
+                best = (row["us"], name)
     if best is not None:
         case["one_launch_us"], case["best_plan"] = best
     return case
@@ -183,13 +175,7 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
     # staggered: each SM must hold one CTA of each half, which the kernel arranges by counting arrivals per SM
     paired = staggered and per_sm == 2 and grid == 2 * sms
     row["sm_paired"] = paired
-    # one round of the "rounds" schedule (every group C_g slices, items group-major from CTA 0): the kernel derives
-    # its item from its index
-    regular = len(rounds) == 1 and not staggered
-    assert not regular or all(w == Work(i // w.slices, i % w.slices, w.slices, w.slice_len)
-                              for i, w in enumerate(rounds[0]) if w is not None)
-    table = None if regular else torch.tensor(schedule_table(rounds), dtype=torch.int32, device="cuda")
-    row["schedule_table"] = not regular
+    table = torch.tensor(schedule_table(rounds), dtype=torch.int32, device="cuda")
     # per kernel (the full one and its phases): tagged stats and sampled keys, the groups' epochs
     buffers = {name: (torch.zeros(batch * kv_heads, group, slots, 2, dtype=torch.int64, device="cuda"),
                       torch.zeros(batch, heads, BUDGET, dtype=torch.int64, device="cuda"),
@@ -201,11 +187,9 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
         values.append(ctypes.c_void_p(counts.data_ptr() if with_counts else 0))
         values += [ctypes.c_void_p(t.data_ptr()) for t in buffers[name]]
         values.append(ctypes.c_void_p(marks.data_ptr() if marks is not None else 0))
-        values += [ctypes.c_void_p(table.data_ptr() if table is not None else 0),
-                   ctypes.c_void_p(arrivals[name].data_ptr() if paired else 0), ctypes.c_int(len(rounds)),
-                   ctypes.c_int(slots), ctypes.c_int(batch * kv_heads), ctypes.c_int(works[0].slices),
-                   ctypes.c_int(works[0].slice_len), ctypes.c_int(n),
-                   ctypes.c_int(kv_heads), ctypes.c_float(scale), ctypes.c_int(BUDGET)]
+        values += [ctypes.c_void_p(table.data_ptr()), ctypes.c_void_p(arrivals[name].data_ptr() if paired else 0),
+                   ctypes.c_int(len(rounds)), ctypes.c_int(slots), ctypes.c_int(n), ctypes.c_int(kv_heads),
+                   ctypes.c_float(scale), ctypes.c_int(BUDGET)]
         kernels.launch_values(name, (grid, 1, 1), values, shared_bytes=shared, cooperative=True)
 
     started = time.perf_counter()
@@ -251,7 +235,7 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
         torch.cuda.synchronize()
         marks = marks.cpu()
         row["phases"] = phase_marks(marks[:, :8])
-        row["sm_sharing"] = sm_sharing(marks[:grid, 8, 0], started=marks[:grid, 0, 0] != 0)
+        row["sm_halves"] = sm_halves(marks[:grid, 8, 0], started=marks[:grid, 0, 0] != 0)
         row["smid_round0"] = marks[:grid, 8, 0].tolist()  # the SM of each schedule CTA in round 0 (0 where idle)
     except RuntimeError as exc:  # a launch refused (e.g. a grid the cooperative launch finds too large): this plan says
         row["error"] = str(exc)    # so, the others still run
@@ -280,17 +264,19 @@ def hang_report(kernels: Kernels, buffers: tuple, *, group: int, slots: int, bud
     return report
 
 
-def sm_sharing(smid: torch.Tensor, *, started: torch.Tensor) -> dict:
-    """Which schedule CTAs sit on one SM (round 0): the share of CTA pairs (i, i + grid/2) and (2j, 2j + 1), among
-    pairs that both ran in round 0, on the same SM. The staggered schedule wants the first to be 1: the block
-    scheduler alone gives 0 for both (measured 2026-12-03), so the kernel pairs the halves itself (``arrivals``)."""
+def sm_halves(smid: torch.Tensor, *, started: torch.Tensor) -> dict:
+    """Which schedule CTAs sat on one SM in round 0: among the SMs holding two CTAs that ran, the share holding one
+    of each half ([0, grid/2) and [grid/2, grid)), which the staggered schedule needs; and the share of pairs (i,
+    i + grid/2) on one SM, which the block scheduler alone gives 0 (measured 2026-12-03: why the kernel pairs the
+    halves itself, ``arrivals``)."""
     half = smid.numel() // 2
-    out = {}
-    for name, a, b in (("i_and_i_plus_half", torch.arange(half), torch.arange(half) + half),
-                       ("even_and_odd", torch.arange(0, 2 * half, 2), torch.arange(1, 2 * half, 2))):
-        both = started[a] & started[b]
-        out[name] = float((smid[a] == smid[b])[both].float().mean()) if both.any() else None
-    return out
+    per_sm: dict[int, list[int]] = {}
+    for cta in torch.nonzero(started).flatten().tolist():
+        per_sm.setdefault(int(smid[cta]), []).append(int(cta >= half))
+    pairs = [sorted(halves) for halves in per_sm.values() if len(halves) == 2]
+    both = started[:half] & started[half: 2 * half]
+    return {"sms_with_both_halves": sum(p == [0, 1] for p in pairs) / len(pairs) if pairs else None,
+            "i_and_i_plus_half": float((smid[:half] == smid[half: 2 * half])[both].float().mean()) if both.any() else None}
 
 
 PHASES = ["start", "streamed", "published", "stats read", "first points placed", "keys written", "V rows gathered",
@@ -351,8 +337,8 @@ def describe(name: str, case: dict) -> str:
             parts.append(f"{key}: {row['error']}")
             continue
         phases = f" (stream {row['prop1s1_us']:.1f}, +sample {row['prop1s2_us']:.1f})" if "prop1s2_us" in row else ""
-        shared_sm = row.get("sm_sharing", {}).get("i_and_i_plus_half")
-        phases += f" [CTAs i, i + grid/2 on one SM: {shared_sm:.2f}]" if shared_sm is not None else ""
+        both_halves = row.get("sm_halves", {}).get("sms_with_both_halves")
+        phases += f" [SMs with one CTA of each half: {both_halves:.2f}]" if both_halves is not None else ""
         parts.append(f"{key}/r{row.get('rounds', 1)} {row.get('us', float('nan')):.1f}{phases} equal {row['rows_equal_to_santa']:.2f} "
                      f"moved {row['samples_moved']} S {row['every_head_draws_S']} rep {row['repeat_bitwise_equal']} "
                      f"out-santa {row['max_abs_out_diff']:.3f} out-own {row['max_abs_diff_to_own_counts']:.4f}")

@@ -58,21 +58,24 @@ class Kernels:
         if status != 0:
             raise RuntimeError(f"{what} failed with CUresult {status}")
 
-    def read_global(self, name: str, count: int) -> list[int]:
-        """The module's ``__device__`` array ``name`` as ``count`` unsigned 64-bit words (synchronises the context)."""
+    def _global(self, name: str) -> tuple[ctypes.c_uint64, int]:
+        """The device address and size in bytes of the module's ``__device__`` variable ``name``."""
         ptr, size = ctypes.c_uint64(), ctypes.c_size_t()
         self._check(self.cuda.cuModuleGetGlobal_v2(ctypes.byref(ptr), ctypes.byref(size), self.module, name.encode()),
                     f"cuModuleGetGlobal({name})")
+        return ptr, size.value
+
+    def read_global(self, name: str, count: int) -> list[int]:
+        """The module's ``__device__`` array ``name`` as ``count`` unsigned 64-bit words (synchronises the context)."""
+        ptr, size = self._global(name)
         out = (ctypes.c_uint64 * count)()
-        self._check(self.cuda.cuMemcpyDtoH_v2(out, ptr, ctypes.c_size_t(min(size.value, 8 * count))), "cuMemcpyDtoH")
+        self._check(self.cuda.cuMemcpyDtoH_v2(out, ptr, ctypes.c_size_t(min(size, 8 * count))), "cuMemcpyDtoH")
         return list(out)
 
     def zero_global(self, name: str) -> None:
         """Set the module's ``__device__`` variable ``name`` to zeros (synchronises the context)."""
-        ptr, size = ctypes.c_uint64(), ctypes.c_size_t()
-        self._check(self.cuda.cuModuleGetGlobal_v2(ctypes.byref(ptr), ctypes.byref(size), self.module, name.encode()),
-                    f"cuModuleGetGlobal({name})")
-        self._check(self.cuda.cuMemsetD8_v2(ptr, ctypes.c_ubyte(0), size), "cuMemsetD8")
+        ptr, size = self._global(name)
+        self._check(self.cuda.cuMemsetD8_v2(ptr, ctypes.c_ubyte(0), ctypes.c_size_t(size)), "cuMemsetD8")
 
     def function(self, name: str) -> ctypes.c_void_p:
         if name not in self.functions:

@@ -694,9 +694,7 @@ SANTA_STREAM_KEEP(keep_d64_g7_u4, 64, 7, 4)
 SANTA_STREAM_KEEP(keep_d64_g3_u4, 64, 3, 4)
 
 // The persistent grid runs a schedule the host builds: schedule[r · grid + CTA] = (group, slice c, the group's slice
-// count C_g, its slice length), or group −1 (nothing in that round); schedule nullptr: item r · grid + CTA of the
-// groups × slices items in group-major order, slice_len keys each (no table to load before the stream can start:
-// the table's one dependent load cost 0.3–0.6 µs at batch 1, measured 2026-12-03). All slices of a group sit in the same round, so a
+// count C_g, its slice length), or group −1 (nothing in that round). All slices of a group sit in the same round, so a
 // CTA waits only on CTAs that reach that round (every CTA is resident): no cycle. The host may give groups different
 // slice counts (benchmarks/kernels/cuda_one_launch_check.py: a half of the grid running half-length slices first, so the
 // two CTAs of an SM sample in turn instead of together). slice_stats is [groups][G][stats_slots][2], stats_slots the
@@ -725,13 +723,11 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
       NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* uniforms,             \
            __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* sampled,              \
            unsigned* epoch, long long* marks, const int4* schedule, unsigned* arrivals, int rounds, int stats_slots,   \
-           int groups, int slices, int slice_len, int n, int hkv, float scale, int budget) {                         \
+           int n, int hkv, float scale, int budget) {                                                               \
     const int cta = schedule_cta(arrivals);                                                                         \
     for (int r = 0; r < rounds; ++r) {                                                                              \
       const int slot = r * gridDim.x + cta;                                                                         \
-      const int4 work = schedule != nullptr      ? __ldg(schedule + slot)                                           \
-                        : slot < groups * slices ? make_int4(slot / slices, slot % slices, slices, slice_len)          \
-                                                 : make_int4(-1, 0, 1, 1);                                          \
+      const int4 work = __ldg(schedule + slot);                                                                     \
       if (work.x < 0) continue;                                                                                     \
       prop_slice<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, sampled, epoch, marks, n, hkv, work.x,  \
                                  work.y, work.z, work.w, stats_slots, slot, scale, budget);                         \
