@@ -14,6 +14,12 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+// What a wait past its limit recorded (see await_tagged): C linkage, so cuModuleGetGlobal finds them by these names
+extern "C" {
+__device__ unsigned long long hang_report[8];
+__device__ unsigned hang_abort;
+}
+
 namespace {
 
 constexpr int kThreads = 256;
@@ -351,8 +357,7 @@ __device__ __forceinline__ unsigned long long load_word(const unsigned long long
 // cuModuleGetGlobal after the launch: [0] 1 once written, [1] blockIdx.x, [2] threadIdx.x, [3] the word's address,
 // [4] the tag awaited, [5] the word last seen, [6] %globaltimer; then every waiter gives up (hang_abort), so the
 // launch ends with a wrong output and a report instead of a trap. The host zeroes both before it launches again.
-__device__ unsigned long long hang_report[8];
-__device__ unsigned hang_abort;
+// (both defined before the anonymous namespace, with C linkage, so the host finds them by these names)
 
 // The value of *p once it carries `tag` (spins until then), given a first load already in flight
 __device__ __forceinline__ float await_tagged(const unsigned long long* p, unsigned long long word, unsigned tag) {
