@@ -3,7 +3,7 @@
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (`bash benchmarks/device/prepare.sh flashinfer`;
 # `ab` also carries .old43, from `prepare.sh old43`).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchplans] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
+#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchplans] [onelaunchncu] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -53,6 +53,18 @@ for stage in "$@"; do
         timeout 80 python3 benchmarks/kernels/cuda_one_launch_check.py "$OUT/smollm2_b64_$PLAN.jsonl" "${SANTA_COMMIT:-}" \
           --only smollm2_B=64_x_8k --plans $PLAN 2>&1 | tail -1 | cut -c1-400
       done ;;
+    onelaunchncu)  # issue 24: Nsight Compute on the one-launch prop (the second launch of each plan: the first fills
+                   # counts), full set, with the stall samples per CUDA source line and per SASS instruction
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
+      for CASE_PLAN in llama_8k:C33 llama_32k:C33 llama_B=32_x_32k:C8s; do
+        CASE=${CASE_PLAN%%:*}; PLAN=${CASE_PLAN##*:}; TAG=$(echo "$CASE" | tr -d '=')
+        timeout 200 "$NCU" --clock-control none -k regex:'^prop1_d' --launch-skip 1 --launch-count 1 --set full \
+          --import-source yes -f -o "/tmp/ncu_$TAG" python3 benchmarks/kernels/cuda_one_launch_check.py "/tmp/ncu_$TAG.jsonl" \
+          "${SANTA_COMMIT:-}" --only "$CASE" --plans "$PLAN" > "/tmp/ncu_$TAG.log" 2>&1; tail -3 "/tmp/ncu_$TAG.log"
+        "$NCU" -i "/tmp/ncu_$TAG.ncu-rep" --page details --csv > "$OUT/ncu_${TAG}_details.csv" 2>&1
+        "$NCU" -i "/tmp/ncu_$TAG.ncu-rep" --page source --csv --print-source cuda > "$OUT/ncu_${TAG}_cuda.csv" 2>&1
+      done
+      "$NCU" -i /tmp/ncu_llama_8k.ncu-rep --page source --csv --print-source sass > "$OUT/ncu_llama_8k_sass.csv" 2>&1 ;;
     smoke)  # the prop spec tests on the GPU, bounded (a group barrier that never opens would hang)
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernels.py -k "prop or graph or large" \
         2>&1 | tail -15 | tee "$OUT/smoke.log" ;;
