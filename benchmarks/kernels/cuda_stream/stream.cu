@@ -393,6 +393,19 @@ __device__ __forceinline__ void gather_tagged(float* dst, const unsigned long lo
   }
 }
 
+// Loads the caller consumes long after issuing them, as volatile asm so that the compiler neither sinks them to their
+// use nor moves their consumer up to them: a group's epoch (L2-coherent) and a schedule entry (read-only)
+__device__ __forceinline__ unsigned load_epoch(const unsigned* p) {
+  unsigned x;
+  asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(x) : "l"(p));
+  return x;
+}
+__device__ __forceinline__ int4 load_work(const int4* p) {
+  int4 w;
+  asm volatile("ld.global.nc.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w) : "l"(p));
+  return w;
+}
+
 // prop in one launch (issue 24), fifth version. Exact global systematic sampling as santa's two-launch prop, for
 // contiguous NHD bf16 K and V whose sequences all hold n keys, with the uniforms given ([B, Hkv·G] float32,
 // santa.kernels.reference.philox_uniforms): one persistent grid (C, Hkv, B), every CTA resident (a cooperative
@@ -427,7 +440,11 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
                                            unsigned long long* __restrict__ sampled, unsigned* __restrict__ epoch,
                                            long long* __restrict__ marks, int n, int hkv, int group, int c,
                                            int slices, int slice_len, int stats_slots, int slot, float scale_log2,
-                                           int budget) {
+                                           int budget, unsigned epoch_seen, int next_group, unsigned& next_epoch_seen) {
+  // epoch_seen: epoch[group] as loaded by the caller (load_epoch), consumed only after the stream; next_group: the
+  // group of this CTA's next work item (−1: none), whose epoch this item loads once it has streamed, so that the
+  // load's latency hides behind this item's sampling phases (it is safe this early: a group's epoch changes only once
+  // every slice has published, and this CTA has not yet published for next_group)
   // marks (nullptr: none): per schedule slot, 8 pairs (globaltimer ns, clock64) at the phase boundaries, then
   // (the SM's id, 0), by thread 0
   auto mark = [&](int i) {
@@ -458,7 +475,6 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   float* group_stats = smem + kept_floats(G, slice_len);
   const size_t head0 = (size_t)b * hkv * G + (size_t)h * G;  // the group's first query-head row
   unsigned long long* group_words = slice_stats + (size_t)group * G * stats_slots * 2;  // [G][slices][2] of the group
-  const unsigned tag = __ldcg(epoch + group) + 1u;
   const float uni = warp < G ? __ldg(uniforms + head0 + warp) : 0.f;  // loaded now, used after the stream
 
   // ---- stream; the slice's (m_c, w_c) per head, published at once
@@ -473,6 +489,11 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   }
   __syncthreads();
   mark(1);  // the slice streamed
+  // the tag is computed only here: until 50cea93 `tag = __ldcg(epoch + group) + 1` sat before the stream and ptxas
+  // placed the add there, so every item waited out one L2/HBM round trip before its first K load (ncu, 8k: 3 % of
+  // the kernel's stall samples on that add, 2026-12-03)
+  const unsigned tag = epoch_seen + 1u;
+  next_epoch_seen = next_group >= 0 ? load_epoch(epoch + next_group) : 0u;
   if (warp < G) {
     const int g = warp;
     float mc = lane < kWarps ? warp_m[lane][g] : -INFINITY, wc = lane < kWarps ? warp_l[lane][g] : 0.f;
@@ -485,18 +506,23 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     if (lane == 0) slice_max[g] = mc;
   }
   __syncthreads();
-  // while the stats travel: the subtiles' masses W_i = Σ 2^(s − m_c) over their keys in order (all threads), then per
-  // head (warp g) their inclusive prefix, four subtiles per lane per round (eight timed slower)
+  // while the stats travel: every key's u = 2^(s − m_c), stored over its score (placement reads u, no exp2 in its
+  // chain), and the subtiles' masses W_i = Σ u over their keys in order (all threads); then per head (warp g) their
+  // inclusive prefix, four subtiles per lane per round (eight timed slower)
   for (int idx = threadIdx.x; idx < G * live_subs; idx += kThreads) {
     const int head = idx / live_subs, i = idx % live_subs;
     const float mch = slice_max[head];
-    const float4* row = reinterpret_cast<const float4*>(kept + head * stride + i * 8);
+    float4* row = reinterpret_cast<float4*>(kept + head * stride + i * 8);
     const float4 lo4 = row[0], hi4 = row[1];
-    const float sc[8] = {lo4.x, lo4.y, lo4.z, lo4.w, hi4.x, hi4.y, hi4.z, hi4.w};
+    float u[8] = {lo4.x, lo4.y, lo4.z, lo4.w, hi4.x, hi4.y, hi4.z, hi4.w};
     float w = 0.f;
 #pragma unroll
-    for (int e = 0; e < 8; ++e)
-      if (i * 8 + e < keys && mch != -INFINITY) w += exp2f(sc[e] - mch);
+    for (int e = 0; e < 8; ++e) {
+      u[e] = i * 8 + e < keys && mch != -INFINITY ? exp2f(u[e] - mch) : 0.f;
+      w += u[e];
+    }
+    row[0] = make_float4(u[0], u[1], u[2], u[3]);
+    row[1] = make_float4(u[4], u[5], u[6], u[7]);
     cum[head * n_sub + i] = w;
   }
   __syncthreads();
@@ -569,9 +595,8 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     const float s_f = (float)budget;
     const float p_lo = c == 0 ? 0.f : (below / z) * s_f;
     const float p_hi = (through / z) * s_f;  // S exactly for the last slice (z / z = 1), as pass 2's P_last
-    const float mc = slice_max[g];
     const float* cg = cum + g * n_sub;
-    const float* sg = kept + g * stride;
+    const float* ug = kept + g * stride;  // u = 2^(s − m_c) per key (above)
     const int live_sub = last_live_sub[g];
     const float total = live_sub >= 0 ? cg[live_subs - 1] : 0.f;
     const int first_m = max(0, (int)ceilf(p_lo - uni) - 1), last_m = min(budget - 1, (int)ceilf(p_hi - uni));
@@ -591,7 +616,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
           float sum = 0.f;
           int chosen = -1, live_key = pos * 8;
           for (int j = pos * 8; j < min(keys, pos * 8 + 8); ++j) {
-            const float u = exp2f(sg[j] - mc);
+            const float u = ug[j];
             sum += u;
             if (u > 0.f) live_key = j;
             if (chosen < 0 && before + sum > t) chosen = j;
@@ -730,13 +755,23 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
            unsigned* epoch, long long* marks, const int4* schedule, unsigned* arrivals, int rounds, int stats_slots,   \
            int n, int hkv, float scale, int budget) {                                                               \
     const int cta = schedule_cta(arrivals);                                                                         \
+    const int4 idle = make_int4(-1, 0, 0, 0);                                                                       \
+    int4 work = rounds > 0 ? load_work(schedule + cta) : idle;                                                      \
+    unsigned seen = work.x >= 0 ? load_epoch(epoch + work.x) : 0u;                                                  \
     for (int r = 0; r < rounds; ++r) {                                                                              \
       const int slot = r * gridDim.x + cta;                                                                         \
-      const int4 work = __ldg(schedule + slot);                                                                     \
-      if (work.x < 0) continue;                                                                                     \
-      prop_slice<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, sampled, epoch, marks, n, hkv, work.x,  \
-                                 work.y, work.z, work.w, stats_slots, slot, scale, budget);                         \
-      __syncthreads(); /* the next item reuses shared memory */                                                    \
+      const int4 next = r + 1 < rounds ? load_work(schedule + slot + gridDim.x) : idle; /* used after this item */  \
+      unsigned next_seen = 0u;                                                                                      \
+      if (work.x >= 0) {                                                                                            \
+        prop_slice<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, sampled, epoch, marks, n, hkv,      \
+                                   work.x, work.y, work.z, work.w, stats_slots, slot, scale, budget, seen, next.x,   \
+                                   next_seen);                                                                      \
+        __syncthreads(); /* the next item reuses shared memory */                                                  \
+      } else if (next.x >= 0) {                                                                                     \
+        next_seen = load_epoch(epoch + next.x);                                                                     \
+      }                                                                                                             \
+      work = next;                                                                                                  \
+      seen = next_seen;                                                                                             \
     }                                                                                                               \
   }
 
