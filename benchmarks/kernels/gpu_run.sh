@@ -54,7 +54,7 @@ for stage in "$@"; do
           --only smollm2_B=64_x_8k --plans $PLAN 2>&1 | tail -1 | cut -c1-400
       done ;;
     onelaunchncu)  # issue 24: Nsight Compute on the one-launch prop (the second launch of each plan: the first fills
-                   # counts), full set, with the stall samples per CUDA source line and per SASS instruction
+                   # counts), full set, with the stall samples per SASS instruction (ncu_phases.py sums them per phase)
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
       for CASE_PLAN in llama_8k:C33 llama_32k:C33 llama_B=32_x_32k:C8s; do
         CASE=${CASE_PLAN%%:*}; PLAN=${CASE_PLAN##*:}; TAG=$(echo "$CASE" | tr -d '=')
@@ -62,9 +62,10 @@ for stage in "$@"; do
           --import-source yes -f -o "/tmp/ncu_$TAG" python3 benchmarks/kernels/cuda_one_launch_check.py "/tmp/ncu_$TAG.jsonl" \
           "${SANTA_COMMIT:-}" --only "$CASE" --plans "$PLAN" > "/tmp/ncu_$TAG.log" 2>&1; tail -3 "/tmp/ncu_$TAG.log"
         "$NCU" -i "/tmp/ncu_$TAG.ncu-rep" --page details --csv > "$OUT/ncu_${TAG}_details.csv" 2>&1
-        "$NCU" -i "/tmp/ncu_$TAG.ncu-rep" --page source --csv --print-source cuda > "$OUT/ncu_${TAG}_cuda.csv" 2>&1
+        "$NCU" -i "/tmp/ncu_$TAG.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_${TAG}_sass.csv" 2>&1
       done
-      "$NCU" -i /tmp/ncu_llama_8k.ncu-rep --page source --csv --print-source sass > "$OUT/ncu_llama_8k_sass.csv" 2>&1 ;;
+      cp /tmp/santa_one_launch.cubin "$OUT/"  # the profiled binary: benchmarks/kernels/ncu_phases.py maps its SASS to phases
+      ;;
     smoke)  # the prop spec tests on the GPU, bounded (a group barrier that never opens would hang)
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernels.py -k "prop or graph or large" \
         2>&1 | tail -15 | tee "$OUT/smoke.log" ;;
