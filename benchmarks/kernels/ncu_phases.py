@@ -3,7 +3,7 @@
 ``prop_slice`` in ``cuda_stream/stream.cu`` through the cubin's line table (``nvdisasm -gi``: each instruction's
 source line and the line it is inlined at).
 
-    python benchmarks/kernels/ncu_phases.py SASS.csv CUBIN [--kernel prop1_d128_g4] [--source stream.cu] [--json OUT.json]
+    python benchmarks/kernels/ncu_phases.py SASS.csv[.gz] CUBIN [--kernel prop1_d128_g4] [--source stream.cu] [--json OUT.json]
 
 CUBIN and the source must be the ones profiled (the device's cubin, which ``gpu_run.sh onelaunchncu`` returns, or one
 built here from the same commit's ``stream.cu`` by the same nvcc with ``-lineinfo``).
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import gzip
 import json
 import re
 import shutil
@@ -94,7 +95,9 @@ def phase_of(stack: tuple[int, ...], spans: dict, marks: list[int]) -> str:
 
 
 def phases(sass_csv: Path, cubin: Path, kernel: str, source: Path = SOURCE) -> dict:
-    rows = list(csv.reader(sass_csv.open()))
+    opened = gzip.open(sass_csv, "rt") if sass_csv.suffix == ".gz" else sass_csv.open()
+    with opened as handle:
+        rows = list(csv.reader(handle))
     header = rows[1]
     data = [row for row in rows[2:] if len(row) >= len(header)]
     address, samples = header.index("Address"), header.index("Warp Stall Sampling (All Samples)")
