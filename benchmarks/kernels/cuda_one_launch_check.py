@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, ".")
 from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
-from benchmarks.kernels.cuda_stream.schedule import SCHEDULES, build_schedule, schedule_table  # noqa: E402
+from benchmarks.kernels.cuda_stream.schedule import SCHEDULES, build_schedule, regular_first_round, schedule_table  # noqa: E402
 from benchmarks.kernels.cuda_stream_check import Kernels, kept_bytes, random_inputs, run_cases  # noqa: E402
 
 BUDGET, SEED, OFFSET = 128, 3, 5
@@ -176,6 +176,8 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
     paired = staggered and per_sm == 2 and grid == 2 * sms
     row["sm_paired"] = paired
     table = torch.tensor(schedule_table(rounds), dtype=torch.int32, device="cuda")
+    first = regular_first_round(rounds) or (0, 0, 0)  # round 0 from the CTA index where it is regular
+    row["first_round_from_index"] = first[0] > 0
     # per kernel (the full one and its phases): tagged stats and sampled keys, the groups' epochs
     buffers = {name: (torch.zeros(batch * kv_heads, group, slots, 2, dtype=torch.int64, device="cuda"),
                       torch.zeros(batch, heads, BUDGET, dtype=torch.int64, device="cuda"),
@@ -188,7 +190,8 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
         values += [ctypes.c_void_p(t.data_ptr()) for t in buffers[name]]
         values.append(ctypes.c_void_p(marks.data_ptr() if marks is not None else 0))
         values += [ctypes.c_void_p(table.data_ptr()), ctypes.c_void_p(arrivals[name].data_ptr() if paired else 0),
-                   ctypes.c_int(len(rounds)), ctypes.c_int(slots), ctypes.c_int(n), ctypes.c_int(kv_heads),
+                   ctypes.c_int(len(rounds)), ctypes.c_int(slots), *(ctypes.c_int(x) for x in first), ctypes.c_int(n),
+                   ctypes.c_int(kv_heads),
                    ctypes.c_float(scale), ctypes.c_int(BUDGET)]
         kernels.launch_values(name, (grid, 1, 1), values, shared_bytes=shared, cooperative=True)
 

@@ -735,6 +735,9 @@ SANTA_STREAM_KEEP(keep_d64_g3_u4, 64, 3, 4)
 // parity), and a rank within its half (arrivals[1024 + half], grid/2 per launch, taken modulo grid/2). No reset
 // between launches: graph-safe. Which CTA runs which work changes between launches; what each work item computes
 // does not, so the output stays bitwise repeatable.
+// first_slices > 0: round 0 is regular (schedule.py's regular_first_round: CTA i < first_items takes slice i mod C of
+// group i / C, C = first_slices slices of first_len keys), derived from the CTA index instead of loaded, so that no
+// dependent load precedes the first K load (rounds past 0, loaded during the round before, come from the table).
 __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
   if (arrivals == nullptr) return blockIdx.x;
   __shared__ int cta;
@@ -753,10 +756,13 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
       NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* uniforms,             \
            __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* sampled,              \
            unsigned* epoch, long long* marks, const int4* schedule, unsigned* arrivals, int rounds, int stats_slots,   \
-           int n, int hkv, float scale, int budget) {                                                               \
+           int first_slices, int first_len, int first_items, int n, int hkv, float scale, int budget) {             \
     const int cta = schedule_cta(arrivals);                                                                         \
     const int4 idle = make_int4(-1, 0, 0, 0);                                                                       \
-    int4 work = rounds > 0 ? load_work(schedule + cta) : idle;                                                      \
+    int4 work = rounds == 0            ? idle                                                                       \
+                : first_slices == 0    ? load_work(schedule + cta)                                                  \
+                : cta < first_items    ? make_int4(cta / first_slices, cta % first_slices, first_slices, first_len) \
+                                       : idle;                                                                      \
     unsigned seen = work.x >= 0 ? load_epoch(epoch + work.x) : 0u;                                                  \
     for (int r = 0; r < rounds; ++r) {                                                                              \
       const int slot = r * gridDim.x + cta;                                                                         \
