@@ -438,11 +438,12 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
                                            unsigned long long* __restrict__ sampled, unsigned* __restrict__ epoch,
                                            long long* __restrict__ marks, int n, int hkv, int group, int c,
                                            int slices, int slice_len, int stats_slots, int slot, float scale_log2,
-                                           int budget, const uint4* epochs_now, uint4* epochs_next, int next_group) {
+                                           int budget, const uint4* epochs_now, uint4* epochs_next, const int4* next_item) {
   // epochs_now: the 16-byte chunk of epoch[] holding epoch[group], copied in by thread 0 a round ahead (or at the
-  // start) and read only after the stream; next_group: the group of this CTA's next work item (−1: none), whose chunk
-  // thread 0 copies into epochs_next once this item has streamed (safe that early: a group's epoch changes only once
-  // every slice has published, and this CTA has not yet published for next_group)
+  // start) and read only after the stream; next_item: this CTA's next schedule entry in shared memory (nullptr: none;
+  // its copy is waited for after the stream, not before), whose group's chunk thread 0 then copies into epochs_next
+  // (safe that early: a group's epoch changes only once every slice has published, and this CTA has not yet
+  // published for that group)
   // marks (nullptr: none): per schedule slot, 8 pairs (globaltimer ns, clock64) at the phase boundaries, then
   // (the SM's id, 0), by thread 0
   auto mark = [&](int i) {
@@ -492,7 +493,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   // the add there, so every item waited out one L2/HBM round trip before its first K load (ncu, 8k: 3 % of the
   // kernel's stall samples on that add, 2026-12-03)
   const unsigned tag = reinterpret_cast<const unsigned*>(epochs_now)[group & 3] + 1u;
-  if (threadIdx.x == 0 && next_group >= 0) copy16_async(epochs_next, epoch + (next_group & ~3));
+  if (threadIdx.x == 0 && next_item != nullptr && next_item->x >= 0) copy16_async(epochs_next, epoch + (next_item->x & ~3));
   if (warp < G) {
     const int g = warp;
     float mc = lane < kWarps ? warp_m[lane][g] : -INFINITY, wc = lane < kWarps ? warp_l[lane][g] : 0.f;
@@ -776,7 +777,7 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
         /* the next entry is read after this item's post-stream barrier (prop_slice waits for the copies there) */ \
         prop_slice<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, sampled, epoch, marks, n, hkv,      \
                                    work.x, work.y, work.z, work.w, stats_slots, slot, scale, budget, epochs + r % 2, \
-                                   epochs + (r + 1) % 2, r + 1 < rounds ? items[r + 1].x : -1);                      \
+                                   epochs + (r + 1) % 2, r + 1 < rounds ? items + r + 1 : nullptr);                  \
       } else {                                                                                                      \
         wait_async_copies();                                                                                        \
         __syncthreads();                                                                                            \
