@@ -408,7 +408,8 @@ constexpr int kMaxRounds = 32;  // schedule entries a CTA keeps in shared memory
 // contiguous NHD bf16 K and V whose sequences all hold n keys, with the uniforms given ([B, Hkv·G] float32,
 // santa.kernels.reference.philox_uniforms): one persistent grid (C, Hkv, B), every CTA resident (a cooperative
 // launch), a CTA per slice of a group's keys. The CTAs of a group exchange data twice, through words tagged with the
-// launch (tag = epoch[group] + 1, read at the start; CTA 0 stores it back once every CTA has published): no atomics.
+// launch (tag = epoch[group] + 1, its chunk copied into shared memory a round ahead and read after the stream; CTA 0
+// stores it back once it has seen every CTA's stats): no atomics.
 //   stream:  mma_stream with KEEP: scores and 8-key subtiles' (m_i, ℓ_i) in shared memory, the lanes' (m, l) over
 //            their subtiles. The slice's (m_c, w_c) per head from those (shuffles, then eight warps by a fixed tree),
 //            published tagged at once; then, while the other CTAs' stats travel, per head (warp g) the subtiles'
@@ -728,7 +729,8 @@ SANTA_STREAM_KEEP(keep_d64_g3_u4, 64, 3, 4)
 // CTA waits only on CTAs that reach that round (every CTA is resident): no cycle. The host may give groups different
 // slice counts (benchmarks/kernels/cuda_one_launch_check.py: a half of the grid running half-length slices first, so the
 // two CTAs of an SM sample in turn instead of together). slice_stats is [groups][G][stats_slots][2], stats_slots the
-// largest C_g.
+// largest C_g. A CTA copies its entries into shared memory at the start (cp.async: nothing waits on them before the
+// first K load); epoch[] is read in 16-byte chunks, so the host pads it to a multiple of 4 groups.
 // arrivals (nullptr: the schedule's CTA is blockIdx.x): for a grid of two CTAs on each of grid/2 SMs, the schedule's
 // CTA index is chosen so that each SM holds one CTA of each half ([0, grid/2) and [grid/2, grid)): the first CTA to
 // arrive on an SM takes the first half, the second the other (arrivals[smid] counts them; two per launch keep the
