@@ -177,8 +177,8 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
     paired = staggered and per_sm == 2 and grid == 2 * sms
     row["sm_paired"] = paired
     table = torch.tensor(schedule_table(rounds), dtype=torch.int32, device="cuda")
-    first = regular_first_round(rounds) or (0, 0, 0)  # round 0 from the CTA index where it is regular
-    row["first_round_from_index"] = first[0] > 0
+    first_round = regular_first_round(rounds) or (0, 0, 0)  # round 0 from the CTA index where it is regular
+    row["first_round_from_index"] = first_round[0] > 0
     if len(rounds) > MAX_ROUNDS:
         row["error"] = f"{len(rounds)} rounds: the kernel keeps at most {MAX_ROUNDS} schedule entries per CTA"
         return row
@@ -196,7 +196,7 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
         values += [ctypes.c_void_p(t.data_ptr()) for t in buffers[name]]
         values.append(ctypes.c_void_p(marks.data_ptr() if marks is not None else 0))
         values += [ctypes.c_void_p(table.data_ptr()), ctypes.c_void_p(arrivals[name].data_ptr() if paired else 0),
-                   ctypes.c_int(len(rounds)), ctypes.c_int(slots), *(ctypes.c_int(x) for x in first), ctypes.c_int(n),
+                   ctypes.c_int(len(rounds)), ctypes.c_int(slots), *(ctypes.c_int(x) for x in first_round), ctypes.c_int(n),
                    ctypes.c_int(kv_heads),
                    ctypes.c_float(scale), ctypes.c_int(BUDGET)]
         kernels.launch_values(name, (grid, 1, 1), values, shared_bytes=shared, cooperative=True)
