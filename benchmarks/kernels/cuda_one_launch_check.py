@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, ".")
 from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
-from benchmarks.kernels.cuda_stream.schedule import SCHEDULES, build_schedule, regular_first_round, schedule_table  # noqa: E402
+from benchmarks.kernels.cuda_stream.schedule import SCHEDULES, build_schedule, schedule_table  # noqa: E402
 from benchmarks.kernels.cuda_stream_check import Kernels, kept_bytes, random_inputs, run_cases  # noqa: E402
 
 BUDGET, SEED, OFFSET = 128, 3, 5
@@ -43,7 +43,6 @@ CASES = [("llama 8k", 1, 8192, 32, 8, 128), ("llama 32k", 1, 32768, 32, 8, 128),
          ("llama B=8 x 32k", 8, 32768, 32, 8, 128), ("llama B=32 x 32k", 32, 32768, 32, 8, 128),
          ("qwen B=16 x 32k", 16, 32768, 14, 2, 64), ("smollm2 B=64 x 8k", 64, 8192, 9, 3, 64)]
 SHARED_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90
-MAX_ROUNDS = 32  # kMaxRounds in stream.cu: the schedule entries a CTA keeps in shared memory
 
 
 def slice_shared(*, slices: int, slice_len: int, group_size: int, dim: int) -> int:
@@ -177,17 +176,10 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
     paired = staggered and per_sm == 2 and grid == 2 * sms
     row["sm_paired"] = paired
     table = torch.tensor(schedule_table(rounds), dtype=torch.int32, device="cuda")
-    first_round = regular_first_round(rounds) or (0, 0, 0)  # round 0 from the CTA index where it is regular
-    row["first_round_from_index"] = first_round[0] > 0
-    if len(rounds) > MAX_ROUNDS:
-        row["error"] = f"{len(rounds)} rounds: the kernel keeps at most {MAX_ROUNDS} schedule entries per CTA"
-        return row
-    # per kernel (the full one and its phases): tagged stats and sampled keys, the groups' epochs (padded to a multiple
-    # of 4: the kernel copies the 16-byte chunk that holds a group's epoch)
-    groups = batch * kv_heads
-    buffers = {name: (torch.zeros(groups, group, slots, 2, dtype=torch.int64, device="cuda"),
+    # per kernel (the full one and its phases): tagged stats and sampled keys, the groups' epochs
+    buffers = {name: (torch.zeros(batch * kv_heads, group, slots, 2, dtype=torch.int64, device="cuda"),
                       torch.zeros(batch, heads, BUDGET, dtype=torch.int64, device="cuda"),
-                      torch.zeros(-(-groups // 4) * 4, dtype=torch.int32, device="cuda")) for name in names}
+                      torch.zeros(batch * kv_heads, dtype=torch.int32, device="cuda")) for name in names}
     arrivals = {name: torch.zeros(1026, dtype=torch.int32, device="cuda") for name in names}  # per SM, then per half
 
     def launch(with_counts: bool, name: str = kernel, marks: torch.Tensor | None = None) -> None:
@@ -196,8 +188,7 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
         values += [ctypes.c_void_p(t.data_ptr()) for t in buffers[name]]
         values.append(ctypes.c_void_p(marks.data_ptr() if marks is not None else 0))
         values += [ctypes.c_void_p(table.data_ptr()), ctypes.c_void_p(arrivals[name].data_ptr() if paired else 0),
-                   ctypes.c_int(len(rounds)), ctypes.c_int(slots), *(ctypes.c_int(x) for x in first_round), ctypes.c_int(n),
-                   ctypes.c_int(kv_heads),
+                   ctypes.c_int(len(rounds)), ctypes.c_int(slots), ctypes.c_int(n), ctypes.c_int(kv_heads),
                    ctypes.c_float(scale), ctypes.c_int(BUDGET)]
         kernels.launch_values(name, (grid, 1, 1), values, shared_bytes=shared, cooperative=True)
 
@@ -218,7 +209,7 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
         launch(False)
         torch.cuda.synchronize()
         row["repeat_bitwise_equal"] = bool(torch.equal(first, out))
-        row["epochs_count_launches"] = bool((buffers[kernel][2][:groups] == 2).all())
+        row["epochs_count_launches"] = bool((buffers[kernel][2] == 2).all())
         row["every_head_draws_S"] = bool((counts.sum(-1) == BUDGET).all())
         row["rows_equal_to_santa"] = float((counts == santa_counts).all(-1).float().mean())
         row["samples_moved"] = int((counts - santa_counts).abs().sum()) // 2

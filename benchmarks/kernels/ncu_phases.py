@@ -31,7 +31,7 @@ PHASES = ["stream", "publish and subtile prefix", "stats exchange", "placement",
 # helpers whose every call site lies in one phase, by the first line of their definition's name
 HELPER_PHASES = {"double_buffered": "stream", "mma_stream": "stream", "merge_stats": "stream",
                  "gather_tagged": "stats exchange", "schedule_cta": "start and schedule",
-                 "copy16_async": "start and schedule", "wait_async_copies": "start and schedule"}
+                 "load_work": "start and schedule", "load_epoch": "start and schedule"}
 
 
 def nvdisasm() -> str:

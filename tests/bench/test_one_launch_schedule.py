@@ -3,7 +3,7 @@ streamed exactly once, a group's slices share one round (the kernel's barrier ca
 takes two items in a round, and the staggered halves run half a round apart."""
 
 import pytest
-from benchmarks.kernels.cuda_stream.schedule import Work, build_schedule, regular_first_round, schedule_table
+from benchmarks.kernels.cuda_stream.schedule import build_schedule, schedule_table
 
 
 def covered_keys(rounds, n):
@@ -73,20 +73,3 @@ def test_bad_arguments_are_refused():
         build_schedule(groups=4, n=10, slices=8, grid=20, kind="staggered")
     with pytest.raises(ValueError, match="slices"):
         build_schedule(groups=1, n=10, slices=0, grid=4, kind="rounds")
-
-
-@pytest.mark.parametrize(("groups", "n", "slices", "grid"), [(8, 8192, 33, 264), (256, 32768, 8, 264), (2, 32768, 66, 132)])
-def test_a_regular_first_round_is_what_the_kernel_derives_from_its_index(groups, n, slices, grid):
-    rounds = build_schedule(groups=groups, n=n, slices=slices, grid=grid, kind="rounds")
-    c, slice_len, items = regular_first_round(rounds)
-    # the kernel's rule for CTA i: (i / C, i mod C, C, slice_len) below items, idle above
-    derived = [Work(group=i // c, c=i % c, slices=c, slice_len=slice_len) if i < items else None for i in range(grid)]
-    assert derived == rounds[0]
-    assert items == min(grid // slices, groups) * slices
-
-
-def test_a_staggered_or_uneven_first_round_keeps_the_table():
-    assert regular_first_round(build_schedule(groups=256, n=32768, slices=8, grid=264, kind="staggered")) is None
-    spread = build_schedule(groups=3, n=100, slices=4, grid=40, kind="rounds")  # 13 slices per group: still regular
-    assert regular_first_round(spread)[0] == 13
-    assert regular_first_round([[None, *spread[0][1:]]]) is None  # an idle CTA before busy ones

@@ -82,19 +82,3 @@ def schedule_table(rounds: list[list[Work | None]]) -> list[int]:
         for work in row:
             flat += [-1, 0, 1, 1] if work is None else [work.group, work.c, work.slices, work.slice_len]
     return flat
-
-
-def regular_first_round(rounds: list[list[Work | None]]) -> tuple[int, int, int] | None:
-    """(C, slice_len, items) where round 0 gives CTA i < items slice i mod C of group i // C (C slices of slice_len
-    keys each) and leaves the other CTAs idle: the kernel then derives round 0 from its index and loads no table entry
-    before its first K load. None for any other first round (the staggered one, say)."""
-    first = rounds[0]
-    works = [w for w in first if w is not None]
-    if not works:
-        return None
-    slices, slice_len, items = works[0].slices, works[0].slice_len, len(works)
-    for cta, work in enumerate(first):
-        want = Work(group=cta // slices, c=cta % slices, slices=slices, slice_len=slice_len) if cta < items else None
-        if work != want:
-            return None
-    return slices, slice_len, items

@@ -393,23 +393,24 @@ __device__ __forceinline__ void gather_tagged(float* dst, const unsigned long lo
   }
 }
 
-// The schedule entries and the groups' epochs travel by cp.async (L2 to shared memory, 16 bytes, tracked by the
-// cp.async groups, not by the register scoreboards): a plain load of them, even one consumed only after the stream,
-// made the next load that reused its scoreboard wait for it before the first K load was issued (ptxas gives all
-// these loads one scoreboard; ncu at 263c589: 4.6 % of 8k's stall samples, measured 2026-12-03).
-__device__ __forceinline__ void copy16_async(void* shared_dst, const void* global_src) {
-  const unsigned dst = (unsigned)__cvta_generic_to_shared(shared_dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(global_src) : "memory");
+// Loads the caller consumes long after issuing them, as volatile asm so that the compiler neither sinks them to their
+// use nor moves their consumer up to them: a group's epoch (L2-coherent) and a schedule entry (read-only)
+__device__ __forceinline__ unsigned load_epoch(const unsigned* p) {
+  unsigned x;
+  asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(x) : "l"(p));
+  return x;
 }
-__device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-constexpr int kMaxRounds = 32;  // schedule entries a CTA keeps in shared memory (the host refuses more rounds)
+__device__ __forceinline__ int4 load_work(const int4* p) {
+  int4 w;
+  asm volatile("ld.global.nc.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w) : "l"(p));
+  return w;
+}
 
 // prop in one launch (issue 24), fifth version. Exact global systematic sampling as santa's two-launch prop, for
 // contiguous NHD bf16 K and V whose sequences all hold n keys, with the uniforms given ([B, Hkv·G] float32,
 // santa.kernels.reference.philox_uniforms): one persistent grid (C, Hkv, B), every CTA resident (a cooperative
 // launch), a CTA per slice of a group's keys. The CTAs of a group exchange data twice, through words tagged with the
-// launch (tag = epoch[group] + 1, its chunk copied into shared memory a round ahead and read after the stream; CTA 0
-// stores it back once it has seen every CTA's stats): no atomics.
+// launch (tag = epoch[group] + 1, read at the start; CTA 0 stores it back once every CTA has published): no atomics.
 //   stream:  mma_stream with KEEP: scores and 8-key subtiles' (m_i, ℓ_i) in shared memory, the lanes' (m, l) over
 //            their subtiles. The slice's (m_c, w_c) per head from those (shuffles, then eight warps by a fixed tree),
 //            published tagged at once; then, while the other CTAs' stats travel, per head (warp g) the subtiles'
@@ -439,12 +440,11 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
                                            unsigned long long* __restrict__ sampled, unsigned* __restrict__ epoch,
                                            long long* __restrict__ marks, int n, int hkv, int group, int c,
                                            int slices, int slice_len, int stats_slots, int slot, float scale_log2,
-                                           int budget, const uint4* epochs_now, uint4* epochs_next, const int4* next_item) {
-  // epochs_now: the 16-byte chunk of epoch[] holding epoch[group], copied in by thread 0 a round ahead (or at the
-  // start) and read only after the stream; next_item: this CTA's next schedule entry in shared memory (nullptr: none;
-  // its copy is waited for after the stream, not before), whose group's chunk thread 0 then copies into epochs_next
-  // (safe that early: a group's epoch changes only once every slice has published, and this CTA has not yet
-  // published for that group)
+                                           int budget, unsigned epoch_seen, int next_group, unsigned& next_epoch_seen) {
+  // epoch_seen: epoch[group] as loaded by the caller (load_epoch), consumed only after the stream; next_group: the
+  // group of this CTA's next work item (−1: none), whose epoch this item loads once it has streamed, so that the
+  // load's latency hides behind this item's sampling phases (it is safe this early: a group's epoch changes only once
+  // every slice has published, and this CTA has not yet published for next_group)
   // marks (nullptr: none): per schedule slot, 8 pairs (globaltimer ns, clock64) at the phase boundaries, then
   // (the SM's id, 0), by thread 0
   auto mark = [&](int i) {
@@ -487,14 +487,13 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     warp_m[warp][lane >> 2] = m;
     warp_l[warp][lane >> 2] = l;
   }
-  wait_async_copies();  // this item's epoch chunk (thread 0's copy, long done)
   __syncthreads();
   mark(1);  // the slice streamed
-  // the tag is read only here: until 50cea93 `tag = __ldcg(epoch + group) + 1` sat before the stream and ptxas placed
-  // the add there, so every item waited out one L2/HBM round trip before its first K load (ncu, 8k: 3 % of the
-  // kernel's stall samples on that add, 2026-12-03)
-  const unsigned tag = reinterpret_cast<const unsigned*>(epochs_now)[group & 3] + 1u;
-  if (threadIdx.x == 0 && next_item != nullptr && next_item->x >= 0) copy16_async(epochs_next, epoch + (next_item->x & ~3));
+  // the tag is computed only here: until 50cea93 `tag = __ldcg(epoch + group) + 1` sat before the stream and ptxas
+  // placed the add there, so every item waited out one L2/HBM round trip before its first K load (ncu, 8k: 3 % of
+  // the kernel's stall samples on that add, 2026-12-03)
+  const unsigned tag = epoch_seen + 1u;
+  next_epoch_seen = next_group >= 0 ? load_epoch(epoch + next_group) : 0u;
   if (warp < G) {
     const int g = warp;
     float mc = lane < kWarps ? warp_m[lane][g] : -INFINITY, wc = lane < kWarps ? warp_l[lane][g] : 0.f;
@@ -729,17 +728,13 @@ SANTA_STREAM_KEEP(keep_d64_g3_u4, 64, 3, 4)
 // CTA waits only on CTAs that reach that round (every CTA is resident): no cycle. The host may give groups different
 // slice counts (benchmarks/kernels/cuda_one_launch_check.py: a half of the grid running half-length slices first, so the
 // two CTAs of an SM sample in turn instead of together). slice_stats is [groups][G][stats_slots][2], stats_slots the
-// largest C_g. A CTA copies its entries into shared memory at the start (cp.async: nothing waits on them before the
-// first K load); epoch[] is read in 16-byte chunks, so the host pads it to a multiple of 4 groups.
+// largest C_g.
 // arrivals (nullptr: the schedule's CTA is blockIdx.x): for a grid of two CTAs on each of grid/2 SMs, the schedule's
 // CTA index is chosen so that each SM holds one CTA of each half ([0, grid/2) and [grid/2, grid)): the first CTA to
 // arrive on an SM takes the first half, the second the other (arrivals[smid] counts them; two per launch keep the
 // parity), and a rank within its half (arrivals[1024 + half], grid/2 per launch, taken modulo grid/2). No reset
 // between launches: graph-safe. Which CTA runs which work changes between launches; what each work item computes
 // does not, so the output stays bitwise repeatable.
-// first_slices > 0: round 0 is regular (schedule.py's regular_first_round: CTA i < first_items takes slice i mod C of
-// group i / C, C = first_slices slices of first_len keys), derived from the CTA index instead of loaded, so that no
-// dependent load precedes the first K load (rounds past 0, loaded during the round before, come from the table).
 __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
   if (arrivals == nullptr) return blockIdx.x;
   __shared__ int cta;
@@ -758,36 +753,25 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
       NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* uniforms,             \
            __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* sampled,              \
            unsigned* epoch, long long* marks, const int4* schedule, unsigned* arrivals, int rounds, int stats_slots,   \
-           int first_slices, int first_len, int first_items, int n, int hkv, float scale, int budget) {             \
+           int n, int hkv, float scale, int budget) {                                                               \
     const int cta = schedule_cta(arrivals);                                                                         \
     const int4 idle = make_int4(-1, 0, 0, 0);                                                                       \
-    __shared__ int4 items[kMaxRounds];  /* this CTA's schedule entries, one per round */                            \
-    __shared__ uint4 epochs[2];         /* round r's group's epoch chunk in epochs[r % 2] */                        \
-    for (int r = threadIdx.x; r < rounds; r += kThreads) copy16_async(items + r, schedule + r * gridDim.x + cta);  \
-    int4 work = idle;                                                                                               \
-    if (rounds > 0 && first_slices > 0) { /* a regular round 0, from the index: nothing to wait for */             \
-      if (cta < first_items) work = make_int4(cta / first_slices, cta % first_slices, first_slices, first_len);     \
-    } else if (rounds > 0) {                                                                                        \
-      wait_async_copies();                                                                                          \
-      __syncthreads();                                                                                              \
-      work = items[0];                                                                                              \
-    }                                                                                                               \
-    if (threadIdx.x == 0 && work.x >= 0) copy16_async(epochs, epoch + (work.x & ~3));                               \
+    int4 work = rounds > 0 ? load_work(schedule + cta) : idle;                                                      \
+    unsigned seen = work.x >= 0 ? load_epoch(epoch + work.x) : 0u;                                                  \
     for (int r = 0; r < rounds; ++r) {                                                                              \
       const int slot = r * gridDim.x + cta;                                                                         \
+      const int4 next = r + 1 < rounds ? load_work(schedule + slot + gridDim.x) : idle; /* used after this item */  \
+      unsigned next_seen = 0u;                                                                                      \
       if (work.x >= 0) {                                                                                            \
-        /* the next entry is read after this item's post-stream barrier (prop_slice waits for the copies there) */ \
         prop_slice<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, sampled, epoch, marks, n, hkv,      \
-                                   work.x, work.y, work.z, work.w, stats_slots, slot, scale, budget, epochs + r % 2, \
-                                   epochs + (r + 1) % 2, r + 1 < rounds ? items + r + 1 : nullptr);                  \
-      } else {                                                                                                      \
-        wait_async_copies();                                                                                        \
-        __syncthreads();                                                                                            \
-        const int next_group = r + 1 < rounds ? items[r + 1].x : -1;                                                \
-        if (threadIdx.x == 0 && next_group >= 0) copy16_async(epochs + (r + 1) % 2, epoch + (next_group & ~3));    \
+                                   work.x, work.y, work.z, work.w, stats_slots, slot, scale, budget, seen, next.x,   \
+                                   next_seen);                                                                      \
+        __syncthreads(); /* the next item reuses shared memory */                                                  \
+      } else if (next.x >= 0) {                                                                                     \
+        next_seen = load_epoch(epoch + next.x);                                                                     \
       }                                                                                                             \
-      __syncthreads(); /* the next item reuses shared memory */                                                    \
-      work = r + 1 < rounds ? items[r + 1] : idle;                                                                  \
+      work = next;                                                                                                  \
+      seen = next_seen;                                                                                             \
     }                                                                                                               \
   }
 
