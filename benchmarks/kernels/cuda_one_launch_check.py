@@ -13,7 +13,7 @@ replay, clean cold L2, medians; benchmarks/bench/timing.py), with the phases alo
 publish; ``prop1s2_*``: + the stats exchange and placement). C, the slices per group: the largest that keeps every CTA
 resident (``cuOccupancyMaxActiveBlocksPerMultiprocessor`` with the slice's shared memory), a half and a quarter of it.
 
-    python benchmarks/kernels/cuda_one_launch_check.py OUT.jsonl [COMMIT] [--only CASE ...]
+    python benchmarks/kernels/cuda_one_launch_check.py OUT.jsonl [COMMIT] [--only CASE ...] [--plans PLAN ...] [--ptx]
 
 One JSON line per case, resumable and with one writer at a time, as ``cuda_stream_check.py`` (``run_cases``).
 """
@@ -320,11 +320,14 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", metavar="CASE", choices=[slug(name) for name, *_ in CASES],
                         help="these cases only, spaces written as _ (e.g. llama_B=8_x_32k; default: all)")
     parser.add_argument("--plans", nargs="+", metavar="PLAN", help="these plans only (e.g. C8 C8s; default: all)")
+    parser.add_argument("--ptx", action="store_true",
+                        help="load the kernels as PTX compiled by the driver at load time (no cubin from nvcc's ptxas)")
     args = parser.parse_args()
     cases = [case for case in CASES if args.only is None or slug(case[0]) in args.only]
     if args.plans:  # a record of some plans is not the case's record: its own key, so neither run skips the other
         cases = [(f"{name} [plans {' '.join(sorted(args.plans))}]", *shape) for name, *shape in cases]
-    run_cases(args.out, cases=cases, cubin=Path("/tmp/santa_one_launch.cubin"), commit=args.commit,
+    module = Path("/tmp/santa_one_launch.ptx" if args.ptx else "/tmp/santa_one_launch.cubin")
+    run_cases(args.out, cases=cases, cubin=module, commit=args.commit,
               measure=functools.partial(measure_or_error, plans=set(args.plans) if args.plans else None),
               holder="cuda_one_launch_check.py", describe=describe)
 

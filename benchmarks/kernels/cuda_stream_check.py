@@ -126,13 +126,15 @@ def start_run(cubin: Path, commit: str | None) -> tuple[Kernels, Flusher, dict]:
     record carries (device, torch, commit, ptxas's registers and spills)."""
     log = cubin.with_suffix(".ptxas.log")
     if not (log.exists() and cubin.exists() and min(cubin.stat().st_mtime, log.stat().st_mtime) > SOURCE.stat().st_mtime):
-        build = subprocess.run(["nvcc", "-arch=sm_90a", "-O3", "-lineinfo", "-cubin", "-Xptxas", "-v", "-o", str(cubin), str(SOURCE)],
+        # a .ptx target: PTX that the driver compiles when cuModuleLoad loads it (how a wheel without nvcc would ship it)
+        kind = ["-ptx"] if cubin.suffix == ".ptx" else ["-cubin", "-Xptxas", "-v"]
+        build = subprocess.run(["nvcc", "-arch=sm_90a", "-O3", "-lineinfo", *kind, "-o", str(cubin), str(SOURCE)],
                                capture_output=True, text=True)
         if build.returncode != 0:
             sys.exit(f"nvcc failed:\n{build.stderr}")
         log.write_text(build.stderr)
     flusher = Flusher(torch.device("cuda"))  # torch first: the primary context the module loads into
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit, "module": cubin.suffix[1:],
             "ptxas": [line for line in log.read_text().splitlines() if "Used" in line or "spill" in line]}
     return Kernels(cubin), flusher, meta
 

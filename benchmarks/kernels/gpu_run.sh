@@ -3,7 +3,7 @@
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (`bash benchmarks/device/prepare.sh flashinfer`;
 # `ab` also carries .old43, from `prepare.sh old43`).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchplans] [onelaunchncu] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
+#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -46,6 +46,9 @@ for stage in "$@"; do
       timeout 300 python3 benchmarks/kernels/cuda_stream_check.py "$OUT/stream.jsonl" "${SANTA_COMMIT:-}" 2>&1 | tail -8 ;;
     onelaunch)  # issue 24: prop in one cooperative CUDA launch against santa's prop (bounded: a barrier bug would hang)
       timeout 420 python3 benchmarks/kernels/cuda_one_launch_check.py "$OUT/one_launch.jsonl" "${SANTA_COMMIT:-}" \
+        ${ONE_LAUNCH_ONLY:+--only $ONE_LAUNCH_ONLY} 2>&1 | tail -8 ;;
+    onelaunchptx)  # issue 24: the same check with the kernels loaded as PTX the driver compiles (shipping without nvcc)
+      timeout 420 python3 benchmarks/kernels/cuda_one_launch_check.py "$OUT/one_launch_ptx.jsonl" "${SANTA_COMMIT:-}" --ptx \
         ${ONE_LAUNCH_ONLY:+--only $ONE_LAUNCH_ONLY} 2>&1 | tail -8 ;;
     onelaunchplans)  # issue 24: SmolLM2 B = 64's one-launch plans, one process each (a plan that breaks the CUDA context
                      # takes only itself down)
