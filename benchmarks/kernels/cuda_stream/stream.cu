@@ -14,7 +14,12 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-// What a wait past its limit recorded (see await_tagged): C linkage, so cuModuleGetGlobal finds them by these names
+// A wait that never ends is a bug, not a wait. Instead of trapping (which loses the CUDA context and says nothing),
+// the first waiter past the limit records what it waited on in hang_report, which the host reads with
+// cuModuleGetGlobal after the launch: [0] 1 once written, [1] blockIdx.x, [2] threadIdx.x, [3] the word's address,
+// [4] the tag awaited, [5] the word last seen, [6] %globaltimer; then every waiter gives up (hang_abort), so the
+// launch ends with a wrong output and a report instead of a trap. The host zeroes both before it launches again.
+// C linkage, outside the anonymous namespace, so that cuModuleGetGlobal finds them by these names.
 extern "C" {
 __device__ unsigned long long hang_report[8];
 __device__ unsigned hang_abort;
@@ -352,13 +357,6 @@ __device__ __forceinline__ unsigned long long load_word(const unsigned long long
   asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(word) : "l"(p) : "memory");
   return word;
 }
-// A wait that never ends is a bug, not a wait. Instead of trapping (which loses the CUDA context and says nothing),
-// the first waiter past the limit records what it waited on in hang_report, which the host reads with
-// cuModuleGetGlobal after the launch: [0] 1 once written, [1] blockIdx.x, [2] threadIdx.x, [3] the word's address,
-// [4] the tag awaited, [5] the word last seen, [6] %globaltimer; then every waiter gives up (hang_abort), so the
-// launch ends with a wrong output and a report instead of a trap. The host zeroes both before it launches again.
-// (both defined before the anonymous namespace, with C linkage, so the host finds them by these names)
-
 // The value of *p once it carries `tag` (spins until then), given a first load already in flight
 __device__ __forceinline__ float await_tagged(const unsigned long long* p, unsigned long long word, unsigned tag) {
   for (int spins = 0; (unsigned)(word >> 32) != tag; ++spins) {
@@ -491,7 +489,10 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   mark(1);  // the slice streamed
   // the tag is computed only here: until 50cea93 `tag = __ldcg(epoch + group) + 1` sat before the stream and ptxas
   // placed the add there, so every item waited out one L2/HBM round trip before its first K load (ncu, 8k: 3 % of
-  // the kernel's stall samples on that add, 2026-12-03)
+  // the kernel's stall samples on that add, 2026-12-03). The wait is not wholly gone: ptxas gives these loads and the
+  // K loads one scoreboard, and the next round's table load, which reuses this entry's registers, still waits for
+  // the epoch before the first K load (ncu at 263c589); moving both into shared memory by cp.async measured slower on
+  // the batched shapes (v13, KERNEL_NOTES run 17)
   const unsigned tag = epoch_seen + 1u;
   next_epoch_seen = next_group >= 0 ? load_epoch(epoch + next_group) : 0u;
   if (warp < G) {
