@@ -55,10 +55,15 @@ def slice_shared(*, slices: int, slice_len: int, group_size: int, dim: int) -> i
 def plan_shared(kernels: Kernels, kernel: str, *, slices: int, slice_len: int, group_size: int, dim: int) -> int:
     """:func:`slice_shared`, allowed past 48 KB for the kernel and its phase kernels."""
     shared = slice_shared(slices=slices, slice_len=slice_len, group_size=group_size, dim=dim)
+    allow_plan_shared(kernels, kernel, shared)
+    return shared
+
+
+def allow_plan_shared(kernels: Kernels, kernel: str, shared: int) -> None:
+    """Let the kernel and its phase kernels take ``shared`` bytes, where that is past 48 KB and within the limit."""
     if 48 * 1024 < shared <= SHARED_LIMIT:
         for name in phase_names(kernel):
             kernels.allow_shared(name, shared)
-    return shared
 
 
 def phase_names(kernel: str) -> tuple[str, str, str]:
@@ -161,9 +166,7 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
         row["error"] = f"{shared} bytes of shared memory"
         return row
     try:
-        if shared > 48 * 1024:
-            for name in names:
-                kernels.allow_shared(name, shared)
+        allow_plan_shared(kernels, kernel, shared)
         per_sm = kernels.resident_per_sm(kernel, shared)
     except RuntimeError as exc:  # the context may already be broken by an earlier launch: this plan says so
         row["error"] = str(exc)
@@ -195,15 +198,13 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
     started = time.perf_counter()
     try:
         counts.zero_()
-        kernels.zero_global("hang_report")
-        kernels.zero_global("hang_abort")
+        clear_hang_report(kernels)
         launch(True)
         torch.cuda.synchronize()
         if hang := hang_report(kernels, buffers[kernel], group=group, slots=slots, budget=BUDGET):
             row["error"] = "a tagged-word wait gave up"
             row["hang"] = hang
-            kernels.zero_global("hang_report")
-            kernels.zero_global("hang_abort")
+            clear_hang_report(kernels)
             return row
         first = out.clone()
         launch(False)
@@ -241,6 +242,12 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
         row["error"] = str(exc)    # so, the others still run
         row["failed_after_s"] = time.perf_counter() - started  # at once: a fault (a hung wait reports, see hang_report)
     return row
+
+
+def clear_hang_report(kernels: Kernels) -> None:
+    """Zero the kernel's hang report and its give-up flag (``hang_report``, ``hang_abort`` in stream.cu)."""
+    kernels.zero_global("hang_report")
+    kernels.zero_global("hang_abort")
 
 
 def hang_report(kernels: Kernels, buffers: tuple, *, group: int, slots: int, budget: int) -> dict | None:

@@ -121,10 +121,10 @@ class Kernels:
 
 def start_run(cubin: Path, commit: str | None) -> tuple[Kernels, Flusher, dict]:
     """nvcc the source into ``cubin`` for sm_90a, with line info for ncu's source view (the SASS is the same without
-    it: checked 2026-12-03) (exits on a failed build; skipped where ``cubin`` and its ptxas log
+    it: checked 2026-12-03) (exits on a failed build; skipped where ``cubin`` and its build log
     are newer than the source: several runs in one device call build once) and load it; the L2 flusher; what every
     record carries (device, torch, commit, ptxas's registers and spills)."""
-    log = cubin.with_suffix(".ptxas.log")
+    log = cubin.with_name(cubin.name + ".log")  # one per module: a PTX build must not stand in for a cubin's ptxas report
     if not (log.exists() and cubin.exists() and min(cubin.stat().st_mtime, log.stat().st_mtime) > SOURCE.stat().st_mtime):
         # a .ptx target: PTX that the driver compiles when cuModuleLoad loads it (how a wheel without nvcc would ship it)
         kind = ["-ptx"] if cubin.suffix == ".ptx" else ["-cubin", "-Xptxas", "-v"]
