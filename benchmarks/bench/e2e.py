@@ -13,6 +13,9 @@ Backends: santa.model's own (``sdpa``, ``santa-prop``, ``santa-flash``), and two
 benchmark plugged into santa.model's decode step with ``make_context(..., attention=fn)``:
 ``flashinfer`` (FlashInfer's paged decode over the same cache, planned on the host before every
 step) and ``weights-only`` (no attention at all: its output is q, the rest of the step for Amdahl).
+Also, on request: ``cuda-prop1``, issue 24's prop in one cooperative CUDA launch
+(``benchmarks/kernels/cuda_stream/one_launch.py``: bf16 caches, Hopper, nvcc on the machine), its plan the fastest
+of its candidates on layer 0's cache (timed before the backend's run, recorded in its row).
 """
 
 from __future__ import annotations
@@ -41,8 +44,9 @@ PLUGGED = ("flashinfer", "weights-only")
 BACKENDS = ("sdpa", "flashinfer", "santa-prop", "santa-flash", "weights-only")  # the table's and the plot's order
 PAGE_SIZE = 16  # FlashInfer's page: santa.model's cache length (a multiple of santa.model.CACHE_ALIGN) is a multiple
 DENSE = ("sdpa", "flashinfer")
-EXTRA = ("sdpa-nomask",)  # speed probe only: SDPA over the whole static cache, no mask (reads ≤ 0.5 % more keys)
-SANTA = ("santa-prop", "santa-flash")
+# speed probes: SDPA over the whole static cache, no mask (reads ≤ 0.5 % more keys); the one-launch CUDA prop (issue 24)
+EXTRA = ("sdpa-nomask", "cuda-prop1")
+SANTA = ("santa-prop", "santa-flash", "cuda-prop1")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -58,8 +62,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=cliargs.int_in(1), default=128, help="tokens decoded per backend (default 128)")
     p.add_argument("--warmup", type=cliargs.int_in(0), default=3, help="eager warm-up steps (compile, JIT, cuDNN plans)")
     p.add_argument("--eager-steps", type=cliargs.int_in(1), default=4, help="eager (no graph) steps timed per backend")
-    p.add_argument("--backends", default=list(BACKENDS + EXTRA), type=cliargs.choice_list("backend", BACKENDS + EXTRA),
-                   help=f"comma-separated, from {BACKENDS + EXTRA}")
+    p.add_argument("--backends", default=[*BACKENDS, "sdpa-nomask"], type=cliargs.choice_list("backend", BACKENDS + EXTRA),
+                   help=f"comma-separated, from {BACKENDS + EXTRA} (default: all but cuda-prop1)")
     p.add_argument("--budget-prop", type=cliargs.int_in(1), default=128, help="S for santa-prop (default 128)")
     p.add_argument("--budget-flash", type=cliargs.int_in(1), default=2048, help="S for santa-flash (default 2048)")
     p.add_argument("--santa-impl", default="auto", choices=["auto", "kernels", "torch"])
@@ -78,6 +82,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.device == "cpu":
         args.no_graph = True
+    if "cuda-prop1" in args.backends and (args.device == "cpu" or args.kv_cache_dtype != "auto" or args.dtype != "bfloat16"):
+        p.error("--backends cuda-prop1 runs on a CUDA device (Hopper, with nvcc) over a bfloat16 cache: "
+                "drop it, or use --device cuda --dtype bfloat16 --kv-cache-dtype auto")
     need, total = largest_case_bytes(args), device_memory(args.device)
     if need > total:
         p.error(f"the largest case (batch {max(args.batches)}, {max(args.prompts)} + {args.warmup + args.new_tokens + 1} positions) "
@@ -190,6 +197,19 @@ def plugged_attention(model: Transformer, backend: str) -> tuple[Callable[..., T
         wrapper = FlashInferDecode(model, use_tensor_cores=model.layers[0].attention.kv_cache.fp8)
         return wrapper.attention, wrapper
     return None, None
+
+
+def one_launch_attention(model: Transformer, budget: int, row: dict) -> Callable[..., Tensor]:
+    """The ``cuda-prop1`` attention: issue 24's one-launch prop on the plan that runs fastest on layer 0's cache
+    (every sequence at the cache's length, ``budget`` samples per head), the candidates' µs recorded in ``row``."""
+    from benchmarks.kernels.cuda_stream import one_launch
+
+    cache = model.layers[0].attention.kv_cache
+    batch = cache.k_cache.shape[0]
+    q = torch.randn(batch, model.args.n_head, model.args.head_dim, device=cache.k_cache.device, dtype=cache.k_cache.dtype)
+    prop, timed = one_launch.fastest(one_launch.load(), q=q, k=cache.k_cache, v=cache.v_cache, budget=budget)
+    row.update(impl="cuda one-launch", one_launch_plan=prop.plan.name, one_launch_candidates_us=timed)
+    return prop.attention
 
 
 def sync(device: torch.device) -> None:
@@ -327,10 +347,13 @@ def run_backend(model: Transformer, backend: str, batch: int, prompt: int, args:
     if backend in SANTA:
         row["budget"] = budget
         kernels = args.santa_impl != "torch"  # santa.kernels (Triton on CUDA, else its reference), or santa.kernels.reference
-        row["impl"] = "triton" if kernels and device.type == "cuda" else ("reference" if kernels else "torch")
+        row["impl"] = "triton" if kernels and device.type == "cuda" else ("reference" if kernels else "torch")  # cuda-prop1: below
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    attention, flashinfer = plugged_attention(model, backend)
+    if backend == "cuda-prop1":
+        attention, flashinfer = one_launch_attention(model, budget, row), None
+    else:
+        attention, flashinfer = plugged_attention(model, backend)
     ctx = make_context(model, backend.removesuffix("-nomask"), prompt_len=prompt, budget=budget, seed=args.seed,
                        santa_impl=args.santa_impl, attention=attention)
     if backend == "sdpa-nomask":
@@ -430,13 +453,15 @@ def kv_speedup_from_bytes(backend: str, n: int, budget: int, group: int, head_di
     """Dense K+V bytes over santa's bytes per (sequence, KV head): the s_kv of the Amdahl model.
 
     prop reads K, writes and reads back its fp32 score stash (G values per key), and reads at most
-    min(n, G·S) V rows; flash reads K, at most min(n, G·⌈S/T⌉·T) V rows, and writes and reads one
+    min(n, G·S) V rows (cuda-prop1: the same without the stash); flash reads K, at most min(n, G·⌈S/T⌉·T) V rows, and writes and reads one
     fp32 partial of d values per (head, tile of 128 keys).
     """
     dense = 2 * n * head_dim * elem
     k = n * head_dim * elem
     if backend == "santa-prop":
         extra = 2 * n * group * 4 + min(n, group * budget) * head_dim * elem
+    elif backend == "cuda-prop1":  # no stash: the scores stay in shared memory
+        extra = min(n, group * budget) * head_dim * elem
     else:
         tiles = -(-n // 128)
         extra = min(n, group * -(-budget // tiles) * tiles) * head_dim * elem + 2 * tiles * group * head_dim * 4
@@ -501,7 +526,7 @@ def plot(report: dict, path: Path) -> None:
     summ = [s for s in report["summary"] if "amdahl_limit" in s]
     xs = list(range(len(summ)))
     ax2.plot(xs, [s["amdahl_limit"] for s in summ], "k--", marker="_", label="Amdahl limit (s_kv = 2)")
-    for b, color in zip(SANTA, ("tab:green", "tab:red"), strict=True):
+    for b, color in zip(SANTA, ("tab:green", "tab:red", "tab:purple"), strict=True):
         ax2.plot(xs, [s.get(b, {}).get("speedup", float("nan")) for s in summ], color=color, marker="o", label=f"{b} measured")
         ax2.plot(xs, [s.get(b, {}).get("amdahl_bytes", float("nan")) for s in summ], ":", color=color, marker="x", label=f"{b} Amdahl (bytes)")
     ax2.axhline(1.0, color="grey", lw=0.5)

@@ -21,9 +21,7 @@ One JSON line per case, resumable and with one writer at a time, as ``cuda_strea
 from __future__ import annotations
 
 import argparse
-import ctypes
 import functools
-import math
 import sys
 import time
 import traceback
@@ -32,9 +30,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, ".")
+from benchmarks.bench.kernels import sdpa_fn  # noqa: E402
 from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
-from benchmarks.kernels.cuda_stream.schedule import SCHEDULES, build_schedule, schedule_table  # noqa: E402
-from benchmarks.kernels.cuda_stream_check import Kernels, kept_bytes, random_inputs, run_cases  # noqa: E402
+from benchmarks.kernels.cuda_stream.one_launch import OneLaunchProp, phase_names, plan_candidates  # noqa: E402
+from benchmarks.kernels.cuda_stream_check import Kernels, random_inputs, run_cases  # noqa: E402
 
 BUDGET, SEED, OFFSET = 128, 3, 5
 # (name, batch, keys, q heads, kv heads, head dim)
@@ -42,75 +41,12 @@ CASES = [("llama 8k", 1, 8192, 32, 8, 128), ("llama 32k", 1, 32768, 32, 8, 128),
          ("llama B=4 x 32k", 4, 32768, 32, 8, 128), ("qwen 32k", 1, 32768, 14, 2, 64), ("smollm2 8k", 1, 8192, 9, 3, 64),
          ("llama B=8 x 32k", 8, 32768, 32, 8, 128), ("llama B=32 x 32k", 32, 32768, 32, 8, 128),
          ("qwen B=16 x 32k", 16, 32768, 14, 2, 64), ("smollm2 B=64 x 8k", 64, 8192, 9, 3, 64)]
-SHARED_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90
-
-
-def slice_shared(*, slices: int, slice_len: int, group_size: int, dim: int) -> int:
-    """Dynamic shared memory of one CTA working on a slice of a group cut in ``slices``: the kept scores and subtiles
-    plus the group's stats, or the gather's rows [vectors][S][8] float32 where those take more."""
-    vectors_per_cta = -(-group_size * dim // 8 // slices)
-    return max(kept_bytes(group_size, slice_len) + 4 * group_size * slices * 2, 4 * 8 * BUDGET * vectors_per_cta)
-
-
-def plan_shared(kernels: Kernels, kernel: str, *, slices: int, slice_len: int, group_size: int, dim: int) -> int:
-    """:func:`slice_shared`, allowed past 48 KB for the kernel and its phase kernels."""
-    shared = slice_shared(slices=slices, slice_len=slice_len, group_size=group_size, dim=dim)
-    allow_plan_shared(kernels, kernel, shared)
-    return shared
-
-
-def allow_plan_shared(kernels: Kernels, kernel: str, shared: int) -> None:
-    """Let the kernel and its phase kernels take ``shared`` bytes, where that is past 48 KB and within the limit."""
-    if 48 * 1024 < shared <= SHARED_LIMIT:
-        for name in phase_names(kernel):
-            kernels.allow_shared(name, shared)
-
-
-def phase_names(kernel: str) -> tuple[str, str, str]:
-    """The kernel and its two phase kernels: prop1_d128_g4 → (…, prop1s1_d128_g4, prop1s2_d128_g4)."""
-    prefix, shape = kernel.split("_", 1)
-    return kernel, f"{prefix}s1_{shape}", f"{prefix}s2_{shape}"
-
-
-def slice_plans(kernels: Kernels, kernel: str, *, groups: int, n: int, group_size: int, dim: int) -> list[tuple[int, int, int, int]]:
-    """(C, slice_len, shared bytes, grid) to time. Where every group fits one wave: the most slices per group that
-    keep all CTAs resident, a half and a quarter as many. Past one wave (rounds): C = 16, 8, 4, 2, 1 (the first four) where the slice
-    fits shared memory, the grid every CTA that stays resident (the schedule, ``cuda_stream/schedule.py``, keeps a
-    group's slices in one round)."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    plans = []
-    for slices in range(max(1, 2 * sms // groups), 0, -1):
-        slice_len = -(-n // slices)
-        shared = plan_shared(kernels, kernel, slices=slices, slice_len=slice_len, group_size=group_size, dim=dim)
-        if shared > SHARED_LIMIT:
-            break
-        if groups * slices <= kernels.resident_per_sm(kernel, shared) * sms:
-            if not plans or slices <= plans[-1][0] // 2:
-                plans.append((slices, slice_len, shared, groups * slices))
-            if len(plans) == 3:
-                return plans
-    if len(plans) > 1:
-        return plans
-    for slices in (16, 8, 4, 2, 1):  # rounds (also where one wave allows only one slice count)
-        if plans and slices == plans[0][0]:
-            continue
-        slice_len = -(-n // slices)
-        shared = plan_shared(kernels, kernel, slices=slices, slice_len=slice_len, group_size=group_size, dim=dim)
-        resident = kernels.resident_per_sm(kernel, shared) * sms if shared <= SHARED_LIMIT else 0
-        if resident >= slices:
-            plans.append((slices, slice_len, shared, resident))
-    if not plans:
-        raise ValueError(f"{kernel}: no slice count fits {n} keys per group in shared memory")
-    return plans[:4]
-
-
 def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, heads: int, kv_heads: int, dim: int,
                  plans: set[str] | None = None) -> dict:
     from santa.kernels import plan_decode
     from santa.kernels.reference import philox_uniforms
 
     q, k, v = random_inputs(batch=batch, n=n, heads=heads, kv_heads=kv_heads, dim=dim)
-    group = heads // kv_heads
     uniforms = philox_uniforms(SEED, OFFSET, torch.arange(batch * heads).reshape(batch, heads)).float().cuda()
 
     plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n, budget=BUDGET,
@@ -120,80 +56,75 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
     case = {"batch": batch, "keys": n, "heads": heads, "kv_heads": kv_heads, "head_dim": dim, "plans": {}}
     scratch = torch.empty_like(santa_out)  # timed into its own buffer: santa_out stays the (SEED, OFFSET) draw
     case["santa_prop_us"] = time_fn(lambda: plan.run(q, k, v, out=scratch), flusher.read, graph=True)["median_us"]
-    scale = math.log2(math.e) / math.sqrt(dim)
-    out = torch.empty_like(q)
-    counts = torch.zeros(batch, heads, n, dtype=torch.int32, device="cuda")
+    try:  # the dense backend to beat on these shapes (benchmarks/RESULTS.md): cuDNN through SDPA, same inputs, same call
+        case["cudnn_us"] = time_fn(sdpa_fn(q, k, v, "cudnn"), flusher.read, graph=True)["median_us"]
+    except RuntimeError as exc:
+        case["cudnn_error"] = str(exc).splitlines()[0][:200]
+    shape = dict(batch=batch, heads=heads, kv_heads=kv_heads, dim=dim, n=n, budget=BUDGET)
     best = None
-    groups = batch * kv_heads
-    kernel = f"prop1_d{dim}_g{group}"
-    for slices, _, _, grid in slice_plans(kernels, kernel, groups=groups, n=n, group_size=group, dim=dim):
-        for kind in SCHEDULES:
-            name = f"C{slices}" + ("s" if kind == "staggered" else "")
-            if plans is not None and name not in plans:
-                continue
-            rounds = build_schedule(groups=groups, n=n, slices=slices, grid=grid, kind="rounds")
-            if kind == "staggered":
-                if len(rounds) == 1 or grid // 2 < 2 * slices:
-                    continue  # one wave: nothing to stagger
-                rounds = build_schedule(groups=groups, n=n, slices=slices, grid=grid, kind=kind)
-            row = run_schedule(kernels, flusher, kernel, rounds, staggered=kind == "staggered",
-                               inputs=(q, k, v, uniforms, out, counts), santa=(santa_counts, santa_out), group=group,
-                               dim=dim, scale=scale)
-            case["plans"][name] = row
-            if "us" in row and (best is None or row["us"] < best[0]):
-                best = (row["us"], name)
+    for one in plan_candidates(kernels, **shape):
+        if plans is not None and one.name not in plans:
+            continue
+        row = run_plan(kernels, flusher, one, shape=shape, inputs=(q, k, v, uniforms), santa=(santa_counts, santa_out))
+        case["plans"][one.name] = row
+        if "us" in row and (best is None or row["us"] < best[0]):
+            best = (row["us"], one)
     if best is not None:
-        case["one_launch_us"], case["best_plan"] = best
+        case["one_launch_us"], case["best_plan"] = best[0], best[1].name
+        case["positional"] = check_positional(kernels, best[1], shape=shape, inputs=(q, k, v), santa_plan=plan)
     return case
 
 
-def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, *, staggered: bool, inputs: tuple,
-                 santa: tuple, group: int, dim: int, scale: float) -> dict:
-    """One plan: the kernel on the schedule ``rounds`` (``cuda_stream/schedule.py``), checked against santa's counts and
-    output and its own counts, timed with its phases, and its phase marks; a refused launch is the row's error."""
-    q, k, v, uniforms, out, counts = inputs
+def check_positional(kernels: Kernels, plan, *, shape: dict, inputs: tuple, santa_plan) -> dict:
+    """The plan as santa.model's decode step runs it (``santa bench e2e --backends cuda-prop1``): santa's positional
+    draw made in the kernel (a Philox key per sequence, the sequence's position) and per-sequence lengths read on the
+    device (ragged: n − 37·b − 1 keys for sequence b, at least n / 2), against santa's prop on the same arguments."""
+    q, k, v = inputs
+    batch, heads, n = shape["batch"], shape["heads"], shape["n"]
+    gen = torch.Generator().manual_seed(11)
+    seeds = torch.randint(0, 2**62, (batch,), generator=gen).cuda()
+    positions = torch.randint(0, 2**40, (batch,), generator=gen).cuda()
+    seq_lens = torch.tensor([max(n // 2, n - 37 * b - 1) for b in range(batch)], dtype=torch.int32, device="cuda")
+    santa_counts = torch.zeros(batch, heads, n, dtype=torch.int32, device="cuda")
+    santa_plan.run(q, k, v, seq_lens=seq_lens, seed=seeds, positions=positions, counts=santa_counts)
+    prop = OneLaunchProp(kernels, plan, **shape)
+    counts = torch.zeros_like(santa_counts)
+    out = prop.run(q, k, v, out=torch.empty_like(q), seq_lens=seq_lens, seeds=seeds, positions=positions, counts=counts)
+    torch.cuda.synchronize()
+    beyond = torch.arange(n, device="cuda") >= seq_lens[:, None, None]
+    group = heads // shape["kv_heads"]
+    own = torch.einsum("bkgn,bnkd->bkgd", counts.view(batch, -1, group, n).float(), v.float()) / BUDGET
+    return {"plan": plan.name, "every_head_draws_S": bool((counts.sum(-1) == BUDGET).all()),
+            "no_sample_past_len": bool((counts * beyond).sum() == 0),
+            "rows_equal_to_santa": float((counts == santa_counts).all(-1).float().mean()),
+            "samples_moved": int((counts - santa_counts).abs().sum()) // 2,
+            "max_abs_diff_to_own_counts": float((out.float() - own.reshape(out.shape)).abs().max())}
+
+
+def run_plan(kernels: Kernels, flusher: Flusher, plan, *, shape: dict, inputs: tuple, santa: tuple) -> dict:
+    """One plan (``one_launch.Plan``): checked against santa's counts and output and its own counts, timed with its
+    phases, and its phase marks; a refused launch is the row's error."""
+    q, k, v, uniforms = inputs
     santa_counts, santa_out = santa
-    batch, heads, n = counts.shape
-    kv_heads = heads // group
-    works = [w for row in rounds for w in row if w is not None]
-    slots = max(w.slices for w in works)
-    shared = max(slice_shared(slices=w.slices, slice_len=w.slice_len, group_size=group, dim=dim) for w in works)
-    grid = len(rounds[0])
-    row = {"slices": min(w.slices for w in works), "slice_len": max(w.slice_len for w in works), "shared_bytes": shared,
-           "grid": grid, "rounds": len(rounds), "slice_counts": sorted({w.slices for w in works})}
-    names = phase_names(kernel)
-    if shared > SHARED_LIMIT:
-        row["error"] = f"{shared} bytes of shared memory"
-        return row
-    try:
-        allow_plan_shared(kernels, kernel, shared)
-        per_sm = kernels.resident_per_sm(kernel, shared)
-    except RuntimeError as exc:  # the context may already be broken by an earlier launch: this plan says so
+    batch, heads, dim, n, budget = shape["batch"], shape["heads"], shape["dim"], shape["n"], shape["budget"]
+    kv_heads = shape["kv_heads"]
+    group = heads // kv_heads
+    works, grid = plan.works, plan.grid
+    row = {"slices": min(w.slices for w in works), "slice_len": max(w.slice_len for w in works),
+           "shared_bytes": plan.shared(group_size=group, dim=dim, budget=budget), "grid": grid, "rounds": len(plan.rounds),
+           "slice_counts": sorted({w.slices for w in works})}
+    try:  # per kernel (the full one and its phases): its own buffers
+        props = {name: OneLaunchProp(kernels, plan, **shape, kernel=name) for name in phase_names(plan.kernel)}
+    except (RuntimeError, ValueError) as exc:  # too much shared memory, too few CTAs resident, or a broken context
         row["error"] = str(exc)
         return row
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    if per_sm * sms < grid:
-        row["error"] = f"{shared} bytes of shared memory: {per_sm * sms} CTAs resident, the schedule needs {grid}"
-        return row
-    # staggered: each SM must hold one CTA of each half, which the kernel arranges by counting arrivals per SM
-    paired = staggered and per_sm == 2 and grid == 2 * sms
-    row["sm_paired"] = paired
-    table = torch.tensor(schedule_table(rounds), dtype=torch.int32, device="cuda")
-    # per kernel (the full one and its phases): tagged stats and sampled keys, the groups' epochs
-    buffers = {name: (torch.zeros(batch * kv_heads, group, slots, 2, dtype=torch.int64, device="cuda"),
-                      torch.zeros(batch, heads, BUDGET, dtype=torch.int64, device="cuda"),
-                      torch.zeros(batch * kv_heads, dtype=torch.int32, device="cuda")) for name in names}
-    arrivals = {name: torch.zeros(1026, dtype=torch.int32, device="cuda") for name in names}  # per SM, then per half
+    prop = props[plan.kernel]
+    row["sm_paired"] = prop.paired
+    out = torch.empty_like(q)
+    counts = torch.zeros(batch, heads, n, dtype=torch.int32, device="cuda")
 
-    def launch(with_counts: bool, name: str = kernel, marks: torch.Tensor | None = None) -> None:
-        values = [ctypes.c_void_p(t.data_ptr()) for t in (q, k, v, uniforms, out)]
-        values.append(ctypes.c_void_p(counts.data_ptr() if with_counts else 0))
-        values += [ctypes.c_void_p(t.data_ptr()) for t in buffers[name]]
-        values.append(ctypes.c_void_p(marks.data_ptr() if marks is not None else 0))
-        values += [ctypes.c_void_p(table.data_ptr()), ctypes.c_void_p(arrivals[name].data_ptr() if paired else 0),
-                   ctypes.c_int(len(rounds)), ctypes.c_int(slots), ctypes.c_int(n), ctypes.c_int(kv_heads),
-                   ctypes.c_float(scale), ctypes.c_int(BUDGET)]
-        kernels.launch_values(name, (grid, 1, 1), values, shared_bytes=shared, cooperative=True)
+    def launch(with_counts: bool, name: str = plan.kernel, marks: torch.Tensor | None = None) -> None:
+        props[name].run(q, k, v, out=out, uniforms=uniforms, counts=counts if with_counts else None, marks=marks)
 
     started = time.perf_counter()
     try:
@@ -201,7 +132,7 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
         clear_hang_report(kernels)
         launch(True)
         torch.cuda.synchronize()
-        if hang := hang_report(kernels, buffers[kernel], group=group, slots=slots, budget=BUDGET):
+        if hang := hang_report(kernels, (prop.stats, prop.sampled), group=group, slots=plan.slots, budget=budget):
             row["error"] = "a tagged-word wait gave up"
             row["hang"] = hang
             clear_hang_report(kernels)
@@ -210,13 +141,13 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
         launch(False)
         torch.cuda.synchronize()
         row["repeat_bitwise_equal"] = bool(torch.equal(first, out))
-        row["epochs_count_launches"] = bool((buffers[kernel][2] == 2).all())
-        row["every_head_draws_S"] = bool((counts.sum(-1) == BUDGET).all())
+        row["epochs_count_launches"] = bool((prop.epoch == 2).all())
+        row["every_head_draws_S"] = bool((counts.sum(-1) == budget).all())
         row["rows_equal_to_santa"] = float((counts == santa_counts).all(-1).float().mean())
         row["samples_moved"] = int((counts - santa_counts).abs().sum()) // 2
         row["max_abs_out_diff"] = float((first.float() - santa_out.float()).abs().max())
         # the output against its own draw: Σ_j counts_j · v_j / S in float32 (the gather and its sum, exactly checked)
-        own = torch.einsum("bkgn,bnkd->bkgd", counts.view(batch, kv_heads, group, n).float(), v.float()) / BUDGET
+        own = torch.einsum("bkgn,bnkd->bkgd", counts.view(batch, kv_heads, group, n).float(), v.float()) / budget
         row["max_abs_diff_to_own_counts"] = float((first.float() - own.reshape(batch, heads, dim)).abs().max())
         try:
             row["us"] = time_fn(lambda: launch(False), flusher.read, graph=True)["median_us"]
@@ -224,12 +155,12 @@ def run_schedule(kernels: Kernels, flusher: Flusher, kernel: str, rounds: list, 
             row["graph_error"] = str(exc)
             row["eager_us"] = time_fn(lambda: launch(False), flusher.read)["median_us"]
             return row
-        for stage, name in zip(("prop1s1", "prop1s2"), names[1:], strict=True):  # stream + publish; + the stats exchange and placement
+        for stage, name in zip(("prop1s1", "prop1s2"), phase_names(plan.kernel)[1:], strict=True):  # stream + publish; + the stats exchange and placement
             try:
                 row[f"{stage}_us"] = time_fn(lambda name=name: launch(False, name), flusher.read, graph=True)["median_us"]
             except RuntimeError as exc:
                 row[f"{stage}_error"] = str(exc)
-        marks = torch.zeros(len(rounds) * grid, 9, 2, dtype=torch.int64, device="cuda")
+        marks = torch.zeros(len(plan.rounds) * grid, 9, 2, dtype=torch.int64, device="cuda")
         for _ in range(3):  # warm, then the last of three eager launches, each after a clean L2 as in the timing
             flusher.read()
             launch(False, marks=marks)
@@ -256,7 +187,7 @@ def hang_report(kernels: Kernels, buffers: tuple, *, group: int, slots: int, bud
     words = kernels.read_global("hang_report", 8)
     if words[0] == 0:
         return None
-    stats, sampled, _ = buffers
+    stats, sampled = buffers
     address, tag, seen = words[3], words[4], words[5]
     report = {"cta": words[1], "thread": words[2], "tag_awaited": tag, "tag_seen": seen >> 32}
     for name, tensor in (("slice_stats", stats), ("sampled", sampled)):
@@ -343,7 +274,12 @@ def describe(name: str, case: dict) -> str:
     """One line per case: santa's prop, then per plan the time, its phases and the check."""
     if "error" in case:
         return f"{name}: {case['error']}"
-    parts = [f"{name}: santa prop {case['santa_prop_us']:.1f} µs"]
+    parts = [f"{name}: santa prop {case['santa_prop_us']:.1f} µs, cuDNN {case.get('cudnn_us', float('nan')):.1f}"]
+    if "positional" in case:
+        pos = case["positional"]
+        parts.append(f"positional draw, ragged lengths ({pos['plan']}): equal {pos['rows_equal_to_santa']:.2f} moved "
+                     f"{pos['samples_moved']} S {pos['every_head_draws_S']} in-length {pos['no_sample_past_len']} "
+                     f"out-own {pos['max_abs_diff_to_own_counts']:.4f}")
     for key, row in case["plans"].items():
         if "error" in row:
             parts.append(f"{key}: {row['error']}")

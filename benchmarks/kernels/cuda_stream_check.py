@@ -119,23 +119,32 @@ class Kernels:
         return blocks.value
 
 
-def start_run(cubin: Path, commit: str | None) -> tuple[Kernels, Flusher, dict]:
-    """nvcc the source into ``cubin`` for sm_90a, with line info for ncu's source view (the SASS is the same without
-    it: checked 2026-12-03) (exits on a failed build; skipped where ``cubin`` and its build log
-    are newer than the source: several runs in one device call build once) and load it; the L2 flusher; what every
-    record carries (device, torch, commit, ptxas's registers and spills)."""
-    log = cubin.with_name(cubin.name + ".log")  # one per module: a PTX build must not stand in for a cubin's ptxas report
-    if not (log.exists() and cubin.exists() and min(cubin.stat().st_mtime, log.stat().st_mtime) > SOURCE.stat().st_mtime):
-        # a .ptx target: PTX that the driver compiles when cuModuleLoad loads it (how a wheel without nvcc would ship it)
-        kind = ["-ptx"] if cubin.suffix == ".ptx" else ["-cubin", "-Xptxas", "-v"]
-        build = subprocess.run(["nvcc", "-arch=sm_90a", "-O3", "-lineinfo", *kind, "-o", str(cubin), str(SOURCE)],
+def build_module(module: Path) -> str:
+    """nvcc the source into ``module`` for sm_90a (a ``.cubin``, or a ``.ptx`` that the driver compiles when it loads it:
+    how a wheel without nvcc would ship it), with line info for ncu's source view (the SASS is the same without it:
+    checked 2026-12-03); skipped where ``module`` and its build log are newer than the source (several runs in one
+    device call build once). Returns the build log (ptxas's report); raises RuntimeError on a failed build."""
+    log = module.with_name(module.name + ".log")  # one per module: a PTX build must not stand in for a cubin's ptxas report
+    if not (log.exists() and module.exists() and min(module.stat().st_mtime, log.stat().st_mtime) > SOURCE.stat().st_mtime):
+        kind = ["-ptx"] if module.suffix == ".ptx" else ["-cubin", "-Xptxas", "-v"]
+        build = subprocess.run(["nvcc", "-arch=sm_90a", "-O3", "-lineinfo", *kind, "-o", str(module), str(SOURCE)],
                                capture_output=True, text=True)
         if build.returncode != 0:
-            sys.exit(f"nvcc failed:\n{build.stderr}")
+            raise RuntimeError(f"nvcc failed:\n{build.stderr}")
         log.write_text(build.stderr)
+    return log.read_text()
+
+
+def start_run(cubin: Path, commit: str | None) -> tuple[Kernels, Flusher, dict]:
+    """:func:`build_module` (exits on a failed build) and load it; the L2 flusher; what every record carries (device,
+    torch, commit, ptxas's registers and spills)."""
+    try:
+        log = build_module(cubin)
+    except RuntimeError as exc:
+        sys.exit(str(exc))
     flusher = Flusher(torch.device("cuda"))  # torch first: the primary context the module loads into
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit, "module": cubin.suffix[1:],
-            "ptxas": [line for line in log.read_text().splitlines() if "Used" in line or "spill" in line]}
+            "ptxas": [line for line in log.splitlines() if "Used" in line or "spill" in line]}
     return Kernels(cubin), flusher, meta
 
 

@@ -3,7 +3,7 @@
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (`bash benchmarks/device/prepare.sh flashinfer`;
 # `ab` also carries .old43, from `prepare.sh old43`).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
+#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [e2eone] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -118,6 +118,19 @@ for stage in "$@"; do
       PYTHONPATH=/tmp/pkgs:$PYTHONPATH SANTA_CACHE=/tmp/santa HF_HUB_OFFLINE=1 python3 -m benchmarks.bench.real \
         --lengths 4096,8192 --batches 1,16 --budget 128 --out /tmp/real > "$OUT/real.log" 2>&1
       cp /tmp/real/real.json "$OUT/real.json" ;;
+    e2eone)  # issue 24: santa bench e2e with the one-launch CUDA prop (cuda-prop1) beside cuDNN (sdpa), santa's prop and
+             # weights-only, each model in its own bounded process; E2E_ONE_MODELS picks (default: llama qwen smollm2)
+      B=sdpa,santa-prop,cuda-prop1,weights-only
+      for model in ${E2E_ONE_MODELS:-llama qwen smollm2}; do
+        case $model in
+          llama) args="--batches 1,6,16 --prompts 30000" ;;
+          qwen) args="--config qwen2.5-0.5b --batches 1,16 --prompts 32000" ;;
+          smollm2) args="--config smollm2-135m --batches 1,16,64 --prompts 8000 --budget-prop 64" ;;
+        esac
+        timeout 240 python3 -m benchmarks.bench.e2e $args --new-tokens 64 --backends $B --no-prefill --out /tmp/e2e1_$model \
+          > "$OUT/e2e1_$model.log" 2>&1
+        cp /tmp/e2e1_$model/e2e.json "$OUT/e2e1_$model.json" 2>/dev/null; tail -12 "$OUT/e2e1_$model.log"
+      done ;;
     e2e)  # whole decode step in one CUDA graph, random weights: Llama-3.1-8B at 30k, SmolLM2 at 8k, Qwen2.5-0.5B at 32k
       python3 -m benchmarks.bench.e2e --batches 6,16 --prompts 30000 --new-tokens 64 --backends sdpa,santa-prop,weights-only \
         --no-prefill --out /tmp/e2e_llama > "$OUT/e2e.log" 2>&1

@@ -109,3 +109,17 @@ def test_the_plugged_flashinfer_reads_santa_models_cache_as_pages_planned_per_st
     assert flashinfer.wrapper.plans == [prompt + 1 + i for i in range(steps)]
     dense = generate(tiny_transformer, tokens, steps + 1, backend="sdpa")
     assert [list(row) for row in zip(*drawn, strict=True)] == [row[1:].tolist() for row in dense]
+
+
+@pytest.mark.parametrize("flags", [["--device", "cpu"], ["--kv-cache-dtype", "fp8"], ["--dtype", "float16"]])
+def test_e2e_refuses_the_one_launch_prop_where_it_cannot_run_naming_it(flags, capsys):
+    """cuda-prop1 (issue 24's CUDA kernel, benchmarks/kernels/cuda_stream/one_launch.py) reads bf16 caches on a CUDA
+    device: anything else is refused before any work, naming the backend and what it needs."""
+    with pytest.raises(SystemExit) as exit_info:
+        e2e.parse_args(["--backends", "sdpa,cuda-prop1", "--device", "cpu", *flags])
+    assert exit_info.value.code == 2
+    assert "cuda-prop1 runs on a CUDA device" in capsys.readouterr().err
+
+
+def test_e2e_runs_the_one_launch_prop_only_when_asked():
+    assert "cuda-prop1" not in e2e.parse_args(["--device", "cpu", "--config", "tiny", "--batches", "1", "--prompts", "8"]).backends

@@ -403,10 +403,46 @@ __device__ __forceinline__ int4 load_work(const int4* p) {
   asm volatile("ld.global.nc.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w) : "l"(p));
   return w;
 }
+// The keys a group's sequence holds: seq_lens[b] clamped to [0, n] (n, the cache's keys per sequence, where seq_lens is
+// nullptr). Read-only for the launch (a decode step's lengths change between launches, never during one).
+__device__ __forceinline__ int load_len(const int* seq_lens, int group, int hkv, int n) {
+  if (seq_lens == nullptr) return n;
+  int x;
+  asm volatile("ld.global.nc.s32 %0, [%1];" : "=r"(x) : "l"(seq_lens + group / hkv));
+  return min(max(x, 0), n);
+}
+
+// santa's uniform for counter (c0, c1, c2, c3) under a 64-bit key: Philox4x32-10 as Triton's tl.philox (key halves
+// lo, hi; the same round and key constants), its first word mapped to [0, 1) as tl.uint_to_uniform_float does
+// (santa.kernels._common.philox_uniform; santa.kernels.reference.philox_uniforms reproduces it in torch)
+__device__ __forceinline__ float philox_uniform(unsigned long long key, unsigned c0, unsigned c1, unsigned c2, unsigned c3) {
+  unsigned k0 = (unsigned)key, k1 = (unsigned)(key >> 32);
+#pragma unroll
+  for (int r = 0; r < 10; ++r) {
+    const unsigned a = c0, b = c2;
+    c0 = __umulhi(0xCD9E8D57u, b) ^ c1 ^ k0;
+    c2 = __umulhi(0xD2511F53u, a) ^ c3 ^ k1;
+    c1 = 0xCD9E8D57u * b;
+    c3 = 0xD2511F53u * a;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  const int x = (int)c0;
+  return (float)(x < 0 ? -x - 1 : x) * 4.6566127342e-10f;
+}
+// The comb offset U of query head `head` of sequence b: uniforms[b · H + head] where given, else santa's positional
+// draw (santa.kernels._common.call_uniforms with a key per sequence): key seeds[b], counter (positions[b], head, 0)
+__device__ __forceinline__ float comb_offset(const float* uniforms, const long long* seeds, const long long* positions,
+                                             int b, int heads, int head) {
+  if (uniforms != nullptr) return __ldg(uniforms + (size_t)b * heads + head);
+  const unsigned long long pos = (unsigned long long)__ldg(positions + b);
+  return philox_uniform((unsigned long long)__ldg(seeds + b), (unsigned)pos, (unsigned)(pos >> 32), (unsigned)head, 0u);
+}
 
 // prop in one launch (issue 24), fifth version. Exact global systematic sampling as santa's two-launch prop, for
-// contiguous NHD bf16 K and V whose sequences all hold n keys, with the uniforms given ([B, Hkv·G] float32,
-// santa.kernels.reference.philox_uniforms): one persistent grid (C, Hkv, B), every CTA resident (a cooperative
+// contiguous NHD bf16 K and V of n keys per sequence, of which sequence b holds seq_lens[b] (read on the device; all n
+// where seq_lens is nullptr), with the uniforms given ([B, Hkv·G] float32, santa.kernels.reference.philox_uniforms) or
+// drawn here as santa's positional draw (comb_offset): one persistent grid (C, Hkv, B), every CTA resident (a cooperative
 // launch), a CTA per slice of a group's keys. The CTAs of a group exchange data twice, through words tagged with the
 // launch (tag = epoch[group] + 1, read at the start; CTA 0 stores it back once every CTA has published): no atomics.
 //   stream:  mma_stream with KEEP: scores and 8-key subtiles' (m_i, ℓ_i) in shared memory, the lanes' (m, l) over
@@ -428,17 +464,22 @@ __device__ __forceinline__ int4 load_work(const int4* p) {
 // STAGE 1 stops after publishing, STAGE 2 after the keys (timing the phases; their outputs are not checked); marks,
 // where given, get each CTA's clocks at the phase boundaries (0 start, 1 streamed, 2 published, 3 stats read,
 // 4 first points placed, 5 keys written, 6 V rows gathered, 7 done).
-// Groups beyond one wave run in rounds (SANTA_PROP_ONE_LAUNCH below). Not handled yet (the Triton kernel does all of
-// them): per-sequence lengths, paged caches, NaN rows, S > n checks, fp8, other dtypes.
+// Groups beyond one wave run in rounds (SANTA_PROP_ONE_LAUNCH below). A slice's keys follow the sequence's length:
+// slice c of C covers [c·⌈len/C⌉, (c+1)·⌈len/C⌉) ∩ [0, len); the schedule's slice_len = ⌈n/C⌉ bounds it (shared memory).
+// Not handled yet (the Triton kernel does all of them): paged caches, NaN rows and out-of-range lengths (clamped here),
+// S > n checks, fp8, other dtypes.
 template <int D, int G, int U, int STAGE>
 __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                                            const __nv_bfloat16* __restrict__ v, const float* __restrict__ uniforms,
+                                           const long long* __restrict__ seeds, const long long* __restrict__ positions,
+                                           const int* __restrict__ seq_lens,
                                            __nv_bfloat16* __restrict__ out, int* __restrict__ counts,
                                            unsigned long long* __restrict__ slice_stats,
                                            unsigned long long* __restrict__ sampled, unsigned* __restrict__ epoch,
                                            long long* __restrict__ marks, int n, int hkv, int group, int c,
                                            int slices, int slice_len, int stats_slots, int slot, float scale_log2,
-                                           int budget, unsigned epoch_seen, int next_group, unsigned& next_epoch_seen) {
+                                           int budget, unsigned epoch_seen, int len, int next_group,
+                                           unsigned& next_epoch_seen, int& next_len) {
   // epoch_seen: epoch[group] as loaded by the caller (load_epoch), consumed only after the stream; next_group: the
   // group of this CTA's next work item (−1: none), whose epoch this item loads once it has streamed, so that the
   // load's latency hides behind this item's sampling phases (it is safe this early: a group's epoch changes only once
@@ -466,14 +507,16 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   constexpr int VECS = G * D / 8;  // the group's 8-element output vectors
   const int h = group % hkv, b = group / hkv;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int start = c * slice_len, stop = min(n, start + slice_len), keys = max(stop - start, 0);
+  // this slice of the sequence's len keys: ⌈len / C⌉ keys each (the schedule's slice_len = ⌈n / C⌉ sizes shared memory)
+  const int per_slice = (len + slices - 1) / slices;
+  const int start = min(c * per_slice, len), stop = min(len, start + per_slice), keys = stop - start;
   const int stride = kept_stride(slice_len), n_sub = (slice_len + 7) / 8, live_subs = (keys + 7) / 8;
   float* kept = smem;
   float* cum = kept + G * stride;  // the subtiles' masses W_i, then their prefix Cum_i
   float* group_stats = smem + kept_floats(G, slice_len);
   const size_t head0 = (size_t)b * hkv * G + (size_t)h * G;  // the group's first query-head row
   unsigned long long* group_words = slice_stats + (size_t)group * G * stats_slots * 2;  // [G][slices][2] of the group
-  const float uni = warp < G ? __ldg(uniforms + head0 + warp) : 0.f;  // loaded now, used after the stream
+  const float uni = warp < G ? comb_offset(uniforms, seeds, positions, b, hkv * G, h * G + warp) : 0.f;  // used after the stream
 
   // ---- stream; the slice's (m_c, w_c) per head, published at once
   float m, l;
@@ -495,6 +538,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   // the batched shapes (v13, KERNEL_NOTES run 17)
   const unsigned tag = epoch_seen + 1u;
   next_epoch_seen = next_group >= 0 ? load_epoch(epoch + next_group) : 0u;
+  next_len = next_group >= 0 ? load_len(seq_lens, next_group, hkv, n) : 0;
   if (warp < G) {
     const int g = warp;
     float mc = lane < kWarps ? warp_m[lane][g] : -INFINITY, wc = lane < kWarps ? warp_l[lane][g] : 0.f;
@@ -752,6 +796,7 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
 #define SANTA_PROP_ONE_LAUNCH(NAME, D, G, U, STAGE)                                                                \
   extern "C" __global__ void __launch_bounds__(kThreads, 2)                                                        \
       NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* uniforms,             \
+           const long long* seeds, const long long* positions, const int* seq_lens,                                   \
            __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* sampled,              \
            unsigned* epoch, long long* marks, const int4* schedule, unsigned* arrivals, int rounds, int stats_slots,   \
            int n, int hkv, float scale, int budget) {                                                               \
@@ -759,20 +804,24 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
     const int4 idle = make_int4(-1, 0, 0, 0);                                                                       \
     int4 work = rounds > 0 ? load_work(schedule + cta) : idle;                                                      \
     unsigned seen = work.x >= 0 ? load_epoch(epoch + work.x) : 0u;                                                  \
+    int len = work.x >= 0 ? load_len(seq_lens, work.x, hkv, n) : 0;                                                 \
     for (int r = 0; r < rounds; ++r) {                                                                              \
       const int slot = r * gridDim.x + cta;                                                                         \
       const int4 next = r + 1 < rounds ? load_work(schedule + slot + gridDim.x) : idle; /* used after this item */  \
       unsigned next_seen = 0u;                                                                                      \
+      int next_len = 0;                                                                                             \
       if (work.x >= 0) {                                                                                            \
-        prop_slice<D, G, U, STAGE>(q, k, v, uniforms, out, counts, slice_stats, sampled, epoch, marks, n, hkv,      \
-                                   work.x, work.y, work.z, work.w, stats_slots, slot, scale, budget, seen, next.x,   \
-                                   next_seen);                                                                      \
+        prop_slice<D, G, U, STAGE>(q, k, v, uniforms, seeds, positions, seq_lens, out, counts, slice_stats, sampled, \
+                                   epoch, marks, n, hkv, work.x, work.y, work.z, work.w, stats_slots, slot, scale,   \
+                                   budget, seen, len, next.x, next_seen, next_len);                                 \
         __syncthreads(); /* the next item reuses shared memory */                                                  \
       } else if (next.x >= 0) {                                                                                     \
         next_seen = load_epoch(epoch + next.x);                                                                     \
+        next_len = load_len(seq_lens, next.x, hkv, n);                                                              \
       }                                                                                                             \
       work = next;                                                                                                  \
       seen = next_seen;                                                                                             \
+      len = next_len;                                                                                               \
     }                                                                                                               \
   }
 
