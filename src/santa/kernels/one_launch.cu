@@ -1,0 +1,602 @@
+// prop in one cooperative launch (issue 24): santa's exact global systematic prop for Hopper (sm_90), CUDA C++.
+// santa.kernels.one_launch loads it (as the PTX beside this file, compiled by the driver: no nvcc on the user's
+// machine) and launches it on torch's stream; benchmarks/kernels/cuda_stream/stream.cu includes it with its own
+// timing kernels. Design, measurements and what each part cost: benchmarks/KERNEL_NOTES.md, runs 14 to 18.
+//
+// Layouts (contiguous, NHD, bf16): q [B, Hkv*G, D]; k, v [B, n, Hkv, D]; out [B, Hkv*G, D]. 256 threads per CTA,
+// two CTAs per SM, a persistent grid working a host-built schedule (santa.kernels.schedule).
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+// A wait that never ends is a bug, not a wait. Instead of trapping (which loses the CUDA context and says nothing),
+// the first waiter past the limit records what it waited on in hang_report, which the host reads with
+// cuModuleGetGlobal after the launch: [0] 1 once written, [1] blockIdx.x, [2] threadIdx.x, [3] the word's address,
+// [4] the tag awaited, [5] the word last seen, [6] %globaltimer; then every waiter gives up (hang_abort), so the
+// launch ends with a wrong output and a report instead of a trap. The host zeroes both before it launches again.
+// C linkage, outside the anonymous namespace, so that cuModuleGetGlobal finds them by these names.
+extern "C" {
+__device__ unsigned long long hang_report[8];
+__device__ unsigned hang_abort;
+}
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+// (m, l) ← the merge of two slices' statistics (log2 domain); two empty ones (m = −inf) stay empty
+__device__ __forceinline__ void merge_stats(float& m, float& l, float m_o, float l_o) {
+  const float m_new = fmaxf(m, m_o);
+  l = m_new == -INFINITY ? 0.f : l * exp2f(m - m_new) + l_o * exp2f(m_o - m_new);
+  m = m_new;
+}
+
+
+// Streams keys [start, stop) in steps of `step`: two register buffers in turn, the next step's loads issued before
+// this step's scores (a loop unrolled by two: a runtime buffer index would put the buffers on the stack)
+template <typename Buffer, typename Load, typename Consume>
+__device__ __forceinline__ void double_buffered(int start, int stop, int step, Load load, Consume consume) {
+  Buffer even, odd;
+  if (start < stop) load(even, start);
+  for (int base = start; base < stop; base += 2 * step) {
+    if (base + step < stop) load(odd, base + step);
+    consume(even, base);
+    if (base + step >= stop) break;
+    if (base + 2 * step < stop) load(even, base + 2 * step);
+    consume(odd, base + step);
+  }
+}
+
+// The same stream phase with the scores on tensor cores (mma.sync m16n8k16, bf16 in, fp32 out): a warp scores 8 keys
+// per mma group; lane = 4·n + kslot loads 16 contiguous bytes of key n (dims 32·j + 8·kslot … + 8 for each
+// 32-dim block j). The dot product does not care about the order of the dims, so the mma's k index is mapped to
+// the dims this lane loaded: its B registers are its own K words, and its A registers (q of head g = lane / 4,
+// rows 8-15 zero) are its own q words of the same dims. The C fragment gives lane (g, 2·kslot + {0, 1}): two keys'
+// scores of head g, with no shuffles.
+//
+// KEEP: the slice also keeps what placement needs, as the one-launch design does: every score in shared memory
+// (kept, [G][kept_stride(slice_len)] float32: rows padded so that the heads' stores fall in different banks), one
+// 8-byte store per lane and mma group, and nothing else: per-subtile maxima and masses kept in the stream (two
+// shuffles and four exp2 per group and lane) cost 16 % of the stream at 128k and 44–50 % at d = 64 with batch
+// (measured 2026-12-02); the masses are summed from the kept scores after the stream instead.
+__host__ __device__ constexpr int kept_stride(int slice_len) { return ((slice_len + 31) / 32) * 32 + 8; }
+
+template <int D, int G, int U, bool KEEP>
+__device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, int n,
+                                           int hkv, int b, int h, int start, int stop, float scale_log2, float* kept, int slice_len,
+                                           float& m, float& l) {
+  // Streams keys [start, stop) of group (b, h): this lane's running (m, l) of head lane / 4 over the
+  // keys it scored; KEEP: every score s also into kept[head · kept_stride(slice_len) + key − start] (shared memory).
+  constexpr int BLOCKS = D / 32;                    // 16-byte loads per key per lane
+  constexpr int KEYS_PER_STEP = kWarps * U * 8;
+  static_assert(G <= 8, "one mma row per head");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, kslot = lane & 3;
+  const bool live_head = g < G;
+  const int stride = kept_stride(slice_len);
+
+  uint4 qw[BLOCKS];
+#pragma unroll
+  for (int j = 0; j < BLOCKS; ++j)
+    qw[j] = live_head ? *reinterpret_cast<const uint4*>(q + ((size_t)b * hkv * G + (size_t)h * G + g) * D + j * 32 + kslot * 8)
+                      : make_uint4(0, 0, 0, 0);
+
+  const size_t row = (size_t)hkv * D;
+  const __nv_bfloat16* kb = k + (size_t)b * n * row + (size_t)h * D + kslot * 8;
+  m = -INFINITY;
+  l = 0.f;
+
+  auto load = [&](uint4 (&dst)[U][BLOCKS], int base) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int key = base + (u * kWarps + warp) * 8 + g;  // lane / 4 is also the key within the group of 8
+#pragma unroll
+      for (int j = 0; j < BLOCKS; ++j)
+        dst[u][j] = key < stop ? __ldg(reinterpret_cast<const uint4*>(kb + (size_t)key * row + j * 32)) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  auto consume = [&](const uint4 (&src)[U][BLOCKS], int base) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float c0 = 0.f, c1 = 0.f, c2 = 0.f, c3 = 0.f;
+#pragma unroll
+      for (int j = 0; j < BLOCKS; ++j) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+                     : "r"(qw[j].x), "r"(0u), "r"(qw[j].y), "r"(0u), "r"(src[u][j].x), "r"(src[u][j].y));
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+                     : "r"(qw[j].z), "r"(0u), "r"(qw[j].w), "r"(0u), "r"(src[u][j].z), "r"(src[u][j].w));
+      }
+      const int group0 = base + (u * kWarps + warp) * 8;  // the mma group's first key
+      const int key0 = group0 + 2 * kslot;                // the C columns of this lane: keys key0, key0 + 1
+      const float s0 = key0 < stop ? c0 * scale_log2 : -INFINITY;
+      const float s1 = key0 + 1 < stop ? c1 * scale_log2 : -INFINITY;
+      if constexpr (KEEP) {
+        if (live_head && key0 + 1 < stop) {  // key0 − start and the stride are even: one 8-byte store
+          *reinterpret_cast<float2*>(kept + g * stride + key0 - start) = make_float2(s0, s1);
+        } else if (live_head && key0 < stop) {
+          kept[g * stride + key0 - start] = s0;
+        }
+      }
+      const float m_new = fmaxf(m, fmaxf(s0, s1));
+      if (m_new != -INFINITY) {
+        l = l * exp2f(m - m_new) + exp2f(s0 - m_new) + exp2f(s1 - m_new);
+        m = m_new;
+      }
+    }
+  };
+
+  using Buffer = uint4[U][BLOCKS];
+  double_buffered<Buffer>(start, stop, KEYS_PER_STEP, load, consume);
+}
+
+// Dynamic shared memory of a KEEP stream for G heads and slice_len keys, in floats: the scores, then one float per
+// 8-key subtile (the prop kernel's subtile masses and their prefix; the keep_* check kernels' nothing)
+__host__ __device__ constexpr int kept_floats(int heads, int slice_len) {
+  return heads * (kept_stride(slice_len) + (slice_len + 7) / 8);
+}
+
+
+// The warp's inclusive prefix sum of x in lane order (returned) and its exclusive one (excl): a fixed shuffle tree, so
+// the same inputs give the same floats on every CTA
+__device__ __forceinline__ float warp_scan(float x, float& excl) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float other = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += other;
+  }
+  excl = __shfl_up_sync(0xffffffffu, x, 1);
+  if (lane == 0) excl = 0.f;
+  return x;
+}
+
+// Words tagged with the launch they belong to: (tag << 32) | float bits, one 8-byte store or load (single-copy atomic),
+// so a reader that sees the tag it waits for also sees the value: no fence, no counter, no second read.
+__device__ __forceinline__ void store_tagged(unsigned long long* p, float x, unsigned tag) {
+  const unsigned long long word = ((unsigned long long)tag << 32) | __float_as_uint(x);
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(word) : "memory");
+}
+__device__ __forceinline__ unsigned long long load_word(const unsigned long long* p) {
+  unsigned long long word;
+  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(word) : "l"(p) : "memory");
+  return word;
+}
+// The value of *p once it carries `tag` (spins until then), given a first load already in flight
+__device__ __forceinline__ float await_tagged(const unsigned long long* p, unsigned long long word, unsigned tag) {
+  for (int spins = 0; (unsigned)(word >> 32) != tag; ++spins) {
+    if ((spins & 1023) == 1023 && *(volatile unsigned*)&hang_abort) break;
+    if (spins == 1 << 21) {  // ~1 s
+      if (atomicCAS(&hang_report[0], 0ull, 1ull) == 0ull) {
+        long long ns;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+        hang_report[1] = blockIdx.x;
+        hang_report[2] = threadIdx.x;
+        hang_report[3] = (unsigned long long)p;
+        hang_report[4] = tag;
+        hang_report[5] = word;
+        hang_report[6] = (unsigned long long)ns;
+        __threadfence();
+      }
+      atomicExch(&hang_abort, 1u);
+      break;
+    }
+    __nanosleep(16);
+    word = load_word(p);
+  }
+  return __uint_as_float((unsigned)word);
+}
+// dst[i] = the values of words[i] for i < count once they carry `tag`: all threads, two loads in flight each
+__device__ __forceinline__ void gather_tagged(float* dst, const unsigned long long* words, int count, unsigned tag) {
+  for (int i = threadIdx.x; i < count; i += 2 * kThreads) {
+    const int j = i + kThreads;
+    const unsigned long long wi = load_word(words + i), wj = j < count ? load_word(words + j) : 0ull;
+    dst[i] = await_tagged(words + i, wi, tag);
+    if (j < count) dst[j] = await_tagged(words + j, wj, tag);
+  }
+}
+
+// Loads the caller consumes long after issuing them, as volatile asm so that the compiler neither sinks them to their
+// use nor moves their consumer up to them: a group's epoch (L2-coherent) and a schedule entry (read-only)
+__device__ __forceinline__ unsigned load_epoch(const unsigned* p) {
+  unsigned x;
+  asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(x) : "l"(p));
+  return x;
+}
+__device__ __forceinline__ int4 load_work(const int4* p) {
+  int4 w;
+  asm volatile("ld.global.nc.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w) : "l"(p));
+  return w;
+}
+// The keys a group's sequence holds: seq_lens[b] clamped to [0, n] (n, the cache's keys per sequence, where seq_lens is
+// nullptr). Read-only for the launch (a decode step's lengths change between launches, never during one).
+__device__ __forceinline__ int load_len(const int* seq_lens, int group, int hkv, int n) {
+  if (seq_lens == nullptr) return n;
+  int x;
+  asm volatile("ld.global.nc.s32 %0, [%1];" : "=r"(x) : "l"(seq_lens + group / hkv));
+  return min(max(x, 0), n);
+}
+
+// santa's uniform for counter (c0, c1, c2, c3) under a 64-bit key: Philox4x32-10 as Triton's tl.philox (key halves
+// lo, hi; the same round and key constants), its first word mapped to [0, 1) as tl.uint_to_uniform_float does
+// (santa.kernels._common.philox_uniform; santa.kernels.reference.philox_uniforms reproduces it in torch)
+__device__ __forceinline__ float philox_uniform(unsigned long long key, unsigned c0, unsigned c1, unsigned c2, unsigned c3) {
+  unsigned k0 = (unsigned)key, k1 = (unsigned)(key >> 32);
+#pragma unroll
+  for (int r = 0; r < 10; ++r) {
+    const unsigned a = c0, b = c2;
+    c0 = __umulhi(0xCD9E8D57u, b) ^ c1 ^ k0;
+    c2 = __umulhi(0xD2511F53u, a) ^ c3 ^ k1;
+    c1 = 0xCD9E8D57u * b;
+    c3 = 0xD2511F53u * a;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  const int x = (int)c0;
+  return (float)(x < 0 ? -x - 1 : x) * 4.6566127342e-10f;
+}
+// The comb offset U of query head `head` of sequence b: uniforms[b · H + head] where given, else santa's positional
+// draw (santa.kernels._common.call_uniforms with a key per sequence): key seeds[b], counter (positions[b], head, 0)
+__device__ __forceinline__ float comb_offset(const float* uniforms, const long long* seeds, const long long* positions,
+                                             int b, int heads, int head) {
+  if (uniforms != nullptr) return __ldg(uniforms + (size_t)b * heads + head);
+  const unsigned long long pos = (unsigned long long)__ldg(positions + b);
+  return philox_uniform((unsigned long long)__ldg(seeds + b), (unsigned)pos, (unsigned)(pos >> 32), (unsigned)head, 0u);
+}
+
+// prop in one launch (issue 24), fifth version. Exact global systematic sampling as santa's two-launch prop, for
+// contiguous NHD bf16 K and V of n keys per sequence, of which sequence b holds seq_lens[b] (read on the device; all n
+// where seq_lens is nullptr), with the uniforms given ([B, Hkv·G] float32, santa.kernels.reference.philox_uniforms) or
+// drawn here as santa's positional draw (comb_offset): one persistent grid (C, Hkv, B), every CTA resident (a cooperative
+// launch), a CTA per slice of a group's keys. The CTAs of a group exchange data twice, through words tagged with the
+// launch (tag = epoch[group] + 1, read at the start; CTA 0 stores it back once every CTA has published): no atomics.
+//   stream:  mma_stream with KEEP: scores and 8-key subtiles' (m_i, ℓ_i) in shared memory, the lanes' (m, l) over
+//            their subtiles. The slice's (m_c, w_c) per head from those (shuffles, then eight warps by a fixed tree),
+//            published tagged at once; then, while the other CTAs' stats travel, per head (warp g) the subtiles'
+//            masses W_i = ℓ_i·2^(m_i − m_c) and their inclusive prefix Cum_i in place of ℓ_i.
+//   place:   read the group's C × G tagged (m, w) (waiting for those not yet there). Warp g, head g: m* = max m_c,
+//            W_c = w_c·2^(m_c − m*), F = their inclusive prefix, computed by the same lanes in the same order on every
+//            CTA (so F(c) is bit for bit the same number where slice c and slice c + 1 use it: every comb point
+//            falls in exactly one slice); P_c = S·F(c)/F(C−1) (P_{C−1} = S exactly). Comb point m (position m + U)
+//            is this slice's iff P_{c−1} − m ≤ U < P_c − m (santa's pass 2 test); there t = (U − (P_{c−1} − m)) /
+//            (P_c − P_{c−1})·Cum_last, its subtile the first with Cum_i > t (bisection; past the last subtile with
+//            mass: that one), its key the first of the subtile with Cum_{i−1} + Σ_{k'≤k} 2^(s_k' − m_c) > t (else
+//            the subtile's last key with mass). The key is written, tagged, as sample m of head g.
+//   gather:  CTA c owns V_c = ⌈G·D/8 / C⌉ of the group's 8-element output vectors: for each it reads the S tagged
+//            keys of the vector's head (waiting for those not yet there), loads those S V rows' 16 bytes, and sums
+//            them by a fixed tree (16 threads per output, 8 samples each in order, then shuffles): out = Σ / S.
+//            Each sampled V sector is read once, by the CTA that owns it; no partial sums travel.
+// STAGE 1 stops after publishing, STAGE 2 after the keys (timing the phases; their outputs are not checked); marks,
+// where given, get each CTA's clocks at the phase boundaries (0 start, 1 streamed, 2 published, 3 stats read,
+// 4 first points placed, 5 keys written, 6 V rows gathered, 7 done).
+// Groups beyond one wave run in rounds (SANTA_PROP_ONE_LAUNCH below). A slice's keys follow the sequence's length:
+// slice c of C covers [c·⌈len/C⌉, (c+1)·⌈len/C⌉) ∩ [0, len); the schedule's slice_len = ⌈n/C⌉ bounds it (shared memory).
+// Not handled yet (the Triton kernel does all of them): paged caches, NaN rows and out-of-range lengths (clamped here),
+// S > n checks, fp8, other dtypes.
+template <int D, int G, int U, int STAGE>
+__device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                                           const __nv_bfloat16* __restrict__ v, const float* __restrict__ uniforms,
+                                           const long long* __restrict__ seeds, const long long* __restrict__ positions,
+                                           const int* __restrict__ seq_lens,
+                                           __nv_bfloat16* __restrict__ out, int* __restrict__ counts,
+                                           unsigned long long* __restrict__ slice_stats,
+                                           unsigned long long* __restrict__ sampled, unsigned* __restrict__ epoch,
+                                           long long* __restrict__ marks, int n, int hkv, int group, int c,
+                                           int slices, int slice_len, int stats_slots, int slot, float scale_log2,
+                                           int budget, unsigned epoch_seen, int len, int next_group,
+                                           unsigned& next_epoch_seen, int& next_len) {
+  // epoch_seen: epoch[group] as loaded by the caller (load_epoch), consumed only after the stream; next_group: the
+  // group of this CTA's next work item (−1: none), whose epoch this item loads once it has streamed, so that the
+  // load's latency hides behind this item's sampling phases (it is safe this early: a group's epoch changes only once
+  // every slice has published, and this CTA has not yet published for next_group)
+  // marks (nullptr: none): per schedule slot, 8 pairs (globaltimer ns, clock64) at the phase boundaries, then
+  // (the SM's id, 0), by thread 0
+  auto mark = [&](int i) {
+    if (marks != nullptr && threadIdx.x == 0) {
+      long long ns;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+      long long* at = marks + (size_t)slot * 18 + 2 * i;
+      at[0] = ns;
+      at[1] = clock64();
+    }
+  };
+  mark(0);
+  if (marks != nullptr && threadIdx.x == 0) {  // pair 8: the SM this CTA runs on
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    marks[(size_t)slot * 18 + 16] = smid;
+  }
+  extern __shared__ float smem[];  // kept_floats(G, slice_len), then the group's stats [G][C][2]
+  __shared__ float warp_m[kWarps][8], warp_l[kWarps][8], slice_max[8], head_mass[8];
+  __shared__ int last_live_sub[8];
+  constexpr int VECS = G * D / 8;  // the group's 8-element output vectors
+  const int h = group % hkv, b = group / hkv;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // this slice of the sequence's len keys: ⌈len / C⌉ keys each (the schedule's slice_len = ⌈n / C⌉ sizes shared memory)
+  const int per_slice = (len + slices - 1) / slices;
+  const int start = min(c * per_slice, len), stop = min(len, start + per_slice), keys = stop - start;
+  const int stride = kept_stride(slice_len), n_sub = (slice_len + 7) / 8, live_subs = (keys + 7) / 8;
+  float* kept = smem;
+  float* cum = kept + G * stride;  // the subtiles' masses W_i, then their prefix Cum_i
+  float* group_stats = smem + kept_floats(G, slice_len);
+  const size_t head0 = (size_t)b * hkv * G + (size_t)h * G;  // the group's first query-head row
+  unsigned long long* group_words = slice_stats + (size_t)group * G * stats_slots * 2;  // [G][slices][2] of the group
+  const float uni = warp < G ? comb_offset(uniforms, seeds, positions, b, hkv * G, h * G + warp) : 0.f;  // used after the stream
+
+  // ---- stream; the slice's (m_c, w_c) per head, published at once
+  float m, l;
+  mma_stream<D, G, U, true>(q, k, n, hkv, b, h, start, stop, scale_log2, kept, slice_len, m, l);
+#pragma unroll
+  for (int o = 1; o < 4; o <<= 1)  // the 4 lanes of head lane / 4
+    merge_stats(m, l, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, l, o));
+  if ((lane & 3) == 0) {
+    warp_m[warp][lane >> 2] = m;
+    warp_l[warp][lane >> 2] = l;
+  }
+  __syncthreads();
+  mark(1);  // the slice streamed
+  // the tag is computed only here: until 50cea93 `tag = __ldcg(epoch + group) + 1` sat before the stream and ptxas
+  // placed the add there, so every item waited out one L2/HBM round trip before its first K load (ncu, 8k: 3 % of
+  // the kernel's stall samples on that add, 2026-12-03). The wait is not wholly gone: ptxas gives these loads and the
+  // K loads one scoreboard, and the next round's table load, which reuses this entry's registers, still waits for
+  // the epoch before the first K load (ncu at 263c589); moving both into shared memory by cp.async measured slower on
+  // the batched shapes (v13, KERNEL_NOTES run 17)
+  const unsigned tag = epoch_seen + 1u;
+  next_epoch_seen = next_group >= 0 ? load_epoch(epoch + next_group) : 0u;
+  next_len = next_group >= 0 ? load_len(seq_lens, next_group, hkv, n) : 0;
+  if (warp < G) {
+    const int g = warp;
+    float mc = lane < kWarps ? warp_m[lane][g] : -INFINITY, wc = lane < kWarps ? warp_l[lane][g] : 0.f;
+#pragma unroll
+    for (int o = 1; o < kWarps; o <<= 1)  // the eight warps' pairs by a fixed tree
+      merge_stats(mc, wc, __shfl_xor_sync(0xffffffffu, mc, o), __shfl_xor_sync(0xffffffffu, wc, o));
+    mc = __shfl_sync(0xffffffffu, mc, 0);  // lanes 8–31 merged only their own empty pairs
+    wc = __shfl_sync(0xffffffffu, wc, 0);
+    if (lane < 2) store_tagged(group_words + (g * slices + c) * 2 + lane, lane == 0 ? mc : wc, tag);
+    if (lane == 0) slice_max[g] = mc;
+  }
+  __syncthreads();
+  // while the stats travel: every key's u = 2^(s − m_c), stored over its score (placement reads u, no exp2 in its
+  // chain), and the subtiles' masses W_i = Σ u over their keys in order (all threads); then per head (warp g) their
+  // inclusive prefix, four subtiles per lane per round (eight timed slower)
+  for (int idx = threadIdx.x; idx < G * live_subs; idx += kThreads) {
+    const int head = idx / live_subs, i = idx % live_subs;
+    const float mch = slice_max[head];
+    float4* row = reinterpret_cast<float4*>(kept + head * stride + i * 8);
+    const float4 lo4 = row[0], hi4 = row[1];
+    float u[8] = {lo4.x, lo4.y, lo4.z, lo4.w, hi4.x, hi4.y, hi4.z, hi4.w};
+    float w = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      u[e] = i * 8 + e < keys && mch != -INFINITY ? exp2f(u[e] - mch) : 0.f;
+      w += u[e];
+    }
+    row[0] = make_float4(u[0], u[1], u[2], u[3]);
+    row[1] = make_float4(u[4], u[5], u[6], u[7]);
+    cum[head * n_sub + i] = w;
+  }
+  __syncthreads();
+  if (warp < G) {
+    const int g = warp;
+    float carry = 0.f;
+    int live = -1;
+    for (int base = 0; base < live_subs; base += 128) {
+      const int i0 = base + lane * 4;
+      float run[4], total = 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = i0 + e;
+        const float w = i < live_subs ? cum[g * n_sub + i] : 0.f;
+        if (w > 0.f) live = i;
+        total += w;
+        run[e] = total;
+      }
+      float excl;
+      const float incl = warp_scan(total, excl);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (i0 + e < live_subs) cum[g * n_sub + i0 + e] = carry + (excl + run[e]);
+      carry += __shfl_sync(0xffffffffu, incl, 31);
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) live = max(live, __shfl_xor_sync(0xffffffffu, live, o));
+    if (lane == 0) last_live_sub[g] = live;
+  }
+  mark(2);  // published (and the prefix built)
+  if constexpr (STAGE == 1) return;
+
+  // ---- the group's stats, once every CTA has published them
+  gather_tagged(group_stats, group_words, G * slices * 2, tag);
+  __syncthreads();
+  // Only now has this CTA seen every slice's words, so every CTA of the group has read the old epoch: slice 0 may
+  // store the new one. (Until 098da22 thread 0 stored it right after its own share of the words, which can be its
+  // own slice's alone: a CTA of the group that started its item later, still finishing an earlier round, then read
+  // the new epoch, published under the next tag and everyone waited forever. Short slices after uneven rounds open
+  // that window: SmolLM2 B = 64's staggered C = 16 plan, 249-key slices, hung in every call of 2026-12-03.)
+  if (c == 0 && threadIdx.x == 0) epoch[group] = tag;
+  mark(3);  // the group's stats here
+
+  // ---- place: warp g writes the keys of head g's comb points that fall in this slice
+  const int g = warp;
+  if (g < G) {
+    const float* st = group_stats + g * slices * 2;
+    const int per = (slices + 31) / 32, lo = min(slices, lane * per), hi = min(slices, lo + per);
+    float m_star = -INFINITY;
+    for (int i = lo; i < hi; ++i) m_star = fmaxf(m_star, st[2 * i]);
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) m_star = fmaxf(m_star, __shfl_xor_sync(0xffffffffu, m_star, o));
+    const float m_ref = m_star == -INFINITY ? 0.f : m_star;
+    float chunk = 0.f;
+    for (int i = lo; i < hi; ++i) chunk += st[2 * i + 1] * exp2f(st[2 * i] - m_ref);
+    float excl;
+    warp_scan(chunk, excl);
+    // F(i) = excl + Σ_{lo ≤ i' ≤ i} W_i' on the lane that owns i: the same value wherever it is used
+    float below = 0.f, through = 0.f, last = 0.f, run = 0.f;
+    for (int i = lo; i < hi; ++i) {
+      run += st[2 * i + 1] * exp2f(st[2 * i] - m_ref);
+      const float f = excl + run;
+      if (i == c - 1) below = f;
+      if (i == c) through = f;
+      if (i == slices - 1) last = f;
+    }
+    below = __shfl_sync(0xffffffffu, below, c > 0 ? (c - 1) / per : 0);
+    through = __shfl_sync(0xffffffffu, through, c / per);
+    const float z = __shfl_sync(0xffffffffu, last, (slices - 1) / per);
+    const float s_f = (float)budget;
+    const float p_lo = c == 0 ? 0.f : (below / z) * s_f;
+    const float p_hi = (through / z) * s_f;  // S exactly for the last slice (z / z = 1), as pass 2's P_last
+    const float* cg = cum + g * n_sub;
+    const float* ug = kept + g * stride;  // u = 2^(s − m_c) per key (above)
+    const int live_sub = last_live_sub[g];
+    const float total = live_sub >= 0 ? cg[live_subs - 1] : 0.f;
+    const int first_m = max(0, (int)ceilf(p_lo - uni) - 1), last_m = min(budget - 1, (int)ceilf(p_hi - uni));
+    for (int m0 = first_m; m0 <= last_m && z > 0.f; m0 += 32) {
+      const int mm = m0 + lane;
+      const float mf = (float)mm;
+      if (mm <= last_m && (p_lo - mf) <= uni && uni < (p_hi - mf)) {
+        int key = 0;  // a point in a slice without mass cannot happen (its W_c is 0); key 0 keeps it defined
+        if (total > 0.f) {
+          const float width = p_hi - p_lo;
+          const float t = (uni - (p_lo - mf)) / (width > 0.f ? width : 1.f) * total;
+          int pos = 0;  // the first subtile with Cum_i > t: #{i : Cum_i <= t} (Cum is non-decreasing)
+          for (int step = 1 << (31 - __clz(live_subs)); step > 0; step >>= 1)
+            if (pos + step <= live_subs && cg[pos + step - 1] <= t) pos += step;
+          pos = min(pos, live_sub);
+          const float before = pos == 0 ? 0.f : cg[pos - 1];
+          float sum = 0.f;
+          int chosen = -1, live_key = pos * 8;
+          for (int j = pos * 8; j < min(keys, pos * 8 + 8); ++j) {
+            const float u = ug[j];
+            sum += u;
+            if (u > 0.f) live_key = j;
+            if (chosen < 0 && before + sum > t) chosen = j;
+          }
+          key = start + (chosen >= 0 ? chosen : live_key);
+        }
+        if (counts != nullptr) atomicAdd(&counts[(head0 + g) * n + key], 1);
+        store_tagged(sampled + (head0 + g) * budget + mm, __int_as_float(key), tag);
+      }
+      if (m0 == first_m) mark(4);  // head 0's first points placed
+    }
+    if (lane == 0) head_mass[g] = z;  // for the gather: a row without mass has no samples to wait for
+  }
+  mark(5);  // head 0's keys written
+  if constexpr (STAGE == 2) return;
+
+  // ---- gather: this CTA's output vectors, S rows' 16 bytes each, from the tagged keys
+  const int per_cta = (VECS + slices - 1) / slices, vec0 = c * per_cta, owned = max(0, min(VECS, vec0 + per_cta) - vec0);
+  __syncthreads();  // shared memory is free again: it holds the rows [owned][S][8] (the host sizes it for them too)
+  for (int i0 = threadIdx.x; i0 < owned * budget; i0 += 4 * kThreads) {  // four items in flight per thread
+    unsigned long long words[4];
+    const unsigned long long* at[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int i = i0 + r * kThreads, vec = vec0 + i / budget, head = vec / (D / 8);
+      at[r] = sampled + (head0 + head) * budget + i % budget;
+      words[r] = i < owned * budget && head_mass[head] > 0.f ? load_word(at[r]) : 0ull;
+    }
+    uint4 raw[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int i = i0 + r * kThreads, vec = vec0 + i / budget, head = vec / (D / 8);
+      raw[r] = make_uint4(0, 0, 0, 0);  // a row without mass sampled nothing: zeros
+      if (i < owned * budget && head_mass[head] > 0.f) {
+        // clamped: a wait that gave up (hang_report) returns whatever the word held, never an address past the cache
+        const int key = min(max(__float_as_int(await_tagged(at[r], words[r], tag)), 0), n - 1);
+        raw[r] = __ldg(reinterpret_cast<const uint4*>(v + ((size_t)b * n + key) * hkv * D + (size_t)h * D + (vec % (D / 8)) * 8));
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int i = i0 + r * kThreads;
+      if (i >= owned * budget) continue;
+      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[r]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(pairs[e]);
+        kept[(size_t)i * 8 + 2 * e] = f.x;
+        kept[(size_t)i * 8 + 2 * e + 1] = f.y;
+      }
+    }
+  }
+  __syncthreads();
+  mark(6);  // the rows here
+  // out vector v: one warp; lane = 8 · part + e sums element e of samples part, part + 4, … in order (a warp's 32
+  // loads are 32 consecutive floats: no bank conflicts; run 15's tree, 16 threads per element reading runs of samples
+  // 64 floats apart, all in one bank, cost 6,900 cycles per round at B = 32 against ~1,100: KERNEL_NOTES run 16),
+  // then the 4 parts by a fixed shuffle tree
+  const int e = lane & 7, part = lane >> 3;
+  for (int vec_local = warp; vec_local < owned; vec_local += kWarps) {
+    const float* rows = kept + (size_t)vec_local * budget * 8 + e;
+    float sum = 0.f;
+    for (int mm = part; mm < budget; mm += 4) sum += rows[(size_t)mm * 8];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 8);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+    if (part == 0) out[head0 * D + (size_t)(vec0 + vec_local) * 8 + e] = __float2bfloat16(sum / (float)budget);
+  }
+  mark(7);
+}
+
+}  // namespace
+
+// The persistent grid runs a schedule the host builds: schedule[r · grid + CTA] = (group, slice c, the group's slice
+// count C_g, its slice length), or group −1 (nothing in that round). All slices of a group sit in the same round, so a
+// CTA waits only on CTAs that reach that round (every CTA is resident): no cycle. The host may give groups different
+// slice counts (benchmarks/kernels/cuda_one_launch_check.py: a half of the grid running half-length slices first, so the
+// two CTAs of an SM sample in turn instead of together). slice_stats is [groups][G][stats_slots][2], stats_slots the
+// largest C_g.
+// arrivals (nullptr: the schedule's CTA is blockIdx.x): for a grid of two CTAs on each of grid/2 SMs, the schedule's
+// CTA index is chosen so that each SM holds one CTA of each half ([0, grid/2) and [grid/2, grid)): the first CTA to
+// arrive on an SM takes the first half, the second the other (arrivals[smid] counts them; two per launch keep the
+// parity), and a rank within its half (arrivals[1024 + half], grid/2 per launch, taken modulo grid/2). No reset
+// between launches: graph-safe. Which CTA runs which work changes between launches; what each work item computes
+// does not, so the output stays bitwise repeatable.
+__device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
+  if (arrivals == nullptr) return blockIdx.x;
+  __shared__ int cta;
+  if (threadIdx.x == 0) {
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    const unsigned half = gridDim.x / 2, which = atomicAdd(arrivals + smid, 1u) & 1u;
+    cta = (int)(which * half + atomicAdd(arrivals + 1024 + which, 1u) % half);
+  }
+  __syncthreads();
+  return cta;
+}
+
+#define SANTA_PROP_ONE_LAUNCH(NAME, D, G, U, STAGE)                                                                \
+  extern "C" __global__ void __launch_bounds__(kThreads, 2)                                                        \
+      NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* uniforms,             \
+           const long long* seeds, const long long* positions, const int* seq_lens,                                   \
+           __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* sampled,              \
+           unsigned* epoch, long long* marks, const int4* schedule, unsigned* arrivals, int rounds, int stats_slots,   \
+           int n, int hkv, float scale, int budget) {                                                               \
+    const int cta = schedule_cta(arrivals);                                                                         \
+    const int4 idle = make_int4(-1, 0, 0, 0);                                                                       \
+    int4 work = rounds > 0 ? load_work(schedule + cta) : idle;                                                      \
+    unsigned seen = work.x >= 0 ? load_epoch(epoch + work.x) : 0u;                                                  \
+    int len = work.x >= 0 ? load_len(seq_lens, work.x, hkv, n) : 0;                                                 \
+    for (int r = 0; r < rounds; ++r) {                                                                              \
+      const int slot = r * gridDim.x + cta;                                                                         \
+      const int4 next = r + 1 < rounds ? load_work(schedule + slot + gridDim.x) : idle; /* used after this item */  \
+      unsigned next_seen = 0u;                                                                                      \
+      int next_len = 0;                                                                                             \
+      if (work.x >= 0) {                                                                                            \
+        prop_slice<D, G, U, STAGE>(q, k, v, uniforms, seeds, positions, seq_lens, out, counts, slice_stats, sampled, \
+                                   epoch, marks, n, hkv, work.x, work.y, work.z, work.w, stats_slots, slot, scale,   \
+                                   budget, seen, len, next.x, next_seen, next_len);                                 \
+        __syncthreads(); /* the next item reuses shared memory */                                                  \
+      } else if (next.x >= 0) {                                                                                     \
+        next_seen = load_epoch(epoch + next.x);                                                                     \
+        next_len = load_len(seq_lens, next.x, hkv, n);                                                              \
+      }                                                                                                             \
+      work = next;                                                                                                  \
+      seen = next_seen;                                                                                             \
+      len = next_len;                                                                                               \
+    }                                                                                                               \
+  }
+
+SANTA_PROP_ONE_LAUNCH(prop1_d128_g4, 128, 4, 1, 0)
+SANTA_PROP_ONE_LAUNCH(prop1_d64_g7, 64, 7, 4, 0)
+SANTA_PROP_ONE_LAUNCH(prop1_d64_g3, 64, 3, 4, 0)
