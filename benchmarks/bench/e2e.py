@@ -13,9 +13,9 @@ Backends: santa.model's own (``sdpa``, ``santa-prop``, ``santa-flash``), and two
 benchmark plugged into santa.model's decode step with ``make_context(..., attention=fn)``:
 ``flashinfer`` (FlashInfer's paged decode over the same cache, planned on the host before every
 step) and ``weights-only`` (no attention at all: its output is q, the rest of the step for Amdahl).
-Also, on request: ``cuda-prop1``, issue 24's prop in one cooperative CUDA launch
-(``benchmarks/kernels/cuda_stream/one_launch.py``: bf16 caches, Hopper, nvcc on the machine), its plan the fastest
-of its candidates on layer 0's cache (timed before the backend's run, recorded in its row).
+Also, on request: ``santa-prop-2launch``, santa's prop on its two-launch Triton kernels
+(``Tuning(one_launch=False)``), where ``santa-prop`` runs the one-launch CUDA prop (Hopper, bf16 caches): the same
+estimator, so the two rows time one change in one run.
 """
 
 from __future__ import annotations
@@ -44,9 +44,10 @@ PLUGGED = ("flashinfer", "weights-only")
 BACKENDS = ("sdpa", "flashinfer", "santa-prop", "santa-flash", "weights-only")  # the table's and the plot's order
 PAGE_SIZE = 16  # FlashInfer's page: santa.model's cache length (a multiple of santa.model.CACHE_ALIGN) is a multiple
 DENSE = ("sdpa", "flashinfer")
-# speed probes: SDPA over the whole static cache, no mask (reads ≤ 0.5 % more keys); the one-launch CUDA prop (issue 24)
-EXTRA = ("sdpa-nomask", "cuda-prop1")
-SANTA = ("santa-prop", "santa-flash", "cuda-prop1")
+# speed probes: SDPA over the whole static cache, no mask (reads ≤ 0.5 % more keys); santa's prop on its two Triton
+# launches (where santa-prop runs the one-launch CUDA kernel: issue 24)
+EXTRA = ("sdpa-nomask", "santa-prop-2launch")
+SANTA = ("santa-prop", "santa-flash", "santa-prop-2launch")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -63,7 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=cliargs.int_in(0), default=3, help="eager warm-up steps (compile, JIT, cuDNN plans)")
     p.add_argument("--eager-steps", type=cliargs.int_in(1), default=4, help="eager (no graph) steps timed per backend")
     p.add_argument("--backends", default=[*BACKENDS, "sdpa-nomask"], type=cliargs.choice_list("backend", BACKENDS + EXTRA),
-                   help=f"comma-separated, from {BACKENDS + EXTRA} (default: all but cuda-prop1)")
+                   help=f"comma-separated, from {BACKENDS + EXTRA} (default: all but santa-prop-2launch)")
     p.add_argument("--budget-prop", type=cliargs.int_in(1), default=128, help="S for santa-prop (default 128)")
     p.add_argument("--budget-flash", type=cliargs.int_in(1), default=2048, help="S for santa-flash (default 2048)")
     p.add_argument("--santa-impl", default="auto", choices=["auto", "kernels", "torch"])
@@ -82,9 +83,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.device == "cpu":
         args.no_graph = True
-    if "cuda-prop1" in args.backends and (args.device == "cpu" or args.kv_cache_dtype != "auto" or args.dtype != "bfloat16"):
-        p.error("--backends cuda-prop1 runs on a CUDA device (Hopper, with nvcc) over a bfloat16 cache: "
-                "drop it, or use --device cuda --dtype bfloat16 --kv-cache-dtype auto")
     need, total = largest_case_bytes(args), device_memory(args.device)
     if need > total:
         p.error(f"the largest case (batch {max(args.batches)}, {max(args.prompts)} + {args.warmup + args.new_tokens + 1} positions) "
@@ -186,11 +184,13 @@ def no_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext
     return q
 
 
-def plugged_attention(model: Transformer, backend: str) -> tuple[Callable[..., Tensor] | None, FlashInferDecode | None]:
+def plugged_attention(model: Transformer, backend: str, *, budget: int = 128) -> tuple[Callable[..., Tensor] | None, FlashInferDecode | None]:
     """The attention this benchmark plugs into santa.model for ``backend`` (None for santa.model's own
     backends) and, for ``flashinfer``, its wrapper (to plan before every step)."""
     if backend == "weights-only":
         return no_attention, None
+    if backend == "santa-prop-2launch":
+        return two_launch_attention(model, budget), None
     if backend == "flashinfer":
         # on an fp8 cache FlashInfer's tensor-core decode is the faster (H200, 2026-12-02, µs per layer call:
         # 40.4 against 69.5 at 32k, 217.1 against 472.4 at B = 8 × 32k; benchmarks/RESULTS.md, fp8 kernels)
@@ -199,17 +199,26 @@ def plugged_attention(model: Transformer, backend: str) -> tuple[Callable[..., T
     return None, None
 
 
-def one_launch_attention(model: Transformer, budget: int, row: dict) -> Callable[..., Tensor]:
-    """The ``cuda-prop1`` attention: issue 24's one-launch prop on the plan that runs fastest on layer 0's cache
-    (every sequence at the cache's length, ``budget`` samples per head), the candidates' µs recorded in ``row``."""
-    from benchmarks.kernels.cuda_stream import one_launch
+def two_launch_attention(model: Transformer, budget: int) -> Callable[..., Tensor]:
+    """The ``santa-prop-2launch`` attention: santa.model's santa-prop step on a plan of santa's two-launch Triton prop
+    (``Tuning(one_launch=False)``), planned now (outside any CUDA graph) for the model's cache."""
+    from santa.kernels import Tuning, plan_decode
 
     cache = model.layers[0].attention.kv_cache
-    batch = cache.k_cache.shape[0]
-    q = torch.randn(batch, model.args.n_head, model.args.head_dim, device=cache.k_cache.device, dtype=cache.k_cache.dtype)
-    prop, timed = one_launch.fastest(one_launch.load(), q=q, k=cache.k_cache, v=cache.v_cache, budget=budget)
-    row.update(impl="cuda one-launch", one_launch_plan=prop.plan.name, one_launch_candidates_us=timed)
-    return prop.attention
+    batch, n_keys, kv_heads, head_dim = cache.k_cache.shape
+    plan = plan_decode(batch=batch, heads=model.args.n_head, kv_heads=kv_heads, head_dim=head_dim, n_keys=n_keys,
+                       budget=budget, dtype=model.output.weight.dtype, device=cache.k_cache.device, kv_dtype=cache.k_cache.dtype,
+                       tuning=Tuning(one_launch=False))
+    plan.workspace  # noqa: B018 (allocated now)
+
+    def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext, layer: int) -> Tensor:
+        if ctx.budget_of(layer) != budget:
+            raise ValueError(f"layer {layer} samples {ctx.budget_of(layer)} per head; santa-prop-2launch was planned for {budget}")
+        k_scale, v_scale = ctx.kv_scales[layer]
+        return plan.run(q, k_cache, v_cache, seq_lens=ctx.seq_lens, seed=ctx.layer_keys[layer], positions=ctx.positions,
+                        k_scale=k_scale, v_scale=v_scale)
+
+    return attention
 
 
 def sync(device: torch.device) -> None:
@@ -347,17 +356,16 @@ def run_backend(model: Transformer, backend: str, batch: int, prompt: int, args:
     if backend in SANTA:
         row["budget"] = budget
         kernels = args.santa_impl != "torch"  # santa.kernels (Triton on CUDA, else its reference), or santa.kernels.reference
-        row["impl"] = "triton" if kernels and device.type == "cuda" else ("reference" if kernels else "torch")  # cuda-prop1: below
+        row["impl"] = "triton" if kernels and device.type == "cuda" else ("reference" if kernels else "torch")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    if backend == "cuda-prop1":
-        attention, flashinfer = one_launch_attention(model, budget, row), None
-    else:
-        attention, flashinfer = plugged_attention(model, backend)
+    attention, flashinfer = plugged_attention(model, backend, budget=budget)
     ctx = make_context(model, backend.removesuffix("-nomask"), prompt_len=prompt, budget=budget, seed=args.seed,
                        santa_impl=args.santa_impl, attention=attention)
     if backend == "sdpa-nomask":
         ctx.attn_bias = None
+    if ctx.plans and (one := ctx.plans[budget].one_launch) is not None:  # santa-prop on the one-launch CUDA kernel
+        row["impl"] = f"cuda one-launch {one.plan.name}"
     gen = torch.Generator(device=device).manual_seed(args.seed + batch)
     token0 = torch.randint(0, model.args.vocab_size, (batch, 1), device=device, generator=gen)
     token = token0.clone()
@@ -452,15 +460,15 @@ def run_backend(model: Transformer, backend: str, batch: int, prompt: int, args:
 def kv_speedup_from_bytes(backend: str, n: int, budget: int, group: int, head_dim: int, elem: int) -> float:
     """Dense K+V bytes over santa's bytes per (sequence, KV head): the s_kv of the Amdahl model.
 
-    prop reads K, writes and reads back its fp32 score stash (G values per key), and reads at most
-    min(n, G·S) V rows (cuda-prop1: the same without the stash); flash reads K, at most min(n, G·⌈S/T⌉·T) V rows, and writes and reads one
+    prop reads K and at most min(n, G·S) V rows, and on its two Triton launches (``santa-prop-2launch``, or santa-prop
+    off Hopper or on fp8) also writes and reads back its fp32 score stash (G values per key); flash reads K, at most min(n, G·⌈S/T⌉·T) V rows, and writes and reads one
     fp32 partial of d values per (head, tile of 128 keys).
     """
     dense = 2 * n * head_dim * elem
     k = n * head_dim * elem
-    if backend == "santa-prop":
+    if backend == "santa-prop-2launch":
         extra = 2 * n * group * 4 + min(n, group * budget) * head_dim * elem
-    elif backend == "cuda-prop1":  # no stash: the scores stay in shared memory
+    elif backend == "santa-prop":  # the one-launch kernel (Hopper, bf16): no stash, the scores stay in shared memory
         extra = min(n, group * budget) * head_dim * elem
     else:
         tiles = -(-n // 128)

@@ -32,8 +32,11 @@ import torch
 sys.path.insert(0, ".")
 from benchmarks.bench.kernels import sdpa_fn  # noqa: E402
 from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
-from benchmarks.kernels.cuda_stream.one_launch import OneLaunchProp, phase_names, plan_candidates  # noqa: E402
+from benchmarks.kernels.cuda_stream.one_launch import phase_names, plan_candidates  # noqa: E402
 from benchmarks.kernels.cuda_stream_check import Kernels, random_inputs, run_cases  # noqa: E402
+
+from santa.kernels import Tuning, plan_decode  # noqa: E402
+from santa.kernels.one_launch import OneLaunch  # noqa: E402
 
 BUDGET, SEED, OFFSET = 128, 3, 5
 # (name, batch, keys, q heads, kv heads, head dim)
@@ -41,21 +44,29 @@ CASES = [("llama 8k", 1, 8192, 32, 8, 128), ("llama 32k", 1, 32768, 32, 8, 128),
          ("llama B=4 x 32k", 4, 32768, 32, 8, 128), ("qwen 32k", 1, 32768, 14, 2, 64), ("smollm2 8k", 1, 8192, 9, 3, 64),
          ("llama B=8 x 32k", 8, 32768, 32, 8, 128), ("llama B=32 x 32k", 32, 32768, 32, 8, 128),
          ("qwen B=16 x 32k", 16, 32768, 14, 2, 64), ("smollm2 B=64 x 8k", 64, 8192, 9, 3, 64)]
+
+
 def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, heads: int, kv_heads: int, dim: int,
                  plans: set[str] | None = None) -> dict:
-    from santa.kernels import plan_decode
     from santa.kernels.reference import philox_uniforms
 
     q, k, v = random_inputs(batch=batch, n=n, heads=heads, kv_heads=kv_heads, dim=dim)
     uniforms = philox_uniforms(SEED, OFFSET, torch.arange(batch * heads).reshape(batch, heads)).float().cuda()
 
+    # santa's two-launch Triton prop (the baseline), and santa's prop as it runs by default (the one-launch kernel on
+    # the plan of choose_plan, through DecodePlan.run: the product path)
     plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n, budget=BUDGET,
-                       dtype=q.dtype, device=q.device)
+                       dtype=q.dtype, device=q.device, tuning=Tuning(one_launch=False))
+    product = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n, budget=BUDGET,
+                          dtype=q.dtype, device=q.device)
     santa_counts = torch.zeros(batch, heads, n, dtype=torch.int32, device="cuda")
     santa_out = plan.run(q, k, v, seed=SEED, offset=OFFSET, counts=santa_counts)
     case = {"batch": batch, "keys": n, "heads": heads, "kv_heads": kv_heads, "head_dim": dim, "plans": {}}
     scratch = torch.empty_like(santa_out)  # timed into its own buffer: santa_out stays the (SEED, OFFSET) draw
     case["santa_prop_us"] = time_fn(lambda: plan.run(q, k, v, out=scratch), flusher.read, graph=True)["median_us"]
+    if product.one_launch is not None:
+        case["santa_plan"] = product.one_launch.plan.name
+        case["santa_one_launch_us"] = time_fn(lambda: product.run(q, k, v, out=scratch), flusher.read, graph=True)["median_us"]
     try:  # the dense backend to beat on these shapes (benchmarks/RESULTS.md): cuDNN through SDPA, same inputs, same call
         case["cudnn_us"] = time_fn(sdpa_fn(q, k, v, "cudnn"), flusher.read, graph=True)["median_us"]
     except RuntimeError as exc:
@@ -72,6 +83,7 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
     if best is not None:
         case["one_launch_us"], case["best_plan"] = best[0], best[1].name
         case["positional"] = check_positional(kernels, best[1], shape=shape, inputs=(q, k, v), santa_plan=plan)
+    case["offset_in_memory"] = check_offset_in_memory(shape=shape, inputs=(q, k, v), santa_plan=plan, product=product)
     return case
 
 
@@ -87,9 +99,9 @@ def check_positional(kernels: Kernels, plan, *, shape: dict, inputs: tuple, sant
     seq_lens = torch.tensor([max(n // 2, n - 37 * b - 1) for b in range(batch)], dtype=torch.int32, device="cuda")
     santa_counts = torch.zeros(batch, heads, n, dtype=torch.int32, device="cuda")
     santa_plan.run(q, k, v, seq_lens=seq_lens, seed=seeds, positions=positions, counts=santa_counts)
-    prop = OneLaunchProp(kernels, plan, **shape)
+    prop = one_launch(kernels, plan, shape)
     counts = torch.zeros_like(santa_counts)
-    out = prop.run(q, k, v, out=torch.empty_like(q), seq_lens=seq_lens, seeds=seeds, positions=positions, counts=counts)
+    out = prop.run(q, k, v, out=torch.empty_like(q), seq_lens=seq_lens, seed=seeds, positions=positions, counts=counts)
     torch.cuda.synchronize()
     beyond = torch.arange(n, device="cuda") >= seq_lens[:, None, None]
     group = heads // shape["kv_heads"]
@@ -99,6 +111,31 @@ def check_positional(kernels: Kernels, plan, *, shape: dict, inputs: tuple, sant
             "rows_equal_to_santa": float((counts == santa_counts).all(-1).float().mean()),
             "samples_moved": int((counts - santa_counts).abs().sum()) // 2,
             "max_abs_diff_to_own_counts": float((out.float() - own.reshape(out.shape)).abs().max())}
+
+
+def check_offset_in_memory(*, shape: dict, inputs: tuple, santa_plan, product) -> dict | None:
+    """santa's default prop (the one-launch kernel, through ``DecodePlan.run``) with one seed, the offset in device
+    memory (graph replay) and every sequence at full length, against the two-launch prop on the same arguments."""
+    if product.one_launch is None:
+        return None
+    q, k, v = inputs
+    batch, heads, n = shape["batch"], shape["heads"], shape["n"]
+    offset = torch.tensor([2**33 + 5], dtype=torch.int64, device="cuda")
+    want = torch.zeros(batch, heads, n, dtype=torch.int32, device="cuda")
+    santa_plan.run(q, k, v, seed=SEED, offset=offset, counts=want)
+    counts = torch.zeros_like(want)
+    product.run(q, k, v, seed=SEED, offset=offset, counts=counts)
+    torch.cuda.synchronize()
+    return {"every_head_draws_S": bool((counts.sum(-1) == BUDGET).all()),
+            "rows_equal_to_santa": float((counts == want).all(-1).float().mean()),
+            "samples_moved": int((counts - want).abs().sum()) // 2}
+
+
+def one_launch(kernels: Kernels, plan, shape: dict, kernel: str | None = None) -> OneLaunch:
+    """santa's OneLaunch on the benchmark's module (with the phase kernels) and this ``plan``."""
+    return OneLaunch(batch=shape["batch"], heads=shape["heads"], kv_heads=shape["kv_heads"], head_dim=shape["dim"],
+                     n_keys=shape["n"], budget=shape["budget"], scale=shape["dim"] ** -0.5, device=torch.device("cuda"),
+                     module=kernels, plan=plan, kernel=kernel)
 
 
 def run_plan(kernels: Kernels, flusher: Flusher, plan, *, shape: dict, inputs: tuple, santa: tuple) -> dict:
@@ -114,7 +151,7 @@ def run_plan(kernels: Kernels, flusher: Flusher, plan, *, shape: dict, inputs: t
            "shared_bytes": plan.shared(group_size=group, dim=dim, budget=budget), "grid": grid, "rounds": len(plan.rounds),
            "slice_counts": sorted({w.slices for w in works})}
     try:  # per kernel (the full one and its phases): its own buffers
-        props = {name: OneLaunchProp(kernels, plan, **shape, kernel=name) for name in phase_names(plan.kernel)}
+        props = {name: one_launch(kernels, plan, shape, kernel=name) for name in phase_names(plan.kernel)}
     except (RuntimeError, ValueError) as exc:  # too much shared memory, too few CTAs resident, or a broken context
         row["error"] = str(exc)
         return row
@@ -274,7 +311,12 @@ def describe(name: str, case: dict) -> str:
     """One line per case: santa's prop, then per plan the time, its phases and the check."""
     if "error" in case:
         return f"{name}: {case['error']}"
-    parts = [f"{name}: santa prop {case['santa_prop_us']:.1f} µs, cuDNN {case.get('cudnn_us', float('nan')):.1f}"]
+    parts = [f"{name}: two-launch prop {case['santa_prop_us']:.1f} µs, santa's default "
+             f"{case.get('santa_one_launch_us', float('nan')):.1f} ({case.get('santa_plan')}), cuDNN {case.get('cudnn_us', float('nan')):.1f}"]
+    if case.get("offset_in_memory"):
+        off = case["offset_in_memory"]
+        parts.append(f"default prop, offset in memory: equal {off['rows_equal_to_santa']:.2f} moved {off['samples_moved']} "
+                     f"S {off['every_head_draws_S']}")
     if "positional" in case:
         pos = case["positional"]
         parts.append(f"positional draw, ragged lengths ({pos['plan']}): equal {pos['rows_equal_to_santa']:.2f} moved "

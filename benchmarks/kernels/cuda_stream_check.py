@@ -28,8 +28,9 @@ import torch
 sys.path.insert(0, ".")
 from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
 
+from santa.kernels.one_launch import CudaModule, kept_bytes  # noqa: E402
+
 SOURCE = Path(__file__).with_name("cuda_stream") / "stream.cu"
-THREADS = 256
 # (name, batch, keys, q heads, kv heads, head dim)
 CASES = [("llama 8k", 1, 8192, 32, 8, 128), ("llama 32k", 1, 32768, 32, 8, 128), ("llama 128k", 1, 131072, 32, 8, 128),
          ("llama B=8 x 32k", 8, 32768, 32, 8, 128), ("llama B=32 x 32k", 32, 32768, 32, 8, 128),
@@ -45,18 +46,12 @@ KEEP_TILE, SHARED_BYTES = 8, 48 * 1024
 READS = {(128, 4): [("read_d128_g4_u4", 64), ("read_d128_g4_u8", 128)]}  # the same loads without scores: the read's own speed
 
 
-class Kernels:
-    """The cubin's entry points, launched with cuLaunchKernel on torch's current stream."""
+class Kernels(CudaModule):
+    """stream.cu's module (a cubin, or PTX the driver compiles) loaded from a file, with its ``__device__`` globals and
+    a launcher for the stream kernels; launches go to torch's current stream (captured in CUDA graphs like any)."""
 
-    def __init__(self, cubin: Path):
-        self.cuda = ctypes.CDLL("libcuda.so.1")
-        self.module = ctypes.c_void_p()
-        self._check(self.cuda.cuModuleLoad(ctypes.byref(self.module), str(cubin).encode()), "cuModuleLoad")
-        self.functions = {}
-
-    def _check(self, status: int, what: str) -> None:
-        if status != 0:
-            raise RuntimeError(f"{what} failed with CUresult {status}")
+    def __init__(self, path: Path):
+        super().__init__(Path(path).read_bytes())
 
     def _global(self, name: str) -> tuple[ctypes.c_uint64, int]:
         """The device address and size in bytes of the module's ``__device__`` variable ``name``."""
@@ -77,13 +72,6 @@ class Kernels:
         ptr, size = self._global(name)
         self._check(self.cuda.cuMemsetD8_v2(ptr, ctypes.c_ubyte(0), ctypes.c_size_t(size)), "cuMemsetD8")
 
-    def function(self, name: str) -> ctypes.c_void_p:
-        if name not in self.functions:
-            fn = ctypes.c_void_p()
-            self._check(self.cuda.cuModuleGetFunction(ctypes.byref(fn), self.module, name.encode()), f"cuModuleGetFunction({name})")
-            self.functions[name] = fn
-        return self.functions[name]
-
     def launch(self, name: str, grid: tuple[int, int, int], q, k, stats, n: int, hkv: int, slice_len: int, scale: float,
                tile_stats=None, shared_bytes: int = 0):
         values = [ctypes.c_void_p(q.data_ptr()), ctypes.c_void_p(k.data_ptr()), ctypes.c_void_p(stats.data_ptr()),
@@ -91,32 +79,6 @@ class Kernels:
         if tile_stats is not None:  # the keep_* kernels
             values.append(ctypes.c_void_p(tile_stats.data_ptr()))
         self.launch_values(name, grid, values, shared_bytes=shared_bytes)
-
-    def launch_values(self, name: str, grid: tuple[int, int, int], values: list, *, shared_bytes: int = 0,
-                      cooperative: bool = False) -> None:
-        """Launch ``name`` with the ctypes ``values`` as its arguments, on torch's current stream; ``cooperative``:
-        every CTA resident at once (cuLaunchCooperativeKernel, or the launch fails)."""
-        args = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
-        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        fn = self.function(name)
-        if cooperative:
-            status = self.cuda.cuLaunchCooperativeKernel(fn, *grid, THREADS, 1, 1, shared_bytes, stream, args)
-            self._check(status, "cuLaunchCooperativeKernel")
-        else:
-            self._check(self.cuda.cuLaunchKernel(fn, *grid, THREADS, 1, 1, shared_bytes, stream, args, None), "cuLaunchKernel")
-
-    def allow_shared(self, name: str, shared_bytes: int) -> None:
-        """Let ``name`` take ``shared_bytes`` of dynamic shared memory (past the default 48 KB). The carveout stays
-        the driver's choice: preferring all of it for shared memory (attribute 9 = 100) made every two-CTA plan 3–6 %
-        slower (less L1 for the K loads; measured 2026-12-03, KERNEL_NOTES run 16)."""
-        self._check(self.cuda.cuFuncSetAttribute(self.function(name), 8, shared_bytes), "cuFuncSetAttribute")  # 8: MAX_DYNAMIC_SHARED
-
-    def resident_per_sm(self, name: str, shared_bytes: int) -> int:
-        """CTAs of ``name`` (THREADS threads, ``shared_bytes`` dynamic shared memory) that fit on one SM at once."""
-        blocks = ctypes.c_int()
-        self._check(self.cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(blocks), self.function(name), THREADS,
-                                                                         ctypes.c_size_t(shared_bytes)), "cuOccupancy")
-        return blocks.value
 
 
 def build_module(module: Path) -> str:
@@ -169,12 +131,6 @@ def run_cases(path: str, *, cases: list, cubin: Path, commit: str | None, measur
                 print(describe(name, record), flush=True)
     except OutputUnusable as error:  # another run holds the file, or it cannot be written: one line
         sys.exit(f"{holder}: {error}")
-
-
-def kept_bytes(heads: int, slice_len: int) -> int:
-    """Shared memory a KEEP stream takes (stream.cu's kept_floats): the scores and one float per 8-key subtile."""
-    stride = -(-slice_len // 32) * 32 + 8  # kept_stride: rows padded so that the heads' stores fall in other banks
-    return 4 * heads * (stride + -(-slice_len // 8))
 
 
 def reference_stats(q, k, slices: int, slice_len: int, tile: int | None = None) -> torch.Tensor:

@@ -118,9 +118,9 @@ for stage in "$@"; do
       PYTHONPATH=/tmp/pkgs:$PYTHONPATH SANTA_CACHE=/tmp/santa HF_HUB_OFFLINE=1 python3 -m benchmarks.bench.real \
         --lengths 4096,8192 --batches 1,16 --budget 128 --out /tmp/real > "$OUT/real.log" 2>&1
       cp /tmp/real/real.json "$OUT/real.json" ;;
-    e2eone)  # issue 24: santa bench e2e with the one-launch CUDA prop (cuda-prop1) beside cuDNN (sdpa), santa's prop and
+    e2eone)  # issue 24: santa bench e2e, santa-prop (the one-launch CUDA prop) beside its two Triton launches, cuDNN (sdpa) and
              # weights-only, each model in its own bounded process; E2E_ONE_MODELS picks (default: llama qwen smollm2)
-      B=sdpa,santa-prop,cuda-prop1,weights-only
+      B=sdpa,santa-prop,santa-prop-2launch,weights-only
       for model in ${E2E_ONE_MODELS:-llama qwen smollm2}; do
         case $model in
           llama) args="--batches 1,6,16 --prompts 30000" ;;

@@ -24,7 +24,7 @@ def generate_plugged(model, prompts, max_new_tokens, backend, *, stop_tokens=(),
     attention for ``backend`` plugged in; returns the new tokens of each prompt."""
     padded, lengths = pad_prompts(prompts, vocab_size=model.args.vocab_size)
     model.setup_caches(padded.shape[0], padded.shape[1] + max_new_tokens)
-    attention, _ = e2e.plugged_attention(model, backend)
+    attention, _ = e2e.plugged_attention(model, backend, budget=kwargs.get("budget", 128))
     ctx = make_context(model, backend, prompt_len=lengths, attention=attention, **kwargs)
     token = prefill(model, padded, lengths=lengths)
     return decode_tokens(model, ctx, token, lengths, max_new_tokens, stop_tokens=torch.tensor(list(stop_tokens), dtype=torch.long),
@@ -111,15 +111,14 @@ def test_the_plugged_flashinfer_reads_santa_models_cache_as_pages_planned_per_st
     assert [list(row) for row in zip(*drawn, strict=True)] == [row[1:].tolist() for row in dense]
 
 
-@pytest.mark.parametrize("flags", [["--device", "cpu"], ["--kv-cache-dtype", "fp8"], ["--dtype", "float16"]])
-def test_e2e_refuses_the_one_launch_prop_where_it_cannot_run_naming_it(flags, capsys):
-    """cuda-prop1 (issue 24's CUDA kernel, benchmarks/kernels/cuda_stream/one_launch.py) reads bf16 caches on a CUDA
-    device: anything else is refused before any work, naming the backend and what it needs."""
-    with pytest.raises(SystemExit) as exit_info:
-        e2e.parse_args(["--backends", "sdpa,cuda-prop1", "--device", "cpu", *flags])
-    assert exit_info.value.code == 2
-    assert "cuda-prop1 runs on a CUDA device" in capsys.readouterr().err
+def test_e2e_runs_santas_two_launch_prop_only_when_asked():
+    assert "santa-prop-2launch" not in e2e.parse_args(["--device", "cpu", "--config", "tiny", "--batches", "1", "--prompts", "8"]).backends
 
 
-def test_e2e_runs_the_one_launch_prop_only_when_asked():
-    assert "cuda-prop1" not in e2e.parse_args(["--device", "cpu", "--config", "tiny", "--batches", "1", "--prompts", "8"]).backends
+def test_the_plugged_two_launch_prop_draws_the_tokens_of_santa_models_prop(tiny_transformer):
+    """santa-prop-2launch is santa.model's santa-prop step on a plan that never takes the one-launch kernel: off Hopper
+    (here, the CPU) the two are the same computation, so they decode the same tokens."""
+    prompt = torch.randint(0, CONFIGS["tiny"].vocab_size, (2, 12), generator=torch.Generator().manual_seed(8))
+    plugged = generate_plugged(tiny_transformer, prompt, 4, "santa-prop-2launch", budget=8, seed=3)
+    built_in = generate(tiny_transformer, prompt, 4, backend="santa-prop", budget=8, seed=3)
+    assert [[int(t) for t in row] for row in plugged] == [[int(t) for t in row] for row in built_in]

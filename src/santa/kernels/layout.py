@@ -37,6 +37,9 @@ class Tuning:
     k_evict_first: bool | None = None  # pass 1 loads K with L2 policy evict_first, so the stash stays in L2
     discard_stash: bool | None = None  # pass 2 drops each row's dead stash from L2 (no write-back to DRAM)
     pass1_programs: int | None = None  # pass-1 programs at most (a power of two); a smaller grid loops over the tiles
+    # the one-launch CUDA prop (santa.kernels.one_launch) where it serves the call (None: yes); False: the Triton prop's
+    # two launches always. The two draw the same samples up to float32 CDF rounding (a sample on a CDF step may move).
+    one_launch: bool | None = None
 
 
 def prop_tile(dim: int, tuning: Tuning = Tuning()) -> int:

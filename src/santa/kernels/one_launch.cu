@@ -209,13 +209,14 @@ __device__ __forceinline__ int4 load_work(const int4* p) {
   asm volatile("ld.global.nc.v4.s32 {%0, %1, %2, %3}, [%4];" : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w) : "l"(p));
   return w;
 }
-// The keys a group's sequence holds: seq_lens[b] clamped to [0, n] (n, the cache's keys per sequence, where seq_lens is
-// nullptr). Read-only for the launch (a decode step's lengths change between launches, never during one).
+// The keys a group's sequence holds as given: seq_lens[b] (n, the cache's keys per sequence, where seq_lens is nullptr;
+// the caller clamps it to [0, n] and makes the sequence's output NaN if it lies outside). Read-only for the launch (a
+// decode step's lengths change between launches, never during one).
 __device__ __forceinline__ int load_len(const int* seq_lens, int group, int hkv, int n) {
   if (seq_lens == nullptr) return n;
   int x;
   asm volatile("ld.global.nc.s32 %0, [%1];" : "=r"(x) : "l"(seq_lens + group / hkv));
-  return min(max(x, 0), n);
+  return x;
 }
 
 // santa's uniform for counter (c0, c1, c2, c3) under a 64-bit key: Philox4x32-10 as Triton's tl.philox (key halves
@@ -236,13 +237,30 @@ __device__ __forceinline__ float philox_uniform(unsigned long long key, unsigned
   const int x = (int)c0;
   return (float)(x < 0 ? -x - 1 : x) * 4.6566127342e-10f;
 }
-// The comb offset U of query head `head` of sequence b: uniforms[b · H + head] where given, else santa's positional
-// draw (santa.kernels._common.call_uniforms with a key per sequence): key seeds[b], counter (positions[b], head, 0)
-__device__ __forceinline__ float comb_offset(const float* uniforms, const long long* seeds, const long long* positions,
-                                             int b, int heads, int head) {
-  if (uniforms != nullptr) return __ldg(uniforms + (size_t)b * heads + head);
-  const unsigned long long pos = (unsigned long long)__ldg(positions + b);
-  return philox_uniform((unsigned long long)__ldg(seeds + b), (unsigned)pos, (unsigned)(pos >> 32), (unsigned)head, 0u);
+// A launch's randomness, as santa's kernels draw it (santa.kernels._common.call_uniforms): the key is seeds[b] (one per
+// sequence) or seed; the counter (positions[b], head, 0) where positions are given (int64, or int32 where positions_64
+// is 0: a draw that does not depend on the batch row), else (offset, b·H + head, 0), the offset read from offset_ptr
+// where given (graph replay). uniforms (float32 [B, H]) replaces all of it where given (the benchmarks' checks).
+struct Draw {
+  const float* uniforms;
+  unsigned long long seed;
+  const long long* seeds;
+  unsigned long long offset;
+  const long long* offset_ptr;
+  const void* positions;
+  int positions_64;
+};
+// The comb offset U of query head `head` of sequence b
+__device__ __forceinline__ float comb_offset(const Draw& draw, int b, int heads, int head) {
+  if (draw.uniforms != nullptr) return __ldg(draw.uniforms + (size_t)b * heads + head);
+  const unsigned long long key = draw.seeds != nullptr ? (unsigned long long)__ldg(draw.seeds + b) : draw.seed;
+  if (draw.positions != nullptr) {
+    const long long pos = draw.positions_64 ? __ldg(static_cast<const long long*>(draw.positions) + b)
+                                            : (long long)__ldg(static_cast<const int*>(draw.positions) + b);
+    return philox_uniform(key, (unsigned)pos, (unsigned)((unsigned long long)pos >> 32), (unsigned)head, 0u);
+  }
+  const unsigned long long off = draw.offset_ptr != nullptr ? (unsigned long long)__ldg(draw.offset_ptr) : draw.offset;
+  return philox_uniform(key, (unsigned)off, (unsigned)(off >> 32), (unsigned)(b * heads + head), 0u);
 }
 
 // prop in one launch (issue 24), fifth version. Exact global systematic sampling as santa's two-launch prop, for
@@ -276,8 +294,7 @@ __device__ __forceinline__ float comb_offset(const float* uniforms, const long l
 // S > n checks, fp8, other dtypes.
 template <int D, int G, int U, int STAGE>
 __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
-                                           const __nv_bfloat16* __restrict__ v, const float* __restrict__ uniforms,
-                                           const long long* __restrict__ seeds, const long long* __restrict__ positions,
+                                           const __nv_bfloat16* __restrict__ v, const Draw& draw,
                                            const int* __restrict__ seq_lens,
                                            __nv_bfloat16* __restrict__ out, int* __restrict__ counts,
                                            unsigned long long* __restrict__ slice_stats,
@@ -313,7 +330,10 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   constexpr int VECS = G * D / 8;  // the group's 8-element output vectors
   const int h = group % hkv, b = group / hkv;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // this slice of the sequence's len keys: ⌈len / C⌉ keys each (the schedule's slice_len = ⌈n / C⌉ sizes shared memory)
+  // this slice of the sequence's len keys: ⌈len / C⌉ keys each (the schedule's slice_len = ⌈n / C⌉ sizes shared memory);
+  // a length outside [0, n] is clamped for every read and makes the sequence's output NaN (it samples nothing)
+  const bool bad_len = len < 0 || len > n;
+  len = min(max(len, 0), n);
   const int per_slice = (len + slices - 1) / slices;
   const int start = min(c * per_slice, len), stop = min(len, start + per_slice), keys = stop - start;
   const int stride = kept_stride(slice_len), n_sub = (slice_len + 7) / 8, live_subs = (keys + 7) / 8;
@@ -322,7 +342,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   float* group_stats = smem + kept_floats(G, slice_len);
   const size_t head0 = (size_t)b * hkv * G + (size_t)h * G;  // the group's first query-head row
   unsigned long long* group_words = slice_stats + (size_t)group * G * stats_slots * 2;  // [G][slices][2] of the group
-  const float uni = warp < G ? comb_offset(uniforms, seeds, positions, b, hkv * G, h * G + warp) : 0.f;  // used after the stream
+  const float uni = warp < G ? comb_offset(draw, b, hkv * G, h * G + warp) : 0.f;  // used after the stream
 
   // ---- stream; the slice's (m_c, w_c) per head, published at once
   float m, l;
@@ -451,7 +471,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     const int live_sub = last_live_sub[g];
     const float total = live_sub >= 0 ? cg[live_subs - 1] : 0.f;
     const int first_m = max(0, (int)ceilf(p_lo - uni) - 1), last_m = min(budget - 1, (int)ceilf(p_hi - uni));
-    for (int m0 = first_m; m0 <= last_m && z > 0.f; m0 += 32) {
+    for (int m0 = first_m; m0 <= last_m && z > 0.f && !bad_len; m0 += 32) {  // a NaN z (poisoned row) places nothing
       const int mm = m0 + lane;
       const float mf = (float)mm;
       if (mm <= last_m && (p_lo - mf) <= uni && uni < (p_hi - mf)) {
@@ -479,7 +499,8 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
       }
       if (m0 == first_m) mark(4);  // head 0's first points placed
     }
-    if (lane == 0) head_mass[g] = z;  // for the gather: a row without mass has no samples to wait for
+    // for the gather (a row without mass has no samples to wait for) and the output (NaN: NaN or +inf scores, or a bad length)
+    if (lane == 0) head_mass[g] = bad_len ? NAN : z;
   }
   mark(5);  // head 0's keys written
   if constexpr (STAGE == 2) return;
@@ -533,7 +554,8 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     for (int mm = part; mm < budget; mm += 4) sum += rows[(size_t)mm * 8];
     sum += __shfl_xor_sync(0xffffffffu, sum, 8);
     sum += __shfl_xor_sync(0xffffffffu, sum, 16);
-    if (part == 0) out[head0 * D + (size_t)(vec0 + vec_local) * 8 + e] = __float2bfloat16(sum / (float)budget);
+    const float mass = head_mass[(vec0 + vec_local) / (D / 8)];
+    if (part == 0) out[head0 * D + (size_t)(vec0 + vec_local) * 8 + e] = __float2bfloat16(mass != mass ? NAN : sum / (float)budget);
   }
   mark(7);
 }
@@ -568,11 +590,12 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
 #define SANTA_PROP_ONE_LAUNCH(NAME, D, G, U, STAGE)                                                                \
   extern "C" __global__ void __launch_bounds__(kThreads, 2)                                                        \
       NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* uniforms,             \
-           const long long* seeds, const long long* positions, const int* seq_lens,                                   \
-           __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* sampled,              \
+           unsigned long long seed, const long long* seeds, unsigned long long offset, const long long* offset_ptr,    \
+           const void* positions, int positions_64, const int* seq_lens, __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* sampled,              \
            unsigned* epoch, long long* marks, const int4* schedule, unsigned* arrivals, int rounds, int stats_slots,   \
            int n, int hkv, float scale, int budget) {                                                               \
     const int cta = schedule_cta(arrivals);                                                                         \
+    const Draw draw{uniforms, seed, seeds, offset, offset_ptr, positions, positions_64};                           \
     const int4 idle = make_int4(-1, 0, 0, 0);                                                                       \
     int4 work = rounds > 0 ? load_work(schedule + cta) : idle;                                                      \
     unsigned seen = work.x >= 0 ? load_epoch(epoch + work.x) : 0u;                                                  \
@@ -583,7 +606,7 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
       unsigned next_seen = 0u;                                                                                      \
       int next_len = 0;                                                                                             \
       if (work.x >= 0) {                                                                                            \
-        prop_slice<D, G, U, STAGE>(q, k, v, uniforms, seeds, positions, seq_lens, out, counts, slice_stats, sampled, \
+        prop_slice<D, G, U, STAGE>(q, k, v, draw, seq_lens, out, counts, slice_stats, sampled, \
                                    epoch, marks, n, hkv, work.x, work.y, work.z, work.w, stats_slots, slot, scale,   \
                                    budget, seen, len, next.x, next_seen, next_len);                                 \
         __syncthreads(); /* the next item reuses shared memory */                                                  \

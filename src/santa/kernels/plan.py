@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from santa.checks import integer
-from santa.kernels import _launch, reference
+from santa.kernels import _launch, one_launch, reference
 from santa.kernels.layout import (
     ELEMENT_SIZE,
     TILE_SEARCHES,
@@ -288,7 +288,7 @@ def checked_tuning(tuning: object) -> Tuning:
             raise ValueError(f"Tuning.stages_pass1 must be None or an int in [1, 4], got {int(tuning.stages_pass1)}") from None
     if tuning.tile_search not in (None, *TILE_SEARCHES):
         raise ValueError(f"Tuning.tile_search must be None or one of {TILE_SEARCHES}, got {tuning.tile_search!r}")
-    for name in ("pdl", "k_evict_first", "discard_stash"):
+    for name in ("pdl", "k_evict_first", "discard_stash", "one_launch"):
         if getattr(tuning, name) is not None and not isinstance(getattr(tuning, name), bool):
             raise TypeError(f"Tuning.{name} must be None or a bool, got {getattr(tuning, name)!r}")
     return dataclasses.replace(tuning, **ints) if ints else tuning
@@ -408,6 +408,30 @@ class DecodePlan:
         # discard.global.L2 needs sm_80; the interpreter has no PTX
         self.discard_stash = kernel == "prop" and major >= 8 and tuning.discard_stash is not False
         self._launchers: dict[tuple, tuple] = {}
+        self.one_launch = self._plan_one_launch(device)
+
+    def _plan_one_launch(self, device: torch.device):
+        """The one-launch CUDA prop for this plan (:mod:`santa.kernels.one_launch`: Hopper, bf16, contiguous NHD), made
+        now (its module and buffers, outside any CUDA graph), or None: the Triton prop serves every call."""
+        s = self.shape
+        if self.tuning.one_launch is False or not one_launch.eligible(
+                device=device, kernel=self.kernel, dtype=s.dtype, kv_dtype=s.kv_dtype, kv_layout=s.kv_layout,
+                page_size=s.page_size, head_dim=s.head_dim, group_size=self.group):
+            return None
+        try:
+            return one_launch.OneLaunch(batch=s.batch, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim,
+                                        n_keys=s.n_keys, budget=self.budget, scale=self.scale, device=device)
+        except ValueError:  # no plan fits shared memory (a large budget), or the module did not load (warned once)
+            return None
+
+    def _one_launch_serves(self, q, k_cache, v_cache, block_table, out, counts, workspace, k_scale, v_scale, starts) -> bool:
+        """Whether this call runs the one-launch prop: the plan has one, and the call needs nothing it lacks (a block
+        table, a workspace of the caller's, ``starts``, cache scales, non-contiguous tensors)."""
+        return (self.one_launch is not None and block_table is None and workspace is None and starts is None
+                and not isinstance(k_scale, torch.Tensor) and not isinstance(v_scale, torch.Tensor)
+                and float(k_scale) == 1.0 and float(v_scale) == 1.0 and k_cache.shape[1] == self.shape.n_keys
+                and q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
+                and (out is None or out.is_contiguous()) and (counts is None or counts.is_contiguous()))
 
     @property
     def workspace(self) -> Workspace:
@@ -539,6 +563,9 @@ class DecodePlan:
                 return self.run(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
                                 out=out, counts=counts, workspace=workspace, k_scale=k_scale, v_scale=v_scale,
                                 positions=positions, starts=starts)
+        if self._one_launch_serves(q, k_cache, v_cache, block_table, out, counts, workspace, k_scale, v_scale, starts):
+            return self.one_launch.run(q, k_cache, v_cache, out=torch.empty_like(q) if out is None else out, seq_lens=seq_lens,
+                                       seed=seed, offset=offset, positions=positions, counts=counts)
         if out is None:
             out = torch.empty_like(q)
         launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale, seed, positions, starts)

@@ -1,4 +1,4 @@
-"""The work schedule of the one-launch prop (``prop1_*`` in ``stream.cu``): which (group, slice) each CTA of the
+"""The work schedule of the one-launch prop (``prop1_*`` in ``one_launch.cu``): which (group, slice) each CTA of the
 persistent grid takes in each round. A group is one (sequence, KV head); its n keys are cut into C_g slices of
 ⌈n / C_g⌉ keys, and all of a group's slices sit in the same round (the kernel's group barrier then waits only on
 CTAs that reach that round: no cycle, since every CTA is resident).

@@ -1,9 +1,10 @@
-"""The one-launch prop's work schedule (benchmarks/kernels/cuda_stream/schedule.py): every key of every group is
+"""The one-launch prop's work schedule (santa.kernels.schedule): every key of every group is
 streamed exactly once, a group's slices share one round (the kernel's barrier cannot wait on a later round), no CTA
 takes two items in a round, and the staggered halves run half a round apart."""
 
 import pytest
-from benchmarks.kernels.cuda_stream.schedule import build_schedule, schedule_table
+
+from santa.kernels.schedule import build_schedule, schedule_table
 
 
 def covered_keys(rounds, n):

@@ -1,0 +1,287 @@
+"""prop in one cooperative CUDA launch on Hopper (issue 24): ``one_launch.cu``'s ``prop1_*`` kernels, their plan and launch.
+
+The same estimator as the Triton prop (:mod:`santa.kernels.prop`, exact global systematic sampling: the same samples for
+the same uniforms, up to float32 CDF rounding), in one launch instead of two: a persistent grid of two CTAs per SM,
+each streaming one slice of one group's keys (group = sequence, KV head) with its scores kept in shared memory (no
+stash), the group's slices exchanging their statistics and sampled keys through tagged words, each placing the comb
+points that fall in its slice and gathering the V rows of the output vectors it owns. Measured on the H200 against the
+two-launch prop in the same call: 1.02–1.15× faster kernels, 1.02–1.06× faster decode steps (benchmarks/RESULTS.md).
+
+What it serves (:func:`eligible`): sm_90 devices, bf16 q and caches, contiguous NHD caches, (head dim, query heads per
+KV head) in :data:`SHAPES`, where a plan fits shared memory; a call with a block table, a shared workspace, ``starts``
+or cache scales takes the Triton prop (:meth:`santa.kernels.DecodePlan.run` decides per call). Per-sequence lengths
+are read on the device (graph-safe); a length outside ``[0, n_keys]`` is clamped and gives NaN, as do NaN or +inf
+scores; every seed, offset and positions form of the Triton kernels is drawn the same way.
+
+The kernels ship as PTX (``one_launch.ptx``, built from ``one_launch.cu`` by :func:`build_ptx` where nvcc is installed:
+``python -c "from santa.kernels.one_launch import build_ptx; build_ptx()"``; its first line holds the source's SHA-256,
+which a CPU test checks) that the driver compiles
+when it loads it: no compiler on the user's machine. A driver that cannot load it (one older than the PTX's ISA) makes
+every plan take the Triton prop, with one warning.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import subprocess
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from santa.kernels.schedule import build_schedule, schedule_table
+
+SOURCE = Path(__file__).with_name("one_launch.cu")
+PTX = Path(__file__).with_name("one_launch.ptx")
+NVCC_FLAGS = ("-arch=sm_90a", "-O3", "-ptx")
+THREADS = 256
+SHARED_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90
+SHAPES = {(128, 4), (64, 7), (64, 3)}  # (head dim, G) with a prop1_* kernel
+MAX_ONE_WAVE_SLICES = 66  # more slices per group than this measured slower (Qwen 32k: 132 slices 17.8 µs, 66 15.9)
+ROUNDS_SLICE_KEYS = {128: 4096, 64: 2048}  # keys per slice where groups run in rounds (the measured best, see choose_plan)
+
+
+def source_digest(source: Path = SOURCE) -> str:
+    return hashlib.sha256(source.read_bytes()).hexdigest()
+
+
+def ptx_header(digest: str) -> str:
+    return f"// santa: PTX of one_launch.cu sha256 {digest}, nvcc {' '.join(NVCC_FLAGS)}\n"
+
+
+def build_ptx(nvcc: str = "nvcc") -> Path:
+    """Rebuild ``one_launch.ptx`` from ``one_launch.cu`` (needs nvcc ≥ 12.4); its first line records the source's hash."""
+    out = PTX.with_suffix(".tmp.ptx")
+    subprocess.run([nvcc, *NVCC_FLAGS, "-o", str(out), str(SOURCE)], check=True)
+    PTX.write_text(ptx_header(source_digest()) + out.read_text())
+    out.unlink()
+    return PTX
+
+
+def kernel_name(dim: int, group_size: int) -> str:
+    return f"prop1_d{dim}_g{group_size}"
+
+
+def kept_bytes(heads: int, slice_len: int) -> int:
+    """Shared memory of a slice's kept scores (one_launch.cu's kept_floats): rows padded to other banks, one float per
+    8-key subtile."""
+    stride = -(-slice_len // 32) * 32 + 8
+    return 4 * heads * (stride + -(-slice_len // 8))
+
+
+def slice_shared(*, slices: int, slice_len: int, group_size: int, dim: int, budget: int) -> int:
+    """Dynamic shared memory of one CTA working on a slice of a group cut in ``slices``: the kept scores and subtiles
+    plus the group's stats, or the gather's rows [vectors][S][8] float32 where those take more."""
+    vectors_per_cta = -(-group_size * dim // 8 // slices)
+    return max(kept_bytes(group_size, slice_len) + 4 * group_size * slices * 2, 4 * 8 * budget * vectors_per_cta)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One schedule of one kernel: ``name`` C<slices>[s] (s: staggered halves), ``rounds`` from :mod:`santa.kernels.schedule`."""
+
+    name: str
+    kernel: str
+    rounds: list = field(repr=False)
+    staggered: bool
+
+    @property
+    def works(self) -> list:
+        return [w for row in self.rounds for w in row if w is not None]
+
+    @property
+    def grid(self) -> int:
+        return len(self.rounds[0])
+
+    @property
+    def slots(self) -> int:  # stats slots per (group, head): the largest slice count
+        return max(w.slices for w in self.works)
+
+    def shared(self, *, group_size: int, dim: int, budget: int) -> int:
+        return max(slice_shared(slices=w.slices, slice_len=w.slice_len, group_size=group_size, dim=dim, budget=budget)
+                   for w in self.works)
+
+
+def make_plan(*, slices: int, grid: int, groups: int, n: int, group_size: int, dim: int, staggered: bool) -> Plan:
+    rounds = build_schedule(groups=groups, n=n, slices=slices, grid=grid, kind="staggered" if staggered else "rounds")
+    return Plan(f"C{slices}" + ("s" if staggered else ""), kernel_name(dim, group_size), rounds, staggered)
+
+
+def choose_plan(*, batch: int, kv_heads: int, group_size: int, dim: int, n: int, budget: int, sms: int, per_sm) -> Plan | None:
+    """The plan santa runs for this shape (a fixed rule, so that a shape always draws the same samples), or None where
+    none fits shared memory. ``per_sm(shared bytes)``: CTAs of the kernel resident on one SM.
+
+    The rule, from the H200 tables of issue 24 (benchmarks/RESULTS.md, 2026-12-03): where every group's slices fit one
+    wave with at least min(8, ⌈n / slice keys⌉) slices each, one wave with the most slices up to 66 (halved past it:
+    Llama 8k–128k 33, Llama B = 4 × 32k 8, Qwen 32k 66, SmolLM2 8k 44, SmolLM2 B = 16 × 8k 5). Otherwise rounds of
+    slices of :data:`ROUNDS_SLICE_KEYS` keys (4096 at d = 128, 2048 at d = 64; at most 16 slices, more where the
+    gather's rows need them), on the staggered schedule at d = 128 (Llama B = 6–32 × 32k: C8s, 2–5 % faster than
+    every CTA in step) and in step at d = 64 (Qwen B = 16 × 32k: C16, 5 % faster than C16s; SmolLM2 B = 64 × 8k:
+    C4 and C4s within 0.4 %)."""
+    if (dim, group_size) not in SHAPES:
+        return None
+    groups = batch * kv_heads
+    shape = dict(group_size=group_size, dim=dim, budget=budget)
+    target = min(16, max(1, -(-n // ROUNDS_SLICE_KEYS[dim])))
+    for slices in range(max(1, 2 * sms // groups), 0, -1):  # the most slices that keep one wave resident
+        shared = slice_shared(slices=slices, slice_len=-(-n // slices), **shape)
+        if shared > SHARED_LIMIT:
+            break
+        if groups * slices <= per_sm(shared) * sms:
+            if slices < min(8, target):
+                break
+            while slices > MAX_ONE_WAVE_SLICES:
+                slices //= 2
+            return make_plan(slices=slices, grid=groups * slices, groups=groups, n=n, group_size=group_size, dim=dim, staggered=False)
+    for slices in range(target, 257):  # rounds: more slices only where one slice's shared memory needs them
+        shared = slice_shared(slices=slices, slice_len=-(-n // slices), **shape)
+        grid = per_sm(shared) * sms if shared <= SHARED_LIMIT else 0
+        if grid >= slices:
+            staggered = dim == 128 and grid // 2 >= 2 * slices and groups * slices > grid
+            return make_plan(slices=slices, grid=grid, groups=groups, n=n, group_size=group_size, dim=dim, staggered=staggered)
+    return None
+
+
+class CudaModule:
+    """A CUDA module loaded into the current context through the driver API (ctypes): its functions, their shared-memory
+    limits and occupancy, and launches on torch's current stream. ``image``: PTX (compiled by the driver) or a cubin."""
+
+    def __init__(self, image: bytes):
+        self.cuda = ctypes.CDLL("libcuda.so.1")
+        self.module = ctypes.c_void_p()
+        self._image = ctypes.create_string_buffer(image)  # NUL-terminated, as cuModuleLoadData wants PTX
+        self._check(self.cuda.cuModuleLoadData(ctypes.byref(self.module), self._image), "cuModuleLoadData")
+        self.functions: dict[str, ctypes.c_void_p] = {}
+
+    @classmethod
+    def from_file(cls, path: Path) -> CudaModule:
+        return cls(Path(path).read_bytes())
+
+    def _check(self, status: int, what: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"{what} failed with CUresult {status}")
+
+    def function(self, name: str) -> ctypes.c_void_p:
+        if name not in self.functions:
+            fn = ctypes.c_void_p()
+            self._check(self.cuda.cuModuleGetFunction(ctypes.byref(fn), self.module, name.encode()), f"cuModuleGetFunction({name})")
+            self.functions[name] = fn
+        return self.functions[name]
+
+    def allow_shared(self, name: str, shared_bytes: int) -> None:
+        """Let ``name`` take ``shared_bytes`` of dynamic shared memory (past the default 48 KB). The carveout stays the
+        driver's: preferring all of it for shared memory made every two-CTA plan 3–6 % slower (less L1 for the K loads;
+        measured 2026-12-03, KERNEL_NOTES run 16)."""
+        if shared_bytes > 48 * 1024:
+            self._check(self.cuda.cuFuncSetAttribute(self.function(name), 8, shared_bytes), "cuFuncSetAttribute")  # 8: MAX_DYNAMIC_SHARED
+
+    def resident_per_sm(self, name: str, shared_bytes: int) -> int:
+        """CTAs of ``name`` (THREADS threads, ``shared_bytes`` dynamic shared memory) that fit on one SM at once."""
+        if shared_bytes > SHARED_LIMIT:
+            return 0
+        self.allow_shared(name, shared_bytes)
+        blocks = ctypes.c_int()
+        self._check(self.cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(blocks), self.function(name), THREADS,
+                                                                         ctypes.c_size_t(shared_bytes)), "cuOccupancy")
+        return blocks.value
+
+    def launch_values(self, name: str, grid: tuple[int, int, int], values: list, *, shared_bytes: int = 0,
+                      cooperative: bool = False) -> None:
+        """Launch ``name`` with the ctypes ``values`` as its arguments, on torch's current stream; ``cooperative``:
+        every CTA resident at once (cuLaunchCooperativeKernel, or the launch fails)."""
+        args = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        fn = self.function(name)
+        if cooperative:
+            self._check(self.cuda.cuLaunchCooperativeKernel(fn, *grid, THREADS, 1, 1, shared_bytes, stream, args),
+                        "cuLaunchCooperativeKernel")
+        else:
+            self._check(self.cuda.cuLaunchKernel(fn, *grid, THREADS, 1, 1, shared_bytes, stream, args, None), "cuLaunchKernel")
+
+
+_MODULES: dict[int, CudaModule | None] = {}
+
+
+def ptx_module(device_index: int) -> CudaModule | None:
+    """``one_launch.ptx`` loaded on CUDA device ``device_index`` (once per process), or None, with one warning, where
+    the driver cannot load it."""
+    if device_index not in _MODULES:
+        try:
+            with torch.cuda.device(device_index):
+                torch.cuda.current_stream().synchronize()  # the device's primary context, current on this thread
+                _MODULES[device_index] = CudaModule(PTX.read_bytes())
+        except (OSError, RuntimeError) as exc:
+            warnings.warn(f"santa: the one-launch prop could not be loaded on cuda:{device_index} ({exc}); "
+                          "its plans run the two-launch Triton prop", RuntimeWarning, stacklevel=2)
+            _MODULES[device_index] = None
+    return _MODULES[device_index]
+
+
+def eligible(*, device: torch.device, kernel: str, dtype: torch.dtype, kv_dtype: torch.dtype, kv_layout: str,
+             page_size: int | None, head_dim: int, group_size: int) -> bool:
+    """Whether a plan of this kind may run the one-launch prop (then :class:`OneLaunch` decides whether one fits)."""
+    return (device.type == "cuda" and kernel == "prop" and dtype == kv_dtype == torch.bfloat16 and kv_layout == "NHD"
+            and page_size is None and (head_dim, group_size) in SHAPES
+            and torch.cuda.get_device_capability(device) == (9, 0))
+
+
+class OneLaunch:
+    """A plan's one-launch prop: its schedule and the buffers its launches share (tagged slice statistics and sampled
+    keys, the groups' epochs, the arrivals per SM). A launch leaves nothing to reset, so successive launches on one
+    stream share them; like a :class:`~santa.kernels.Workspace`, they serve one call at a time.
+
+    ``module`` (default: the PTX on ``device``) and ``plan`` (default: :func:`choose_plan`) are the benchmarks' hooks.
+    Raises ValueError where no plan fits.
+    """
+
+    def __init__(self, *, batch: int, heads: int, kv_heads: int, head_dim: int, n_keys: int, budget: int, scale: float,
+                 device: torch.device, module: CudaModule | None = None, plan: Plan | None = None, kernel: str | None = None):
+        self.module = module if module is not None else ptx_module(device.index)
+        if self.module is None:
+            raise ValueError("the one-launch module is not loaded on this device")
+        group_size = heads // kv_heads
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        name = kernel_name(head_dim, group_size)
+        if plan is None:
+            plan = choose_plan(batch=batch, kv_heads=kv_heads, group_size=group_size, dim=head_dim, n=n_keys, budget=budget,
+                               sms=sms, per_sm=lambda shared: self.module.resident_per_sm(name, shared))
+            if plan is None:
+                raise ValueError(f"no one-launch plan fits {n_keys} keys at S = {budget} in shared memory")
+        self.plan, self.kernel = plan, kernel or plan.kernel
+        self.batch, self.heads, self.kv_heads, self.n_keys, self.budget = batch, heads, kv_heads, n_keys, budget
+        self.shared = plan.shared(group_size=group_size, dim=head_dim, budget=budget)
+        self.per_sm = self.module.resident_per_sm(self.kernel, self.shared)
+        if self.per_sm * sms < plan.grid:
+            raise ValueError(f"plan {plan.name}: {self.per_sm * sms} CTAs resident, the schedule needs {plan.grid}")
+        # staggered: each SM must hold one CTA of each half, which the kernel arranges by counting arrivals per SM
+        self.paired = plan.staggered and self.per_sm == 2 and plan.grid == 2 * sms
+        self.table = torch.tensor(schedule_table(plan.rounds), dtype=torch.int32, device=device)
+        self.stats = torch.zeros(batch * kv_heads, group_size, plan.slots, 2, dtype=torch.int64, device=device)
+        self.sampled = torch.zeros(batch, heads, budget, dtype=torch.int64, device=device)
+        self.epoch = torch.zeros(batch * kv_heads, dtype=torch.int32, device=device)
+        self.arrivals = torch.zeros(1026, dtype=torch.int32, device=device)  # per SM, then per half
+        self.scale_log2 = scale * math.log2(math.e)
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor, seq_lens: torch.Tensor | None = None,
+            seed: int | torch.Tensor = 0, offset: int | torch.Tensor = 0, positions: torch.Tensor | None = None,
+            counts: torch.Tensor | None = None, uniforms: torch.Tensor | None = None, marks: torch.Tensor | None = None) -> torch.Tensor:
+        """One launch on torch's current stream (no host sync, no allocation: graph-capturable). Arguments as
+        :meth:`santa.kernels.DecodePlan.run` (contiguous tensors); ``uniforms`` (float32 ``[B, H]``) replaces the draw
+        and ``marks`` receives per-CTA phase clocks (benchmarks). Returns ``out``."""
+
+        def ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
+            return ctypes.c_void_p(t.data_ptr() if t is not None else 0)
+
+        seeds, seed = (seed, 0) if isinstance(seed, torch.Tensor) else (None, int(seed))
+        offset_ptr, offset = (offset, 0) if isinstance(offset, torch.Tensor) else (None, int(offset))
+        values = [ptr(q), ptr(k), ptr(v), ptr(uniforms), ctypes.c_uint64(seed), ptr(seeds), ctypes.c_uint64(offset),
+                  ptr(offset_ptr), ptr(positions), ctypes.c_int(positions is not None and positions.dtype == torch.int64),
+                  ptr(seq_lens), ptr(out), ptr(counts), ptr(self.stats), ptr(self.sampled), ptr(self.epoch), ptr(marks),
+                  ptr(self.table), ptr(self.arrivals if self.paired else None), ctypes.c_int(len(self.plan.rounds)),
+                  ctypes.c_int(self.plan.slots), ctypes.c_int(self.n_keys), ctypes.c_int(self.kv_heads),
+                  ctypes.c_float(self.scale_log2), ctypes.c_int(self.budget)]
+        self.module.launch_values(self.kernel, (self.plan.grid, 1, 1), values, shared_bytes=self.shared, cooperative=True)
+        return out

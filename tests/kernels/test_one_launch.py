@@ -1,0 +1,203 @@
+"""santa.kernels.one_launch: the one-launch CUDA prop (Hopper). On the CPU: the shipped PTX is the one its source
+builds, the plan rule picks the plans measured fastest, and nothing else takes the path. On an sm_90 GPU: the kernel
+against the reference samplers (the same tests as the Triton prop's, on the shapes it serves), its NaN semantics,
+every form of the draw, and CUDA-graph replay with lengths that change on the device."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from test_kernels import assert_counts_match_systematic, dense_probs
+
+from helpers import make_inputs
+from santa.kernels import Tuning, decode, philox_uniforms, plan_decode
+from santa.kernels import one_launch as ol
+from santa.kernels.reference import sampler_uniforms
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+needs_hopper = pytest.mark.skipif(not HOPPER, reason="the one-launch prop runs on sm_90 GPUs")
+
+
+def test_the_shipped_ptx_is_built_from_this_source():
+    """CI has no nvcc: the PTX travels in the package, and its first line names the source it was built from."""
+    first = ol.PTX.read_text().splitlines()[0] + "\n"
+    assert first == ol.ptx_header(ol.source_digest()), "one_launch.cu changed: rebuild one_launch.ptx with build_ptx()"
+
+
+def test_the_ptx_holds_a_kernel_for_every_served_shape():
+    text = ol.PTX.read_text()
+    for dim, group_size in ol.SHAPES:
+        assert f".entry {ol.kernel_name(dim, group_size)}(" in text
+
+
+def h200_per_sm(shared: int) -> int:
+    """CTAs of a prop1_* kernel per H200 SM: at most two (128 registers × 256 threads), and as many as 228 KB of shared
+    memory hold with 1 KB reserved per CTA."""
+    return 0 if shared > ol.SHARED_LIMIT else min(2, 228 * 1024 // (shared + 1024))
+
+
+@pytest.mark.parametrize("batch,kv_heads,group_size,dim,n,budget,want", [
+    (1, 8, 4, 128, 8192, 128, "C33"),  # Llama 8k: one wave, the most slices
+    (1, 8, 4, 128, 131072, 128, "C33"),
+    (4, 8, 4, 128, 32768, 128, "C8"),  # Llama B = 4: one wave still has 8 slices each
+    (6, 8, 4, 128, 30080, 128, "C8s"),  # Llama B = 6 × 30k: 5 slices fit one wave; rounds of 4k-key slices, staggered
+    (32, 8, 4, 128, 32768, 128, "C8s"),
+    (1, 2, 7, 64, 32768, 128, "C66"),  # Qwen 32k: 132 slices halved
+    (16, 2, 7, 64, 32768, 128, "C16"),  # Qwen B = 16: no one-wave plan fits; 2k-key slices in step
+    (1, 3, 3, 64, 8192, 128, "C44"),  # SmolLM2 8k: 88 slices halved
+    (16, 3, 3, 64, 8192, 64, "C5"),
+    (64, 3, 3, 64, 8192, 64, "C4"),
+])
+def test_the_plan_rule_picks_the_plans_measured_fastest(batch, kv_heads, group_size, dim, n, budget, want):
+    """The H200 tables of issue 24 (benchmarks/RESULTS.md, 2026-12-03): the rule's plan is the fastest candidate, or
+    within 0.4 % of it (SmolLM2 B = 64: C4 81.0 µs, C4s 80.7)."""
+    plan = ol.choose_plan(batch=batch, kv_heads=kv_heads, group_size=group_size, dim=dim, n=n, budget=budget, sms=132,
+                          per_sm=h200_per_sm)
+    assert plan.name == want
+    assert plan.shared(group_size=group_size, dim=dim, budget=budget) <= ol.SHARED_LIMIT
+    assert plan.grid <= 2 * 132 and all(w.slices * (-(-n // w.slices)) >= n for w in plan.works)
+
+
+def test_the_plan_rule_takes_more_slices_where_the_gather_needs_them_and_none_past_shared_memory():
+    big = ol.choose_plan(batch=8, kv_heads=8, group_size=4, dim=128, n=32768, budget=2048, sms=132, per_sm=h200_per_sm)
+    assert big is not None and big.slots > 8  # 2,048 rows of 8 floats per owned vector: more slices, fewer vectors each
+    assert ol.choose_plan(batch=1, kv_heads=8, group_size=4, dim=128, n=8192, budget=1 << 20, sms=132, per_sm=h200_per_sm) is None
+    assert ol.choose_plan(batch=1, kv_heads=8, group_size=2, dim=128, n=8192, budget=128, sms=132, per_sm=h200_per_sm) is None
+
+
+@pytest.mark.parametrize("change", [dict(kernel="flash"), dict(dtype=torch.float16, kv_dtype=torch.float16),
+                                    dict(kv_dtype=torch.float8_e4m3fn), dict(kv_layout="HND"), dict(page_size=16),
+                                    dict(head_dim=96), dict(group_size=2)])
+def test_only_bf16_contiguous_nhd_prop_of_the_served_shapes_is_eligible(change):
+    kwargs = dict(device=torch.device("cuda", 0), kernel="prop", dtype=torch.bfloat16, kv_dtype=torch.bfloat16,
+                  kv_layout="NHD", page_size=None, head_dim=128, group_size=4)
+    assert not ol.eligible(**{**kwargs, **change})
+
+
+def test_a_cpu_plan_has_no_one_launch_and_tuning_checks_the_switch():
+    plan = plan_decode(batch=1, heads=32, kv_heads=8, head_dim=128, n_keys=256, budget=16, dtype=torch.bfloat16, device="cpu")
+    assert plan.one_launch is None
+    with pytest.raises(TypeError, match="Tuning.one_launch must be None or a bool"):
+        plan_decode(batch=1, heads=32, kv_heads=8, head_dim=128, n_keys=256, budget=16, dtype=torch.bfloat16, device="cpu",
+                    tuning=Tuning(one_launch="yes"))
+
+
+# --------------------------------------------------------------------------- on an sm_90 GPU
+
+SHAPES = [(2, 32, 8, 128, 3000, 128), (3, 14, 2, 64, 5000, 128), (4, 9, 3, 64, 2100, 64), (1, 32, 8, 128, 100, 256)]
+
+
+def hopper_plan(batch, heads, kv_heads, dim, n_keys, budget, **kwargs):
+    plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget,
+                       dtype=torch.bfloat16, device="cuda", **kwargs)
+    assert plan.one_launch is not None
+    return plan
+
+
+@needs_hopper
+@pytest.mark.parametrize("batch,heads,kv_heads,dim,n_keys,budget", SHAPES)
+def test_counts_equal_the_systematic_reference_and_the_output_is_their_mean(batch, heads, kv_heads, dim, n_keys, budget):
+    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, torch.bfloat16, seed=n_keys, q_scale=3.0)
+    seq_lens = torch.tensor([max(1, n_keys - 97 * b) for b in range(batch)], dtype=torch.int32, device="cuda")
+    plan = hopper_plan(batch, heads, kv_heads, dim, n_keys, budget)
+    counts = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda")
+    out = plan.run(q, k, v, seq_lens=seq_lens, seed=11, offset=7, counts=counts)
+    assert_counts_match_systematic(counts, dense_probs(q, k, seq_lens), budget, philox_uniforms(11, 7, torch.arange(batch * heads).reshape(batch, heads)))
+    expected = torch.einsum("bhl,blhd->bhd", counts.double(), v.double().repeat_interleave(heads // kv_heads, dim=2)) / budget
+    torch.testing.assert_close(out.double(), expected, rtol=8e-3, atol=8e-3)
+    again = plan.run(q, k, v, seq_lens=seq_lens, seed=11, offset=7)
+    assert torch.equal(out, again), "bitwise repeatable"
+
+
+@needs_hopper
+@pytest.mark.parametrize("form", ["offset in memory", "a key per sequence", "positions int64", "positions int32"])
+def test_every_form_of_the_draw_gives_the_triton_props_samples(form):
+    batch, heads, kv_heads, dim, n_keys, budget = 3, 14, 2, 64, 1500, 128
+    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, torch.bfloat16, seed=5, q_scale=3.0)
+    seeds = torch.tensor([3, 2**40 + 1, 2**62 + 9], dtype=torch.int64, device="cuda")
+    args = {"offset in memory": dict(seed=5, offset=torch.tensor([2**35 + 3], dtype=torch.int64, device="cuda")),
+            "a key per sequence": dict(seed=seeds, offset=4),
+            "positions int64": dict(seed=seeds, positions=torch.tensor([0, 7, 2**33], dtype=torch.int64, device="cuda")),
+            "positions int32": dict(seed=seeds, positions=torch.tensor([0, 7, 1499], dtype=torch.int32, device="cuda"))}[form]
+    counts = {}
+    for name, tuning in (("one launch", None), ("two launches", Tuning(one_launch=False))):
+        plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget,
+                           dtype=torch.bfloat16, device="cuda", tuning=tuning)
+        assert (plan.one_launch is None) == (tuning is not None)
+        counts[name] = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda")
+        plan.run(q, k, v, counts=counts[name], **args)
+    if "positions" in args:
+        uniforms = sampler_uniforms(seeds.cpu(), args["positions"].cpu().long().unsqueeze(1), heads, "systematic", budget)
+        uniforms = uniforms.reshape(batch, heads)
+    else:
+        seed, offset = args["seed"], args["offset"]
+        offset = int(offset.item()) if isinstance(offset, torch.Tensor) else offset
+        rows = torch.arange(batch * heads).reshape(batch, heads)
+        uniforms = (torch.stack([philox_uniforms(int(s), offset, rows[b]) for b, s in enumerate(seed.tolist())])
+                    if isinstance(seed, torch.Tensor) else philox_uniforms(seed, offset, rows))
+    for name in counts:
+        assert_counts_match_systematic(counts[name], dense_probs(q, k), budget, uniforms)
+
+
+@needs_hopper
+def test_bad_lengths_and_poisoned_scores_give_nan_and_draw_nothing():
+    """As the Triton prop: a length outside [0, n_keys] is clamped and its sequence's output is NaN; NaN or +inf scores
+    make their heads NaN; a length of 0 gives zeros; the other sequences are untouched."""
+    batch, heads, kv_heads, dim, n_keys, budget = 4, 32, 8, 128, 600, 128
+    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, torch.bfloat16, seed=3)
+    k[3, 17, 5] = float("nan")  # KV head 5 of sequence 3: its 4 query heads score NaN
+    seq_lens = torch.tensor([n_keys + 5, -1, 0, n_keys], dtype=torch.int32, device="cuda")
+    plan = hopper_plan(batch, heads, kv_heads, dim, n_keys, budget)
+    counts = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda")
+    out = plan.run(q, k, v, seq_lens=seq_lens, seed=1, counts=counts)
+    assert out[:2].isnan().all() and counts[:2].sum() == 0
+    assert torch.equal(out[2], torch.zeros_like(out[2])) and counts[2].sum() == 0
+    poisoned = torch.zeros(heads, dtype=torch.bool, device="cuda")
+    poisoned[20:24] = True
+    assert out[3, poisoned].isnan().all() and counts[3, poisoned].sum() == 0
+    assert not out[3, ~poisoned].isnan().any() and bool((counts[3, ~poisoned].sum(-1) == budget).all())
+
+
+@needs_hopper
+def test_a_captured_graph_follows_lengths_and_positions_that_change_on_the_device():
+    batch, heads, kv_heads, dim, n_keys, budget = 2, 9, 3, 64, 4096, 64
+    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, torch.bfloat16, seed=9, q_scale=2.0)
+    plan = hopper_plan(batch, heads, kv_heads, dim, n_keys, budget)
+    seeds = torch.tensor([5, 6], dtype=torch.int64, device="cuda")
+    seq_lens = torch.tensor([1000, 2000], dtype=torch.int32, device="cuda")
+    positions = (seq_lens - 1).long()
+    out = torch.empty_like(q)
+    plan.run(q, k, v, seq_lens=seq_lens, seed=seeds, positions=positions, out=out)  # warm (outside the capture)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run(q, k, v, seq_lens=seq_lens, seed=seeds, positions=positions, out=out)
+    for step in range(3):
+        seq_lens.copy_(torch.tensor([1000 + 700 * step, 4096 - step], dtype=torch.int32))
+        positions.copy_(seq_lens - 1)
+        graph.replay()
+        eager = plan.run(q, k, v, seq_lens=seq_lens.clone(), seed=seeds, positions=positions.clone())
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+
+
+@needs_hopper
+def test_a_call_the_one_launch_kernel_cannot_serve_takes_the_triton_prop():
+    """A caller's workspace (vLLM, the compiled op) or a per-head scale: the two-launch prop, same samples."""
+    batch, heads, kv_heads, dim, n_keys, budget = 2, 32, 8, 128, 700, 128
+    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, torch.bfloat16, seed=4, q_scale=3.0)
+    plan = hopper_plan(batch, heads, kv_heads, dim, n_keys, budget)
+    uniforms = philox_uniforms(2, 0, torch.arange(batch * heads).reshape(batch, heads))
+    for kwargs in (dict(workspace=plan.workspace), dict(k_scale=torch.ones(kv_heads, device="cuda"))):
+        counts = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda")
+        plan.run(q, k, v, seed=2, counts=counts, **kwargs)
+        assert_counts_match_systematic(counts, dense_probs(q, k), budget, uniforms)
+
+
+@needs_hopper
+def test_decode_runs_the_one_launch_prop_on_served_shapes():
+    q, k, v = make_inputs(1, 32, 8, 128, 2048, torch.bfloat16, seed=6, q_scale=3.0)
+    out, counts = decode(q, k, v, 128, kernel="prop", seed=3, return_counts=True)
+    assert_counts_match_systematic(counts, dense_probs(q, k), 128, philox_uniforms(3, 0, torch.arange(32).reshape(1, 32)))
+    assert math.isfinite(float(out.float().abs().max()))
