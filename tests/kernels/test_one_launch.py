@@ -9,12 +9,12 @@ import math
 
 import pytest
 import torch
-from test_kernels import assert_counts_match_systematic, dense_probs
 
 from helpers import make_inputs
 from santa.kernels import Tuning, decode, philox_uniforms, plan_decode
 from santa.kernels import one_launch as ol
 from santa.kernels.reference import sampler_uniforms
+from test_kernels import assert_counts_match_systematic, dense_probs
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 needs_hopper = pytest.mark.skipif(not HOPPER, reason="the one-launch prop runs on sm_90 GPUs")
