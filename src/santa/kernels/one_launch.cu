@@ -521,8 +521,11 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int i = i0 + r * kThreads, vec = vec0 + i / budget, head = vec / (D / 8);
-      raw[r] = make_uint4(0, 0, 0, 0);  // a row without mass sampled nothing: zeros
-      if (i < owned * budget && head_mass[head] > 0.f) {
+      // a row without mass sampled nothing: zeros; a NaN mass (NaN or +inf scores, a bad length): NaN rows, so the sum
+      // below is NaN without a test of its own
+      const float mass = head_mass[head];
+      raw[r] = mass == mass ? make_uint4(0, 0, 0, 0) : make_uint4(0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u);
+      if (i < owned * budget && mass > 0.f) {
         // clamped: a wait that gave up (hang_report) returns whatever the word held, never an address past the cache
         const int key = min(max(__float_as_int(await_tagged(at[r], words[r], tag)), 0), n - 1);
         raw[r] = __ldg(reinterpret_cast<const uint4*>(v + ((size_t)b * n + key) * hkv * D + (size_t)h * D + (vec % (D / 8)) * 8));
@@ -554,8 +557,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     for (int mm = part; mm < budget; mm += 4) sum += rows[(size_t)mm * 8];
     sum += __shfl_xor_sync(0xffffffffu, sum, 8);
     sum += __shfl_xor_sync(0xffffffffu, sum, 16);
-    const float mass = head_mass[(vec0 + vec_local) / (D / 8)];
-    if (part == 0) out[head0 * D + (size_t)(vec0 + vec_local) * 8 + e] = __float2bfloat16(mass != mass ? NAN : sum / (float)budget);
+    if (part == 0) out[head0 * D + (size_t)(vec0 + vec_local) * 8 + e] = __float2bfloat16(sum / (float)budget);
   }
   mark(7);
 }
