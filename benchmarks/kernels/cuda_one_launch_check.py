@@ -47,7 +47,7 @@ CASES = [("llama 8k", 1, 8192, 32, 8, 128), ("llama 32k", 1, 32768, 32, 8, 128),
 
 
 def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, heads: int, kv_heads: int, dim: int,
-                 plans: set[str] | None = None) -> dict:
+                 plans: set[str] | None = None, budget: int = BUDGET) -> dict:
     from santa.kernels.reference import philox_uniforms
 
     q, k, v = random_inputs(batch=batch, n=n, heads=heads, kv_heads=kv_heads, dim=dim)
@@ -55,13 +55,13 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
 
     # santa's two-launch Triton prop (the baseline), and santa's prop as it runs by default (the one-launch kernel on
     # the plan of choose_plan, through DecodePlan.run: the product path)
-    plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n, budget=BUDGET,
+    plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n, budget=budget,
                        dtype=q.dtype, device=q.device, tuning=Tuning(one_launch=False))
-    product = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n, budget=BUDGET,
+    product = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n, budget=budget,
                           dtype=q.dtype, device=q.device)
     santa_counts = torch.zeros(batch, heads, n, dtype=torch.int32, device="cuda")
     santa_out = plan.run(q, k, v, seed=SEED, offset=OFFSET, counts=santa_counts)
-    case = {"batch": batch, "keys": n, "heads": heads, "kv_heads": kv_heads, "head_dim": dim, "plans": {}}
+    case = {"batch": batch, "keys": n, "heads": heads, "kv_heads": kv_heads, "head_dim": dim, "budget": budget, "plans": {}}
     scratch = torch.empty_like(santa_out)  # timed into its own buffer: santa_out stays the (SEED, OFFSET) draw
     case["santa_prop_us"] = time_fn(lambda: plan.run(q, k, v, out=scratch), flusher.read, graph=True)["median_us"]
     if product.one_launch is not None:
@@ -71,7 +71,7 @@ def measure_case(kernels: Kernels, flusher: Flusher, *, batch: int, n: int, head
         case["cudnn_us"] = time_fn(sdpa_fn(q, k, v, "cudnn"), flusher.read, graph=True)["median_us"]
     except RuntimeError as exc:
         case["cudnn_error"] = str(exc).splitlines()[0][:200]
-    shape = dict(batch=batch, heads=heads, kv_heads=kv_heads, dim=dim, n=n, budget=BUDGET)
+    shape = dict(batch=batch, heads=heads, kv_heads=kv_heads, dim=dim, n=n, budget=budget)
     best = None
     for one in plan_candidates(kernels, **shape):
         if plans is not None and one.name not in plans:
@@ -105,8 +105,8 @@ def check_positional(kernels: Kernels, plan, *, shape: dict, inputs: tuple, sant
     torch.cuda.synchronize()
     beyond = torch.arange(n, device="cuda") >= seq_lens[:, None, None]
     group = heads // shape["kv_heads"]
-    own = torch.einsum("bkgn,bnkd->bkgd", counts.view(batch, -1, group, n).float(), v.float()) / BUDGET
-    return {"plan": plan.name, "every_head_draws_S": bool((counts.sum(-1) == BUDGET).all()),
+    own = torch.einsum("bkgn,bnkd->bkgd", counts.view(batch, -1, group, n).float(), v.float()) / shape["budget"]
+    return {"plan": plan.name, "every_head_draws_S": bool((counts.sum(-1) == shape["budget"]).all()),
             "no_sample_past_len": bool((counts * beyond).sum() == 0),
             "rows_equal_to_santa": float((counts == santa_counts).all(-1).float().mean()),
             "samples_moved": int((counts - santa_counts).abs().sum()) // 2,
@@ -126,7 +126,7 @@ def check_offset_in_memory(*, shape: dict, inputs: tuple, santa_plan, product) -
     counts = torch.zeros_like(want)
     product.run(q, k, v, seed=SEED, offset=offset, counts=counts)
     torch.cuda.synchronize()
-    return {"every_head_draws_S": bool((counts.sum(-1) == BUDGET).all()),
+    return {"every_head_draws_S": bool((counts.sum(-1) == shape["budget"]).all()),
             "rows_equal_to_santa": float((counts == want).all(-1).float().mean()),
             "samples_moved": int((counts - want).abs().sum()) // 2}
 
@@ -275,10 +275,10 @@ def phase_marks(marks: torch.Tensor) -> dict:
     return out
 
 
-def measure_or_error(kernels: Kernels, flusher: Flusher, plans: set[str] | None = None, **shape) -> dict:
+def measure_or_error(kernels: Kernels, flusher: Flusher, plans: set[str] | None = None, budget: int = BUDGET, **shape) -> dict:
     """:func:`measure_case`, or the error it raised as the record: one bad case must not hide the others."""
     try:
-        return measure_case(kernels, flusher, plans=plans, **shape)
+        return measure_case(kernels, flusher, plans=plans, budget=budget, **shape)
     except (RuntimeError, ValueError) as exc:
         return {"error": str(exc), "where": traceback.format_exc(limit=-3)}
 
@@ -295,15 +295,18 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", metavar="CASE", choices=[slug(name) for name, *_ in CASES],
                         help="these cases only, spaces written as _ (e.g. llama_B=8_x_32k; default: all)")
     parser.add_argument("--plans", nargs="+", metavar="PLAN", help="these plans only (e.g. C8 C8s; default: all)")
+    parser.add_argument("--budget", type=int, default=BUDGET, help=f"S, samples per head (default {BUDGET})")
     parser.add_argument("--ptx", action="store_true",
                         help="load the kernels as PTX compiled by the driver at load time (no cubin from nvcc's ptxas)")
     args = parser.parse_args()
     cases = [case for case in CASES if args.only is None or slug(case[0]) in args.only]
     if args.plans:  # a record of some plans is not the case's record: its own key, so neither run skips the other
         cases = [(f"{name} [plans {' '.join(sorted(args.plans))}]", *shape) for name, *shape in cases]
+    if args.budget != BUDGET:
+        cases = [(f"{name} S={args.budget}", *shape) for name, *shape in cases]
     module = Path("/tmp/santa_one_launch.ptx" if args.ptx else "/tmp/santa_one_launch.cubin")
     run_cases(args.out, cases=cases, cubin=module, commit=args.commit,
-              measure=functools.partial(measure_or_error, plans=set(args.plans) if args.plans else None),
+              measure=functools.partial(measure_or_error, plans=set(args.plans) if args.plans else None, budget=args.budget),
               holder="cuda_one_launch_check.py", describe=describe)
 
 
