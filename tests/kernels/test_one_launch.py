@@ -49,12 +49,16 @@ def h200_per_sm(shared: int) -> int:
     (16, 2, 7, 64, 32768, 128, "C16"),  # Qwen B = 16: no one-wave plan fits; 2k-key slices in step
     (1, 3, 3, 64, 8192, 128, "C44"),  # SmolLM2 8k: 88 slices halved
     (16, 3, 3, 64, 8192, 64, "C5"),
-    (64, 3, 3, 64, 8192, 64, "C4s"),
+    (64, 3, 3, 64, 8192, 128, "C4s"),
+    (64, 3, 3, 64, 8192, 64, None),  # the two launches are faster there (S = 64: 78.7 µs against 83.4)
 ])
 def test_the_plan_rule_picks_the_plans_measured_fastest(batch, kv_heads, group_size, dim, n, budget, want):
     """The H200 tables of issue 24 (benchmarks/RESULTS.md, 2026-12-03): the rule's plan is the fastest candidate."""
     plan = ol.choose_plan(batch=batch, kv_heads=kv_heads, group_size=group_size, dim=dim, n=n, budget=budget, sms=132,
                           per_sm=h200_per_sm)
+    if want is None:
+        assert plan is None
+        return
     assert plan.name == want
     assert plan.shared(group_size=group_size, dim=dim, budget=budget) <= ol.SHARED_LIMIT
     assert plan.grid <= 2 * 132 and all(w.slices * (-(-n // w.slices)) >= n for w in plan.works)

@@ -122,7 +122,9 @@ def choose_plan(*, batch: int, kv_heads: int, group_size: int, dim: int, n: int,
     gather's rows need them), on the staggered schedule where a group has at most 4 query heads (Llama B = 6–32 ×
     32k: C8s, 1–4 % faster than every CTA in step; SmolLM2 B = 64 × 8k: C4s, 4 % faster than C4 at S = 128) and in step
     with 7 (Qwen B = 16 × 32k: C16, 5 % faster than C16s): a longer sampling phase per group is not hidden by the other
-    half's stream."""
+    half's stream. Not at all where SmolLM2's shape (d = 64, G ≤ 4) needs rounds at S ≤ 64: there the two-launch prop
+    is faster (B = 64 × 8k, S = 64: 78.7 µs against the best plan's 83.4; at S = 128 87.4 against 98.0); the same
+    shapes at other (d, G) are not measured."""
     if (dim, group_size) not in SHAPES:
         return None
     groups = batch * kv_heads
@@ -138,6 +140,8 @@ def choose_plan(*, batch: int, kv_heads: int, group_size: int, dim: int, n: int,
             while slices > MAX_ONE_WAVE_SLICES:
                 slices //= 2
             return make_plan(slices=slices, grid=groups * slices, groups=groups, n=n, group_size=group_size, dim=dim, staggered=False)
+    if dim == 64 and group_size <= 4 and budget <= 64:
+        return None  # rounds at SmolLM2's shape and S ≤ 64: the two launches are faster (B = 64 × 8k: 78.7 µs against 83.4)
     for slices in range(target, 257):  # rounds: more slices only where one slice's shared memory needs them
         shared = slice_shared(slices=slices, slice_len=-(-n // slices), **shape)
         grid = per_sm(shared) * sms if shared <= SHARED_LIMIT else 0
