@@ -9,6 +9,12 @@ on their own: a ``seq_lens`` entry outside ``[0, n_keys]`` is clamped for every 
 sequence's output is NaN; a ``block_table`` page id outside ``[0, pages)`` is never followed and
 the heads that would have read it get NaN.
 
+On an sm_90 GPU a prop plan of bf16 q and caches, contiguous NHD, runs in one cooperative CUDA launch
+(:mod:`santa.kernels.one_launch`, made with the plan: :attr:`DecodePlan.one_launch`) wherever the call needs nothing it
+lacks (a block table, a workspace of the caller's, ``starts``, cache scales); other calls, and ``Tuning(one_launch=False)``,
+run the two Triton launches. The two draw the same samples up to float32 CDF rounding. :meth:`DecodePlan.stages` lists
+the Triton launches.
+
 Devices: a CUDA device (the compiled kernels) or the CPU. A CPU plan runs what :func:`santa.decode`
 runs for CPU tensors: the kernels in Triton's interpreter under ``TRITON_INTERPRET=1``, else the
 torch reference of the same estimator (same Philox uniforms), which checks the tables' values
