@@ -457,23 +457,31 @@ def run_backend(model: Transformer, backend: str, batch: int, prompt: int, args:
     return row
 
 
-def kv_speedup_from_bytes(backend: str, n: int, budget: int, group: int, head_dim: int, elem: int) -> float:
-    """Dense K+V bytes over santa's bytes per (sequence, KV head): the s_kv of the Amdahl model.
+def kv_speedup_from_bytes(kernel: str, n: int, budget: int, group: int, head_dim: int, elem: int) -> float:
+    """Dense K+V bytes over santa's bytes per (sequence, KV head): the s_kv of the Amdahl model, for the kernel a row
+    ran (:func:`row_kernel`).
 
-    prop reads K and at most min(n, G·S) V rows, and on its two Triton launches (``santa-prop-2launch``, or santa-prop
-    off Hopper or on fp8) also writes and reads back its fp32 score stash (G values per key); flash reads K, at most min(n, G·⌈S/T⌉·T) V rows, and writes and reads one
-    fp32 partial of d values per (head, tile of 128 keys).
+    prop reads K and at most min(n, G·S) V rows, and on its two Triton launches (``"prop"``, not ``"prop one launch"``)
+    also writes and reads back its fp32 score stash (G values per key); flash reads K, at most min(n, G·⌈S/T⌉·T) V rows,
+    and writes and reads one fp32 partial of d values per (head, tile of 128 keys).
     """
     dense = 2 * n * head_dim * elem
     k = n * head_dim * elem
-    if backend == "santa-prop-2launch":
+    if kernel == "prop":
         extra = 2 * n * group * 4 + min(n, group * budget) * head_dim * elem
-    elif backend == "santa-prop":  # the one-launch kernel (Hopper, bf16): no stash, the scores stay in shared memory
+    elif kernel == "prop one launch":  # no stash: the scores stay in shared memory
         extra = min(n, group * budget) * head_dim * elem
     else:
         tiles = -(-n // 128)
         extra = min(n, group * -(-budget // tiles) * tiles) * head_dim * elem + 2 * tiles * group * head_dim * 4
     return dense / (k + extra)
+
+
+def row_kernel(row: dict) -> str:
+    """The santa kernel a row ran: ``"flash"``, ``"prop one launch"`` (santa-prop on Hopper, bf16) or ``"prop"``."""
+    if row["backend"] == "santa-flash":
+        return "flash"
+    return "prop one launch" if row.get("impl", "").startswith("cuda one-launch") else "prop"
 
 
 def summarise(rows: list[dict], model: Transformer, prompt: int, batch: int) -> dict:
@@ -496,7 +504,7 @@ def summarise(rows: list[dict], model: Transformer, prompt: int, batch: int) -> 
         if b not in by:
             continue
         r = by[b]
-        s_bytes = kv_speedup_from_bytes(b, prompt, r["budget"], a.n_head // a.n_kv_head, a.head_dim,
+        s_bytes = kv_speedup_from_bytes(row_kernel(r), prompt, r["budget"], a.n_head // a.n_kv_head, a.head_dim,
                                         model.layers[0].attention.kv_cache.k_cache.element_size())
         attn_dense = dense[best] - out["weights_only_ms"]
         attn_santa = r["ms_per_token"] - out["weights_only_ms"]

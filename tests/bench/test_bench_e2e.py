@@ -122,3 +122,15 @@ def test_the_plugged_two_launch_prop_draws_the_tokens_of_santa_models_prop(tiny_
     plugged = generate_plugged(tiny_transformer, prompt, 4, "santa-prop-2launch", budget=8, seed=3)
     built_in = generate(tiny_transformer, prompt, 4, backend="santa-prop", budget=8, seed=3)
     assert [[int(t) for t in row] for row in plugged] == [[int(t) for t in row] for row in built_in]
+
+
+def test_the_bytes_model_follows_the_kernel_a_row_ran():
+    """santa-prop on the one-launch kernel writes no stash; on the Triton prop (santa-prop-2launch, or santa-prop off
+    Hopper or on fp8) it does, so the same row shape has a lower s_kv there."""
+    assert e2e.row_kernel({"backend": "santa-prop", "impl": "cuda one-launch C8s"}) == "prop one launch"
+    assert e2e.row_kernel({"backend": "santa-prop", "impl": "triton"}) == "prop"
+    assert e2e.row_kernel({"backend": "santa-prop-2launch", "impl": "triton"}) == "prop"
+    assert e2e.row_kernel({"backend": "santa-flash", "impl": "triton"}) == "flash"
+    one, two = (e2e.kv_speedup_from_bytes(kernel, 30000, 128, 4, 128, 2) for kernel in ("prop one launch", "prop"))
+    assert one == 2 * 30000 * 128 * 2 / (30000 * 128 * 2 + 4 * 128 * 128 * 2)
+    assert two < one

@@ -11,7 +11,9 @@ What it serves (:func:`eligible`): sm_90 devices, bf16 q and caches, contiguous 
 KV head) in :data:`SHAPES`, where a plan fits shared memory; a call with a block table, a shared workspace, ``starts``
 or cache scales takes the Triton prop (:meth:`santa.kernels.DecodePlan.run` decides per call). Per-sequence lengths
 are read on the device (graph-safe); a length outside ``[0, n_keys]`` is clamped and gives NaN, as do NaN or +inf
-scores; every seed, offset and positions form of the Triton kernels is drawn the same way.
+scores; every seed, offset and positions form of the Triton kernels is drawn the same way. The slices a sequence is
+cut into follow the plan (batch size, cache length), and so does the float32 order of its CDF: a comb point within
+rounding of a CDF step may land on the other key when they change (the Triton prop's tiles do not depend on them).
 
 The kernels ship compiled (``one_launch.fatbin``: sm_90a SASS, the code the benchmarks time, and its PTX), built from
 ``one_launch.cu`` by :func:`build_module` where nvcc is installed (``python -c "from santa.kernels.one_launch import
@@ -163,10 +165,6 @@ class CudaModule:
         self._check(self.cuda.cuModuleLoadData(ctypes.byref(self.module), self._image), "cuModuleLoadData")
         self.functions: dict[str, ctypes.c_void_p] = {}
 
-    @classmethod
-    def from_file(cls, path: Path) -> CudaModule:
-        return cls(Path(path).read_bytes())
-
     def _check(self, status: int, what: str) -> None:
         if status != 0:
             raise RuntimeError(f"{what} failed with CUresult {status}")
@@ -218,7 +216,8 @@ def loaded_module(device_index: int) -> CudaModule | None:
     if device_index not in _MODULES:
         try:
             with torch.cuda.device(device_index):
-                torch.cuda.current_stream().synchronize()  # the device's primary context, current on this thread
+                if not torch.cuda.is_current_stream_capturing():  # (a sync would break a capture)
+                    torch.cuda.current_stream().synchronize()  # the device's primary context, current on this thread
                 _MODULES[device_index] = CudaModule(MODULE.read_bytes())
         except (OSError, RuntimeError) as exc:
             warnings.warn(f"santa: the one-launch prop could not be loaded on cuda:{device_index} ({exc}); "
@@ -258,7 +257,7 @@ class OneLaunch:
             if plan is None:
                 raise ValueError(f"no one-launch plan fits {n_keys} keys at S = {budget} in shared memory")
         self.plan, self.kernel = plan, kernel or plan.kernel
-        self.batch, self.heads, self.kv_heads, self.n_keys, self.budget = batch, heads, kv_heads, n_keys, budget
+        self.kv_heads, self.n_keys, self.budget = kv_heads, n_keys, budget
         self.shared = plan.shared(group_size=group_size, dim=head_dim, budget=budget)
         self.per_sm = self.module.resident_per_sm(self.kernel, self.shared)
         if self.per_sm * sms < plan.grid:
