@@ -3,7 +3,7 @@
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (`bash benchmarks/device/prepare.sh flashinfer`;
 # `ab` also carries .old43, from `prepare.sh old43`).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [e2eone] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
+#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [e2eone] [covered] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -72,6 +72,16 @@ for stage in "$@"; do
     smoke)  # the prop spec tests on the GPU, bounded (a group barrier that never opens would hang)
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernels.py -k "prop or graph or large" \
         2>&1 | tail -15 | tee "$OUT/smoke.log" ;;
+    covered)  # issue 44: the GPU tests of the decode rule and checks, then prop at S = 128 (Triton, and a plan's run with
+              # lengths: the one-launch path plus the covered-sequence launch) against the last landed tree (.oldab, carried:
+              # `git archive <commit> src | tar -x -C .oldab`), cuDNN in each
+      timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_covered_exact.py tests/kernels/test_plan_checks.py \
+        tests/kernels/test_kernels.py tests/kernels/test_one_launch.py tests/kernels/test_fp8.py tests/hf/test_hf_cuda.py \
+        tests/hf/test_hf_request_keys.py 2>&1 | tail -25 | tee "$OUT/tests_covered.log"
+      PYTHONPATH=$PWD/.oldab/src timeout 200 python3 benchmarks/kernels/prop_ab.py "$OUT/covered_old.json" "${OLD_COMMIT:-old}" \
+        > "$OUT/covered_old.log" 2>&1
+      PYTHONPATH=$PWD/src timeout 200 python3 benchmarks/kernels/prop_ab.py "$OUT/covered_new.json" "${SANTA_COMMIT:-new}" \
+        > "$OUT/covered_new.log" 2>&1 ;;
     ab)  # prop at S=128: this tree and 43cc084's (.old43, carried), cuDNN in each
       PYTHONPATH=$PWD/.old43/src timeout 240 python3 benchmarks/kernels/prop_ab.py "$OUT/ab_old.json" 43cc084 > "$OUT/ab_old.log" 2>&1
       PYTHONPATH=$PWD/src timeout 300 python3 benchmarks/kernels/prop_ab.py "$OUT/ab_new.json" "${SANTA_COMMIT:-new}" \

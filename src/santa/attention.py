@@ -1,17 +1,18 @@
 """``sampled_attention``: the SDPA-shaped reference of SANTA / S²ANTA, with dense and top-k baselines.
 
-Computed in float32 on any device; returns the input dtype. This is the spec every kernel is
-tested against, not a fast path.
+Computed in float32 on any device that holds values (not ``meta``); returns the input dtype. This
+is the spec every kernel is tested against, not a fast path.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 
 from santa.bernoulli import SCORE_SAMPLERS, bernoulli_query
+from santa.checks import has_values
+from santa.checks import scale as checked_scale
 from santa.sampling import SAMPLERS, check_budget, check_draws, check_generator, check_sampler, sample_counts
 
 ATTENTION_SAMPLERS = (*SAMPLERS, "topk", "dense")
@@ -37,6 +38,8 @@ def check_qkv(
         raise ValueError(
             f"query, key and value must be on one device, got {query.device}, {key.device}, {value.device}"
         )
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        has_values(name, x)  # the samplers read the probabilities' values (meta tensors have none)
     if not (query.dtype == key.dtype == value.dtype):
         raise TypeError(f"query, key and value must have one dtype (as in SDPA), got {query.dtype}, {key.dtype}, {value.dtype}")
     check_flag("enable_gqa", enable_gqa)
@@ -69,15 +72,12 @@ def check_flag(name: str, value: object) -> bool:
 
 def check_scale(scale: object, dim: int) -> float:
     """The score scale: ``1/√D`` for None, else ``scale`` as a finite float (0 and negatives are allowed)."""
+    scale = checked_scale(scale)
     if scale is None:
         if dim < 1:
             raise ValueError(f"head dim D must be ≥ 1 for the default scale 1/√D, got D={dim}")
         return 1.0 / math.sqrt(dim)
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__} {scale!r}")
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
-    return float(scale)
+    return scale
 
 
 def check_mask(attn_mask: object, shape: tuple[int, int, int, int], device: torch.device) -> torch.Tensor:
@@ -253,7 +253,8 @@ def sampled_attention(
     sampler, and with Bernoulli scores for every head of the GQA group, which share one draw);
     NaN or inf in value reaches the rows of its batch element and KV group. A −inf score is a
     masked key. Other batch elements and rows keep their values and draws.
-    Bad arguments raise TypeError (types) or ValueError (values, shapes) naming the argument.
+    Bad arguments raise TypeError (types) or ValueError (values, shapes, NaN or ±inf scale, tensors
+    on the meta device) naming the argument.
     """
     budget = check_budget(budget)
     check_sampler(sampler, ATTENTION_SAMPLERS)

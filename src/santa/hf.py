@@ -23,6 +23,7 @@ anything outside :data:`IGNORED_KEYWORDS`).
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from santa import methods, rng
-from santa.attention import ATTENTION_SAMPLERS, attention_probs, check_flag, sampled_values
+from santa.attention import ATTENTION_SAMPLERS, attention_probs, check_flag, value_weights, weighted_values
 from santa.bernoulli import SCORE_SAMPLERS, bernoulli_query
 from santa.kernels.reference import sampler_uniforms
 from santa.rng import MAX_SEED, check_seed  # noqa: F401 (MAX_SEED: re-exported, the one seed range)
@@ -117,8 +118,11 @@ class SantaConfig:
         ``(0,)`` or ``range(2)`` (stored as a tuple; checked against the model by :func:`configure`).
     prefill: ``"dense"`` (SDPA for every query block with more than one row) or ``"sampled"``.
     seed: root of all randomness, an int in [0, 2**63).
-    exact_when_budget_covers: when S ≥ the number of keys, sampling cannot read fewer value rows
-        than dense attention, so use exact attention instead (turn off to sample regardless).
+    exact_when_budget_covers: a query row whose own live keys S covers (S ≥ the keys it sees, counted
+        from the attention mask: never the padded length or a static cache's capacity) cannot be read
+        more cheaply by sampling, so it gets exact attention; the rule every decode path follows (the
+        kernels decide it per sequence on the device). Turn off to sample regardless, on the reference
+        path only (``kernel="reference"``, or ``"auto"``, which then takes the reference).
     record_stats: accumulate :class:`DecodeStats` (value rows read) over sampled calls.
     score_samples: B ternary draws of Bernoulli qKᵀ for the sampled calls' scores
         (:func:`santa.bernoulli_query`, one draw per KV-head group), or None for exact scores.
@@ -170,6 +174,11 @@ class SantaConfig:
         check_flag("record_stats", self.record_stats)
         if self.kernel not in KERNEL_CHOICES:
             raise ValueError(f"kernel must be one of {KERNEL_CHOICES}, got {self.kernel!r}")
+        if not self.exact_when_budget_covers and self.kernel not in ("auto", "reference"):
+            raise ValueError(
+                f"exact_when_budget_covers=False samples rows that S covers, which kernel={self.kernel!r} never does "
+                "(the kernels compute such a sequence exactly): use kernel='reference' to sample regardless"
+            )
         if self.score_samples is not None:
             self.score_samples = check_budget(self.score_samples, "score_samples")
         check_sampler(self.score_sampler, SCORE_SAMPLERS, "score_sampler")
@@ -268,7 +277,8 @@ def kernel_for(config: SantaConfig, query: torch.Tensor, attention_mask: torch.T
     """The Triton decode kernel to run for this step, or None for the torch reference. Reads no tensor
     values (no host sync): a mask goes to prop as a run of keys (:func:`kernel_decode`); flash, whose
     tile budgets count from key 0, takes unmasked steps only."""
-    if config.kernel == "reference" or query.shape[2] != 1 or config.sampler != "systematic" or config.score_samples:
+    if (config.kernel == "reference" or query.shape[2] != 1 or config.sampler != "systematic" or config.score_samples
+            or not config.exact_when_budget_covers):
         return None
     if config.kernel == "auto" and not query.is_cuda:
         return None
@@ -293,6 +303,19 @@ def position_of(keys_seen: torch.Tensor) -> torch.Tensor:
     """A query's position in its own sequence from the number of keys it sees: ``keys_seen − 1``, int64
     (0 for a row that sees none)."""
     return (keys_seen - 1).clamp_min(0).long()
+
+
+def visible_keys(attention_mask: torch.Tensor | None, *, causal: bool, n_queries: int, n_keys: int,
+                 device: torch.device) -> torch.Tensor:
+    """bool ``[B or 1, 1, Lq, Lk]``: the keys each query row sees, from the mask (a float mask: its entries
+    above −inf), else the causal block (row i sees the first ``Lk − Lq + i + 1`` keys), else every key. A row's
+    count is its live keys: the exactness rule (``S ≥ live keys``) is decided on it, per sequence and row."""
+    if attention_mask is not None:
+        return attention_mask if attention_mask.dtype == torch.bool else attention_mask > -math.inf
+    if causal:
+        rows = torch.arange(n_queries, device=device).unsqueeze(-1) + (n_keys - n_queries)
+        return (torch.arange(n_keys, device=device) <= rows)[None, None]
+    return torch.ones(1, 1, n_queries, n_keys, dtype=torch.bool, device=device)
 
 
 def visible_run(attention_mask: torch.Tensor, n_keys: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -431,11 +454,20 @@ def santa_attention_forward(
         positions = query_positions(attention_mask, n_queries, n_keys, query.shape[0], query.device)  # [B, Lq]
         uniforms = sampler_uniforms(rng.layer_key(config.seed, layer), positions, query.shape[1], sampler, budget)
         uniforms = uniforms.to(query.device, torch.float64)
-    out, counts = sampled_values(probs, value, budget, sampler, generator=generator, uniforms=uniforms)
+    nan_rows = torch.isnan(probs).any(dim=-1, keepdim=True)  # NaN or +inf scores: a NaN row, as in SDPA
+    probs = probs.masked_fill(nan_rows, 0.0)
+    weights, counts = value_weights(probs, budget, sampler, generator=generator, uniforms=uniforms)
     if config.record_stats and counts is None and sampler == "topk":
         counts = topk_rows_read(probs, budget)
+    if sampler != "dense" and config.exact_when_budget_covers:  # the rows whose own live keys S covers: exact
+        visible = visible_keys(attention_mask, causal=causal, n_queries=n_queries, n_keys=n_keys, device=query.device)
+        covered = (visible.sum(-1, keepdim=True) <= budget)  # [B or 1, 1, Lq, 1]
+        weights = torch.where(covered, probs, weights)
+        if counts is not None:
+            counts = torch.where(covered, visible.to(counts.dtype), counts)
     if config.record_stats and counts is not None:
         _record(config.stats, counts, probs, module.num_key_value_groups)
+    out = weighted_values(weights, value).masked_fill(nan_rows, math.nan)
     out = out.to(query.dtype)  # [B, Hq, Lq, D]; NaN rows where q or k held NaN, as in SDPA
     return out.transpose(1, 2).contiguous(), None
 

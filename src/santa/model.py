@@ -451,6 +451,11 @@ class Attention(nn.Module):
                 q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), budget, sampler=ctx.backend,
                 attn_mask=visible[:, None, None], enable_gqa=True, uniforms=uniforms,
             )  # [B, H, 1, d]
+            covered = ctx.seq_lens <= budget  # the one rule of every path: S covers the sequence's live keys → exact
+            if bool(covered.any()):  # (a host read: this path is eager)
+                exact = F.scaled_dot_product_attention(q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+                                                       attn_mask=visible[:, None, None], enable_gqa=True)
+                y = torch.where(covered[:, None, None, None], exact.to(y.dtype), y)
             return y.squeeze(2)
         if not kernels:  # reads the keys and positions on the host: eager only
             kernel = ctx.backend.removeprefix("santa-")

@@ -20,6 +20,8 @@ import numbers
 
 import torch
 
+from santa.checks import has_values
+
 SAMPLERS = ("iid", "stratified", "systematic")
 MAX_DRAWS = 2**26  # draws per call once S > n: 64 Mi points, ~1.5 GiB of float64 uniforms, points and int64 indices
 
@@ -115,12 +117,14 @@ def counts_from_indices(indices: torch.Tensor, n_keys: int) -> torch.Tensor:
 
 
 def check_probs(probs: object) -> torch.Tensor:
-    """Return ``probs``, or raise unless it is a float ``[..., n]`` tensor of finite, non-negative
-    rows each summing to 1 (within ``max(1e-3, 64·eps)`` of its dtype) or to 0 (an empty row)."""
+    """Return ``probs``, or raise unless it is a float ``[..., n]`` tensor (not on the meta device) of
+    finite, non-negative rows each summing to 1 (within ``max(1e-3, 64·eps)`` of its dtype) or to 0
+    (an empty row)."""
     if not isinstance(probs, torch.Tensor):
         raise TypeError(f"probs must be a torch.Tensor, got {type(probs).__name__}")
     if not probs.is_floating_point():
         raise TypeError(f"probs must be a floating-point tensor [..., n], got dtype {probs.dtype}")
+    has_values("probs", probs)
     if probs.dim() < 1 or probs.shape[-1] < 1:
         raise ValueError(f"probs must have shape [..., n] with n ≥ 1, got {tuple(probs.shape)}")
     if torch.isnan(probs).any():

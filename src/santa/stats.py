@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from santa.checks import integer
+from santa.checks import has_values, integer
 from santa.sampling import check_budget, check_probs, check_sampler, sample_counts
 
 ADD_PJ = 0.9  # energy of one 32-bit float add (Horowitz, 2014), picojoules
@@ -147,14 +147,22 @@ def unique_keys(counts: torch.Tensor, *, group_size: int = 1) -> torch.Tensor:
 
     With ``group_size = G > 1`` the G query heads sharing a KV head are merged (their union is
     the set of value rows that KV head must read); heads ``g·G … g·G+G−1`` form group g.
+    Negative (or NaN) counts and tensors on the meta device are refused (ValueError naming ``counts``).
     """
     if not isinstance(counts, torch.Tensor):
         raise TypeError(f"counts must be a torch.Tensor, got {type(counts).__name__}")
     if counts.dim() < 1:
         raise ValueError(f"counts must have shape [..., n], got {tuple(counts.shape)}")
+    if counts.is_complex():
+        raise TypeError(f"counts must be a real (integer, bool or float) tensor, got {counts.dtype}")
     group_size = _check_count("group_size", group_size, 1)
     if counts.dim() < 2 and group_size > 1:
         raise ValueError("counts must be [..., H, n] to merge head groups")
+    has_values("counts", counts)
+    negative = ~(counts >= 0)  # NaN too
+    if bool(negative.any()):
+        where = tuple(int(i) for i in negative.nonzero()[0])
+        raise ValueError(f"counts must be ≥ 0 (samples per key), got counts[{', '.join(map(str, where))}] = {counts[where].item()}")
     sampled = counts > 0
     if group_size > 1:
         h, n = sampled.shape[-2:]

@@ -71,6 +71,22 @@ def test_non_finite_scale_is_refused(scale):
         attend(q, k, v, scale=scale)
 
 
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_meta_tensors_are_refused_naming_the_argument(sampler):
+    """The samplers used to fail inside torch (``Tensor.item() cannot be called on meta tensors``)."""
+    q, k, v = (x.to("meta") for x in qkv(lq=3, lk=20, d=8))
+    with pytest.raises(ValueError, match="query is on the meta device"):
+        santa.sampled_attention(q, k, v, 4, sampler=sampler, enable_gqa=True)
+
+
+def test_meta_probabilities_are_refused_naming_the_argument():
+    probs = random_probs().to("meta")
+    with pytest.raises(ValueError, match="probs is on the meta device"):
+        santa.sample_counts(probs, 4, "systematic")
+    with pytest.raises(ValueError, match="probs is on the meta device"):
+        santa.variance_trace(probs, torch.ones(4, 50, 2, device="meta"), 4, "iid")
+
+
 def test_zero_and_negative_scales_are_softmax_of_scaled_scores():
     q, k, v = qkv(hkv=6, lq=3, lk=20, d=8)
     for scale in (0.0, -0.7):
@@ -333,6 +349,24 @@ def test_unique_keys_refuses_bad_group_size(group_size, error):
     """group_size=0 used to raise ZeroDivisionError."""
     with pytest.raises(error, match="group_size"):
         santa.unique_keys(torch.ones(1, 4, 5, dtype=torch.int64), group_size=group_size)
+
+
+@pytest.mark.parametrize("counts, where", [
+    (torch.tensor([[3, 0, -1, 0]]), r"counts\[0, 2\] = -1"),
+    (torch.tensor([[[1, 0], [0, -2]]], dtype=torch.int32), r"counts\[0, 1, 1\] = -2"),
+    (torch.tensor([0.0, math.nan, 1.0]), r"counts\[1\] = nan"),
+])
+def test_unique_keys_refuses_negative_counts(counts, where):
+    """A negative count used to read as 'not sampled' (counts [3, 0, -1, 0] gave one key)."""
+    with pytest.raises(ValueError, match=r"counts must be ≥ 0 .*, got " + where):
+        santa.unique_keys(counts)
+
+
+def test_unique_keys_refuses_meta_counts():
+    with pytest.raises(ValueError, match="counts is on the meta device"):
+        santa.unique_keys(torch.ones(2, 5, dtype=torch.int64, device="meta"))
+    with pytest.raises(TypeError, match="counts must be a real"):
+        santa.unique_keys(torch.ones(2, 5, dtype=torch.complex64))
 
 
 def test_value_stage_cost_names_a_bad_method_before_the_budget():

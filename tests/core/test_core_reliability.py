@@ -189,9 +189,9 @@ def test_the_torch_fallback_takes_budgets_whose_draws_pass_max_draws(torch_fallb
     """The kernels take S ≤ MAX_BUDGET per head; the fallback used to refuse B·H·S > MAX_DRAWS (e.g.
     128 heads × 2**20). Shown here with MAX_DRAWS lowered (the documented knob): the counts are the
     ones drawn in a single call."""
-    q, k, v = make_inputs(batch=2, heads=heads, kv_heads=2, n_keys=24, seed=heads, device="cpu")
+    q, k, v = make_inputs(batch=2, heads=heads, kv_heads=2, n_keys=budget + 40, seed=heads, device="cpu")  # keys > S: sampled
     want, want_counts = decode(q, k, v, budget, kernel=kernel, seed=3, return_counts=True)
-    monkeypatch.setattr(sampling, "MAX_DRAWS", budget + 1)  # a budget above the 24 keys, > 1 row refused per call
+    monkeypatch.setattr(sampling, "MAX_DRAWS", budget + 1)  # one row per call: more than one row refused
     got, counts = decode(q, k, v, budget, kernel=kernel, seed=3, return_counts=True)
     assert torch.equal(counts, want_counts) and torch.equal(got, want)
     if kernel == "prop":

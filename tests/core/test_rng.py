@@ -173,10 +173,30 @@ def _layer_cells(seed):
 LIBRARY_CALLS = {"santa.decode": _decode, "DecodePlan.run": _plan_run, "eval grid seeds": _grid, "ablate layer_cells seeds": _layer_cells}
 
 
+def _spec_decode(seed):
+    """``ô = (1/8) Σ_j c_j v_j``, c the systematic counts (:func:`santa.sample_counts`) of ``softmax(q·kᵀ/√d)``
+    on the Philox uniforms keyed on the whole ``seed`` (offset 2): what _decode and _plan_run must return."""
+    from santa.kernels.reference import call_uniforms
+
+    q, k, v = _decode_inputs()  # one KV head for both query heads, d = 16
+    probs = torch.softmax(torch.einsum("bhd,bld->bhl", q.double(), k[:, :, 0].double()) / 4, dim=-1)
+    counts = santa.sample_counts(probs, 8, "systematic", uniforms=call_uniforms(seed, 2, None, 1, 2))
+    return (torch.einsum("bhl,bld->bhd", counts.double(), v[:, :, 0].double()) / 8).float()
+
+
+def _check_entry_point(call, seed, result):
+    """The seed reached the call whole: the Philox key of the draws, or the seed of every job or cell."""
+    if call in ("santa.decode", "DecodePlan.run"):
+        torch.testing.assert_close(result, _spec_decode(seed))
+    else:
+        assert result and all(item.seed == seed and type(item.seed) is int for item in result), result
+
+
 @pytest.mark.parametrize("call", sorted(LIBRARY_CALLS))
 @pytest.mark.parametrize("seed", GOOD_SEEDS)
 def test_library_entry_points_take_the_whole_range(torch_fallback, call, seed):
-    LIBRARY_CALLS[call](seed)
+    """Each call accepts every seed in [0, 2**63) and uses it as given (no wrap, no truncation)."""
+    _check_entry_point(call, seed, LIBRARY_CALLS[call](seed))
 
 
 @pytest.mark.parametrize("call", ["santa.decode", "DecodePlan.run", "ablate layer_cells seeds"])

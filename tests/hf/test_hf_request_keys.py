@@ -13,15 +13,21 @@ PROMPT = [5, 17, 3, 9, 23, 8, 61, 2]
 LONGER = [44, 2, 50, 9, 33, 12, 7, 7, 19, 28, 31, 40, 6]
 
 
-def tokens(model, rows, config, **generate_kwargs):
-    """Greedy new tokens of each row (left-padded with token 0 and masked)."""
+def generated(model, rows, config, **generate_kwargs):
+    """Greedy new tokens ``[rows, 6]`` and their logits ``[6, rows, vocab]`` of each row (left-padded with
+    token 0 and masked)."""
     width = max(len(r) for r in rows)
     ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
     santa.hf.configure(model, config)
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0, **generate_kwargs)
-    return out[:, width:]
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0,
+                             return_dict_in_generate=True, output_logits=True, **generate_kwargs)
+    return out.sequences[:, width:], torch.stack(out.logits)
+
+
+def tokens(model, rows, config, **generate_kwargs):
+    return generated(model, rows, config, **generate_kwargs)[0]
 
 
 @pytest.fixture(scope="module")
@@ -29,14 +35,38 @@ def model():
     return tiny_hf_model("llama")
 
 
+# S = 10 sits between the prompts: PROMPT's first decode steps see 8–10 keys (S covers them: exact attention),
+# its later ones 11–13 (sampled), LONGER's all 13–18 (sampled). Batched beside LONGER or in a static cache the
+# padded length passes S from the first step: the rule must follow PROMPT's own live keys, not the padded length.
+BETWEEN = 10
+
+
+@pytest.mark.parametrize("kernel", ["reference", "prop"])
 @pytest.mark.parametrize("sampler", ["dense", "iid", "stratified", "systematic"])
-def test_a_prompt_draws_alike_alone_batched_and_in_a_static_cache(model, sampler):
-    config = santa.hf.SantaConfig(sampler=sampler, budget=3, seed=7)
-    alone = tokens(model, [PROMPT], config)[0]
-    batched = tokens(model, [LONGER, PROMPT], config)[1]
-    static = tokens(model, [PROMPT], config, cache_implementation="static")[0]
-    assert torch.equal(alone, batched), (alone, batched)
-    assert torch.equal(alone, static), (alone, static)
+def test_a_prompt_draws_alike_alone_batched_and_in_a_static_cache(model, sampler, kernel):
+    if kernel == "prop" and sampler != "systematic":
+        pytest.skip("the prop kernel draws S²ANTA-sys")
+    config = santa.hf.SantaConfig(sampler=sampler, budget=BETWEEN, seed=7, kernel=kernel)
+    alone, alone_logits = generated(model, [PROMPT], config)
+    batched, batched_logits = generated(model, [LONGER, PROMPT], config)
+    static, static_logits = generated(model, [PROMPT], config, cache_implementation="static")
+    assert torch.equal(alone[0], batched[1]), (alone, batched)
+    assert torch.equal(alone[0], static[0]), (alone, static)
+    # the logits too, step by step (transformers' left-padding test): exact and sampled steps alike, up to
+    # the float rounding of a batch of two against one (~1e-6 here), far below what a different draw moves
+    torch.testing.assert_close(batched_logits[:, 1], alone_logits[:, 0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(static_logits[:, 0], alone_logits[:, 0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_row_the_budget_covers_is_exact_however_long_its_batch():
+    """The first decode step of PROMPT (8 live keys ≤ S = 10) beside LONGER (13 keys) equals dense attention's:
+    the exactness rule is the row's own, never the batch's padded length."""
+    model = tiny_hf_model("llama")
+    dense = generated(model, [LONGER, PROMPT], santa.hf.SantaConfig(sampler="dense"))[1][0, 1]
+    for kernel in ("reference", "prop"):
+        config = santa.hf.SantaConfig(sampler="systematic", budget=BETWEEN, seed=7, kernel=kernel)
+        sampled = generated(model, [LONGER, PROMPT], config)[1][0, 1]
+        torch.testing.assert_close(sampled, dense, rtol=1e-4, atol=1e-4)
 
 
 def test_the_kernels_and_the_reference_draw_the_same_samples(model):
@@ -48,6 +78,13 @@ def test_the_kernels_and_the_reference_draw_the_same_samples(model):
     static = tokens(model, [LONGER, PROMPT], config, cache_implementation="static")
     assert torch.equal(reference[0], kernel[1]) and torch.equal(reference[1], kernel[0])
     assert torch.equal(static, kernel)
+
+
+def test_sampling_regardless_is_the_reference_paths_alone():
+    with pytest.raises(ValueError, match="exact_when_budget_covers=False"):
+        santa.hf.SantaConfig(exact_when_budget_covers=False, kernel="prop")
+    config = santa.hf.SantaConfig(exact_when_budget_covers=False)  # auto: the reference samples every row
+    assert santa.hf.kernel_for(config, torch.zeros(1, 2, 1, 4), None) is None
 
 
 def test_visible_runs_come_from_the_mask_on_the_device():

@@ -19,7 +19,8 @@ INTERPRETABLE = CUDA or "triton" not in sys.modules or os.environ.get("TRITON_IN
 if not CUDA and INTERPRETABLE and importlib.util.find_spec("triton") is not None:
     saved = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"
-    import santa.kernels.flash  # noqa: F401  (decorated for the interpreter)
+    import santa.kernels.exact  # noqa: F401  (decorated for the interpreter)
+    import santa.kernels.flash  # noqa: F401
     import santa.kernels.prop  # noqa: F401
 
     if saved is None:

@@ -196,3 +196,19 @@ def test_an_fp8_plan_replays_in_a_cuda_graph_with_per_head_scales():
     eager = decode(q, k8, v8, 128, offset=3, k_scale=k_scale, v_scale=0.25)
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("kernel", ["prop", "flash"])
+def test_an_e4m3_nan_byte_in_a_visible_key_gives_nan_on_every_path(kernel, monkeypatch):
+    """0x7F is e4m3's NaN: the heads that score it get NaN, in the kernels (the GPU, or Triton's interpreter, which
+    reads the byte as 480.0 unless told) and in the torch fallback alike; the other KV group stays finite."""
+    q, k, v = make_inputs(2, 4, 2, 16, 40, seed=12)
+    k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+    k8.view(torch.uint8)[1, 5, 0, 3] = 0x7F  # sequence 1, key 5, KV head 0 (query heads 0 and 1)
+    seq_lens = torch.tensor([40, 40], dtype=torch.int32, device=DEVICE)
+    outs = [decode(q, k8, v8, 8, kernel=kernel, seq_lens=seq_lens)]
+    if not CUDA:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the torch fallback
+        outs.append(decode(q, k8, v8, 8, kernel=kernel, seq_lens=seq_lens))
+    for out in outs:
+        assert torch.isnan(out[1, :2]).all() and torch.isfinite(out[1, 2:]).all() and torch.isfinite(out[0]).all()

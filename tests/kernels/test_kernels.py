@@ -70,8 +70,8 @@ def prop_uniforms(batch, heads, seed, offset):
     [
         (2, 4, 1, 64, 300, 64),  # n not a tile multiple, several tiles
         (1, 3, 3, 64, 50, 16),  # GQA 1, n < one tile
-        (2, 6, 2, 32, 129, 200),  # GQA 3, S > n
-        (1, 7, 1, 64, 1, 5),  # GQA 7, a single key
+        (2, 6, 2, 32, 129, 120),  # GQA 3, S just below n
+        (1, 7, 1, 64, 6, 5),  # GQA 7, a few keys
     ],
 )
 def test_prop_counts_equal_systematic_reference_given_kernel_uniforms(batch, heads, kv_heads, dim, n_keys, budget):
@@ -83,7 +83,7 @@ def test_prop_counts_equal_systematic_reference_given_kernel_uniforms(batch, hea
 
 def test_prop_counts_sum_to_budget_and_vanish_past_seq_lens():
     q, k, v = make_inputs(3, 8, 2, 32, 260, seed=1)
-    seq_lens = torch.tensor([260, 131, 7], dtype=torch.int32, device=DEVICE)
+    seq_lens = torch.tensor([260, 131, 97], dtype=torch.int32, device=DEVICE)  # all above S = 96 (S ≥ n: exact)
     _, counts = decode(q, k, v, 96, kernel="prop", seq_lens=seq_lens, return_counts=True)
     assert torch.equal(counts.sum(-1), torch.full((3, 8), 96, dtype=counts.dtype, device=DEVICE))
     past = torch.arange(260, device=DEVICE) >= seq_lens.long().unsqueeze(-1)  # [B, L]
@@ -180,7 +180,13 @@ def test_random_shapes_match_the_reference():
         seq_lens = torch.randint(1, n_keys + 1, (batch,), generator=rng).to(torch.int32).to(DEVICE)
         out, counts = decode(q, k, v, budget, seq_lens=seq_lens, seed=trial, offset=trial, return_counts=True)
         ref_out, ref_counts = prop_reference(q, k, v, budget, seq_lens=seq_lens, seed=trial, offset=trial)
-        assert_counts_match_systematic(counts, dense_probs(q, k, seq_lens), budget, prop_uniforms(batch, group * kv_heads, trial, trial))
+        sampled = (seq_lens > budget).cpu()  # S ≥ a sequence's keys: exact, one read per key (the reference's too)
+        live = torch.arange(n_keys) < seq_lens.cpu().long().unsqueeze(-1)  # [B, L]
+        assert torch.equal(counts[~sampled].cpu().long(), live[~sampled].unsqueeze(1).expand(-1, group * kv_heads, -1).long())
+        assert torch.equal(ref_counts[~sampled].cpu(), counts[~sampled].cpu().long())
+        if sampled.any():
+            assert_counts_match_systematic(counts[sampled], dense_probs(q, k, seq_lens)[sampled], budget,
+                                           prop_uniforms(batch, group * kv_heads, trial, trial)[sampled])
         same = (counts.long() == ref_counts).all(-1)  # [B, H]
         tol = 1e-5 if dtype == torch.float32 else 1e-2
         torch.testing.assert_close(out[same].float(), ref_out[same].float(), rtol=tol, atol=tol)

@@ -10,6 +10,7 @@ mode="reduce-overhead" capture at the bottom.
 from __future__ import annotations
 
 import importlib
+import math
 
 import pytest
 import torch
@@ -102,6 +103,55 @@ def test_fake_outputs_have_the_real_outputs_metadata(cache, q_layout, dtype):
     for r, f in zip(real, fake, strict=True):
         assert (f.shape, f.dtype, f.stride(), f.device) == (r.shape, r.dtype, r.stride(), r.device)
     assert real[0].is_contiguous() and real[1].shape == (2, 4, 40)
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+@pytest.mark.parametrize("scale", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_scale_is_a_value_error_naming_it(op, scale):
+    """scale=nan used to be a TypeError ("scale must be a finite float or None"), where every other bad value is a ValueError."""
+    args = op_args("contiguous", "prop")
+    args = args[:12] + (scale,) + args[13:]
+    with pytest.raises(ValueError, match="scale must be finite, got"):
+        OPS[op](*args)
+    with FakeTensorMode() as mode:  # the fake implementation (torch.compile's tracing) refuses it too
+        fake_args = tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args)
+        with pytest.raises(ValueError, match="scale must be finite, got"):
+            OPS[op](*fake_args)
+
+
+FP8 = torch.float8_e4m3fn
+
+
+@pytest.mark.parametrize("scales", [dict(), dict(k_scale=0.5, v_scale_tensor=torch.tensor([0.25, 2.0], device=DEVICE))])
+def test_the_ops_take_fp8_caches_and_their_scales_as_santa_decode(scales):
+    q, k, v, *rest = op_args("contiguous", "prop")
+    args = (q, k.to(FP8), v.to(FP8), *rest)
+    want_out, want_counts = eager_decode(args, return_counts=True, k_scale=scales.get("k_scale"),
+                                         v_scale=scales.get("v_scale_tensor"))
+    out, counts = torch.ops.santa.decode_counts(*args, **scales)
+    assert torch.equal(out, want_out) and torch.equal(counts, want_counts)
+    assert torch.equal(torch.ops.santa.decode(*args, **scales), want_out)
+    if scales:  # the scales are used: other ones give another output
+        assert not torch.equal(torch.ops.santa.decode(*args), want_out)
+
+
+@pytest.mark.parametrize("fp8, scales, message", [
+    (True, dict(k_scale=0.5, k_scale_tensor=torch.ones(2)), "pass k_scale .* or k_scale_tensor .*, not both"),
+    (True, dict(v_scale_tensor=torch.ones(4)), r"v_scale as a tensor must be float32 \[H_kv=2\]"),
+    (True, dict(k_scale=0.0), "k_scale must be a finite scale > 0"),
+    (False, dict(v_scale=0.5), "v_scale dequantises a float8_e4m3fn cache"),
+])
+def test_the_ops_refuse_bad_cache_scales_eagerly_and_in_the_fake(fp8, scales, message):
+    q, k, v, *rest = op_args("contiguous", "prop")
+    args = (q, k.to(FP8), v.to(FP8), *rest) if fp8 else (q, k, v, *rest)
+    scales = {name: x.to(DEVICE) if isinstance(x, torch.Tensor) else x for name, x in scales.items()}
+    with pytest.raises(ValueError, match=message):
+        torch.ops.santa.decode(*args, **scales)
+    with FakeTensorMode() as mode:
+        fake = tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args)
+        fake_scales = {name: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for name, x in scales.items()}
+        with pytest.raises(ValueError, match=message):
+            torch.ops.santa.decode(*fake, **fake_scales)
 
 
 class TinyAttention(torch.nn.Module):

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
+# Whether these kernels are defined for Triton's interpreter (read, as Triton reads it, when the module is imported).
+# Triton 3.6's interpreter converts an e4m3 NaN byte (0x7F / 0xFF) to 480.0 where the GPU's conversion gives NaN.
+INTERPRETED: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 @triton.jit
@@ -35,7 +40,12 @@ def load_cache_rows(cache_ptr, rows, ok, offs_d, mask_d, DTYPE: tl.constexpr, EV
     to bf16, fp16 or fp32; its dequantisation scale is applied by the caller (:func:`cache_scale`)."""
     rows = tl.load(cache_ptr + rows[:, None] + offs_d[None, :], mask=ok[:, None] & mask_d[None, :], other=0.0,
                    eviction_policy=EVICTION)
-    return rows.to(DTYPE)
+    values = rows.to(DTYPE)
+    if INTERPRETED:  # a constexpr branch: the GPU's code is unchanged
+        if cache_ptr.dtype.element_ty == tl.float8e4nv:  # e4m3 NaN is S.1111.111: NaN, as the GPU converts it
+            nan = (rows.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F
+            values = tl.where(nan, float("nan"), values.to(tl.float32)).to(DTYPE)  # (the interpreter has no bf16 constant)
+    return values
 
 
 @triton.jit

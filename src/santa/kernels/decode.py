@@ -34,11 +34,13 @@ from santa.kernels.plan import (
     DecodePlan,
     Workspace,
     check_budget_for_kernels,
+    check_scale,
     check_seed_and_offset,
     check_tables,
     check_workspace,
     kernels_on_cpu,
     plan_decode,
+    refuse_unsupported,
     resolve_device,
     torch_decode,
 )
@@ -210,8 +212,7 @@ def _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_lay
         n_keys = k_cache.shape[pos_axis]
     if seq_lens is not None:
         _check_per_sequence("seq_lens", seq_lens, (torch.int32,), batch=batch, device=device, expected="must be an int32 tensor")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale)):
-        raise TypeError(f"scale must be a finite float or None, got {scale!r}")
+    check_scale(scale)
     if isinstance(offset, torch.Tensor):
         if offset.dtype != torch.int64 or offset.numel() != 1 or offset.device != device:
             raise ValueError(f"offset as a tensor must be one int64 element on {device}, got {offset.dtype} {tuple(offset.shape)} on {offset.device}")
@@ -382,6 +383,7 @@ def decode(
     v_scale: float | torch.Tensor | None = None,
     positions: torch.Tensor | None = None,
     starts: torch.Tensor | None = None,
+    **unsupported,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sampled attention for one new token per sequence: ``ô = (1/S) Σ_j c_j v_j`` (prop).
 
@@ -392,7 +394,9 @@ def decode(
         sequence b is row ``j % page_size`` of page ``block_table[b, j // page_size]``
         (FlashInfer's convention). Same dtype as q, or both ``torch.float8_e4m3fn`` (fp8 caches, with
         k_scale / v_scale); H must be a multiple of H_kv (GQA).
-    budget: S samples per head, 1 ≤ S ≤ 2**20 (S > n is legal: counts repeat).
+    budget: S samples per head, 1 ≤ S ≤ 2**20. A sequence whose live keys S covers (``seq_lens[b] −
+        starts[b] ≤ S``) is computed exactly, each live V row read once (count 1), as on every path
+        (:mod:`santa.kernels.exact`).
     kernel: ``"prop"`` (exact global systematic sampling: S²ANTA-sys over the whole sequence, two
         launches), ``"flash"`` (``⌈S/T⌉`` systematic samples per tile of 128 keys, 64 for d > 128,
         then a FlashDecoding merge), ``"auto"`` (prop).
@@ -422,12 +426,11 @@ def decode(
 
     Under ``torch.compile`` the call is one custom op (:mod:`santa.kernels.ops`): see :func:`_decode_compiled`.
     """
+    if unsupported:  # FlashInfer's soft-cap, LSE, RoPE modes …: refused by name (plan.UNSUPPORTED_KEYWORDS)
+        refuse_unsupported("decode", unsupported)
     if torch.compiler.is_compiling():
-        if k_scale is not None or v_scale is not None or getattr(k_cache, "dtype", None) == FP8:
-            raise TypeError("fp8 caches (and k_scale / v_scale) are not supported under torch.compile yet: "
-                            "call santa.decode eagerly, or plan_decode(kv_dtype=torch.float8_e4m3fn).run in a CUDA graph")
         return _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset,
-                                out, workspace, return_counts, check, positions, starts)
+                                out, workspace, return_counts, check, positions, starts, k_scale, v_scale)
     _check_seed_and_offset(seed, offset)
     call = _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out,
                            return_counts)
@@ -472,7 +475,7 @@ def _decode_reference(q, k_cache, v_cache, budget, kernel, seq_lens, block_table
 
 
 def _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out,
-                     workspace, return_counts, check, positions, starts):
+                     workspace, return_counts, check, positions, starts, k_scale, v_scale):
     """:func:`decode` as torch.compile traces it: the checks that read no tensor values (the same
     errors as eager), then ``torch.ops.santa.decode`` (or ``decode_counts``), whose implementation is
     the eager call at execution time (its plan cached per call signature, with the plan's own
@@ -480,7 +483,10 @@ def _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table,
     filled from the op's result. ``check=True`` (host reads of the tables) is refused: a compiled graph
     does not read tensor values on the host (on the CPU the op still checks them when it runs)."""
     _check_seed_and_offset(seed, offset)
-    _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts)
+    _, k_cache, _, _, _, kv_heads = _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale,
+                                              offset, out, return_counts)
+    k_scale, v_scale = checked_cache_scales(k_scale, v_scale, kv_dtype=k_cache.dtype, kv_heads=kv_heads, device=q.device,
+                                            check_values=False)
     if positions is not None or isinstance(seed, torch.Tensor):
         check_request_keys(seed, offset, positions, batch=q.shape[0], device=q.device, check_values=False)
     if starts is not None:
@@ -498,6 +504,9 @@ def _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table,
     args = (q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, int(budget), kernel, kv_layout,
             None if scale is None else float(scale), 0 if seeds is not None else int(seed),
             0 if offset_tensor is not None else int(offset))
+    if k_cache.dtype == FP8:  # the scales as the op takes them: floats or float32 [H_kv] tensors
+        args += tuple(None if isinstance(x, torch.Tensor) else x for x in (k_scale, v_scale))
+        args += tuple(x if isinstance(x, torch.Tensor) else None for x in (k_scale, v_scale))
     if return_counts:
         result, counts = torch.ops.santa.decode_counts(*args)
     else:

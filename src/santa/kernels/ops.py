@@ -2,7 +2,8 @@
 that calls :func:`santa.decode` (and ``mode="reduce-overhead"`` captures it in a CUDA graph).
 
 - ``torch.ops.santa.decode(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds,
-  positions, starts, budget, kernel, kv_layout, scale, seed, offset) -> out``: one decode step, a new ``[B, H, d]`` tensor in
+  positions, starts, budget, kernel, kv_layout, scale, seed, offset, k_scale=None, v_scale=None,
+  k_scale_tensor=None, v_scale_tensor=None) -> out``: one decode step, a new ``[B, H, d]`` tensor in
   q's dtype (contiguous).
 - ``torch.ops.santa.decode_counts(...)`` (same arguments) ``-> (out, counts)``: also the per-key
   sample counts, int32 ``[B, H, n_keys]`` (statistics, tests).
@@ -14,7 +15,11 @@ offset that changes per step makes dynamo recompile once, then trace it as a Sym
 record one graph per value); ``seeds`` (int64 ``[B]``, per-sequence keys) replaces ``seed`` when
 given, ``positions`` (``[B]``) keys the draws on each query's position and ``starts`` (``[B]``)
 gives each sequence's first key (:func:`santa.decode`);
-``scale`` None means ``1/√d``; seed and offset are ints in ``[0, 2**63)`` (they fit the schema's int64).
+``scale`` None means ``1/√d`` (else a finite float: NaN or ±inf is a ValueError naming it); seed and
+offset are ints in ``[0, 2**63)`` (they fit the schema's int64). The caches may be float8_e4m3fn (as in
+:func:`santa.decode`): their dequantisation scales are ``k_scale`` / ``v_scale`` (floats) or
+``k_scale_tensor`` / ``v_scale_tensor`` (float32 ``[H_kv]`` on q's device), one of each pair at most,
+1.0 when neither is given; other caches take none (ValueError).
 
 The implementation is the eager :func:`santa.decode` at execution time: on CUDA (and on the CPU
 under ``TRITON_INTERPRET=1``) a :class:`santa.kernels.DecodePlan`, cached per call signature
@@ -33,6 +38,7 @@ import importlib
 import torch
 from torch import Tensor
 
+from santa.checks import scale as checked_scale
 from santa.kernels.plan import Workspace
 
 # the module (santa.kernels.decode, the attribute, is the function)
@@ -41,9 +47,22 @@ _decode = importlib.import_module("santa.kernels.decode")
 __all__ = ["decode", "decode_counts"]
 
 
+def _cache_scales(k_scale, v_scale, k_scale_tensor, v_scale_tensor) -> tuple:
+    """The ``k_scale`` and ``v_scale`` of :func:`santa.decode` (a float, a tensor or None) from the op's
+    float and tensor arguments, of which one per cache at most."""
+    scales = []
+    for name, number, tensor in (("k_scale", k_scale, k_scale_tensor), ("v_scale", v_scale, v_scale_tensor)):
+        if number is not None and tensor is not None:
+            raise ValueError(f"pass {name} (one float) or {name}_tensor (float32 [H_kv]), not both")
+        scales.append(number if tensor is None else tensor)
+    return tuple(scales)
+
+
 def _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel, kv_layout,
-           scale, seed, offset, return_counts):
+           scale, seed, offset, k_scale, v_scale, k_scale_tensor, v_scale_tensor, return_counts):
     """Both ops' implementation: the eager :func:`santa.decode` into a new contiguous output."""
+    checked_scale(scale)  # NaN or ±inf: a ValueError naming scale
+    k_scale, v_scale = _cache_scales(k_scale, v_scale, k_scale_tensor, v_scale_tensor)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous whatever q's strides: as the fake
     offset = offset if offset_tensor is None else offset_tensor
     call = _decode._validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out,
@@ -51,13 +70,19 @@ def _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, pos
     workspace = None if call.plan is None else Workspace.scratch(call.workspace_key)  # this call's own: nothing outlives it
     return _decode.decode(q, k_cache, v_cache, budget, kernel=kernel, seq_lens=seq_lens, block_table=block_table,
                           kv_layout=kv_layout, scale=scale, seed=seed if seeds is None else seeds, offset=offset, out=out,
-                          return_counts=return_counts, positions=positions, starts=starts, workspace=workspace)
+                          return_counts=return_counts, positions=positions, starts=starts, workspace=workspace,
+                          k_scale=k_scale, v_scale=v_scale)
 
 
-def _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset):
+def _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset,
+          k_scale, v_scale, k_scale_tensor, v_scale_tensor):
     """The metadata checks of :func:`santa.decode` on fake tensors; returns n_keys."""
-    n_keys = _decode._validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale,
-                               offset if offset_tensor is None else offset_tensor, None, False)[4]
+    checked_scale(scale)
+    k_scale, v_scale = _cache_scales(k_scale, v_scale, k_scale_tensor, v_scale_tensor)
+    _, k_cache, _, _, n_keys, kv_heads = _decode._validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout,
+                                                           scale, offset if offset_tensor is None else offset_tensor, None, False)
+    _decode.checked_cache_scales(k_scale, v_scale, kv_dtype=k_cache.dtype, kv_heads=kv_heads, device=q.device,
+                                 check_values=False)
     return n_keys
 
 
@@ -78,16 +103,21 @@ def decode(
     scale: float | None,
     seed: int,
     offset: int,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
+    k_scale_tensor: Tensor | None = None,
+    v_scale_tensor: Tensor | None = None,
 ) -> Tensor:
     """One sampled-attention decode step (see :func:`santa.decode`): ``out [B, H, d]``."""
     return _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel,
-                  kv_layout, scale, seed, offset, False)
+                  kv_layout, scale, seed, offset, k_scale, v_scale, k_scale_tensor, v_scale_tensor, False)
 
 
 @decode.register_fake
 def _decode_fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel, kv_layout,
-                 scale, seed, offset):
-    _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset)
+                 scale, seed, offset, k_scale=None, v_scale=None, k_scale_tensor=None, v_scale_tensor=None):
+    _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset, k_scale, v_scale,
+          k_scale_tensor, v_scale_tensor)
     return q.new_empty(q.shape)
 
 
@@ -108,14 +138,19 @@ def decode_counts(
     scale: float | None,
     seed: int,
     offset: int,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
+    k_scale_tensor: Tensor | None = None,
+    v_scale_tensor: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """:func:`decode` and the per-key sample counts: ``(out [B, H, d], counts int32 [B, H, n_keys])``."""
     return _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel,
-                  kv_layout, scale, seed, offset, True)
+                  kv_layout, scale, seed, offset, k_scale, v_scale, k_scale_tensor, v_scale_tensor, True)
 
 
 @decode_counts.register_fake
 def _decode_counts_fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel,
-                        kv_layout, scale, seed, offset):
-    n_keys = _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset)
+                        kv_layout, scale, seed, offset, k_scale=None, v_scale=None, k_scale_tensor=None, v_scale_tensor=None):
+    n_keys = _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset, k_scale,
+                   v_scale, k_scale_tensor, v_scale_tensor)
     return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[1], n_keys), dtype=torch.int32)

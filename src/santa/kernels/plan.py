@@ -2,9 +2,9 @@
 budget and launch parameters and owns its typed :class:`Workspace`; :meth:`DecodePlan.run` only
 launches (no validation, no allocation, no host synchronisation: CUDA-graph capturable).
 
-``run`` trusts its tensors to have the planned shapes, dtypes and layout (check them once, e.g.
-with :func:`santa.decode` on the first step); it checks only the types and ranges of ``seed`` and
-``offset`` (host-side, a few hundred nanoseconds). Against bad *values* the kernels guard memory
+``run`` checks its tensors' kinds, dtypes, shapes and devices against the plan (:meth:`DecodePlan.check_call`:
+host metadata, no values read, so nothing a CUDA graph replays) and the types and ranges of ``seed`` and
+``offset``: a tensor of another shape never reaches a launch. Against bad *values* the kernels guard memory
 on their own: a ``seq_lens`` entry outside ``[0, n_keys]`` is clamped for every read and the
 sequence's output is NaN; a ``block_table`` page id outside ``[0, pages)`` is never followed and
 the heads that would have read it get NaN.
@@ -63,7 +63,8 @@ HAVE_TRITON = importlib.util.find_spec("triton") is not None
 # a jit function of each module the kernels use: Triton defines it for the interpreter or for the GPU
 # when the module is imported (triton.language's own, e.g. tl.max, when triton is)
 _KERNEL_FUNCTIONS = {"triton.language.standard": "max", "santa.kernels._common": "tile_scores",
-                     "santa.kernels.prop": "_prop_scores_kernel", "santa.kernels.flash": "_flash_partial_kernel"}
+                     "santa.kernels.prop": "_prop_scores_kernel", "santa.kernels.flash": "_flash_partial_kernel",
+                     "santa.kernels.exact": "_exact_covered_kernel"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -264,6 +265,41 @@ def torch_decode(kernel: str, q, k_cache, v_cache, budget: int, *, seq_lens, blo
     return result, counts.to(torch.int32)
 
 
+# Keywords of FlashInfer's decode plan/run for features santa's decode does not implement: refused by name (a
+# caller porting FlashInfer code learns what is missing, not that a keyword is unexpected). Passing one at its
+# "off" value (None, False, 0, "NONE", -1 for window_left) is accepted: it asks for nothing santa lacks.
+UNSUPPORTED_KEYWORDS = {
+    "logits_soft_cap": "attention-logit soft-capping",
+    "return_lse": "returning the log-sum-exp of the scores",
+    "pos_encoding_mode": "positional encoding applied inside the kernel (apply RoPE to q and K before the call)",
+    "rope_scale": "positional encoding applied inside the kernel",
+    "rope_theta": "positional encoding applied inside the kernel",
+    "window_left": "a sliding window (pass starts, a run of keys per sequence, with kernel='prop')",
+    "sinks": "attention sinks",
+}
+
+
+def refuse_unsupported(where: str, keywords: dict) -> None:
+    """Raise for any keyword in ``keywords``: ValueError naming the feature for :data:`UNSUPPORTED_KEYWORDS` set to
+    something other than its off value, TypeError (as Python's own) for any other keyword."""
+    for name, value in keywords.items():
+        if name not in UNSUPPORTED_KEYWORDS:
+            raise TypeError(f"{where}() got an unexpected keyword argument {name!r}")
+        if value is None or value is False or (name == "window_left" and value == -1) or value == 0 or value == "NONE":
+            continue
+        raise ValueError(f"santa's decode does not implement {UNSUPPORTED_KEYWORDS[name]}: {where}() got {name}={value!r}")
+
+
+def check_scale(scale: object) -> None:
+    """``scale``: None or a finite real number (TypeError for another type, ValueError for NaN or ±inf)."""
+    if scale is None:
+        return
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a finite float or None, got {type(scale).__name__} {scale!r}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite float or None, got {scale!r}")
+
+
 def checked_tuning(tuning: object) -> Tuning:
     """``tuning`` with its integer fields as Python ints, or raise naming the field (TypeError for a wrong
     type, ValueError for a bad value)."""
@@ -317,6 +353,7 @@ def plan_decode(
     scale: float | None = None,
     tuning: Tuning | None = None,
     workspace: Workspace | None = None,
+    **unsupported,
 ) -> DecodePlan:
     """Validate a decode shape once and freeze its launches.
 
@@ -335,6 +372,7 @@ def plan_decode(
     Integer arguments take Python or numpy ints: a wrong type is a TypeError, a bad value (or an
     unsupported or absent device) a ValueError, each naming the argument.
     """
+    refuse_unsupported("plan_decode", unsupported)
     batch, heads, kv_heads, head_dim, n_keys = (
         _positive_int(name, value)
         for name, value in (("batch", batch), ("heads", heads), ("kv_heads", kv_heads), ("head_dim", head_dim), ("n_keys", n_keys))
@@ -357,8 +395,7 @@ def plan_decode(
         page_size = _positive_int("page_size", page_size)
         if n_keys % page_size:
             raise ValueError(f"n_keys={n_keys} must be max_pages · page_size, a multiple of page_size={page_size}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale)):
-        raise TypeError(f"scale must be a finite float or None, got {scale!r}")
+    check_scale(scale)
     tuning = checked_tuning(tuning)
     device = resolve_device(device)
     shape = DecodeShape(batch, heads, kv_heads, head_dim, n_keys, page_size, kv_layout, dtype, str(device), kv_dtype)
@@ -430,14 +467,98 @@ class DecodePlan:
         except ValueError:  # no plan fits shared memory (a large budget), or the module did not load (warned once)
             return None
 
-    def _one_launch_serves(self, q, k_cache, v_cache, block_table, out, counts, workspace, k_scale, v_scale, starts) -> bool:
+    def _one_launch_serves(self, q, k_cache, v_cache, seq_lens, block_table, out, counts, workspace, k_scale, v_scale,
+                           starts) -> bool:
         """Whether this call runs the one-launch prop: the plan has one, and the call needs nothing it lacks (a block
         table, a workspace of the caller's, ``starts``, cache scales, non-contiguous tensors)."""
-        return (self.one_launch is not None and block_table is None and workspace is None and starts is None
+        return (self.one_launch is not None and not self._all_covered(seq_lens is not None, starts is not None)
+                and block_table is None and workspace is None and starts is None
                 and not isinstance(k_scale, torch.Tensor) and not isinstance(v_scale, torch.Tensor)
                 and float(k_scale) == 1.0 and float(v_scale) == 1.0 and k_cache.shape[1] == self.shape.n_keys
                 and q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
                 and (out is None or out.is_contiguous()) and (counts is None or counts.is_contiguous()))
+
+    def check_call(self, q, k_cache, v_cache, *, seq_lens, block_table, out, counts, workspace, k_scale, v_scale, positions,
+                   starts, seed, offset) -> None:
+        """Raise TypeError/ValueError naming the first tensor whose kind, dtype, shape or device differs from what
+        the plan's launches address: host metadata only (no values read, no sync; nothing a CUDA graph replays).
+        Tables (seq_lens, block_table, …) may be views into larger buffers (more rows or pages than the plan
+        reads); q, out, counts and contiguous caches have exactly the plan's shape."""
+        s, device = self.shape, torch.device(self.shape.device)
+        batch, heads, dim = s.batch, s.heads, s.head_dim
+
+        def tensor(name: str, x: object, dtypes: tuple, doc: str) -> torch.Tensor:
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor {doc}, got {type(x).__name__}")
+            if x.dtype not in dtypes:
+                allowed = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+                raise TypeError(f"{name} must be {allowed} {doc} for this plan, got {x.dtype}")
+            if x.device != device:
+                raise ValueError(f"{name} is on {x.device} but the plan is for {device}")
+            return x
+
+        doc = f"[B={batch}, H={heads}, d={dim}]"
+        tensor("q", q, (s.dtype,), doc)
+        if tuple(q.shape) != (batch, heads, dim) or q.stride(-1) != 1:
+            raise ValueError(f"q must have the plan's shape {doc}, contiguous in d, got {tuple(q.shape)} strides {q.stride()}")
+        if out is not None:
+            tensor("out", out, (s.dtype,), doc)
+            if tuple(out.shape) != (batch, heads, dim) or out.stride(-1) != 1:
+                raise ValueError(f"out must have the plan's shape {doc}, contiguous in d, got {tuple(out.shape)}")
+        paged = s.page_size is not None
+        nhd = s.kv_layout == "NHD"
+        if paged:
+            doc = f"[pages, page_size={s.page_size}, H_kv={s.kv_heads}, d={dim}]" if nhd else \
+                f"[pages, H_kv={s.kv_heads}, page_size={s.page_size}, d={dim}]"
+        else:
+            doc = f"[B={batch}, L={s.n_keys}, H_kv={s.kv_heads}, d={dim}]" if nhd else \
+                f"[B={batch}, H_kv={s.kv_heads}, L={s.n_keys}, d={dim}]"
+        for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+            tensor(name, cache, (s.kv_dtype,), doc)
+            shape = tuple(cache.shape)
+            if len(shape) == 4:
+                rows, positions_, heads_ = (shape[0], shape[1], shape[2]) if nhd else (shape[0], shape[2], shape[1])
+                fits = heads_ == s.kv_heads and shape[3] == dim and (
+                    rows >= 1 and positions_ == s.page_size if paged else rows == batch and positions_ == s.n_keys)
+            else:
+                fits = False
+            if not fits or cache.stride(-1) != 1:
+                raise ValueError(f"{name} must have shape {doc} ({s.kv_layout}, contiguous in d) for this plan, got {shape}")
+        if paged:
+            pages = s.n_keys // s.page_size
+            if block_table is None:
+                raise ValueError(f"block_table is required: the plan is for a paged cache (page_size={s.page_size})")
+            tensor("block_table", block_table, (torch.int32,), f"[B={batch}, max_pages ≥ {pages}]")
+            if block_table.dim() != 2 or block_table.shape[0] < batch or block_table.shape[1] < pages or block_table.stride(1) != 1:
+                raise ValueError(f"block_table must be int32 [B ≥ {batch}, max_pages ≥ {pages}], contiguous along its pages, "
+                                 f"got {tuple(block_table.shape)} strides {block_table.stride()}")
+        elif block_table is not None:
+            raise ValueError("block_table was given but the plan is for a contiguous cache: plan with page_size for a paged one")
+        for name, x, dtypes in (("seq_lens", seq_lens, (torch.int32,)), ("starts", starts, (torch.int32,)),
+                                ("positions", positions, (torch.int32, torch.int64)),
+                                ("seed", seed if isinstance(seed, torch.Tensor) else None, (torch.int64,))):
+            if x is not None:
+                tensor(name, x, dtypes, f"[B={batch}]")
+                if x.dim() != 1 or x.shape[0] < batch or (batch > 1 and x.stride(0) != 1):
+                    raise ValueError(f"{name} must be a contiguous tensor of B ≥ {batch} entries, got {tuple(x.shape)}")
+        if isinstance(offset, torch.Tensor):
+            tensor("offset", offset, (torch.int64,), "[1]")
+            if offset.numel() != 1:
+                raise ValueError(f"offset as a tensor must hold one int64 element, got shape {tuple(offset.shape)}")
+            if offset.device.type == "cpu" and not 0 <= int(offset.item()) < MAX_COUNTER:  # no sync to save on the CPU
+                raise ValueError(f"offset must lie in [0, 2**63), got {int(offset.item())}")
+        if counts is not None:
+            tensor("counts", counts, (torch.int32,), f"[B={batch}, H={heads}, {s.n_keys}]")
+            if tuple(counts.shape) != (batch, heads, s.n_keys) or counts.stride(-1) != 1 or counts.stride(0) != heads * counts.stride(1):
+                raise ValueError(f"counts must be int32 [B={batch}, H={heads}, n_keys={s.n_keys}] with rows b·H + h, "
+                                 f"got {tuple(counts.shape)} strides {counts.stride()}")
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if isinstance(scale, torch.Tensor):
+                tensor(name, scale, (torch.float32,), f"[H_kv={s.kv_heads}]")
+                if tuple(scale.shape) != (s.kv_heads,):
+                    raise ValueError(f"{name} must be float32 [H_kv={s.kv_heads}], got {tuple(scale.shape)}")
+        if workspace is not None:
+            check_workspace(workspace, self.workspace_key)
 
     @property
     def workspace(self) -> Workspace:
@@ -452,15 +573,38 @@ class DecodePlan:
                  has_starts)
         stages = self._launchers.get(flags)
         if stages is None:
-            if self.kernel == "prop":
-                from santa.kernels.prop import prop_launchers as make
-            else:
-                from santa.kernels.flash import flash_launchers as make
-            stages = make(self, has_seq_lens=has_seq_lens, offset_in_memory=offset_in_memory, return_counts=return_counts,
-                          k_scale_per_head=k_scale_per_head, v_scale_per_head=v_scale_per_head,
-                          seed_per_sequence=seed_per_sequence, positional=positional, has_starts=has_starts)
+            stages = []
+            if not self._all_covered(has_seq_lens, has_starts):
+                if self.kernel == "prop":
+                    from santa.kernels.prop import prop_launchers as make
+                else:
+                    from santa.kernels.flash import flash_launchers as make
+                stages = make(self, has_seq_lens=has_seq_lens, offset_in_memory=offset_in_memory, return_counts=return_counts,
+                              k_scale_per_head=k_scale_per_head, v_scale_per_head=v_scale_per_head,
+                              seed_per_sequence=seed_per_sequence, positional=positional, has_starts=has_starts)
+            if self._some_covered(has_seq_lens, has_starts):
+                if self.kernel == "flash" and has_starts:
+                    raise ValueError("starts (keys visible from a later first key: left padding, windows) need kernel='prop': "
+                                     "flash's per-tile budgets count the tiles from key 0")
+                stages = [*stages, ("exact", self._exact_launcher(has_seq_lens=has_seq_lens, return_counts=return_counts,
+                                                                    k_scale_per_head=k_scale_per_head,
+                                                                    v_scale_per_head=v_scale_per_head, has_starts=has_starts))]
             self._launchers[flags] = stages
         return stages
+
+    def _all_covered(self, has_seq_lens: bool, has_starts: bool) -> bool:
+        """Every sequence of the call has all n_keys keys and the budget covers them: no sampled launch at all."""
+        return not has_seq_lens and not has_starts and self.shape.n_keys <= self.budget
+
+    def _some_covered(self, has_seq_lens: bool, has_starts: bool) -> bool:
+        """Some sequence of the call may have ≤ S live keys (known only on the device): the covered-sequence launch
+        (:mod:`santa.kernels.exact`) follows the sampled ones."""
+        return has_seq_lens or has_starts or self.shape.n_keys <= self.budget
+
+    def _exact_launcher(self, **flags):
+        from santa.kernels.exact import exact_launcher
+
+        return exact_launcher(self, **flags)
 
     def _launchers_for(self, seq_lens, offset, counts, k_scale, v_scale, seed, positions, starts) -> tuple:
         return self._stage_launchers(
@@ -476,6 +620,11 @@ class DecodePlan:
         if self.on_cpu and not kernels_on_cpu():
             raise ValueError("stages() times the Triton kernels: this CPU plan runs the torch fallback "
                              "(plan for a CUDA device, or set TRITON_INTERPRET=1 before the kernels are imported)")
+        check_seed_and_offset(seed, offset)
+        self.check_call(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, out=out, counts=counts,
+                        workspace=workspace, k_scale=k_scale, v_scale=v_scale, positions=positions, starts=starts, seed=seed,
+                        offset=offset)
+        out = torch.empty_like(q) if out is None else out
         launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale, seed, positions, starts)
         key, args, tensors = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace,
                                              k_scale, v_scale, positions, starts)
@@ -552,14 +701,19 @@ class DecodePlan:
         int32/int64 tensor ``[B]``, each query's position in its own sequence, which then replaces the
         offset and the batch row in the counter (request-keyed draws: :mod:`santa.rng`); ``starts``
         (int32 ``[B]``, prop only): sequence b's keys are ``[starts[b], seq_lens[b])`` (left padding,
-        a window). Only
-        seed and offset are checked (TypeError for a wrong type, ValueError out of range); the tensors
-        and scales are not. The kernels run on the plan's device (its current stream), whichever device
+        a window). Every tensor's kind, dtype, shape and device is checked against the plan
+        (:meth:`check_call`), seed and offset's types and ranges too (TypeError for a wrong type, ValueError
+        for a bad shape, device or range); tensor values are not read. A sequence whose live keys the budget
+        covers (``seq_lens[b] − starts[b] ≤ S``) is computed exactly, its live V rows read once
+        (:mod:`santa.kernels.exact`). The kernels run on the plan's device (its current stream), whichever device
         is current. A CPU plan runs the torch fallback unless :func:`kernels_on_cpu`
         (TRITON_INTERPRET=1): as :func:`santa.decode` on the CPU, it then checks seq_lens and
         block_table (ValueError naming a bad entry).
         """
         check_seed_and_offset(seed, offset)
+        self.check_call(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, out=out, counts=counts,
+                        workspace=workspace, k_scale=k_scale, v_scale=v_scale, positions=positions, starts=starts, seed=seed,
+                        offset=offset)
         if self.on_cpu and not kernels_on_cpu():
             return self._run_torch(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, k_scale, v_scale,
                                    positions, starts)
@@ -569,15 +723,18 @@ class DecodePlan:
                 return self.run(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
                                 out=out, counts=counts, workspace=workspace, k_scale=k_scale, v_scale=v_scale,
                                 positions=positions, starts=starts)
-        if self._one_launch_serves(q, k_cache, v_cache, block_table, out, counts, workspace, k_scale, v_scale, starts):
-            return self.one_launch.run(q, k_cache, v_cache, out=torch.empty_like(q) if out is None else out, seq_lens=seq_lens,
-                                       seed=seed, offset=offset, positions=positions, counts=counts)
         if out is None:
             out = torch.empty_like(q)
         launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale, seed, positions, starts)
+        stream = _launch.current_stream(index)
+        if self._one_launch_serves(q, k_cache, v_cache, seq_lens, block_table, out, counts, workspace, k_scale, v_scale, starts):
+            self.one_launch.run(q, k_cache, v_cache, out=out, seq_lens=seq_lens, seed=seed, offset=offset,
+                                positions=positions, counts=counts)
+            launchers = launchers[-1:] if launchers[-1][0] == "exact" else []  # the covered sequences after it
+            if not launchers:
+                return out
         key, args, tensors = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace,
                                              k_scale, v_scale, positions, starts)
-        stream = _launch.current_stream(index)
         for _, launcher in launchers:
             launcher(key, args, tensors, stream)
         return out

@@ -8,6 +8,8 @@
   ``counts = sample_counts(p, S, "systematic", uniforms=U)`` with U from :func:`philox_uniforms`.
 - :func:`flash_reference`: per-tile systematic sampling with the uniform budget
   ``S_tile = ⌈S / T⌉`` and the FlashDecoding merge ``ô = Σ_t (W_t/Z)(1/S_tile) Σ_{j∈t} c_j v_j``.
+- Both compute a sequence whose live keys the budget covers (``S ≥ n_live``: :func:`covered`) exactly,
+  ``Σ_j p_j v_j`` with every live V row read once (count 1), the one rule of every decode path.
 
 Non-finite input behaves as in the kernels: a NaN or +inf score makes the (sequence, head)'s output
 NaN (its counts zero; flash: the counts of its poisoned tiles); a non-finite value makes its output
@@ -33,7 +35,7 @@ MAX_BUDGET = 1 << 20  # samples per head the kernels accept (pass 2 launches ⌈
 
 
 def check_budget_for_kernels(budget: object) -> int:
-    """The budget as an int in ``[1, MAX_BUDGET]`` (S > n is legal: counts repeat)."""
+    """The budget as an int in ``[1, MAX_BUDGET]`` (S ≥ n is legal: such a sequence is computed exactly)."""
     budget = check_budget(budget)
     if budget > MAX_BUDGET:
         raise ValueError(f"budget must lie in [1, {MAX_BUDGET}] samples per head for the decode kernels, got {budget}")
@@ -154,10 +156,15 @@ def gather_cache(
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
-    """float64 scores ``[B, H, L]`` (−inf where not visible) for q ``[B, H, d]``, k ``[B, L, H_kv, d]``."""
-    heads, kv_heads = q.shape[1], k.shape[2]
-    kk = k.double().repeat_interleave(heads // kv_heads, dim=2)  # [B, L, H, d]
-    s = torch.einsum("bhd,blhd->bhl", q.double(), kk) * scale
+    """float64 scores ``[B, H, L]`` (−inf where not visible) for q ``[B, H, d]``, k ``[B, L, H_kv, d]``.
+    One sequence at a time and per KV group (no K repeated per query head): the float64 copy held at
+    once is one sequence's K, so a long GQA call needs no more memory than its own cache in float64."""
+    batch, heads, dim = q.shape
+    kv_heads = k.shape[2]
+    s = torch.empty(batch, heads, k.shape[1], dtype=torch.float64, device=q.device)
+    for b in range(batch):
+        grouped = q[b].double().reshape(kv_heads, heads // kv_heads, dim)  # [H_kv, G, d]
+        s[b] = torch.einsum("kgd,lkd->kgl", grouped, k[b].double()).reshape(heads, -1) * scale
     return s.masked_fill(~visible.unsqueeze(1), -math.inf)
 
 
@@ -170,16 +177,44 @@ def _softmax_rows(s: torch.Tensor) -> torch.Tensor:
     return w / total.masked_fill(total == 0, 1.0)
 
 
+def _read_rows(weights: torch.Tensor, read: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``Σ_j w_j v_j`` ``[B, H, d]`` float64 over the rows each head reads (``read``) only, as the kernels
+    read them: a non-finite value reaches (its element of) the result only where its row is read, and
+    then as the kernels' sum makes it (``0·inf`` is NaN, inf stays inf). weights ``[B, H, L]`` (float),
+    read bool ``[B, H, L]``, v ``[B, L, H_kv, d]``. Gathers the read rows alone (at most S per head when
+    sampling): no V repeated per query head."""
+    batch, heads, _ = weights.shape
+    group = heads // v.shape[2]
+    b, h, j = read.nonzero(as_tuple=True)
+    rows = v[b, j, torch.div(h, group, rounding_mode="floor")].double()  # [reads, d]
+    out = torch.zeros(batch * heads, v.shape[-1], dtype=torch.float64, device=v.device)
+    out.index_add_(0, b * heads + h, weights[b, h, j].double().unsqueeze(-1) * rows)
+    return out.reshape(batch, heads, -1)
+
+
 def _sampled_values(counts: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
     """``Σ_j c_j v_j`` ``[B, H, d]`` float64 over the sampled rows only: a V row is read only where
     sampled, as in the kernels, so a non-finite value reaches (its element of) the result only where
     ``c_j > 0``, and then as the kernels' sum makes it (inf stays inf, NaN or inf − inf is NaN).
-
     counts ``[B, H, L]``, v ``[B, L, H_kv, d]``.
     """
-    vv = v.double().repeat_interleave(heads // v.shape[2], dim=2)  # [B, L, H, d]
-    read = (counts > 0).transpose(1, 2).unsqueeze(-1)  # [B, L, H, 1]
-    return torch.einsum("bhl,blhd->bhd", counts.double(), torch.where(read, vv, 0.0))
+    return _read_rows(counts, counts > 0, v)
+
+
+def covered(visible: torch.Tensor, budget: int) -> torch.Tensor:
+    """bool ``[B]``: the sequences whose live keys a budget covers (``S ≥ n_live``), from their visible-key
+    mask ``[B, L]``. The one rule of every decode path: sampling S rows cannot read fewer value rows than
+    such a sequence has and only adds variance, so it is computed exactly (:func:`exact_values`). The
+    decision is each sequence's own, on its live keys, never the cache's capacity or a batch's padding."""
+    return visible.sum(-1) <= budget
+
+
+def exact_values(probs: torch.Tensor, visible: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention over each sequence's live keys, as the kernels compute a covered sequence:
+    ``(Σ_j p_j v_j [B, H, d] float64, counts [B, H, L] int64)``, every live V row read once (count 1;
+    a value row with ``p_j = 0`` still enters as ``0·v_j``). probs ``[B, H, L]``, visible ``[B, L]``."""
+    read = visible.unsqueeze(1).expand(probs.shape)
+    return _read_rows(probs, read, v), read.long()
 
 
 def systematic_counts(probs: torch.Tensor, budget: int, uniforms: torch.Tensor, *, max_draws: int | None = None) -> torch.Tensor:
@@ -235,7 +270,23 @@ def prop_reference(
     uniforms = call_uniforms(seed, offset, positions, batch, heads).to(q.device, torch.float64)
     counts = systematic_counts(probs.masked_fill(nan_rows.unsqueeze(-1), 0.0), budget, uniforms)  # [B, H, L]
     out = _sampled_values(counts, v, heads) / budget  # ô = (1/S) Σ_j c_j v_j
+    out, counts = _exact_where_covered(out, counts, lambda: probs, visible, v, budget)
     return out.masked_fill(nan_rows.unsqueeze(-1), math.nan).to(q.dtype), counts
+
+
+def _exact_where_covered(out, counts, probs_of, visible, v, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, counts)`` with the sequences the budget covers (:func:`covered`) replaced by exact attention
+    (``probs_of()``: the softmax weights ``[B, H, L]``, NaN rows where a score is NaN or +inf; such a row's
+    output is NaN and its counts zero, as where it samples)."""
+    rows = covered(visible, budget)
+    if not bool(rows.any()):
+        return out, counts
+    probs = probs_of()[rows]
+    nan_rows = torch.isnan(probs).any(dim=-1, keepdim=True)
+    exact, read = exact_values(probs.masked_fill(nan_rows, 0.0), visible[rows], v[rows])
+    out, counts = out.clone(), counts.clone()
+    out[rows], counts[rows] = exact, read.masked_fill(nan_rows, 0)
+    return out, counts
 
 
 def flash_tile_budget(budget: int, n_tiles: torch.Tensor) -> torch.Tensor:
@@ -293,16 +344,15 @@ def flash_reference(
     for b in range(batch):
         counts[b] = systematic_counts(local[b], int(s_tile[b]), uniforms[b])
     counts = counts.masked_fill(poisoned.any(-1).unsqueeze(-1), 0)  # a poisoned tile samples nothing (its row is NaN)
-    vv = v.double().repeat_interleave(heads // k.shape[2], dim=2)  # [B, L, H, d]
-    vv = torch.nn.functional.pad(vv, (0, 0, 0, 0, 0, pad)).reshape(batch, n_tiles_max, tile, heads, dim)
     # a tile reads a V row once for its whole KV group (where any head of the group sampled it): its
     # values enter every head's Σ c_j v_j of the group, c_j = 0 included (0·inf = NaN), as in the kernel's dot
     group = heads // k.shape[2]
     read = (counts > 0).reshape(batch, heads // group, group, n_tiles_max, tile).any(2).repeat_interleave(group, dim=1)
-    read_v = torch.where(read.permute(0, 2, 3, 1).unsqueeze(-1), vv, 0.0)  # [B, T, tile, H, d]
-    tile_out = torch.einsum("bhtn,btnhd->bhtd", counts.double(), read_v)  # Σ_{j∈t} c_j v_j
-    coef = weight / z.masked_fill(z == 0, 1.0) / s_tile.double().view(batch, 1, 1)
-    out = torch.einsum("bht,bhtd->bhd", coef, tile_out)
-    out = out.masked_fill(nan_rows.unsqueeze(-1), math.nan)
+    coef = weight / z.masked_fill(z == 0, 1.0) / s_tile.double().view(batch, 1, 1)  # [B, H, T]
     counts = counts.reshape(batch, heads, n_tiles_max * tile)[..., :n_max]
+    read = read.reshape(batch, heads, n_tiles_max * tile)[..., :n_max]
+    row_coef = coef.repeat_interleave(tile, dim=-1)[..., :n_max] * counts  # (W_t/Z)(1/S_tile) c_j  [B, H, L]
+    out = _read_rows(row_coef, read, v)
+    out, counts = _exact_where_covered(out, counts, lambda: _softmax_rows(_scores(q, k, visible, scale)), visible, v, budget)
+    out = out.masked_fill(nan_rows.unsqueeze(-1), math.nan)
     return out.to(q.dtype), counts
