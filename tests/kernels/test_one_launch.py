@@ -90,7 +90,7 @@ def test_a_cpu_plan_has_no_one_launch_and_tuning_checks_the_switch():
 
 # --------------------------------------------------------------------------- on an sm_90 GPU
 
-SHAPES = [(2, 32, 8, 128, 3000, 128), (3, 14, 2, 64, 5000, 128), (4, 9, 3, 64, 2100, 64), (1, 32, 8, 128, 100, 256)]
+SHAPES = [(2, 32, 8, 128, 3000, 128), (3, 14, 2, 64, 5000, 128), (4, 9, 3, 64, 2100, 64), (1, 32, 8, 128, 300, 256)]
 
 
 def hopper_plan(batch, heads, kv_heads, dim, n_keys, budget, **kwargs):
@@ -113,6 +113,35 @@ def test_counts_equal_the_systematic_reference_and_the_output_is_their_mean(batc
     torch.testing.assert_close(out.double(), expected, rtol=8e-3, atol=8e-3)
     again = plan.run(q, k, v, seq_lens=seq_lens, seed=11, offset=7)
     assert torch.equal(out, again), "bitwise repeatable"
+
+
+@needs_hopper
+@pytest.mark.parametrize("dim,heads,kv_heads", [(128, 32, 8), (64, 14, 2), (64, 9, 3)])
+def test_sequences_the_budget_covers_are_exact_inside_the_one_launch(dim, heads, kv_heads):
+    """santa's one rule (S ≥ a sequence's live keys: exact attention, each live V row read once) inside the one
+    launch, beside sampled sequences of the same batch: what the Triton path's covered-sequence launch computes."""
+    batch, n_keys, budget = 4, 1000, 128
+    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, torch.bfloat16, seed=21, q_scale=3.0)
+    seq_lens = torch.tensor([1000, 128, 37, 129], dtype=torch.int32, device="cuda")  # sampled, covered, covered, sampled
+    outs, counts = {}, {}
+    for name, tuning in (("one launch", None), ("two launches", Tuning(one_launch=False))):
+        plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget,
+                           dtype=torch.bfloat16, device="cuda", tuning=tuning)
+        assert (plan.one_launch is not None) == (tuning is None)
+        counts[name] = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda")
+        outs[name] = plan.run(q, k, v, seq_lens=seq_lens, seed=4, offset=1, counts=counts[name])
+    group = heads // kv_heads
+    for b in (1, 2):
+        n = int(seq_lens[b])
+        kk, vv = (x[b, :n].double().repeat_interleave(group, dim=1) for x in (k, v))
+        p = torch.softmax(torch.einsum("hd,lhd->hl", q[b].double(), kk) / dim**0.5, dim=-1)
+        exact = torch.einsum("hl,lhd->hd", p, vv)
+        torch.testing.assert_close(outs["one launch"][b].double(), exact, rtol=2e-2, atol=2e-2)  # bf16 output
+        assert counts["one launch"][b, :, :n].eq(1).all() and counts["one launch"][b, :, n:].eq(0).all()
+    assert torch.equal(counts["one launch"][1:3], counts["two launches"][1:3])
+    for b in (0, 3):  # sampled (the two paths' samples agree up to float32 CDF rounding: tested above)
+        assert counts["one launch"][b].sum(-1).eq(budget).all()
+    torch.testing.assert_close(outs["one launch"][1:3].float(), outs["two launches"][1:3].float(), rtol=2e-2, atol=2e-2)
 
 
 @needs_hopper

@@ -263,6 +263,36 @@ __device__ __forceinline__ float comb_offset(const Draw& draw, int b, int heads,
   return philox_uniform(key, (unsigned)off, (unsigned)(off >> 32), (unsigned)(b * heads + head), 0u);
 }
 
+// The gather of a sequence the budget covers (prop_slice's covered branch, kept out of line: the sampled path's code
+// stays as it was): kept row i = (vector, j) is V row j scaled by word j of its head, S·p_j; rows j ≥ len are zeros
+// (NaN for a head with a NaN mass: NaN or +inf scores).
+template <int D>
+__device__ __noinline__ void covered_rows(const __nv_bfloat16* __restrict__ v, const unsigned long long* __restrict__ sampled,
+                                          float* kept, const float* head_mass, size_t head0, int b, int h, int n, int hkv,
+                                          int vec0, int owned, int budget, int len, unsigned tag) {
+  for (int i = threadIdx.x; i < owned * budget; i += kThreads) {
+    const int vec = vec0 + i / budget, head = vec / (D / 8), j = i % budget;
+    const float mass = head_mass[head];
+    float row[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) row[e] = mass == mass ? 0.f : NAN;
+    if (mass > 0.f && j < len) {
+      const unsigned long long* at = sampled + (head0 + head) * budget + j;
+      const float weight = await_tagged(at, load_word(at), tag);
+      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(v + ((size_t)b * n + j) * hkv * D + (size_t)h * D + (vec % (D / 8)) * 8));
+      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(pairs[e]);
+        row[2 * e] = f.x * weight;
+        row[2 * e + 1] = f.y * weight;
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) kept[(size_t)i * 8 + e] = row[e];
+  }
+}
+
 // prop in one launch (issue 24), fifth version. Exact global systematic sampling as santa's two-launch prop, for
 // contiguous NHD bf16 K and V of n keys per sequence, of which sequence b holds seq_lens[b] (read on the device; all n
 // where seq_lens is nullptr), with the uniforms given ([B, Hkv·G] float32, santa.kernels.reference.philox_uniforms) or
@@ -290,8 +320,10 @@ __device__ __forceinline__ float comb_offset(const Draw& draw, int b, int heads,
 // 4 first points placed, 5 keys written, 6 V rows gathered, 7 done).
 // Groups beyond one wave run in rounds (SANTA_PROP_ONE_LAUNCH below). A slice's keys follow the sequence's length:
 // slice c of C covers [c·⌈len/C⌉, (c+1)·⌈len/C⌉) ∩ [0, len); the schedule's slice_len = ⌈n/C⌉ bounds it (shared memory).
-// Not handled yet (the Triton kernel does all of them): paged caches, NaN rows and out-of-range lengths (clamped here),
-// S > n checks, fp8, other dtypes.
+// A sequence the budget covers (len ≤ S) is computed exactly in the same launch: key j's weight S·p_j travels as its
+// word j, the gather reads row j and scales it, and the sum / S is Σ p_j v_j (a NaN word: a NaN output, as in the
+// Triton kernels' covered-sequence launch, santa.kernels.exact).
+// Not handled yet (the Triton kernel does all of them): paged caches, fp8, other dtypes.
 template <int D, int G, int U, int STAGE>
 __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                                            const __nv_bfloat16* __restrict__ v, const Draw& draw,
@@ -334,6 +366,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   // a length outside [0, n] is clamped for every read and makes the sequence's output NaN (it samples nothing)
   const bool bad_len = len < 0 || len > n;
   len = min(max(len, 0), n);
+  const bool covered = !bad_len && len <= budget;  // exact attention (santa.kernels.exact's rule), in this launch
   const int per_slice = (len + slices - 1) / slices;
   const int start = min(c * per_slice, len), stop = min(len, start + per_slice), keys = stop - start;
   const int stride = kept_stride(slice_len), n_sub = (slice_len + 7) / 8, live_subs = (keys + 7) / 8;
@@ -471,6 +504,15 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     const int live_sub = last_live_sub[g];
     const float total = live_sub >= 0 ? cg[live_subs - 1] : 0.f;
     const int first_m = max(0, (int)ceilf(p_lo - uni) - 1), last_m = min(budget - 1, (int)ceilf(p_hi - uni));
+    // a sequence the budget covers (len ≤ S, santa's one rule: exact) writes, as "sample" j, key j's weight S·p_j
+    // (the gather reads row j itself and scales it by the word); its keys are this slice's [start, stop)
+    if (covered) {
+      const float slice_scale = exp2f(st[2 * c] - m_ref) * s_f / z;  // u_j · this = S · p_j
+      for (int jj = lane; jj < keys && z > 0.f; jj += 32) {
+        if (counts != nullptr) atomicAdd(&counts[(head0 + g) * n + start + jj], 1);
+        store_tagged(sampled + (head0 + g) * budget + start + jj, ug[jj] * slice_scale, tag);
+      }
+    } else
     for (int m0 = first_m; m0 <= last_m && z > 0.f && !bad_len; m0 += 32) {  // a NaN z (poisoned row) places nothing
       const int mm = m0 + lane;
       const float mf = (float)mm;
@@ -508,41 +550,45 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   // ---- gather: this CTA's output vectors, S rows' 16 bytes each, from the tagged keys
   const int per_cta = (VECS + slices - 1) / slices, vec0 = c * per_cta, owned = max(0, min(VECS, vec0 + per_cta) - vec0);
   __syncthreads();  // shared memory is free again: it holds the rows [owned][S][8] (the host sizes it for them too)
-  for (int i0 = threadIdx.x; i0 < owned * budget; i0 += 4 * kThreads) {  // four items in flight per thread
-    unsigned long long words[4];
-    const unsigned long long* at[4];
+  if (!covered) {  // samples: the keys their words name
+    for (int i0 = threadIdx.x; i0 < owned * budget; i0 += 4 * kThreads) {  // four items in flight per thread
+      unsigned long long words[4];
+      const unsigned long long* at[4];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int i = i0 + r * kThreads, vec = vec0 + i / budget, head = vec / (D / 8);
-      at[r] = sampled + (head0 + head) * budget + i % budget;
-      words[r] = i < owned * budget && head_mass[head] > 0.f ? load_word(at[r]) : 0ull;
-    }
-    uint4 raw[4];
+      for (int r = 0; r < 4; ++r) {
+        const int i = i0 + r * kThreads, vec = vec0 + i / budget, head = vec / (D / 8);
+        at[r] = sampled + (head0 + head) * budget + i % budget;
+        words[r] = i < owned * budget && head_mass[head] > 0.f ? load_word(at[r]) : 0ull;
+      }
+      uint4 raw[4];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int i = i0 + r * kThreads, vec = vec0 + i / budget, head = vec / (D / 8);
-      // a row without mass sampled nothing: zeros; a NaN mass (NaN or +inf scores, a bad length): NaN rows, so the sum
-      // below is NaN without a test of its own
-      const float mass = head_mass[head];
-      raw[r] = mass == mass ? make_uint4(0, 0, 0, 0) : make_uint4(0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u);
-      if (i < owned * budget && mass > 0.f) {
-        // clamped: a wait that gave up (hang_report) returns whatever the word held, never an address past the cache
-        const int key = min(max(__float_as_int(await_tagged(at[r], words[r], tag)), 0), n - 1);
-        raw[r] = __ldg(reinterpret_cast<const uint4*>(v + ((size_t)b * n + key) * hkv * D + (size_t)h * D + (vec % (D / 8)) * 8));
+      for (int r = 0; r < 4; ++r) {
+        const int i = i0 + r * kThreads, vec = vec0 + i / budget, head = vec / (D / 8);
+        // a row without mass sampled nothing: zeros; a NaN mass (NaN or +inf scores, a bad length): NaN rows, so the sum
+        // below is NaN without a test of its own
+        const float mass = head_mass[head];
+        raw[r] = mass == mass ? make_uint4(0, 0, 0, 0) : make_uint4(0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u);
+        if (i < owned * budget && mass > 0.f) {
+          // clamped: a wait that gave up (hang_report) returns whatever the word held, never an address past the cache
+          const int key = min(max(__float_as_int(await_tagged(at[r], words[r], tag)), 0), n - 1);
+          raw[r] = __ldg(reinterpret_cast<const uint4*>(v + ((size_t)b * n + key) * hkv * D + (size_t)h * D + (vec % (D / 8)) * 8));
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int i = i0 + r * kThreads;
+        if (i >= owned * budget) continue;
+        const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[r]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = __bfloat1622float2(pairs[e]);
+          kept[(size_t)i * 8 + 2 * e] = f.x;
+          kept[(size_t)i * 8 + 2 * e + 1] = f.y;
+        }
       }
     }
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int i = i0 + r * kThreads;
-      if (i >= owned * budget) continue;
-      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[r]);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 f = __bfloat1622float2(pairs[e]);
-        kept[(size_t)i * 8 + 2 * e] = f.x;
-        kept[(size_t)i * 8 + 2 * e + 1] = f.y;
-      }
-    }
+  } else {  // a covered sequence: row j scaled by its word S·p_j (rows j ≥ len: zeros), no sampled keys to wait for
+    covered_rows<D>(v, sampled, kept, head_mass, head0, b, h, n, hkv, vec0, owned, budget, len, tag);
   }
   __syncthreads();
   mark(6);  // the rows here

@@ -725,16 +725,14 @@ class DecodePlan:
                                 positions=positions, starts=starts)
         if out is None:
             out = torch.empty_like(q)
-        launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale, seed, positions, starts)
-        stream = _launch.current_stream(index)
         if self._one_launch_serves(q, k_cache, v_cache, seq_lens, block_table, out, counts, workspace, k_scale, v_scale, starts):
-            self.one_launch.run(q, k_cache, v_cache, out=out, seq_lens=seq_lens, seed=seed, offset=offset,
-                                positions=positions, counts=counts)
-            launchers = launchers[-1:] if launchers[-1][0] == "exact" else []  # the covered sequences after it
-            if not launchers:
-                return out
+            # the one launch computes the sequences the budget covers exactly itself (one_launch.cu)
+            return self.one_launch.run(q, k_cache, v_cache, out=out, seq_lens=seq_lens, seed=seed, offset=offset,
+                                       positions=positions, counts=counts)
+        launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale, seed, positions, starts)
         key, args, tensors = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace,
                                              k_scale, v_scale, positions, starts)
+        stream = _launch.current_stream(index)
         for _, launcher in launchers:
             launcher(key, args, tensors, stream)
         return out
