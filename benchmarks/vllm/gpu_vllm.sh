@@ -18,6 +18,8 @@
 #   bash benchmarks/vllm/gpu_vllm.sh needles        # the bundled Qwen's needle tasks at 16k/32k, 50 prompts, through vLLM
 #   bash benchmarks/vllm/gpu_vllm.sh needles_fp8    # the same on fp8 caches
 #                                                   # (after `gpu_sweeps.sh stash` calls carrying .pkgs + .whlgg, then .qw1 … .qw12 one each)
+#   bash benchmarks/vllm/gpu_vllm.sh vtests         # vLLM 0.26.0's own backend tests against santa (backend_test.py; carry
+#                                                   # .vt from `prepare.sh vllmtests`); VT_PASSES picks passes (default: all)
 # Every engine start costs ~1-2 min (torch.compile, CUDA-graph capture): budget the device calls for it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -83,5 +85,9 @@ for stage in "$@"; do
       SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 timeout 280 python3 benchmarks/vllm/needles.py --folder /tmp/qwen --backend CUSTOM \
         $K --out "${N}_prop.json" 2>&1 | tail -n 3
       python3 benchmarks/vllm/needles.py --compare "${N}_flash.json" "${N}_prop.json" ;;
+    vtests)  # passes: flash dense exact sampled graph; the JSON is rewritten after each one
+      # shellcheck disable=SC2086
+      timeout 590 python3 benchmarks/vllm/backend_test.py --tests .vt --out "$OUT/backend_test.json" \
+        --passes ${VT_PASSES:-flash dense exact sampled graph} 2>&1 | grep -v "^DEBUG" | tail -n 40 ;;
   esac
 done

@@ -1,7 +1,9 @@
 """The vLLM plugin's packaging and refusals; vLLM's own interface where vLLM imports (not in CI)."""
 
+import importlib
 import importlib.metadata
 import importlib.util
+import sys
 
 import pytest
 
@@ -24,6 +26,26 @@ def test_the_plugin_is_an_entry_point_of_the_installed_package():
 def test_register_without_vllm_says_how_to_install_it():
     with pytest.raises(ImportError, match=r"santa's vLLM backend needs vLLM 0\.26 \(pip install 'santa-attention\[vllm\]'\)"):
         register()
+
+
+INSTALL_HINT = r"santa's vLLM backend needs vLLM 0\.26 \(pip install 'santa-attention\[vllm\]'\)"
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
+def test_importing_the_backend_without_vllm_says_how_to_install_it(monkeypatch):
+    monkeypatch.delitem(sys.modules, "santa.vllm.backend", raising=False)
+    with pytest.raises(ImportError, match=INSTALL_HINT + ": No module named 'vllm'"):
+        importlib.import_module("santa.vllm.backend")
+
+
+def test_an_install_whose_backend_cannot_import_gets_the_hint_and_the_cause(monkeypatch):
+    """Also where vLLM is installed: its FlashAttention module made unimportable (as a broken install would be)."""
+    monkeypatch.delitem(sys.modules, "santa.vllm.backend", raising=False)
+    monkeypatch.setitem(sys.modules, "vllm.v1.attention.backends.flash_attn", None)
+    monkeypatch.setitem(sys.modules, "vllm.v1.attention.backend", None)
+    with pytest.raises(ImportError, match=INSTALL_HINT + ": import of vllm.v1.attention.backend halted") as raised:
+        importlib.import_module("santa.vllm.backend")
+    assert isinstance(raised.value.__cause__, ImportError)
 
 
 def test_register_checks_santas_settings_first(monkeypatch):

@@ -17,9 +17,17 @@ when the metadata builder starts, after vLLM has sized its KV cache: leave that 
 
 Refused at selection (vLLM's own check): sliding windows, sinks, MLA, encoder and cross attention,
 per-head query/KV quantisation scales; decode context parallelism is refused by vLLM's own assertion
-(santa returns no log-sum-exp). Checked against vLLM 0.26.0 on a CPU machine with a faked H200
-(import, plugin loading, backend selection, construction, a decode step in FlashAttention's layout);
-not yet run inside vLLM on a GPU (issue 27).
+(santa returns no log-sum-exp).
+
+Randomness: a decode token's draws are keyed on (santa's seed, the layer, the head, the token's position in
+its sequence) (:mod:`santa.vllm.decode`); the layer is :func:`santa.vllm.layers.layer_index` of the layer's
+vLLM name (its index for every layer vLLM builds; a stable key from the name, or from no name, for a layer
+such as vLLM's own test mock, which has none), read once per implementation.
+
+Run inside vLLM 0.26.0 on the H200 (offline ``LLM.generate`` with CUDA graphs, bf16 and fp8 caches, random
+and real weights: benchmarks/RESULTS.md, "Standing: inside vLLM"). ``benchmarks/vllm/backend_test.py`` runs
+vLLM's own backend test file (``tests/v1/attention/test_attention_backends.py``) against it. Importing this
+module without vLLM raises an ImportError that names the install command (:data:`santa.vllm.plugin.INSTALL`).
 """
 
 from __future__ import annotations
@@ -28,17 +36,22 @@ import logging
 import math
 
 import torch
-from vllm.model_executor.models.utils import extract_layer_index
-from vllm.v1.attention.backend import AttentionCGSupport, AttentionType
-from vllm.v1.attention.backends.flash_attn import (
-    FlashAttentionBackend,
-    FlashAttentionImpl,
-    FlashAttentionMetadataBuilder,
-)
+
+from santa.vllm.plugin import INSTALL
+
+try:
+    from vllm.v1.attention.backend import AttentionCGSupport, AttentionType
+    from vllm.v1.attention.backends.flash_attn import (
+        FlashAttentionBackend,
+        FlashAttentionImpl,
+        FlashAttentionMetadataBuilder,
+    )
+except ImportError as error:  # vLLM absent (ModuleNotFoundError), or an install that cannot import its backend
+    raise ImportError(f"santa's vLLM backend needs vLLM 0.26 ({INSTALL}): {error}") from error
 
 from santa.vllm.config import read_config
 from santa.vllm.decode import FP8, PagedDecoder
-from santa.vllm.layers import check_layer
+from santa.vllm.layers import check_layer, layer_index
 
 logger = logging.getLogger("vllm.santa")  # under vLLM's logger, the one vLLM gives a handler ("santa.vllm…" prints nothing)
 
@@ -96,11 +109,15 @@ class SantaAttentionImpl(FlashAttentionImpl):
         if (decoder is None or not self.santa_config.samples or attn_metadata.max_query_len != 1
                 or output_scale is not None or output_block_scale is not None):
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale)
-        if self.layer_index is None:
-            self.layer_index = extract_layer_index(layer.layer_name)
+        if self.layer_index is None:  # once per layer: the name never changes (a mock layer may have none)
+            name = getattr(layer, "layer_name", None)
+            self.layer_index = layer_index(name)
             if self.layer_index == 0:  # once per engine (and per graph capture): santa's decode did run
                 logger.info("santa: layer 0 decodes %d sequences with %s S=%d", attn_metadata.num_actual_tokens,
                             self.santa_config.kernel, self.santa_config.budget)
+            elif self.layer_index < 0:
+                logger.info("santa: attention layer %r has no layer index in its name; its draws are keyed on %d "
+                            "(santa.vllm.layers.layer_index)", name, self.layer_index)
         n = attn_metadata.num_actual_tokens
         q = query[:n]
         if q.dtype != output.dtype:  # an fp8 cache: the layer quantised q for FlashAttention (with its _q_scale)

@@ -1,0 +1,16 @@
+"""The ``backend`` fixture: santa's vLLM backend over the vLLM stand-ins of vllm_stand_ins.py (no vLLM needed)."""
+
+import os
+
+import pytest
+
+from vllm_stand_ins import FlashAttentionImpl, load_backend
+
+
+@pytest.fixture
+def backend(monkeypatch):
+    """santa's backend over the stand-ins, with no ``SANTA_VLLM_*`` variable left from the environment."""
+    for name in [n for n in os.environ if n.startswith("SANTA_VLLM_")]:
+        monkeypatch.delenv(name)
+    FlashAttentionImpl.calls = 0
+    return load_backend()

@@ -1,0 +1,163 @@
+"""santa's metadata builder and ``SantaAttentionImpl.forward`` called as vLLM 0.26 calls them, over the
+stand-ins of conftest.py (no vLLM needed): a decode-only batch runs santa's kernel and equals exact attention
+where S covers every sequence's live keys (the new token written by ``do_kv_cache_update`` first, then read); a
+layer without ``layer_name`` (vLLM's own test mock) or without an index in it decodes under a defined key; prefill
+and mixed batches, the dense setting, fused output quantisation and the profiling run go to FlashAttention; an
+fp8 cache and an fp8 query (quantised by the layer with its ``_q_scale``) are read with their scales."""
+
+import math
+
+import pytest
+import torch
+
+from helpers import DEVICE
+from santa import rng
+from santa.kernels import decode
+from santa.vllm.decode import PagedDecoder
+from santa.vllm.layers import layer_index
+from vllm_stand_ins import (
+    BLOCK,
+    HEAD_DIM,
+    HEADS,
+    KV_HEADS,
+    FlashAttentionImpl,
+    MockLayer,
+    kv_cache_spec,
+    make_batch,
+    vllm_config,
+)
+
+SCALE = 1 / math.sqrt(HEAD_DIM)
+
+
+def impl_of(backend, kv_cache_dtype="auto"):
+    """The implementation vLLM builds for a plain decoder layer (the keywords vLLM's own backend test passes)."""
+    return backend.SantaAttentionImpl(num_heads=HEADS, head_size=HEAD_DIM, scale=SCALE, num_kv_heads=KV_HEADS,
+                                      alibi_slopes=None, sliding_window=None, kv_cache_dtype=kv_cache_dtype,
+                                      attn_type="decoder")
+
+
+def step(backend, batch, layer, *, config=None, spec=None, impl=None, output_dtype=torch.float32, query=None):
+    """One layer's step as vLLM's runner takes it: build the metadata, write the new tokens' K/V, call forward."""
+    builder = backend.SantaMetadataBuilder(spec or kv_cache_spec(), ["model.layers.0.self_attn.attn"],
+                                           config or vllm_config(), DEVICE)
+    metadata = builder.build(0, batch.common)
+    impl = impl or impl_of(backend)
+    impl.do_kv_cache_update(layer, batch.key, batch.value, batch.kv_cache, metadata.slot_mapping)
+    query = batch.query if query is None else query
+    output = torch.full((query.shape[0], HEADS, HEAD_DIM), float("nan"), dtype=output_dtype, device=DEVICE)
+    return impl.forward(layer, query, batch.key, batch.value, batch.kv_cache, metadata, output=output), metadata, impl
+
+
+def no_santa(monkeypatch):
+    """Make santa's decode fail if called: a batch that must go to FlashAttention."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("santa's decode ran on a batch that FlashAttention must take")
+
+    monkeypatch.setattr(PagedDecoder, "run", refuse)
+
+
+@pytest.mark.parametrize("kernel", ["prop", "flash"])
+def test_a_decode_batch_runs_santa_and_is_exact_where_s_covers_every_sequence(backend, monkeypatch, kernel):
+    monkeypatch.setenv("SANTA_VLLM_KERNEL", kernel)
+    monkeypatch.setenv("SANTA_VLLM_BUDGET", "96")  # ≥ every sequence's keys: santa computes each one exactly
+    batch = make_batch([37, 96, 5], [1, 1, 1], seed=1, table_width=8)  # the runner's table: wider than 96 keys
+    out, metadata, impl = step(backend, batch, MockLayer())
+    assert FlashAttentionImpl.calls == 0  # santa's decode, not FlashAttention
+    assert isinstance(metadata.santa, PagedDecoder) and metadata.santa.max_keys == 96 and metadata.santa.max_batch == 4
+    assert metadata.santa_positions.tolist() == [36, 95, 4]
+    torch.testing.assert_close(out, batch.exact(SCALE), rtol=1e-5, atol=1e-5)
+
+
+def test_a_sampled_decode_step_is_santas_decode_keyed_on_the_layer_index(backend, monkeypatch):
+    monkeypatch.setenv("SANTA_VLLM_BUDGET", "24")
+    monkeypatch.setenv("SANTA_VLLM_SEED", "7")
+    batch = make_batch([90, 50], [1, 1], seed=2)
+    out, _, impl = step(backend, batch, MockLayer("model.layers.3.self_attn.attn"))
+    assert impl.layer_index == 3 and FlashAttentionImpl.calls == 0
+    k_pages, v_pages = batch.kv_cache.transpose(1, 2).split(HEAD_DIM, dim=-1)
+    seq_lens = batch.common.seq_lens
+    want = decode(batch.query, k_pages.contiguous(), v_pages.contiguous(), 24, seq_lens=seq_lens,
+                  block_table=batch.common.block_table_tensor, scale=SCALE, seed=rng.layer_key(7, 3), positions=seq_lens - 1)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+    assert (out - batch.exact(SCALE)).abs().max() > 1e-3  # S < the keys: sampled, not exact
+
+
+@pytest.mark.parametrize("name", [None, "placeholder", "model.layers.1.blocks.2.attn"])
+def test_a_layer_without_an_index_in_its_name_decodes_under_a_defined_key(backend, monkeypatch, name):
+    """vLLM's own backend test hands forward a mock layer with no layer_name; other names may hold no index, or two."""
+    monkeypatch.setenv("SANTA_VLLM_BUDGET", "24")
+    batch = make_batch([90, 50], [1, 1], seed=3)
+    out, _, impl = step(backend, batch, MockLayer(name))
+    assert impl.layer_index == layer_index(name) < 0
+    again, _, _ = step(backend, make_batch([90, 50], [1, 1], seed=3), MockLayer(name))
+    assert torch.equal(out, again)  # the same key in every run (no construction order, no process salt)
+    indexed, _, _ = step(backend, make_batch([90, 50], [1, 1], seed=3), MockLayer("model.layers.0.self_attn.attn"))
+    assert not torch.equal(out, indexed)  # never a real layer's draws
+
+
+def test_layer_index_follows_vllms_rule_and_keys_the_rest_stably():
+    assert layer_index("model.layers.31.self_attn.attn") == 31 and layer_index("2.self_attn") == 2
+    assert layer_index(None) == layer_index("") < 0
+    assert layer_index("placeholder") < 0 and layer_index("placeholder") != layer_index("other")
+    assert layer_index("model.layers.1.blocks.2.attn") < 0  # two integers: vLLM's rule names no single layer
+    # pinned: a key is part of what a seed reproduces (BLAKE2b of the name, not Python's per-process salted hash)
+    assert (layer_index("placeholder"), layer_index(None)) == (-10877430270814766, -22125486566988443)
+
+
+@pytest.mark.parametrize(("seq_lens", "query_lens"), [([40, 33], [8, 8]), ([40, 33, 20], [1, 6, 1])],
+                         ids=["prefill", "mixed"])
+def test_prefill_and_mixed_batches_run_flash_attention(backend, monkeypatch, seq_lens, query_lens):
+    no_santa(monkeypatch)
+    batch = make_batch(seq_lens, query_lens, seed=4)
+    out, _, _ = step(backend, batch, MockLayer("model.layers.0.self_attn.attn"))
+    assert FlashAttentionImpl.calls == 1
+    torch.testing.assert_close(out, batch.exact(SCALE), rtol=1e-5, atol=1e-5)
+
+
+def test_the_dense_setting_runs_flash_attention_on_decode_batches_and_allocates_nothing(backend, monkeypatch):
+    monkeypatch.setenv("SANTA_VLLM_KERNEL", "dense")
+    no_santa(monkeypatch)
+    batch = make_batch([60, 17], [1, 1], seed=5)
+    out, metadata, _ = step(backend, batch, MockLayer())
+    assert FlashAttentionImpl.calls == 1 and metadata.santa._scratch is None
+    torch.testing.assert_close(out, batch.exact(SCALE), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_output_quantisation_and_the_profiling_run_go_to_flash_attention(backend, monkeypatch):
+    no_santa(monkeypatch)
+    batch = make_batch([60, 17], [1, 1], seed=6)
+    builder = backend.SantaMetadataBuilder(kv_cache_spec(), ["layer"], vllm_config(), DEVICE)
+    metadata, impl, output = builder.build(0, batch.common), impl_of(backend), torch.empty(2, HEADS, HEAD_DIM, device=DEVICE)
+    with pytest.raises(NotImplementedError, match="fused output quantization"):  # FlashAttention's own refusal
+        impl.forward(MockLayer(), batch.query, batch.key, batch.value, batch.kv_cache, metadata, output=output,
+                     output_scale=torch.ones((), device=DEVICE))
+    assert torch.equal(impl.forward(MockLayer(), batch.query, batch.key, batch.value, batch.kv_cache, None, output=output),
+                       torch.zeros_like(output))
+
+
+def test_an_fp8_cache_and_query_are_read_with_the_layers_scales(backend, monkeypatch):
+    """The layer quantises q to e4m3 for FlashAttention (dividing by _q_scale); santa dequantises it into the output's
+    dtype, and reads the uint8 cache written by do_kv_cache_update with _k_scale and _v_scale."""
+    monkeypatch.setenv("SANTA_VLLM_BUDGET", "128")  # exact: the comparison is with dequantised exact attention
+    scales = (0.5, 0.25)
+    batch = make_batch([70, 128], [1, 1], seed=7, fp8_scales=scales)
+    q_scale = 0.125
+    q8 = (batch.query / q_scale).to(torch.float8_e4m3fn)
+    batch.query = q8.float() * q_scale  # the query the cache's keys meet
+    out, metadata, _ = step(backend, batch, MockLayer("model.layers.2.attn", q_scale, *scales), spec=kv_cache_spec(torch.uint8),
+                            config=vllm_config(max_model_len=128, dtype=torch.float32), impl=impl_of(backend, "fp8"), query=q8)
+    assert metadata.santa.kv_dtype == torch.float8_e4m3fn and FlashAttentionImpl.calls == 0
+    torch.testing.assert_close(out, batch.exact(SCALE), rtol=1e-4, atol=1e-4)
+
+
+def test_the_builder_sizes_santas_decoder_from_vllms_config(backend, monkeypatch):
+    monkeypatch.setenv("SANTA_VLLM_BUDGET", "32")
+    monkeypatch.setenv("SANTA_VLLM_KERNEL", "flash")
+    builder = backend.SantaMetadataBuilder(kv_cache_spec(), ["layer"], vllm_config(max_model_len=100, max_num_seqs=3), DEVICE)
+    santa = builder.santa
+    assert (santa.heads, santa.kv_heads, santa.head_dim, santa.block_size) == (HEADS, KV_HEADS, HEAD_DIM, BLOCK)
+    assert (santa.max_keys, santa.max_batch, santa.budget, santa.kernel) == (112, 3, 32, "flash")
+    assert santa._scratch is not None and santa._scratch.numel() == santa.workspace_nbytes()  # allocated at start-up
+    assert builder._cudagraph_support == backend.AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    assert builder.reorder_batch_threshold == 1
