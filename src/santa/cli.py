@@ -3,7 +3,7 @@ their modules (``santa bench`` to the source checkout's ``benchmarks/bench/``, w
 the library: outside a checkout it is a one-line error).
 
 Exit status: 0 done; 1 the work failed with a one-line error (a library refusal, a missing asset);
-2 a bad command line, refused before any work (argparse's status).
+2 a bad command line, refused before any work (argparse's status); 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ DELEGATED = {
     "ablate": ("santa.budgets.ablate_cli", "budget ablations: santa ablate -h"),
     "tune": ("santa.budgets.tune_cli", "budget tuning: santa tune -h"),
 }
-EXIT_STATUS = "exit status: 0 done, 1 the work failed (one-line error), 2 a bad command line (nothing run)"
+EXIT_STATUS = "exit status: 0 done, 1 the work failed (one-line error), 2 a bad command line (nothing run), 130 interrupted"
+INTERRUPTED = 130  # 128 + SIGINT, the shell's status for a command ended by Ctrl-C
+DISTRIBUTION = "santa-attention"  # the installed package whose version `santa --version` prints
 SAMPLERS = methods.names(path="hf")  # the methods santa generate --sampler can name (the kernels: --kernel)
 NEEDLE_DEFAULTS = {"length": 2048, "depth": 0.5}  # --length and --depth: the needle prompt only
 
@@ -69,6 +71,10 @@ def _generate(args: argparse.Namespace) -> int:
     except (MemoryError, torch.OutOfMemoryError) as error:
         detail = str(error).splitlines()[0] if str(error) else type(error).__name__
         return _failed(bar, f"out of memory ({detail}): try a smaller --length or --batch")
+    except KeyboardInterrupt:  # main() says so in one line: leave no half-drawn bar above it
+        bar.leave = False
+        bar.close()
+        raise
     bar.close()
     print_answers(prompts, answers, fast=args.path == "fast")
     return 0
@@ -166,11 +172,30 @@ def check_generate(args: argparse.Namespace) -> None:
         for name, value in NEEDLE_DEFAULTS.items():
             if getattr(args, name) is None:
                 setattr(args, name, value)
+        check_generate_context(args)
         return
     for name in NEEDLE_DEFAULTS:
         if getattr(args, name) is not None:
             args.error(f"--{name} sets the needle prompt; it does not apply with --prompt")
         setattr(args, name, NEEDLE_DEFAULTS[name])
+
+
+def check_generate_context(args: argparse.Namespace) -> None:
+    """The needle prompt (``--length``) and its answer (``--max-new-tokens``) must fit the model's
+    context, read from its config without loading any weight (a ``--prompt``'s tokens are known
+    once the tokenizer loads: :func:`santa.generate.run` checks those). A config that cannot be
+    read is left to the model's load, which names the problem."""
+    if args.prompt is not None:
+        return
+    from santa.eval.cli import model_shape
+
+    try:
+        context = model_shape(args.model).context
+    except (OSError, ValueError):
+        return
+    problem = cliargs.context_problem(args.model, context, args.length, args.max_new_tokens)
+    if problem:
+        args.error(f"argument --length: {problem}")
 
 
 def check_generate_path(args: argparse.Namespace) -> None:
@@ -196,12 +221,26 @@ def build_parser() -> argparse.ArgumentParser:
         description="Stochastic sparse attention for LLM decoding.",
         epilog=EXIT_STATUS,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_generate(sub)
     for name, (_, text) in DELEGATED.items():  # listed for `santa -h`; main() hands them over before parsing
         p = sub.add_parser(name, help=text, add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
+
+
+def version() -> str:
+    """The installed distribution's version (``santa-attention``), else ``santa.__version__`` (a
+    source tree run without installing it)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        import santa
+
+        return getattr(santa, "__version__", "unknown")
 
 
 def delegate(name: str, argv: list[str]) -> int:
@@ -258,6 +297,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `santa eval report … | head`: the reader left; stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback, the shell's status for SIGINT
+        command = next((a for a in argv if not a.startswith("-")), None)
+        prog = f"santa {command}" if command in (*DELEGATED, "generate") else "santa"
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ with status 2, before any work starts. Imports nothing of santa but :mod:`santa.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import re
@@ -48,6 +49,17 @@ def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
 positive_int = int_in(1)
 nonnegative_int = int_in(0)
 seed = int_in(0, MAX_SEED)  # santa.rng's one seed range, [0, 2**63)
+
+
+def context_problem(model: str, context: int, length: int, new_tokens: int = 0) -> str | None:
+    """Why a prompt of ``length`` tokens followed by ``new_tokens`` answer tokens does not fit
+    ``model``'s ``context`` (its max_position_embeddings), as the text after ``argument --length:``;
+    None when it fits."""
+    if length > context:
+        return f"{model} reads at most {context} tokens, got {length}"
+    if length + new_tokens > context:
+        return f"{model} reads at most {context} tokens (prompt and answer), got {length} + --max-new-tokens {new_tokens}"
+    return None
 
 
 def _range_text(low: int, high: int | None) -> str:
@@ -210,6 +222,54 @@ def _figure_formats() -> set[str]:
     except ImportError:  # no matplotlib: the command that plots says so itself
         return set()
     return set(FigureCanvasBase.get_supported_filetypes())
+
+
+def make_output_file(text: str) -> str | None:
+    """Whether the output file ``text`` can be made: its missing folders are made and the file
+    created, then removed again (an existing file is opened for appending, not changed). What the
+    type check (:func:`output_file`) cannot foresee: a folder under /proc passes ``os.access``.
+    Returns the problem in words (None when the file can be made), for the caller's ``argument
+    --out:`` error right before the work starts; leaves nothing behind."""
+    path = Path(text)
+    made = []  # the folders this check made, outermost first
+    try:
+        for folder in reversed([p for p in path.parents if not p.exists()]):
+            try:
+                folder.mkdir()
+            except OSError as error:
+                return f"cannot create the folder {folder} ({error.strerror or error})"
+            made.append(folder)
+        existed = path.exists()
+        try:
+            with open(path, "a", encoding="utf-8"):
+                pass
+        except OSError as error:
+            return f"cannot open {text} for writing ({error.strerror or error})"
+        if not existed:
+            path.unlink(missing_ok=True)
+        return None
+    finally:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
+def make_output_folder(text: str) -> str | None:
+    """Whether the output folder ``text`` can be made (as :func:`make_output_file`, for a folder)."""
+    path = Path(text)
+    made = []
+    try:
+        for folder in [*reversed([p for p in path.parents if not p.exists()]), *([path] if not path.exists() else [])]:
+            try:
+                folder.mkdir()
+            except OSError as error:
+                return f"cannot create the folder {folder} ({error.strerror or error})"
+            made.append(folder)
+        return None
+    finally:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def _check_parent(path: Path, text: str) -> None:

@@ -59,18 +59,21 @@ def hf_reason(job) -> str | None:
     return None
 
 
-def check_paths(jobs: Iterable, path: str) -> None:
+def check_paths(jobs: Iterable, path: str, *, hf_because: str | None = None) -> None:
     """Refuse (``ValueError``) prop / flash jobs that would have to run on the HF path, which has no
     kernel path for left-padded batches, and jobs on an fp8 KV cache (``kv_cache="fp8"``: only
     santa.model has one) that would. ``path``: ``"hf"`` or ``"fast"`` (resolved); jobs as in
-    :func:`hf_reason`, with a ``method`` (and a ``kv_cache``)."""
+    :func:`hf_reason`, with a ``method`` (and a ``kv_cache``). hf_because: why ``path`` is ``"hf"``,
+    as the refusal says it (default ``"--path hf was asked for"``; a caller whose ``"auto"`` picked
+    hf says so)."""
+    on_hf = hf_because or "--path hf was asked for"
     for job in jobs:
         if getattr(job, "kv_cache", "auto") != "auto":
-            reason = "--path hf was asked for" if path == "hf" else hf_reason(job)
+            reason = on_hf if path == "hf" else hf_reason(job)
             if reason is not None:
                 raise ValueError(f"an fp8 KV cache runs on the fast path only (santa.model), but {reason}")
         if job.method in FAST_ONLY:
-            reason = "--path hf was asked for" if path == "hf" else hf_reason(job)
+            reason = on_hf if path == "hf" else hf_reason(job)
             if reason is not None:
                 raise ValueError(f"method {job.method} runs on the fast path only (santa.kernels), but {reason}")
 

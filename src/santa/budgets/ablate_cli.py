@@ -20,12 +20,12 @@ from santa.cliargs import positive_int
 PROG = "santa ablate layers"
 EXIT_STATUS = (
     "exit status: 0 done; 1 the run failed or --out cannot be used (another run is writing it, or it is not a cells "
-    "file); 2 a bad command line (refused before any work)"
+    "file); 2 a bad command line (refused before any work); 130 interrupted (Ctrl-C)"
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="santa ablate", description="Per-layer sensitivity to the sample budget.")
+    parser = argparse.ArgumentParser(prog="santa ablate", description="Per-layer sensitivity to the sample budget.", epilog=EXIT_STATUS)
     sub = parser.add_subparsers(dest="command", required=True)
     layers = sub.add_parser(
         "layers",
@@ -48,12 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     layers.add_argument("--no-progress", action="store_true")
     add_model_arguments(layers)
+    layers.set_defaults(parser=layers)  # cross-flag errors print the subcommand's usage
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    parser = args.parser  # santa ablate layers: its usage above its errors
     check_model_arguments(parser, args, metric=args.metric)
     check_plot(parser, args.plot is not None)
     from santa.budgets.rewards import check_prompts, model_layers
@@ -68,7 +69,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--metric {args.metric} at --length {args.length}: {error}")
     if args.layers is not None and max(args.layers) >= n_layers:
         parser.error(f"--layers must lie in 0-{n_layers - 1} ({args.model} has {n_layers} layers), got {max(args.layers)}")
+    check_out(parser, args.out)
     return failed_as_exit_1(PROG, lambda: run(args, n_layers))
+
+
+def check_out(parser: argparse.ArgumentParser, out: str) -> None:
+    """Make --out's folder and file as the run will, before any model loads: a failure is an error
+    naming --out (status 2), not a traceback from the run."""
+    problem = cliargs.make_output_file(out)
+    if problem:
+        parser.error(f"argument --out: {problem}")
 
 
 def failed_as_exit_1(prog: str, work) -> int:

@@ -27,10 +27,22 @@ def ranks(x: Sequence[float]) -> np.ndarray:
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    rx, ry = ranks(x), ranks(y)
-    if rx.std() == 0 or ry.std() == 0:
+    """Spearman's ρ; nan where it is undefined (:func:`undefined_because` says why)."""
+    if undefined_because(x, y) is not None:
         return float("nan")
-    return float(np.corrcoef(rx, ry)[0, 1])
+    return float(np.corrcoef(ranks(x), ranks(y))[0, 1])
+
+
+def undefined_because(sensitivities: Sequence[float], samples: Sequence[float]) -> str | None:
+    """Why Spearman's ρ between a layer's sensitivity and its samples is undefined (None where it is
+    defined): fewer than 2 layers, or one side the same for every layer (no ranking to correlate)."""
+    if len(sensitivities) < 2:
+        return f"{len(sensitivities)} ablated layer{'' if len(sensitivities) == 1 else 's'} with a result, at least 2 needed"
+    if np.ptp(np.asarray(samples, dtype=np.float64)) == 0:
+        return "the schedule gives every ablated layer the same samples"
+    if np.ptp(np.asarray(sensitivities, dtype=np.float64)) == 0:
+        return "every ablated layer has the same sensitivity"
+    return None
 
 
 def sensitivity(comparisons: Sequence[Comparison], *, metric: str) -> dict[int, float]:
@@ -40,10 +52,22 @@ def sensitivity(comparisons: Sequence[Comparison], *, metric: str) -> dict[int, 
 
 
 def agreement(schedule: Sequence[int], comparisons: Sequence[Comparison], *, metric: str) -> tuple[float, list[int], list[int]]:
-    """(Spearman ρ over the ablated layers, the 5 most sensitive layers, the 5 layers with most samples)."""
+    """(Spearman ρ over the ablated layers, nan where undefined; the 5 most sensitive layers; the 5
+    layers with most samples)."""
     sens = sensitivity(comparisons, metric=metric)
     layers = sorted(sens)
     rho = spearman([sens[l] for l in layers], [schedule[l] for l in layers])
     most_sensitive = sorted(layers, key=lambda l: -sens[l])[:5]
     most_samples = sorted(range(len(schedule)), key=lambda l: (-schedule[l], l))[:5]
     return rho, most_sensitive, most_samples
+
+
+def agreement_text(schedule: Sequence[int], comparisons: Sequence[Comparison], *, metric: str) -> str:
+    """``Spearman ρ(samples, one-hot sensitivity) = +0.42; …`` for ``santa tune evaluate``, with the
+    reason in words where ρ is undefined (never ``nan``)."""
+    rho, most_sensitive, most_samples = agreement(schedule, comparisons, metric=metric)
+    sens = sensitivity(comparisons, metric=metric)
+    layers = sorted(sens)
+    why = undefined_because([sens[l] for l in layers], [schedule[l] for l in layers])
+    value = f"{rho:+.2f}" if why is None else f"undefined ({why})"
+    return f"Spearman ρ(samples, one-hot sensitivity) = {value}; most sensitive layers {most_sensitive}, most samples {most_samples}"

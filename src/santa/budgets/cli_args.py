@@ -91,8 +91,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, device: Callable[[st
     parser.add_argument("--threads", type=threads_arg, default=None, help=f"torch CPU threads, 1-{MAX_THREADS}")
 
 
-def check_model_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, *, metric: str) -> None:
-    """Errors (exit 2) for a model or metric santa cannot use, before anything loads."""
+def check_model_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, *, metric: str, context: bool = True) -> None:
+    """Errors (exit 2) for a model or metric santa cannot use, or a prompt longer than the model's
+    context (``context=False``: no model runs, as for the synthetic reward), before anything loads."""
     from santa.assets import MODELS
 
     if args.model not in MODELS and args.model != TINY:
@@ -101,6 +102,40 @@ def check_model_arguments(parser: argparse.ArgumentParser, args: argparse.Namesp
         parser.error(f"metric must be one of {', '.join(metric_choices())}, got {metric!r}")
     if metric == "kl" and args.kl_tokens >= args.length:
         parser.error(f"--kl-tokens ({args.kl_tokens}) must be below --length ({args.length})")
+    if context:
+        check_context(parser, args, metric=metric)
+
+
+def model_context(model: str) -> int:
+    """The model's context length (max_position_embeddings), read from its config or GGUF header
+    without loading any weight (:func:`santa.eval.cli.model_shape`); ValueError or OSError naming
+    the file when neither can be read."""
+    if model == TINY:
+        from santa.budgets.tiny import CONTEXT
+
+        return CONTEXT
+    from santa.eval.cli import model_shape
+
+    return model_shape(model).context
+
+
+def check_context(parser: argparse.ArgumentParser, args: argparse.Namespace, *, metric: str) -> None:
+    """``--length`` (with ``--max-new-tokens`` for a task metric; KL's teacher-forced tokens are part
+    of its length) must fit the model's context; gsm8k and mmlu ignore ``--length``, so their answer
+    alone is checked."""
+    from santa.eval.tasks import FIXED_LENGTH_TASKS
+
+    try:
+        context = model_context(args.model)
+    except (OSError, ValueError) as error:
+        parser.error(f"cannot read the context length of {args.model!r}: {error}")
+    if metric in FIXED_LENGTH_TASKS:
+        if args.max_new_tokens >= context:
+            parser.error(f"argument --max-new-tokens: {args.model} reads at most {context} tokens (prompt and answer), got {args.max_new_tokens}")
+        return
+    problem = cliargs.context_problem(args.model, context, args.length, 0 if metric == "kl" else args.max_new_tokens)
+    if problem:
+        parser.error(f"argument --length: {problem}")
 
 
 def check_plot(parser: argparse.ArgumentParser, wanted: bool) -> None:

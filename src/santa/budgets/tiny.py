@@ -11,6 +11,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL = ("<|im_start|>", "<|im_end|>", "<pad>")
+CONTEXT = 8192  # max_position_embeddings: the --length flags are checked against it before anything loads
 
 
 def byte_tokenizer():
@@ -47,7 +48,7 @@ def tiny_model(*, seed: int = 0, layers: int = 2, hidden: int = 32, device: str 
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=8192,
+        max_position_embeddings=CONTEXT,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )

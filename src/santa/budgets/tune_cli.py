@@ -25,7 +25,8 @@ from santa.cliargs import nonnegative_int, positive_int
 
 EXIT_STATUS = (
     "exit status: 0 done; 1 the run failed or --out cannot be used (another run is writing it, a corrupt run.json "
-    "or history line, a file that is not a cells file); 2 a bad command line (refused before any work)"
+    "or history line, a file that is not a cells file); 2 a bad command line (refused before any work); "
+    "130 interrupted (Ctrl-C)"
 )
 DEFAULT_MAX_STALENESS = 4  # policy versions; a run's episodes lag by about (workers − 1) versions when workers keep pace
 
@@ -56,7 +57,9 @@ def resolve_staleness(value: int | str | None, out: str) -> int | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="santa tune", description="Per-layer sample budgets by REINFORCE (the paper's Algorithm 1).")
+    parser = argparse.ArgumentParser(
+        prog="santa tune", description="Per-layer sample budgets by REINFORCE (the paper's Algorithm 1).", epilog=EXIT_STATUS
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     tune = sub.add_parser(
@@ -85,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
              f"by many); none keeps all (default auto: {DEFAULT_MAX_STALENESS} for a new run, the saved value on resume)",
     )
     tune.add_argument("--baseline", default="running", choices=("running", "batch"), help="running mean of all rewards (default) or the batch mean")
-    tune.add_argument("--seed", type=nonnegative_int, default=0)
+    tune.add_argument("--seed", type=cliargs.seed, default=0, help="seed of the schedule draws and the sampler, in [0, 2**63) (default 0)")
     tune.add_argument("--workers", type=workers_arg, default=None, help="workers, or auto: one per GPU, else one per --threads CPUs (default auto)")
     tune.add_argument(
         "--cpu-workers", type=nonnegative_int, default=0,
@@ -97,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--no-plots", action="store_true", help="skip the learning-curve and schedule plots")
     tune.add_argument("--no-progress", action="store_true")
     add_model_arguments(tune, device=tune_device)
-    tune.set_defaults(device="auto", threads=1)
+    tune.set_defaults(device="auto", threads=1, parser=tune)  # parser: cross-flag errors print the subcommand's usage
 
     ev = sub.add_parser(
         "evaluate",
@@ -120,19 +123,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument("--no-progress", action="store_true")
     add_model_arguments(ev)
+    ev.set_defaults(parser=ev)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command == "budgets":
-        return budgets(parser, args)
-    return evaluate(parser, args)
+    args = build_parser().parse_args(argv)
+    if args.command == "budgets":  # args.parser: the subcommand's, whose usage its errors print
+        return budgets(args.parser, args)
+    return evaluate(args.parser, args)
 
 
 def budgets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    check_model_arguments(parser, args, metric="kl" if args.reward == "synthetic" else args.reward)
+    synthetic = args.reward == "synthetic"  # no model runs: --length does not apply
+    check_model_arguments(parser, args, metric="kl" if synthetic else args.reward, context=not synthetic)
     if args.questions > len(args.train_prompts):
         parser.error(f"--questions ({args.questions}) exceeds the {len(args.train_prompts)} --train-prompts")
     check_plot(parser, not args.no_plots)
@@ -159,6 +163,9 @@ def budgets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(f"--total ({total}) is below --floor × layers ({args.floor} × {n_layers})")
     if args.floor == 0 and args.reward != "synthetic":
         parser.error("--floor 0 can give a layer S = 0, which sampled attention cannot run; use --floor ≥ 1")
+    problem = cliargs.make_output_folder(args.out)  # before Ray starts: a traceback from the run otherwise
+    if problem:
+        parser.error(f"argument --out: {problem}")
 
     from santa.budgets.checkpoint import CheckpointError, RunMismatch, TuneSpec
     from santa.budgets.distributed import tune
@@ -313,8 +320,9 @@ def evaluate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         check_prompts(args.model, metric=args.metric, length=args.length, prompt=args.prompts[0])
     except ValueError as error:
         parser.error(f"--metric {args.metric} at --length {args.length}: {error}")
-    from santa.budgets.ablate_cli import failed_as_exit_1
+    from santa.budgets.ablate_cli import check_out, failed_as_exit_1
 
+    check_out(parser, args.out)
     return failed_as_exit_1("santa tune evaluate", lambda: score_schedules(args, schedules, n_layers=n_layers, total=total))
 
 
@@ -337,12 +345,11 @@ def score_schedules(args: argparse.Namespace, schedules: dict[str, tuple[int, ..
     keys = {cell_key(c, setting=setting, prompts=args.prompts) for c in cells}
     print(table(compare([r for r in existing_records(args.out) if r["key"] in keys]), metric=args.metric))
     if ablation is not None:
-        from santa.budgets.agreement import agreement
+        from santa.budgets.agreement import agreement_text
 
         comparisons = compare(ablation)
         for name, s in schedules.items():
-            rho, sensitive, most = agreement(s, comparisons, metric=ablation[0]["metric"])
-            print(f"{name}: Spearman ρ(samples, one-hot sensitivity) = {rho:+.2f}; most sensitive layers {sensitive}, most samples {most}")
+            print(f"{name}: {agreement_text(s, comparisons, metric=ablation[0]['metric'])}")
     return 0
 
 

@@ -29,7 +29,8 @@ from santa.eval.tasks import FIXED_LENGTH_TASKS, TASKS, missing_data
 
 EXIT_STATUS = (
     "exit status: 0 done; 1 a sweep file cannot be used (missing, locked by another run, not a sweep "
-    "file: one line names the file and line) or the work failed; 2 a bad command line (nothing run)"
+    "file: one line names the file and line) or the work failed; 2 a bad command line (nothing run); "
+    "130 interrupted (Ctrl-C)"
 )
 MAX_THREADS = 1024  # --threads: torch takes a C int, and more threads than cores only slow a run
 MAX_JOBS = 1_000_000  # jobs one `eval run` grid may hold (a record line each; more is a typo, or several sweeps)
@@ -321,11 +322,14 @@ def check_args(args: argparse.Namespace) -> None:
         jobs = grid_size(args)
         if jobs > MAX_JOBS:
             args.error(f"the grid of these flags holds up to {jobs:,} jobs, more than {MAX_JOBS:,}; split it over several sweeps")
-        args.path = resolve_path(args.path, default_device(args.device))
+        device = default_device(args.device)
+        asked, args.path = args.path, resolve_path(args.path, device)
         if args.path == "hf" and set(args.methods) & set(FAST_ONLY):
             args.error(f"argument --methods: {' and '.join(FAST_ONLY)} run on the fast path only (--path fast; auto picks it on CUDA)")
+        # --path auto (the default) picked hf: say so, and what to pass, rather than "--path hf was asked for"
+        chosen = f"--path auto (the default) picks hf on {device}: pass --path fast" if asked == "auto" else None
         try:
-            check_paths(run_grid(args), args.path)
+            check_paths(run_grid(args), args.path, hf_because=chosen)
         except ValueError as error:
             args.error(f"argument --{'kv-caches' if 'fp8' in str(error) else 'methods'}: {error}")
     elif args.command == "report":
@@ -446,6 +450,9 @@ def schedule_file(text: str) -> tuple[str, dict[int, int], str]:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    problem = cliargs.make_output_file(args.out)  # as the sweep will, before any model loads
+    if problem:
+        args.error(f"argument --out: {problem}")
     jobs = run_grid(args)
     ran = run_sweep(jobs, args.out, device=args.device, batch_size=args.batch, path=args.path)
     print(f"{len(jobs)} jobs in the grid, {ran} run now, {len(jobs) - ran} already in {args.out}")

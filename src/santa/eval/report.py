@@ -392,6 +392,11 @@ def pivot(all_cells: list[Cell], *, delta: bool = False) -> str:
                 entries.append(f"{loglog_slope(fitted, kl):.2f}" if len(fitted) > 1 else "–")
             lines.append(f"| {method} | " + " | ".join(entries) + " |")
         blocks.append("\n".join(lines))
+    if not blocks:  # say why rather than print a blank line
+        if delta and all_cells:
+            return ("nothing to show: the difference to dense (--delta) leaves out the KL panels, and these records hold KL "
+                    "only; drop --delta to see their tables")
+        return "nothing to show: no records"
     return "\n\n".join(blocks)
 
 
@@ -414,6 +419,9 @@ def smallest_matching_budgets(all_cells: list[Cell]) -> str:
         "| model | length | prefill | task | prompts | " + " | ".join(methods) + " | CI half-width at the largest S |",
         "|---|---:|---|---|---:|" + "---:|" * len(methods) + "---:|",
     ]
+    if not groups:  # say why rather than print a header alone
+        return ("nothing to show: no sampled or top-k cell has a paired difference to dense (it needs dense records of "
+                "the same prompts; KL records have none)")
     for (model, length, prefill, task), by_method in sorted(groups.items()):
         entries, widths, n = [], [], 0
         for method in methods:
@@ -460,6 +468,7 @@ def compare_methods(records: list[dict], first: str, second: str) -> str:
         "| model | task | length | prefill | prompts | per S | mean over S |",
         "|---|---|---:|---|---:|---|---|",
     ]
+    header = len(lines)
     for panel in sorted(grouped):
         a, b = grouped[panel][first], grouped[panel][second]
         diffs = {}
@@ -474,6 +483,11 @@ def compare_methods(records: list[dict], first: str, second: str) -> str:
         pooled = signed_ci(*bootstrap_ci([np.mean([d[p] for d in diffs.values()]) for p in common])) if common else "–"
         model, task, length, prefill = panel
         lines.append(f"| {model} | {task} | {length or '–'} | {prefill} | {len(common)} | {per_s} | {pooled} |")
+    if len(lines) == header:  # no row: say why rather than print a header alone
+        held = sorted({r["method"] for r in records if r["task"] != "kl"}, key=METHODS.index)
+        what = f"the non-KL records hold {', '.join(held)}" if held else "the records hold KL only" if records else "there are no records"
+        return (f"nothing to compare: no {first} and {second} records of the same task, length, prefill and budget S on "
+                f"the same prompts (KL is left out); {what}")
     return "\n".join(lines)
 
 
