@@ -3,7 +3,8 @@
     python benchmarks/kernels/prop_ab.py OUT.json LABEL
 
 Times ``santa.kernels.decode(..., kernel="prop")`` (with a workspace: the Triton launches) and a plan's ``run`` with
-per-sequence lengths and positions (the one-launch path where the plan has it) at S = 128 on the issue's shapes (Llama-3.1-8B:
+per-sequence lengths and positions (the one-launch path where the plan has it; and with its workspace given: the
+Triton launches, as vLLM and the compiled op call them) at S = 128 on the issue's shapes (Llama-3.1-8B:
 8k, 32k, 128k, B = 8 and 32 × 32k; Qwen2.5-0.5B: 32k, B = 16 × 32k; SmolLM2-135M: 8k, B = 64 × 8k)
 and cuDNN SDPA on the same inputs: CUDA-graph replay, clean cold L2 (a 512 MB read before each
 call), 10 warm-ups, 40 timed, medians (benchmarks/bench/timing.py). Whichever ``santa`` is first on
@@ -68,6 +69,9 @@ def time_case(batch: int, n_keys: int, heads: int, kv_heads: int, dim: int, budg
         entry["plan_lens_us"] = time_fn(lambda: plan.run(q, k, v, seq_lens=lens, positions=positions, out=out), flusher.read,
                                         graph=True)["median_us"]
         entry["plan_one_launch"] = plan.one_launch is not None
+        ws = plan.workspace  # a workspace given to run: the Triton launches (as the compiled op and vLLM call them)
+        entry["triton_lens_us"] = time_fn(lambda: plan.run(q, k, v, seq_lens=lens, positions=positions, out=out, workspace=ws),
+                                          flusher.read, graph=True)["median_us"]
     except Exception as exc:
         entry["plan_error"] = f"{type(exc).__name__}: {exc}"[:300]
     return entry
