@@ -68,7 +68,7 @@ def test_a_plan_whose_capacity_the_budget_covers_runs_only_the_exact_launch():
     long_plan = plan_decode(batch=2, heads=4, kv_heads=2, head_dim=16, n_keys=20, budget=8, dtype=q.dtype, device=DEVICE)
     assert "exact" not in [name for name, _ in long_plan.stages(q, k, v)]  # every sequence has its 20 keys > S
     seq_lens = torch.tensor([20, 5], dtype=torch.int32, device=DEVICE)
-    assert [name for name, _ in long_plan.stages(q, k, v, seq_lens=seq_lens)] == ["pass1", "pass2"]  # prop: in pass 2
+    assert [name for name, _ in long_plan.stages(q, k, v, seq_lens=seq_lens)] == ["pass1", "pass2", "exact"]
     flash = plan_decode(batch=2, heads=4, kv_heads=2, head_dim=16, n_keys=20, budget=8, dtype=q.dtype, device=DEVICE,
                         kernel="flash")
     assert [name for name, _ in flash.stages(q, k, v, seq_lens=seq_lens)] == ["partial", "merge", "exact"]

@@ -3,11 +3,11 @@
 A sequence with ``n_live ≤ S`` live keys cannot be read more cheaply by sampling S value rows than by
 reading its n_live rows, and sampling would only add variance; so every path computes it exactly,
 ``o = softmax(q·Kᵀ·scale) V`` over its live keys, each V row read once (count 1): the torch reference
-(:func:`santa.kernels.reference.covered`), the Triton prop (in its pass 2), flash (this launch after its two),
-the one-launch CUDA prop (inside its launch) and ``santa.hf``. The decision is per sequence, on its own live keys (``seq_lens[b] − starts[b]``, read on
+(:func:`santa.kernels.reference.covered`), the Triton prop and flash (this launch after their two), the one-launch
+CUDA prop (inside its launch) and ``santa.hf``. The decision is per sequence, on its own live keys (``seq_lens[b] − starts[b]``, read on
 the device), never on the cache's capacity or a batch's padded length.
 
-:func:`_exact_covered_kernel` runs after flash's launches (and alone where S covers every sequence's keys), one
+:func:`_exact_covered_kernel` runs after the Triton launches (and alone where S covers every sequence's keys), one
 program per (sequence, KV head):
 a sequence with more than S live keys (or a bad length or start, which the sampled launch has already
 made NaN) returns at once; a covered one has its G heads' outputs (and counts) overwritten with exact

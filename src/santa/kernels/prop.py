@@ -204,7 +204,7 @@ def _tile_prefix_search(
         tl.debug_barrier()  # this program's stores of P are visible to all its threads
         searched = valid_s & ((tl.zeros([SBLOCK], dtype=tl.float32) + z) > 0)  # (a vector: the interpreter's & wants one)
         tile, lo, hi = _bisect_tiles(prefix_ptr, stats_row, n_tiles, u, m_f, searched, LOG_T)
-    return tile, lo, hi, z, poisoned, m_star
+    return tile, lo, hi, z, poisoned
 
 
 @triton.jit
@@ -227,17 +227,15 @@ def _discard_stash_lines(stash_ptr, row, stride_stash, line_lo, line_hi, LINES: 
 @triton.jit
 def _prop_chunk(
     v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
-    pid_s, row, b, h, kvh, seq_len, first_key, bad_len, n_pages, u, v_scale, budget, tiles_max,
+    pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, v_scale, budget, tiles_max,
     stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
     SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
     BISECT: tl.constexpr, LOG_T: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, RETURN_COUNTS: tl.constexpr, CM: tl.constexpr,
-    DISCARD: tl.constexpr, COVERABLE: tl.constexpr,
+    DISCARD: tl.constexpr,
 ):
     """Pass-2 work of one chunk of samples of one (sequence, head) row: place them, gather V, reduce.
-    COVERABLE (a call whose sequences may have ≤ S live keys): a covered sequence (santa's one rule, exact attention)
-    reads key ``first_key + m`` as "sample" m < n_live, weighted by ``S·p_j`` (its stash entry, tile max, m* and Z).
     DISCARD (see :func:`santa.kernels.layout.prop_discard_mode`): 0 keeps the stash in L2, 1 has the
     row's last chunk drop the whole row, 2 has every chunk drop the part that no other chunk reads."""
     n_tiles = tl.cdiv(seq_len, BLOCK_N)
@@ -246,7 +244,7 @@ def _prop_chunk(
     m_f = offs_s.to(tl.float32)
     budget_f = budget.to(tl.float32)
     stats_row = row.to(tl.int64) * stride_stats
-    tile, lo, hi, z, poisoned, m_star = _tile_prefix_search(
+    tile, lo, hi, z, poisoned = _tile_prefix_search(
         tile_max_ptr, tile_mass_ptr, prefix_ptr, stats_row, n_tiles, tiles_max, u, m_f, budget_f, valid_s,
         SBLOCK, BLOCK_T, ONE_CHUNK_T, BISECT, LOG_T, CM,
     )
@@ -272,21 +270,9 @@ def _prop_chunk(
 
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
-    if COVERABLE:  # a constexpr branch: calls without lengths or starts (every sequence n_keys > S keys) skip it
-        covered = (tl.zeros([SBLOCK], dtype=tl.int32) + seq_len - first_key) <= budget
-        key = tl.where(covered, first_key + offs_s, key)
-        ok = tl.where(covered, valid_s & (key < seq_len) & ((tl.zeros([SBLOCK], dtype=tl.float32) + z) > 0) & ~nan_row, ok)
-        tile = tl.where(covered, key // BLOCK_N, tile)
-        u_key = tl.load(stash_ptr + row.to(tl.int64) * stride_stash + key, mask=covered & ok, other=0.0, cache_modifier=CM)
-        m_tile = tl.load(tile_max_ptr + stats_row + tile, mask=covered & ok, other=0.0, cache_modifier=CM)
-        weight = tl.where(covered, u_key * tl.exp2(m_tile - m_star) * (budget_f / tl.where(z > 0, z, 1.0)), 1.0)  # S·p_j
-        v_rows, v_ok = row_offsets(b, key, ok, kvh, bt_ptr, stride_bt, n_pages, stride_vb, stride_vn, stride_vh, PAGED, PAGE_SIZE)
-        vals = load_cache_rows(v_ptr, v_rows, v_ok, offs_d, mask_d, tl.float32, "")
-        acc = tl.sum(vals * weight[:, None], axis=0) * v_scale  # Σ of v_{J_m}, or of S·p_j v_j (read where ok)
-    else:
-        v_rows, v_ok = row_offsets(b, key, ok, kvh, bt_ptr, stride_bt, n_pages, stride_vb, stride_vn, stride_vh, PAGED, PAGE_SIZE)
-        vals = load_cache_rows(v_ptr, v_rows, v_ok, offs_d, mask_d, tl.float32, "")
-        acc = tl.sum(vals, axis=0) * v_scale  # Σ over this chunk's samples of v_{J_m} (non-finite if a sampled row is)
+    v_rows, v_ok = row_offsets(b, key, ok, kvh, bt_ptr, stride_bt, n_pages, stride_vb, stride_vn, stride_vh, PAGED, PAGE_SIZE)
+    vals = load_cache_rows(v_ptr, v_rows, v_ok, offs_d, mask_d, tl.float32, "")
+    acc = tl.sum(vals, axis=0) * v_scale  # Σ over this chunk's samples of v_{J_m} (non-finite if a sampled row is)
     if RETURN_COUNTS:
         tl.atomic_add(counts_ptr + row.to(tl.int64) * stride_counts + key, 1, mask=ok)
 
@@ -342,7 +328,7 @@ def _prop_gather_kernel(
     BISECT: tl.constexpr, LOG_T: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, OFFSET_IN_MEMORY: tl.constexpr,
     RETURN_COUNTS: tl.constexpr, USE_PDL: tl.constexpr, DISCARD: tl.constexpr, V_SCALE_PER_HEAD: tl.constexpr,
-    SEED_PER_SEQUENCE: tl.constexpr, POSITIONAL: tl.constexpr, HAS_STARTS: tl.constexpr, COVERABLE: tl.constexpr,
+    SEED_PER_SEQUENCE: tl.constexpr, POSITIONAL: tl.constexpr, HAS_STARTS: tl.constexpr,
 ):
     pid_s = tl.program_id(0)
     row = tl.program_id(1)  # b·H + h
@@ -350,7 +336,7 @@ def _prop_gather_kernel(
     h = row % n_heads
     kvh = h // G
     seq_len, bad_len = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
-    first_key, bad_start = checked_first_key(starts_ptr, b, seq_len, HAS_STARTS)
+    _, bad_start = checked_first_key(starts_ptr, b, seq_len, HAS_STARTS)
     bad_len = bad_len | bad_start  # the run's keys were masked in pass 1; a bad start makes the sequence NaN
     off_lo, off_hi = load_offset(offset, offset_ptr, OFFSET_IN_MEMORY)
     u = call_uniforms(seed, seeds_ptr, off_lo, off_hi, positions_ptr, b, n_heads, h, 0, [SBLOCK],
@@ -359,10 +345,10 @@ def _prop_gather_kernel(
         gdc_wait()  # launched early (programmatic dependent launch): wait for pass 1's writes here
     _prop_chunk(
         v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
-        pid_s, row, b, h, kvh, seq_len, first_key, bad_len, n_pages, u, cache_scale(v_scale, v_scale_ptr, kvh, V_SCALE_PER_HEAD),
+        pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, cache_scale(v_scale, v_scale_ptr, kvh, V_SCALE_PER_HEAD),
         budget, tiles_max, stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
         D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, N_CHUNKS, CHUNK_BLOCK, ONE_CHUNK_T, BISECT, LOG_T,
-        PAGED, PAGE_SIZE, RETURN_COUNTS, "", DISCARD, COVERABLE,
+        PAGED, PAGE_SIZE, RETURN_COUNTS, "", DISCARD,
     )
 
 
@@ -395,7 +381,6 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
         LOG_T=max(1, plan.tiles.bit_length()), OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts, USE_PDL=plan.pdl,
         DISCARD=prop_discard_mode(n_chunks) if plan.discard_stash else 0, V_SCALE_PER_HEAD=v_scale_per_head,
         SEED_PER_SEQUENCE=seed_per_sequence, POSITIONAL=positional, HAS_STARTS=has_starts,
-        COVERABLE=has_seq_lens or has_starts or plan.budget >= shape.n_keys,  # santa's one rule, in this launch
         # 8 warps up to 256 tiles (32k: 31.2 vs 34.5 µs), 4 beyond (128k: 95.1 with 8 vs 86.7 with 4; H200, 2026-11-29)
         num_warps=tuning.warps_pass2 or (8 if plan.tiles <= 256 else 4), num_stages=1, launch_pdl=plan.pdl,
     ))
