@@ -6,6 +6,7 @@ path. Optional dependencies (transformers, ray) are imported inside the function
 
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -204,3 +205,25 @@ def assert_consistent_history(updates, spec=SYNTHETIC_SPEC):
     assert len(ids) == len(set(ids))
     for record, state in zip(updates, replay(updates, spec), strict=True):
         assert record["theta"] == pytest.approx(list(state.theta), abs=1e-12)
+
+
+class CharTokenizer:
+    """A character tokenizer for a tiny random model: ids 3 … 63, no stop token, no chat template."""
+
+    eos_token_id = unk_token_id = None
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        return messages[-1]["content"]
+
+    def encode(self, text, add_special_tokens=False):
+        return [3 + ord(c) % 61 for c in text]
+
+    def __call__(self, text, return_tensors=None, add_special_tokens=False):
+        ids = self.encode(text)
+        return argparse.Namespace(input_ids=torch.tensor([ids]) if return_tensors == "pt" else ids)
+
+    def decode(self, tokens, skip_special_tokens=True):
+        return "".join(chr(64 + t) for t in tokens)
+
+    def convert_tokens_to_ids(self, token):
+        return None

@@ -11,12 +11,11 @@ import time
 from importlib import metadata
 
 import pytest
-import torch
 
 import santa
 import santa.cli
 import santa.generate
-from helpers import refusal, tiny_hf_model
+from helpers import CharTokenizer, refusal, tiny_hf_model
 from santa.cli import main
 
 SMOLLM2_CONTEXT = 8192  # max_position_embeddings of SmolLM2-135M (the bundled GGUF's context_length)
@@ -188,26 +187,6 @@ def test_every_help_states_the_exit_statuses(capsys, argv):
 # --- 12: santa generate times both methods after the same warm-up --------------------------------------
 
 
-class CharTokenizer:
-    """Character ids 3 … 63, no stop token, no chat template."""
-
-    eos_token_id = unk_token_id = None
-
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
-        return messages[-1]["content"]
-
-    def encode(self, text, add_special_tokens=False):
-        return [3 + ord(c) % 61 for c in text]
-
-    def __call__(self, text, return_tensors=None, add_special_tokens=False):
-        ids = self.encode(text)
-        return argparse.Namespace(input_ids=torch.tensor([ids]) if return_tensors == "pt" else ids)
-
-    def decode(self, tokens, skip_special_tokens=True):
-        return "".join(chr(64 + t) for t in tokens)
-
-    def convert_tokens_to_ids(self, token):
-        return None
 
 
 ONE_OFF_S = 0.5  # what the first forward pass of the process pays alone (a lazy initialisation)

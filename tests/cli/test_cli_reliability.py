@@ -15,7 +15,7 @@ import torch
 
 import santa.cli
 import santa.generate
-from helpers import REPO, refusal, tiny_hf_model
+from helpers import REPO, CharTokenizer, refusal, tiny_hf_model
 from santa.cli import main
 from santa.decoding import greedy_continue_batch, left_pad, padded_forward
 from santa.generate import Answer, check_path_arguments, check_run_arguments
@@ -116,26 +116,6 @@ def test_the_eval_subcommands_named_in_santa_help_are_eval_clis():
 # --- the share of value rows read ----------------------------------------------------------------
 
 
-class CharTokenizer:
-    """A character tokenizer for a tiny random model: ids 3 … 63, no stop token, no chat template."""
-
-    eos_token_id = unk_token_id = None
-
-    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
-        return messages[-1]["content"]
-
-    def encode(self, text, add_special_tokens=False):
-        return [3 + ord(c) % 61 for c in text]
-
-    def __call__(self, text, return_tensors=None, add_special_tokens=False):
-        ids = self.encode(text)
-        return argparse.Namespace(input_ids=torch.tensor([ids]) if return_tensors == "pt" else ids)
-
-    def decode(self, tokens, skip_special_tokens=True):
-        return "".join(chr(64 + t) for t in tokens)
-
-    def convert_tokens_to_ids(self, token):
-        return None
 
 
 @pytest.fixture
