@@ -49,6 +49,23 @@ def torch_fallback(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
 
+@pytest.fixture(params=["kernels", "torch"])
+def decode_path(request, monkeypatch):
+    """Each decode path a CPU machine has: santa's Triton kernels (Triton's interpreter on the CPU, the GPU where there
+    is one) and, on the CPU, the torch fallback of the same estimator."""
+    if request.param == "torch":
+        if torch.cuda.is_available():
+            pytest.skip("the torch fallback serves CPU tensors")
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    elif not torch.cuda.is_available():
+        from santa.kernels.plan import kernels_on_cpu
+
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+        if not kernels_on_cpu():
+            pytest.skip("triton was imported before TRITON_INTERPRET=1 was set: run with TRITON_INTERPRET=1")
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def tiny_transformer():
     """santa.model's random ``CONFIGS["tiny"]`` (2 layers, 4 heads over 2 KV heads, vocabulary 256),

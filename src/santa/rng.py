@@ -43,6 +43,13 @@ for a given seed they draw other samples than before, and a batched prompt now d
 alone), and so do its reference backends and santa.hf's samplers (behaviour change there too: the hf
 paths used a generator or counter per call mixed from (seed, layer, n_keys, n_queries), which made a
 batched or static-cache prompt draw other samples).
+
+Tensor parallelism (issue 43). The counter's head is the model's global head: a call that holds a slice of
+the heads (a tensor-parallel rank: H/TP query heads over H_kv/TP KV heads) passes ``head_offset`` (its
+first global head, ``rank × H/TP``; :meth:`santa.kernels.DecodePlan.run`, :func:`santa.decode`), and the
+counter is ``(position, head_offset + h, stream)``, so TP = 1, 2, 4 draw the same samples. With
+``head_offset = 0`` (the default) nothing changes. It is taken with positions only: the batch-row
+counter ``(offset, b·H + h, stream)`` counts the call's own heads.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from vllm_stand_ins import FlashAttentionImpl, load_backend
+from vllm_stand_ins import FlashAttentionImpl, ParallelState, load_backend
 
 
 @pytest.fixture
@@ -13,4 +13,5 @@ def backend(monkeypatch):
     for name in [n for n in os.environ if n.startswith("SANTA_VLLM_")]:
         monkeypatch.delenv(name)
     FlashAttentionImpl.calls = 0
+    monkeypatch.setattr(ParallelState, "rank", None)  # vLLM's parallel state uninitialised, unless a test sets a rank
     return load_backend()

@@ -130,11 +130,25 @@ class FlashAttentionBackend:
         return True
 
 
+class ParallelState:
+    """``vllm.distributed.parallel_state``'s tensor-parallel rank: ``rank`` None is vLLM's state before the engine
+    initialises its groups (``get_tp_group`` asserts), an int a worker's rank (a test sets it: :func:`tensor_parallel`)."""
+
+    rank: int | None = None
+
+    @classmethod
+    def get_tensor_model_parallel_rank(cls) -> int:
+        assert cls.rank is not None, "tensor model parallel group is not initialized"  # vLLM 0.26's get_tp_group
+        return cls.rank
+
+
 def stand_ins() -> dict[str, types.ModuleType]:
     """The vLLM modules santa's backend imports (and their parents), holding the stand-ins above."""
     modules = {name: types.ModuleType(name) for name in (
         "vllm", "vllm.v1", "vllm.v1.attention", "vllm.v1.attention.backend", "vllm.v1.attention.backends",
-        "vllm.v1.attention.backends.flash_attn")}
+        "vllm.v1.attention.backends.flash_attn", "vllm.distributed", "vllm.distributed.parallel_state")}
+    modules["vllm.distributed.parallel_state"].__dict__.update(
+        get_tensor_model_parallel_rank=ParallelState.get_tensor_model_parallel_rank)
     modules["vllm.v1.attention.backend"].__dict__.update(AttentionCGSupport=AttentionCGSupport, AttentionType=AttentionType)
     modules["vllm.v1.attention.backends.flash_attn"].__dict__.update(
         FlashAttentionBackend=FlashAttentionBackend, FlashAttentionImpl=FlashAttentionImpl,
@@ -159,23 +173,25 @@ HEADS, KV_HEADS, HEAD_DIM, BLOCK = 8, 2, 32, 16
 
 
 class ModelConfig:
-    """The ``ModelConfig`` methods and fields santa's builder reads."""
+    """The ``ModelConfig`` methods and fields santa's builder reads: a rank's heads, as vLLM 0.26 counts them
+    (``H // tensor_parallel_size``; KV heads replicated once TP passes H_kv)."""
 
     def __init__(self, max_model_len: int, dtype: torch.dtype):
         self.max_model_len, self.dtype = max_model_len, dtype
 
     def get_num_attention_heads(self, parallel_config):
-        return HEADS
+        return HEADS // parallel_config.tensor_parallel_size
 
     def get_num_kv_heads(self, parallel_config):
-        return KV_HEADS
+        return max(1, KV_HEADS // parallel_config.tensor_parallel_size)
 
     def get_head_size(self):
         return HEAD_DIM
 
 
-def vllm_config(max_model_len: int = 96, max_num_seqs: int = 4, dtype: torch.dtype = torch.float32):
-    return types.SimpleNamespace(model_config=ModelConfig(max_model_len, dtype), parallel_config=None,
+def vllm_config(max_model_len: int = 96, max_num_seqs: int = 4, dtype: torch.dtype = torch.float32, tensor_parallel_size: int = 1):
+    return types.SimpleNamespace(model_config=ModelConfig(max_model_len, dtype),
+                                 parallel_config=types.SimpleNamespace(tensor_parallel_size=tensor_parallel_size),
                                  scheduler_config=types.SimpleNamespace(max_num_seqs=max_num_seqs))
 
 

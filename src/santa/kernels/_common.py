@@ -168,23 +168,26 @@ def philox_uniform(seed, off_lo, off_hi, row, stream, SHAPE: tl.constexpr):
 
 
 @triton.jit
-def call_uniforms(seed, seeds_ptr, off_lo, off_hi, positions_ptr, b, n_heads, h, stream, SHAPE: tl.constexpr,
+def call_uniforms(seed, seeds_ptr, off_lo, off_hi, positions_ptr, b, n_heads, head_offset, h, stream, SHAPE: tl.constexpr,
                   SEED_PER_SEQUENCE: tl.constexpr, POSITIONAL: tl.constexpr):
-    """The uniforms of sequence b, heads ``h`` (a scalar or a block of SHAPE), ``stream``:
-    key ``seeds_ptr[b]`` (SEED_PER_SEQUENCE) or ``seed``; counter ``(positions_ptr[b], h, stream)``
-    (POSITIONAL: a draw does not depend on the batch row) or ``(offset, b·H + h, stream)``.
-    Reproduced by :func:`santa.kernels.reference.call_uniforms`."""
+    """The uniforms of sequence b, heads ``h`` of the call (a scalar or a block of SHAPE), ``stream``:
+    key ``seeds_ptr[b]`` (SEED_PER_SEQUENCE) or ``seed``; counter ``(positions_ptr[b], head_offset + h, stream)``
+    (POSITIONAL: a draw does not depend on the batch row) or ``(offset, b·H + head_offset + h, stream)``.
+    ``head_offset`` (a runtime scalar, 0 but under tensor parallelism) makes the counter's head the model's
+    global head when the call holds a slice of the heads (a rank's); the callers accept it with positions
+    only (the batch-row form has no global head). Reproduced by :func:`santa.kernels.reference.call_uniforms`."""
     if SEED_PER_SEQUENCE:
         key = tl.load(seeds_ptr + b)
     else:
         key = seed
+    head = head_offset + h
     if POSITIONAL:
         pos = tl.load(positions_ptr + b).to(tl.int64)
         lo = (pos & 0xFFFFFFFF).to(tl.uint32)
         hi = ((pos >> 32) & 0xFFFFFFFF).to(tl.uint32)
-        return philox_uniform(key, lo, hi, h, stream, SHAPE)
+        return philox_uniform(key, lo, hi, head, stream, SHAPE)
     else:
-        return philox_uniform(key, off_lo, off_hi, b * n_heads + h, stream, SHAPE)
+        return philox_uniform(key, off_lo, off_hi, b * n_heads + head, stream, SHAPE)
 
 
 @triton.jit

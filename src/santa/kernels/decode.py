@@ -34,6 +34,7 @@ from santa.kernels.plan import (
     DecodePlan,
     Workspace,
     check_budget_for_kernels,
+    check_head_offset,
     check_scale,
     check_seed_and_offset,
     check_tables,
@@ -383,6 +384,7 @@ def decode(
     v_scale: float | torch.Tensor | None = None,
     positions: torch.Tensor | None = None,
     starts: torch.Tensor | None = None,
+    head_offset: int = 0,
     **unsupported,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sampled attention for one new token per sequence: ``ô = (1/S) Σ_j c_j v_j`` (prop).
@@ -422,6 +424,10 @@ def decode(
         1.0, as vLLM's. Scores and sampling are computed in fp32 from the dequantised K, V rows are
         scaled as they are gathered: the counts are those of the same call on the dequantised caches,
         up to float32 rounding. Only for float8_e4m3fn caches (ValueError otherwise).
+    head_offset: the global index of q's first head when q holds a slice of a model's heads (tensor
+        parallelism: ``rank × H`` on a rank holding H heads and their H_kv KV heads), an int ≥ 0 (default 0),
+        with ``positions`` only: the counter's head is ``head_offset + h``, so the ranks' slices draw exactly
+        what one call with every head draws (:meth:`santa.kernels.DecodePlan.run`).
     Returns out, or ``(out, counts)``. Non-finite input: see the module docstring.
 
     Under ``torch.compile`` the call is one custom op (:mod:`santa.kernels.ops`): see :func:`_decode_compiled`.
@@ -430,10 +436,11 @@ def decode(
         refuse_unsupported("decode", unsupported)
     if torch.compiler.is_compiling():
         return _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset,
-                                out, workspace, return_counts, check, positions, starts, k_scale, v_scale)
+                                out, workspace, return_counts, check, positions, starts, k_scale, v_scale, head_offset)
     _check_seed_and_offset(seed, offset)
     call = _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out,
                            return_counts)
+    head_offset = check_head_offset(head_offset, heads=q.shape[1], positional=positions is not None)
     if positions is not None or isinstance(seed, torch.Tensor):
         check_request_keys(seed, offset, positions, batch=q.shape[0], device=q.device,
                            check_values=bool(check or call.host_checks))
@@ -455,19 +462,19 @@ def decode(
         check_workspace(workspace, call.workspace_key)
     if call.plan is None:
         return _decode_reference(q, k_cache, v_cache, call.budget, call.kernel, seq_lens, block_table, kv_layout, scale,
-                                 seed, offset, out, return_counts, k_scale, v_scale, positions, starts)
+                                 seed, offset, out, return_counts, k_scale, v_scale, positions, starts, head_offset)
     counts = torch.zeros(q.shape[0], q.shape[1], call.n_keys, dtype=torch.int32, device=q.device) if return_counts else None
     out = call.plan.run(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
                         out=out, counts=counts, workspace=workspace, k_scale=k_scale, v_scale=v_scale, positions=positions,
-                        starts=starts)
+                        starts=starts, head_offset=head_offset)
     return (out, counts) if return_counts else out
 
 
 def _decode_reference(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out, return_counts,
-                      k_scale, v_scale, positions, starts):
+                      k_scale, v_scale, positions, starts, head_offset=0):
     result, counts = torch_decode(kernel, q, k_cache, v_cache, budget, seq_lens=seq_lens, block_table=block_table,
                                   kv_layout=kv_layout, scale=scale, seed=seed, offset=offset, k_scale=k_scale, v_scale=v_scale,
-                                  positions=positions, starts=starts)
+                                  positions=positions, starts=starts, head_offset=head_offset)
     if out is not None:
         out.copy_(result)
         result = out
@@ -475,7 +482,7 @@ def _decode_reference(q, k_cache, v_cache, budget, kernel, seq_lens, block_table
 
 
 def _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out,
-                     workspace, return_counts, check, positions, starts, k_scale, v_scale):
+                     workspace, return_counts, check, positions, starts, k_scale, v_scale, head_offset=0):
     """:func:`decode` as torch.compile traces it: the checks that read no tensor values (the same
     errors as eager), then ``torch.ops.santa.decode`` (or ``decode_counts``), whose implementation is
     the eager call at execution time (its plan cached per call signature, with the plan's own
@@ -485,6 +492,7 @@ def _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table,
     _check_seed_and_offset(seed, offset)
     _, k_cache, _, _, _, kv_heads = _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale,
                                               offset, out, return_counts)
+    head_offset = check_head_offset(head_offset, heads=q.shape[1], positional=positions is not None)
     k_scale, v_scale = checked_cache_scales(k_scale, v_scale, kv_dtype=k_cache.dtype, kv_heads=kv_heads, device=q.device,
                                             check_values=False)
     if positions is not None or isinstance(seed, torch.Tensor):
@@ -507,10 +515,11 @@ def _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table,
     if k_cache.dtype == FP8:  # the scales as the op takes them: floats or float32 [H_kv] tensors
         args += tuple(None if isinstance(x, torch.Tensor) else x for x in (k_scale, v_scale))
         args += tuple(x if isinstance(x, torch.Tensor) else None for x in (k_scale, v_scale))
+    extra = dict(head_offset=head_offset) if head_offset else {}  # the ops' default: 0
     if return_counts:
-        result, counts = torch.ops.santa.decode_counts(*args)
+        result, counts = torch.ops.santa.decode_counts(*args, **extra)
     else:
-        result, counts = torch.ops.santa.decode(*args), None
+        result, counts = torch.ops.santa.decode(*args, **extra), None
     if out is not None:
         result = out.copy_(result)
     return (result, counts) if return_counts else result

@@ -30,10 +30,10 @@ from santa.kernels._launch import Launcher
 from santa.kernels.layout import workspace_strides
 
 
-@triton.jit(do_not_specialize=["seed", "offset", "budget"])
+@triton.jit(do_not_specialize=["seed", "offset", "head_offset", "budget"])
 def _flash_partial_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, partial_ptr, tile_max_ptr, tile_mass_ptr, counts_ptr, offset_ptr,
-    k_scale_ptr, v_scale_ptr, seeds_ptr, positions_ptr, seed, offset, budget, n_keys, n_pages, n_kv_heads,
+    k_scale_ptr, v_scale_ptr, seeds_ptr, positions_ptr, seed, offset, head_offset, budget, n_keys, n_pages, n_kv_heads,
     stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_vb, stride_vn, stride_vh,
     stride_part, stride_stats, stride_counts, qk_scale, k_scale, v_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -67,8 +67,8 @@ def _flash_partial_kernel(
         s_tile = (budget + n_tiles - 1) // n_tiles  # S_tile = ⌈S/T⌉
         s_tile_f = s_tile.to(tl.float32)
         off_lo, off_hi = load_offset(offset, offset_ptr, OFFSET_IN_MEMORY)
-        uni = call_uniforms(seed, seeds_ptr, off_lo, off_hi, positions_ptr, b, n_kv_heads * G, kvh * G + offs_g, t + 1,
-                            [BLOCK_G], SEED_PER_SEQUENCE, POSITIONAL)
+        uni = call_uniforms(seed, seeds_ptr, off_lo, off_hi, positions_ptr, b, n_kv_heads * G, head_offset, kvh * G + offs_g,
+                            t + 1, [BLOCK_G], SEED_PER_SEQUENCE, POSITIONAL)  # the counter's head: head_offset + h
         last_nonzero = tl.max(tl.where(u > 0, offs_n[None, :], 0), axis=1)
         # K(j) = #{m < S_tile : (m + U)/S_tile < F_t(j)}
         cum = tl.ceil(s_tile_f * frac - uni[:, None])

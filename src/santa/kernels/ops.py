@@ -3,7 +3,7 @@ that calls :func:`santa.decode` (and ``mode="reduce-overhead"`` captures it in a
 
 - ``torch.ops.santa.decode(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds,
   positions, starts, budget, kernel, kv_layout, scale, seed, offset, k_scale=None, v_scale=None,
-  k_scale_tensor=None, v_scale_tensor=None) -> out``: one decode step, a new ``[B, H, d]`` tensor in
+  k_scale_tensor=None, v_scale_tensor=None, head_offset=0) -> out``: one decode step, a new ``[B, H, d]`` tensor in
   q's dtype (contiguous).
 - ``torch.ops.santa.decode_counts(...)`` (same arguments) ``-> (out, counts)``: also the per-key
   sample counts, int32 ``[B, H, n_keys]`` (statistics, tests).
@@ -19,7 +19,8 @@ gives each sequence's first key (:func:`santa.decode`);
 offset are ints in ``[0, 2**63)`` (they fit the schema's int64). The caches may be float8_e4m3fn (as in
 :func:`santa.decode`): their dequantisation scales are ``k_scale`` / ``v_scale`` (floats) or
 ``k_scale_tensor`` / ``v_scale_tensor`` (float32 ``[H_kv]`` on q's device), one of each pair at most,
-1.0 when neither is given; other caches take none (ValueError).
+1.0 when neither is given; other caches take none (ValueError). ``head_offset`` (default 0) is
+:func:`santa.decode`'s (the global index of q's first head under tensor parallelism, with positions).
 
 The implementation is the eager :func:`santa.decode` at execution time: on CUDA (and on the CPU
 under ``TRITON_INTERPRET=1``) a :class:`santa.kernels.DecodePlan`, cached per call signature
@@ -59,7 +60,7 @@ def _cache_scales(k_scale, v_scale, k_scale_tensor, v_scale_tensor) -> tuple:
 
 
 def _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel, kv_layout,
-           scale, seed, offset, k_scale, v_scale, k_scale_tensor, v_scale_tensor, return_counts):
+           scale, seed, offset, k_scale, v_scale, k_scale_tensor, v_scale_tensor, return_counts, head_offset=0):
     """Both ops' implementation: the eager :func:`santa.decode` into a new contiguous output."""
     checked_scale(scale)  # NaN or ±inf: a ValueError naming scale
     k_scale, v_scale = _cache_scales(k_scale, v_scale, k_scale_tensor, v_scale_tensor)
@@ -71,7 +72,7 @@ def _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, pos
     return _decode.decode(q, k_cache, v_cache, budget, kernel=kernel, seq_lens=seq_lens, block_table=block_table,
                           kv_layout=kv_layout, scale=scale, seed=seed if seeds is None else seeds, offset=offset, out=out,
                           return_counts=return_counts, positions=positions, starts=starts, workspace=workspace,
-                          k_scale=k_scale, v_scale=v_scale)
+                          k_scale=k_scale, v_scale=v_scale, head_offset=head_offset)
 
 
 def _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset,
@@ -107,15 +108,16 @@ def decode(
     v_scale: float | None = None,
     k_scale_tensor: Tensor | None = None,
     v_scale_tensor: Tensor | None = None,
+    head_offset: int = 0,
 ) -> Tensor:
     """One sampled-attention decode step (see :func:`santa.decode`): ``out [B, H, d]``."""
     return _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel,
-                  kv_layout, scale, seed, offset, k_scale, v_scale, k_scale_tensor, v_scale_tensor, False)
+                  kv_layout, scale, seed, offset, k_scale, v_scale, k_scale_tensor, v_scale_tensor, False, head_offset)
 
 
 @decode.register_fake
 def _decode_fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel, kv_layout,
-                 scale, seed, offset, k_scale=None, v_scale=None, k_scale_tensor=None, v_scale_tensor=None):
+                 scale, seed, offset, k_scale=None, v_scale=None, k_scale_tensor=None, v_scale_tensor=None, head_offset=0):
     _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset, k_scale, v_scale,
           k_scale_tensor, v_scale_tensor)
     return q.new_empty(q.shape)
@@ -142,15 +144,17 @@ def decode_counts(
     v_scale: float | None = None,
     k_scale_tensor: Tensor | None = None,
     v_scale_tensor: Tensor | None = None,
+    head_offset: int = 0,
 ) -> tuple[Tensor, Tensor]:
     """:func:`decode` and the per-key sample counts: ``(out [B, H, d], counts int32 [B, H, n_keys])``."""
     return _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel,
-                  kv_layout, scale, seed, offset, k_scale, v_scale, k_scale_tensor, v_scale_tensor, True)
+                  kv_layout, scale, seed, offset, k_scale, v_scale, k_scale_tensor, v_scale_tensor, True, head_offset)
 
 
 @decode_counts.register_fake
 def _decode_counts_fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel,
-                        kv_layout, scale, seed, offset, k_scale=None, v_scale=None, k_scale_tensor=None, v_scale_tensor=None):
+                        kv_layout, scale, seed, offset, k_scale=None, v_scale=None, k_scale_tensor=None, v_scale_tensor=None,
+                        head_offset=0):
     n_keys = _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset, k_scale,
                    v_scale, k_scale_tensor, v_scale_tensor)
     return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[1], n_keys), dtype=torch.int32)

@@ -13,7 +13,9 @@ On an sm_90 GPU a prop plan of bf16 q and caches, contiguous NHD, runs in one co
 (:mod:`santa.kernels.one_launch`, made with the plan: :attr:`DecodePlan.one_launch`) wherever the call needs nothing it
 lacks (a block table, a workspace of the caller's, ``starts``, cache scales); other calls, and ``Tuning(one_launch=False)``,
 run the two Triton launches. The two draw the same samples up to float32 CDF rounding. :meth:`DecodePlan.stages` lists
-the Triton launches.
+the Triton launches. The one launch does not take ``head_offset`` (tensor parallelism: the global index of the call's
+first head, :meth:`DecodePlan.run`): a call with ``head_offset != 0`` (a tensor-parallel rank past the first) runs the
+Triton prop, which draws what the one launch would draw for the same global heads.
 
 Devices: a CUDA device (the compiled kernels) or the CPU. A CPU plan runs what :func:`santa.decode`
 runs for CPU tensors: the kernels in Triton's interpreter under ``TRITON_INTERPRET=1``, else the
@@ -212,6 +214,25 @@ def check_seed_and_offset(seed: object, offset: object) -> None:
         integer("offset", offset, low=0, high=MAX_COUNTER)
 
 
+MAX_HEAD_INDEX = 2**31  # the counter's head word: head_offset + h stays below it (a 32-bit kernel scalar)
+
+
+def check_head_offset(head_offset: object, *, heads: int, positional: bool) -> int:
+    """``head_offset`` as a Python int: the global index of the call's first query head (tensor parallelism:
+    ``rank × H`` for a rank holding H of the model's heads; 0, the default, for a call with all of them). An int
+    (numpy ints too) with ``0 ≤ head_offset`` and ``head_offset + H ≤ 2**31`` (TypeError for another type,
+    ValueError for a bad value, naming it); a nonzero offset needs ``positional`` (request-keyed draws, counter
+    ``(position, head_offset + h, stream)``): the batch-row counter ``(offset, b·H + h, stream)`` counts the call's
+    own heads, so no offset makes it the model's (ValueError)."""
+    if type(head_offset) is int and head_offset == 0:
+        return 0  # the common case, without the slower checks below
+    value = integer("head_offset", head_offset, low=0, high=MAX_HEAD_INDEX - heads + 1)
+    if value and not positional:
+        raise ValueError(f"head_offset={value} needs positions (request-keyed draws, counter (position, head_offset + h, "
+                         "stream)): the batch-row counter (offset, b·H + h, stream) has no global head")
+    return value
+
+
 def check_tables(seq_lens, block_table, *, n_keys: int, page_size: int, n_pages: int) -> None:
     """Host checks of the values in seq_lens and block_table (they read the tensors: a sync on CUDA).
 
@@ -249,15 +270,17 @@ def dequantised(cache: torch.Tensor, scale, kv_layout: str) -> torch.Tensor:
 
 
 def torch_decode(kernel: str, q, k_cache, v_cache, budget: int, *, seq_lens, block_table, kv_layout: str, scale,
-                 seed, offset, k_scale=1.0, v_scale=1.0, positions=None, starts=None) -> tuple[torch.Tensor, torch.Tensor]:
+                 seed, offset, k_scale=1.0, v_scale=1.0, positions=None, starts=None,
+                 head_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The torch fallback of a decode call: what the kernels compute, as ``(out in q's dtype, counts int32)``
-    (fp8 caches dequantised first, as the kernels dequantise what they read)."""
+    (fp8 caches dequantised first, as the kernels dequantise what they read). head_offset: checked by the caller
+    (:func:`check_head_offset`)."""
     if isinstance(offset, torch.Tensor):
         offset = int(offset.item())
     k_cache, v_cache = dequantised(k_cache, k_scale, kv_layout), dequantised(v_cache, v_scale, kv_layout)
     seed = seed if isinstance(seed, torch.Tensor) else int(seed)
     kwargs = dict(seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout, scale=scale, seed=seed, offset=int(offset),
-                  positions=positions)
+                  positions=positions, head_offset=head_offset)
     if kernel == "prop":
         result, counts = reference.prop_reference(q, k_cache, v_cache, budget, starts=starts, **kwargs)
     else:
@@ -418,7 +441,13 @@ def check_workspace(workspace: object, key: WorkspaceKey) -> Workspace:
 
 class DecodePlan:
     """A validated decode shape with frozen launches; :meth:`run` checks seed and offset and launches the
-    kernels (a CPU plan without the interpreter: the torch fallback)."""
+    kernels (a CPU plan without the interpreter: the torch fallback).
+
+    Tensor parallelism: a rank's plan is for its own heads (H/TP query and H_kv/TP KV heads); ``run``'s
+    ``head_offset`` (``rank × H/TP``, a runtime scalar: one plan, one compiled kernel and one CUDA graph per rank,
+    never respecialised) keys the draws on the model's global head. The one-launch CUDA kernel (a prebuilt
+    fatbin) has no head offset: it serves ``head_offset == 0`` (TP = 1, and rank 0) only, other ranks take the
+    Triton prop (:meth:`_one_launch_serves`)."""
 
     def __init__(self, *, shape: DecodeShape, kernel: str, budget: int, scale: float, tuning: Tuning,
                  workspace_key: WorkspaceKey, workspace: Workspace | None):
@@ -468,11 +497,13 @@ class DecodePlan:
             return None
 
     def _one_launch_serves(self, q, k_cache, v_cache, seq_lens, block_table, out, counts, workspace, k_scale, v_scale,
-                           starts) -> bool:
+                           starts, head_offset: int = 0) -> bool:
         """Whether this call runs the one-launch prop: the plan has one, and the call needs nothing it lacks (a block
-        table, a workspace of the caller's, ``starts``, cache scales, non-contiguous tensors)."""
+        table, a workspace of the caller's, ``starts``, cache scales, a ``head_offset``: the prebuilt kernel keys its
+        draws on the call's own head index, so a tensor-parallel rank past the first takes the Triton prop,
+        non-contiguous tensors)."""
         return (self.one_launch is not None and not self._all_covered(seq_lens is not None, starts is not None)
-                and block_table is None and workspace is None and starts is None
+                and head_offset == 0 and block_table is None and workspace is None and starts is None
                 and not isinstance(k_scale, torch.Tensor) and not isinstance(v_scale, torch.Tensor)
                 and float(k_scale) == 1.0 and float(v_scale) == 1.0 and k_cache.shape[1] == self.shape.n_keys
                 and q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
@@ -616,20 +647,22 @@ class DecodePlan:
         )
 
     def stages(self, q, k_cache, v_cache, *, seq_lens=None, block_table=None, seed: int = 0, offset=0, out=None,
-               counts=None, workspace: Workspace | None = None, k_scale=1.0, v_scale=1.0, positions=None, starts=None) -> list:
+               counts=None, workspace: Workspace | None = None, k_scale=1.0, v_scale=1.0, positions=None, starts=None,
+               head_offset: int = 0) -> list:
         """The call's launches as ``[(name, zero-argument callable)]`` in order (benchmarks time them one by one).
         A CPU plan has launches only under Triton's interpreter (:func:`kernels_on_cpu`), else a ValueError."""
         if self.on_cpu and not kernels_on_cpu():
             raise ValueError("stages() times the Triton kernels: this CPU plan runs the torch fallback "
                              "(plan for a CUDA device, or set TRITON_INTERPRET=1 before the kernels are imported)")
         check_seed_and_offset(seed, offset)
+        head_offset = check_head_offset(head_offset, heads=self.shape.heads, positional=positions is not None)
         self.check_call(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, out=out, counts=counts,
                         workspace=workspace, k_scale=k_scale, v_scale=v_scale, positions=positions, starts=starts, seed=seed,
                         offset=offset)
         out = torch.empty_like(q) if out is None else out
         launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale, seed, positions, starts)
         key, args, tensors = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace,
-                                             k_scale, v_scale, positions, starts)
+                                             k_scale, v_scale, positions, starts, head_offset)
 
         def launch(launcher):
             with _on_device(self.cuda_index):
@@ -638,14 +671,16 @@ class DecodePlan:
         return [(name, lambda launcher=launcher: launch(launcher)) for name, launcher in launchers]
 
     def _arguments(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace, k_scale,
-                   v_scale, positions=None, starts=None) -> tuple:
+                   v_scale, positions=None, starts=None, head_offset: int = 0) -> tuple:
         """(key, args, tensors) of one call: the launches' varying arguments by kernel name, pointers
         as ints (one dict for every launch of the plan); ``key``, everything Triton's specialisation
         of them can depend on that may change between calls of one plan (pointer alignment, strides,
         the pool size, 32- or 64-bit Philox words; the workspace is 256-byte aligned, its strides
         fixed by its key); ``tensors()``, the pointer arguments as tensors, for the JIT's first call.
         A scale is a float (passed as the scalar) or a per-KV-head float32 tensor (passed as a pointer);
-        so is the seed (an int, or an int64 tensor ``[B]`` of per-sequence keys); positions, a tensor or None."""
+        so is the seed (an int, or an int64 tensor ``[B]`` of per-sequence keys); positions, a tensor or None;
+        head_offset, a plain int scalar like seed (not in the key: the kernels take it unspecialised, so every
+        tensor-parallel rank runs one compiled kernel, and a captured graph holds its rank's value)."""
         ws = self.workspace if workspace is None else workspace
         q_ptr, k_ptr, v_ptr, out_ptr = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr()
         q_strides, out_strides, k_strides, v_strides = q.stride(), out.stride(), k_cache.stride(), v_cache.stride()
@@ -675,7 +710,7 @@ class DecodePlan:
             ws.pointers, q_ptr=q_ptr, k_ptr=k_ptr, v_ptr=v_ptr, out_ptr=out_ptr, seq_lens_ptr=seq_lens_ptr, bt_ptr=bt_ptr,
             counts_ptr=counts_ptr, offset_ptr=offset_ptr, k_scale_ptr=k_scale_ptr, v_scale_ptr=v_scale_ptr,
             seeds_ptr=seeds_ptr, positions_ptr=positions_ptr, starts_ptr=starts_ptr, seed=seed,
-            offset=offset, n_pages=n_pages, k_scale=k_scale, v_scale=v_scale,
+            offset=offset, head_offset=head_offset, n_pages=n_pages, k_scale=k_scale, v_scale=v_scale,
             stride_qb=q_strides[0], stride_qh=q_strides[1], stride_ob=out_strides[0], stride_oh=out_strides[1],
             stride_kb=kb, stride_kn=kn, stride_kh=kh, stride_vb=vb, stride_vn=vn, stride_vh=vh,
             stride_bt=stride_bt, stride_counts=stride_counts,
@@ -690,7 +725,8 @@ class DecodePlan:
         return key, args, tensors
 
     def run(self, q, k_cache, v_cache, *, seq_lens=None, block_table=None, seed: int = 0, offset=0, out=None, counts=None,
-            workspace: Workspace | None = None, k_scale=1.0, v_scale=1.0, positions=None, starts=None) -> torch.Tensor:
+            workspace: Workspace | None = None, k_scale=1.0, v_scale=1.0, positions=None, starts=None,
+            head_offset: int = 0) -> torch.Tensor:
         """One decode step: ``out [B, H, d]`` (allocated when not given; pass it for graph capture).
 
         q ``[B, H, d]``; caches in the planned layout and ``kv_dtype`` (paged: ``block_table`` int32
@@ -703,7 +739,10 @@ class DecodePlan:
         int32/int64 tensor ``[B]``, each query's position in its own sequence, which then replaces the
         offset and the batch row in the counter (request-keyed draws: :mod:`santa.rng`); ``starts``
         (int32 ``[B]``, prop only): sequence b's keys are ``[starts[b], seq_lens[b])`` (left padding,
-        a window). Every tensor's kind, dtype, shape and device is checked against the plan
+        a window); ``head_offset`` (an int ≥ 0, with positions only; default 0): the global index of q's first head
+        when the call holds a slice of the model's heads (a tensor-parallel rank: ``rank × H``), added to the
+        counter's head, so that every split draws what one call with all the heads draws (:func:`check_head_offset`;
+        such a call runs the Triton prop, not the one launch). Every tensor's kind, dtype, shape and device is checked against the plan
         (:meth:`check_call`), seed and offset's types and ranges too (TypeError for a wrong type, ValueError
         for a bad shape, device or range); tensor values are not read. A sequence whose live keys the budget
         covers (``seq_lens[b] − starts[b] ≤ S``) is computed exactly, its live V rows read once
@@ -713,41 +752,43 @@ class DecodePlan:
         block_table (ValueError naming a bad entry).
         """
         check_seed_and_offset(seed, offset)
+        head_offset = check_head_offset(head_offset, heads=self.shape.heads, positional=positions is not None)
         self.check_call(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, out=out, counts=counts,
                         workspace=workspace, k_scale=k_scale, v_scale=v_scale, positions=positions, starts=starts, seed=seed,
                         offset=offset)
         if self.on_cpu and not kernels_on_cpu():
             return self._run_torch(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, k_scale, v_scale,
-                                   positions, starts)
+                                   positions, starts, head_offset)
         index = self.cuda_index
         if index is not None and torch.cuda.current_device() != index:
             with torch.cuda.device(index):
                 return self.run(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
                                 out=out, counts=counts, workspace=workspace, k_scale=k_scale, v_scale=v_scale,
-                                positions=positions, starts=starts)
+                                positions=positions, starts=starts, head_offset=head_offset)
         if out is None:
             out = torch.empty_like(q)
-        if self._one_launch_serves(q, k_cache, v_cache, seq_lens, block_table, out, counts, workspace, k_scale, v_scale, starts):
+        if self._one_launch_serves(q, k_cache, v_cache, seq_lens, block_table, out, counts, workspace, k_scale, v_scale, starts,
+                                   head_offset):
             # the one launch computes the sequences the budget covers exactly itself (one_launch.cu)
             return self.one_launch.run(q, k_cache, v_cache, out=out, seq_lens=seq_lens, seed=seed, offset=offset,
                                        positions=positions, counts=counts)
         launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale, seed, positions, starts)
         key, args, tensors = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace,
-                                             k_scale, v_scale, positions, starts)
+                                             k_scale, v_scale, positions, starts, head_offset)
         stream = _launch.current_stream(index)
         for _, launcher in launchers:
             launcher(key, args, tensors, stream)
         return out
 
     def _run_torch(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, k_scale, v_scale,
-                   positions, starts) -> torch.Tensor:
+                   positions, starts, head_offset: int = 0) -> torch.Tensor:
         """The CPU fallback: the torch reference of the plan's kernel, written into ``out`` (and ``counts``)."""
         check_tables(seq_lens, block_table, n_keys=self.shape.n_keys, page_size=self.shape.page_size or 1,
                      n_pages=k_cache.shape[0])
         result, sampled = torch_decode(self.kernel, q, k_cache, v_cache, self.budget, seq_lens=seq_lens,
                                        block_table=block_table, kv_layout=self.shape.kv_layout, scale=self.scale,
                                        seed=seed, offset=offset, k_scale=k_scale, v_scale=v_scale, positions=positions,
-                                       starts=starts)
+                                       starts=starts, head_offset=head_offset)
         if counts is not None:
             counts.copy_(sampled)
         if out is None:

@@ -317,11 +317,11 @@ def _prop_chunk(
                 _discard_stash_lines(stash_ptr, row, stride_stash, 0, stride_stash // 32, 1024)
 
 
-@triton.jit(do_not_specialize=["seed", "offset", "budget"])
+@triton.jit(do_not_specialize=["seed", "offset", "head_offset", "budget"])
 def _prop_gather_kernel(
     v_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr,
     out_ptr, counts_ptr, offset_ptr, v_scale_ptr, seeds_ptr, positions_ptr, starts_ptr,
-    seed, offset, budget, n_keys, n_pages, n_heads, tiles_max, v_scale,
+    seed, offset, head_offset, budget, n_keys, n_pages, n_heads, tiles_max, v_scale,
     stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
     G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
     SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
@@ -339,8 +339,8 @@ def _prop_gather_kernel(
     _, bad_start = checked_first_key(starts_ptr, b, seq_len, HAS_STARTS)
     bad_len = bad_len | bad_start  # the run's keys were masked in pass 1; a bad start makes the sequence NaN
     off_lo, off_hi = load_offset(offset, offset_ptr, OFFSET_IN_MEMORY)
-    u = call_uniforms(seed, seeds_ptr, off_lo, off_hi, positions_ptr, b, n_heads, h, 0, [SBLOCK],
-                      SEED_PER_SEQUENCE, POSITIONAL)  # one U per (sequence, head)
+    u = call_uniforms(seed, seeds_ptr, off_lo, off_hi, positions_ptr, b, n_heads, head_offset, h, 0, [SBLOCK],
+                      SEED_PER_SEQUENCE, POSITIONAL)  # one U per (sequence, head); the counter's head: head_offset + h
     if USE_PDL:
         gdc_wait()  # launched early (programmatic dependent launch): wait for pass 1's writes here
     _prop_chunk(

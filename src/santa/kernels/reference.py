@@ -2,7 +2,8 @@
 
 - :func:`philox_uniforms` reproduces the kernels' counter-based uniforms bit for bit: Triton's
   Philox4x32-10 keyed on ``seed`` with counter ``(offset_lo, offset_hi, b·H + h, stream)`` and
-  its ``uint_to_uniform_float``. Stream 0 is prop's one offset per (sequence, head); stream
+  its ``uint_to_uniform_float`` (:func:`call_uniforms`: a call's counters, request-keyed ``(position,
+  head_offset + h, stream)`` included). Stream 0 is prop's one offset per (sequence, head); stream
   ``t + 1`` is flash's offset for tile t.
 - :func:`prop_reference`: exact global systematic sampling (S²ANTA-sys over the whole sequence),
   ``counts = sample_counts(p, S, "systematic", uniforms=U)`` with U from :func:`philox_uniforms`.
@@ -98,21 +99,29 @@ def philox_uniforms(seed, offset, rows: torch.Tensor | np.ndarray, stream: torch
     return torch.from_numpy(np.ascontiguousarray(u, dtype=np.float32))
 
 
-def call_uniforms(seed, offset, positions: torch.Tensor | None, batch: int, heads: int, stream=0) -> torch.Tensor:
+def call_uniforms(seed, offset, positions: torch.Tensor | None, batch: int, heads: int, stream=0, *,
+                  head_offset: int = 0) -> torch.Tensor:
     """A decode call's uniforms ``[B, H, *rows, *stream's shape]`` (CPU float32), as the kernels draw them.
 
     - ``positions`` None: key ``seed`` (an int, or an int tensor ``[B]``: one key per sequence),
-      counter ``(offset, b·H + h, stream)``;
+      counter ``(offset, b·H + head_offset + h, stream)``;
     - ``positions`` ``[B, *rows]`` (``[B]`` for one query per sequence, ``[B, Lq]`` for query rows):
-      key as above, counter ``(position, h, stream)``: a draw depends on the sequence's key, its
+      key as above, counter ``(position, head_offset + h, stream)``: a draw depends on the sequence's key, its
       query's position, the head and the stream, never on the batch row (santa.rng, "request-keyed draws").
+
+    ``head_offset`` (int ≥ 0, default 0): the global index of the call's first head, when the call holds a
+    slice of the model's heads (a tensor-parallel rank's: ``rank × H``), so that the counter's head is the
+    model's and every split of the heads draws what one call with all of them draws. Only the positional
+    form is split-invariant (the batch-row form's ``b·H`` counts the call's heads): the decode entry points
+    take ``head_offset`` with positions alone.
     """
+    head_offset = integer("head_offset", head_offset, low=0)
     stream_np = np.asarray(stream.cpu() if isinstance(stream, torch.Tensor) else stream)
     tail = (1,) * stream_np.ndim
     rows = () if positions is None else tuple(positions.shape[1:])
     ones = (1,) * len(rows)
     keys = seed.reshape(batch, 1, *ones, *tail) if isinstance(seed, torch.Tensor) else seed
-    heads_ix = torch.arange(heads).reshape(1, heads, *ones, *tail)
+    heads_ix = (head_offset + torch.arange(heads)).reshape(1, heads, *ones, *tail)
     if positions is None:
         return philox_uniforms(keys, offset, torch.arange(batch).reshape(batch, 1, *tail) * heads + heads_ix, stream_np)
     return philox_uniforms(keys, positions.reshape(batch, 1, *rows, *tail), heads_ix, stream_np)
@@ -254,10 +263,11 @@ def prop_reference(
     offset: int = 0,
     positions: torch.Tensor | None = None,
     starts: torch.Tensor | None = None,
+    head_offset: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact global systematic sampling: returns ``(out [B, H, d] in q.dtype, counts [B, H, n_max] int64)``.
-    seed, offset, positions: the draws' key and counter (:func:`call_uniforms`); starts ``[B]``: sequence
-    b's keys are ``[starts[b], seq_lens[b])`` (a left-padded or windowed run)."""
+    seed, offset, positions, head_offset: the draws' key and counter (:func:`call_uniforms`); starts ``[B]``:
+    sequence b's keys are ``[starts[b], seq_lens[b])`` (a left-padded or windowed run)."""
     budget = check_budget_for_kernels(budget)
     batch, heads, dim = q.shape
     scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
@@ -267,7 +277,7 @@ def prop_reference(
         visible = visible & (torch.arange(k.shape[1], device=visible.device) >= starts.to(visible.device).long().unsqueeze(-1))
     probs = _softmax_rows(_scores(q, k, visible, scale))  # [B, H, L]
     nan_rows = torch.isnan(probs).any(dim=-1)  # NaN/+inf scores: NaN out, no samples
-    uniforms = call_uniforms(seed, offset, positions, batch, heads).to(q.device, torch.float64)
+    uniforms = call_uniforms(seed, offset, positions, batch, heads, head_offset=head_offset).to(q.device, torch.float64)
     counts = systematic_counts(probs.masked_fill(nan_rows.unsqueeze(-1), 0.0), budget, uniforms)  # [B, H, L]
     out = _sampled_values(counts, v, heads) / budget  # ô = (1/S) Σ_j c_j v_j
     out, counts = _exact_where_covered(out, counts, lambda: probs, visible, v, budget)
@@ -308,9 +318,10 @@ def flash_reference(
     seed: int | torch.Tensor = 0,
     offset: int = 0,
     positions: torch.Tensor | None = None,
+    head_offset: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-tile systematic sampling with merge: returns ``(out [B, H, d], counts [B, H, n_max] int64)``.
-    seed, offset, positions: the draws' key and counter (:func:`call_uniforms`, stream ``t + 1``).
+    seed, offset, positions, head_offset: the draws' key and counter (:func:`call_uniforms`, stream ``t + 1``).
 
     Tile t of sequence b draws ``S_tile`` samples from its own distribution with the uniform of
     stream ``t + 1``; ``ô = Σ_t (W_t / Z) (1/S_tile) Σ_{j∈t} c_j v_j`` with ``W_t`` the tile's mass.
@@ -339,7 +350,8 @@ def flash_reference(
     lens = visible.sum(-1)  # [B]
     n_tiles = (lens + tile - 1) // tile
     s_tile = flash_tile_budget(budget, n_tiles)  # [B]
-    uniforms = call_uniforms(seed, offset, positions, batch, heads, torch.arange(1, n_tiles_max + 1)).to(q.device, torch.float64)
+    uniforms = call_uniforms(seed, offset, positions, batch, heads, torch.arange(1, n_tiles_max + 1),
+                             head_offset=head_offset).to(q.device, torch.float64)
     counts = torch.zeros(batch, heads, n_tiles_max, tile, dtype=torch.int64, device=q.device)
     for b in range(batch):
         counts[b] = systematic_counts(local[b], int(s_tile[b]), uniforms[b])

@@ -20,7 +20,9 @@ per-head query/KV quantisation scales; decode context parallelism is refused by 
 (santa returns no log-sum-exp).
 
 Randomness: a decode token's draws are keyed on (santa's seed, the layer, the head, the token's position in
-its sequence) (:mod:`santa.vllm.decode`); the layer is :func:`santa.vllm.layers.layer_index` of the layer's
+its sequence) (:mod:`santa.vllm.decode`); the head is the model's global head under tensor parallelism (the rank's
+first head, ``tp_rank × local heads`` from vLLM's parallel state, 0 where that is not initialised, is the decoder's
+``head_offset``), so TP = 1, 2, 4 draw the same samples; the layer is :func:`santa.vllm.layers.layer_index` of the layer's
 vLLM name (its index for every layer vLLM builds; a stable key from the name, or from no name, for a layer
 such as vLLM's own test mock, which has none), read once per implementation.
 
@@ -48,12 +50,27 @@ try:
     )
 except ImportError as error:  # vLLM absent (ModuleNotFoundError), or an install that cannot import its backend
     raise ImportError(f"santa's vLLM backend needs vLLM 0.26 ({INSTALL}): {error}") from error
+try:  # after the attention modules (a broken install names those first): the tensor-parallel rank
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+except ImportError as error:
+    raise ImportError(f"santa's vLLM backend needs vLLM 0.26 ({INSTALL}): {error}") from error
 
 from santa.vllm.config import read_config
 from santa.vllm.decode import FP8, PagedDecoder
 from santa.vllm.layers import check_layer, layer_index
 
 logger = logging.getLogger("vllm.santa")  # under vLLM's logger, the one vLLM gives a handler ("santa.vllm…" prints nothing)
+
+
+def tensor_parallel_rank() -> int:
+    """This process's rank in vLLM's tensor-parallel group (``get_tensor_model_parallel_rank``), or 0 where vLLM's
+    parallel state is not initialised (a builder made outside an engine, e.g. by vLLM's own backend tests: one
+    process holding every head). vLLM 0.26 asserts the group exists (``get_tp_group``); under ``python -O`` the
+    missing group is an AttributeError instead."""
+    try:
+        return int(get_tensor_model_parallel_rank())
+    except (AssertionError, AttributeError):
+        return 0
 
 
 class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
@@ -68,8 +85,11 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
         block_size = kv_cache_spec.block_size
         # this group's cache (layers in --kv-cache-dtype-skip-layers have their own group in the model's dtype)
         fp8 = kv_cache_spec.dtype in (torch.uint8, FP8)
+        # tensor parallelism: this rank holds heads [rank·H, (rank + 1)·H) of the model (H = its own count); the draws
+        # are keyed on the global head, so TP = 1, 2, 4 draw the same samples (KV heads replicated past TP > H_kv too)
+        heads = model.get_num_attention_heads(parallel)
         self.santa = PagedDecoder(
-            heads=model.get_num_attention_heads(parallel), kv_heads=model.get_num_kv_heads(parallel),
+            heads=heads, kv_heads=model.get_num_kv_heads(parallel), head_offset=tensor_parallel_rank() * heads,
             head_dim=model.get_head_size(), block_size=block_size,
             max_keys=math.ceil(model.max_model_len / block_size) * block_size,
             max_batch=vllm_config.scheduler_config.max_num_seqs, budget=config.budget,
@@ -77,9 +97,10 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
             kv_dtype=FP8 if fp8 else model.dtype, device=device,
         )
         if config.samples:
-            logger.info("santa: %s S=%d on decode-only batches; its workspace takes %.2f GiB, allocated now, outside the "
-                        "KV cache's budget (lower gpu_memory_utilization by as much where memory is tight)",
-                        config.kernel, config.budget, self.santa.workspace_nbytes() / 2**30)
+            logger.info("santa: %s S=%d on decode-only batches (query heads %d–%d of the model); its workspace takes %.2f GiB, "
+                        "allocated now, outside the KV cache's budget (lower gpu_memory_utilization by as much where memory "
+                        "is tight)", config.kernel, config.budget, self.santa.head_offset, self.santa.head_offset + heads - 1,
+                        self.santa.workspace_nbytes() / 2**30)
             self.santa.allocate()  # now, outside any CUDA-graph capture
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):

@@ -11,6 +11,10 @@ Randomness: vLLM gives an attention backend neither request ids nor per-request 
 0.26.0's source), so a draw is keyed on (santa's seed, layer, head, the token's position in its own
 sequence, sample): a request's tokens do not depend on the other requests in its batch, and two
 requests at the same position share their uniforms (each estimate stays unbiased).
+
+Tensor parallelism: each rank holds H/TP query heads (and their KV heads) and decodes them with its own
+:class:`PagedDecoder`, whose ``head_offset`` (the rank's first global head, ``tp_rank × H/TP``: the backend
+reads the rank from vLLM) keys the draws on the model's head, so TP = 1, 2, 4 draw the same samples.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from santa import rng
+from santa.checks import integer
 from santa.kernels.decode import workspace_bytes
 from santa.kernels.layout import Tuning
 from santa.kernels.plan import FP8, DecodePlan, Workspace, plan_decode  # FP8: the kernels' e4m3 cache dtype
@@ -47,12 +52,15 @@ class PagedDecoder:
     max_keys: the most keys a sequence can hold (the block table's width · block_size);
     kernel: ``"prop"`` or ``"flash"``; budget: S; seed: santa's root seed; dtype: q's (the model's);
     kv_dtype: the cache's (the model's, or ``torch.float8_e4m3fn``); tuning: prop's launch parameters
-    (:class:`santa.kernels.Tuning`; None: the measured defaults)."""
+    (:class:`santa.kernels.Tuning`; None: the measured defaults); head_offset: the global index of this
+    decoder's first query head (tensor parallelism: ``tp_rank × heads``; 0 on one GPU), an int ≥ 0 that the
+    draws' head counter adds (:meth:`santa.kernels.DecodePlan.run`)."""
 
     def __init__(self, *, heads: int, kv_heads: int, head_dim: int, block_size: int, max_keys: int, max_batch: int,
                  budget: int, kernel: str, seed: int, dtype: torch.dtype, kv_dtype: torch.dtype, device: torch.device | str,
-                 tuning: Tuning | None = None):
+                 tuning: Tuning | None = None, head_offset: int = 0):
         self.heads, self.kv_heads, self.head_dim, self.block_size = heads, kv_heads, head_dim, block_size
+        self.head_offset = integer("head_offset", head_offset, low=0)
         self.max_keys, self.max_batch, self.budget, self.kernel = max_keys, max_batch, budget, kernel
         self.seed = rng.check_seed(seed)
         self.dtype, self.kv_dtype, self.device = dtype, kv_dtype, torch.device(device)
@@ -123,7 +131,8 @@ class PagedDecoder:
         (keys per sequence, the new token's included; 0 for a padded row, whose output is 0),
         block_table int32 ``[B, max_blocks]``, k_scale / v_scale vLLM's 0-d fp8 scales (fp8 caches), positions
         :meth:`positions` of this step (computed here when not given).
-        Draws are keyed on (seed, layer, head, position = seq_lens − 1, sample). Nothing is read on the host."""
+        Draws are keyed on (seed, layer, global head = head_offset + h, position = seq_lens − 1, sample). Nothing is
+        read on the host."""
         k_cache, v_cache = split_kv_cache(kv_cache, self.head_dim)
         batch, n_keys = query.shape[0], block_table.shape[1] * self.block_size
         plan, workspace = self.plan(batch, n_keys, scale)
@@ -134,4 +143,4 @@ class PagedDecoder:
         if positions is None:
             positions = self.positions(seq_lens)
         return plan.run(query, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=rng.layer_key(self.seed, layer),
-                        positions=positions, out=out, workspace=workspace, **scales)
+                        positions=positions, out=out, workspace=workspace, head_offset=self.head_offset, **scales)
