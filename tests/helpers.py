@@ -193,7 +193,7 @@ SYNTHETIC_SPEC = TuneSpec(reward=RewardSpec(kind="synthetic", model="tiny-random
 
 def tune_history(out) -> list[dict]:
     """The history lines of the tune run in folder ``out``, by update."""
-    from santa.eval.runner import read_records
+    from santa.sweep_files import read_records
 
     return sorted(read_records(Path(out) / HISTORY), key=lambda r: r["update"])
 

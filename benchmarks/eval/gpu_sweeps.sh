@@ -70,7 +70,7 @@ above_chance() {  # tasks whose dense mean score in $1 at length $2 is ≥ 0.2 (
   python3 - "$1" "$2" <<'PY'
 import sys
 from collections import defaultdict
-from santa.eval.runner import read_records
+from santa.sweep_files import read_records
 scores = defaultdict(list)
 for r in read_records(sys.argv[1]):
     if r["method"] == "dense" and r["length"] == int(sys.argv[2]) and r["task"] != "kl":
@@ -166,6 +166,7 @@ import torch
 import santa.eval.runner as runner
 from santa.assets import load_model
 from santa.eval.tasks import build_prompt
+from santa.sweep_files import read_records
 
 model_name, device, out, tasks, prompts, *steps = sys.argv[1:]
 first, _, last = prompts.partition("-")
@@ -182,7 +183,7 @@ for step in steps:
                 seen.add(job)
                 jobs.append(job)
     plan.append((int(length), int(batch), jobs))
-done = {r["key"] for r in runner.read_records(out)} if os.path.exists(out) else set()
+done = {r["key"] for r in read_records(out)} if os.path.exists(out) else set()
 need = sorted({(j.task, j.length, j.prompt) for _, _, jobs in plan for j in jobs if j.key() not in done}, key=lambda n: (-n[1], n[2], n[0]))
 if not need:
     print(f"every cell is in {out}")
@@ -223,7 +224,7 @@ hf = hf.to(device)
 
 
 def pending_of(jobs):
-    done = {r["key"] for r in runner.read_records(out)} if os.path.exists(out) else set()
+    done = {r["key"] for r in read_records(out)} if os.path.exists(out) else set()
     return [j for j in jobs if j.key() not in done]
 
 

@@ -115,7 +115,7 @@ def run_cases(path: str, *, cases: list, cubin: Path, commit: str | None, measur
     kv_heads=…, dim=…)`` gives its record, appended as one line (key = the case's name) and printed through
     ``describe(name, record)``. A re-run skips the cases already there (a call cut at its limit resumes); a second run
     on the same file is refused while the first holds it (``santa.writer_lock``)."""
-    from santa.eval.runner import append_record, read_records
+    from santa.sweep_files import append_record, read_records
     from santa.writer_lock import OutputUnusable, writer_lock
 
     try:

@@ -41,7 +41,7 @@ KILL_SLACK_S = 0.5  # an episode that ended this close after the kill had finish
 
 def read_history(run: Path) -> list[dict]:
     """The run's update records, in update order (a torn last line is skipped)."""
-    from santa.eval.runner import read_records
+    from santa.sweep_files import read_records
 
     path = Path(run) / "history.jsonl"
     return sorted(read_records(path), key=lambda r: r["update"]) if path.exists() else []

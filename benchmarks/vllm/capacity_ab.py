@@ -57,7 +57,7 @@ def freed(us: float) -> float:
 
 def measure(path: str) -> None:
     """Every case not yet in the JSONL file ``path``, one line appended per case."""
-    from santa.eval.runner import append_record, read_records
+    from santa.sweep_files import append_record, read_records
 
     flusher = Flusher("cuda")
     done = {record["key"] for record in read_records(path)}

@@ -82,10 +82,10 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from santa.budgets.schedule import write_json_atomic
     from santa.decoding import stop_token_ids
     from santa.eval.grading import grade
     from santa.eval.tasks import build_prompt
+    from santa.schedule_file import write_json_atomic
 
     tokenizer = AutoTokenizer.from_pretrained(args.folder)
     jobs = []  # (task, length, seed, prompt, token ids)

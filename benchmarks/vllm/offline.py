@@ -223,7 +223,7 @@ def time_batches(args: argparse.Namespace) -> None:
     from vllm import LLM
     from vllm.inputs import TokensPrompt
 
-    from santa.budgets.schedule import write_json_atomic
+    from santa.schedule_file import write_json_atomic
 
     config = json.loads((args.folder / "config.json").read_text())
     largest = max(args.batch)

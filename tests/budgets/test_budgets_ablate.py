@@ -8,9 +8,9 @@ import pytest
 from helpers import TINY_CELLS_FLAGS, CountingScorer, refusal
 from santa.budgets import ablate_cli, tune_cli
 from santa.budgets.ablate import layer_cells
-from santa.budgets.schedule import write_schedule
 from santa.budgets.sweep import Cell, run_cells
-from santa.eval.runner import read_records
+from santa.schedule_file import write_schedule
+from santa.sweep_files import read_records
 
 
 def test_layer_cells_are_the_baseline_and_one_per_layer():

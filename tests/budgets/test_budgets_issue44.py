@@ -136,7 +136,7 @@ def test_an_out_that_cannot_be_made_names_out_before_any_work(no_work, monkeypat
     """/proc passes os.access (W_OK for root): only making the folder tells, before a model loads or Ray starts."""
     import santa.budgets.distributed
     from santa.budgets import ablate_cli, tune_cli
-    from santa.budgets.schedule import write_schedule
+    from santa.schedule_file import write_schedule
 
     monkeypatch.setattr(santa.budgets.distributed, "tune", lambda *a, **k: pytest.fail("Ray started"))
     name, sub = command.split()

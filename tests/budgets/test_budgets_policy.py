@@ -19,14 +19,9 @@ from santa.budgets.reinforce import (
     score_function,
     softmax,
 )
-from santa.budgets.schedule import (
-    load_layer_budgets,
-    one_hot_schedule,
-    rounded_schedule,
-    uniform_schedule,
-    write_schedule,
-)
+from santa.budgets.schedule import one_hot_schedule, rounded_schedule, uniform_schedule
 from santa.budgets.sweep import compare
+from santa.schedule_file import load_layer_budgets, write_schedule
 
 THETA = np.log([1.0, 1.0, 2.0])  # softmax θ = (¼, ¼, ½)
 
@@ -117,6 +112,13 @@ def test_schedule_file_round_trip_and_santa_config(tmp_path):
     assert json.loads(path.read_text())["total"] == 9
     config = santa_hf.SantaConfig(layer_budgets=load_layer_budgets(path))
     assert [config.budget_for(layer) for layer in range(3)] == [3, 5, 1]
+
+
+def test_the_readme_path_of_the_schedule_loader_still_loads():
+    """The README loads a schedule with santa.budgets.schedule.load_layer_budgets: the loader of santa.schedule_file."""
+    import santa.budgets.schedule
+
+    assert santa.budgets.schedule.load_layer_budgets is load_layer_budgets
 
 
 @pytest.mark.parametrize(

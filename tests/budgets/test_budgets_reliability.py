@@ -27,9 +27,9 @@ from santa.budgets.checkpoint import (
 )
 from santa.budgets.reinforce import Episode, PolicyState, reinforce_step, sample_schedule
 from santa.budgets.rewards import RewardSpec
-from santa.budgets.schedule import write_schedule
 from santa.budgets.sweep import Cell, run_cells
-from santa.eval.runner import SweepLocked, append_record, read_records, sweep_lock
+from santa.schedule_file import write_schedule
+from santa.sweep_files import SweepLocked, append_record, read_records, sweep_lock
 from santa.writer_lock import writer_lock
 
 # The run that `santa tune budgets` + TUNE asks for (the CLI's defaults on the 2-layer tiny model).
@@ -493,6 +493,7 @@ def test_help_texts_hold_no_markup(module):
 
 
 def library_calls():
+    from santa import schedule_file
     from santa.budgets import ablate, reinforce, rewards, schedule, scorers
 
     return {
@@ -501,7 +502,7 @@ def library_calls():
         "one_hot_schedule layer": lambda v: schedule.one_hot_schedule(n_layers=3, layer=v, base=4),
         "one_hot_schedule base": lambda v: schedule.one_hot_schedule(n_layers=3, layer=0, base=v),
         "rounded_schedule total": lambda v: schedule.rounded_schedule([0.5, 0.5], total=v),
-        "as_layer_budgets entry": lambda v: schedule.as_layer_budgets([4, v]),
+        "as_layer_budgets entry": lambda v: schedule_file.as_layer_budgets([4, v]),
         "layer_cells n_layers": lambda v: ablate.layer_cells(n_layers=v, base=4),
         "layer_cells one_hot": lambda v: ablate.layer_cells(n_layers=2, base=4, one_hot=v),
         "layer_cells seeds": lambda v: ablate.layer_cells(n_layers=2, base=4, seeds=[v]),

@@ -21,7 +21,7 @@ from santa.budgets import tune_cli  # noqa: E402
 from santa.budgets.checkpoint import HISTORY, TuneSpec  # noqa: E402
 from santa.budgets.distributed import Hooks, desired_workers, tune  # noqa: E402
 from santa.budgets.rewards import RewardSpec  # noqa: E402
-from santa.budgets.schedule import load_layer_budgets  # noqa: E402
+from santa.schedule_file import load_layer_budgets  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)

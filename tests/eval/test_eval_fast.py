@@ -11,7 +11,8 @@ import santa.eval.cli
 from helpers import needs_cuda, refusal
 from santa.cli import main
 from santa.engine import check_paths, hf_reason, nominal_share, resolve_path
-from santa.eval.runner import Job, grid, read_records, run_sweep
+from santa.eval.runner import Job, grid, run_sweep
+from santa.sweep_files import read_records
 
 
 def job(**kwargs) -> Job:

@@ -9,8 +9,9 @@ import torch
 
 from santa.eval.grading import grade
 from santa.eval.report import cells, table
-from santa.eval.runner import grid, read_records, run_sweep
+from santa.eval.runner import grid, run_sweep
 from santa.eval.tasks import build_prompt
+from santa.sweep_files import read_records
 
 pytestmark = pytest.mark.slow
 LENGTH = 384

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from santa.eval.report import cells, table
-from santa.eval.runner import Job, append_record, batches, grid, read_records, run_sweep
+from santa.eval.runner import Job, batches, grid, run_sweep
+from santa.sweep_files import append_record, read_records
 
 
 def small_grid(**overrides):

@@ -15,15 +15,8 @@ import santa.eval.runner as runner
 from helpers import sweep_jobs, sweep_record, write_jsonl
 from santa.cli import main
 from santa.eval.report import cells, load_records
-from santa.eval.runner import (
-    SweepFileError,
-    SweepLocked,
-    append_record,
-    load_sweep,
-    read_records,
-    run_sweep,
-    sweep_lock,
-)
+from santa.eval.runner import run_sweep
+from santa.sweep_files import SweepFileError, SweepLocked, append_record, load_sweep, read_records, sweep_lock
 
 
 def no_load(name, device):
@@ -80,7 +73,7 @@ def test_the_lock_is_released_when_a_sweep_fails(tmp_path, monkeypatch):
 def test_a_killed_writer_leaves_no_stale_lock(tmp_path, monkeypatch):
     out = tmp_path / "sweep.jsonl"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from santa.eval.runner import sweep_lock\n"
+        [sys.executable, "-c", "import sys, time; from santa.sweep_files import sweep_lock\n"
          "with sweep_lock(sys.argv[1]):\n    print('locked', flush=True); time.sleep(300)", str(out)],
         stdout=subprocess.PIPE,
     )

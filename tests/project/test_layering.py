@@ -1,6 +1,8 @@
 """How santa's modules depend on each other (issue 23): data flows one way, so no module imports
 one that imports it back — counting imports inside functions, which hide a cycle without removing it.
-Inside ``santa.kernels`` too: the plan and the kernels share :mod:`santa.kernels.layout` (issue 24)."""
+Inside ``santa.kernels`` too: the plan and the kernels share :mod:`santa.kernels.layout` (issue 24).
+The lab one way (issue 41): ``santa.budgets`` sits above ``santa.eval``; the sweep files and the
+schedule file both read and write sit below both (:mod:`santa.sweep_files`, :mod:`santa.schedule_file`)."""
 
 import ast
 from pathlib import Path
@@ -79,7 +81,8 @@ def test_the_graph_sees_imports_inside_functions():
     assert "santa.generate" in graph()["santa.cli"]
 
 
-@pytest.mark.parametrize("lower", ["santa.checkpoint", "santa.methods", "santa.checks", "santa.sampling", "santa.attention"])
+@pytest.mark.parametrize("lower", ["santa.checkpoint", "santa.methods", "santa.checks", "santa.sampling", "santa.attention",
+                                   "santa.sweep_files", "santa.schedule_file", "santa.writer_lock"])
 def test_lower_layers_import_nothing_above_them(lower):
     above = {"santa.model", "santa.hf", "santa.engine", "santa.generate", "santa.cli", "santa.eval", "santa.budgets"}
     assert not {m for m in graph()[lower] if any(m == a or m.startswith(a + ".") for a in above)}
@@ -97,6 +100,53 @@ def test_only_the_applications_and_the_cli_import_eval_and_budgets():
     offenders = {module: sorted(m for m in imports if within(m, ("santa.eval", "santa.budgets")))
                  for module, imports in graph().items() if not within(module, APPLICATIONS)}
     assert {m: found for m, found in offenders.items() if found} == {}
+
+
+def test_budgets_sits_above_eval_never_below():
+    """santa.budgets reuses the harness (its scorers run santa.eval.runner's batches and graders);
+    nothing of santa.eval imports santa.budgets, not even lazily (issue 41: `santa eval run
+    --layer-budgets` reads the schedule file through santa.schedule_file)."""
+    edges = graph()
+    upward = {module: sorted(m for m in imports if within(m, ("santa.budgets",)))
+              for module, imports in edges.items() if within(module, ("santa.eval",))}
+    assert {m: found for m, found in upward.items() if found} == {}
+    assert "santa.schedule_file" in edges["santa.eval.cli"]
+    assert "santa.eval.runner" in edges["santa.budgets.scorers"]  # the direction this test keeps
+
+
+def test_the_sweep_and_schedule_files_sit_below_eval_and_budgets():
+    """What every record writer shares imports only the lock and the argument checks: a tuning worker,
+    a report or a benchmark reads and appends records without the runner (and without torch)."""
+    edges = graph()
+    assert edges["santa.sweep_files"] == {"santa.writer_lock"}
+    assert edges["santa.schedule_file"] == {"santa.checks"}
+    for module in ("santa.eval.runner", "santa.eval.report", "santa.budgets.sweep", "santa.budgets.checkpoint"):
+        assert "santa.sweep_files" in edges[module], module
+    assert "santa.eval.runner" not in edges["santa.budgets.checkpoint"] | edges["santa.budgets.sweep"]
+
+
+def test_nothing_imports_sweep_file_io_from_the_runner():
+    """The sweep-file names live in santa.sweep_files alone: no module of santa, the benchmarks or the
+    tests asks santa.eval.runner (or santa.budgets.schedule) for them."""
+    moved = {"santa.eval.runner": top_level_names(SRC / "santa" / "sweep_files.py"),
+             "santa.budgets.schedule": top_level_names(SRC / "santa" / "schedule_file.py") - {"load_layer_budgets"}}
+    offenders = []
+    for path in [*SRC.rglob("*.py"), *(REPO / "benchmarks").rglob("*.py"), *(REPO / "tests").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in moved:
+                offenders += [f"{path.relative_to(REPO)}: {node.module}.{a.name}" for a in node.names if a.name in moved[node.module]]
+    assert offenders == []
+
+
+def top_level_names(path: Path) -> set[str]:
+    """The classes, functions and constants a module defines at its top level."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return names
 
 
 def test_the_engine_sits_above_the_model_and_below_the_applications():

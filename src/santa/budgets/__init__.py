@@ -1,6 +1,7 @@
 """Per-layer sample budgets (the paper's Appendix I–K).
 
-- :mod:`santa.budgets.schedule`: schedules as ``{layer: S}``, their JSON file and its loader.
+- :mod:`santa.budgets.schedule`: the search's schedules (uniform, one-hot, a policy's, rounded); their
+  ``{layer: S}`` form and their JSON file are :mod:`santa.schedule_file`'s.
 - :mod:`santa.budgets.reinforce`: the REINFORCE policy math of Algorithm 1 (no Ray).
 - :mod:`santa.budgets.scorers`, :mod:`santa.budgets.rewards`: scoring a schedule on a model (KL vs
   dense, or a task graded by :mod:`santa.eval.grading`) and the episode reward built on it.

@@ -84,7 +84,7 @@ def check_out(parser: argparse.ArgumentParser, out: str) -> None:
 def failed_as_exit_1(prog: str, work) -> int:
     """``work()``'s exit status, or 1 with one line on stderr when its output file cannot be used
     (another run holds it, a malformed line: the message names the file and line)."""
-    from santa.eval.runner import SweepFileError
+    from santa.sweep_files import SweepFileError
 
     try:
         return work()

@@ -2,7 +2,7 @@
 
 ``OUT/run.json``: what the run tunes (the :class:`TuneSpec`); a resume must ask for the same.
 ``OUT/history.jsonl``: one line per accepted update, written with one fsync'd ``O_APPEND`` write
-(``santa.eval.runner.append_record``)::
+(:func:`santa.sweep_files.append_record`)::
 
     {"key": "update 7", "update": 7, "session": 1, "theta": [...L], "baseline": b, "gradient": [...L],
      "reward_sum": Σr, "reward_count": n, "episodes": [{"id": "1-12-3", "schedule": [...L],
@@ -35,8 +35,9 @@ from pathlib import Path
 
 from santa.budgets.reinforce import Episode, PolicyState, reinforce_step
 from santa.budgets.rewards import RewardSpec
-from santa.budgets.schedule import write_json_atomic
 from santa.checks import integer
+from santa.schedule_file import write_json_atomic
+from santa.sweep_files import SweepFileError, append_record, load_sweep
 from santa.writer_lock import writer_lock
 
 RUN, HISTORY, POLICY, SCHEDULE = "run.json", "history.jsonl", "policy.json", "schedule.json"
@@ -145,8 +146,6 @@ def resume(out: str | Path, n_layers: int, *, spec: TuneSpec | None = None) -> R
     step replayed from the line before. A line that fails raises :class:`CheckpointError`
     naming the file and the line.
     """
-    from santa.eval.runner import SweepFileError, load_sweep  # here: a worker needs no torch for the synthetic reward
-
     n_layers = integer("n_layers", n_layers, low=1)
     path = Path(out) / HISTORY
     try:
@@ -289,8 +288,6 @@ def update_record(
 
 def append_update(out: str | Path, record: dict) -> None:
     """Accept an update: one fsync'd line appended to ``history.jsonl``."""
-    from santa.eval.runner import append_record
-
     append_record(Path(out) / HISTORY, record)
 
 

@@ -50,8 +50,9 @@ from santa.budgets.checkpoint import (
     update_record,
 )
 from santa.budgets.reinforce import Episode, PolicyState, episode_seed, reinforce_step, sample_schedule, softmax
-from santa.budgets.schedule import rounded_schedule, write_json_atomic, write_schedule
+from santa.budgets.schedule import rounded_schedule
 from santa.checks import integer
+from santa.schedule_file import write_json_atomic, write_schedule
 
 WORKERS_FILE = "workers"
 INSTALL_HINT = f"santa tune needs Ray: {install_hint('tune')}"

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from santa.budgets.schedule import as_layer_budgets
 from santa.checks import integer
+from santa.schedule_file import as_layer_budgets
 
 TINY = "tiny-random"
 

@@ -1,7 +1,7 @@
 """Schedule cells run resumably, and their paired comparison with a baseline cell.
 
 A cell is one schedule scored on a set of held-out prompts with one sampler seed. Each finished
-cell is one JSONL line (``santa.eval.runner.append_record``: one write, then fsync), keyed by what
+cell is one JSONL line (:func:`santa.sweep_files.append_record`: one write, then fsync), keyed by what
 it ran; a re-run skips the cells already in the file, so a killed sweep loses only the cell in
 flight. Comparisons are paired: per prompt, cell − baseline (each averaged over seeds), then a
 percentile bootstrap over prompts (``santa.eval.report.bootstrap_ci``).
@@ -18,11 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from santa.budgets.schedule import as_layer_budgets
 from santa.eval.report import bootstrap_ci
-from santa.eval.runner import GZIP_MAGIC, SweepFileError, SweepLocked, append_record, load_sweep
 from santa.provenance import code_commit
-from santa.writer_lock import writer_lock
+from santa.schedule_file import as_layer_budgets
+from santa.sweep_files import SweepFileError, append_record, appending, load_sweep
 
 
 @dataclass(frozen=True)
@@ -41,7 +40,7 @@ def cell_key(cell: Cell, *, setting: dict, prompts: Sequence[int]) -> str:
 
 def existing_records(path: str | Path) -> list[dict]:
     """The records of a cells file (none when it does not exist yet), every one checked to be a cell
-    record; :class:`~santa.eval.runner.SweepFileError` names the file and line of one that is not
+    record; :class:`~santa.sweep_files.SweepFileError` names the file and line of one that is not
     (a hand-edited line, or a file of another command)."""
     path = Path(path)
     if not path.exists():
@@ -89,19 +88,16 @@ def run_cells(
 
     setting: what the cells share (model, metric, length, sampler, …), written into every record
     and its key. ``make_scorer()`` is called once, only when some cell is pending (it loads the model).
-    One writer per file: ``out`` is locked for the whole call (:func:`santa.writer_lock.writer_lock`,
+    One writer per file: ``out`` is locked for the whole call (:func:`santa.sweep_files.appending`,
     the lock of ``santa eval run``), so a second run on it raises
-    :class:`~santa.eval.runner.SweepLocked` before it reads or loads anything; a file that is not
-    a plain cells JSONL raises :class:`~santa.eval.runner.SweepFileError` naming it (and the line).
+    :class:`~santa.sweep_files.SweepLocked` before it reads or loads anything; a file that is not
+    a plain cells JSONL raises :class:`~santa.sweep_files.SweepFileError` naming it (and the line).
     """
     out = Path(out)
     if out.suffix == ".gz":
         raise SweepFileError(f"{out}: cells are appended as lines and cannot be written to gzip; give a .jsonl path")
     out.parent.mkdir(parents=True, exist_ok=True)
-    with writer_lock(out, locked=SweepLocked, unusable=SweepFileError):
-        with open(out, "rb") as f:
-            if f.read(len(GZIP_MAGIC)) == GZIP_MAGIC:
-                raise SweepFileError(f"{out}: a gzip file cannot be appended to; gunzip it and run on the .jsonl")
+    with appending(out, holder="run"):
         done = {r["key"] for r in existing_records(out)}
         pending = [c for c in cells if cell_key(c, setting=setting, prompts=prompts) not in done]
         if pending:

@@ -261,7 +261,7 @@ def _label(path: Path, others: list[Path]) -> str:
 
 def read_schedules(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, tuple[int, ...]]:
     """Every ``--schedule`` file as a cell name → schedule ``[L]`` (exit 2 naming a file that cannot be used)."""
-    from santa.budgets.schedule import load_layer_budgets
+    from santa.schedule_file import load_layer_budgets
 
     try:
         labels = schedule_labels(args.schedule)
@@ -282,7 +282,7 @@ def read_schedules(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 def read_ablation(path: str, *, model: str, n_layers: int) -> list[dict]:
     """The cells of one ablation of ``model`` with layers below ``n_layers``; SweepFileError naming the file otherwise."""
     from santa.budgets.sweep import existing_records
-    from santa.eval.runner import SweepFileError
+    from santa.sweep_files import SweepFileError
 
     records = existing_records(path)
     if not records:

@@ -21,11 +21,12 @@ from santa.eval.runner import (
     MAX_NEW_TOKENS,
     METHODS,
     PREFILLS,
-    SweepFileError,
     grid,
     run_sweep,
 )
 from santa.eval.tasks import FIXED_LENGTH_TASKS, TASKS, missing_data
+from santa.schedule_file import load_layer_budgets
+from santa.sweep_files import SweepFileError
 
 EXIT_STATUS = (
     "exit status: 0 done; 1 a sweep file cannot be used (missing, locked by another run, not a sweep "
@@ -440,8 +441,6 @@ def run_grid(args: argparse.Namespace) -> list:
 def schedule_file(text: str) -> tuple[str, dict[int, int], str]:
     """``--layer-budgets FILE`` → (the file's stem, ``{layer: S}``, the path), checked before any work
     (its layers against each model's in :func:`check_run_limits`)."""
-    from santa.budgets.schedule import load_layer_budgets  # the CLI sits above both eval and budgets
-
     try:
         budgets = load_layer_budgets(text)
     except ValueError as error:

@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 
 from santa.checks import integer
-from santa.eval.runner import KV_CACHES, MAX_NEW_TOKENS, METHODS, PREFILLS, SweepFileError, load_sweep
+from santa.eval.runner import KV_CACHES, MAX_NEW_TOKENS, METHODS, PREFILLS
 from santa.eval.tasks import TASKS
 from santa.methods import METHODS as REGISTRY
+from santa.sweep_files import SweepFileError, load_sweep
 
 KL_MODES = ("chunked", "stepwise")
 

@@ -28,24 +28,22 @@ this module keeps the grid, the batching and the sweep file:
 The path is not part of the job key: a sweep resumes across paths (both run the same estimator
 on the same prompts; records say which ran).
 
-One writer per file: :func:`run_sweep` holds an exclusive ``flock`` on the file while it runs, so a
-second sweep on the same file stops at once (:class:`SweepLocked`) instead of writing every record
+One writer per file: :func:`run_sweep` holds the file's lock while it runs, so a second sweep on the
+same file stops at once (:class:`santa.sweep_files.SweepLocked`) instead of writing every record
 twice. The kernel drops the lock with the process, so a killed sweep leaves no stale lock behind.
+Reading, appending and locking sweep files is :mod:`santa.sweep_files`' (the ablation, the tuning
+history and the benchmarks write the same files).
 """
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import json
 import math
-import os
 import platform
 import time
-import zlib
 from collections.abc import Iterable
-from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -69,7 +67,7 @@ from santa.eval.grading import grade
 from santa.eval.tasks import FIXED_LENGTH_TASKS, TASKS, Prompt, build_prompt, check_prompt_length  # noqa: F401 (re-exported)
 from santa.provenance import code_commit
 from santa.rng import MAX_SEED  # sampler seeds are ints in [0, 2**63)
-from santa.writer_lock import writer_lock
+from santa.sweep_files import SweepFileError, append_record, appending, read_records
 
 METHODS = methods.names()  # santa.methods' registry, in its order (dense first)
 HF_METHODS = methods.names(path="hf")
@@ -225,122 +223,6 @@ def _check_names(name: str, values: list, allowed: tuple[str, ...]) -> None:
     for v in values:
         if v not in allowed:
             raise ValueError(f"{name} must be one of {allowed}, got {v!r}")
-
-
-# --- JSONL store ---------------------------------------------------------------------------------
-
-
-class SweepFileError(ValueError):
-    """A sweep file that cannot be read or written; the message names the file (and the line)."""
-
-
-class SweepLocked(SweepFileError):
-    """Another sweep is writing the file (it holds the file's lock)."""
-
-
-@dataclass
-class SweepFile:
-    """The records of one sweep file with their line numbers, and the lines a killed writer cut short."""
-
-    path: Path
-    records: list[tuple[int, dict]] = field(default_factory=list)  # (line number, record)
-    torn: list[int] = field(default_factory=list)  # line numbers of records cut mid-write (skipped)
-
-
-GZIP_MAGIC = b"\x1f\x8b"
-
-
-def _file_bytes(path: Path) -> bytes:
-    """The file's bytes, gunzipped when it is gzip (found by its magic number, whatever its name)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise SweepFileError(f"{path}: no such file") from None
-    except OSError as error:
-        raise SweepFileError(f"{path}: cannot read it ({error.strerror or error})") from None
-    if not data.startswith(GZIP_MAGIC):
-        if path.suffix == ".gz" and data:
-            raise SweepFileError(f"{path}: named .gz but not a gzip file")
-        return data
-    try:
-        return gzip.decompress(data)
-    except EOFError:
-        raise SweepFileError(f"{path}: the gzip data is cut short (a truncated copy?)") from None
-    except (gzip.BadGzipFile, zlib.error) as error:
-        raise SweepFileError(f"{path}: corrupt gzip data ({error})") from None
-
-
-def _is_gzip(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(len(GZIP_MAGIC)) == GZIP_MAGIC
-
-
-def _text(path: Path, data: bytes) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data[: error.start].count(b"\n") + 1
-        raise SweepFileError(f"{path}, line {line}: not UTF-8 text (byte {error.start}); not a sweep JSONL file") from None
-
-
-def load_sweep(path: str | Path) -> SweepFile:
-    """Every record of a sweep JSONL file, plain or gzip, with its line number.
-
-    A line that starts like a record (``{"``) but is not valid JSON was cut mid-write by a killed
-    writer: it is skipped and its line number kept in ``torn`` (its job has no record, so a re-run
-    runs it again). Blank lines are skipped. Anything else — a missing file, binary data, a cut-short
-    gzip, a line that is not JSON or a JSON value without a ``"key"`` — raises
-    :class:`SweepFileError` naming the file and line.
-    """
-    path = Path(path)
-    sweep = SweepFile(path)
-    for number, line in enumerate(_text(path, _file_bytes(path)).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if line.lstrip().startswith('{"'):
-                sweep.torn.append(number)
-                continue
-            raise SweepFileError(f"{path}, line {number}: not a JSON record: {line[:60]!r}") from None
-        if not isinstance(record, dict) or not isinstance(record.get("key"), str):
-            raise SweepFileError(f"{path}, line {number}: not a sweep record (a JSON object with a \"key\"): {line[:60]!r}")
-        sweep.records.append((number, record))
-    return sweep
-
-
-def read_records(path: str | Path) -> list[dict]:
-    """Every complete record of a sweep file (see :func:`load_sweep`: torn lines are skipped)."""
-    return [record for _, record in load_sweep(path).records]
-
-
-def sweep_lock(path: str | Path) -> AbstractContextManager[None]:
-    """Hold an exclusive ``flock`` on the sweep file ``path`` (created if missing) for one writer.
-
-    A second holder is refused at once with :class:`SweepLocked`. The lock lives on the open file
-    description, so the kernel drops it when this process ends in any way — exit, exception,
-    ``kill -9`` — and no stale lock can block a resume. No lock file is made
-    (:func:`santa.writer_lock.writer_lock`, shared with the other resumable commands).
-    """
-    return writer_lock(path, holder="`santa eval run`", locked=SweepLocked, unusable=SweepFileError)
-
-
-def append_record(path: str | Path, record: dict) -> None:
-    """Append one JSON line atomically: one write on an O_APPEND descriptor, then fsync."""
-    data = (json.dumps(record, sort_keys=True) + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        # A torn line left by a killed writer would swallow this record: start on a fresh line.
-        if os.fstat(fd).st_size > 0:
-            with open(path, "rb") as f:
-                f.seek(-1, os.SEEK_END)
-                if f.read(1) != b"\n":
-                    data = b"\n" + data
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --- running jobs --------------------------------------------------------------------------------
@@ -707,8 +589,9 @@ def run_sweep(
     docstring; prop / flash jobs that cannot run on the fast path are refused (``ValueError``)
     before anything loads.
     ``load(model_name, device)`` → (model, tokenizer) defaults to :func:`santa.assets.load_model`.
-    The file is locked for the whole run (:func:`sweep_lock`): a second sweep on it raises
-    :class:`SweepLocked` before it reads or loads anything. A plain (not gzip) JSONL file only.
+    The file is locked for the whole run (:func:`santa.sweep_files.appending`): a second sweep on it
+    raises :class:`~santa.sweep_files.SweepLocked` before it reads or loads anything. A plain (not
+    gzip) JSONL file only.
     """
     _check_ints("batch_size", [batch_size], 1)
     if load is None:
@@ -720,9 +603,7 @@ def run_sweep(
     if out.suffix == ".gz":
         raise SweepFileError(f"{out}: a sweep appends lines and cannot write gzip; run on the uncompressed .jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
-    with sweep_lock(out):
-        if _is_gzip(out):
-            raise SweepFileError(f"{out}: a gzip file cannot be appended to; gunzip it and run on the .jsonl")
+    with appending(out):
         done = {r["key"] for r in read_records(out)}
         pending = [j for j in jobs if j.key() not in done]
         if pending:
