@@ -78,6 +78,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-num-batched-tokens", type=int, default=16384, help="tokens per engine step (prefill chunks)")
     parser.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs (a smoke run)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, choices=(1, 2, 4, 8),
+                        help="vLLM's tensor parallelism (santa keys its draws on the global head: the same tokens at every size)")
     parser.add_argument("--make-only", action="store_true", help="make the folder (--make) and exit, no engine")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -107,7 +109,7 @@ def run_settings(args: argparse.Namespace, santa_settings: dict) -> dict:
     """What a result file must match to count as this run's: a file written with other settings is timed again."""
     return {"backend": args.backend, "santa": santa_settings, "folder": str(args.folder), "prompt_tokens": args.prompt_tokens,
             "new_tokens": args.new_tokens, "warm_tokens": args.warm_tokens, "kv_cache_dtype": args.kv_cache_dtype,
-            "enforce_eager": args.enforce_eager, "repeats": args.repeats}
+            "enforce_eager": args.enforce_eager, "repeats": args.repeats, "tensor_parallel_size": args.tensor_parallel_size}
 
 
 def finished(path: Path, settings: dict) -> bool:
@@ -234,7 +236,7 @@ def time_batches(args: argparse.Namespace) -> None:
                   warm_tokens=args.warm_tokens, new_tokens=args.new_tokens) + 8,  # 8 to spare
               max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=largest, seed=0,
               gpu_memory_utilization=args.gpu_memory_utilization, skip_tokenizer_init=True, enable_prefix_caching=False,
-              enforce_eager=args.enforce_eager)
+              enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size)
     start_s = time.perf_counter() - t
     print(f"engine up in {start_s:.0f} s", flush=True)
 

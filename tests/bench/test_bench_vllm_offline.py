@@ -108,6 +108,7 @@ def test_a_finished_size_is_not_timed_again_and_other_settings_are(tmp_path, mon
     path.write_text(json.dumps({**settings, "decode_tokens_per_s_all": [1.0, 2.0]}))
     assert offline.finished(path, settings)
     assert not offline.finished(path, {**settings, "backend": "FLASH_ATTN"})
+    assert not offline.finished(path, {**settings, "tensor_parallel_size": 2})  # a TP run is its own measurement
     path.write_text("{not json")
     assert not offline.finished(path, settings)
     for batch in (1, 16):  # every size done: time_batches returns before it imports torch or vLLM
