@@ -268,11 +268,6 @@ def _short(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-# The seed → randomness of both hf paths lives in santa.rng; these names stay for callers of santa.hf.
-stream_id = rng.hf_stream_id  # 63-bit number unique (up to hashing) to (seed, layer, n_keys, n_queries)
-layer_generator = rng.hf_reference_generator  # a generator unique to (seed, layer, n_keys, n_queries): Bernoulli scores
-
-
 def kernel_for(config: SantaConfig, query: torch.Tensor, attention_mask: torch.Tensor | None) -> str | None:
     """The Triton decode kernel to run for this step, or None for the torch reference. Reads no tensor
     values (no host sync): a mask goes to prop as a run of keys (:func:`kernel_decode`); flash, whose

@@ -41,7 +41,6 @@ OLD_STREAM_IDS = {
 def test_the_hf_streams_are_those_of_the_old_stream_id(args, expected):
     assert rng.hf_stream_id(*args) == expected
     assert rng.mix(*args) == expected
-    assert santa.hf.stream_id(*args) == expected  # the old name stays
 
 
 def test_the_hf_reference_generator_is_seeded_with_the_stream():
