@@ -212,8 +212,8 @@ def two_launch_attention(model: Transformer, budget: int) -> Callable[..., Tenso
     plan.workspace  # noqa: B018 (allocated now)
 
     def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext, layer: int) -> Tensor:
-        if ctx.budget_of(layer) != budget:
-            raise ValueError(f"layer {layer} samples {ctx.budget_of(layer)} per head; santa-prop-2launch was planned for {budget}")
+        if ctx.budget_for(layer) != budget:
+            raise ValueError(f"layer {layer} samples {ctx.budget_for(layer)} per head; santa-prop-2launch was planned for {budget}")
         k_scale, v_scale = ctx.kv_scales[layer]
         return plan.run(q, k_cache, v_cache, seq_lens=ctx.seq_lens, seed=ctx.layer_keys[layer], positions=ctx.positions,
                         k_scale=k_scale, v_scale=v_scale)

@@ -33,7 +33,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from santa import methods, rng
+from santa import methods, rng, schedule_file
 from santa.attention import ATTENTION_SAMPLERS, attention_probs, check_flag, value_weights, weighted_values
 from santa.bernoulli import SCORE_SAMPLERS, bernoulli_query
 from santa.kernels.reference import sampler_uniforms
@@ -186,7 +186,8 @@ class SantaConfig:
             raise TypeError(f"stats must be a DecodeStats, got {type(self.stats).__name__}")
 
     def budget_for(self, layer: int) -> int:
-        return self.layer_budgets.get(layer, self.budget)
+        """S in ``layer``: its entry of ``layer_budgets``, else ``budget``."""
+        return schedule_file.budget_for(layer, layer_budgets=self.layer_budgets, budget=self.budget)
 
 
 def configure(model: torch.nn.Module, config: SantaConfig) -> torch.nn.Module:

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import santa.kernels as santa_kernels
-from santa import rng
+from santa import rng, schedule_file
 from santa.attention import sampled_attention
 from santa.checkpoint import (  # noqa: F401 (ModelArgs: re-exported as santa.model.ModelArgs)
     ModelArgs,
@@ -223,14 +223,14 @@ class DecodeContext:
         if self.attn_bias is not None:
             self.attn_bias.copy_(visibility_bias(self.seq_lens, self.attn_bias.shape[-1], self.attn_bias.dtype))
 
-    def budget_of(self, layer: int) -> int:
+    def budget_for(self, layer: int) -> int:
         """S in ``layer``: its entry of ``layer_budgets``, else ``budget``."""
-        return self.layer_budgets.get(layer, self.budget) if self.layer_budgets else self.budget
+        return schedule_file.budget_for(layer, layer_budgets=self.layer_budgets, budget=self.budget)
 
     def plan_of(self, layer: int, q: Tensor, k_cache: Tensor) -> santa_kernels.DecodePlan:
         """The kernels' plan for ``layer``'s budget (planned here on first use where
         :func:`make_context` did not plan it: a context built by hand)."""
-        budget = self.budget_of(layer)
+        budget = self.budget_for(layer)
         plan = None if self.plans is None else self.plans.get(budget)
         if plan is None:
             plan = plan_kernel(self.backend, q, k_cache, budget)
@@ -442,7 +442,7 @@ class Attention(nn.Module):
         keys = ctx.layer_keys[self.layer_id]  # [B]: each sequence's Philox key in this layer
         if ctx.backend in REFERENCE_BACKENDS:
             visible = torch.arange(k_cache.shape[1], device=q.device) < ctx.seq_lens.unsqueeze(-1)  # [B, L_max]
-            budget = ctx.budget_of(self.layer_id)
+            budget = ctx.budget_for(self.layer_id)
             uniforms = None
             if ctx.backend != "topk":  # request-keyed, as the kernels draw: [B, H, 1(, S)]
                 uniforms = reference.sampler_uniforms(keys, ctx.positions.unsqueeze(1), q.shape[1], ctx.backend, budget)
@@ -461,7 +461,7 @@ class Attention(nn.Module):
             kernel = ctx.backend.removeprefix("santa-")
             kwargs = {"tile": santa_kernels.flash_tile(q.shape[-1])} if kernel == "flash" else {}
             ref = reference.prop_reference if kernel == "prop" else reference.flash_reference
-            return ref(q, k_cache, v_cache, ctx.budget_of(self.layer_id), seq_lens=ctx.seq_lens, seed=keys,
+            return ref(q, k_cache, v_cache, ctx.budget_for(self.layer_id), seq_lens=ctx.seq_lens, seed=keys,
                        positions=ctx.positions, **kwargs)[0]
         # launches only (no validation, no host sync): keys and positions are device tensors, so a captured graph follows them
         return ctx.plan_of(self.layer_id, q, k_cache).run(q, k_cache, v_cache, seq_lens=ctx.seq_lens, seed=keys,

@@ -21,6 +21,12 @@ from pathlib import Path
 from santa.checks import integer
 
 
+def budget_for(layer: int, *, layer_budgets: Mapping[int, int] | None, budget: int) -> int:
+    """S in ``layer``: its entry of ``layer_budgets``, else ``budget`` (the one per-layer budget rule of santa.hf's
+    configs and santa.model's decode contexts)."""
+    return layer_budgets.get(layer, budget) if layer_budgets else budget
+
+
 def as_layer_budgets(schedule: Sequence[int]) -> dict[int, int]:
     """``[S_0, …, S_{L−1}]`` → ``{layer: S}`` (the form ``SantaConfig(layer_budgets=…)`` takes); every S an int ≥ 1."""
     return {layer: integer(f"schedule[{layer}]", s, low=1) for layer, s in enumerate(schedule)}
