@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from santa.checks import integer
+from santa.checks import scale as check_scale
 from santa.kernels.layout import WorkspaceKey, workspace_nbytes
 from santa.kernels.plan import (
     DTYPES,
@@ -35,7 +36,6 @@ from santa.kernels.plan import (
     Workspace,
     check_budget_for_kernels,
     check_head_offset,
-    check_scale,
     check_seed_and_offset,
     check_tables,
     check_workspace,
@@ -464,9 +464,9 @@ def decode(
         return _decode_reference(q, k_cache, v_cache, call.budget, call.kernel, seq_lens, block_table, kv_layout, scale,
                                  seed, offset, out, return_counts, k_scale, v_scale, positions, starts, head_offset)
     counts = torch.zeros(q.shape[0], q.shape[1], call.n_keys, dtype=torch.int32, device=q.device) if return_counts else None
-    out = call.plan.run(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
-                        out=out, counts=counts, workspace=workspace, k_scale=k_scale, v_scale=v_scale, positions=positions,
-                        starts=starts, head_offset=head_offset)
+    out = call.plan.run_checked(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
+                                out=out, counts=counts, workspace=workspace, k_scale=k_scale, v_scale=v_scale,
+                                positions=positions, starts=starts, head_offset=head_offset)  # validated above
     return (out, counts) if return_counts else out
 
 

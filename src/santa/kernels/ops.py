@@ -39,7 +39,6 @@ import importlib
 import torch
 from torch import Tensor
 
-from santa.checks import scale as checked_scale
 from santa.kernels.plan import Workspace
 
 # the module (santa.kernels.decode, the attribute, is the function)
@@ -62,7 +61,6 @@ def _cache_scales(k_scale, v_scale, k_scale_tensor, v_scale_tensor) -> tuple:
 def _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel, kv_layout,
            scale, seed, offset, k_scale, v_scale, k_scale_tensor, v_scale_tensor, return_counts, head_offset=0):
     """Both ops' implementation: the eager :func:`santa.decode` into a new contiguous output."""
-    checked_scale(scale)  # NaN or ±inf: a ValueError naming scale
     k_scale, v_scale = _cache_scales(k_scale, v_scale, k_scale_tensor, v_scale_tensor)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous whatever q's strides: as the fake
     offset = offset if offset_tensor is None else offset_tensor
@@ -78,7 +76,6 @@ def _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, pos
 def _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset,
           k_scale, v_scale, k_scale_tensor, v_scale_tensor):
     """The metadata checks of :func:`santa.decode` on fake tensors; returns n_keys."""
-    checked_scale(scale)
     k_scale, v_scale = _cache_scales(k_scale, v_scale, k_scale_tensor, v_scale_tensor)
     _, k_cache, _, _, n_keys, kv_heads = _decode._validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout,
                                                            scale, offset if offset_tensor is None else offset_tensor, None, False)

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import torch
 
 from santa.checks import integer
+from santa.checks import scale as check_scale
 from santa.kernels import _launch, one_launch, reference
 from santa.kernels.layout import (
     ELEMENT_SIZE,
@@ -313,16 +314,6 @@ def refuse_unsupported(where: str, keywords: dict) -> None:
         raise ValueError(f"santa's decode does not implement {UNSUPPORTED_KEYWORDS[name]}: {where}() got {name}={value!r}")
 
 
-def check_scale(scale: object) -> None:
-    """``scale``: None or a finite real number (TypeError for another type, ValueError for NaN or ±inf)."""
-    if scale is None:
-        return
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a finite float or None, got {type(scale).__name__} {scale!r}")
-    if not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite float or None, got {scale!r}")
-
-
 def checked_tuning(tuning: object) -> Tuning:
     """``tuning`` with its integer fields as Python ints, or raise naming the field (TypeError for a wrong
     type, ValueError for a bad value)."""
@@ -510,11 +501,15 @@ class DecodePlan:
                 and (out is None or out.is_contiguous()) and (counts is None or counts.is_contiguous()))
 
     def check_call(self, q, k_cache, v_cache, *, seq_lens, block_table, out, counts, workspace, k_scale, v_scale, positions,
-                   starts, seed, offset) -> None:
-        """Raise TypeError/ValueError naming the first tensor whose kind, dtype, shape or device differs from what
-        the plan's launches address: host metadata only (no values read, no sync; nothing a CUDA graph replays).
-        Tables (seq_lens, block_table, …) may be views into larger buffers (more rows or pages than the plan
-        reads); q, out, counts and contiguous caches have exactly the plan's shape."""
+                   starts, seed, offset, head_offset) -> int:
+        """The checked ``head_offset`` of a call, after raising TypeError/ValueError naming the first argument that
+        differs from what the plan's launches address: seed and offset (:func:`check_seed_and_offset`), head_offset
+        (:func:`check_head_offset`), and every tensor's kind, dtype, shape and device. Host metadata only (no values
+        read, no sync; nothing a CUDA graph replays). Tables (seq_lens, block_table, …) may be views into larger
+        buffers (more rows or pages than the plan reads); q, out, counts and contiguous caches have exactly the
+        plan's shape."""
+        check_seed_and_offset(seed, offset)
+        head_offset = check_head_offset(head_offset, heads=self.shape.heads, positional=positions is not None)
         s, device = self.shape, torch.device(self.shape.device)
         batch, heads, dim = s.batch, s.heads, s.head_dim
 
@@ -590,6 +585,7 @@ class DecodePlan:
                     raise ValueError(f"{name} must be float32 [H_kv={s.kv_heads}], got {tuple(scale.shape)}")
         if workspace is not None:
             check_workspace(workspace, self.workspace_key)
+        return head_offset
 
     @property
     def workspace(self) -> Workspace:
@@ -654,11 +650,9 @@ class DecodePlan:
         if self.on_cpu and not kernels_on_cpu():
             raise ValueError("stages() times the Triton kernels: this CPU plan runs the torch fallback "
                              "(plan for a CUDA device, or set TRITON_INTERPRET=1 before the kernels are imported)")
-        check_seed_and_offset(seed, offset)
-        head_offset = check_head_offset(head_offset, heads=self.shape.heads, positional=positions is not None)
-        self.check_call(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, out=out, counts=counts,
-                        workspace=workspace, k_scale=k_scale, v_scale=v_scale, positions=positions, starts=starts, seed=seed,
-                        offset=offset)
+        head_offset = self.check_call(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, out=out, counts=counts,
+                                      workspace=workspace, k_scale=k_scale, v_scale=v_scale, positions=positions, starts=starts,
+                                      seed=seed, offset=offset, head_offset=head_offset)
         out = torch.empty_like(q) if out is None else out
         launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale, seed, positions, starts)
         key, args, tensors = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace,
@@ -751,20 +745,26 @@ class DecodePlan:
         (TRITON_INTERPRET=1): as :func:`santa.decode` on the CPU, it then checks seq_lens and
         block_table (ValueError naming a bad entry).
         """
-        check_seed_and_offset(seed, offset)
-        head_offset = check_head_offset(head_offset, heads=self.shape.heads, positional=positions is not None)
-        self.check_call(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, out=out, counts=counts,
-                        workspace=workspace, k_scale=k_scale, v_scale=v_scale, positions=positions, starts=starts, seed=seed,
-                        offset=offset)
+        head_offset = self.check_call(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, out=out, counts=counts,
+                                      workspace=workspace, k_scale=k_scale, v_scale=v_scale, positions=positions, starts=starts,
+                                      seed=seed, offset=offset, head_offset=head_offset)
+        return self.run_checked(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
+                                out=out, counts=counts, workspace=workspace, k_scale=k_scale, v_scale=v_scale,
+                                positions=positions, starts=starts, head_offset=head_offset)
+
+    def run_checked(self, q, k_cache, v_cache, *, seq_lens, block_table, seed, offset, out, counts, workspace, k_scale,
+                    v_scale, positions, starts, head_offset: int) -> torch.Tensor:
+        """:meth:`run` without its checks, for a caller that has validated the call against this plan's shape
+        (:func:`santa.decode`, whose validation is cached per call signature): no check is done twice per step."""
         if self.on_cpu and not kernels_on_cpu():
             return self._run_torch(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, k_scale, v_scale,
                                    positions, starts, head_offset)
         index = self.cuda_index
         if index is not None and torch.cuda.current_device() != index:
             with torch.cuda.device(index):
-                return self.run(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
-                                out=out, counts=counts, workspace=workspace, k_scale=k_scale, v_scale=v_scale,
-                                positions=positions, starts=starts, head_offset=head_offset)
+                return self.run_checked(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed,
+                                        offset=offset, out=out, counts=counts, workspace=workspace, k_scale=k_scale,
+                                        v_scale=v_scale, positions=positions, starts=starts, head_offset=head_offset)
         if out is None:
             out = torch.empty_like(q)
         if self._one_launch_serves(q, k_cache, v_cache, seq_lens, block_table, out, counts, workspace, k_scale, v_scale, starts,

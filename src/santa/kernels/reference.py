@@ -334,8 +334,8 @@ def flash_reference(
     n_max = k.shape[1]
     n_tiles_max = -(-n_max // tile)
     pad = n_tiles_max * tile - n_max
-    s = _scores(q, k, visible, scale)  # [B, H, L]
-    s = torch.nn.functional.pad(s, (0, pad), value=-math.inf).reshape(batch, heads, n_tiles_max, tile)
+    scores = _scores(q, k, visible, scale)  # [B, H, L]
+    s = torch.nn.functional.pad(scores, (0, pad), value=-math.inf).reshape(batch, heads, n_tiles_max, tile)
     poisoned = torch.isnan(s) | (s == math.inf)  # [B, H, T, tile]
     nan_rows = poisoned.flatten(2).any(dim=-1)  # [B, H]: NaN out
     s = s.masked_fill(poisoned, -math.inf)
@@ -365,6 +365,6 @@ def flash_reference(
     read = read.reshape(batch, heads, n_tiles_max * tile)[..., :n_max]
     row_coef = coef.repeat_interleave(tile, dim=-1)[..., :n_max] * counts  # (W_t/Z)(1/S_tile) c_j  [B, H, L]
     out = _read_rows(row_coef, read, v)
-    out, counts = _exact_where_covered(out, counts, lambda: _softmax_rows(_scores(q, k, visible, scale)), visible, v, budget)
+    out, counts = _exact_where_covered(out, counts, lambda: _softmax_rows(scores), visible, v, budget)
     out = out.masked_fill(nan_rows.unsqueeze(-1), math.nan)
     return out.to(q.dtype), counts
