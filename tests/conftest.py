@@ -83,3 +83,19 @@ def model_and_tokenizer():
 
     torch.manual_seed(0)
     return load_model("smollm2-135m")
+
+
+@pytest.fixture
+def generate_run_arguments(monkeypatch) -> dict:
+    """``santa.generate.run`` replaced by a stand-in that records the arguments the CLI passes it, then stops
+    with a library refusal (``santa generate`` exits 1): the dict it fills."""
+    import santa.generate
+
+    seen = {}
+
+    def fake_run(**kwargs):
+        seen.update(kwargs)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(santa.generate, "run", fake_run)
+    return seen

@@ -44,14 +44,8 @@ def test_generate_refuses_a_needle_past_the_context_before_loading(no_work, caps
     assert one_refusal(["generate", "--device", "cpu", *flags], capsys, "santa generate") == f"santa generate: error: {message}"
 
 
-def test_generate_takes_a_needle_that_just_fits_the_context(no_work, monkeypatch):
-    seen = {}
-
-    def fake_run(**kwargs):
-        seen.update(kwargs)
-        raise ValueError("stop here")
-
-    monkeypatch.setattr(santa.generate, "run", fake_run)
+def test_generate_takes_a_needle_that_just_fits_the_context(no_work, generate_run_arguments):
+    seen = generate_run_arguments
     assert main(["generate", "--device", "cpu", "--length", str(SMOLLM2_CONTEXT - 32), "--max-new-tokens", "32"]) == 1
     assert seen["n_tokens"] + seen["max_new_tokens"] == SMOLLM2_CONTEXT
 

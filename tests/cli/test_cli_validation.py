@@ -118,14 +118,8 @@ def test_model_that_is_not_installed_names_the_install_command(capsys, monkeypat
     assert "argument --model: model 'fake-model' is not installed; install it with: pip install no-such" in err
 
 
-def test_generate_passes_checked_values_and_the_needle_defaults(monkeypatch, capsys):
-    seen = {}
-
-    def fake_run(**kwargs):
-        seen.update(kwargs)
-        raise ValueError("stop here")
-
-    monkeypatch.setattr(santa.generate, "run", fake_run)
+def test_generate_passes_checked_values_and_the_needle_defaults(capsys, generate_run_arguments):
+    seen = generate_run_arguments
     assert main(["generate", "--budget", "8", "--seed", "3"]) == 1  # the library's refusal: status 1, one line
     assert (seen["budget"], seen["seed"], seen["n_tokens"], seen["depth"]) == (8, 3, 2048, 0.5)
     assert capsys.readouterr().err.strip().endswith("santa generate: error: stop here")

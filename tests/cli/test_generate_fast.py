@@ -27,27 +27,15 @@ def test_generate_refuses_a_bad_path_flag_before_loading_the_model(no_work, caps
     assert f"santa generate: error: {message}" in refusal(main, ["generate", *argv], capsys)
 
 
-def test_device_auto_without_cuda_runs_the_hf_path_on_cpu(no_work, monkeypatch):
-    seen = {}
-
-    def fake_run(**kwargs):
-        seen.update(kwargs)
-        raise ValueError("stop here")
-
+def test_device_auto_without_cuda_runs_the_hf_path_on_cpu(no_work, monkeypatch, generate_run_arguments):
+    seen = generate_run_arguments
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(santa.generate, "run", fake_run)
     assert main(["generate"]) == 1
     assert (seen["device"], seen["path"], seen["batch"], seen["kernel"]) == ("cpu", "hf", 1, None)
 
 
-def test_explicit_fast_path_on_cpu_reaches_run(no_work, monkeypatch):
-    seen = {}
-
-    def fake_run(**kwargs):
-        seen.update(kwargs)
-        raise ValueError("stop here")
-
-    monkeypatch.setattr(santa.generate, "run", fake_run)
+def test_explicit_fast_path_on_cpu_reaches_run(no_work, generate_run_arguments):
+    seen = generate_run_arguments
     assert main(["generate", "--device", "cpu", "--path", "fast", "--batch", "3", "--kernel", "flash"]) == 1
     assert (seen["device"], seen["path"], seen["batch"], seen["kernel"]) == ("cpu", "fast", 3, "flash")
 
