@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from santa.budgets.checkpoint import HISTORY, TuneSpec, replay
 from santa.budgets.rewards import RewardSpec
+from santa.budgets.run_folder import HISTORY, TuneSpec, replay
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout: pyproject.toml, src/, benchmarks/, tests/
 CUDA = torch.cuda.is_available()

@@ -24,20 +24,26 @@ class Flusher:
         self.buf.mul_(1.0000001)
 
 
-def time_fn(fn, flush, *, warmup=10, iters=40, graph=False):
-    """Median and mean µs of ``fn`` with ``flush`` before each call (outside the events)."""
-    call = fn
-    if graph:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+def captured(fn, *, warmups: int = 3) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``fn()``, captured after ``warmups`` eager calls on a side stream (they compile kernels and
+    make plans outside the capture): the benchmarks' one capture helper (santa.model.cuda_graph_of is the library's;
+    this module imports only torch, so an A/B script can time an old santa tree with it)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmups):
             fn()
-        call = g.replay
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def time_fn(fn, flush, *, warmup=10, iters=40, graph=False):
+    """Median and mean µs of ``fn`` with ``flush`` before each call (outside the events); ``graph``: of a CUDA graph of
+    it (:func:`captured`), replayed."""
+    call = captured(fn).replay if graph else fn
     for _ in range(warmup):
         flush()
         call()

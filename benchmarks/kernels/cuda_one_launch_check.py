@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, ".")
 from benchmarks.bench.kernels import sdpa_fn  # noqa: E402
 from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
-from benchmarks.kernels.cuda_stream.one_launch import phase_names, plan_candidates  # noqa: E402
+from benchmarks.kernels.cuda_stream.plans import phase_names, plan_candidates  # noqa: E402
 from benchmarks.kernels.cuda_stream_check import Kernels, random_inputs, run_cases  # noqa: E402
 
 from santa.kernels import Tuning, plan_decode  # noqa: E402
@@ -161,7 +161,8 @@ def run_plan(kernels: Kernels, flusher: Flusher, plan, *, shape: dict, inputs: t
     counts = torch.zeros(batch, heads, n, dtype=torch.int32, device="cuda")
 
     def launch(with_counts: bool, name: str = plan.kernel, marks: torch.Tensor | None = None) -> None:
-        props[name].run(q, k, v, out=out, uniforms=uniforms, counts=counts if with_counts else None, marks=marks)
+        props[name].run(q, k, v, out=out, strides=(k.stride(0), k.stride(1), k.stride(2)), uniforms=uniforms,
+                        counts=counts if with_counts else None, marks=marks)
 
     started = time.perf_counter()
     try:
@@ -169,7 +170,7 @@ def run_plan(kernels: Kernels, flusher: Flusher, plan, *, shape: dict, inputs: t
         clear_hang_report(kernels)
         launch(True)
         torch.cuda.synchronize()
-        if hang := hang_report(kernels, (prop.stats, prop.sampled), group=group, slots=plan.slots, budget=budget):
+        if hang := hang_report(kernels, (prop.own_buffers().stats, prop.own_buffers().sampled), group=group, slots=plan.slots, budget=budget):
             row["error"] = "a tagged-word wait gave up"
             row["hang"] = hang
             clear_hang_report(kernels)
@@ -178,7 +179,7 @@ def run_plan(kernels: Kernels, flusher: Flusher, plan, *, shape: dict, inputs: t
         launch(False)
         torch.cuda.synchronize()
         row["repeat_bitwise_equal"] = bool(torch.equal(first, out))
-        row["epochs_count_launches"] = bool((prop.epoch == 2).all())
+        row["epochs_count_launches"] = bool((prop.own_buffers().epoch == 2).all())
         row["every_head_draws_S"] = bool((counts.sum(-1) == budget).all())
         row["rows_equal_to_santa"] = float((counts == santa_counts).all(-1).float().mean())
         row["samples_moved"] = int((counts - santa_counts).abs().sum()) // 2

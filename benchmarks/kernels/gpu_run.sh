@@ -3,7 +3,7 @@
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (`bash benchmarks/device/prepare.sh flashinfer`;
 # `ab` also carries .old43, from `prepare.sh old43`).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [e2eone] [covered] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
+#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [e2eone] [covered] [paged] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -82,6 +82,19 @@ for stage in "$@"; do
         > "$OUT/covered_old.log" 2>&1
       PYTHONPATH=$PWD/src timeout 200 python3 benchmarks/kernels/prop_ab.py "$OUT/covered_new.json" "${SANTA_COMMIT:-new}" \
         > "$OUT/covered_new.log" 2>&1 ;;
+    paged)  # issue 39: the one-launch prop on paged caches: its GPU tests (and vLLM's decoder's), then benchmarks/kernels/paged_ab.py
+            # (one launch, Triton, FlashInfer paged and cuDNN in the same call), then prop_ab.py on this tree and the last landed
+            # one (.oldab, carried: `git archive <commit> src | tar -x -C .oldab`): the contiguous path before and after
+      # PAGED_TESTS (default: the paged-cache ones) and PAGED_JSONL (default $OUT/paged.jsonl: a copy carried in the tree
+      # resumes a run cut at its limit; the file comes back under $OUT either way)
+      timeout 200 python3 -m pytest -q -p no:cacheprovider ${PAGED_TESTS:-tests/kernels/test_one_launch.py tests/kernels/test_head_offset.py \
+        tests/kernels/test_covered_exact.py tests/vllm_backend/test_vllm_decode.py} 2>&1 | tail -25 | tee "$OUT/tests_paged.log"
+      PYTHONPATH=/tmp/site:$PWD/.oldab/src timeout 150 python3 benchmarks/kernels/prop_ab.py "$OUT/contig_old.json" "${OLD_COMMIT:-old}" \
+        > "$OUT/contig_old.log" 2>&1
+      PYTHONPATH=/tmp/site:$PWD/src timeout 150 python3 benchmarks/kernels/prop_ab.py "$OUT/contig_new.json" "${SANTA_COMMIT:-new}" \
+        > "$OUT/contig_new.log" 2>&1
+      [ -n "${PAGED_JSONL:-}" ] && cp "$PAGED_JSONL" "$OUT/paged.jsonl"
+      timeout ${PAGED_LIMIT:-300} python3 benchmarks/kernels/paged_ab.py "$OUT/paged.jsonl" ${PAGED_ARGS:-} > "$OUT/paged.log" 2>&1 ;;
     ab)  # prop at S=128: this tree and 43cc084's (.old43, carried), cuDNN in each
       PYTHONPATH=$PWD/.old43/src timeout 240 python3 benchmarks/kernels/prop_ab.py "$OUT/ab_old.json" 43cc084 > "$OUT/ab_old.log" 2>&1
       PYTHONPATH=$PWD/src timeout 300 python3 benchmarks/kernels/prop_ab.py "$OUT/ab_new.json" "${SANTA_COMMIT:-new}" \

@@ -27,19 +27,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from benchmarks.bench.timing import captured
 
 
 def graph_us(fn, *, replays: int = 20, flush=None) -> float:
     """Median µs of one replay of a graph of ``fn`` (``flush`` before each replay, outside the events)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph = captured(fn, warmups=2)
     times = []
     for _ in range(replays + 3):
         if flush is not None:

@@ -116,7 +116,7 @@ def check_history(run: Path, updates: list[dict]) -> dict:
     its replay, each worker run's episodes a prefix 0…m−1 of its E (a run cut short: its worker died),
     and how stale the accepted episodes were per kind of worker (versions behind the update that
     used them) beside the number dropped as too stale."""
-    from santa.budgets.checkpoint import TuneSpec, replay
+    from santa.budgets.run_folder import TuneSpec, replay
 
     spec = TuneSpec.from_dict(json.loads((Path(run) / "run.json").read_text()))
     ids = [e["id"] for e in episodes_of(updates)]

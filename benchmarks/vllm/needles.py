@@ -82,9 +82,9 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from santa.decoding import stop_token_ids
     from santa.eval.grading import grade
     from santa.eval.tasks import build_prompt
+    from santa.hf_greedy import stop_token_ids
     from santa.schedule_file import write_json_atomic
 
     tokenizer = AutoTokenizer.from_pretrained(args.folder)

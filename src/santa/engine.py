@@ -90,7 +90,8 @@ def path_label(backend: str, device: str | torch.device) -> str:
     """The ``"path"`` a fast-path record carries for a santa.model backend."""
     if backend in santa.model.REFERENCE_BACKENDS:
         return "santa.model/reference"
-    if backend.startswith("santa-"):
+    method = methods.by_model_backend(backend)
+    if method is not None and method.kernel:
         from santa.kernels import use_triton
 
         return "santa.model/kernels" if use_triton(torch.device(device)) else "santa.model/kernels-torch"

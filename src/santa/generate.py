@@ -25,11 +25,11 @@ from dataclasses import dataclass
 import torch
 
 import santa.hf
-from santa import engine
+from santa import engine, methods
 from santa.assets import DEFAULT_MODEL, load_model
 from santa.checks import integer
-from santa.decoding import cache_keyword, greedy_continue, padded_forward, returned_cache, stop_token_ids  # noqa: F401 (cache_keyword: re-exported)
 from santa.eval.tasks import Prompt, chat, check_prompt_length, contains_all, needle_prompt
+from santa.hf_greedy import cache_keyword, greedy_continue, padded_forward, returned_cache, stop_token_ids  # noqa: F401 (cache_keyword: re-exported)
 
 
 @dataclass
@@ -202,8 +202,8 @@ def answer_fast(model, tokenizer, prompts: list[Prompt], backends: list[tuple[st
     return answers
 
 
-PATHS = ("hf", "fast")
-KERNELS = ("prop", "flash")
+PATHS = methods.PATHS
+KERNELS = methods.names(kernels=True)
 
 
 def check_path_arguments(*, path: str, batch: int, kernel: str | None, sampler: str, prefill: str, prompt_text: str | None) -> None:

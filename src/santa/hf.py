@@ -38,6 +38,7 @@ from santa.attention import ATTENTION_SAMPLERS, attention_probs, check_flag, val
 from santa.bernoulli import SCORE_SAMPLERS, bernoulli_query
 from santa.kernels.reference import sampler_uniforms
 from santa.rng import MAX_SEED, check_seed  # noqa: F401 (MAX_SEED: re-exported, the one seed range)
+from santa.sampling import SAMPLERS as STOCHASTIC_SAMPLERS
 from santa.sampling import check_budget, check_sampler
 from santa.stats import unique_keys
 
@@ -446,7 +447,7 @@ def santa_attention_forward(
     probs = attention_probs(scored, key, scale=scaling, is_causal=causal, attn_mask=attention_mask)  # [B, Hq, Lq, Lk]
     sampler = "dense" if exact_values else config.sampler
     uniforms = None
-    if sampler in ("iid", "stratified", "systematic"):  # keyed on the request, as the kernels draw
+    if sampler in STOCHASTIC_SAMPLERS:  # keyed on the request, as the kernels draw
         positions = query_positions(attention_mask, n_queries, n_keys, query.shape[0], query.device)  # [B, Lq]
         uniforms = sampler_uniforms(rng.layer_key(config.seed, layer), positions, query.shape[1], sampler, budget)
         uniforms = uniforms.to(query.device, torch.float64)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -198,7 +198,10 @@ class DecodeContext:
     attention: a plugged-in attention ``(q [B, H, d], k_cache, v_cache, ctx, layer) → [B, H, d]``
         that replaces the backend's in every decode step (benchmarks), or None.
     kv_scales: per layer, the cache's ``(k_scale, v_scale)`` (float32 ``[H_kv]`` device tensors for an fp8
-        cache, 1.0 otherwise), for a plugged-in attention that reads an fp8 cache.
+        cache, 1.0 otherwise), read by the attention of every layer (:func:`make_context` sets them; a context built by
+        hand without them attends a cache that is not fp8).
+    attend: the attention every layer's decode calls, bound once when the context is made: ``attention`` where one
+        is plugged in, else the backend's (:func:`bound_attention`): no per-step choice.
     """
 
     backend: str
@@ -213,6 +216,10 @@ class DecodeContext:
     santa_impl: str = "auto"  # "auto" / "kernels": santa.kernels.decode; "torch": santa.kernels.reference
     attention: Callable[[Tensor, Tensor, Tensor, DecodeContext, int], Tensor] | None = None
     kv_scales: list[tuple[Tensor | float, Tensor | float]] | None = None  # per layer (k_scale, v_scale): an fp8 cache's
+    attend: Callable[[Tensor, Tensor, Tensor, DecodeContext, int], Tensor] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.attend = self.attention if self.attention is not None else bound_attention(self.backend, self.santa_impl)
 
     def prepare(self, input_pos: Tensor) -> None:
         """Make key ``input_pos[b]`` visible to sequence b: ``seq_lens = input_pos + 1``, ``positions =
@@ -244,7 +251,7 @@ def plan_kernel(backend: str, q: Tensor, k_cache: Tensor, budget: int) -> santa_
     batch, heads, head_dim = q.shape
     return santa_kernels.plan_decode(
         batch=batch, heads=heads, kv_heads=k_cache.shape[2], head_dim=head_dim, n_keys=k_cache.shape[1], budget=budget,
-        dtype=q.dtype, device=q.device, kernel=backend.removeprefix("santa-"), kv_dtype=k_cache.dtype,
+        dtype=q.dtype, device=q.device, kernel=by_model_backend(backend).kernel, kv_dtype=k_cache.dtype,
     )
 
 
@@ -277,7 +284,8 @@ def make_context(
     budget = check_budget(budget)
     seed = rng.check_seed(seed)  # every seed in [0, 2**63) is legal: layer keys come from santa.rng
     layer_budgets = checked_layer_budgets(layer_budgets, model.args.n_layer)
-    if backend.startswith("santa-"):  # the kernels' limit, for santa_impl="torch" too: one contract per backend
+    method = by_model_backend(backend)
+    if method is not None and method.kernel:  # the kernels' limit, for santa_impl="torch" too: one contract per backend
         for name, s in [("budget", budget), *((f"layer_budgets[{k}]", v) for k, v in (layer_budgets or {}).items())]:
             if s > santa_kernels.MAX_BUDGET:
                 raise ValueError(f"{name} must lie in [1, {santa_kernels.MAX_BUDGET}] samples per head for backend {backend!r}, got {s}")
@@ -302,7 +310,7 @@ def make_context(
     )
     if backend == "sdpa":
         ctx.attn_bias = visibility_bias(ctx.seq_lens, max_len, dtype)
-    elif backend in ("santa-prop", "santa-flash") and _santa_kernels(santa_impl) is not None:
+    elif ctx.attend is kernel_decode:
         q = torch.empty(batch, model.args.n_head, model.args.head_dim, dtype=dtype, device=device)
         ctx.plans = {s: plan_kernel(backend, q, cache.k_cache, s) for s in {budget, *(layer_budgets or {}).values()}}
         for plan in ctx.plans.values():
@@ -427,45 +435,83 @@ class Attention(nn.Module):
 
     def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext) -> Tensor:
         # q: [B, H, d] contiguous; caches [B, L_max, H_kv, d]; sequence b sees its first seq_lens[b] keys → [B, H, d]
-        if ctx.attention is not None:  # a plugged-in attention reads the cache as stored (fp8 scales: ctx.kv_scales)
-            return ctx.attention(q, k_cache, v_cache, ctx, self.layer_id)
-        kernels = ctx.backend.startswith("santa-") and _santa_kernels(ctx.santa_impl) is not None
-        k_scale, v_scale = (1.0, 1.0) if self.kv_cache is None else self.kv_cache.scales()
-        if k_cache.dtype == FP8 and not kernels:  # the other paths attend the dequantised values
-            k_cache = dequantised(k_cache, k_scale, "NHD").to(q.dtype)
-            v_cache = dequantised(v_cache, v_scale, "NHD").to(q.dtype)
-        if ctx.backend == "sdpa":
-            y = F.scaled_dot_product_attention(
-                q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), attn_mask=ctx.attn_bias, enable_gqa=True
-            )  # [B, H, 1, d]
-            return y.squeeze(2)
-        keys = ctx.layer_keys[self.layer_id]  # [B]: each sequence's Philox key in this layer
-        if ctx.backend in REFERENCE_BACKENDS:
-            visible = torch.arange(k_cache.shape[1], device=q.device) < ctx.seq_lens.unsqueeze(-1)  # [B, L_max]
-            budget = ctx.budget_for(self.layer_id)
-            uniforms = None
-            if ctx.backend != "topk":  # request-keyed, as the kernels draw: [B, H, 1(, S)]
-                uniforms = reference.sampler_uniforms(keys, ctx.positions.unsqueeze(1), q.shape[1], ctx.backend, budget)
-                uniforms = uniforms.to(q.device, torch.float64)
-            y = sampled_attention(
-                q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), budget, sampler=ctx.backend,
-                attn_mask=visible[:, None, None], enable_gqa=True, uniforms=uniforms,
-            )  # [B, H, 1, d]
-            covered = ctx.seq_lens <= budget  # the one rule of every path: S covers the sequence's live keys → exact
-            if bool(covered.any()):  # (a host read: this path is eager)
-                exact = F.scaled_dot_product_attention(q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
-                                                       attn_mask=visible[:, None, None], enable_gqa=True)
-                y = torch.where(covered[:, None, None, None], exact.to(y.dtype), y)
-            return y.squeeze(2)
-        if not kernels:  # reads the keys and positions on the host: eager only
-            kernel = ctx.backend.removeprefix("santa-")
-            kwargs = {"tile": santa_kernels.flash_tile(q.shape[-1])} if kernel == "flash" else {}
-            ref = reference.prop_reference if kernel == "prop" else reference.flash_reference
-            return ref(q, k_cache, v_cache, ctx.budget_for(self.layer_id), seq_lens=ctx.seq_lens, seed=keys,
-                       positions=ctx.positions, **kwargs)[0]
-        # launches only (no validation, no host sync): keys and positions are device tensors, so a captured graph follows them
-        return ctx.plan_of(self.layer_id, q, k_cache).run(q, k_cache, v_cache, seq_lens=ctx.seq_lens, seed=keys,
-                                                          positions=ctx.positions, k_scale=k_scale, v_scale=v_scale)
+        return ctx.attend(q, k_cache, v_cache, ctx, self.layer_id)
+
+
+# The decode attentions a context binds (DecodeContext.attend): q [B, H, d], the layer's caches [B, L_max, H_kv, d] as
+# stored (e4m3 with ctx.kv_scales[layer] for an fp8 cache), sequence b seeing its first ctx.seq_lens[b] keys → [B, H, d].
+
+
+def layer_scales(ctx: DecodeContext, layer: int, k_cache: Tensor) -> tuple[Tensor | float, Tensor | float]:
+    """``(k_scale, v_scale)`` of ``layer``'s cache: ``ctx.kv_scales[layer]``, or 1.0 for a cache that is not fp8."""
+    if ctx.kv_scales is not None:
+        return ctx.kv_scales[layer]
+    if k_cache.dtype == FP8:
+        raise ValueError("an fp8 cache needs the context's kv_scales (make_context sets them)")
+    return 1.0, 1.0
+
+
+def stored_values(q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext, layer: int) -> tuple[Tensor, Tensor]:
+    """The caches' values in q's dtype (dequantised copies for an fp8 cache): what the torch attentions read."""
+    if k_cache.dtype != FP8:
+        return k_cache, v_cache
+    k_scale, v_scale = layer_scales(ctx, layer, k_cache)
+    return dequantised(k_cache, k_scale, "NHD").to(q.dtype), dequantised(v_cache, v_scale, "NHD").to(q.dtype)
+
+
+def dense_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext, layer: int) -> Tensor:
+    """Exact attention (SDPA) under the context's visibility bias."""
+    k_cache, v_cache = stored_values(q, k_cache, v_cache, ctx, layer)
+    y = F.scaled_dot_product_attention(q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+                                       attn_mask=ctx.attn_bias, enable_gqa=True)  # [B, H, 1, d]
+    return y.squeeze(2)
+
+
+def reference_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext, layer: int) -> Tensor:
+    """:func:`santa.sampled_attention` with the backend's sampler, request-keyed as the kernels draw, and exact where
+    the budget covers a sequence's live keys (eager: it reads the host)."""
+    k_cache, v_cache = stored_values(q, k_cache, v_cache, ctx, layer)
+    sampler, keys, budget = ctx.backend, ctx.layer_keys[layer], ctx.budget_for(layer)
+    visible = torch.arange(k_cache.shape[1], device=q.device) < ctx.seq_lens.unsqueeze(-1)  # [B, L_max]
+    uniforms = None
+    if sampler != "topk":  # request-keyed, as the kernels draw: [B, H, 1(, S)]
+        uniforms = reference.sampler_uniforms(keys, ctx.positions.unsqueeze(1), q.shape[1], sampler, budget)
+        uniforms = uniforms.to(q.device, torch.float64)
+    y = sampled_attention(q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), budget, sampler=sampler,
+                          attn_mask=visible[:, None, None], enable_gqa=True, uniforms=uniforms)  # [B, H, 1, d]
+    covered = ctx.seq_lens <= budget  # the one rule of every path: S covers the sequence's live keys → exact
+    if bool(covered.any()):  # (a host read: this path is eager)
+        exact = F.scaled_dot_product_attention(q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+                                               attn_mask=visible[:, None, None], enable_gqa=True)
+        y = torch.where(covered[:, None, None, None], exact.to(y.dtype), y)
+    return y.squeeze(2)
+
+
+def kernel_reference_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext, layer: int) -> Tensor:
+    """The backend's kernel as :mod:`santa.kernels.reference` computes it (``santa_impl="torch"``; eager)."""
+    k_cache, v_cache = stored_values(q, k_cache, v_cache, ctx, layer)
+    kernel = by_model_backend(ctx.backend).kernel
+    kwargs = {"tile": santa_kernels.flash_tile(q.shape[-1])} if kernel == "flash" else {}
+    ref = reference.prop_reference if kernel == "prop" else reference.flash_reference
+    return ref(q, k_cache, v_cache, ctx.budget_for(layer), seq_lens=ctx.seq_lens, seed=ctx.layer_keys[layer],
+               positions=ctx.positions, **kwargs)[0]
+
+
+def kernel_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext, layer: int) -> Tensor:
+    """The layer budget's plan: launches only (no validation, no host sync; the keys and positions are device tensors,
+    so a captured graph follows them); an fp8 cache is read as stored, with its scales."""
+    k_scale, v_scale = layer_scales(ctx, layer, k_cache)
+    return ctx.plan_of(layer, q, k_cache).run(q, k_cache, v_cache, seq_lens=ctx.seq_lens, seed=ctx.layer_keys[layer],
+                                              positions=ctx.positions, k_scale=k_scale, v_scale=v_scale)
+
+
+def bound_attention(backend: str, santa_impl: str = "auto") -> Callable[[Tensor, Tensor, Tensor, DecodeContext, int], Tensor]:
+    """The decode attention of one of santa.model's backends (:data:`BACKENDS`, :data:`REFERENCE_BACKENDS`)."""
+    if backend == METHODS["dense"].model_backend:
+        return dense_decode
+    if backend in REFERENCE_BACKENDS:
+        return reference_decode
+    return kernel_decode if _santa_kernels(santa_impl) is not None else kernel_reference_decode
 
 
 class FeedForward(nn.Module):

@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from helpers import CUDA, TINY_CELLS_FLAGS, CountingScorer, exit_code_and_stderr, refusal
-from santa.budgets.checkpoint import (
+from santa.budgets.reinforce import Episode, PolicyState, reinforce_step, sample_schedule
+from santa.budgets.rewards import RewardSpec
+from santa.budgets.run_folder import (
     HISTORY,
     RUN,
     CheckpointError,
@@ -25,8 +27,6 @@ from santa.budgets.checkpoint import (
     resume,
     update_record,
 )
-from santa.budgets.reinforce import Episode, PolicyState, reinforce_step, sample_schedule
-from santa.budgets.rewards import RewardSpec
 from santa.budgets.sweep import Cell, run_cells
 from santa.schedule_file import write_schedule
 from santa.sweep_files import SweepLocked, append_record, read_records, sweep_lock

@@ -18,9 +18,9 @@ from helpers import SYNTHETIC_SPEC, assert_consistent_history, refusal, tune_his
 ray = pytest.importorskip("ray")
 
 from santa.budgets import tune_cli  # noqa: E402
-from santa.budgets.checkpoint import HISTORY, TuneSpec  # noqa: E402
 from santa.budgets.distributed import Hooks, desired_workers, tune  # noqa: E402
 from santa.budgets.rewards import RewardSpec  # noqa: E402
+from santa.budgets.run_folder import HISTORY, TuneSpec  # noqa: E402
 from santa.schedule_file import load_layer_budgets  # noqa: E402
 
 
@@ -125,7 +125,7 @@ def test_stopped_driver_resumes_with_another_worker_count(tmp_path):
 
 KILLED_DRIVER = """
 import os, sys
-from santa.budgets.checkpoint import TuneSpec
+from santa.budgets.run_folder import TuneSpec
 from santa.budgets.distributed import Hooks, tune
 from santa.budgets.rewards import RewardSpec
 
@@ -152,7 +152,7 @@ def test_killed_driver_resumes_from_its_history(tmp_path):
 
 
 def test_resume_refuses_other_settings(tmp_path):
-    from santa.budgets.checkpoint import CheckpointError, prepare
+    from santa.budgets.run_folder import CheckpointError, prepare
 
     prepare(tmp_path, SYNTHETIC_SPEC)
     other = TuneSpec(reward=SYNTHETIC_SPEC.reward, n_layers=4, total=20, episodes=3)

@@ -16,8 +16,8 @@ from helpers import REPO, SYNTHETIC_SPEC, assert_consistent_history, refusal, tu
 ray = pytest.importorskip("ray")
 
 from santa.budgets import tune_cli  # noqa: E402
-from santa.budgets.checkpoint import HISTORY  # noqa: E402
 from santa.budgets.distributed import Driver, Hooks, actor_options, missing_resources, tune, worker_kind  # noqa: E402
+from santa.budgets.run_folder import HISTORY  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -327,7 +327,7 @@ class Landed:
 def test_episodes_older_than_the_staleness_limit_are_recorded_but_not_learned_from(tmp_path, report):
     import dataclasses
 
-    from santa.budgets.checkpoint import prepare
+    from santa.budgets.run_folder import prepare
 
     spec = dataclasses.replace(SYNTHETIC_SPEC, max_staleness=1)
     prepare(tmp_path, spec)
@@ -344,7 +344,7 @@ def test_episodes_older_than_the_staleness_limit_are_recorded_but_not_learned_fr
     assert [e["id"] for e in updates[2]["dropped"]] == ["9-20-0", "9-30-1"]
     assert updates[2]["reward_count"] == 5 and not driver.dropped
     assert_consistent_history(updates, spec)  # replaying the accepted episodes gives the recorded θ
-    from santa.budgets.checkpoint import resume
+    from santa.budgets.run_folder import resume
 
     assert {"9-20-0", "9-30-1"} <= resume(tmp_path, spec.n_layers).episode_ids  # dropped ids stay used
     check = report.check_history(tmp_path, updates)
@@ -375,7 +375,7 @@ def test_cli_staleness_default_is_the_saved_value_on_resume(tmp_path):
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_an_episode_with_a_non_finite_reward_is_left_out_with_a_warning(tmp_path, capsys, bad):
     """A NaN/inf reward would make θ NaN for good (and the history unresumable): it is left out, named."""
-    from santa.budgets.checkpoint import prepare
+    from santa.budgets.run_folder import prepare
 
     prepare(tmp_path, SYNTHETIC_SPEC)
     driver = Driver(FakeRay(), SYNTHETIC_SPEC, out=tmp_path, requested=1, device="cpu", threads=1, hooks=Hooks(), poll_s=0.1)

@@ -17,8 +17,8 @@ import santa.cli
 import santa.generate
 from helpers import REPO, CharTokenizer, refusal, tiny_hf_model
 from santa.cli import main
-from santa.decoding import greedy_continue_batch, left_pad, padded_forward
 from santa.generate import Answer, check_path_arguments, check_run_arguments
+from santa.hf_greedy import greedy_continue_batch, left_pad, padded_forward
 
 RST = ("``", ":func:", ":class:", ":mod:", ":meth:", ":data:", ":attr:")
 
@@ -230,7 +230,7 @@ def test_a_command_whose_module_cannot_load_is_status_1_not_a_usage_error(monkey
     assert err.startswith(f"santa {name}: error: santa {name} is not available here") and err.count("\n") == 1
 
 
-# --- santa.generate.run and santa.decoding: checked arguments ---------------------------------------
+# --- santa.generate.run and santa.hf_greedy: checked arguments ---------------------------------------
 
 
 def test_run_refuses_cuda_without_cuda_before_loading(monkeypatch):

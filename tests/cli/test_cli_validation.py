@@ -140,7 +140,7 @@ def test_generate_run_refuses_a_bad_budget_before_loading_the_model():
 
 
 def test_greedy_decoding_refuses_zero_new_tokens():
-    from santa.decoding import greedy_continue_batch
+    from santa.hf_greedy import greedy_continue_batch
 
     with pytest.raises(ValueError, match="max_new_tokens must be an int ≥ 1"):
         greedy_continue_batch(None, None, None, None, 0)
@@ -304,7 +304,7 @@ def test_a_prompt_longer_than_asked_is_refused():
 
 def test_modules_import_only_modules_below_them():
     """sampling ← attention ← kernels ← hf ← decoding ← eval ← generate ← cli: nothing imports upward."""
-    order = ["santa.decoding", "santa.eval", "santa.generate", "santa.cli"]
+    order = ["santa.hf_greedy", "santa.eval", "santa.generate", "santa.cli"]
 
     def rank(module: str) -> int | None:
         return next((i for i, name in enumerate(order) if module == name or module.startswith(name + ".")), None)

@@ -128,7 +128,7 @@ def test_bernoulli_diagnostics_read_more_and_err_less_with_more_draws(model_and_
 
 def test_left_padded_batch_decodes_like_one_prompt_at_a_time(model_and_tokenizer):
     import santa.hf
-    from santa.decoding import greedy_continue, greedy_continue_batch, left_pad, padded_forward, returned_cache
+    from santa.hf_greedy import greedy_continue, greedy_continue_batch, left_pad, padded_forward, returned_cache
 
     model, tokenizer = model_and_tokenizer
     santa.hf.configure(model, santa.hf.SantaConfig(sampler="dense"))

@@ -133,9 +133,10 @@ def test_a_head_offset_needs_positions():
     assert check_head_offset(2**31 - H, heads=H, positional=True) == 2**31 - H  # the counter's 32-bit head word
 
 
-def test_the_offset_is_a_runtime_argument_and_keeps_the_one_launch_to_offset_0():
-    """One compiled kernel per rank's plan (the offset is not in the launch key, so not specialised on); the one-launch
-    CUDA prop, which keys on the call's own heads, serves offset 0 only: other ranks take the Triton prop."""
+def test_the_offset_is_a_runtime_argument_of_every_launch(monkeypatch):
+    """One compiled kernel per rank's plan (the offset is not in the Triton launch key, so not specialised on), and the
+    one-launch CUDA prop takes the offset as an argument too: a rank past the first keeps the one launch."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # run_checked launches (here: the stand-in) instead of the torch fallback
     call = inputs("bf16")
     plan = plan_decode(batch=B, heads=H, kv_heads=H_KV, head_dim=D, n_keys=L, budget=BUDGET, dtype=torch.bfloat16, device=DEVICE)
     q, k, v, positions = call["q"], call["k"], call["v"], call["positions"]
@@ -144,10 +145,23 @@ def test_the_offset_is_a_runtime_argument_and_keeps_the_one_launch_to_offset_0()
     key0, args0, _ = plan._arguments(*common, 0)
     key4, args4, _ = plan._arguments(*common, 4)
     assert key0 == key4 and args0["head_offset"] == 0 and args4["head_offset"] == 4
-    plan.one_launch = object()  # as on an sm_90 GPU
-    serves = (q, k, v, None, None, out, None, None, 1.0, 1.0, None)
-    assert plan._one_launch_serves(*serves) and plan._one_launch_serves(*serves, 0)
-    assert not plan._one_launch_serves(*serves, 4)
+
+    class OneLaunchStandIn:  # as on an sm_90 GPU: records what the plan passes to the launch
+        calls: list = []
+
+        def own_buffers(self):
+            return "own buffers"
+
+        def run(self, *tensors, **kwargs):
+            self.calls.append(kwargs)
+            return kwargs["out"]
+
+    plan.one_launch = OneLaunchStandIn()
+    for offset in (0, 4):
+        plan.run(q, k, v, seq_lens=call["seq_lens"], positions=positions, out=out, head_offset=offset)
+    assert [c["head_offset"] for c in OneLaunchStandIn.calls] == [0, 4]
+    assert all(c["buffers"] == "own buffers" and c["strides"] == (k.stride(0), k.stride(1), k.stride(2))
+               for c in OneLaunchStandIn.calls)
 
 
 def test_the_custom_op_takes_the_offset():

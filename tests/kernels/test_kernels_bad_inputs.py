@@ -271,7 +271,7 @@ def test_a_cached_signature_follows_triton_interpret(monkeypatch):
 
     if DEVICE.type != "cpu":
         pytest.skip("on CUDA the kernels always run")
-    decode_module = importlib.import_module("santa.kernels.decode")
+    decode_module = importlib.import_module("santa.kernels.eager")
     q, k, v = make_inputs(1, 4, 2, 32, 48, seed=5)
     decode(q, k, v, 8, seed=2)  # under the interpreter (the fixture sets it): the kernels
     fallback = []

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from helpers import make_inputs
+from helpers import make_inputs, to_paged
 from santa.kernels import Tuning, decode, philox_uniforms, plan_decode
 from santa.kernels import one_launch as ol
 from santa.kernels.reference import sampler_uniforms
@@ -51,6 +51,11 @@ def h200_per_sm(shared: int) -> int:
     (16, 3, 3, 64, 8192, 64, "C5"),
     (64, 3, 3, 64, 8192, 128, "C4s"),
     (64, 3, 3, 64, 8192, 64, None),  # the two launches are faster there (S = 64: 78.7 µs against 83.4)
+    (64, 8, 4, 128, 32768, 128, "C8s"),  # a 32k plan on vLLM's pages: 250.6 µs against 387.8 on 2k-key sequences
+    (64, 8, 4, 128, 2048, 128, None),  # C2s: one CTA per SM (the gather's rows), 291.2 against 211.1 (paged)
+    (16, 8, 4, 128, 4096, 128, None),  # C2s: 110.6 against 83.8
+    (64, 8, 4, 128, 131072, 128, None),  # C16s: 31 rounds of short slices on 2k-key sequences, 629.0 against 426.8
+    (64, 2, 7, 64, 2048, 128, "C2"),  # Qwen's shape: the one launch wins batched short sequences (44.9 against 86.1)
 ])
 def test_the_plan_rule_picks_the_plans_measured_fastest(batch, kv_heads, group_size, dim, n, budget, want):
     """The H200 tables of issue 24 (benchmarks/RESULTS.md, 2026-12-03): the rule's plan is the fastest candidate."""
@@ -65,19 +70,62 @@ def test_the_plan_rule_picks_the_plans_measured_fastest(batch, kv_heads, group_s
 
 
 def test_the_plan_rule_takes_more_slices_where_the_gather_needs_them_and_none_past_shared_memory():
-    big = ol.choose_plan(batch=8, kv_heads=8, group_size=4, dim=128, n=32768, budget=2048, sms=132, per_sm=h200_per_sm)
-    assert big is not None and big.slots > 8  # 2,048 rows of 8 floats per owned vector: more slices, fewer vectors each
+    big = ol.choose_plan(batch=16, kv_heads=2, group_size=7, dim=64, n=32768, budget=2048, sms=132, per_sm=h200_per_sm)
+    assert big is not None and big.slots > 16  # 2,048 rows of 8 floats per owned vector: more slices, fewer vectors each
+    # Llama's shape takes at most 8 slices in rounds: there the two launches serve it
+    assert ol.choose_plan(batch=8, kv_heads=8, group_size=4, dim=128, n=32768, budget=2048, sms=132, per_sm=h200_per_sm) is None
     assert ol.choose_plan(batch=1, kv_heads=8, group_size=4, dim=128, n=8192, budget=1 << 20, sms=132, per_sm=h200_per_sm) is None
     assert ol.choose_plan(batch=1, kv_heads=8, group_size=2, dim=128, n=8192, budget=128, sms=132, per_sm=h200_per_sm) is None
 
 
 @pytest.mark.parametrize("change", [dict(kernel="flash"), dict(dtype=torch.float16, kv_dtype=torch.float16),
-                                    dict(kv_dtype=torch.float8_e4m3fn), dict(kv_layout="HND"), dict(page_size=16),
+                                    dict(dtype=torch.float16, kv_dtype=torch.float8_e4m3fn), dict(kv_layout="HND"), dict(page_size=12),
+                                    dict(page_size=48, kv_layout="HND"),
                                     dict(head_dim=96), dict(group_size=2)])
-def test_only_bf16_contiguous_nhd_prop_of_the_served_shapes_is_eligible(change):
+def test_only_bf16_q_prop_of_the_served_shapes_contiguous_nhd_or_in_pages_of_a_power_of_two_is_eligible(change):
     kwargs = dict(device=torch.device("cuda", 0), kernel="prop", dtype=torch.bfloat16, kv_dtype=torch.bfloat16,
                   kv_layout="NHD", page_size=None, head_dim=128, group_size=4)
     assert not ol.eligible(**{**kwargs, **change})
+
+
+def test_a_paged_plan_counts_its_slices_pages_in_shared_memory():
+    contiguous = ol.choose_plan(batch=2, kv_heads=8, group_size=4, dim=128, n=32768, budget=128, sms=132, per_sm=h200_per_sm)
+    paged = ol.choose_plan(batch=2, kv_heads=8, group_size=4, dim=128, n=32768, budget=128, sms=132, per_sm=h200_per_sm,
+                           page_size=16)
+    assert paged.kernel == "prop1p_d128_g4" and contiguous.kernel == "prop1_d128_g4" and paged.name == contiguous.name
+    slice_len = paged.works[0].slice_len
+    grows = (paged.shared(group_size=4, dim=128, budget=128, page_size=16)
+             - contiguous.shared(group_size=4, dim=128, budget=128))
+    assert grows == 4 * (-(-slice_len // 16) + 1)  # a slice's keys can straddle one page more than they fill
+    image = ol.MODULE.read_bytes()
+    for dim, group_size in ol.SHAPES:
+        for paged in (False, True):
+            for fp8 in (False, True):
+                assert ol.kernel_name(dim, group_size, paged=paged, fp8=fp8).encode() in image
+
+
+def test_buffers_hold_a_plan_only_if_its_groups_heads_and_slices_fit():
+    buffers = ol.Buffers.allocate(batch=4, heads=32, kv_heads=8, budget=128, slots=66, device=torch.device("cpu"))
+    assert buffers.slots == 66 and buffers.stats.shape == (32, 4, 66, 2) and buffers.epoch.eq(0).all()
+    assert buffers.fits(batch=3, heads=32, kv_heads=8, budget=128, slots=33)
+    assert not buffers.fits(batch=5, heads=32, kv_heads=8, budget=128, slots=33)  # more groups than rows
+    assert not buffers.fits(batch=4, heads=32, kv_heads=8, budget=128, slots=67)
+    assert not buffers.fits(batch=4, heads=32, kv_heads=8, budget=64, slots=8)  # the sampled words' rows are S long
+    assert not buffers.fits(batch=4, heads=28, kv_heads=4, budget=128, slots=8)
+
+
+def test_cache_strides_address_nhd_hnd_and_vllms_packed_rows_and_refuse_what_16_byte_loads_cannot_read():
+    k = torch.zeros(10, 16, 8, 128, dtype=torch.bfloat16)
+    assert ol.cache_strides(k, k.clone(), "NHD") == (16 * 8 * 128, 8 * 128, 128)
+    hnd = torch.zeros(10, 8, 16, 128, dtype=torch.bfloat16)
+    assert ol.cache_strides(hnd, hnd.clone(), "HND") == (8 * 16 * 128, 128, 16 * 128)
+    packed = torch.zeros(10, 16, 8, 256, dtype=torch.bfloat16)  # vLLM: K and V halves of one row
+    assert ol.cache_strides(packed[..., :128], packed[..., 128:], "NHD") == (16 * 8 * 256, 8 * 256, 256)
+    assert ol.cache_strides(k, torch.zeros(10, 16, 8, 136, dtype=torch.bfloat16)[..., :128], "NHD") is None  # strides differ
+    odd = torch.zeros(10, 16, 8, 132, dtype=torch.bfloat16)[..., :128]
+    assert ol.cache_strides(odd, odd, "NHD") is None  # a head stride of 132 elements: loads off 16 bytes
+    shifted = torch.zeros(10 * 16 * 8 * 128 + 4, dtype=torch.bfloat16)[4:].view(10, 16, 8, 128)
+    assert ol.cache_strides(shifted, shifted, "NHD") is None  # an 8-byte aligned base
 
 
 def test_a_cpu_plan_has_no_one_launch_and_tuning_checks_the_switch():
@@ -256,3 +304,164 @@ def test_decode_runs_the_one_launch_prop_on_served_shapes():
     out, counts = decode(q, k, v, 128, kernel="prop", seed=3, return_counts=True)
     assert_counts_match_systematic(counts, dense_probs(q, k), 128, philox_uniforms(3, 0, torch.arange(32).reshape(1, 32)))
     assert math.isfinite(float(out.float().abs().max()))
+
+
+# --------------------------------------------------------------------------- paged caches on an sm_90 GPU
+
+
+def paged_case(layout: str, *, batch=3, heads=32, kv_heads=8, dim=128, n_keys=2048, page_size=16, seed=31):
+    """q, the contiguous NHD K and V, and the same keys in shuffled pages: santa's NHD / HND pages, or vLLM's packed
+    rows (K and V halves of one [pages, P, H_kv, 2·D] tensor, strided views)."""
+    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, torch.bfloat16, seed=seed, q_scale=3.0)
+    k_pages, table = to_paged(k, page_size, seed=seed)
+    v_pages, _ = to_paged(v, page_size, seed=seed)  # the same permutation: one table
+    if layout == "packed":
+        packed = torch.cat([k_pages, v_pages], dim=-1)
+        k_pages, v_pages, layout = packed[..., :dim], packed[..., dim:], "NHD"
+    elif layout == "HND":
+        k_pages, v_pages = (x.transpose(1, 2).contiguous() for x in (k_pages, v_pages))
+    return q, k, v, k_pages, v_pages, table, layout
+
+
+@needs_hopper
+@pytest.mark.parametrize("layout,dim,heads,kv_heads,page_size", [
+    ("NHD", 128, 32, 8, 16), ("HND", 128, 32, 8, 32), ("packed", 128, 32, 8, 16), ("packed", 64, 14, 2, 64),
+    ("NHD", 64, 9, 3, 1)])
+def test_paged_caches_draw_the_triton_props_samples_in_one_launch(layout, dim, heads, kv_heads, page_size):
+    """Paged K/V read through the block table on the device: the same samples as the Triton prop (up to float32 CDF
+    rounding) and as the reference on the contiguous cache, covered sequences exact, a head offset drawn as there."""
+    batch, n_keys, budget = 3, 2048, 128
+    q, k, v, k_pages, v_pages, table, kv_layout = paged_case(layout, heads=heads, kv_heads=kv_heads, dim=dim,
+                                                             n_keys=n_keys, page_size=page_size)
+    seq_lens = torch.tensor([2048, 1001, 77], dtype=torch.int32, device="cuda")  # sampled, sampled, covered
+    positions = (seq_lens - 1).long()
+    seeds = torch.tensor([7, 8, 9], dtype=torch.int64, device="cuda")
+    counts, outs = {}, {}
+    for name, tuning in (("one launch", None), ("two launches", Tuning(one_launch=False))):
+        plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget,
+                           dtype=torch.bfloat16, device="cuda", kv_layout=kv_layout, page_size=page_size, tuning=tuning)
+        assert (plan.one_launch is not None) == (tuning is None)
+        counts[name] = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda")
+        outs[name] = plan.run(q, k_pages, v_pages, seq_lens=seq_lens, block_table=table, seed=seeds, positions=positions,
+                              head_offset=heads, counts=counts[name])
+    uniforms = sampler_uniforms(seeds.cpu(), positions.cpu().unsqueeze(1), 2 * heads, "systematic", budget)
+    uniforms = uniforms.reshape(batch, 2 * heads)[:, heads:]  # the global heads heads … 2·heads − 1
+    for name in counts:
+        assert_counts_match_systematic(counts[name][:2], dense_probs(q, k, seq_lens)[:2], budget, uniforms[:2])
+    got = counts["one launch"]
+    expected = torch.einsum("bhl,blhd->bhd", got.double(), v.double().repeat_interleave(heads // kv_heads, dim=2)) / budget
+    covered = got[2, :, :77].eq(1).all() and got[2, :, 77:].eq(0).all()
+    assert covered, "a sequence the budget covers is exact: each live key once"
+    p = dense_probs(q, k, seq_lens)[2]
+    exact = torch.einsum("hl,lhd->hd", p, v[2].double().repeat_interleave(heads // kv_heads, dim=1))
+    torch.testing.assert_close(outs["one launch"][:2].double(), expected[:2], rtol=8e-3, atol=8e-3)
+    torch.testing.assert_close(outs["one launch"][2].double(), exact, rtol=2e-2, atol=2e-2)
+
+
+@needs_hopper
+def test_a_page_id_outside_the_pool_is_never_followed_and_poisons_only_its_sequence():
+    q, k, v, k_pages, v_pages, table, _ = paged_case("packed", n_keys=1024)
+    seq_lens = torch.tensor([1024, 1024, 500], dtype=torch.int32, device="cuda")
+    table = table.clone()
+    table[1, 7] = k_pages.shape[0] + 1000  # a live page of sequence 1: past the pool
+    table[2, 40] = -5  # past sequence 2's 500 keys: never read
+    plan = plan_decode(batch=3, heads=32, kv_heads=8, head_dim=128, n_keys=1024, budget=128, dtype=torch.bfloat16,
+                       device="cuda", page_size=16)
+    assert plan.one_launch is not None
+    counts = torch.zeros(3, 32, 1024, dtype=torch.int32, device="cuda")
+    out = plan.run(q, k_pages, v_pages, seq_lens=seq_lens, block_table=table, seed=3, counts=counts)
+    torch.cuda.synchronize()
+    assert out[1].isnan().all() and counts[1].sum() == 0
+    assert not out[[0, 2]].isnan().any() and bool((counts[[0, 2]].sum(-1) == 128).all())
+
+
+@needs_hopper
+def test_plans_of_several_batch_sizes_share_one_set_of_buffers_through_their_workspaces():
+    """As vLLM's backend runs them (one PagedDecoder, one plan per batch size, CUDA graphs): every plan's words are tagged
+    with its groups' epochs, so calls that alternate between plans over one set of buffers draw what fresh buffers draw."""
+    from santa.kernels import Workspace
+    q, _, _, k_pages, v_pages, table, _ = paged_case("packed", batch=4, n_keys=4096)
+    seq_lens = torch.tensor([4096, 3000, 2000, 1000], dtype=torch.int32, device="cuda")
+    shared = ol.Buffers.allocate(batch=4, heads=32, kv_heads=8, budget=128, slots=ol.MAX_ONE_WAVE_SLICES,
+                                 device=torch.device("cuda"))
+    runs = []
+    for batch in (4, 1, 2, 4, 1, 2):
+        plan = plan_decode(batch=batch, heads=32, kv_heads=8, head_dim=128, n_keys=4096, budget=128, dtype=torch.bfloat16,
+                           device="cuda", page_size=16)
+        workspace = Workspace.within(plan.workspace_key, scratch=plan.workspace.buffer,
+                                     semaphores=torch.zeros(batch * 32, dtype=torch.int32, device="cuda"),
+                                     one_launch_buffers=shared)
+        args = (q[:batch], k_pages, v_pages)
+        kwargs = dict(seq_lens=seq_lens[:batch], block_table=table[:batch], seed=5, offset=len(runs))
+        out = plan.run(*args, **kwargs, workspace=workspace)
+        fresh = plan.run(*args, **kwargs)  # the plan's own buffers
+        runs.append(bool(torch.equal(out, fresh)))
+    assert all(runs)
+
+
+# --------------------------------------------------------------------------- fp8 (e4m3) caches on an sm_90 GPU
+
+FP8 = torch.float8_e4m3fn
+
+
+@needs_hopper
+@pytest.mark.parametrize("dim,heads,kv_heads", [(128, 32, 8), (64, 14, 2), (64, 9, 3)])
+@pytest.mark.parametrize("layout", ["contiguous", "packed"])
+@pytest.mark.parametrize("scale_kind", ["scalar", "per head"])
+@pytest.mark.parametrize("q_range", [1.0, 2.0**60])
+def test_fp8_caches_draw_the_dequantised_caches_samples_in_one_launch(dim, heads, kv_heads, layout, scale_kind, q_range):
+    """e4m3 K and V with their scales: K read as float16 and q as float16 times a power of two (the Triton prop's
+    products, also for queries far outside float16's range), V rows dequantised as gathered: the systematic
+    sampler's counts on the dequantised keys (up to float32 CDF rounding) and their mean of the dequantised values,
+    as the Triton prop draws them; a covered sequence exact."""
+    batch, n_keys, budget = 3, 1536, 128
+    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, torch.float32, seed=41, q_scale=3.0)
+    q = (q * q_range).to(torch.bfloat16)
+    per_head = torch.tensor([0.5, 0.25, 1.0, 0.125, 2.0, 0.5, 0.25, 1.0][:kv_heads], device="cuda")
+    k_arg, v_arg = (0.25, 0.5) if scale_kind == "scalar" else (per_head, per_head.flip(0).contiguous())
+    k_values = torch.full((kv_heads,), k_arg, device="cuda") if scale_kind == "scalar" else k_arg
+    v_values = torch.full((kv_heads,), v_arg, device="cuda") if scale_kind == "scalar" else v_arg
+    k8, v8 = (k / k_values.view(1, 1, -1, 1)).to(FP8), (v / v_values.view(1, 1, -1, 1)).to(FP8)
+    k_deq, v_deq = k8.float() * k_values.view(1, 1, -1, 1), v8.float() * v_values.view(1, 1, -1, 1)
+    seq_lens = torch.tensor([1536, 700, 90], dtype=torch.int32, device="cuda")  # sampled, sampled, covered
+    kwargs = dict(seq_lens=seq_lens, seed=6, offset=3, k_scale=k_arg, v_scale=v_arg)
+    plan_kwargs = dict(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget,
+                       dtype=torch.bfloat16, kv_dtype=FP8, device="cuda")
+    if layout == "packed":  # vLLM's uint8 cache, K|V halves of one row, viewed as e4m3
+        k_pages, table = to_paged(k8.view(torch.uint8), 16, seed=4)
+        v_pages, _ = to_paged(v8.view(torch.uint8), 16, seed=4)
+        rows = torch.cat([k_pages, v_pages], dim=-1).view(FP8)
+        k_cache, v_cache, kwargs["block_table"], plan_kwargs["page_size"] = rows[..., :dim], rows[..., dim:], table, 16
+    else:
+        k_cache, v_cache = k8, v8
+    counts, outs = {}, {}
+    for name, tuning in (("one launch", None), ("two launches", Tuning(one_launch=False))):
+        plan = plan_decode(**plan_kwargs, tuning=tuning)
+        assert (plan.one_launch is not None) == (tuning is None)
+        counts[name] = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda")
+        outs[name] = plan.run(q, k_cache, v_cache, counts=counts[name], **kwargs)
+    probs = dense_probs(q, k_deq, seq_lens)
+    uniforms = philox_uniforms(6, 3, torch.arange(batch * heads).reshape(batch, heads))
+    for name in counts:
+        assert_counts_match_systematic(counts[name][:2], probs[:2], budget, uniforms[:2])
+    got = counts["one launch"]
+    group = heads // kv_heads
+    expected = torch.einsum("bhl,blhd->bhd", got.double(), v_deq.double().repeat_interleave(group, dim=2)) / budget
+    torch.testing.assert_close(outs["one launch"][:2].double(), expected[:2], rtol=8e-3, atol=8e-3)
+    assert got[2, :, :90].eq(1).all() and got[2, :, 90:].eq(0).all()
+    exact = torch.einsum("hl,lhd->hd", probs[2], v_deq[2].double().repeat_interleave(group, dim=1))
+    torch.testing.assert_close(outs["one launch"][2].double(), exact, rtol=2e-2, atol=2e-2)
+
+
+@needs_hopper
+def test_an_e4m3_nan_byte_poisons_its_kv_heads_in_the_one_launch():
+    q, k, v = make_inputs(2, 32, 8, 128, 600, torch.float32, seed=12)
+    k8, v8 = k.to(FP8), v.to(FP8)
+    k8.view(torch.uint8)[1, 5, 3, 7] = 0x7F  # sequence 1, key 5, KV head 3: query heads 12–15
+    plan = plan_decode(batch=2, heads=32, kv_heads=8, head_dim=128, n_keys=600, budget=128, dtype=torch.bfloat16,
+                       kv_dtype=FP8, device="cuda")
+    assert plan.one_launch is not None
+    out = plan.run(q.bfloat16(), k8, v8, seq_lens=torch.tensor([600, 600], dtype=torch.int32, device="cuda"), k_scale=0.5)
+    poisoned = torch.zeros(32, dtype=torch.bool, device="cuda")
+    poisoned[12:16] = True
+    assert out[1, poisoned].isnan().all() and torch.isfinite(out[1, ~poisoned]).all() and torch.isfinite(out[0]).all()

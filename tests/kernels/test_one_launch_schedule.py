@@ -1,10 +1,10 @@
-"""The one-launch prop's work schedule (santa.kernels.schedule): every key of every group is
+"""The one-launch prop's work schedule (santa.kernels.one_launch_schedule): every key of every group is
 streamed exactly once, a group's slices share one round (the kernel's barrier cannot wait on a later round), no CTA
 takes two items in a round, and the staggered halves run half a round apart."""
 
 import pytest
 
-from santa.kernels.schedule import build_schedule, schedule_table
+from santa.kernels.one_launch_schedule import build_schedule, schedule_table
 
 
 def covered_keys(rounds, n):

@@ -143,7 +143,7 @@ def test_generate_and_the_engine_run_one_loop(tiny_transformer, monkeypatch):
 def test_the_model_runs_its_own_decode_plans_not_the_eager_decode(tiny_transformer, backend, monkeypatch):
     """One DecodePlan per distinct budget, made (with its workspace) by make_context, outside any CUDA
     graph; santa.decode() and its module-level plan cache are not used on the model path."""
-    decode_module = importlib.import_module("santa.kernels.decode")
+    decode_module = importlib.import_module("santa.kernels.eager")
 
     def eager(*args, **kwargs):
         raise AssertionError("santa.model called the eager santa.kernels.decode()")

@@ -120,9 +120,9 @@ def test_the_sweep_and_schedule_files_sit_below_eval_and_budgets():
     edges = graph()
     assert edges["santa.sweep_files"] == {"santa.writer_lock"}
     assert edges["santa.schedule_file"] == {"santa.checks"}
-    for module in ("santa.eval.runner", "santa.eval.report", "santa.budgets.sweep", "santa.budgets.checkpoint"):
+    for module in ("santa.eval.runner", "santa.eval.report", "santa.budgets.sweep", "santa.budgets.run_folder"):
         assert "santa.sweep_files" in edges[module], module
-    assert "santa.eval.runner" not in edges["santa.budgets.checkpoint"] | edges["santa.budgets.sweep"]
+    assert "santa.eval.runner" not in edges["santa.budgets.run_folder"] | edges["santa.budgets.sweep"]
 
 
 def test_nothing_imports_sweep_file_io_from_the_runner():

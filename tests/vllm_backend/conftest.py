@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from vllm_stand_ins import FlashAttentionImpl, ParallelState, load_backend
+from vllm_stand_ins import CurrentConfig, FlashAttentionImpl, ParallelState, load_backend
 
 
 @pytest.fixture
@@ -14,4 +14,5 @@ def backend(monkeypatch):
         monkeypatch.delenv(name)
     FlashAttentionImpl.calls = 0
     monkeypatch.setattr(ParallelState, "rank", None)  # vLLM's parallel state uninitialised, unless a test sets a rank
+    monkeypatch.setattr(CurrentConfig, "config", None)  # no current vLLM config, unless a test sets one
     return load_backend()

@@ -1,10 +1,10 @@
-"""santa's vLLM configuration from the environment (no vLLM needed)."""
+"""santa's vLLM configuration from vLLM's --additional-config and the environment (no vLLM needed)."""
 
 import json
 
 import pytest
 
-from santa.vllm.config import ServingConfig, read_config
+from santa.vllm.config import ServingConfig, describe, read_config
 
 
 def test_defaults_sample_with_prop_at_128():
@@ -45,3 +45,28 @@ def test_a_bad_config_file_is_refused_by_name(tmp_path, content, message):
     path.write_text(content)
     with pytest.raises((TypeError, ValueError), match=message):
         read_config({"SANTA_VLLM_CONFIG": str(path)})
+
+
+def test_vllms_additional_config_sets_santa_under_the_environment_and_over_the_file(tmp_path):
+    """``vllm serve … --additional-config '{"santa": {...}}'``: vLLM's own configuration for plugins. The environment
+    overrides it, it overrides the file; the description says where each setting came from."""
+    path = tmp_path / "santa.json"
+    path.write_text(json.dumps({"budget": 64, "seed": 5}))
+    environ = {"SANTA_VLLM_CONFIG": str(path), "SANTA_VLLM_SEED": "9"}
+    additional = {"santa": {"budget": 32, "kernel": "flash", "seed": 7}, "other_plugin": {"x": 1}}
+    config = read_config(environ, additional)
+    assert config == ServingConfig(budget=32, kernel="flash", seed=9)
+    assert describe(config, environ, additional) == "budget=32 (--additional-config), kernel=flash (--additional-config), seed=9 (SANTA_VLLM_SEED)"
+    assert describe(read_config({}, {}), {}, {}) == "budget=128 (default), kernel=prop (default), seed=0 (default)"
+
+
+@pytest.mark.parametrize(
+    ("additional", "message"),
+    [({"santa": {"budgets": 64}}, "--additional-config santa.budgets: unknown setting"),
+     ({"santa": [64]}, "expected an object with keys budget, kernel, seed"),
+     ({"santa": {"budget": 0}}, r"budget .*\(from --additional-config, the SANTA_VLLM_\* variables\)"),
+     ({"santa": {"kernel": "fast"}}, "kernel must be one of prop, flash, dense, got 'fast'")],
+)
+def test_a_bad_additional_config_is_refused_by_name(additional, message):
+    with pytest.raises(ValueError, match=message):
+        read_config({}, additional)

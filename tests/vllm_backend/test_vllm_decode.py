@@ -109,3 +109,14 @@ def test_the_workspace_is_allocated_once_and_shared_by_every_batch_size():
         assert workspace.buffer.data_ptr() == scratch.data_ptr()
     run.allocate()
     assert run._scratch is scratch
+
+
+def test_prepare_makes_the_captured_batch_sizes_plans_before_any_capture():
+    """vLLM captures decode graphs per batch size without an eager run first (0 warm-ups by default): the builder
+    makes those plans at start-up, so that no plan is first made inside a capture (where the one launch cannot be)."""
+    santa = decoder(max_batch=4)
+    santa.allocate()
+    assert santa.prepare([1, 2, 4, 8, 2], 32**-0.5) == 3  # past max_batch: never a decode batch of santa's
+    assert sorted(santa._plans) == [(b, 256, 32**-0.5) for b in (1, 2, 4)]
+    assert santa.prepare([1, 2], 32**-0.5) == 0
+    assert santa.one_launch_nbytes() == 0  # float32 on the CPU: no one-launch plan, no buffers

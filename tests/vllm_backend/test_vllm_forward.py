@@ -1,9 +1,10 @@
 """santa's metadata builder and ``SantaAttentionImpl.forward`` called as vLLM 0.26 calls them, over the
 stand-ins of conftest.py (no vLLM needed): a decode-only batch runs santa's kernel and equals exact attention
 where S covers every sequence's live keys (the new token written by ``do_kv_cache_update`` first, then read); a
-layer without ``layer_name`` (vLLM's own test mock) or without an index in it decodes under a defined key; prefill
-and mixed batches, the dense setting, fused output quantisation and the profiling run go to FlashAttention; an
-fp8 cache and an fp8 query (quantised by the layer with its ``_q_scale``) are read with their scales."""
+layer without ``layer_name`` (vLLM's own test mock) or without an index in it decodes under a defined key; a mixed
+batch's decode rows run santa and its prefill rows FlashAttention on their own metadata, in the same step; prefill
+batches, the dense setting, fused output quantisation and the profiling run go to FlashAttention; an fp8 cache and
+an fp8 query (quantised by the layer with its ``_q_scale``) are read with their scales."""
 
 import math
 
@@ -64,8 +65,9 @@ def test_a_decode_batch_runs_santa_and_is_exact_where_s_covers_every_sequence(ba
     batch = make_batch([37, 96, 5], [1, 1, 1], seed=1, table_width=8)  # the runner's table: wider than 96 keys
     out, metadata, impl = step(backend, batch, MockLayer())
     assert FlashAttentionImpl.calls == 0  # santa's decode, not FlashAttention
-    assert isinstance(metadata.santa, PagedDecoder) and metadata.santa.max_keys == 96 and metadata.santa.max_batch == 4
-    assert metadata.santa_positions.tolist() == [36, 95, 4]
+    decoder = metadata.santa.decoder
+    assert isinstance(decoder, PagedDecoder) and decoder.max_keys == 96 and decoder.max_batch == 4
+    assert metadata.santa.positions.tolist() == [36, 95, 4] and metadata.santa.split is None
     torch.testing.assert_close(out, batch.exact(SCALE), rtol=1e-5, atol=1e-5)
 
 
@@ -105,14 +107,41 @@ def test_layer_index_follows_vllms_rule_and_keys_the_rest_stably():
     assert (layer_index("placeholder"), layer_index(None)) == (-10877430270814766, -22125486566988443)
 
 
-@pytest.mark.parametrize(("seq_lens", "query_lens"), [([40, 33], [8, 8]), ([40, 33, 20], [1, 6, 1])],
-                         ids=["prefill", "mixed"])
-def test_prefill_and_mixed_batches_run_flash_attention(backend, monkeypatch, seq_lens, query_lens):
+@pytest.mark.parametrize(("seq_lens", "query_lens"), [([40, 33], [8, 8]), ([40, 33, 20], [6, 1, 1])],
+                         ids=["prefill", "prefill first"])
+def test_prefill_batches_run_flash_attention(backend, monkeypatch, seq_lens, query_lens):
+    """A batch without decode requests first (the runner orders decodes first: a prefill in row 0 means none) goes to
+    FlashAttention whole."""
     no_santa(monkeypatch)
     batch = make_batch(seq_lens, query_lens, seed=4)
-    out, _, _ = step(backend, batch, MockLayer("model.layers.0.self_attn.attn"))
-    assert FlashAttentionImpl.calls == 1
+    out, metadata, _ = step(backend, batch, MockLayer("model.layers.0.self_attn.attn"))
+    assert FlashAttentionImpl.calls == 1 and metadata.santa.split is None
     torch.testing.assert_close(out, batch.exact(SCALE), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("budget", ["4096", "8"])
+def test_a_mixed_step_splits_decode_rows_to_santa_and_prefill_rows_to_flash_attention(backend, monkeypatch, budget):
+    """Chunked prefill: two running requests decode one token each beside two prompt chunks. The decode rows are
+    santa's decode of those requests alone (S = 4096 covers them: exact; S = 8: the same samples as santa's decode
+    called directly), the prefill rows FlashAttention's on metadata built for them alone, in one forward call."""
+    monkeypatch.setenv("SANTA_VLLM_BUDGET", budget)
+    batch = make_batch([45, 60, 30, 20], [1, 1, 12, 20], seed=8)
+    out, metadata, _ = step(backend, batch, MockLayer("model.layers.3.self_attn.attn"))
+    split = metadata.santa.split
+    assert split.decodes == 2 and split.prefill.num_actual_tokens == 32 and split.prefill.query_start_loc.tolist() == [0, 12, 32]
+    assert FlashAttentionImpl.calls == 1  # the prefill rows, once
+    exact = batch.exact(SCALE)
+    torch.testing.assert_close(out[2:], exact[2:], rtol=1e-5, atol=1e-5)
+    if budget == "4096":
+        torch.testing.assert_close(out[:2], exact[:2], rtol=1e-5, atol=1e-5)
+    else:
+        direct = PagedDecoder(heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM, block_size=BLOCK, max_keys=96, max_batch=4,
+                              budget=8, kernel="prop", seed=0, dtype=torch.float32, kv_dtype=torch.float32, device=DEVICE)
+        want = direct.run(batch.query[:2], batch.kv_cache, seq_lens=batch.common.seq_lens[:2],
+                          block_table=batch.common.block_table_tensor[:2], layer=3, scale=SCALE,
+                          out=torch.empty(2, HEADS, HEAD_DIM, device=DEVICE))
+        assert torch.equal(out[:2], want)
+        assert not torch.allclose(out[:2], exact[:2], atol=1e-3)  # sampled, not FlashAttention's exact answer
 
 
 def test_the_dense_setting_runs_flash_attention_on_decode_batches_and_allocates_nothing(backend, monkeypatch):
@@ -120,7 +149,7 @@ def test_the_dense_setting_runs_flash_attention_on_decode_batches_and_allocates_
     no_santa(monkeypatch)
     batch = make_batch([60, 17], [1, 1], seed=5)
     out, metadata, _ = step(backend, batch, MockLayer())
-    assert FlashAttentionImpl.calls == 1 and metadata.santa._scratch is None
+    assert FlashAttentionImpl.calls == 1 and metadata.santa.decoder._scratch is None
     torch.testing.assert_close(out, batch.exact(SCALE), rtol=1e-5, atol=1e-5)
 
 
@@ -147,7 +176,7 @@ def test_an_fp8_cache_and_query_are_read_with_the_layers_scales(backend, monkeyp
     batch.query = q8.float() * q_scale  # the query the cache's keys meet
     out, metadata, _ = step(backend, batch, MockLayer("model.layers.2.attn", q_scale, *scales), spec=kv_cache_spec(torch.uint8),
                             config=vllm_config(max_model_len=128, dtype=torch.float32), impl=impl_of(backend, "fp8"), query=q8)
-    assert metadata.santa.kv_dtype == torch.float8_e4m3fn and FlashAttentionImpl.calls == 0
+    assert metadata.santa.decoder.kv_dtype == torch.float8_e4m3fn and FlashAttentionImpl.calls == 0
     torch.testing.assert_close(out, batch.exact(SCALE), rtol=1e-4, atol=1e-4)
 
 
@@ -161,3 +190,43 @@ def test_the_builder_sizes_santas_decoder_from_vllms_config(backend, monkeypatch
     assert santa._scratch is not None and santa._scratch.numel() == santa.workspace_nbytes()  # allocated at start-up
     assert builder._cudagraph_support == backend.AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
     assert builder.reorder_batch_threshold == 1
+
+
+def test_the_stand_ins_split_a_mixed_step_as_vllm_does():
+    """Where vLLM 0.26 is installed: its own split_decodes_and_prefills and split_attn_metadata give, on a mixed step
+    laid out as make_batch lays it, what the stand-ins santa's CPU tests use give."""
+    pytest.importorskip("vllm")
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+    from vllm.v1.attention.backends.utils import split_decodes_and_prefills as vllm_split
+    from vllm.v1.worker.ubatch_utils import UBatchSlice as VllmSlice
+    from vllm.v1.worker.ubatch_utils import split_attn_metadata as vllm_split_metadata
+
+    import vllm_stand_ins as stand_ins
+
+    common = make_batch([45, 60, 30, 20], [1, 1, 12, 20], seed=8).common
+    real = CommonAttentionMetadata(**vars(common))
+    assert vllm_split(real, decode_threshold=1) == stand_ins.split_decodes_and_prefills(common, decode_threshold=1) == (2, 2, 2, 32)
+    ours = stand_ins.split_attn_metadata([stand_ins.UBatchSlice(slice(2, 4), slice(2, 34))], common)[0]
+    theirs = vllm_split_metadata([VllmSlice(request_slice=slice(2, 4), token_slice=slice(2, 34))], real)[0]
+    for name in ("query_start_loc", "query_start_loc_cpu", "seq_lens", "block_table_tensor", "slot_mapping"):
+        assert torch.equal(getattr(ours, name).cpu(), getattr(theirs, name).cpu()), name
+    for name in ("num_reqs", "num_actual_tokens", "max_query_len", "max_seq_len"):
+        assert getattr(ours, name) == getattr(theirs, name), name
+
+
+def test_the_builder_and_the_layers_read_santas_settings_from_vllms_additional_config(backend, monkeypatch, caplog):
+    """The builder reads ``vllm_config.additional_config["santa"]`` and logs every setting with its source; the layers,
+    built while vLLM's current config is set, read the same; a bad value stops the builder naming the setting."""
+    import logging
+
+    import vllm_stand_ins
+
+    config = vllm_config(additional_config={"santa": {"budget": 16, "kernel": "flash"}})
+    monkeypatch.setattr(vllm_stand_ins.CurrentConfig, "config", config)
+    with caplog.at_level(logging.INFO, logger="vllm.santa"):
+        builder = backend.SantaMetadataBuilder(kv_cache_spec(), ["model.layers.0.self_attn.attn"], config, DEVICE)
+    assert builder.santa.budget == 16 and builder.santa.kernel == "flash"
+    assert "budget=16 (--additional-config), kernel=flash (--additional-config), seed=0 (default)" in caplog.text
+    assert impl_of(backend).santa_config.budget == 16
+    with pytest.raises(ValueError, match="--additional-config santa.buget: unknown setting"):
+        backend.SantaMetadataBuilder(kv_cache_spec(), ["layer"], vllm_config(additional_config={"santa": {"buget": 16}}), DEVICE)

@@ -3,7 +3,7 @@
 (conftest.py) loads santa's backend over them.
 
 :func:`load_backend` executes ``src/santa/vllm/backend.py`` as a fresh module while ``sys.modules`` holds
-the stand-ins below for the three vLLM modules it imports (and their parents), then puts ``sys.modules``
+the stand-ins below for the five vLLM modules it imports (and their parents), then puts ``sys.modules``
 back: the real vLLM, where it is installed, is neither replaced nor touched. The stand-ins keep vLLM
 0.26.0's names, signatures and the metadata fields santa reads (``FlashAttentionMetadata``,
 ``CommonAttentionMetadata``, ``FlashAttentionImpl.forward`` / ``do_kv_cache_update``, the packed cache
@@ -130,6 +130,59 @@ class FlashAttentionBackend:
         return True
 
 
+def split_decodes_and_prefills(common_attn_metadata, decode_threshold: int = 1, require_uniform: bool = False,
+                               treat_short_extends_as_decodes: bool = True) -> tuple[int, int, int, int]:
+    """``vllm.v1.attention.backends.utils.split_decodes_and_prefills`` (0.26.0) for a reordered batch (decodes first):
+    ``(num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens)`` from the host copy of query_start_loc."""
+    cm = common_attn_metadata
+    if cm.max_query_len <= decode_threshold:
+        return cm.num_reqs, 0, cm.num_actual_tokens, 0
+    query_lens = cm.query_start_loc_cpu[1:] - cm.query_start_loc_cpu[:-1]
+    if query_lens[0].item() > decode_threshold:
+        return 0, cm.num_reqs, 0, cm.num_actual_tokens
+    is_prefill = query_lens > decode_threshold
+    if not torch.any(is_prefill):
+        return cm.num_reqs, 0, cm.num_actual_tokens, 0
+    first = int(is_prefill.int().argmax().item())
+    tokens = int(cm.query_start_loc_cpu[first].item())
+    return first, cm.num_reqs - first, tokens, cm.num_actual_tokens - tokens
+
+
+@dataclass
+class UBatchSlice:  # vllm.v1.worker.ubatch_utils
+    request_slice: slice
+    token_slice: slice
+
+
+def split_attn_metadata(ubatch_slices, common_attn_metadata) -> list:
+    """``vllm.v1.worker.ubatch_utils.split_attn_metadata`` (0.26.0) for slices on request boundaries: each slice's
+    CommonAttentionMetadata, query_start_loc rebased to 0, the per-request tables and the slot mapping cut."""
+    cm, out = common_attn_metadata, []
+    for piece in ubatch_slices:
+        requests, tokens = piece.request_slice, piece.token_slice
+        starts_cpu = cm.query_start_loc_cpu[requests.start: requests.stop + 1]
+        starts_cpu = starts_cpu - starts_cpu[0]
+        seq_lens_cpu = cm.seq_lens_cpu_upper_bound[requests]
+        out.append(types.SimpleNamespace(
+            query_start_loc=starts_cpu.to(cm.query_start_loc.device), query_start_loc_cpu=starts_cpu,
+            seq_lens=cm.seq_lens[requests], num_reqs=requests.stop - requests.start,
+            num_actual_tokens=tokens.stop - tokens.start, max_query_len=int((starts_cpu[1:] - starts_cpu[:-1]).max()),
+            max_seq_len=max(int(seq_lens_cpu.max()), cm.max_seq_len), block_table_tensor=cm.block_table_tensor[requests],
+            slot_mapping=cm.slot_mapping[tokens], seq_lens_cpu_upper_bound=seq_lens_cpu, causal=cm.causal))
+    return out
+
+
+class CurrentConfig:
+    """``vllm.config.get_current_vllm_config_or_none``: the config vLLM sets while it builds a model's layers (a test
+    sets it; None outside)."""
+
+    config = None
+
+    @classmethod
+    def get_current_vllm_config_or_none(cls):
+        return cls.config
+
+
 class ParallelState:
     """``vllm.distributed.parallel_state``'s tensor-parallel rank: ``rank`` None is vLLM's state before the engine
     initialises its groups (``get_tp_group`` asserts), an int a worker's rank (a test sets it: :func:`tensor_parallel`)."""
@@ -146,7 +199,11 @@ def stand_ins() -> dict[str, types.ModuleType]:
     """The vLLM modules santa's backend imports (and their parents), holding the stand-ins above."""
     modules = {name: types.ModuleType(name) for name in (
         "vllm", "vllm.v1", "vllm.v1.attention", "vllm.v1.attention.backend", "vllm.v1.attention.backends",
-        "vllm.v1.attention.backends.flash_attn", "vllm.distributed", "vllm.distributed.parallel_state")}
+        "vllm.v1.attention.backends.flash_attn", "vllm.v1.attention.backends.utils", "vllm.v1.worker",
+        "vllm.v1.worker.ubatch_utils", "vllm.config", "vllm.distributed", "vllm.distributed.parallel_state")}
+    modules["vllm.config"].__dict__.update(get_current_vllm_config_or_none=CurrentConfig.get_current_vllm_config_or_none)
+    modules["vllm.v1.attention.backends.utils"].__dict__.update(split_decodes_and_prefills=split_decodes_and_prefills)
+    modules["vllm.v1.worker.ubatch_utils"].__dict__.update(UBatchSlice=UBatchSlice, split_attn_metadata=split_attn_metadata)
     modules["vllm.distributed.parallel_state"].__dict__.update(
         get_tensor_model_parallel_rank=ParallelState.get_tensor_model_parallel_rank)
     modules["vllm.v1.attention.backend"].__dict__.update(AttentionCGSupport=AttentionCGSupport, AttentionType=AttentionType)
@@ -163,6 +220,7 @@ def load_backend() -> types.ModuleType:
             patch.setitem(sys.modules, name, module)
         spec = importlib.util.spec_from_file_location("santa_vllm_backend_on_stand_ins", BACKEND_PY)
         backend = importlib.util.module_from_spec(spec)
+        patch.setitem(sys.modules, spec.name, backend)  # while it executes (its dataclasses look their module up)
         spec.loader.exec_module(backend)
     return backend
 
@@ -189,10 +247,12 @@ class ModelConfig:
         return HEAD_DIM
 
 
-def vllm_config(max_model_len: int = 96, max_num_seqs: int = 4, dtype: torch.dtype = torch.float32, tensor_parallel_size: int = 1):
+def vllm_config(max_model_len: int = 96, max_num_seqs: int = 4, dtype: torch.dtype = torch.float32, tensor_parallel_size: int = 1,
+                additional_config: dict | None = None):
     return types.SimpleNamespace(model_config=ModelConfig(max_model_len, dtype),
                                  parallel_config=types.SimpleNamespace(tensor_parallel_size=tensor_parallel_size),
-                                 scheduler_config=types.SimpleNamespace(max_num_seqs=max_num_seqs))
+                                 scheduler_config=types.SimpleNamespace(max_num_seqs=max_num_seqs),
+                                 additional_config=additional_config or {})
 
 
 def kv_cache_spec(dtype: torch.dtype = torch.float32):
@@ -266,8 +326,10 @@ def make_batch(seq_lens: list[int], query_lens: list[int], *, seed: int = 0, tab
     starts = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
     common = types.SimpleNamespace(
         num_actual_tokens=sum(query_lens), max_query_len=max(query_lens), query_start_loc=starts.to(DEVICE),
-        max_seq_len=max(seq_lens), seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
-        block_table_tensor=table.to(DEVICE), slot_mapping=torch.tensor(slots, dtype=torch.int64, device=DEVICE), causal=True)
+        query_start_loc_cpu=starts, num_reqs=len(seq_lens), max_seq_len=max(seq_lens),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+        seq_lens_cpu_upper_bound=torch.tensor(seq_lens, dtype=torch.int32), block_table_tensor=table.to(DEVICE),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=DEVICE), causal=True)
     return Batch(torch.cat(queries).to(DEVICE), torch.cat(keys).to(DEVICE), torch.cat(values).to(DEVICE),
                  kv_cache.transpose(1, 2).to(DEVICE), common, [t.to(DEVICE) for t in k_full], [t.to(DEVICE) for t in v_full],
                  list(query_lens), list(seq_lens))

@@ -164,7 +164,8 @@ __device__ __forceinline__ void stream_slice_mma(const __nv_bfloat16* __restrict
   const int g = lane >> 2, kslot = lane & 3;
   const int start = c * slice_len, stop = min(n, start + slice_len);
   float m, l;
-  mma_stream<D, G, U, KEEP>(q, k, n, hkv, b, h, start, stop, scale_log2, kept, slice_len, m, l);
+  const Cache cache{k, nullptr, (long long)n * hkv * D, (long long)hkv * D, D, nullptr, 0, 0, 0};  // contiguous NHD
+  mma_stream<D, G, U, KEEP>(q, cache, n, hkv, b, h, start, stop, scale_log2, kept, slice_len, m, l);
 
   if constexpr (KEEP) {  // the kept scores, checked through their 8-key subtiles' (m_i, ℓ_i): tile_stats
     __syncthreads();     // [B, Hkv·G, C, ⌈slice_len / 8⌉, 2]
@@ -225,9 +226,9 @@ SANTA_STREAM_KEEP(keep_d64_g7_u4, 64, 7, 4)
 SANTA_STREAM_KEEP(keep_d64_g3_u4, 64, 3, 4)
 
 
-SANTA_PROP_ONE_LAUNCH(prop1s1_d128_g4, 128, 4, 1, 1)  // the phases alone: stream and publish
-SANTA_PROP_ONE_LAUNCH(prop1s1_d64_g7, 64, 7, 4, 1)
-SANTA_PROP_ONE_LAUNCH(prop1s1_d64_g3, 64, 3, 4, 1)
-SANTA_PROP_ONE_LAUNCH(prop1s2_d128_g4, 128, 4, 1, 2)  // … then the stats exchange and placement
-SANTA_PROP_ONE_LAUNCH(prop1s2_d64_g7, 64, 7, 4, 2)
-SANTA_PROP_ONE_LAUNCH(prop1s2_d64_g3, 64, 3, 4, 2)
+SANTA_PROP_ONE_LAUNCH(prop1s1_d128_g4, 128, 4, 1, 1, false, false)  // the phases alone: stream and publish
+SANTA_PROP_ONE_LAUNCH(prop1s1_d64_g7, 64, 7, 4, 1, false, false)
+SANTA_PROP_ONE_LAUNCH(prop1s1_d64_g3, 64, 3, 4, 1, false, false)
+SANTA_PROP_ONE_LAUNCH(prop1s2_d128_g4, 128, 4, 1, 2, false, false)  // … then the stats exchange and placement
+SANTA_PROP_ONE_LAUNCH(prop1s2_d64_g7, 64, 7, 4, 2, false, false)
+SANTA_PROP_ONE_LAUNCH(prop1s2_d64_g3, 64, 3, 4, 2, false, false)

@@ -7,7 +7,7 @@
   dense, or a task graded by :mod:`santa.eval.grading`) and the episode reward built on it.
 - :mod:`santa.budgets.ablate`: the one-hot layer ablation (Fig. 8); :mod:`santa.budgets.sweep`
   runs schedule cells resumably and pairs them with a baseline.
-- :mod:`santa.budgets.checkpoint`, :mod:`santa.budgets.distributed`: the tuning history and the
+- :mod:`santa.budgets.run_folder`, :mod:`santa.budgets.distributed`: the tuning history and the
   Ray driver and workers (``santa tune budgets``).
 
 Nothing here is imported by the rest of santa; Ray and transformers are imported only where needed.

@@ -12,8 +12,9 @@ from pathlib import Path
 from santa import cliargs, install_hint
 from santa.budgets.rewards import TINY
 from santa.cliargs import positive_int
+from santa.methods import METHODS
 
-SAMPLERS = ("systematic", "stratified", "iid", "topk")
+SAMPLERS = tuple(m.sampler for m in METHODS.values() if m.sampler and not m.exact)  # the reference samplers
 MAX_THREADS = 1024  # torch CPU threads; torch.set_num_threads overflows past 2**31
 
 

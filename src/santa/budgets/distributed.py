@@ -6,7 +6,7 @@ sends it the run's episodes one at a time (the next as soon as the last one's
 ``(id, schedule, reward)`` has arrived: one episode in flight per worker). When
 one or more runs have resolved, the driver makes one REINFORCE update from all their episodes (a
 double batch when two land together, as in the paper), writes it to the history
-(:mod:`santa.budgets.checkpoint`), and hands the freed workers a new run with the new θ. It never
+(:mod:`santa.budgets.run_folder`), and hands the freed workers a new run with the new θ. It never
 waits for a slow worker.
 
 Faults: a worker that dies (killed, OOM, preempted) loses its one episode in flight; the episodes
@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from santa import install_hint
-from santa.budgets.checkpoint import (
+from santa.budgets.reinforce import Episode, PolicyState, episode_seed, reinforce_step, sample_schedule, softmax
+from santa.budgets.run_folder import (
     POLICY,
     SCHEDULE,
     CheckpointError,
@@ -49,7 +50,6 @@ from santa.budgets.checkpoint import (
     resume,
     update_record,
 )
-from santa.budgets.reinforce import Episode, PolicyState, episode_seed, reinforce_step, sample_schedule, softmax
 from santa.budgets.schedule import rounded_schedule
 from santa.checks import integer
 from santa.schedule_file import write_json_atomic, write_schedule
@@ -437,8 +437,8 @@ def tune(
     of ``threads`` torch threads (one Ray CPU each thread). cpu_workers: CPU workers beside the
     CUDA workers (device ``"cuda"`` only). Workers the cluster can never place raise RuntimeError.
     One driver per ``out``: the history is locked for the whole run (a second driver raises
-    :class:`~santa.budgets.checkpoint.RunLocked`), and ``run.json`` and every history line are
-    checked before Ray starts (:class:`~santa.budgets.checkpoint.CheckpointError` naming the file and line).
+    :class:`~santa.budgets.run_folder.RunLocked`), and ``run.json`` and every history line are
+    checked before Ray starts (:class:`~santa.budgets.run_folder.CheckpointError` naming the file and line).
     """
     iterations = integer("iterations", iterations, low=1)
     threads = integer("threads", threads, low=1)

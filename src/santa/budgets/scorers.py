@@ -17,9 +17,9 @@ import torch
 
 import santa.hf
 from santa.checks import integer
-from santa.decoding import greedy_continue_batch, padded_forward
 from santa.eval.grading import grade
 from santa.eval.runner import Batch, make_batch, prefill, rewind
+from santa.hf_greedy import greedy_continue_batch, padded_forward
 
 LOWER_IS_BETTER = ("kl",)
 

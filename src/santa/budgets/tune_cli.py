@@ -47,10 +47,10 @@ def staleness_arg(text: str) -> int | str | None:
 def resolve_staleness(value: int | str | None, out: str) -> int | None:
     """``--max-staleness``: as given; ``auto`` is the saved value of a run being resumed (none for a
     run made before the limit existed) and :data:`DEFAULT_MAX_STALENESS` for a new one.
-    A ``run.json`` that cannot be read raises :class:`~santa.budgets.checkpoint.CheckpointError` naming it."""
+    A ``run.json`` that cannot be read raises :class:`~santa.budgets.run_folder.CheckpointError` naming it."""
     if value != "auto":
         return value
-    from santa.budgets.checkpoint import saved_spec
+    from santa.budgets.run_folder import saved_spec
 
     saved = saved_spec(out)
     return DEFAULT_MAX_STALENESS if saved is None else saved.get("max_staleness")
@@ -167,8 +167,8 @@ def budgets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if problem:
         parser.error(f"argument --out: {problem}")
 
-    from santa.budgets.checkpoint import CheckpointError, RunMismatch, TuneSpec
     from santa.budgets.distributed import tune
+    from santa.budgets.run_folder import CheckpointError, RunMismatch, TuneSpec
 
     reward = RewardSpec(
         kind=args.reward, model=args.model, length=args.length, questions=args.questions, pool=tuple(args.train_prompts),

@@ -51,7 +51,6 @@ import torch
 import santa.hf
 import santa.model
 from santa import engine, methods
-from santa.decoding import greedy_continue_batch, left_pad, padded_forward, returned_cache, stop_token_ids
 from santa.engine import (  # noqa: F401 (FAST_ONLY, PATHS, check_paths: the path rules, re-exported for santa eval)
     FAST_BACKENDS,
     FAST_ONLY,
@@ -65,6 +64,7 @@ from santa.engine import (  # noqa: F401 (FAST_ONLY, PATHS, check_paths: the pat
 )
 from santa.eval.grading import grade
 from santa.eval.tasks import FIXED_LENGTH_TASKS, TASKS, Prompt, build_prompt, check_prompt_length  # noqa: F401 (re-exported)
+from santa.hf_greedy import greedy_continue_batch, left_pad, padded_forward, returned_cache, stop_token_ids
 from santa.provenance import code_commit
 from santa.rng import MAX_SEED  # sampler seeds are ints in [0, 2**63)
 from santa.sweep_files import SweepFileError, append_record, appending, read_records

@@ -24,11 +24,10 @@ from santa.attention import attention_probs
 from santa.checks import integer
 from santa.eval.report import COLORS, loglog_slope, pyplot, save_figure
 from santa.eval.tasks import build_prompt
-from santa.sampling import sample_counts
+from santa.sampling import SAMPLERS, sample_counts  # SAMPLERS: the stochastic samplers
 from santa.stats import unique_keys, variance_trace
 
 CAPTURE = "santa_capture_probs"
-SAMPLERS = ("iid", "stratified", "systematic")
 
 
 class Captured(NamedTuple):

@@ -15,7 +15,7 @@
 """
 
 from santa.kernels import ops
-from santa.kernels.decode import decode, make_workspace, use_triton, workspace_bytes
+from santa.kernels.eager import decode, make_workspace, use_triton, workspace_bytes
 from santa.kernels.layout import Tuning, flash_tile, prop_tile
 from santa.kernels.plan import KERNELS, KV_LAYOUTS, MAX_BUDGET, DecodePlan, Workspace, plan_decode
 from santa.kernels.reference import flash_reference, philox_uniforms, prop_reference

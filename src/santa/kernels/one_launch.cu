@@ -3,8 +3,9 @@
 // machine) and launches it on torch's stream; benchmarks/kernels/cuda_stream/stream.cu includes it with its own
 // timing kernels. Design, measurements and what each part cost: benchmarks/KERNEL_NOTES.md, runs 14 to 18.
 //
-// Layouts (contiguous, NHD, bf16): q [B, Hkv*G, D]; k, v [B, n, Hkv, D]; out [B, Hkv*G, D]. 256 threads per CTA,
-// two CTAs per SM, a persistent grid working a host-built schedule (santa.kernels.schedule).
+// Layouts: q [B, Hkv*G, D] and out [B, Hkv*G, D] contiguous bf16; K and V (bf16 or e4m3) as a Cache (below): contiguous
+// NHD [B, n, Hkv, D], or paged (santa's NHD and HND pages, vLLM's packed rows) through a block table.
+// 256 threads per CTA, two CTAs per SM, a persistent grid working a host-built schedule (santa.kernels.one_launch_schedule).
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -23,6 +24,84 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+
+// Where the K and V rows live, strides in elements (the feature stride is 1; every stride a multiple of 8 and both
+// bases 16-byte aligned: the host checks). Contiguous (PAGED false): row j of KV head h of sequence b at
+// b·page_stride + j·row_stride + h·head_stride. Paged: at page·page_stride + (j mod P)·row_stride + h·head_stride,
+// page = table[b·table_stride + j / P], P = 2^page_shift keys per page; a page id outside [0, pages) is never followed
+// (its slice reads page 0 instead and publishes NaN statistics, so the group's output is NaN, as the Triton prop's).
+struct Cache {
+  const __nv_bfloat16* k;
+  const __nv_bfloat16* v;
+  long long page_stride, row_stride, head_stride;
+  const int* table;
+  int table_stride, page_shift, pages;
+};
+
+// An fp8 cache's dequantisation scales: one per KV head (k, v: float32 [Hkv]) or one for all (k_scalar, v_scalar)
+struct Scales {
+  const float* k;
+  const float* v;
+  float k_scalar, v_scalar;
+};
+
+// The offset of key j's row (KV head 0) in sequence b, given the key's page (paged; ignored when contiguous)
+template <bool PAGED>
+__device__ __forceinline__ size_t row_offset(const Cache& cache, int b, int page, int j) {
+  return PAGED ? (size_t)page * cache.page_stride + (size_t)(j & ((1 << cache.page_shift) - 1)) * cache.row_stride
+               : (size_t)b * cache.page_stride + (size_t)j * cache.row_stride;
+}
+// The page holding key j of sequence b, read from the block table and clamped into the pool (the gather's keys lie in
+// slices whose pages were checked while streaming: a bad page there made the output NaN and drew nothing)
+__device__ __forceinline__ int table_page(const Cache& cache, int b, int j) {
+  const int page = __ldg(cache.table + (size_t)b * cache.table_stride + (j >> cache.page_shift));
+  return min(max(page, 0), cache.pages - 1);
+}
+
+// One lane's 8 dims of one K or V row as loaded: 16 bytes of bf16, or 8 bytes of fp8 (e4m3)
+template <bool FP8> struct RowWord { using type = uint4; };
+template <> struct RowWord<true> { using type = uint2; };
+
+// Two e4m3 values (the low byte first) as f16x2: exact (every e4m3 value is a float16; e4m3's NaN gives NaN)
+__device__ __forceinline__ unsigned e4m3x2_to_f16x2(unsigned short x) {
+  unsigned r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(x));
+  return r;
+}
+// The 8 values of one row word as floats (bf16: exact; e4m3: exact, through float16)
+template <bool FP8>
+__device__ __forceinline__ void row_floats(const typename RowWord<FP8>::type& word, float (&f)[8]) {
+  if constexpr (FP8) {
+    const unsigned halves[4] = {e4m3x2_to_f16x2((unsigned short)(word.x & 0xffffu)), e4m3x2_to_f16x2((unsigned short)(word.x >> 16)),
+                                e4m3x2_to_f16x2((unsigned short)(word.y & 0xffffu)), e4m3x2_to_f16x2((unsigned short)(word.y >> 16))};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&halves[e]));
+      f[2 * e] = x.x;
+      f[2 * e + 1] = x.y;
+    }
+  } else {
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&word);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 x = __bfloat1622float2(pairs[e]);
+      f[2 * e] = x.x;
+      f[2 * e + 1] = x.y;
+    }
+  }
+}
+// The row word of 8 values at element offset `at` of a cache (bf16, or e4m3 bytes behind the same pointer)
+template <bool FP8>
+__device__ __forceinline__ typename RowWord<FP8>::type load_row_word(const __nv_bfloat16* base, size_t at) {
+  if constexpr (FP8) return __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const unsigned char*>(base) + at));
+  else return __ldg(reinterpret_cast<const uint4*>(base + at));
+}
+// A row word whose values are all NaN
+template <bool FP8>
+__device__ __forceinline__ typename RowWord<FP8>::type nan_row_word() {
+  if constexpr (FP8) return make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
+  else return make_uint4(0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u);
+}
 
 // (m, l) ← the merge of two slices' statistics (log2 domain); two empty ones (m = −inf) stay empty
 __device__ __forceinline__ void merge_stats(float& m, float& l, float m_o, float l_o) {
@@ -61,12 +140,16 @@ __device__ __forceinline__ void double_buffered(int start, int stop, int step, L
 // (measured 2026-12-02); the masses are summed from the kept scores after the stream instead.
 __host__ __device__ constexpr int kept_stride(int slice_len) { return ((slice_len + 31) / 32) * 32 + 8; }
 
-template <int D, int G, int U, bool KEEP>
-__device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k, int n,
-                                           int hkv, int b, int h, int start, int stop, float scale_log2, float* kept, int slice_len,
-                                           float& m, float& l) {
+template <int D, int G, int U, bool KEEP, bool PAGED = false, bool FP8 = false>
+__device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, const Cache& cache, int n, int hkv, int b, int h,
+                                           int start, int stop, float scale_log2, float* kept, int slice_len, float& m,
+                                           float& l, const int* page_ids = nullptr, int page0 = 0) {
   // Streams keys [start, stop) of group (b, h): this lane's running (m, l) of head lane / 4 over the
   // keys it scored; KEEP: every score s also into kept[head · kept_stride(slice_len) + key − start] (shared memory).
+  // PAGED: key j's page is page_ids[j / P − page0] (the slice's pages, staged in shared memory by the caller).
+  // FP8: K is e4m3 (scale_log2 includes its dequantisation scale); each lane loads 8 bytes per 8 dims, converts them
+  // to float16 (exact), and q, times a power of two chosen from the group's largest |q| (exact for every element
+  // within 28 binades of it, as the Triton prop's f16_scaled), is float16 too: mma in f16, the same products.
   constexpr int BLOCKS = D / 32;                    // 16-byte loads per key per lane
   constexpr int KEYS_PER_STEP = kWarps * U * 8;
   static_assert(G <= 8, "one mma row per head");
@@ -81,32 +164,81 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
     qw[j] = live_head ? *reinterpret_cast<const uint4*>(q + ((size_t)b * hkv * G + (size_t)h * G + g) * D + j * 32 + kslot * 8)
                       : make_uint4(0, 0, 0, 0);
 
-  const size_t row = (size_t)hkv * D;
-  const __nv_bfloat16* kb = k + (size_t)b * n * row + (size_t)h * D + kslot * 8;
+  if constexpr (FP8) {  // q → float16 · 2^−e, e from the largest |q| of the group's heads ([2^14, 2^15) after scaling)
+    float largest = 0.f;
+#pragma unroll
+    for (int j = 0; j < BLOCKS; ++j) {
+      float f[8];
+      row_floats<false>(qw[j], f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) largest = fmaxf(largest, fabsf(f[e]));
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, o));
+    const int e = min(max(((__float_as_int(largest) >> 23) & 0xFF) - 127 - 14, -126), 126);
+    const float down = __int_as_float((127 - e) << 23), up = __int_as_float((127 + e) << 23);
+#pragma unroll
+    for (int j = 0; j < BLOCKS; ++j) {
+      float f[8];
+      row_floats<false>(qw[j], f);
+      unsigned w[4];
+#pragma unroll
+      for (int k2 = 0; k2 < 4; ++k2) {
+        const __half2 x = __floats2half2_rn(f[2 * k2] * down, f[2 * k2 + 1] * down);
+        w[k2] = *reinterpret_cast<const unsigned*>(&x);
+      }
+      qw[j] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    scale_log2 *= up;  // exact: a power of two
+  }
+
+  // contiguous: NHD [B, n, hkv, D] (the host passes nothing else), the sequence's rows from kb on, written as before the
+  // Cache: ptxas allocates the stream's registers differently for b · page_stride (108 against 122; the contiguous
+  // path measured 2-3 % slower at Llama B = 8 and 32 × 32k with it, H200 2026-12-04)
+  const size_t row = PAGED ? (size_t)cache.row_stride : (size_t)hkv * D;
+  const __nv_bfloat16* kb = cache.k + (PAGED ? (size_t)h * cache.head_stride : (size_t)b * n * row + (size_t)h * D) + kslot * 8;
+  // FP8: the same element offsets, in bytes from the cache's base (kb above steps in bf16 elements)
+  const size_t kb_elements = (PAGED ? (size_t)h * cache.head_stride : (size_t)b * n * row + (size_t)h * D) + kslot * 8;
   m = -INFINITY;
   l = 0.f;
 
-  auto load = [&](uint4 (&dst)[U][BLOCKS], int base) {
+  using Word = typename RowWord<FP8>::type;
+  auto load = [&](Word (&dst)[U][BLOCKS], int base) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int key = base + (u * kWarps + warp) * 8 + g;  // lane / 4 is also the key within the group of 8
+      size_t at = (size_t)key * row;
+      if constexpr (PAGED) at = key < stop ? row_offset<true>(cache, b, page_ids[(key >> cache.page_shift) - page0], key) : 0;
 #pragma unroll
-      for (int j = 0; j < BLOCKS; ++j)
-        dst[u][j] = key < stop ? __ldg(reinterpret_cast<const uint4*>(kb + (size_t)key * row + j * 32)) : make_uint4(0, 0, 0, 0);
+      for (int j = 0; j < BLOCKS; ++j) {
+        if constexpr (FP8) dst[u][j] = key < stop ? load_row_word<true>(cache.k, kb_elements + at + j * 32) : make_uint2(0, 0);
+        else dst[u][j] = key < stop ? __ldg(reinterpret_cast<const uint4*>(kb + at + j * 32)) : make_uint4(0, 0, 0, 0);
+      }
     }
   };
-  auto consume = [&](const uint4 (&src)[U][BLOCKS], int base) {
+  auto consume = [&](const Word (&src)[U][BLOCKS], int base) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       float c0 = 0.f, c1 = 0.f, c2 = 0.f, c3 = 0.f;
 #pragma unroll
       for (int j = 0; j < BLOCKS; ++j) {
+        if constexpr (FP8) {
+          const unsigned k0 = e4m3x2_to_f16x2((unsigned short)(src[u][j].x & 0xffffu)),
+                         k1 = e4m3x2_to_f16x2((unsigned short)(src[u][j].x >> 16)),
+                         k2 = e4m3x2_to_f16x2((unsigned short)(src[u][j].y & 0xffffu)),
+                         k3 = e4m3x2_to_f16x2((unsigned short)(src[u][j].y >> 16));
+          asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+              : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3) : "r"(qw[j].x), "r"(0u), "r"(qw[j].y), "r"(0u), "r"(k0), "r"(k1));
+          asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+              : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3) : "r"(qw[j].z), "r"(0u), "r"(qw[j].w), "r"(0u), "r"(k2), "r"(k3));
+        } else {
         asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                      : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
                      : "r"(qw[j].x), "r"(0u), "r"(qw[j].y), "r"(0u), "r"(src[u][j].x), "r"(src[u][j].y));
         asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                      : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
                      : "r"(qw[j].z), "r"(0u), "r"(qw[j].w), "r"(0u), "r"(src[u][j].z), "r"(src[u][j].w));
+        }
       }
       const int group0 = base + (u * kWarps + warp) * 8;  // the mma group's first key
       const int key0 = group0 + 2 * kslot;                // the C columns of this lane: keys key0, key0 + 1
@@ -127,7 +259,7 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
     }
   };
 
-  using Buffer = uint4[U][BLOCKS];
+  using Buffer = Word[U][BLOCKS];
   double_buffered<Buffer>(start, stop, KEYS_PER_STEP, load, consume);
 }
 
@@ -238,9 +370,10 @@ __device__ __forceinline__ float philox_uniform(unsigned long long key, unsigned
   return (float)(x < 0 ? -x - 1 : x) * 4.6566127342e-10f;
 }
 // A launch's randomness, as santa's kernels draw it (santa.kernels._common.call_uniforms): the key is seeds[b] (one per
-// sequence) or seed; the counter (positions[b], head, 0) where positions are given (int64, or int32 where positions_64
-// is 0: a draw that does not depend on the batch row), else (offset, b·H + head, 0), the offset read from offset_ptr
-// where given (graph replay). uniforms (float32 [B, H]) replaces all of it where given (the benchmarks' checks).
+// sequence) or seed; the counter (positions[b], head_offset + head, 0) where positions are given (int64, or int32 where
+// positions_64 is 0: a draw that does not depend on the batch row; head_offset: the call's first head in the model,
+// tensor parallelism), else (offset, b·H + head, 0), the offset read from offset_ptr where given (graph replay).
+// uniforms (float32 [B, H]) replaces all of it where given (the benchmarks' checks).
 struct Draw {
   const float* uniforms;
   unsigned long long seed;
@@ -249,6 +382,7 @@ struct Draw {
   const long long* offset_ptr;
   const void* positions;
   int positions_64;
+  int head_offset;
 };
 // The comb offset U of query head `head` of sequence b
 __device__ __forceinline__ float comb_offset(const Draw& draw, int b, int heads, int head) {
@@ -257,7 +391,7 @@ __device__ __forceinline__ float comb_offset(const Draw& draw, int b, int heads,
   if (draw.positions != nullptr) {
     const long long pos = draw.positions_64 ? __ldg(static_cast<const long long*>(draw.positions) + b)
                                             : (long long)__ldg(static_cast<const int*>(draw.positions) + b);
-    return philox_uniform(key, (unsigned)pos, (unsigned)((unsigned long long)pos >> 32), (unsigned)head, 0u);
+    return philox_uniform(key, (unsigned)pos, (unsigned)((unsigned long long)pos >> 32), (unsigned)(draw.head_offset + head), 0u);
   }
   const unsigned long long off = draw.offset_ptr != nullptr ? (unsigned long long)__ldg(draw.offset_ptr) : draw.offset;
   return philox_uniform(key, (unsigned)off, (unsigned)(off >> 32), (unsigned)(b * heads + head), 0u);
@@ -266,9 +400,9 @@ __device__ __forceinline__ float comb_offset(const Draw& draw, int b, int heads,
 // The gather of a sequence the budget covers (prop_slice's covered branch, kept out of line: the sampled path's code
 // stays as it was): kept row i = (vector, j) is V row j scaled by word j of its head, S·p_j; rows j ≥ len are zeros
 // (NaN for a head with a NaN mass: NaN or +inf scores).
-template <int D>
-__device__ __noinline__ void covered_rows(const __nv_bfloat16* __restrict__ v, const unsigned long long* __restrict__ sampled,
-                                          float* kept, const float* head_mass, size_t head0, int b, int h, int n, int hkv,
+template <int D, bool PAGED, bool FP8>
+__device__ __noinline__ void covered_rows(const Cache cache, const unsigned long long* __restrict__ sampled,
+                                          float* kept, const float* head_mass, size_t head0, int b, int h,
                                           int vec0, int owned, int budget, int len, unsigned tag) {
   for (int i = threadIdx.x; i < owned * budget; i += kThreads) {
     const int vec = vec0 + i / budget, head = vec / (D / 8), j = i % budget;
@@ -279,14 +413,11 @@ __device__ __noinline__ void covered_rows(const __nv_bfloat16* __restrict__ v, c
     if (mass > 0.f && j < len) {
       const unsigned long long* at = sampled + (head0 + head) * budget + j;
       const float weight = await_tagged(at, load_word(at), tag);
-      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(v + ((size_t)b * n + j) * hkv * D + (size_t)h * D + (vec % (D / 8)) * 8));
-      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+      const size_t at_row = row_offset<PAGED>(cache, b, PAGED ? table_page(cache, b, j) : 0, j);
+      float f[8];
+      row_floats<FP8>(load_row_word<FP8>(cache.v, at_row + (size_t)h * cache.head_stride + (vec % (D / 8)) * 8), f);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 f = __bfloat1622float2(pairs[e]);
-        row[2 * e] = f.x * weight;
-        row[2 * e + 1] = f.y * weight;
-      }
+      for (int e = 0; e < 8; ++e) row[e] = f[e] * weight;
     }
 #pragma unroll
     for (int e = 0; e < 8; ++e) kept[(size_t)i * 8 + e] = row[e];
@@ -323,10 +454,13 @@ __device__ __noinline__ void covered_rows(const __nv_bfloat16* __restrict__ v, c
 // A sequence the budget covers (len ≤ S) is computed exactly in the same launch: key j's weight S·p_j travels as its
 // word j, the gather reads row j and scales it, and the sum / S is Σ p_j v_j (a NaN word: a NaN output, as in the
 // Triton kernels' covered-sequence launch, santa.kernels.exact).
-// Not handled yet (the Triton kernel does all of them): paged caches, fp8, other dtypes.
-template <int D, int G, int U, int STAGE>
-__device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
-                                           const __nv_bfloat16* __restrict__ v, const Draw& draw,
+// PAGED: the slice's page ids are staged in shared memory before its stream (checked there: a page outside the pool
+// poisons the slice's statistics, and so the group's output, and is never followed); the gather reads each sampled
+// key's page from the table.
+// Not handled yet (the Triton kernel does them): fp8, other dtypes.
+template <int D, int G, int U, int STAGE, bool PAGED, bool FP8>
+__device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, const Cache& cache, const Scales& scales,
+                                           const Draw& draw,
                                            const int* __restrict__ seq_lens,
                                            __nv_bfloat16* __restrict__ out, int* __restrict__ counts,
                                            unsigned long long* __restrict__ slice_stats,
@@ -356,9 +490,9 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
     marks[(size_t)slot * 18 + 16] = smid;
   }
-  extern __shared__ float smem[];  // kept_floats(G, slice_len), then the group's stats [G][C][2]
+  extern __shared__ float smem[];  // kept_floats(G, slice_len), the group's stats [G][C][2], then (PAGED) the slice's pages
   __shared__ float warp_m[kWarps][8], warp_l[kWarps][8], slice_max[8], head_mass[8];
-  __shared__ int last_live_sub[8];
+  __shared__ int last_live_sub[8], bad_page;
   constexpr int VECS = G * D / 8;  // the group's 8-element output vectors
   const int h = group % hkv, b = group / hkv;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -376,10 +510,26 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   const size_t head0 = (size_t)b * hkv * G + (size_t)h * G;  // the group's first query-head row
   unsigned long long* group_words = slice_stats + (size_t)group * G * stats_slots * 2;  // [G][slices][2] of the group
   const float uni = warp < G ? comb_offset(draw, b, hkv * G, h * G + warp) : 0.f;  // used after the stream
+  // PAGED: the pages of keys [start, stop), staged after the group's stats (a page outside the pool: page 0, and bad_page)
+  int* page_ids = reinterpret_cast<int*>(group_stats + G * slices * 2);
+  const int page0 = PAGED ? start >> cache.page_shift : 0;
+  if constexpr (PAGED) {
+    const int count = stop > start ? ((stop - 1) >> cache.page_shift) - page0 + 1 : 0;
+    if (threadIdx.x == 0) bad_page = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < count; i += kThreads) {
+      const int page = __ldg(cache.table + (size_t)b * cache.table_stride + page0 + i);
+      const bool inside = page >= 0 && page < cache.pages;
+      page_ids[i] = inside ? page : 0;
+      if (!inside) bad_page = 1;
+    }
+    __syncthreads();
+  }
 
   // ---- stream; the slice's (m_c, w_c) per head, published at once
   float m, l;
-  mma_stream<D, G, U, true>(q, k, n, hkv, b, h, start, stop, scale_log2, kept, slice_len, m, l);
+  if constexpr (FP8) scale_log2 *= scales.k != nullptr ? __ldg(scales.k + h) : scales.k_scalar;  // K's dequantisation scale
+  mma_stream<D, G, U, true, PAGED, FP8>(q, cache, n, hkv, b, h, start, stop, scale_log2, kept, slice_len, m, l, page_ids, page0);
 #pragma unroll
   for (int o = 1; o < 4; o <<= 1)  // the 4 lanes of head lane / 4
     merge_stats(m, l, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, l, o));
@@ -398,6 +548,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   const unsigned tag = epoch_seen + 1u;
   next_epoch_seen = next_group >= 0 ? load_epoch(epoch + next_group) : 0u;
   next_len = next_group >= 0 ? load_len(seq_lens, next_group, hkv, n) : 0;
+  const bool poisoned = PAGED && bad_page;  // a page outside the pool: NaN mass for every head of the group
   if (warp < G) {
     const int g = warp;
     float mc = lane < kWarps ? warp_m[lane][g] : -INFINITY, wc = lane < kWarps ? warp_l[lane][g] : 0.f;
@@ -406,7 +557,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
       merge_stats(mc, wc, __shfl_xor_sync(0xffffffffu, mc, o), __shfl_xor_sync(0xffffffffu, wc, o));
     mc = __shfl_sync(0xffffffffu, mc, 0);  // lanes 8–31 merged only their own empty pairs
     wc = __shfl_sync(0xffffffffu, wc, 0);
-    if (lane < 2) store_tagged(group_words + (g * slices + c) * 2 + lane, lane == 0 ? mc : wc, tag);
+    if (lane < 2) store_tagged(group_words + (g * slices + c) * 2 + lane, lane == 0 ? mc : (poisoned ? NAN : wc), tag);
     if (lane == 0) slice_max[g] = mc;
   }
   __syncthreads();
@@ -560,35 +711,46 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
         at[r] = sampled + (head0 + head) * budget + i % budget;
         words[r] = i < owned * budget && head_mass[head] > 0.f ? load_word(at[r]) : 0ull;
       }
-      uint4 raw[4];
+      // clamped: a wait that gave up (hang_report) returns whatever the word held, never an address past the cache
+      auto sampled_key = [&](int r) { return min(max(__float_as_int(await_tagged(at[r], words[r], tag)), 0), n - 1); };
+      int keys_r[4], pages_r[4] = {0, 0, 0, 0};
+      if constexpr (PAGED) {  // the keys, then their pages (a second dependent load, four in flight), then the rows
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int i = i0 + r * kThreads, head = (vec0 + i / budget) / (D / 8);
+          keys_r[r] = i < owned * budget && head_mass[head] > 0.f ? sampled_key(r) : -1;
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r) pages_r[r] = keys_r[r] >= 0 ? table_page(cache, b, keys_r[r]) : 0;
+      }
+      typename RowWord<FP8>::type raw[4];
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int i = i0 + r * kThreads, vec = vec0 + i / budget, head = vec / (D / 8);
-        // a row without mass sampled nothing: zeros; a NaN mass (NaN or +inf scores, a bad length): NaN rows, so the sum
-        // below is NaN without a test of its own
+        // a row without mass sampled nothing: zeros; a NaN mass (NaN or +inf scores, a bad length or page): NaN rows,
+        // so the sum below is NaN without a test of its own
         const float mass = head_mass[head];
-        raw[r] = mass == mass ? make_uint4(0, 0, 0, 0) : make_uint4(0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u);
+        raw[r] = nan_row_word<FP8>();
+        if (mass == mass) raw[r] = {};
         if (i < owned * budget && mass > 0.f) {
-          // clamped: a wait that gave up (hang_report) returns whatever the word held, never an address past the cache
-          const int key = min(max(__float_as_int(await_tagged(at[r], words[r], tag)), 0), n - 1);
-          raw[r] = __ldg(reinterpret_cast<const uint4*>(v + ((size_t)b * n + key) * hkv * D + (size_t)h * D + (vec % (D / 8)) * 8));
+          const int key = PAGED ? keys_r[r] : sampled_key(r);
+          const size_t row = PAGED ? row_offset<true>(cache, b, pages_r[r], key) + (size_t)h * cache.head_stride
+                                   : ((size_t)b * n + key) * hkv * D + (size_t)h * D;  // contiguous NHD, as the stream
+          raw[r] = load_row_word<FP8>(cache.v, row + (vec % (D / 8)) * 8);
         }
       }
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int i = i0 + r * kThreads;
         if (i >= owned * budget) continue;
-        const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw[r]);
+        float f[8];
+        row_floats<FP8>(raw[r], f);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 f = __bfloat1622float2(pairs[e]);
-          kept[(size_t)i * 8 + 2 * e] = f.x;
-          kept[(size_t)i * 8 + 2 * e + 1] = f.y;
-        }
+        for (int e = 0; e < 8; ++e) kept[(size_t)i * 8 + e] = f[e];
       }
     }
   } else {  // a covered sequence: row j scaled by its word S·p_j (rows j ≥ len: zeros), no sampled keys to wait for
-    covered_rows<D>(v, sampled, kept, head_mass, head0, b, h, n, hkv, vec0, owned, budget, len, tag);
+    covered_rows<D, PAGED, FP8>(cache, sampled, kept, head_mass, head0, b, h, vec0, owned, budget, len, tag);
   }
   __syncthreads();
   mark(6);  // the rows here
@@ -597,13 +759,18 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   // 64 floats apart, all in one bank, cost 6,900 cycles per round at B = 32 against ~1,100: KERNEL_NOTES run 16),
   // then the 4 parts by a fixed shuffle tree
   const int e = lane & 7, part = lane >> 3;
+  const float v_scale = FP8 ? (scales.v != nullptr ? __ldg(scales.v + h) : scales.v_scalar) : 1.f;
   for (int vec_local = warp; vec_local < owned; vec_local += kWarps) {
     const float* rows = kept + (size_t)vec_local * budget * 8 + e;
     float sum = 0.f;
     for (int mm = part; mm < budget; mm += 4) sum += rows[(size_t)mm * 8];
     sum += __shfl_xor_sync(0xffffffffu, sum, 8);
     sum += __shfl_xor_sync(0xffffffffu, sum, 16);
-    if (part == 0) out[head0 * D + (size_t)(vec0 + vec_local) * 8 + e] = __float2bfloat16(sum / (float)budget);
+    if (part == 0) {
+      float value = sum / (float)budget;
+      if constexpr (FP8) value *= v_scale;  // V's dequantisation scale (one per KV head: this group's)
+      out[head0 * D + (size_t)(vec0 + vec_local) * 8 + e] = __float2bfloat16(value);
+    }
   }
   mark(7);
 }
@@ -635,15 +802,20 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
   return cta;
 }
 
-#define SANTA_PROP_ONE_LAUNCH(NAME, D, G, U, STAGE)                                                                \
+#define SANTA_PROP_ONE_LAUNCH(NAME, D, G, U, STAGE, PAGED, FP8)                                                    \
   extern "C" __global__ void __launch_bounds__(kThreads, 2)                                                        \
-      NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, const float* uniforms,             \
-           unsigned long long seed, const long long* seeds, unsigned long long offset, const long long* offset_ptr,    \
-           const void* positions, int positions_64, const int* seq_lens, __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* sampled,              \
+      NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, long long page_stride,             \
+           long long row_stride, long long head_stride, const int* table, int table_stride, int page_shift, int pages, \
+           const float* k_scales, const float* v_scales, float k_scale, float v_scale,                                 \
+           const float* uniforms, unsigned long long seed, const long long* seeds, unsigned long long offset,          \
+           const long long* offset_ptr, const void* positions, int positions_64, int head_offset, const int* seq_lens,  \
+           __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* sampled,               \
            unsigned* epoch, long long* marks, const int4* schedule, unsigned* arrivals, int rounds, int stats_slots,   \
            int n, int hkv, float scale, int budget) {                                                               \
     const int cta = schedule_cta(arrivals);                                                                         \
-    const Draw draw{uniforms, seed, seeds, offset, offset_ptr, positions, positions_64};                           \
+    const Draw draw{uniforms, seed, seeds, offset, offset_ptr, positions, positions_64, head_offset};              \
+    const Cache cache{k, v, page_stride, row_stride, head_stride, table, table_stride, page_shift, pages};          \
+    const Scales scales{k_scales, v_scales, k_scale, v_scale};                                                      \
     const int4 idle = make_int4(-1, 0, 0, 0);                                                                       \
     int4 work = rounds > 0 ? load_work(schedule + cta) : idle;                                                      \
     unsigned seen = work.x >= 0 ? load_epoch(epoch + work.x) : 0u;                                                  \
@@ -654,7 +826,7 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
       unsigned next_seen = 0u;                                                                                      \
       int next_len = 0;                                                                                             \
       if (work.x >= 0) {                                                                                            \
-        prop_slice<D, G, U, STAGE>(q, k, v, draw, seq_lens, out, counts, slice_stats, sampled, \
+        prop_slice<D, G, U, STAGE, PAGED, FP8>(q, cache, scales, draw, seq_lens, out, counts, slice_stats, sampled,              \
                                    epoch, marks, n, hkv, work.x, work.y, work.z, work.w, stats_slots, slot, scale,   \
                                    budget, seen, len, next.x, next_seen, next_len);                                 \
         __syncthreads(); /* the next item reuses shared memory */                                                  \
@@ -668,6 +840,23 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
     }                                                                                                               \
   }
 
-SANTA_PROP_ONE_LAUNCH(prop1_d128_g4, 128, 4, 1, 0)
-SANTA_PROP_ONE_LAUNCH(prop1_d64_g7, 64, 7, 4, 0)
-SANTA_PROP_ONE_LAUNCH(prop1_d64_g3, 64, 3, 4, 0)
+SANTA_PROP_ONE_LAUNCH(prop1_d128_g4, 128, 4, 1, 0, false, false)  // contiguous bf16 caches
+SANTA_PROP_ONE_LAUNCH(prop1_d64_g7, 64, 7, 4, 0, false, false)
+SANTA_PROP_ONE_LAUNCH(prop1_d64_g3, 64, 3, 4, 0, false, false)
+// paged caches; at d = 128 two 8-key groups per warp and step (U = 2: more loads in flight behind the page lookups): Llama
+// B = 8 / 32 × 32k on shuffled 16-key pages 172.7 → 163.6 and 640.2 → 590.2 µs, B = 1 × 32k 33.0 → 33.6 (H200, 2026-12-04;
+// 128 registers, 48 bytes spilled); the contiguous kernel keeps U = 1 (issue 24's measurements)
+SANTA_PROP_ONE_LAUNCH(prop1p_d128_g4, 128, 4, 2, 0, true, false)
+SANTA_PROP_ONE_LAUNCH(prop1p_d64_g7, 64, 7, 4, 0, true, false)
+SANTA_PROP_ONE_LAUNCH(prop1p_d64_g3, 64, 3, 4, 0, true, false)
+// fp8 (e4m3) caches, contiguous and paged. Contiguous at d = 128: twice the bf16 kernel's unrolling (U = 2: a lane's load
+// is 8 bytes, not 16; Llama 32k / 128k / B = 8 / B = 32 × 32k 23.8 / 53.9 / 110.8 / 402.5 µs against 25.5 / 61.4 / 128.4 /
+// 468.2 at U = 1); elsewhere the bf16 kernels' unrolling measured faster (paged Llama 1 / 8 × 32k 27.7 / 133.8 against
+// 29.8 / 136.6 at U = 4, B = 32 484.7 against 478.0; Qwen B = 16 × 32k 51.1 / 61.1 against 53.9 / 63.2 at U = 8, SmolLM2
+// B = 64 × 8k 77.8 / 94.5 against 82.8 / 95.4; H200, 2026-12-04, the same outputs bitwise)
+SANTA_PROP_ONE_LAUNCH(prop1f_d128_g4, 128, 4, 2, 0, false, true)
+SANTA_PROP_ONE_LAUNCH(prop1f_d64_g7, 64, 7, 4, 0, false, true)
+SANTA_PROP_ONE_LAUNCH(prop1f_d64_g3, 64, 3, 4, 0, false, true)
+SANTA_PROP_ONE_LAUNCH(prop1pf_d128_g4, 128, 4, 2, 0, true, true)
+SANTA_PROP_ONE_LAUNCH(prop1pf_d64_g7, 64, 7, 4, 0, true, true)
+SANTA_PROP_ONE_LAUNCH(prop1pf_d64_g3, 64, 3, 4, 0, true, true)

@@ -7,11 +7,14 @@ stash), the group's slices exchanging their statistics and sampled keys through 
 points that fall in its slice and gathering the V rows of the output vectors it owns. Measured on the H200 against the
 two-launch prop in the same call: 1.02–1.15× faster kernels, 1.02–1.06× faster decode steps (benchmarks/RESULTS.md).
 
-What it serves (:func:`eligible`): sm_90 devices, bf16 q and caches, contiguous NHD caches, (head dim, query heads per
-KV head) in :data:`SHAPES`, where a plan fits shared memory; a call with a block table, a shared workspace, ``starts``
-or cache scales takes the Triton prop (:meth:`santa.kernels.DecodePlan.run` decides per call). Per-sequence lengths
-are read on the device (graph-safe); a length outside ``[0, n_keys]`` is clamped and gives NaN, as do NaN or +inf
-scores; every seed, offset and positions form of the Triton kernels is drawn the same way. The slices a sequence is
+What it serves (:func:`eligible`): sm_90 devices, bf16 q, bf16 or fp8 (e4m3, with per-tensor or per-KV-head scales)
+caches, contiguous NHD caches or paged ones in NHD or HND
+(pages of a power of two keys; any page, row and head strides that are multiples of 8 elements: santa's own pages and
+vLLM's packed K|V rows, :func:`cache_strides`), (head dim, query heads per KV head) in :data:`SHAPES`, where a plan fits shared
+memory; a call with ``starts`` or scales on a bf16 cache takes the Triton prop. Per-sequence lengths and block tables are read
+on the device (graph-safe); a length outside ``[0, n_keys]`` is clamped and gives NaN, as do NaN or +inf scores and a
+page id outside the pool (never followed); every seed, offset, positions and head-offset form of the Triton kernels
+is drawn the same way. The slices a sequence is
 cut into follow the plan (batch size, cache length), and so does the float32 order of its CDF: a comb point within
 rounding of a CDF step may land on the other key when they change (the Triton prop's tiles do not depend on them).
 
@@ -35,13 +38,14 @@ from pathlib import Path
 
 import torch
 
-from santa.kernels.schedule import build_schedule, schedule_table
+from santa.kernels.one_launch_schedule import build_schedule, schedule_table
 
 SOURCE = Path(__file__).with_name("one_launch.cu")
 MODULE = Path(__file__).with_name("one_launch.fatbin")
 BUILD_RECORD = Path(__file__).with_name("one_launch.build")
 NVCC_FLAGS = ("-O3", "-fatbin", "-gencode", "arch=compute_90a,code=sm_90a", "-gencode", "arch=compute_90a,code=compute_90a")
 THREADS = 256
+FP8 = torch.float8_e4m3fn  # the fp8 cache dtype (santa.kernels.plan.FP8)
 SHARED_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90
 SHAPES = {(128, 4), (64, 7), (64, 3)}  # (head dim, G) with a prop1_* kernel
 MAX_ONE_WAVE_SLICES = 66  # more slices per group than this measured slower (Qwen 32k: 132 slices 17.8 µs, 66 15.9)
@@ -64,8 +68,8 @@ def build_module(nvcc: str = "nvcc") -> Path:
     return MODULE
 
 
-def kernel_name(dim: int, group_size: int) -> str:
-    return f"prop1_d{dim}_g{group_size}"
+def kernel_name(dim: int, group_size: int, *, paged: bool = False, fp8: bool = False) -> str:
+    return f"prop1{'p' if paged else ''}{'f' if fp8 else ''}_d{dim}_g{group_size}"
 
 
 def kept_bytes(heads: int, slice_len: int) -> int:
@@ -75,16 +79,18 @@ def kept_bytes(heads: int, slice_len: int) -> int:
     return 4 * heads * (stride + -(-slice_len // 8))
 
 
-def slice_shared(*, slices: int, slice_len: int, group_size: int, dim: int, budget: int) -> int:
+def slice_shared(*, slices: int, slice_len: int, group_size: int, dim: int, budget: int, page_size: int | None = None) -> int:
     """Dynamic shared memory of one CTA working on a slice of a group cut in ``slices``: the kept scores and subtiles
-    plus the group's stats, or the gather's rows [vectors][S][8] float32 where those take more."""
+    plus the group's stats (and, paged, the page ids of the slice: ⌈slice_len / page_size⌉ + 1 at most), or the
+    gather's rows [vectors][S][8] float32 where those take more."""
     vectors_per_cta = -(-group_size * dim // 8 // slices)
-    return max(kept_bytes(group_size, slice_len) + 4 * group_size * slices * 2, 4 * 8 * budget * vectors_per_cta)
+    pages = 0 if page_size is None else -(-slice_len // page_size) + 1
+    return max(kept_bytes(group_size, slice_len) + 4 * group_size * slices * 2 + 4 * pages, 4 * 8 * budget * vectors_per_cta)
 
 
 @dataclass(frozen=True)
 class Plan:
-    """One schedule of one kernel: ``name`` C<slices>[s] (s: staggered halves), ``rounds`` from :mod:`santa.kernels.schedule`."""
+    """One schedule of one kernel: ``name`` C<slices>[s] (s: staggered halves), ``rounds`` from :mod:`santa.kernels.one_launch_schedule`."""
 
     name: str
     kernel: str
@@ -103,17 +109,20 @@ class Plan:
     def slots(self) -> int:  # stats slots per (group, head): the largest slice count
         return max(w.slices for w in self.works)
 
-    def shared(self, *, group_size: int, dim: int, budget: int) -> int:
-        return max(slice_shared(slices=w.slices, slice_len=w.slice_len, group_size=group_size, dim=dim, budget=budget)
-                   for w in self.works)
+    def shared(self, *, group_size: int, dim: int, budget: int, page_size: int | None = None) -> int:
+        return max(slice_shared(slices=w.slices, slice_len=w.slice_len, group_size=group_size, dim=dim, budget=budget,
+                                page_size=page_size) for w in self.works)
 
 
-def make_plan(*, slices: int, grid: int, groups: int, n: int, group_size: int, dim: int, staggered: bool) -> Plan:
+def make_plan(*, slices: int, grid: int, groups: int, n: int, group_size: int, dim: int, staggered: bool,
+              page_size: int | None = None, fp8: bool = False) -> Plan:
     rounds = build_schedule(groups=groups, n=n, slices=slices, grid=grid, kind="staggered" if staggered else "rounds")
-    return Plan(f"C{slices}" + ("s" if staggered else ""), kernel_name(dim, group_size), rounds, staggered)
+    return Plan(f"C{slices}" + ("s" if staggered else ""), kernel_name(dim, group_size, paged=page_size is not None, fp8=fp8),
+                rounds, staggered)
 
 
-def choose_plan(*, batch: int, kv_heads: int, group_size: int, dim: int, n: int, budget: int, sms: int, per_sm) -> Plan | None:
+def choose_plan(*, batch: int, kv_heads: int, group_size: int, dim: int, n: int, budget: int, sms: int, per_sm,
+                page_size: int | None = None, fp8: bool = False) -> Plan | None:
     """The plan santa runs for this shape (a fixed rule, so that a shape always draws the same samples), or None where
     none fits shared memory. ``per_sm(shared bytes)``: CTAs of the kernel resident on one SM.
 
@@ -126,11 +135,17 @@ def choose_plan(*, batch: int, kv_heads: int, group_size: int, dim: int, n: int,
     with 7 (Qwen B = 16 × 32k: C16, 5 % faster than C16s): a longer sampling phase per group is not hidden by the other
     half's stream. Not at all where SmolLM2's shape (d = 64, G ≤ 4) needs rounds at S ≤ 64: there the two-launch prop
     is faster (B = 64 × 8k, S = 64: 78.7 µs against the best plan's 83.4; at S = 128 87.4 against 98.0); the same
-    shapes at other (d, G) are not measured."""
+    shapes at other (d, G) are not measured. At d = 128 (Llama's shape) rounds only where two CTAs fit each SM and a
+    group has at most 8 slices (Llama B = 8–64 planned for 32k keys, C8s: 1.02–1.55× faster than the two launches on
+    vLLM's pages, live lengths 2k to 32k); not where the gather's rows leave one CTA per SM (n ≤ 8k, C2s: Llama
+    B = 16–256 × 512–4k, 1.19–1.38× slower) nor with 16 slices (a 128k plan: B = 64 × 2k live keys, 31 rounds of
+    128-key slices, 629 µs against 427; H200, benchmarks/kernels/paged_ab.py, 2026-12-04). A paged cache
+    (``page_size``) takes the same rule, its slices' page ids counted in shared memory, and so does an fp8 cache
+    (``fp8``: its own kernels; not measured apart)."""
     if (dim, group_size) not in SHAPES:
         return None
     groups = batch * kv_heads
-    shape = dict(group_size=group_size, dim=dim, budget=budget)
+    shape = dict(group_size=group_size, dim=dim, budget=budget, page_size=page_size)
     target = min(16, max(1, -(-n // ROUNDS_SLICE_KEYS[dim])))
     for slices in range(max(1, 2 * sms // groups), 0, -1):  # the most slices that keep one wave resident
         shared = slice_shared(slices=slices, slice_len=-(-n // slices), **shape)
@@ -141,15 +156,19 @@ def choose_plan(*, batch: int, kv_heads: int, group_size: int, dim: int, n: int,
                 break
             while slices > MAX_ONE_WAVE_SLICES:
                 slices //= 2
-            return make_plan(slices=slices, grid=groups * slices, groups=groups, n=n, group_size=group_size, dim=dim, staggered=False)
+            return make_plan(slices=slices, grid=groups * slices, groups=groups, n=n, group_size=group_size, dim=dim,
+                             staggered=False, page_size=page_size, fp8=fp8)
     if dim == 64 and group_size <= 4 and budget <= 64:
         return None  # rounds at SmolLM2's shape and S ≤ 64: the two launches are faster (B = 64 × 8k: 78.7 µs against 83.4)
     for slices in range(target, 257):  # rounds: more slices only where one slice's shared memory needs them
         shared = slice_shared(slices=slices, slice_len=-(-n // slices), **shape)
         grid = per_sm(shared) * sms if shared <= SHARED_LIMIT else 0
         if grid >= slices:
+            if dim == 128 and (grid < 2 * sms or slices > 8):
+                return None  # Llama's shape: the two launches are faster (paged_ab.py, H200 2026-12-04; see the docstring)
             staggered = group_size <= 4 and grid // 2 >= 2 * slices and groups * slices > grid
-            return make_plan(slices=slices, grid=grid, groups=groups, n=n, group_size=group_size, dim=dim, staggered=staggered)
+            return make_plan(slices=slices, grid=grid, groups=groups, n=n, group_size=group_size, dim=dim, staggered=staggered,
+                             page_size=page_size, fp8=fp8)
     return None
 
 
@@ -229,65 +248,146 @@ def loaded_module(device_index: int) -> CudaModule | None:
 def eligible(*, device: torch.device, kernel: str, dtype: torch.dtype, kv_dtype: torch.dtype, kv_layout: str,
              page_size: int | None, head_dim: int, group_size: int) -> bool:
     """Whether a plan of this kind may run the one-launch prop (then :class:`OneLaunch` decides whether one fits)."""
-    return (device.type == "cuda" and kernel == "prop" and dtype == kv_dtype == torch.bfloat16 and kv_layout == "NHD"
-            and page_size is None and (head_dim, group_size) in SHAPES
+    paged = page_size is not None
+    return (device.type == "cuda" and kernel == "prop" and dtype == torch.bfloat16 and kv_dtype in (torch.bfloat16, FP8)
+            and (kv_layout == "NHD" or (paged and kv_layout == "HND")) and (not paged or page_size & (page_size - 1) == 0)
+            and (head_dim, group_size) in SHAPES
             and torch.cuda.get_device_capability(device) == (9, 0))
 
 
-class OneLaunch:
-    """A plan's one-launch prop: its schedule and the buffers its launches share (tagged slice statistics and sampled
-    keys, the groups' epochs, the arrivals per SM). A launch leaves nothing to reset, so successive launches on one
-    stream share them; like a :class:`~santa.kernels.Workspace`, they serve one call at a time.
+def cache_strides(k: torch.Tensor, v: torch.Tensor, kv_layout: str) -> tuple[int, int, int] | None:
+    """(page or sequence, row, head) strides in elements that address both caches, ``[X, rows, H_kv, D]`` (NHD) or
+    ``[X, H_kv, rows, D]`` (HND), X sequences or pages; None where the one launch cannot read them: K and V strided
+    differently, a feature stride other than 1, a stride not a multiple of 8 elements or a base not 16-byte aligned
+    (its loads are 16 bytes). vLLM's packed cache (K and V halves of one row) passes."""
+    if k.stride() != v.stride() or k.stride(-1) != 1 or k.data_ptr() % 16 or v.data_ptr() % 16:
+        return None
+    page, row, head = (k.stride(0), k.stride(1), k.stride(2)) if kv_layout == "NHD" else (k.stride(0), k.stride(2), k.stride(1))
+    return (page, row, head) if page % 8 == 0 and row % 8 == 0 and head % 8 == 0 else None
 
-    ``module`` (default: ``one_launch.fatbin`` on ``device``) and ``plan`` (default: :func:`choose_plan`) are the benchmarks' hooks.
-    Raises ValueError where no plan fits.
+
+@dataclass(frozen=True)
+class Buffers:
+    """What the one launches of a plan exchange through global memory: tagged slice statistics ``[B·H_kv][G][slots][2]``,
+    tagged sampled keys ``[B, H, S]`` and the groups' epochs ``[B·H_kv]``. One set may serve several plans of one model
+    (:meth:`santa.vllm.decode.PagedDecoder.allocate`: every batch size's plan): every word of a group's region is written
+    under that group's next epoch, which every launch holding the group advances, so a launch never reads another's
+    word, whichever plan wrote it; they serve one call at a time (one stream). ``slots``: the most slices a plan
+    sharing them may cut a group in."""
+
+    stats: torch.Tensor
+    sampled: torch.Tensor
+    epoch: torch.Tensor
+
+    @property
+    def slots(self) -> int:
+        return self.stats.shape[2]
+
+    @classmethod
+    def allocate(cls, *, batch: int, heads: int, kv_heads: int, budget: int, slots: int, device: torch.device) -> Buffers:
+        return cls(stats=torch.zeros(batch * kv_heads, heads // kv_heads, slots, 2, dtype=torch.int64, device=device),
+                   sampled=torch.zeros(batch, heads, budget, dtype=torch.int64, device=device),
+                   epoch=torch.zeros(batch * kv_heads, dtype=torch.int32, device=device))
+
+    def fits(self, *, batch: int, heads: int, kv_heads: int, budget: int, slots: int) -> bool:
+        rows, group, own_slots, _ = self.stats.shape
+        return (rows >= batch * kv_heads and group == heads // kv_heads and own_slots >= slots
+                and self.sampled.shape[0] >= batch and tuple(self.sampled.shape[1:]) == (heads, budget))
+
+
+def scale_values(k_scale: float | torch.Tensor, v_scale: float | torch.Tensor) -> list:
+    """The kernels' scale arguments: per-KV-head pointers (0: none), then the scalars (used where the pointer is 0)."""
+    pointers = [ctypes.c_void_p(s.data_ptr() if isinstance(s, torch.Tensor) else 0) for s in (k_scale, v_scale)]
+    scalars = [ctypes.c_float(1.0 if isinstance(s, torch.Tensor) else float(s)) for s in (k_scale, v_scale)]
+    return pointers + scalars
+
+
+class OneLaunch:
+    """A plan's one-launch prop: its schedule, the arrivals per SM, and the :class:`Buffers` its launches exchange words
+    through: a caller's (a :class:`~santa.kernels.Workspace` carrying them, shared by the plans of one model) or its
+    own, allocated on the first call that brings none (:meth:`own_buffers`). A launch leaves nothing to reset, so
+    successive launches on one stream share them; like a :class:`~santa.kernels.Workspace`, they serve one call at a time.
+
+    ``page_size``: the cache's keys per page (a power of two) where it is paged (then :meth:`run` takes a block table).
+    ``fp8``: e4m3 caches (then :meth:`run` takes their scales). The layout reaches the kernel as :meth:`run`'s strides. ``module`` (default: ``one_launch.fatbin`` on ``device``) and ``plan`` (default:
+    :func:`choose_plan`) are the benchmarks' hooks. Raises ValueError where no plan fits.
     """
 
     def __init__(self, *, batch: int, heads: int, kv_heads: int, head_dim: int, n_keys: int, budget: int, scale: float,
-                 device: torch.device, module: CudaModule | None = None, plan: Plan | None = None, kernel: str | None = None):
+                 device: torch.device, page_size: int | None = None, fp8: bool = False,
+                 module: CudaModule | None = None, plan: Plan | None = None, kernel: str | None = None):
         self.module = module if module is not None else loaded_module(device.index)
         if self.module is None:
             raise ValueError("the one-launch module is not loaded on this device")
         group_size = heads // kv_heads
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        name = kernel_name(head_dim, group_size)
+        name = kernel_name(head_dim, group_size, paged=page_size is not None, fp8=fp8)
         if plan is None:
             plan = choose_plan(batch=batch, kv_heads=kv_heads, group_size=group_size, dim=head_dim, n=n_keys, budget=budget,
-                               sms=sms, per_sm=lambda shared: self.module.resident_per_sm(name, shared))
+                               sms=sms, per_sm=lambda shared: self.module.resident_per_sm(name, shared), page_size=page_size,
+                               fp8=fp8)
             if plan is None:
                 raise ValueError(f"no one-launch plan fits {n_keys} keys at S = {budget} in shared memory")
         self.plan, self.kernel = plan, kernel or plan.kernel
-        self.kv_heads, self.n_keys, self.budget = kv_heads, n_keys, budget
-        self.shared = plan.shared(group_size=group_size, dim=head_dim, budget=budget)
+        self.kv_heads, self.n_keys, self.budget, self.page_size = kv_heads, n_keys, budget, page_size
+        self.shared = plan.shared(group_size=group_size, dim=head_dim, budget=budget, page_size=page_size)
         self.per_sm = self.module.resident_per_sm(self.kernel, self.shared)
         if self.per_sm * sms < plan.grid:
             raise ValueError(f"plan {plan.name}: {self.per_sm * sms} CTAs resident, the schedule needs {plan.grid}")
         # staggered: each SM must hold one CTA of each half, which the kernel arranges by counting arrivals per SM
         self.paired = plan.staggered and self.per_sm == 2 and plan.grid == 2 * sms
         self.table = torch.tensor(schedule_table(plan.rounds), dtype=torch.int32, device=device)
-        self.stats = torch.zeros(batch * kv_heads, group_size, plan.slots, 2, dtype=torch.int64, device=device)
-        self.sampled = torch.zeros(batch, heads, budget, dtype=torch.int64, device=device)
-        self.epoch = torch.zeros(batch * kv_heads, dtype=torch.int32, device=device)
+        self.shape = dict(batch=batch, heads=heads, kv_heads=kv_heads, budget=budget)
+        self.device, self._own = device, None
         self.arrivals = torch.zeros(1026, dtype=torch.int32, device=device)  # per SM, then per half
         self.scale_log2 = scale * math.log2(math.e)
 
-    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor, seq_lens: torch.Tensor | None = None,
-            seed: int | torch.Tensor = 0, offset: int | torch.Tensor = 0, positions: torch.Tensor | None = None,
-            counts: torch.Tensor | None = None, uniforms: torch.Tensor | None = None, marks: torch.Tensor | None = None) -> torch.Tensor:
-        """One launch on torch's current stream (no host sync, no allocation: graph-capturable). Arguments as
-        :meth:`santa.kernels.DecodePlan.run` (contiguous tensors); ``uniforms`` (float32 ``[B, H]``) replaces the draw
-        and ``marks`` receives per-CTA phase clocks (benchmarks). Returns ``out``."""
+    def fits(self, buffers: Buffers) -> bool:
+        """Whether ``buffers`` hold this plan's words (its batch, heads, budget and slices)."""
+        return buffers.fits(**self.shape, slots=self.plan.slots)
+
+    def own_buffers(self) -> Buffers | None:
+        """This plan's own buffers, allocated (zeroed) on first use; None while a CUDA graph is being captured and they
+        do not exist yet (zeroing them inside the graph would zero them at every replay, and a replay would read the
+        previous one's words as its own)."""
+        if self._own is None and not torch.cuda.is_current_stream_capturing():
+            self._own = Buffers.allocate(**self.shape, slots=self.plan.slots, device=self.device)
+        return self._own
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor, strides: tuple[int, int, int],
+            seq_lens: torch.Tensor | None = None, block_table: torch.Tensor | None = None, seed: int | torch.Tensor = 0,
+            offset: int | torch.Tensor = 0, positions: torch.Tensor | None = None, head_offset: int = 0,
+            counts: torch.Tensor | None = None, uniforms: torch.Tensor | None = None, marks: torch.Tensor | None = None,
+            buffers: Buffers | None = None, k_scale: float | torch.Tensor = 1.0, v_scale: float | torch.Tensor = 1.0) -> torch.Tensor:
+        """One launch on torch's current stream (no host sync; graph-capturable once :meth:`own_buffers` exist or
+        ``buffers`` are given: they must :meth:`fits`). Arguments as :meth:`santa.kernels.DecodePlan.run`, ``strides``
+        :func:`cache_strides` of k and v (q, out and counts contiguous; a paged plan's ``block_table`` int32
+        ``[≥ B, pages per sequence]`` with unit stride along its pages; an fp8 plan's ``k_scale`` / ``v_scale``: floats or
+        contiguous float32 ``[H_kv]``);
+        ``uniforms`` (float32 ``[B, H]``) replaces the draw and ``marks`` receives per-CTA phase clocks (benchmarks).
+        Returns ``out``."""
 
         def ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
             return ctypes.c_void_p(t.data_ptr() if t is not None else 0)
 
         seeds, seed = (seed, 0) if isinstance(seed, torch.Tensor) else (None, int(seed))
         offset_ptr, offset = (offset, 0) if isinstance(offset, torch.Tensor) else (None, int(offset))
-        values = [ptr(q), ptr(k), ptr(v), ptr(uniforms), ctypes.c_uint64(seed), ptr(seeds), ctypes.c_uint64(offset),
+        paged = self.page_size is not None
+        page_stride, row_stride, head_stride = strides
+        buffers = buffers if buffers is not None else self.own_buffers()
+        if buffers is None:
+            raise RuntimeError("the one-launch prop's first call without buffers cannot be captured in a CUDA graph: "
+                               "run it once before the capture")
+        values = [ptr(q), ptr(k), ptr(v), ctypes.c_longlong(page_stride), ctypes.c_longlong(row_stride),
+                  ctypes.c_longlong(head_stride), ptr(block_table if paged else None),
+                  ctypes.c_int(block_table.stride(0) if paged else 0),
+                  ctypes.c_int(self.page_size.bit_length() - 1 if paged else 0), ctypes.c_int(k.shape[0] if paged else 0),
+                  *scale_values(k_scale, v_scale),
+                  ptr(uniforms), ctypes.c_uint64(seed), ptr(seeds), ctypes.c_uint64(offset),
                   ptr(offset_ptr), ptr(positions), ctypes.c_int(positions is not None and positions.dtype == torch.int64),
-                  ptr(seq_lens), ptr(out), ptr(counts), ptr(self.stats), ptr(self.sampled), ptr(self.epoch), ptr(marks),
-                  ptr(self.table), ptr(self.arrivals if self.paired else None), ctypes.c_int(len(self.plan.rounds)),
-                  ctypes.c_int(self.plan.slots), ctypes.c_int(self.n_keys), ctypes.c_int(self.kv_heads),
-                  ctypes.c_float(self.scale_log2), ctypes.c_int(self.budget)]
+                  ctypes.c_int(head_offset), ptr(seq_lens), ptr(out), ptr(counts), ptr(buffers.stats), ptr(buffers.sampled),
+                  ptr(buffers.epoch), ptr(marks), ptr(self.table), ptr(self.arrivals if self.paired else None),
+                  ctypes.c_int(len(self.plan.rounds)), ctypes.c_int(buffers.slots), ctypes.c_int(self.n_keys),
+                  ctypes.c_int(self.kv_heads), ctypes.c_float(self.scale_log2), ctypes.c_int(self.budget)]
         self.module.launch_values(self.kernel, (self.plan.grid, 1, 1), values, shared_bytes=self.shared, cooperative=True)
         return out

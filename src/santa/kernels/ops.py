@@ -34,15 +34,11 @@ live in the graph's pool. The fake implementation checks the call's shapes, dtyp
 devices (what needs no tensor values) and returns the output's metadata.
 """
 
-import importlib
-
 import torch
 from torch import Tensor
 
+from santa.kernels import eager as _decode
 from santa.kernels.plan import Workspace
-
-# the module (santa.kernels.decode, the attribute, is the function)
-_decode = importlib.import_module("santa.kernels.decode")
 
 __all__ = ["decode", "decode_counts"]
 

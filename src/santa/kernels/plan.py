@@ -9,13 +9,13 @@ on their own: a ``seq_lens`` entry outside ``[0, n_keys]`` is clamped for every 
 sequence's output is NaN; a ``block_table`` page id outside ``[0, pages)`` is never followed and
 the heads that would have read it get NaN.
 
-On an sm_90 GPU a prop plan of bf16 q and caches, contiguous NHD, runs in one cooperative CUDA launch
-(:mod:`santa.kernels.one_launch`, made with the plan: :attr:`DecodePlan.one_launch`) wherever the call needs nothing it
-lacks (a block table, a workspace of the caller's, ``starts``, cache scales); other calls, and ``Tuning(one_launch=False)``,
-run the two Triton launches. The two draw the same samples up to float32 CDF rounding. :meth:`DecodePlan.stages` lists
-the Triton launches. The one launch does not take ``head_offset`` (tensor parallelism: the global index of the call's
-first head, :meth:`DecodePlan.run`): a call with ``head_offset != 0`` (a tensor-parallel rank past the first) runs the
-Triton prop, which draws what the one launch would draw for the same global heads.
+On an sm_90 GPU a prop plan of bf16 q and bf16 or fp8 caches (contiguous NHD, or paged NHD or HND) runs in one cooperative CUDA launch
+(:mod:`santa.kernels.one_launch`, chosen when the plan is made: :attr:`DecodePlan.one_launch`, None where the plan runs
+the Triton prop) wherever the call needs nothing it lacks (``starts``, scales on a bf16 cache, strides it cannot read, a workspace
+without its buffers: :meth:`DecodePlan._one_launch_call`); other calls, and ``Tuning(one_launch=False)``, run the two
+Triton launches. The two draw the same samples up to float32 CDF rounding. :meth:`DecodePlan.stages` lists the Triton
+launches. A plan made while a CUDA graph is being captured runs the Triton prop (the one launch's buffers are made
+outside captures).
 
 Devices: a CUDA device (the compiled kernels) or the CPU. A CPU plan runs what :func:`santa.decode`
 runs for CPU tensors: the kernels in Triton's interpreter under ``TRITON_INTERPRET=1``, else the
@@ -76,12 +76,15 @@ class Workspace:
 
     It serves one call at a time (it holds the stash and per-head semaphores that every call
     leaves at zero): give concurrent streams their own. It is refused for any other shape or kernel.
+    ``one_launch``: the one-launch prop's exchange buffers where the workspace carries them
+    (:meth:`within`); a call with a workspace without them runs the Triton prop.
     """
 
     key: WorkspaceKey
     buffer: torch.Tensor
     views: dict = field(repr=False)
     pointers: dict = field(repr=False)  # the kernels' argument names ("stash_ptr", …) → the regions' data_ptr()
+    one_launch: one_launch.Buffers | None = field(default=None, repr=False)
 
     @classmethod
     def zeros(cls, key: WorkspaceKey) -> Workspace:
@@ -98,12 +101,14 @@ class Workspace:
         return workspace
 
     @classmethod
-    def within(cls, key: WorkspaceKey, *, scratch: torch.Tensor, semaphores: torch.Tensor) -> Workspace:
+    def within(cls, key: WorkspaceKey, *, scratch: torch.Tensor, semaphores: torch.Tensor,
+               one_launch_buffers: one_launch.Buffers | None = None) -> Workspace:
         """A workspace of views into buffers that several workspaces share: ``scratch`` (uint8, at least
         :func:`workspace_nbytes` bytes) and ``semaphores`` (int32, zeroed, at least B·H of them). A call
         leaves the semaphores at zero and reads nothing else it did not write in that call, so workspaces
         of several batch sizes (a serving engine's CUDA graphs, one per batch size) can share one scratch
-        buffer sized for the largest, as long as their calls run one at a time (one stream)."""
+        buffer sized for the largest, as long as their calls run one at a time (one stream). ``one_launch_buffers``
+        (:class:`santa.kernels.one_launch.Buffers`, shareable the same way) let the one-launch prop serve its calls."""
         if not isinstance(scratch, torch.Tensor) or scratch.dtype != torch.uint8 or scratch.dim() != 1:
             raise TypeError("scratch must be a 1-D uint8 tensor")
         if not isinstance(semaphores, torch.Tensor) or semaphores.dtype != torch.int32 or semaphores.dim() != 1:
@@ -120,6 +125,10 @@ class Workspace:
                 raise ValueError(f"semaphores must hold ≥ {rows} int32 on {key.device}, got {semaphores.numel()} on {semaphores.device}")
             workspace.views["sem"] = semaphores[:rows]
             workspace.pointers["sem_ptr"] = semaphores.data_ptr()
+        if one_launch_buffers is not None:
+            if not isinstance(one_launch_buffers, one_launch.Buffers):
+                raise TypeError(f"one_launch_buffers must be santa.kernels.one_launch.Buffers, got {type(one_launch_buffers).__name__}")
+            workspace = dataclasses.replace(workspace, one_launch=one_launch_buffers)
         return workspace
 
     @classmethod
@@ -436,9 +445,7 @@ class DecodePlan:
 
     Tensor parallelism: a rank's plan is for its own heads (H/TP query and H_kv/TP KV heads); ``run``'s
     ``head_offset`` (``rank × H/TP``, a runtime scalar: one plan, one compiled kernel and one CUDA graph per rank,
-    never respecialised) keys the draws on the model's global head. The one-launch CUDA kernel (a prebuilt
-    fatbin) has no head offset: it serves ``head_offset == 0`` (TP = 1, and rank 0) only, other ranks take the
-    Triton prop (:meth:`_one_launch_serves`)."""
+    never respecialised) keys the draws on the model's global head, in the one-launch kernel as in the Triton ones."""
 
     def __init__(self, *, shape: DecodeShape, kernel: str, budget: int, scale: float, tuning: Tuning,
                  workspace_key: WorkspaceKey, workspace: Workspace | None):
@@ -474,31 +481,46 @@ class DecodePlan:
         self.one_launch = self._plan_one_launch(device)
 
     def _plan_one_launch(self, device: torch.device):
-        """The one-launch CUDA prop for this plan (:mod:`santa.kernels.one_launch`: Hopper, bf16, contiguous NHD), made
-        now (its module and buffers, outside any CUDA graph), or None: the Triton prop serves every call."""
+        """The one-launch CUDA prop for this plan (:mod:`santa.kernels.one_launch`: Hopper, bf16, contiguous NHD or paged
+        NHD/HND), made now (its module and schedule, outside any CUDA graph), or None: the Triton prop serves every call
+        (so also for a plan made during a capture, where its schedule cannot be copied to the device)."""
         s = self.shape
-        if self.tuning.one_launch is False or not one_launch.eligible(
+        if self.tuning.one_launch is False or device.type != "cuda" or torch.cuda.is_current_stream_capturing() or not one_launch.eligible(
                 device=device, kernel=self.kernel, dtype=s.dtype, kv_dtype=s.kv_dtype, kv_layout=s.kv_layout,
                 page_size=s.page_size, head_dim=s.head_dim, group_size=self.group):
             return None
         try:
             return one_launch.OneLaunch(batch=s.batch, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim,
-                                        n_keys=s.n_keys, budget=self.budget, scale=self.scale, device=device)
+                                        n_keys=s.n_keys, budget=self.budget, scale=self.scale, device=device,
+                                        page_size=s.page_size, fp8=s.kv_dtype == FP8)
         except ValueError:  # no plan fits shared memory (a large budget), or the module did not load (warned once)
             return None
 
-    def _one_launch_serves(self, q, k_cache, v_cache, seq_lens, block_table, out, counts, workspace, k_scale, v_scale,
-                           starts, head_offset: int = 0) -> bool:
-        """Whether this call runs the one-launch prop: the plan has one, and the call needs nothing it lacks (a block
-        table, a workspace of the caller's, ``starts``, cache scales, a ``head_offset``: the prebuilt kernel keys its
-        draws on the call's own head index, so a tensor-parallel rank past the first takes the Triton prop,
-        non-contiguous tensors)."""
-        return (self.one_launch is not None and not self._all_covered(seq_lens is not None, starts is not None)
-                and head_offset == 0 and block_table is None and workspace is None and starts is None
-                and not isinstance(k_scale, torch.Tensor) and not isinstance(v_scale, torch.Tensor)
-                and float(k_scale) == 1.0 and float(v_scale) == 1.0 and k_cache.shape[1] == self.shape.n_keys
-                and q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
-                and (out is None or out.is_contiguous()) and (counts is None or counts.is_contiguous()))
+    def _one_launch_call(self, q, k_cache, v_cache, seq_lens, out, counts, workspace, k_scale, v_scale, starts):
+        """``(buffers, strides)`` of this call's one launch: the buffers it exchanges its words through (the workspace's,
+        or the plan's own) and :func:`~santa.kernels.one_launch.cache_strides` of its caches; or None where the Triton
+        prop runs it: the plan has no one launch, every sequence is covered statically, or the call
+        needs what the one launch lacks (``starts``, scales of a bf16 cache, non-contiguous per-head scales, cache strides
+        it cannot read, non-contiguous q, out,
+        counts or unpaged caches, a workspace without one-launch buffers, or the plan's own buffers first needed inside a capture)."""
+        if self.shape.kv_dtype == FP8:  # scales as floats or contiguous float32 [H_kv] (check_call checked dtype and shape)
+            scales_read = all(not isinstance(x, torch.Tensor) or x.is_contiguous() for x in (k_scale, v_scale))
+        else:  # a bf16 cache's scales stay 1 (the one launch applies none)
+            scales_read = not any(isinstance(x, torch.Tensor) or float(x) != 1.0 for x in (k_scale, v_scale))
+        if (self.one_launch is None or starts is not None or not scales_read or not q.is_contiguous()
+                or (out is not None and not out.is_contiguous()) or (counts is not None and not counts.is_contiguous())
+                or (self.shape.page_size is None and not (k_cache.is_contiguous() and v_cache.is_contiguous()))
+                or self._all_covered(seq_lens is not None, False)):
+            return None
+        strides = one_launch.cache_strides(k_cache, v_cache, self.shape.kv_layout)
+        if strides is None:
+            return None
+        if workspace is None:
+            buffers = self.one_launch.own_buffers()
+        else:
+            buffers = workspace.one_launch
+            buffers = buffers if buffers is not None and self.one_launch.fits(buffers) else None
+        return None if buffers is None else (buffers, strides)
 
     def check_call(self, q, k_cache, v_cache, *, seq_lens, block_table, out, counts, workspace, k_scale, v_scale, positions,
                    starts, seed, offset, head_offset) -> int:
@@ -767,11 +789,13 @@ class DecodePlan:
                                         v_scale=v_scale, positions=positions, starts=starts, head_offset=head_offset)
         if out is None:
             out = torch.empty_like(q)
-        if self._one_launch_serves(q, k_cache, v_cache, seq_lens, block_table, out, counts, workspace, k_scale, v_scale, starts,
-                                   head_offset):
+        one_launch_call = self._one_launch_call(q, k_cache, v_cache, seq_lens, out, counts, workspace, k_scale, v_scale, starts)
+        if one_launch_call is not None:
+            buffers, strides = one_launch_call
             # the one launch computes the sequences the budget covers exactly itself (one_launch.cu)
-            return self.one_launch.run(q, k_cache, v_cache, out=out, seq_lens=seq_lens, seed=seed, offset=offset,
-                                       positions=positions, counts=counts)
+            return self.one_launch.run(q, k_cache, v_cache, out=out, strides=strides, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
+                                       positions=positions, head_offset=head_offset, counts=counts, buffers=buffers,
+                                       k_scale=k_scale, v_scale=v_scale)
         launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale, seed, positions, starts)
         key, args, tensors = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace,
                                              k_scale, v_scale, positions, starts, head_offset)

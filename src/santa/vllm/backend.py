@@ -1,14 +1,19 @@
 """santa as a vLLM 0.26 attention backend (``attention_backend="CUSTOM"``, registered by
 :mod:`santa.vllm.plugin`).
 
-It is vLLM's FlashAttention backend with one change: a batch of decode tokens only (every request
-adds one token, ``max_query_len == 1``) runs santa's kernel (:class:`santa.vllm.decode.PagedDecoder`)
-on the same paged cache, whatever its sequences' lengths (so eager steps and CUDA-graph replays
-agree); prefill and mixed batches, and every batch under ``SANTA_VLLM_KERNEL=dense`` (the exact
-control), run FlashAttention itself. The cache layout, its writes (``reshape_and_cache_flash``, fp8
+It is vLLM's FlashAttention backend with one change: decode tokens (requests that add one token this step)
+run santa's kernel (:class:`santa.vllm.decode.PagedDecoder`) on the same paged cache, whatever their sequences'
+lengths (so eager steps and CUDA-graph replays agree). A mixed step (chunked prefill puts new requests' prompt
+chunks beside the running requests' decode tokens) is split as vLLM's FlashInfer and MLA backends split it: the
+runner puts decode requests first (``reorder_batch_threshold = 1``), vLLM's ``split_decodes_and_prefills`` finds
+the boundary, the decode rows go to santa and the rest to FlashAttention with metadata built for those rows alone
+(``split_attn_metadata``: no cascade for them). Prefill-only batches, and every batch under
+``SANTA_VLLM_KERNEL=dense`` (the exact control), run FlashAttention itself. The cache layout, its writes (``reshape_and_cache_flash``, fp8
 included) and the metadata are FlashAttention's. Decode-only batches are captured in full CUDA graphs
 (``UNIFORM_SINGLE_TOKEN_DECODE``); santa's plans are made once per batch size over one workspace and
-read the lengths, block table and positions from device memory. Settings: :mod:`santa.vllm.config`.
+read the lengths, block table and positions from device memory. Settings: :mod:`santa.vllm.config` (vLLM's
+``--additional-config '{"santa": {...}}'`` or ``SANTA_VLLM_*`` variables), validated and logged with their sources when
+the metadata builder starts.
 
 Memory: santa's workspace (:func:`santa.kernels.workspace_bytes` for ``max_num_seqs`` sequences of
 ``max_model_len`` keys: 35 MiB at 64 × 4k, 1.06 GiB at 256 × 32k for Llama-3.1-8B's heads) is allocated
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -50,12 +56,15 @@ try:
     )
 except ImportError as error:  # vLLM absent (ModuleNotFoundError), or an install that cannot import its backend
     raise ImportError(f"santa's vLLM backend needs vLLM 0.26 ({INSTALL}): {error}") from error
-try:  # after the attention modules (a broken install names those first): the tensor-parallel rank
+try:  # after the attention modules (a broken install names those first): the tensor-parallel rank, the batch split
+    from vllm.config import get_current_vllm_config_or_none
     from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+    from vllm.v1.attention.backends.utils import split_decodes_and_prefills
+    from vllm.v1.worker.ubatch_utils import UBatchSlice, split_attn_metadata
 except ImportError as error:
     raise ImportError(f"santa's vLLM backend needs vLLM 0.26 ({INSTALL}): {error}") from error
 
-from santa.vllm.config import read_config
+from santa.vllm.config import describe, read_config
 from santa.vllm.decode import FP8, PagedDecoder
 from santa.vllm.layers import check_layer, layer_index
 
@@ -73,15 +82,37 @@ def tensor_parallel_rank() -> int:
         return 0
 
 
+@dataclass(frozen=True)
+class MixedSplit:
+    """A mixed step as santa runs it: its first ``decodes`` requests decode one token each (tokens ``[0, decodes)``) with
+    santa; ``prefill`` is FlashAttention's metadata of the other requests alone (tokens from ``decodes`` on)."""
+
+    decodes: int
+    prefill: object
+
+
+@dataclass(frozen=True)
+class SantaStep:
+    """What santa adds to one step's FlashAttention metadata (``metadata.santa``): the model's decoder, each row's
+    position (computed once per step for every layer) and, for a mixed step, its split."""
+
+    decoder: PagedDecoder
+    positions: torch.Tensor  # int32 [rows]: seq_lens − 1
+    split: MixedSplit | None
+
+
 class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
-    """FlashAttention's metadata, plus the model's :class:`PagedDecoder` (one for every layer of the group)."""
+    """FlashAttention's metadata, plus :class:`SantaStep` (``metadata.santa``: the model's :class:`PagedDecoder`, one for
+    every layer of the group, the rows' positions and a mixed step's split)."""
 
     _cudagraph_support = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
     reorder_batch_threshold = 1  # the V1 runner puts decode requests first (V2 always does)
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        config, model, parallel = read_config(), vllm_config.model_config, vllm_config.parallel_config
+        additional = getattr(vllm_config, "additional_config", None)
+        config, model, parallel = read_config(additional_config=additional), vllm_config.model_config, vllm_config.parallel_config
+        self.samples = config.samples
         block_size = kv_cache_spec.block_size
         # this group's cache (layers in --kv-cache-dtype-skip-layers have their own group in the model's dtype)
         fp8 = kv_cache_spec.dtype in (torch.uint8, FP8)
@@ -96,18 +127,36 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
             kernel=config.kernel if config.samples else "prop", seed=config.seed, dtype=model.dtype,
             kv_dtype=FP8 if fp8 else model.dtype, device=device,
         )
+        logger.info("santa: %s", describe(config, additional_config=additional))
         if config.samples:
+            self.santa.allocate()  # now, outside any CUDA-graph capture
+            # the plans of the batch sizes vLLM captures, made before its captures (the layers' usual scale, 1/√d)
+            sizes = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_capture_sizes", None) or ()
+            self.santa.prepare(sizes, model.get_head_size() ** -0.5)
             logger.info("santa: %s S=%d on decode-only batches (query heads %d–%d of the model); its workspace takes %.2f GiB, "
                         "allocated now, outside the KV cache's budget (lower gpu_memory_utilization by as much where memory "
                         "is tight)", config.kernel, config.budget, self.santa.head_offset, self.santa.head_offset + heads - 1,
-                        self.santa.workspace_nbytes() / 2**30)
-            self.santa.allocate()  # now, outside any CUDA-graph capture
+                        (self.santa.workspace_nbytes() + self.santa.one_launch_nbytes()) / 2**30)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
         metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
-        metadata.santa = self.santa
-        metadata.santa_positions = self.santa.positions(metadata.seq_lens)  # once per step, for every layer
+        # the split is built after the full metadata: FlashAttention's builder keeps one AOT-schedule buffer, and a split
+        # step reads the prefill part's
+        metadata.santa = SantaStep(decoder=self.santa, positions=self.santa.positions(metadata.seq_lens),
+                                   split=self.split(common_attn_metadata, fast_build))
         return metadata
+
+    def split(self, common, fast_build=False) -> MixedSplit | None:
+        """A mixed step's split (decode requests first, as the runner orders them), or None: a decode-only or
+        prefill-only step, or santa off (``kernel="dense"``)."""
+        if not self.samples or common.max_query_len <= 1:
+            return None
+        decodes, prefills, decode_tokens, _ = split_decodes_and_prefills(common, decode_threshold=1)
+        if decodes == 0 or prefills == 0:
+            return None
+        rest = UBatchSlice(request_slice=slice(decodes, common.num_reqs),
+                           token_slice=slice(decode_tokens, common.num_actual_tokens))
+        return MixedSplit(decodes=decodes, prefill=super().build(0, split_attn_metadata([rest], common)[0], fast_build))
 
 
 class SantaAttentionImpl(FlashAttentionImpl):
@@ -122,24 +171,25 @@ class SantaAttentionImpl(FlashAttentionImpl):
                     attn_type=attn_type, sinks=sinks, extra=extra)
         super().__init__(num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window, kv_cache_dtype,
                          logits_soft_cap, attn_type, kv_sharing_target_layer_name)
-        self.santa_config = read_config()
+        current = get_current_vllm_config_or_none()  # set while vLLM builds the model's layers
+        self.santa_config = read_config(additional_config=getattr(current, "additional_config", None))
         self.layer_index: int | None = None
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, output_block_scale=None):
-        decoder = getattr(attn_metadata, "santa", None)
-        if (decoder is None or not self.santa_config.samples or attn_metadata.max_query_len != 1
+        step = getattr(attn_metadata, "santa", None)  # None: the profiling run
+        split = None if step is None else step.split
+        if (step is None or not self.santa_config.samples or (attn_metadata.max_query_len != 1 and split is None)
                 or output_scale is not None or output_block_scale is not None):
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale)
+        decoder, n = step.decoder, attn_metadata.num_actual_tokens if split is None else split.decodes  # one token per request
         if self.layer_index is None:  # once per layer: the name never changes (a mock layer may have none)
             name = getattr(layer, "layer_name", None)
             self.layer_index = layer_index(name)
             if self.layer_index == 0:  # once per engine (and per graph capture): santa's decode did run
-                logger.info("santa: layer 0 decodes %d sequences with %s S=%d", attn_metadata.num_actual_tokens,
-                            self.santa_config.kernel, self.santa_config.budget)
+                logger.info("santa: layer 0 decodes %d sequences with %s S=%d", n, self.santa_config.kernel, self.santa_config.budget)
             elif self.layer_index < 0:
                 logger.info("santa: attention layer %r has no layer index in its name; its draws are keyed on %d "
                             "(santa.vllm.layers.layer_index)", name, self.layer_index)
-        n = attn_metadata.num_actual_tokens
         q = query[:n]
         if q.dtype != output.dtype:  # an fp8 cache: the layer quantised q for FlashAttention (with its _q_scale)
             q = (q.float() * layer._q_scale).to(output.dtype)
@@ -147,7 +197,10 @@ class SantaAttentionImpl(FlashAttentionImpl):
         table = attn_metadata.block_table[:n, : decoder.max_keys // decoder.block_size]
         decoder.run(q, kv_cache, seq_lens=attn_metadata.seq_lens[:n], block_table=table,
                     layer=self.layer_index, scale=self.scale, out=output[:n], k_scale=layer._k_scale,
-                    v_scale=layer._v_scale, positions=attn_metadata.santa_positions[:n])
+                    v_scale=layer._v_scale, positions=step.positions[:n])
+        if split is not None:  # the prefill rows: FlashAttention on their own metadata (the query as the layer gave it)
+            end = attn_metadata.num_actual_tokens
+            super().forward(layer, query[n:end], key[n:end], value[n:end], kv_cache, split.prefill, output[n:end])
         return output
 
 

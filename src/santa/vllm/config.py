@@ -1,5 +1,11 @@
-"""santa's configuration inside vLLM, read from the environment (a custom attention backend receives
-no configuration of its own from vLLM).
+"""santa's configuration inside vLLM: vLLM's own configuration for plugins, ``--additional-config`` (the
+``"santa"`` entry of ``VllmConfig.additional_config``), and the environment.
+
+    vllm serve <model> --attention-backend CUSTOM --additional-config '{"santa": {"budget": 128, "kernel": "prop"}}'
+
+The keys of the ``"santa"`` entry are ``budget``, ``kernel`` and ``seed`` (below); an unknown key is refused by
+name. Where a setting comes from several places, the environment wins over ``--additional-config``, which wins
+over the ``SANTA_VLLM_CONFIG`` file; :func:`describe` says where each setting came from (the backend logs it once).
 
 Variables (each optional; the defaults sample with prop at S = 128, seed 0):
 
@@ -23,12 +29,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from santa.methods import METHODS, names
 from santa.rng import check_seed
 from santa.sampling import check_budget
 
 PREFIX = "SANTA_VLLM_"
 CONFIG_VARIABLE = PREFIX + "CONFIG"
-KERNELS = ("prop", "flash", "dense")
+ADDITIONAL_KEY = "santa"  # the entry of vLLM's --additional-config that holds santa's settings
+KERNELS = (*names(kernels=True), METHODS["dense"].name)  # santa's kernels, or vLLM's own attention (dense)
 
 
 @dataclass(frozen=True)
@@ -64,15 +72,49 @@ def _from_text(name: str, field: str, text: str) -> object:
         raise ValueError(f"{name} must be an integer, got {text!r}") from None
 
 
-def read_config(environ: Mapping[str, str] | None = None) -> ServingConfig:
-    """The :class:`ServingConfig` of ``environ`` (default ``os.environ``): the file named by
-    ``SANTA_VLLM_CONFIG`` if set, then the ``SANTA_VLLM_*`` variables over it. ValueError/TypeError
-    name the variable, file or key at fault."""
+def additional_settings(additional_config: object) -> dict[str, object]:
+    """santa's entry of vLLM's ``additional_config`` (``--additional-config``): ``{}`` where there is none;
+    ValueError naming the entry where it is not an object of santa's keys."""
+    if not isinstance(additional_config, Mapping) or ADDITIONAL_KEY not in additional_config:
+        return {}
+    settings = additional_config[ADDITIONAL_KEY]
+    if not isinstance(settings, Mapping):
+        raise ValueError(f"--additional-config {ADDITIONAL_KEY!r}: expected an object with keys {', '.join(FIELDS)}, "
+                         f"got {type(settings).__name__}")
+    unknown = sorted(set(settings) - set(FIELDS))
+    if unknown:
+        raise ValueError(f"--additional-config {ADDITIONAL_KEY}.{unknown[0]}: unknown setting; santa's are {', '.join(FIELDS)}")
+    return dict(settings)
+
+
+def sources(environ: Mapping[str, str] | None = None, additional_config: object = None) -> dict[str, str]:
+    """Where each setting that is set comes from: ``{field: "SANTA_VLLM_…" | "--additional-config" | file path}``."""
+    environ = os.environ if environ is None else environ
+    found: dict[str, str] = {}
+    path = environ.get(CONFIG_VARIABLE)
+    if path:
+        found.update({field: f"{CONFIG_VARIABLE}={path}" for field in _read_file(Path(path))})
+    found.update({field: "--additional-config" for field in additional_settings(additional_config)})
+    found.update({field: PREFIX + field.upper() for field in FIELDS if environ.get(PREFIX + field.upper(), "").strip()})
+    return found
+
+
+def describe(config: ServingConfig, environ: Mapping[str, str] | None = None, additional_config: object = None) -> str:
+    """One line: every setting's value and where it came from (``default`` where nothing set it)."""
+    where = sources(environ, additional_config)
+    return ", ".join(f"{field}={getattr(config, field)} ({where.get(field, 'default')})" for field in FIELDS)
+
+
+def read_config(environ: Mapping[str, str] | None = None, additional_config: object = None) -> ServingConfig:
+    """The :class:`ServingConfig` of ``environ`` (default ``os.environ``) and vLLM's ``additional_config`` (a dict,
+    or None): the file named by ``SANTA_VLLM_CONFIG`` if set, then ``additional_config["santa"]`` over it, then the
+    ``SANTA_VLLM_*`` variables over both. ValueError/TypeError name the variable, file or key at fault."""
     environ = os.environ if environ is None else environ
     values: dict[str, object] = {}
     path = environ.get(CONFIG_VARIABLE)
     if path:
         values.update(_read_file(Path(path)))
+    values.update(additional_settings(additional_config))
     known = {CONFIG_VARIABLE, *(PREFIX + f.upper() for f in FIELDS)}
     unknown = sorted(name for name in environ if name.startswith(PREFIX) and name not in known)
     if unknown:
@@ -84,7 +126,9 @@ def read_config(environ: Mapping[str, str] | None = None) -> ServingConfig:
     try:
         return ServingConfig(**values)
     except (TypeError, ValueError) as error:
-        where = f" (from {CONFIG_VARIABLE}={path} and the SANTA_VLLM_* variables)" if path else " (from the SANTA_VLLM_* variables)"
+        given = [f"{CONFIG_VARIABLE}={path}"] if path else []
+        given += ["--additional-config"] if additional_settings(additional_config) else []
+        where = f" (from {', '.join([*given, 'the SANTA_VLLM_* variables'])})"
         raise type(error)(f"{error}{where}") from None
 
 

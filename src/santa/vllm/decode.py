@@ -9,8 +9,11 @@ last D). :func:`split_kv_cache` gives K and V as paged NHD views ``[num_blocks, 
 
 Randomness: vLLM gives an attention backend neither request ids nor per-request seeds (checked in
 0.26.0's source), so a draw is keyed on (santa's seed, layer, head, the token's position in its own
-sequence, sample): a request's tokens do not depend on the other requests in its batch, and two
-requests at the same position share their uniforms (each estimate stays unbiased).
+sequence, sample): a request's uniforms do not depend on the other requests in its batch, and two
+requests at the same position share their uniforms (each estimate stays unbiased). Its samples do not either on the
+Triton prop; on the one-launch prop (Hopper) the float32 order of a sequence's CDF follows the plan's slices, which
+follow the batch size, so a comb point within float32 rounding of a CDF step may land on the neighbouring key in
+another batch (santa.kernels.one_launch; a fixed-granularity order is issue 39's open item).
 
 Tensor parallelism: each rank holds H/TP query heads (and their KV heads) and decodes them with its own
 :class:`PagedDecoder`, whose ``head_offset`` (the rank's first global head, ``tp_rank × H/TP``: the backend
@@ -23,7 +26,8 @@ import torch
 
 from santa import rng
 from santa.checks import integer
-from santa.kernels.decode import workspace_bytes
+from santa.kernels import one_launch
+from santa.kernels.eager import workspace_bytes
 from santa.kernels.layout import Tuning
 from santa.kernels.plan import FP8, DecodePlan, Workspace, plan_decode  # FP8: the kernels' e4m3 cache dtype
 
@@ -44,9 +48,12 @@ def split_kv_cache(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor
 
 class PagedDecoder:
     """santa's decode for every attention layer of one model in vLLM: a plan per (batch size, key
-    capacity, score scale), and one scratch buffer and one semaphore array for all of them, sized for
-    ``max_batch`` sequences (the layers and the CUDA graphs of every batch size run one at a time on
-    one stream, :meth:`Workspace.within`).
+    capacity, score scale), and one scratch buffer, one semaphore array and (on Hopper) one set of the
+    one-launch prop's buffers for all of them, sized for ``max_batch`` sequences (the layers and the CUDA
+    graphs of every batch size run one at a time on one stream, :meth:`Workspace.within`,
+    :class:`santa.kernels.one_launch.Buffers`). On an sm_90 GPU, plans run the one-launch
+    prop on vLLM's pages (bf16 and fp8 caches); plans made while vLLM captures a CUDA graph cannot (their schedule would be copied
+    inside the graph) and run the Triton prop, so :meth:`prepare` makes those of the captured batch sizes first.
 
     heads, kv_heads, head_dim: the layer's; block_size: vLLM's kernel block (the cache's page);
     max_keys: the most keys a sequence can hold (the block table's width · block_size);
@@ -68,6 +75,7 @@ class PagedDecoder:
         self._plans: dict[tuple, tuple[DecodePlan, Workspace]] = {}
         self._scratch: torch.Tensor | None = None
         self._semaphores: torch.Tensor | None = None
+        self._one_launch: one_launch.Buffers | None = None
         self._scales: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._positions = torch.zeros(max_batch, dtype=torch.int32, device=self.device)
 
@@ -85,6 +93,22 @@ class PagedDecoder:
                 "after vLLM's KV cache: lower gpu_memory_utilization, max_num_seqs or max_model_len") from error
         self._semaphores = torch.zeros(self.max_batch * self.heads, dtype=torch.int32, device=self.device)
 
+    def one_launch_nbytes(self) -> int:
+        """Bytes of the one-launch prop's shared buffers (0 before the first plan that runs it: none where no plan can)."""
+        buffers = self._one_launch
+        return 0 if buffers is None else sum(t.numel() * t.element_size() for t in (buffers.stats, buffers.sampled, buffers.epoch))
+
+    def prepare(self, batches, scale: float) -> int:
+        """Make the plans of these batch sizes (those ≤ ``max_batch``) for ``max_keys`` keys at ``scale`` now, outside any
+        CUDA-graph capture (vLLM's builder passes its captured sizes): their one launches' schedules go to the device
+        here. Returns how many plans were made."""
+        made = 0
+        for batch in sorted({int(b) for b in batches if 0 < int(b) <= self.max_batch}):
+            if (batch, self.max_keys, scale) not in self._plans:
+                self.plan(batch, self.max_keys, scale)
+                made += 1
+        return made
+
     def workspace_nbytes(self) -> int:
         """Bytes of the shared scratch buffer (sized for ``max_batch`` sequences of ``max_keys`` keys)."""
         return workspace_bytes(self.max_batch, self.heads, self.head_dim, self.max_keys, self.budget, self.kernel)
@@ -100,7 +124,13 @@ class PagedDecoder:
                                budget=self.budget, dtype=self.dtype, kv_dtype=self.kv_dtype, device=self.device,
                                kernel=self.kernel, page_size=self.block_size, scale=scale, tuning=self.tuning)
             self.allocate()
-            workspace = Workspace.within(plan.workspace_key, scratch=self._scratch, semaphores=self._semaphores)
+            if plan.one_launch is not None and self._one_launch is None:  # the first plan that runs it (never inside a
+                # capture: a plan made there runs the Triton prop), sized for every batch size's plan
+                self._one_launch = one_launch.Buffers.allocate(batch=self.max_batch, heads=self.heads, kv_heads=self.kv_heads,
+                                                               budget=self.budget, slots=one_launch.MAX_ONE_WAVE_SLICES,
+                                                               device=self.device)
+            workspace = Workspace.within(plan.workspace_key, scratch=self._scratch, semaphores=self._semaphores,
+                                         one_launch_buffers=self._one_launch)
             self._plans[key] = (plan, workspace)
         return self._plans[key]
 

@@ -1,4 +1,5 @@
-"""``decode()``: one sampled-attention decode step over a contiguous or paged KV cache (eager).
+"""The eager entry (``santa.kernels.eager``; ``santa.kernels.decode`` is its function): ``decode()``, one
+sampled-attention decode step over a contiguous or paged KV cache.
 
 Validates its inputs, then runs a cached :class:`santa.kernels.plan.DecodePlan` (the Triton kernels,
 on CUDA, or on the CPU under ``TRITON_INTERPRET=1``) or, on the CPU otherwise, the torch reference of

@@ -1,0 +1,221 @@
+"""santa's decode step on vLLM's paged cache: the one-launch CUDA prop against the two Triton launches and the dense
+paged kernels, in the same call (issue 39).
+
+    python benchmarks/kernels/paged_ab.py OUT.jsonl [--quick] [--fp8]
+
+Every case runs through ``santa.vllm.decode.PagedDecoder`` (what santa's vLLM backend calls) on vLLM's packed
+FlashAttention cache (K and V halves of one row, pages of 16 keys shuffled over the pool), S = 128, bf16, seed 0:
+``one_launch`` (the default on an sm_90 GPU) and ``triton`` (``Tuning(one_launch=False)``); the plan is made for
+``capacity`` keys per sequence (vLLM plans for ``max_model_len``: CUDA graphs fix the grid) while the sequences hold
+``length``. Dense on the same keys: FlashInfer's paged decode (CUDA cores and tensor cores, where FlashInfer is
+importable: ``bash benchmarks/device/prepare.sh flashinfer``) on the same pages copied to separate K and V tensors, and
+cuDNN SDPA on a contiguous copy; ``best_dense_us`` is the fastest. On that copy also santa's contiguous plan
+(``contiguous_one_launch`` and ``contiguous_triton``). CUDA-graph replay, clean cold L2, medians
+(benchmarks/bench/timing.py). Floors at 4.5 TB/s: santa reads K and the sampled V rows, dense reads K and V.
+
+Cases: Llama-3.1-8B (32 / 8 heads, d = 128) at 8k and 32k (batch 1, 8, 32), 64 × 2k planned for 2k, 32k and 128k
+keys; the short grid n ∈ {512, 1k, 2k, 4k} × batch ∈ {1, 16, 64, 256} on Llama and Qwen2.5-0.5B (14 / 2, d = 64);
+Qwen batch 16 × 32k; SmolLM2-135M (9 / 3, d = 64) batch 64 × 8k. ``--quick``: four cases. ``--fp8``: e4m3 caches
+(vLLM's uint8 cache, scales 0.5 as vLLM's 0-d tensors), FlashInfer's fp8 paged decode as the dense arm and cuDNN on a
+bf16 copy; Llama at 32k and 128k, batch 8 and 32 × 32k, 64 × 2k, Qwen 16 × 32k, SmolLM2 64 × 8k. The first line of OUT.jsonl
+records the command, commit, device and versions; one line per case follows, appended as it is measured, and a re-run
+skips the cases already there (a call cut at its time limit resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+sys.path.insert(0, ".")
+from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
+
+PAGE, BUDGET, READ_BW = 16, 128, 4.5e12
+MODELS = {"llama": (32, 8, 128), "qwen": (14, 2, 64), "smollm2": (9, 3, 64)}  # heads, KV heads, head dim
+FP8, FP8_SCALE = torch.float8_e4m3fn, 0.5
+
+
+def cases(quick: bool, fp8: bool = False) -> list[tuple[str, int, int, int]]:
+    """(model, batch, length, capacity) in the order they are measured."""
+    if fp8:
+        return [("llama", 1, 32768, 32768), ("llama", 1, 131072, 131072), ("llama", 8, 32768, 32768),
+                ("llama", 32, 32768, 32768), ("llama", 64, 2048, 2048), ("qwen", 16, 32768, 32768), ("smollm2", 64, 8192, 8192)]
+    if quick:
+        return [("llama", 1, 8192, 8192), ("llama", 64, 2048, 2048), ("llama", 64, 2048, 131072), ("llama", 32, 32768, 32768)]
+    out = [("llama", 1, 8192, 8192), ("llama", 1, 32768, 32768), ("llama", 8, 32768, 32768), ("llama", 32, 32768, 32768),
+           ("llama", 64, 2048, 2048), ("llama", 64, 2048, 32768), ("llama", 64, 2048, 131072),
+           ("qwen", 16, 32768, 32768), ("smollm2", 64, 8192, 8192)]
+    for model in ("llama", "qwen"):
+        out += [(model, batch, n, n) for n in (512, 1024, 2048, 4096) for batch in (1, 16, 64, 256)
+                if (model, batch, n, n) not in out]
+    return out
+
+
+def inputs(model: str, batch: int, length: int, capacity: int, fp8: bool = False):
+    """Seeded q ``[B, H, D]``, vLLM's packed pages ``[pages, P, H_kv, 2·D]`` (bf16, or e4m3 stored as uint8), the block
+    table ``capacity / P`` wide (unused columns page 0, as vLLM's) and the lengths."""
+    heads, kv_heads, dim = MODELS[model]
+    torch.manual_seed(0)
+    per_seq = length // PAGE
+    packed = torch.randn(batch * per_seq, PAGE, kv_heads, 2 * dim, device="cuda", dtype=torch.bfloat16)
+    if fp8:
+        packed = packed.to(FP8).view(torch.uint8)
+    table = torch.zeros(batch, capacity // PAGE, dtype=torch.int32, device="cuda")
+    table[:, :per_seq] = torch.randperm(batch * per_seq, device="cuda").to(torch.int32).reshape(batch, per_seq)
+    q = torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16)
+    seq_lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+    return q, packed, table, seq_lens
+
+
+def santa_arm(model: str, q, packed, table, seq_lens, capacity: int, flusher, *, one_launch: bool) -> dict:
+    """santa's step through PagedDecoder on the packed cache (its dtype: bf16, or uint8 for e4m3)."""
+    from santa.kernels import Tuning
+    from santa.vllm.decode import PagedDecoder
+
+    heads, kv_heads, dim = MODELS[model]
+    batch = q.shape[0]
+    decoder = PagedDecoder(heads=heads, kv_heads=kv_heads, head_dim=dim, block_size=PAGE, max_keys=capacity, max_batch=batch,
+                           budget=BUDGET, kernel="prop", seed=0, dtype=torch.bfloat16,
+                           kv_dtype=FP8 if packed.dtype == torch.uint8 else torch.bfloat16, device="cuda",
+                           tuning=None if one_launch else Tuning(one_launch=False))
+    decoder.allocate()
+    decoder.prepare([batch], dim**-0.5)
+    plan, _ = decoder.plan(batch, capacity, dim**-0.5)
+    kv_cache = packed.permute(0, 2, 1, 3)  # vLLM's logical (num_blocks, H_kv, block_size, 2·D)
+    positions = decoder.positions(seq_lens)
+    out = torch.empty_like(q)
+    scales = {}
+    if packed.dtype == torch.uint8:  # vLLM's layer._k_scale / _v_scale: 0-d float32 tensors
+        scales = dict(k_scale=torch.tensor(FP8_SCALE, device="cuda"), v_scale=torch.tensor(FP8_SCALE, device="cuda"))
+
+    def step():
+        decoder.run(q, kv_cache, seq_lens=seq_lens, block_table=table, layer=0, scale=dim**-0.5, out=out, positions=positions,
+                    **scales)
+
+    entry = {"us": time_fn(step, flusher.read, graph=True)["median_us"],
+             "plan": plan.one_launch.plan.name if plan.one_launch is not None else "triton"}
+    entry["out"] = out.float().clone()
+    return entry
+
+
+def dense_arms(model: str, q, packed, table, flusher) -> dict:
+    """Dense paged decode on the same keys (a table whose every page is live: capacity = length)."""
+    heads, kv_heads, dim = MODELS[model]
+    k_pages, v_pages = packed[..., :dim].contiguous(), packed[..., dim:].contiguous()
+    fp8 = packed.dtype == torch.uint8
+    scales = {}
+    if fp8:
+        k_pages, v_pages, scales = k_pages.view(FP8), v_pages.view(FP8), dict(k_scale=FP8_SCALE, v_scale=FP8_SCALE)
+    times = {}
+    try:
+        import flashinfer as fi
+        from benchmarks.bench.kernels import flashinfer_paged
+
+        for tc in (False, True):
+            name = "flashinfer_paged_tc" if tc else "flashinfer_paged"
+            try:
+                times[f"{name}_us"] = time_fn(flashinfer_paged(fi, q, k_pages, v_pages, table, tensor_cores=tc, **scales),
+                                              flusher.read, graph=True)["median_us"]
+            except Exception as exc:  # recorded, not fatal
+                times[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    except ImportError:
+        times["flashinfer_error"] = "not installed"
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    batch, pages = table.shape
+    k_nhd, v_nhd = (x[table.long()].reshape(batch, pages * PAGE, kv_heads, dim) for x in (k_pages, v_pages))
+    times.update(contiguous_arms(q, k_nhd, v_nhd, flusher, **scales))
+    if fp8:  # cuDNN on the dequantised values in bf16
+        k_nhd, v_nhd = ((x.float() * FP8_SCALE).to(torch.bfloat16) for x in (k_nhd, v_nhd))
+    k, v = k_nhd.transpose(1, 2), v_nhd.transpose(1, 2)
+    q4 = q.unsqueeze(2)
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q4, k, v, enable_gqa=True)
+
+    try:
+        times["cudnn_us"] = time_fn(cudnn, flusher.read, graph=True)["median_us"]
+    except Exception as exc:
+        times["cudnn_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    return times
+
+
+def contiguous_arms(q, k, v, flusher, **scales) -> dict:
+    """santa's prop on the same keys in a contiguous NHD cache ``[B, n, H_kv, D]`` (a plan's run with lengths and
+    positions; ``scales``: an e4m3 cache's): the one launch and the two Triton launches."""
+    from santa.kernels import Tuning, plan_decode
+
+    batch, n, kv_heads, dim = k.shape
+    seq_lens = torch.full((batch,), n, dtype=torch.int32, device="cuda")
+    positions = seq_lens - 1
+    out = torch.empty_like(q)
+    times = {}
+    for name, tuning in (("contiguous_one_launch", None), ("contiguous_triton", Tuning(one_launch=False))):
+        plan = plan_decode(batch=batch, heads=q.shape[1], kv_heads=kv_heads, head_dim=dim, n_keys=n, budget=BUDGET,
+                           dtype=torch.bfloat16, kv_dtype=k.dtype, device="cuda", tuning=tuning)
+        times[f"{name}_us"] = time_fn(lambda plan=plan: plan.run(q, k, v, seq_lens=seq_lens, positions=positions, out=out, **scales),
+                                      flusher.read, graph=True)["median_us"]
+        if plan.one_launch is not None:
+            times["contiguous_plan"] = plan.one_launch.plan.name
+    return times
+
+
+def measure(path: str, quick: bool, fp8: bool = False) -> None:
+    from benchmarks.bench.kernels import environment
+
+    from santa.sweep_files import append_record, read_records
+
+    records = read_records(path)
+    if not records:
+        append_record(path, {"key": "run", "command": " ".join(["python", *sys.argv]), **environment()})
+    done = {record["key"] for record in records}
+    flusher = Flusher("cuda")
+    for model, batch, length, capacity in cases(quick, fp8):
+        key = ("fp8/" if fp8 else "") + f"{model}/b{batch}/n{length}/cap{capacity}"
+        if key in done:
+            continue
+        heads, kv_heads, dim = MODELS[model]
+        q, packed, table, seq_lens = inputs(model, batch, length, capacity, fp8)
+        k_bytes = batch * length * kv_heads * dim * packed.element_size()
+        entry = {"key": key, "model": model, "batch": batch, "length": length, "capacity": capacity,
+                 "fp8": fp8, "santa_floor_us": (k_bytes + batch * min(heads * BUDGET, kv_heads * length) * dim * packed.element_size())
+                 / READ_BW * 1e6,
+                 "dense_floor_us": 2 * k_bytes / READ_BW * 1e6}
+        one = santa_arm(model, q, packed, table, seq_lens, capacity, flusher, one_launch=True)
+        two = santa_arm(model, q, packed, table, seq_lens, capacity, flusher, one_launch=False)
+        entry.update(one_launch_us=one["us"], one_launch_plan=one["plan"], triton_us=two["us"],
+                     outputs_close=bool(torch.allclose(one["out"], two["out"], atol=0.25, rtol=0.1)))
+        if capacity == length:
+            entry.update(dense_arms(model, q, packed, table, flusher))
+            dense = [entry[name] for name in ("flashinfer_paged_us", "flashinfer_paged_tc_us", "cudnn_us") if name in entry]
+            if dense:
+                entry["best_dense_us"] = min(dense)
+                entry["one_launch_over_dense"] = entry["one_launch_us"] / entry["best_dense_us"]
+        entry["one_launch_over_triton"] = entry["one_launch_us"] / entry["triton_us"]
+        append_record(path, entry)
+        print(json.dumps(entry), flush=True)
+        del q, packed, table, seq_lens, one, two
+        torch.cuda.empty_cache()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", help="JSONL file (resumed where it exists)")
+    parser.add_argument("--quick", action="store_true", help="four cases only")
+    parser.add_argument("--fp8", action="store_true", help="e4m3 caches (their own cases)")
+    args = parser.parse_args()
+    from santa.writer_lock import OutputUnusable, writer_lock
+
+    try:
+        with writer_lock(args.out, holder="paged_ab.py"):
+            measure(args.out, args.quick, args.fp8)
+    except OutputUnusable as error:
+        sys.exit(f"paged_ab.py: {error}")
+
+
+if __name__ == "__main__":
+    main()
