@@ -1,7 +1,9 @@
 """benchmarks/ stays findable: every `benchmarks/...` path the Markdown names exists, benchmarks/README.md
-indexes every script and results folder, links to RESULTS.md sections resolve, raw data live only in
-benchmarks/results/<date>-<topic>/, and RESULTS.md opens with the standing numbers, each row dated
-with its commit. Plain file reads, no santa import."""
+indexes every script and results folder, links to RESULTS.md and the history pages resolve, raw data
+live only in benchmarks/results/<date>-<topic>/, and RESULTS.md is the standing numbers plus an index of
+the per-topic history pages (benchmarks/results/<topic>.md, beside the raw data), each standing row dated
+with its commit and linked to a history section that holds the command which made it (issue 41).
+Plain file reads, no santa import."""
 
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ from helpers import REPO
 
 BENCH = REPO / "benchmarks"
 RESULTS_DIR = BENCH / "results"
+HISTORY_PAGES = sorted(path.relative_to(REPO).as_posix() for path in RESULTS_DIR.glob("*.md"))
 MARKDOWN = ["README.md", "benchmarks/README.md", "benchmarks/RESULTS.md", "benchmarks/KERNEL_NOTES.md",
-            "benchmarks/PROTOCOL.md"]
+            "benchmarks/PROTOCOL.md", *HISTORY_PAGES]
 # a `benchmarks/...` path: not part of a longer path or of `<commit>:benchmarks/...` (git show)
 PATH_IN_TEXT = re.compile(r"(?<![\w:/.\-])benchmarks/(?:[\w.\-/*]|\{[^{}\s`]*\})*")
 RAW_DATA_SUFFIXES = {".json", ".jsonl", ".gz", ".png", ".log", ".txt", ".csv", ".pt"}
@@ -23,6 +26,8 @@ SCRIPT_SUFFIXES = {".py", ".sh"}
 RESULTS_FOLDER_NAME = re.compile(r"^\d{4}-\d{2}-\d{2}-[a-z0-9]+(?:-[a-z0-9]+)*$")
 DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
 COMMIT = re.compile(r"\b[0-9a-f]{7,40}\b")
+# a command in a code span: optional VAR=value prefixes, then a program users run
+COMMAND = re.compile(r"`(?:[A-Z_]+=\S* )*(?:python3?|santa|bash|ncu|vllm|pytest|\.venv/bin/\w+)\b[^`]*`")
 
 
 def brace_expansions(pattern: str) -> list[str]:
@@ -61,6 +66,24 @@ def anchors(markdown: Path) -> set[str]:
             found.add(anchor if anchor not in seen else f"{anchor}-{seen[anchor]}")
             seen[anchor] = seen.get(anchor, 0) + 1
     return found
+
+
+def heading_section(markdown: Path, anchor: str) -> str | None:
+    """The text under the heading with this anchor, up to the next heading of its level or above."""
+    lines = markdown.read_text(encoding="utf-8").splitlines()
+    seen: dict[str, int] = {}
+    for i, line in enumerate(lines):
+        if not line.startswith("#"):
+            continue
+        level = len(line) - len(line.lstrip("#"))
+        plain = github_anchor(line.lstrip("#"))
+        found = plain if plain not in seen else f"{plain}-{seen[plain]}"
+        seen[plain] = seen.get(plain, 0) + 1
+        if found == anchor:
+            end = next((j for j in range(i + 1, len(lines))
+                        if lines[j].startswith("#") and len(lines[j]) - len(lines[j].lstrip("#")) <= level), len(lines))
+            return "\n".join(lines[i:end])
+    return None
 
 
 def links(markdown: Path) -> list[str]:
@@ -122,7 +145,7 @@ def test_a_path_that_does_not_exist_is_reported():
     assert exists("benchmarks/results/*/")
 
 
-@pytest.mark.parametrize("markdown", ["benchmarks/README.md", "benchmarks/RESULTS.md"])
+@pytest.mark.parametrize("markdown", ["benchmarks/README.md", "benchmarks/RESULTS.md", *HISTORY_PAGES])
 def test_every_relative_link_resolves(markdown):
     source = REPO / markdown
     broken = []
@@ -154,8 +177,11 @@ def test_every_results_folder_is_dated_and_indexed():
     assert badly_named == [], f"results folders not named <YYYY-MM-DD>-<topic>: {badly_named}"
     unindexed = [name for name in folders if f"results/{name}/" not in readme]
     assert unindexed == [], f"benchmarks/README.md does not index these results folders: {unindexed}"
-    loose = [path.name for path in RESULTS_DIR.iterdir() if path.is_file()]
-    assert loose == [], f"files directly in benchmarks/results/ (put them in a dated folder): {loose}"
+    results_page = (BENCH / "RESULTS.md").read_text(encoding="utf-8")
+    loose = [path.name for path in RESULTS_DIR.iterdir()
+             if path.is_file() and not (path.suffix == ".md" and f"](results/{path.name})" in results_page)]
+    assert loose == [], (f"files directly in benchmarks/results/ (raw data go in a dated folder; a history page "
+                         f"is a .md that RESULTS.md lists): {loose}")
 
 
 def test_every_script_is_indexed():
@@ -193,9 +219,66 @@ def test_a_standing_row_needs_a_date_and_a_commit(row, dated):
 
 
 def test_the_history_index_lists_every_history_section():
-    text = (BENCH / "RESULTS.md").read_text(encoding="utf-8")
-    index = section(text, "History")
-    later = text[text.index(index) + len(index):]
-    history = [github_anchor(heading) for heading in re.findall(r"^## (.+)$", later, flags=re.MULTILINE)]
-    unlisted = [anchor for anchor in history if f"(#{anchor})" not in index]
-    assert history and unlisted == [], f"history sections missing from RESULTS.md's index: {unlisted}"
+    index = section((BENCH / "RESULTS.md").read_text(encoding="utf-8"), "History")
+    assert HISTORY_PAGES, "no history page in benchmarks/results/"
+    unlisted = []
+    for page in HISTORY_PAGES:
+        text = (REPO / page).read_text(encoding="utf-8")
+        history = [github_anchor(heading) for heading in re.findall(r"^## (.+)$", text, flags=re.MULTILINE)]
+        assert history, f"{page} holds no section"
+        unlisted += [f"{page}#{anchor}" for anchor in history if f"(results/{Path(page).name}#{anchor})" not in index]
+    assert unlisted == [], f"history sections missing from RESULTS.md's index: {unlisted}"
+
+
+def standing_row_sources(results: Path) -> dict[str, list[str]]:
+    """Each standing row → the link targets it names (inline or by reference)."""
+    text = results.read_text(encoding="utf-8")
+    defined = dict(re.findall(r"^\[([^\]]+)\]:\s*(\S+)", text, flags=re.MULTILINE))
+    rows = table_body_rows(section(text, "Standing numbers"))
+    return {row: [defined.get(name, "") for name in re.findall(r"\]\[([^\]]+)\]", row)]
+            + re.findall(r"\]\(([^)\s]+)\)", row) for row in rows}
+
+
+def test_every_standing_row_links_the_command_that_made_it():
+    results = BENCH / "RESULTS.md"
+    missing = []
+    for row, targets in standing_row_sources(results).items():
+        sections = []
+        for target in targets:
+            path_part, _, anchor = target.partition("#")
+            page = (results.parent / path_part) if path_part else results
+            if anchor and page.exists():
+                sections.append(heading_section(page, anchor))
+        if not any(text and COMMAND.search(text) for text in sections):
+            missing.append(row[:80])
+    assert missing == [], f"standing rows whose source section names no command: {missing}"
+
+
+@pytest.mark.parametrize(("text", "command"), [
+    ("ran `python benchmarks/kernels/paged_ab.py OUT.jsonl --fp8` on the H200", True),
+    ("`SANTA_COMMIT=abc PAGED_ARGS=--quick bash benchmarks/kernels/gpu_run.sh paged`", True),
+    ("`santa bench e2e --backends cudnn,santa-prop`", True),
+    ("the kernel `prop1_d128_g4` and `benchmarks/results/x.json`", False),
+])
+def test_a_command_is_a_code_span_that_runs_a_program(text, command):
+    assert bool(COMMAND.search(text)) is command
+
+
+def test_heading_section_stops_at_the_next_heading_of_its_level():
+    page = RESULTS_DIR / HISTORY_PAGES[0].rsplit("/", 1)[-1]
+    first = re.search(r"^## (.+)$", page.read_text(encoding="utf-8"), flags=re.MULTILINE).group(1)
+    text = heading_section(page, github_anchor(first))
+    assert text.startswith(f"## {first}") and "\n## " not in text
+    assert heading_section(page, "no-such-heading") is None
+
+
+RAW_LIMIT = 256 * 1024  # ~200 kB: a larger raw file is summarised or compressed (issue 41)
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def test_large_raw_files_are_compressed():
+    """Raw files above the limit are gzip data (kept because a standing row or a report reads them);
+    anything else that large is summarised and dropped from git."""
+    plain = [path.relative_to(REPO).as_posix() for path in files_under(RESULTS_DIR, RAW_DATA_SUFFIXES | {".md", ".tar"})
+             if path.stat().st_size > RAW_LIMIT and path.read_bytes()[:2] != GZIP_MAGIC]
+    assert plain == [], f"uncompressed raw files above {RAW_LIMIT // 1024} kB (gzip them or keep a summary): {plain}"
