@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from santa.model import CONFIGS, DecodeContext, Transformer, greedy_step, make_context, prefill
-from santa.provenance import code_commit, source_dirty
+from santa.provenance import run_record
 
 # this benchmark's attentions, plugged into santa.model's decode step (the others are santa.model's backends)
 PLUGGED = ("flashinfer", "weights-only")
@@ -227,7 +227,7 @@ def sync(device: torch.device) -> None:
 
 
 def env_info(device: torch.device) -> dict:
-    info = {"torch": torch.__version__, "python": platform.python_version(), "host": platform.node()}
+    info = run_record()  # command line, environment, commit, versions; the device's details follow
     try:
         import triton
 
@@ -245,10 +245,7 @@ def env_info(device: torch.device) -> dict:
         info["cudnn"] = torch.backends.cudnn.version()
     else:
         info["device"] = platform.processor() or "cpu"
-    info["commit"] = code_commit() or "unknown"
-    dirty = source_dirty()
-    if dirty is not None:
-        info["dirty"] = dirty
+    info["dirty"] = info["source_dirty"]  # the name earlier e2e.json files use
     return info
 
 

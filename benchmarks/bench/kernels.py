@@ -20,7 +20,7 @@ import torch
 
 from benchmarks.bench.timing import Flusher, host_us_per_call, time_fn  # noqa: F401 (Flusher: re-exported)
 from santa.checks import integer
-from santa.provenance import code_commit
+from santa.provenance import run_record
 
 READ_BW = 4.5e12  # bytes/s a read-only kernel reaches on the H200 (benchmarks/PROTOCOL.md)
 H, H_KV, D = 32, 8, 128  # Llama-3.1-8B (the defaults of --heads/--kv-heads/--head-dim)
@@ -609,16 +609,9 @@ def sweep_prop_tuning(results, flusher, args, n_keys=32768, batch=1):
     return best
 
 
-def environment():
-    info = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d")}
-    try:
-        import triton
-
-        info["triton"] = triton.__version__
-    except ImportError:
-        pass
-    info["commit"] = code_commit() or ""
-    return info
+def environment() -> dict:
+    """The results file's provenance: command line, environment, commit, date, versions, device."""
+    return run_record()
 
 
 def plot(results, path):

@@ -23,6 +23,7 @@ import torch
 
 from santa import cliargs
 from santa.checks import integer
+from santa.provenance import run_record
 from santa.rng import check_seed
 
 PAIR_ATTEMPTS = 3  # timings of one (short, long) pair before a non-positive difference is kept
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     from santa.model import load_bundled
 
     model, tokenizer = load_bundled(args.model, dtype=getattr(torch, args.dtype), device=args.device)
-    results = {"model": args.model, "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
+    results = {"run": run_record(), "model": args.model, "device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
                "dtype": args.dtype, "budget": args.budget, "date": time.strftime("%Y-%m-%d"),
                "commit": os.environ.get("SANTA_COMMIT", ""), "cases": []}
     os.makedirs(args.out, exist_ok=True)

@@ -29,6 +29,7 @@ sys.path.insert(0, ".")
 from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
 
 from santa.kernels.one_launch import CudaModule, kept_bytes  # noqa: E402
+from santa.provenance import run_record
 
 SOURCE = Path(__file__).with_name("cuda_stream") / "stream.cu"
 # (name, batch, keys, q heads, kv heads, head dim)
@@ -105,7 +106,7 @@ def start_run(cubin: Path, commit: str | None) -> tuple[Kernels, Flusher, dict]:
     except RuntimeError as exc:
         sys.exit(str(exc))
     flusher = Flusher(torch.device("cuda"))  # torch first: the primary context the module loads into
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit, "module": cubin.suffix[1:],
+    meta = {**run_record(), "device": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit, "module": cubin.suffix[1:],
             "ptxas": [line for line in log.splitlines() if "Used" in line or "spill" in line]}
     return Kernels(cubin), flusher, meta
 

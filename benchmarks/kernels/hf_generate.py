@@ -29,6 +29,7 @@ import transformers
 from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, StaticCache
 
 import santa.hf
+from santa.provenance import run_record
 
 SHAPES = {  # the transformers configs of the shapes santa.model benchmarks (santa.model.CONFIGS)
     "llama-3.1-8b": (LlamaForCausalLM, LlamaConfig(
@@ -112,6 +113,7 @@ def main() -> None:
     if args.compile:
         generate_kwargs["compile_config"] = CompileConfig(fullgraph=True, mode="reduce-overhead", dynamic=False)
     results = {
+        "run": run_record(),
         "device": torch.cuda.get_device_name() if device.type == "cuda" else args.device, "torch": torch.__version__, "transformers": transformers.__version__,
         "shape": args.shape, "cache": args.cache, "compile": args.compile, "budget": args.budget,
         "short": args.short, "long": args.long, "cases": [],

@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from benchmarks.bench.timing import captured
 
+from santa.provenance import run_record
+
 
 def graph_us(fn, *, replays: int = 20, flush=None) -> float:
     """Median µs of one replay of a graph of ``fn`` (``flush`` before each replay, outside the events)."""
@@ -118,7 +120,7 @@ def main(argv=None) -> int:
             results[f"{name}/r{round_}"] = {"per_layer_us": per_layer_us, "one_layer_cold_us": alone_cold, "one_layer_warm_us": alone_warm}
             print(f"{name:20s} r{round_}: per layer in a sequence of {len(calls)} {per_layer_us:7.1f} µs; one layer alone: "
                   f"cold L2 {alone_cold:7.1f}, warm {alone_warm:7.1f}", flush=True)
-    Path(args.out).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+    Path(args.out).write_text(json.dumps({"run": run_record(), "args": vars(args), "results": results}, indent=1))
     return 0
 
 

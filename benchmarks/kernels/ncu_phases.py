@@ -25,6 +25,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from santa.provenance import run_record
+
 SOURCE = Path(__file__).resolve().parent / "cuda_stream" / "stream.cu"
 PHASES = ["stream", "publish and subtile prefix", "stats exchange", "placement", "placement", "V gather",
           "sum and store"]  # between mark(i) and mark(i + 1)
@@ -132,7 +134,7 @@ def main() -> None:
         stalls = ", ".join(f"{k} {100 * v:.1f}" for k, v in row["top_stalls"].items())
         print(f"  {phase:28s} {100 * row['share']:5.1f} %   ({stalls})")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+        args.json.write_text(json.dumps({"run": run_record(), **result}, indent=1))
 
 
 if __name__ == "__main__":

@@ -171,7 +171,7 @@ def measure(path: str, quick: bool, fp8: bool = False) -> None:
 
     records = read_records(path)
     if not records:
-        append_record(path, {"key": "run", "command": " ".join(["python", *sys.argv]), **environment()})
+        append_record(path, {"key": "run", **environment()})
     done = {record["key"] for record in records}
     flusher = Flusher("cuda")
     for model, batch, length, capacity in cases(quick, fp8):

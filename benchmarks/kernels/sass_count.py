@@ -26,6 +26,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from santa.kernels.prop import _prop_scores_kernel
+from santa.provenance import run_record
 
 CONSTANTS = dict(G=4, D=128, BLOCK_G=16, BLOCK_N=128, BLOCK_D=128, PAGED=False, PAGE_SIZE=1, HAS_SEQ_LENS=True,
                  IEEE_DOT=False, K_EVICTION="", K_SCALE_PER_HEAD=True, HAS_STARTS=False)
@@ -77,7 +78,7 @@ def main() -> None:
               f"(F2F {counts['F2F']}, F2FP {counts['F2FP']}, HMMA {counts['HMMA']}, LDGSTS {counts['LDGSTS']}); {top}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(triton=triton.__version__, target="sm_90", report=report), f, indent=1)
+            json.dump(dict(run=run_record(), triton=triton.__version__, target="sm_90", report=report), f, indent=1)
 
 
 if __name__ == "__main__":

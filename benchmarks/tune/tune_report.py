@@ -36,6 +36,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from santa.provenance import run_record
+
 KILL_SLACK_S = 0.5  # an episode that ended this close after the kill had finished before it (clock reads)
 
 
@@ -271,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "kill":
         record = kill_worker(args.run, session=args.session, device=args.device, after=args.after, wait=args.wait)
-        args.record.write_text(json.dumps(record, indent=1))
+        args.record.write_text(json.dumps({"run": run_record(), **record}, indent=1))
         print(f"killed pid {record['pid']} (worker {record['worker']}, {record['device']}) of {record['run']} session {record['session']}")
         return 0
     if args.command == "sessions":
@@ -285,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         runs[label] = Path(folder)
     kill = json.loads(args.kill.read_text()) if args.kill and args.kill.exists() else None
     result = summary(runs, kill=kill, eval_path=args.eval)
-    args.out.write_text(json.dumps(result, indent=1, default=str))
+    args.out.write_text(json.dumps({"run": run_record(), **result}, indent=1, default=str))
     print_summary(result)
     return 0
 

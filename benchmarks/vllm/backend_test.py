@@ -64,6 +64,8 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from santa.provenance import run_record
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 FILES = ("tests/v1/attention/test_attention_backends.py", "tests/v1/attention/utils.py")
@@ -201,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("the following arguments are required: --out")
     hashes = check_files(args.tests)
     make_workdir(args.tests, args.work)
-    report = dict(vllm_files=hashes, tests=args.k, budget=args.budget, kernel=args.kernel, alpha=args.alpha, passes={})
+    report = dict(run=run_record(), vllm_files=hashes, tests=args.k, budget=args.budget, kernel=args.kernel, alpha=args.alpha, passes={})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for name in args.passes:
         report["passes"][name] = run_pass(name, args.work, args)

@@ -27,6 +27,8 @@ sys.path.insert(0, ".")
 from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
 from benchmarks.vllm.layout_ab import DIM, paged_decoder, paged_inputs  # noqa: E402
 
+from santa.provenance import run_record
+
 LENGTHS, BATCHES, CAPACITIES = (2048, 8192), (1, 16, 64), (32768, 131072)
 FULL = ((32768, 64), (131072, 16))  # (length = capacity, batch): 131,072 pass-1 programs uncut, each loops twice cut
 UNCUT = 1 << 30  # Tuning.pass1_programs: never cut (one program per planned tile)
@@ -61,7 +63,7 @@ def measure(path: str) -> None:
 
     flusher = Flusher("cuda")
     done = {record["key"] for record in read_records(path)}
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    meta = {"run": run_record(), "device": torch.cuda.get_device_name(), "torch": torch.__version__}
     for length in LENGTHS:
         for batch in BATCHES:
             key = f"{length}x{batch}"

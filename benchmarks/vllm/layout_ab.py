@@ -19,6 +19,8 @@ import torch
 sys.path.insert(0, ".")
 from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
 
+from santa.provenance import run_record
+
 HEADS, KV_HEADS, DIM, BLOCK, BUDGET = 32, 8, 128, 16, 128
 
 
@@ -81,7 +83,7 @@ def case(batch: int, n_keys: int, flusher: Flusher) -> dict:
 
 def main() -> None:
     flusher = Flusher("cuda")
-    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": []}
+    results = {"run": run_record(), "device": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": []}
     for batch in (1, 16):
         entry = case(batch, 32768, flusher)
         results["cases"].append(entry)

@@ -19,6 +19,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from santa.provenance import run_record
+
 MODEL = "qwen2.5-coder-0.5b"
 TASKS = ("niah_multikey", "niah_multivalue")
 NEW_TOKENS = 64
@@ -109,7 +111,7 @@ def main() -> None:
                         "expected": list(prompt.answers), "score": grade(prompt, answer)})
     santa_settings = {k: v for k, v in os.environ.items() if k.startswith("SANTA_VLLM_")}
     write_json_atomic(args.out, {"backend": args.backend, "santa": santa_settings, "kv_cache_dtype": args.kv_cache_dtype,
-                                    "model": MODEL, "seconds": seconds, "commit": os.environ.get("SANTA_COMMIT"),
+                                    "model": MODEL, "seconds": seconds, "commit": os.environ.get("SANTA_COMMIT"), "run": run_record(),
                                     "records": records})
     print(f"{args.backend} {santa_settings}: {len(records)} prompts in {seconds:.0f} s")
 

@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+from santa.provenance import run_record
+
 SHAPES = {  # transformers configs of the shapes santa's other benchmarks use
     "llama-3.1-8b": dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256, hidden_size=4096,
                          intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
@@ -254,7 +256,7 @@ def time_batches(args: argparse.Namespace) -> None:
                 **settings, "vllm": vllm.__version__, "torch": torch.__version__, "device": torch.cuda.get_device_name(),
                 "shape": args.make, "batch": batch, "engine_batches": args.batch, "engine_start_s": start_s,
                 "decode_tokens_per_s": statistics.median(rates), "decode_tokens_per_s_all": rates, "tokens": tokens,
-                "commit": os.environ.get("SANTA_COMMIT"),
+                "commit": os.environ.get("SANTA_COMMIT"), "run": run_record(),
             }
             write_json_atomic(out_path(args.out, batch), result)  # whole or not at all: a kill mid-write leaves the last repeat's
         print(f"{args.backend} {santa_settings}: {result['decode_tokens_per_s']:.0f} decode tokens/s "

@@ -282,3 +282,17 @@ def test_large_raw_files_are_compressed():
     plain = [path.relative_to(REPO).as_posix() for path in files_under(RESULTS_DIR, RAW_DATA_SUFFIXES | {".md", ".tar"})
              if path.stat().st_size > RAW_LIMIT and path.read_bytes()[:2] != GZIP_MAGIC]
     assert plain == [], f"uncompressed raw files above {RAW_LIMIT // 1024} kB (gzip them or keep a summary): {plain}"
+
+
+WRITES_RESULTS = re.compile(r"json\.dumps?\(|write_json_atomic\(|append_record\(")
+
+
+def test_every_script_that_writes_results_records_its_command_and_environment():
+    """Beside its data, a benchmark writes santa.provenance.run_record() (command line, environment,
+    commit, date, versions, device): bench.kernels.environment() returns it too."""
+    silent = []
+    for path in files_under(BENCH, {".py"}, skip=(RESULTS_DIR,)):
+        text = path.read_text(encoding="utf-8")
+        if WRITES_RESULTS.search(text) and "run_record(" not in text and "environment()" not in text:
+            silent.append(path.relative_to(REPO).as_posix())
+    assert silent == [], f"scripts that write results without santa.provenance.run_record(): {silent}"
