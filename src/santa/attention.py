@@ -13,7 +13,23 @@ import torch
 from santa.bernoulli import SCORE_SAMPLERS, bernoulli_query
 from santa.checks import has_values
 from santa.checks import scale as checked_scale
-from santa.sampling import SAMPLERS, check_budget, check_draws, check_generator, check_sampler, sample_counts
+from santa.error_target import (
+    DEFAULT_PILOT,
+    ErrorTargetDraw,
+    adaptive_budgets,
+    check_error_target,
+    check_pilot,
+    pilot_statistics,
+)
+from santa.sampling import (
+    SAMPLERS,
+    check_budget,
+    check_draws,
+    check_generator,
+    check_sampler,
+    sample_counts,
+    sample_counts_per_row,
+)
 
 ATTENTION_SAMPLERS = (*SAMPLERS, "topk", "dense")
 
@@ -186,13 +202,14 @@ def value_weights(
 
 
 def weighted_values(weights: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """``ô = w·V`` in float32: weights ``[B, Hq, Lq, n]``, value ``[B, Hkv, n, D]`` (each KV head
-    serves ``Hq / Hkv`` query heads) → ``[B, Hq, Lq, D]``."""
+    """``ô = w·V`` in float32 (float64 for a float64 value): weights ``[B, Hq, Lq, n]``, value
+    ``[B, Hkv, n, D]`` (each KV head serves ``Hq / Hkv`` query heads) → ``[B, Hq, Lq, D]``."""
     b, hq, lq, n = weights.shape
     hkv = value.shape[1]
     _check_groups(hq, hkv, "value")
     grouped = weights.reshape(b, hkv, (hq // hkv) * lq, n)  # the G query heads of a KV head, as rows
-    return torch.matmul(grouped, value.float()).reshape(b, hq, lq, value.shape[-1])
+    value = value if value.dtype == torch.float64 else value.float()
+    return torch.matmul(grouped.to(value.dtype), value).reshape(b, hq, lq, value.shape[-1])
 
 
 def sampled_values(
@@ -209,6 +226,40 @@ def sampled_values(
     nan_rows = torch.isnan(probs).any(dim=-1, keepdim=True)
     weights, counts = value_weights(probs.masked_fill(nan_rows, 0.0), budget, sampler, generator=generator, uniforms=uniforms)
     return weighted_values(weights, value).masked_fill(nan_rows, math.nan), counts
+
+
+def error_target_values(
+    probs: torch.Tensor, value: torch.Tensor, cap: int, sampler: str, *, error_target: float, pilot: int = DEFAULT_PILOT,
+    generator: torch.Generator | None = None, uniforms: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, ErrorTargetDraw]:
+    """``ô [B, Hq, Lq, D]`` float32 with each row's budget chosen for a relative error ε
+    (:mod:`santa.error_target`), and what was drawn.
+
+    probs ``[B, Hq, Lq, n]``, value ``[B, Hkv, n, D]`` (GQA as :func:`weighted_values`). A pilot of
+    ``pilot`` draws of ``sampler`` per row estimates the variance trace T̂ and ‖o‖² (N̂); the row then
+    draws ``S_r = clamp(⌈T̂ / (ε² N̂)⌉, 1, cap)`` samples on fresh uniforms and returns their mean.
+    uniforms: ``(pilot's, output's)``: the pilot's as :func:`santa.sample_counts` takes them for
+    ``pilot`` draws, the output's as it takes them for ``cap`` draws (:func:`santa.sampling.sample_counts_per_row`);
+    else both drawn from ``generator``, the pilot's first. Non-finite rows: as :func:`sampled_values`.
+    """
+    error_target, pilot, cap = check_error_target(error_target), check_pilot(pilot), check_budget(cap, "budget")
+    if sampler not in SAMPLERS:
+        raise ValueError(f"error_target needs a stochastic sampler {SAMPLERS}, got sampler={sampler!r}")
+    if uniforms is not None and (not isinstance(uniforms, tuple) or len(uniforms) != 2):
+        raise TypeError("uniforms with error_target must be a pair (the pilot's uniforms, the output's uniforms)")
+    pilot_uniforms, output_uniforms = uniforms if uniforms is not None else (None, None)
+    nan_rows = torch.isnan(probs).any(dim=-1, keepdim=True)
+    p = probs.masked_fill(nan_rows, 0.0)
+    pilot_counts = sample_counts(p, pilot, sampler, generator=generator, uniforms=pilot_uniforms)
+    pilot_weights = pilot_counts.double() / pilot
+    square_norms = (value.double() ** 2).sum(-1, keepdim=True)  # ‖v_j‖² [B, Hkv, n, 1]
+    mean = weighted_values(pilot_weights, value.double())  # ȳ [B, Hq, Lq, D]
+    square_mean = weighted_values(pilot_weights, square_norms)[..., 0]  # (1/S₀) Σ_m ‖y_m‖²
+    trace, norm2 = pilot_statistics(mean, square_mean, pilot)
+    budgets = adaptive_budgets(trace, norm2, error_target, cap)
+    counts = sample_counts_per_row(p, budgets, sampler, cap=cap, generator=generator, uniforms=output_uniforms)
+    out = weighted_values(counts.float() / budgets.unsqueeze(-1).float(), value)  # ô = (1/S_r) Σ_j c_j v_j
+    return out.masked_fill(nan_rows, math.nan), ErrorTargetDraw(counts, budgets, pilot_counts, trace, norm2)
 
 
 def _check_groups(hq: int, hkv: int, name: str) -> None:
@@ -230,7 +281,9 @@ def sampled_attention(
     generator: torch.Generator | None = None,
     score_samples: int | None = None,
     score_sampler: str = "stratified",
-    uniforms: torch.Tensor | None = None,
+    uniforms: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
+    error_target: float | None = None,
+    pilot: int = DEFAULT_PILOT,
 ) -> torch.Tensor:
     """SANTA attention with the signature of ``torch.nn.functional.scaled_dot_product_attention``.
 
@@ -244,6 +297,12 @@ def sampled_attention(
     uniforms: the value sampler's uniforms instead of draws from ``generator``: ``[B, Hq, Lq, S]`` for
         iid and stratified, ``[B, Hq, Lq]`` for systematic (e.g. request-keyed ones,
         :func:`santa.kernels.reference.call_uniforms`); checked by :func:`santa.sample_counts`.
+    error_target: a relative error ε > 0 instead of a fixed budget (:mod:`santa.error_target`): each
+        query row and head draws ``S_r = min(budget, ⌈T̂ / (ε² N̂)⌉)`` samples, the variance trace T̂ and
+        ‖o‖² (N̂) estimated from a pilot of ``pilot`` draws (int ≥ 2, default 16) on their own
+        uniforms; ``budget`` is then the cap S_max. Stochastic samplers only; ``uniforms`` is then the
+        pair (pilot's, output's) that :func:`santa.attention.error_target_values` takes, which also
+        reports each row's budget and the rows it read.
     score_samples: with B ≥ 1, the scores are Bernoulli qKᵀ too (:func:`santa.bernoulli_query`, B
     ternary draws of ``score_sampler``, one per KV-head group): ``p = softmax(q̃ kᵀ·scale + mask)``.
 
@@ -266,6 +325,11 @@ def sampled_attention(
     b, hq, lq, _ = query.shape
     if attn_mask is not None:
         check_mask(attn_mask, (b, hq, lq, key.shape[2]), query.device)
+    if error_target is not None:
+        check_error_target(error_target)
+        check_pilot(pilot)
+        if sampler not in SAMPLERS:
+            raise ValueError(f"error_target needs a stochastic sampler {SAMPLERS}, got sampler={sampler!r}")
     if sampler in SAMPLERS:
         check_draws(b * hq * lq, budget, key.shape[2])
     scored = query  # the query the scores use: q, or Bernoulli qKᵀ's sampled q̃
@@ -273,5 +337,9 @@ def sampled_attention(
         score_samples = check_budget(score_samples, "score_samples")
         scored = bernoulli_query(query, score_samples, kv_heads=key.shape[1], sampler=score_sampler, generator=generator).query
     probs = attention_probs(scored, key, scale=scale, is_causal=is_causal, attn_mask=attn_mask)
+    if error_target is not None:
+        out, _ = error_target_values(probs, value, budget, sampler, error_target=error_target, pilot=pilot,
+                                     generator=generator, uniforms=uniforms)
+        return out.to(query.dtype)
     out, _ = sampled_values(probs, value, budget, sampler, generator=generator, uniforms=uniforms)  # [B, Hq, Lq, D]
     return out.to(query.dtype)

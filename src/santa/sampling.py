@@ -197,3 +197,63 @@ def sample_counts(
     counts = counts_from_indices(indices, probs.shape[-1])
     empty_row = probs.sum(dim=-1, keepdim=True) <= 0
     return counts.masked_fill(empty_row, 0)
+
+
+def check_row_budgets(budgets: object, batch_shape: torch.Size, cap: int, device: torch.device) -> torch.Tensor:
+    """Return per-row budgets ``S_r``, or raise unless they are an integer tensor of ``batch_shape`` on
+    ``device`` with every value in ``[1, cap]``."""
+    if not isinstance(budgets, torch.Tensor) or budgets.dtype not in (torch.int32, torch.int64):
+        got = budgets.dtype if isinstance(budgets, torch.Tensor) else type(budgets).__name__
+        raise TypeError(f"budgets must be an int32 or int64 tensor of per-row sample counts, got {got}")
+    if tuple(budgets.shape) != tuple(batch_shape):
+        raise ValueError(f"budgets must have the rows' shape {list(batch_shape)}, got {list(budgets.shape)}")
+    if budgets.device != device:
+        raise ValueError(f"budgets is on {budgets.device} but probs is on {device}")
+    if budgets.numel() and ((budgets < 1).any() or (budgets > cap).any()):
+        raise ValueError(f"budgets must lie in [1, cap = {cap}], got values in [{int(budgets.min())}, {int(budgets.max())}]")
+    return budgets.long()
+
+
+def sample_counts_per_row(
+    probs: torch.Tensor,
+    budgets: torch.Tensor,
+    sampler: str,
+    *,
+    cap: int,
+    uniforms: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """:func:`sample_counts` with a budget per row: row r draws ``S_r ≤ cap`` samples.
+
+    probs: ``[..., n]`` as for :func:`sample_counts`. budgets: int ``[...]``, each in ``[1, cap]``.
+    The uniforms are those of a ``cap``-sample draw (``[..., cap]`` for iid and stratified, ``[...]``
+    for systematic); row r reads the points ``T_m`` of its own budget for ``m < S_r`` only:
+    iid ``u_m``, stratified ``(m + u_m) / S_r``, systematic ``(m + U) / S_r``. With every ``S_r = cap``
+    the counts are those of ``sample_counts(probs, cap, sampler, uniforms=…)``, exactly.
+    Returns int64 ``[..., n]`` with ``Σ_j c_j = S_r`` on every row that has mass (zero on an empty row).
+    """
+    probs = check_probs(probs)
+    cap = check_budget(cap, "cap")
+    sampler = check_sampler(sampler)
+    batch_shape = probs.shape[:-1]
+    budgets = check_row_budgets(budgets, batch_shape, cap, probs.device)
+    check_draws(batch_shape.numel(), cap, probs.shape[-1], "cap")
+    if uniforms is None:
+        uniforms = draw_uniforms(batch_shape, cap, sampler, device=probs.device, generator=generator)
+    else:
+        check_uniforms(uniforms, uniforms_shape(batch_shape, cap, sampler), probs.device, sampler, "probs")
+    u = uniforms.to(torch.float64)
+    strata = torch.arange(cap, device=probs.device, dtype=torch.float64)  # m = 0..cap-1
+    own = budgets.to(torch.float64).unsqueeze(-1)  # S_r
+    if sampler == "iid":
+        points = u
+    elif sampler == "stratified":
+        points = (strata + u) / own  # T_m = (m + U_m) / S_r
+    else:
+        points = (strata + u.unsqueeze(-1)) / own  # T_m = (m + U) / S_r
+    live = strata < own  # the first S_r points of row r
+    indices = inverse_cdf(probs, points.masked_fill(~live, 0.0))
+    counts = torch.zeros((*batch_shape, probs.shape[-1]), dtype=torch.int64, device=probs.device)
+    counts.scatter_add_(-1, indices, live.long())
+    empty_row = probs.sum(dim=-1, keepdim=True) <= 0
+    return counts.masked_fill(empty_row, 0)

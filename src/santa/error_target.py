@@ -1,0 +1,99 @@
+"""Budgets from an error target: each row (query, head) draws the samples its own distribution needs.
+
+A fixed budget S gives every head the same number of draws, but the estimator's error depends on the
+head. For ``ô = (1/S) Σ_m v_{J_m}`` with ``J_m ~ p`` iid (the paper, Appendix A.2)::
+
+    E‖ô − o‖² = T / S,    T = Σ_j p_j ‖v_j‖² − ‖o‖²   (the variance trace of one draw)
+
+so the relative error ``r²(S) = E‖ô − o‖² / ‖o‖² = T / (S ‖o‖²)`` and the smallest S with
+``r² ≤ ε²`` is ``S* = ⌈T / (ε² ‖o‖²)⌉``. A head whose softmax sits on keys with similar values has
+``T ≈ 0`` and needs one draw; a flat head over diverse values needs many.
+
+Neither T nor ‖o‖² is known before V is read. A **pilot** of ``S₀`` draws (the sampler's own scheme,
+on uniforms independent of the output's) reads rows ``y_1 … y_S₀`` and estimates both::
+
+    ȳ = (1/S₀) Σ_m y_m
+    T̂ = (1/(S₀ − 1)) Σ_m ‖y_m − ȳ‖²  = S₀/(S₀ − 1) · ((1/S₀) Σ_m ‖y_m‖² − ‖ȳ‖²)
+    N̂ = ‖ȳ‖² − T̂ / S₀
+
+For iid draws both are unbiased: ``E T̂ = T`` (the sample variance), and ``E‖ȳ‖² = ‖o‖² + T/S₀``
+gives ``E N̂ = ‖o‖²``. The row then draws ``S_r = clamp(⌈T̂ / (ε² N̂)⌉, 1, S_max)`` samples for its
+output (``S_max`` where ``N̂ ≤ 0``: the pilot cannot tell o from zero), on fresh uniforms, so that
+given ``S_r`` the output is the fixed-budget estimator: **unbiased**. The pilot's rows are read and
+not averaged into the output (that would make the weights depend on the draws): a row reads
+``S₀ + S_r`` value rows, and ``S_max`` bounds what a step can read.
+
+Calibration. Where ``S_r`` is well above 1 and below the cap, ``E r² ≈ ε² · E[N̂] / ‖o‖² = ε²``
+(the error is linear in N̂ there); the ceiling, the floor of one draw and ``N̂ ≤ 0 → S_max`` only
+lower it. For stratified and systematic draws the same rule is used: their variance is at most
+iid's for stratified (proven: the within-stratum variances sum to at most T) and measured below it
+for systematic on every head the calibration covers, and their pilots' ``N̂`` is then biased low
+(``E‖ȳ‖² ≤ ‖o‖² + T/S₀``): both err towards more samples. The calibration study measures the
+realised ``E r² / ε²`` per head class (``benchmarks/eval/error_target_calibration.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import NamedTuple
+
+import torch
+
+DEFAULT_PILOT = 16  # pilot draws per row: T̂ and N̂ from 16 rows, 1/8 of the default cap's reads
+
+
+class ErrorTargetDraw(NamedTuple):
+    """What an error-target draw did per row: the output's counts ``[..., n]`` (summing to
+    ``budgets``), the per-row budgets ``S_r`` ``[...]`` int64, the pilot's counts ``[..., n]`` (summing
+    to the pilot size), and the pilot's estimates ``T̂`` and ``N̂`` ``[...]`` float64."""
+
+    counts: torch.Tensor
+    budgets: torch.Tensor
+    pilot_counts: torch.Tensor
+    trace: torch.Tensor
+    norm2: torch.Tensor
+
+    def rows_read(self) -> torch.Tensor:
+        """Value rows each row's draws read, pilot included: ``S₀ + S_r`` ``[...]`` (draws, not unique keys)."""
+        return self.budgets + self.pilot_counts.sum(-1)
+
+
+def check_error_target(error_target: object) -> float:
+    """The relative error target ε as a float, or raise: TypeError unless a real number, ValueError
+    unless finite and > 0."""
+    if isinstance(error_target, bool) or not isinstance(error_target, numbers.Real):
+        raise TypeError(f"error_target must be a real number > 0 (a relative error, e.g. 0.1), got "
+                        f"{type(error_target).__name__} {error_target!r}")
+    value = float(error_target)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"error_target must be finite and > 0 (a relative error, e.g. 0.1), got {value}")
+    return value
+
+
+def check_pilot(pilot: object) -> int:
+    """The pilot's draws per row S₀ as an int ≥ 2 (a sample variance needs two draws), or raise."""
+    if isinstance(pilot, bool) or not isinstance(pilot, numbers.Integral):
+        raise TypeError(f"pilot must be an int ≥ 2 (draws per row that estimate the error), got {type(pilot).__name__} {pilot!r}")
+    if pilot < 2:
+        raise ValueError(f"pilot must be ≥ 2 (a sample variance needs two draws), got {pilot}")
+    return int(pilot)
+
+
+def pilot_statistics(mean: torch.Tensor, square_mean: torch.Tensor, pilot: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(T̂, N̂)`` from a pilot of ``pilot`` draws: its mean row ``ȳ [..., d]`` and its mean squared
+    norm ``(1/S₀) Σ_m ‖y_m‖² [...]`` (float64 ``[...]`` each; T̂ is clamped at 0 against round-off)."""
+    mean, square_mean = mean.double(), square_mean.double()
+    mean_norm2 = (mean * mean).sum(-1)
+    trace = (pilot / (pilot - 1)) * (square_mean - mean_norm2)
+    trace = trace.clamp_min(0.0)
+    return trace, mean_norm2 - trace / pilot
+
+
+def adaptive_budgets(trace: torch.Tensor, norm2: torch.Tensor, error_target: float, cap: int) -> torch.Tensor:
+    """``S_r = clamp(⌈T̂ / (ε² N̂)⌉, 1, cap)`` per row, ``cap`` where ``N̂ ≤ 0`` or either estimate is
+    not finite: int64 ``[...]``."""
+    usable = (norm2 > 0) & torch.isfinite(norm2) & torch.isfinite(trace)
+    wanted = torch.ceil(trace / (error_target**2 * norm2.masked_fill(~usable, 1.0)))
+    wanted = wanted.clamp(1, cap).masked_fill(~usable, cap)
+    return wanted.long()
