@@ -26,6 +26,7 @@ import torch
 
 from santa.checks import integer
 from santa.checks import scale as check_scale
+from santa.error_target import DEFAULT_PILOT, check_error_target, check_pilot
 from santa.kernels.layout import WorkspaceKey, workspace_nbytes
 from santa.kernels.plan import (
     DTYPES,
@@ -275,14 +276,15 @@ _PLANS: OrderedDict[tuple, DecodePlan] = OrderedDict()
 
 
 def _cached_plan(batch, heads, kv_heads, dim, n_keys, budget, dtype, device, kernel, kv_layout, page_size, scale,
-                 kv_dtype) -> DecodePlan:
+                 kv_dtype, error_target, pilot) -> DecodePlan:
     """One plan per call shape for eager calls (its launches and, unless given, its workspace)."""
-    key = (batch, heads, kv_heads, dim, n_keys, budget, dtype, device, kernel, kv_layout, page_size, scale, kv_dtype)
+    key = (batch, heads, kv_heads, dim, n_keys, budget, dtype, device, kernel, kv_layout, page_size, scale, kv_dtype,
+           error_target, pilot)
     plan = _PLANS.get(key)
     if plan is None:
         plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget,
                            dtype=dtype, device=device, kernel=kernel, kv_layout=kv_layout, page_size=page_size, scale=scale,
-                           kv_dtype=kv_dtype)
+                           kv_dtype=kv_dtype, error_target=error_target, pilot=pilot)
         while len(_PLANS) >= _PLAN_CACHE_SIZE:
             _PLANS.popitem(last=False)
         _PLANS[key] = plan
@@ -303,13 +305,16 @@ class _Call:
     workspace_key: WorkspaceKey
     plan: DecodePlan | None  # None: the torch fallback
     host_checks: bool  # check the tables' values on every call (CPU, the torch fallback)
+    error_target: float | None  # budgets from an error target (budget is then the cap)
+    pilot: int
 
 
 _CALLS: dict[tuple, _Call] = {}  # call signature → its validation (cleared past _CALL_CACHE_SIZE entries)
 _CALL_CACHE_SIZE = 256
 
 
-def _signature(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts):
+def _signature(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts,
+               error_target=None, pilot=DEFAULT_PILOT):
     """Everything :func:`_validate` and :func:`use_triton` read (types, shapes, strides, dtypes,
     devices, the non-tensor arguments with their types, ``TRITON_INTERPRET``), or None when some argument is not of a kind it can key on (then
     the call is validated in full, which raises for it)."""
@@ -330,13 +335,15 @@ def _signature(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_la
     # on the CPU, TRITON_INTERPRET decides between the kernels and the torch fallback (use_triton); CUDA always runs them
     interpret = None if q.device.type == "cuda" else (os.environ.get("TRITON_INTERPRET"), kernels_on_cpu())
     return (tensors, optional, type(offset), type(budget), budget, type(kernel), kernel, type(kv_layout), kv_layout,
-            type(scale), scale, type(return_counts), return_counts, interpret)
+            type(scale), scale, type(return_counts), return_counts, interpret, type(error_target), error_target,
+            type(pilot), pilot)
 
 
 def _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out,
-                    return_counts) -> _Call:
+                    return_counts, error_target=None, pilot=DEFAULT_PILOT) -> _Call:
     """The call's validation: from the cache for a signature seen before, else :func:`_validate` in full."""
-    sig = _signature(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts)
+    sig = _signature(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts,
+                     error_target, pilot)
     try:
         call = None if sig is None else _CALLS.get(sig)
     except TypeError:  # an unhashable argument: _validate names it
@@ -347,21 +354,34 @@ def _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, 
         q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts
     )
     kernel = "prop" if kernel == "auto" else kernel
+    error_target, pilot = checked_error_target(error_target, pilot, kernel)
     paged = block_table is not None
     page_size = k_cache.shape[1 if kv_layout == "NHD" else 2] if paged else 1
     batch, heads, dim = q.shape
     plan = None
     if use_triton(q.device):
         plan = _cached_plan(batch, heads, kv_heads, dim, n_keys, budget, q.dtype, q.device, kernel, kv_layout,
-                            page_size if paged else None, None if scale is None else float(scale), k_cache.dtype)
+                            page_size if paged else None, None if scale is None else float(scale), k_cache.dtype,
+                            error_target, pilot)
     call = _Call(budget=budget, kernel=kernel, n_keys=n_keys, kv_heads=kv_heads, page_size=page_size,
                  workspace_key=_workspace_key(kernel, batch, heads, dim, n_keys, budget, q.device), plan=plan,
-                 host_checks=plan is None or q.device.type == "cpu")
+                 host_checks=plan is None or q.device.type == "cpu", error_target=error_target, pilot=pilot)
     if sig is not None:
         if len(_CALLS) >= _CALL_CACHE_SIZE:
             _CALLS.clear()
         _CALLS[sig] = call
     return call
+
+
+def checked_error_target(error_target, pilot, kernel: str) -> tuple[float | None, int]:
+    """``(ε or None, pilot)`` checked: ε a finite real > 0, pilot an int ≥ 2, and kernel prop (flash's
+    per-tile budgets have no global pilot): TypeError / ValueError naming the argument."""
+    if error_target is None:
+        return None, DEFAULT_PILOT
+    error_target, pilot = check_error_target(error_target), check_pilot(pilot)
+    if kernel != "prop":
+        raise ValueError(f"error_target is implemented by kernel='prop' (its pilot reads the global CDF), got kernel={kernel!r}")
+    return error_target, pilot
 
 
 def decode(
@@ -386,6 +406,8 @@ def decode(
     positions: torch.Tensor | None = None,
     starts: torch.Tensor | None = None,
     head_offset: int = 0,
+    error_target: float | None = None,
+    pilot: int = DEFAULT_PILOT,
     **unsupported,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sampled attention for one new token per sequence: ``ô = (1/S) Σ_j c_j v_j`` (prop).
@@ -429,6 +451,10 @@ def decode(
         parallelism: ``rank × H`` on a rank holding H heads and their H_kv KV heads), an int ≥ 0 (default 0),
         with ``positions`` only: the counter's head is ``head_offset + h``, so the ranks' slices draw exactly
         what one call with every head draws (:meth:`santa.kernels.DecodePlan.run`).
+    error_target: a relative error ε > 0 (prop only; :mod:`santa.error_target`): each (sequence, head)
+        draws ``S_r = min(budget, ⌈T̂ / (ε² N̂)⌉)`` samples, T̂ and ‖o‖² (N̂) estimated from a pilot of
+        ``pilot`` systematic draws (int ≥ 2, default 16) on their own uniforms (stream 1); ``budget`` is
+        the cap S_max (the launch's size, so graphs capture it). The counts then sum to each head's S_r.
     Returns out, or ``(out, counts)``. Non-finite input: see the module docstring.
 
     Under ``torch.compile`` the call is one custom op (:mod:`santa.kernels.ops`): see :func:`_decode_compiled`.
@@ -437,10 +463,11 @@ def decode(
         refuse_unsupported("decode", unsupported)
     if torch.compiler.is_compiling():
         return _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset,
-                                out, workspace, return_counts, check, positions, starts, k_scale, v_scale, head_offset)
+                                out, workspace, return_counts, check, positions, starts, k_scale, v_scale, head_offset,
+                                error_target, pilot)
     _check_seed_and_offset(seed, offset)
     call = _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out,
-                           return_counts)
+                           return_counts, error_target, pilot)
     head_offset = check_head_offset(head_offset, heads=q.shape[1], positional=positions is not None)
     if positions is not None or isinstance(seed, torch.Tensor):
         check_request_keys(seed, offset, positions, batch=q.shape[0], device=q.device,
@@ -463,7 +490,8 @@ def decode(
         check_workspace(workspace, call.workspace_key)
     if call.plan is None:
         return _decode_reference(q, k_cache, v_cache, call.budget, call.kernel, seq_lens, block_table, kv_layout, scale,
-                                 seed, offset, out, return_counts, k_scale, v_scale, positions, starts, head_offset)
+                                 seed, offset, out, return_counts, k_scale, v_scale, positions, starts, head_offset,
+                                 call.error_target, call.pilot)
     counts = torch.zeros(q.shape[0], q.shape[1], call.n_keys, dtype=torch.int32, device=q.device) if return_counts else None
     out = call.plan.run_checked(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
                                 out=out, counts=counts, workspace=workspace, k_scale=k_scale, v_scale=v_scale,
@@ -472,10 +500,11 @@ def decode(
 
 
 def _decode_reference(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out, return_counts,
-                      k_scale, v_scale, positions, starts, head_offset=0):
+                      k_scale, v_scale, positions, starts, head_offset=0, error_target=None, pilot=DEFAULT_PILOT):
     result, counts = torch_decode(kernel, q, k_cache, v_cache, budget, seq_lens=seq_lens, block_table=block_table,
                                   kv_layout=kv_layout, scale=scale, seed=seed, offset=offset, k_scale=k_scale, v_scale=v_scale,
-                                  positions=positions, starts=starts, head_offset=head_offset)
+                                  positions=positions, starts=starts, head_offset=head_offset, error_target=error_target,
+                                  pilot=pilot)
     if out is not None:
         out.copy_(result)
         result = out
@@ -483,7 +512,8 @@ def _decode_reference(q, k_cache, v_cache, budget, kernel, seq_lens, block_table
 
 
 def _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out,
-                     workspace, return_counts, check, positions, starts, k_scale, v_scale, head_offset=0):
+                     workspace, return_counts, check, positions, starts, k_scale, v_scale, head_offset=0,
+                     error_target=None, pilot=DEFAULT_PILOT):
     """:func:`decode` as torch.compile traces it: the checks that read no tensor values (the same
     errors as eager), then ``torch.ops.santa.decode`` (or ``decode_counts``), whose implementation is
     the eager call at execution time (its plan cached per call signature, with the plan's own
@@ -516,7 +546,10 @@ def _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table,
     if k_cache.dtype == FP8:  # the scales as the op takes them: floats or float32 [H_kv] tensors
         args += tuple(None if isinstance(x, torch.Tensor) else x for x in (k_scale, v_scale))
         args += tuple(x if isinstance(x, torch.Tensor) else None for x in (k_scale, v_scale))
+    error_target, pilot = checked_error_target(error_target, pilot, "prop" if kernel == "auto" else kernel)
     extra = dict(head_offset=head_offset) if head_offset else {}  # the ops' default: 0
+    if error_target is not None:  # the ops' default: None (a fixed budget)
+        extra.update(error_target=error_target, pilot=pilot)
     if return_counts:
         result, counts = torch.ops.santa.decode_counts(*args, **extra)
     else:

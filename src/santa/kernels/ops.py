@@ -3,7 +3,7 @@ that calls :func:`santa.decode` (and ``mode="reduce-overhead"`` captures it in a
 
 - ``torch.ops.santa.decode(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds,
   positions, starts, budget, kernel, kv_layout, scale, seed, offset, k_scale=None, v_scale=None,
-  k_scale_tensor=None, v_scale_tensor=None, head_offset=0) -> out``: one decode step, a new ``[B, H, d]`` tensor in
+  k_scale_tensor=None, v_scale_tensor=None, head_offset=0, error_target=None, pilot=16) -> out``: one decode step, a new ``[B, H, d]`` tensor in
   q's dtype (contiguous).
 - ``torch.ops.santa.decode_counts(...)`` (same arguments) ``-> (out, counts)``: also the per-key
   sample counts, int32 ``[B, H, n_keys]`` (statistics, tests).
@@ -20,7 +20,8 @@ offset are ints in ``[0, 2**63)`` (they fit the schema's int64). The caches may 
 :func:`santa.decode`): their dequantisation scales are ``k_scale`` / ``v_scale`` (floats) or
 ``k_scale_tensor`` / ``v_scale_tensor`` (float32 ``[H_kv]`` on q's device), one of each pair at most,
 1.0 when neither is given; other caches take none (ValueError). ``head_offset`` (default 0) is
-:func:`santa.decode`'s (the global index of q's first head under tensor parallelism, with positions).
+:func:`santa.decode`'s (the global index of q's first head under tensor parallelism, with positions);
+``error_target`` and ``pilot`` too (budgets from an error target, ``budget`` the cap; prop only).
 
 The implementation is the eager :func:`santa.decode` at execution time: on CUDA (and on the CPU
 under ``TRITON_INTERPRET=1``) a :class:`santa.kernels.DecodePlan`, cached per call signature
@@ -37,6 +38,7 @@ devices (what needs no tensor values) and returns the output's metadata.
 import torch
 from torch import Tensor
 
+from santa.error_target import DEFAULT_PILOT
 from santa.kernels import eager as _decode
 from santa.kernels.plan import Workspace
 
@@ -55,24 +57,26 @@ def _cache_scales(k_scale, v_scale, k_scale_tensor, v_scale_tensor) -> tuple:
 
 
 def _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel, kv_layout,
-           scale, seed, offset, k_scale, v_scale, k_scale_tensor, v_scale_tensor, return_counts, head_offset=0):
+           scale, seed, offset, k_scale, v_scale, k_scale_tensor, v_scale_tensor, return_counts, head_offset=0,
+           error_target=None, pilot=DEFAULT_PILOT):
     """Both ops' implementation: the eager :func:`santa.decode` into a new contiguous output."""
     k_scale, v_scale = _cache_scales(k_scale, v_scale, k_scale_tensor, v_scale_tensor)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous whatever q's strides: as the fake
     offset = offset if offset_tensor is None else offset_tensor
     call = _decode._validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out,
-                                   return_counts)
+                                   return_counts, error_target, pilot)
     workspace = None if call.plan is None else Workspace.scratch(call.workspace_key)  # this call's own: nothing outlives it
     return _decode.decode(q, k_cache, v_cache, budget, kernel=kernel, seq_lens=seq_lens, block_table=block_table,
                           kv_layout=kv_layout, scale=scale, seed=seed if seeds is None else seeds, offset=offset, out=out,
                           return_counts=return_counts, positions=positions, starts=starts, workspace=workspace,
-                          k_scale=k_scale, v_scale=v_scale, head_offset=head_offset)
+                          k_scale=k_scale, v_scale=v_scale, head_offset=head_offset, error_target=error_target, pilot=pilot)
 
 
 def _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset,
-          k_scale, v_scale, k_scale_tensor, v_scale_tensor):
+          k_scale, v_scale, k_scale_tensor, v_scale_tensor, error_target=None, pilot=DEFAULT_PILOT):
     """The metadata checks of :func:`santa.decode` on fake tensors; returns n_keys."""
     k_scale, v_scale = _cache_scales(k_scale, v_scale, k_scale_tensor, v_scale_tensor)
+    _decode.checked_error_target(error_target, pilot, "prop" if kernel == "auto" else kernel)
     _, k_cache, _, _, n_keys, kv_heads = _decode._validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout,
                                                            scale, offset if offset_tensor is None else offset_tensor, None, False)
     _decode.checked_cache_scales(k_scale, v_scale, kv_dtype=k_cache.dtype, kv_heads=kv_heads, device=q.device,
@@ -102,17 +106,21 @@ def decode(
     k_scale_tensor: Tensor | None = None,
     v_scale_tensor: Tensor | None = None,
     head_offset: int = 0,
+    error_target: float | None = None,
+    pilot: int = DEFAULT_PILOT,
 ) -> Tensor:
     """One sampled-attention decode step (see :func:`santa.decode`): ``out [B, H, d]``."""
     return _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel,
-                  kv_layout, scale, seed, offset, k_scale, v_scale, k_scale_tensor, v_scale_tensor, False, head_offset)
+                  kv_layout, scale, seed, offset, k_scale, v_scale, k_scale_tensor, v_scale_tensor, False, head_offset,
+                  error_target, pilot)
 
 
 @decode.register_fake
 def _decode_fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel, kv_layout,
-                 scale, seed, offset, k_scale=None, v_scale=None, k_scale_tensor=None, v_scale_tensor=None, head_offset=0):
+                 scale, seed, offset, k_scale=None, v_scale=None, k_scale_tensor=None, v_scale_tensor=None, head_offset=0,
+                 error_target=None, pilot=DEFAULT_PILOT):
     _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset, k_scale, v_scale,
-          k_scale_tensor, v_scale_tensor)
+          k_scale_tensor, v_scale_tensor, error_target, pilot)
     return q.new_empty(q.shape)
 
 
@@ -138,16 +146,19 @@ def decode_counts(
     k_scale_tensor: Tensor | None = None,
     v_scale_tensor: Tensor | None = None,
     head_offset: int = 0,
+    error_target: float | None = None,
+    pilot: int = DEFAULT_PILOT,
 ) -> tuple[Tensor, Tensor]:
     """:func:`decode` and the per-key sample counts: ``(out [B, H, d], counts int32 [B, H, n_keys])``."""
     return _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel,
-                  kv_layout, scale, seed, offset, k_scale, v_scale, k_scale_tensor, v_scale_tensor, True, head_offset)
+                  kv_layout, scale, seed, offset, k_scale, v_scale, k_scale_tensor, v_scale_tensor, True, head_offset,
+                  error_target, pilot)
 
 
 @decode_counts.register_fake
 def _decode_counts_fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel,
                         kv_layout, scale, seed, offset, k_scale=None, v_scale=None, k_scale_tensor=None, v_scale_tensor=None,
-                        head_offset=0):
+                        head_offset=0, error_target=None, pilot=DEFAULT_PILOT):
     n_keys = _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset, k_scale,
-                   v_scale, k_scale_tensor, v_scale_tensor)
+                   v_scale, k_scale_tensor, v_scale_tensor, error_target, pilot)
     return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[1], n_keys), dtype=torch.int32)

@@ -38,6 +38,7 @@ import torch
 
 from santa.checks import integer
 from santa.checks import scale as check_scale
+from santa.error_target import DEFAULT_PILOT, check_error_target, check_pilot
 from santa.kernels import _launch, one_launch, reference
 from santa.kernels.layout import (
     ELEMENT_SIZE,
@@ -281,10 +282,11 @@ def dequantised(cache: torch.Tensor, scale, kv_layout: str) -> torch.Tensor:
 
 def torch_decode(kernel: str, q, k_cache, v_cache, budget: int, *, seq_lens, block_table, kv_layout: str, scale,
                  seed, offset, k_scale=1.0, v_scale=1.0, positions=None, starts=None,
-                 head_offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                 head_offset: int = 0, error_target: float | None = None,
+                 pilot: int = DEFAULT_PILOT) -> tuple[torch.Tensor, torch.Tensor]:
     """The torch fallback of a decode call: what the kernels compute, as ``(out in q's dtype, counts int32)``
     (fp8 caches dequantised first, as the kernels dequantise what they read). head_offset: checked by the caller
-    (:func:`check_head_offset`)."""
+    (:func:`check_head_offset`). error_target, pilot: prop's budgets from an error target (``budget`` the cap)."""
     if isinstance(offset, torch.Tensor):
         offset = int(offset.item())
     k_cache, v_cache = dequantised(k_cache, k_scale, kv_layout), dequantised(v_cache, v_scale, kv_layout)
@@ -292,7 +294,8 @@ def torch_decode(kernel: str, q, k_cache, v_cache, budget: int, *, seq_lens, blo
     kwargs = dict(seq_lens=seq_lens, block_table=block_table, kv_layout=kv_layout, scale=scale, seed=seed, offset=int(offset),
                   positions=positions, head_offset=head_offset)
     if kernel == "prop":
-        result, counts = reference.prop_reference(q, k_cache, v_cache, budget, starts=starts, **kwargs)
+        result, counts = reference.prop_reference(q, k_cache, v_cache, budget, starts=starts, error_target=error_target,
+                                                  pilot=pilot, **kwargs)
     else:
         result, counts = reference.flash_reference(q, k_cache, v_cache, budget, tile=flash_tile(q.shape[-1]), **kwargs)
     return result, counts.to(torch.int32)
@@ -376,6 +379,8 @@ def plan_decode(
     scale: float | None = None,
     tuning: Tuning | None = None,
     workspace: Workspace | None = None,
+    error_target: float | None = None,
+    pilot: int = DEFAULT_PILOT,
     **unsupported,
 ) -> DecodePlan:
     """Validate a decode shape once and freeze its launches.
@@ -392,6 +397,10 @@ def plan_decode(
     device: ``"cpu"`` or a CUDA device (``"cuda"``, ``"cuda:1"``, a torch.device) of this machine. On the
         CPU, ``run`` does what :func:`santa.decode` does for CPU tensors (see the module docstring).
     tuning: prop's launch parameters. workspace: reuse one made for exactly this shape.
+    error_target: a relative error ε > 0 (prop only): each (sequence, head) draws the samples its own
+        distribution needs, ``S_r = min(budget, ⌈T̂ / (ε² N̂)⌉)`` from a pilot of ``pilot`` draws (int ≥ 2,
+        default 16; :mod:`santa.error_target`), ``budget`` being the cap S_max that sizes the launches (a CUDA
+        graph's launch never depends on S_r). Such a plan runs the Triton prop (not the one launch).
     Integer arguments take Python or numpy ints: a wrong type is a TypeError, a bad value (or an
     unsupported or absent device) a ValueError, each naming the argument.
     """
@@ -419,6 +428,10 @@ def plan_decode(
         if n_keys % page_size:
             raise ValueError(f"n_keys={n_keys} must be max_pages · page_size, a multiple of page_size={page_size}")
     check_scale(scale)
+    if error_target is not None:
+        error_target, pilot = check_error_target(error_target), check_pilot(pilot)
+        if kernel != "prop":
+            raise ValueError(f"error_target is implemented by kernel='prop' (its pilot reads the global CDF), got kernel={kernel!r}")
     tuning = checked_tuning(tuning)
     device = resolve_device(device)
     shape = DecodeShape(batch, heads, kv_heads, head_dim, n_keys, page_size, kv_layout, dtype, str(device), kv_dtype)
@@ -427,7 +440,7 @@ def plan_decode(
     if workspace is not None:
         check_workspace(workspace, key)
     return DecodePlan(shape=shape, kernel=kernel, budget=budget, scale=1.0 / math.sqrt(head_dim) if scale is None else float(scale),
-                      tuning=tuning, workspace_key=key, workspace=workspace)
+                      tuning=tuning, workspace_key=key, workspace=workspace, error_target=error_target, pilot=pilot)
 
 
 def check_workspace(workspace: object, key: WorkspaceKey) -> Workspace:
@@ -448,8 +461,10 @@ class DecodePlan:
     never respecialised) keys the draws on the model's global head, in the one-launch kernel as in the Triton ones."""
 
     def __init__(self, *, shape: DecodeShape, kernel: str, budget: int, scale: float, tuning: Tuning,
-                 workspace_key: WorkspaceKey, workspace: Workspace | None):
+                 workspace_key: WorkspaceKey, workspace: Workspace | None, error_target: float | None = None,
+                 pilot: int = DEFAULT_PILOT):
         self.shape, self.kernel, self.budget, self.scale = shape, kernel, budget, scale
+        self.error_target, self.pilot = error_target, pilot  # budget is the cap when error_target is set
         self.tuning, self.workspace_key, self._workspace = tuning, workspace_key, workspace
         s = shape
         self.block_n = workspace_key.block_n  # keys per tile: the workspace is laid out for it
@@ -485,6 +500,8 @@ class DecodePlan:
         NHD/HND), made now (its module and schedule, outside any CUDA graph), or None: the Triton prop serves every call
         (so also for a plan made during a capture, where its schedule cannot be copied to the device)."""
         s = self.shape
+        if self.error_target is not None:
+            return None  # the one launch draws a fixed budget; the Triton prop runs the pilot
         if self.tuning.one_launch is False or device.type != "cuda" or torch.cuda.is_current_stream_capturing() or not one_launch.eligible(
                 device=device, kernel=self.kernel, dtype=s.dtype, kv_dtype=s.kv_dtype, kv_layout=s.kv_layout,
                 page_size=s.page_size, head_dim=s.head_dim, group_size=self.group):
@@ -812,7 +829,8 @@ class DecodePlan:
         result, sampled = torch_decode(self.kernel, q, k_cache, v_cache, self.budget, seq_lens=seq_lens,
                                        block_table=block_table, kv_layout=self.shape.kv_layout, scale=self.scale,
                                        seed=seed, offset=offset, k_scale=k_scale, v_scale=v_scale, positions=positions,
-                                       starts=starts, head_offset=head_offset)
+                                       starts=starts, head_offset=head_offset, error_target=self.error_target,
+                                       pilot=self.pilot)
         if counts is not None:
             counts.copy_(sampled)
         if out is None:

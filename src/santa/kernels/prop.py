@@ -107,18 +107,19 @@ def _prop_scores_kernel(
 
 
 @triton.jit
-def _bisect_tiles(prefix_ptr, prefix_row, n_tiles, u, m_f, ok, LOG_T: tl.constexpr):
-    """``tile = #{t < n_tiles : P_t − m ≤ U}`` by binary search over the stored prefix (P is
-    non-decreasing, so the predicate holds on a prefix of the tiles), and ``P_{tile−1}, P_tile``:
-    the same tile and bounds as comparing with every tile, in O(log T) loads per sample."""
+def _bisect_tiles(prefix_ptr, prefix_row, n_tiles, u, m_f, budget_f, ok, LOG_T: tl.constexpr):
+    """``tile = #{t < n_tiles : P_t − m ≤ U}`` by binary search over the stored prefix ``C_t`` (``P_t = S·C_t``,
+    formed from the loaded C as the scan forms it, so the same float32 values; C is budget-free, so a pilot
+    and its row's output draw can share it), and ``P_{tile−1}, P_tile``: the same tile and bounds as
+    comparing with every tile, in O(log T) loads per sample."""
     pos = tl.zeros(m_f.shape, dtype=tl.int32)
     for level in tl.static_range(LOG_T):  # pos + 2^k for k = LOG_T−1 … 0: the largest pos whose predicate holds
         cand = pos + (1 << (LOG_T - 1 - level))
         inside = ok & (cand <= n_tiles)
-        p = tl.load(prefix_ptr + prefix_row + cand - 1, mask=inside, other=0.0, cache_modifier=".cg")
+        p = tl.load(prefix_ptr + prefix_row + cand - 1, mask=inside, other=0.0, cache_modifier=".cg") * budget_f
         pos = tl.where(inside & ((p - m_f) <= u), cand, pos)
-    lo = tl.load(prefix_ptr + prefix_row + pos - 1, mask=ok & (pos > 0), other=0.0, cache_modifier=".cg")
-    hi = tl.load(prefix_ptr + prefix_row + pos, mask=ok & (pos < n_tiles), other=float("inf"), cache_modifier=".cg")
+    lo = tl.load(prefix_ptr + prefix_row + pos - 1, mask=ok & (pos > 0), other=0.0, cache_modifier=".cg") * budget_f
+    hi = tl.load(prefix_ptr + prefix_row + pos, mask=ok & (pos < n_tiles), other=float("inf"), cache_modifier=".cg") * budget_f
     return pos, lo, hi
 
 
@@ -133,8 +134,8 @@ def _tile_prefix_search(
 
     Sample m lies in tile t iff ``P_{t−1} ≤ m + U < P_t``; comparisons are made as
     ``P − m ≤ U`` so that no rounding of ``m + U`` can push a point past ``P_{last} = S``.
-    BISECT: store P (each program of the row writes the same values) and binary-search it, instead
-    of comparing every sample with every tile (O(SBLOCK · T) per program).
+    BISECT: store C (each program of the row writes the same values, whatever its budget) and
+    binary-search it, instead of comparing every sample with every tile (O(SBLOCK · T) per program).
     """
     offs_t = tl.arange(0, BLOCK_T)
     if ONE_CHUNK_T:
@@ -148,9 +149,10 @@ def _tile_prefix_search(
         cs = tl.cumsum(w, axis=0)
         z = tl.max(cs, axis=0)  # the last prefix, so that P_last = (Z/Z)·S = S exactly
         zs = tl.where(z > 0, z, 1.0)
-        p = (cs / zs) * budget_f  # P_t = S·C_t
+        c = cs / zs  # C_t
+        p = c * budget_f  # P_t = S·C_t
         if BISECT:
-            tl.store(prefix_ptr + stats_row + offs_t, p, mask=mask_t)
+            tl.store(prefix_ptr + stats_row + offs_t, c, mask=mask_t)
         else:
             le = (p[None, :] - m_f[:, None]) <= u[:, None]  # [SBLOCK, BLOCK_T]
             tile = tl.sum(le.to(tl.int32), axis=1)
@@ -189,10 +191,10 @@ def _tile_prefix_search(
             tmass = tl.load(tile_mass_ptr + stats_row + t0 + offs_t, mask=mask_t, other=0.0, cache_modifier=CM)
             w = tl.where(mask_t, tl.exp2(tmax - m_star) * tmass, 0.0)
             cs = tl.cumsum(w, axis=0)
-            p = ((carry + cs) / zs) * budget_f
-            p = tl.where(mask_t, p, budget_f)
+            c = tl.where(mask_t, (carry + cs) / zs, 1.0)  # C_t
+            p = c * budget_f
             if BISECT:
-                tl.store(prefix_ptr + stats_row + t0 + offs_t, p, mask=mask_t)
+                tl.store(prefix_ptr + stats_row + t0 + offs_t, c, mask=mask_t)
             else:
                 le = (p[None, :] - m_f[:, None]) <= u[:, None]
                 tile += tl.sum(le.to(tl.int32), axis=1)
@@ -203,7 +205,7 @@ def _tile_prefix_search(
     if BISECT:
         tl.debug_barrier()  # this program's stores of P are visible to all its threads
         searched = valid_s & ((tl.zeros([SBLOCK], dtype=tl.float32) + z) > 0)  # (a vector: the interpreter's & wants one)
-        tile, lo, hi = _bisect_tiles(prefix_ptr, stats_row, n_tiles, u, m_f, searched, LOG_T)
+        tile, lo, hi = _bisect_tiles(prefix_ptr, stats_row, n_tiles, u, m_f, budget_f, searched, LOG_T)
     return tile, lo, hi, z, poisoned
 
 
@@ -225,31 +227,23 @@ def _discard_stash_lines(stash_ptr, row, stride_stash, line_lo, line_hi, LINES: 
 
 
 @triton.jit
-def _prop_chunk(
-    v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
-    pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, v_scale, budget, tiles_max,
-    stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
-    SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
-    BISECT: tl.constexpr, LOG_T: tl.constexpr,
-    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, RETURN_COUNTS: tl.constexpr, CM: tl.constexpr,
-    DISCARD: tl.constexpr,
+def _place_samples(
+    v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, row, b, kvh, seq_len, nan_row, n_pages, u, m_f,
+    budget_f, valid_s, tiles_max, stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, SBLOCK: tl.constexpr,
+    ONE_CHUNK_T: tl.constexpr, BISECT: tl.constexpr, LOG_T: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    CM: tl.constexpr,
 ):
-    """Pass-2 work of one chunk of samples of one (sequence, head) row: place them, gather V, reduce.
-    DISCARD (see :func:`santa.kernels.layout.prop_discard_mode`): 0 keeps the stash in L2, 1 has the
-    row's last chunk drop the whole row, 2 has every chunk drop the part that no other chunk reads."""
+    """Samples ``m_f`` (where ``valid_s``) of a ``budget_f``-sample systematic draw with offset u on one
+    (sequence, head) row: their keys, which are real draws (``ok``), their V rows ``[SBLOCK, BLOCK_D]``
+    (unscaled fp32, 0 where not ok), tile (for the stash discard), and whether a tile mass is NaN."""
     n_tiles = tl.cdiv(seq_len, BLOCK_N)
-    offs_s = pid_s * SBLOCK + tl.arange(0, SBLOCK)
-    valid_s = offs_s < budget
-    m_f = offs_s.to(tl.float32)
-    budget_f = budget.to(tl.float32)
     stats_row = row.to(tl.int64) * stride_stats
     tile, lo, hi, z, poisoned = _tile_prefix_search(
         tile_max_ptr, tile_mass_ptr, prefix_ptr, stats_row, n_tiles, tiles_max, u, m_f, budget_f, valid_s,
         SBLOCK, BLOCK_T, ONE_CHUNK_T, BISECT, LOG_T, CM,
     )
-    nan_row = poisoned | bad_len  # NaN/+inf scores, a bad page id or a bad seq_len: the output is NaN
-    ok = valid_s & ((tl.zeros([SBLOCK], dtype=tl.float32) + z) > 0) & ~nan_row
+    ok = valid_s & ((tl.zeros([SBLOCK], dtype=tl.float32) + z) > 0) & ~(nan_row | poisoned)
     tile = tl.minimum(tile, tl.maximum(n_tiles - 1, 0))
 
     # inside the tile: key = min{ j : F_tile(j) > x } with x the point's position in [P_{t−1}, P_t)
@@ -272,6 +266,66 @@ def _prop_chunk(
     mask_d = offs_d < D
     v_rows, v_ok = row_offsets(b, key, ok, kvh, bt_ptr, stride_bt, n_pages, stride_vb, stride_vn, stride_vh, PAGED, PAGE_SIZE)
     vals = load_cache_rows(v_ptr, v_rows, v_ok, offs_d, mask_d, tl.float32, "")
+    return key, ok, vals, tile, poisoned
+
+
+@triton.jit
+def _pilot_budget(vals, v_scale, cap, inv_target2, PILOT: tl.constexpr):
+    """A row's budget from its pilot's V rows ``vals [PBLOCK, BLOCK_D]`` (0 past the PILOT draws): the
+    sample variance ``T̂ = S₀/(S₀−1) · ((1/S₀) Σ‖y‖² − ‖ȳ‖²)``, ``N̂ = ‖ȳ‖² − T̂/S₀`` and
+    ``S_r = clamp(⌈T̂ · (1/ε²) / N̂⌉, 1, cap)``, cap where N̂ ≤ 0 or an estimate is not finite
+    (:mod:`santa.error_target`; :func:`santa.kernels.reference.pilot_budget` is its float32 spec)."""
+    y = vals * v_scale
+    mean = tl.sum(y, axis=0) / PILOT  # ȳ [BLOCK_D]
+    square_mean = tl.sum(tl.sum(y * y, axis=1), axis=0) / PILOT  # (1/S₀) Σ_m ‖y_m‖²
+    mean_norm2 = tl.sum(mean * mean, axis=0)
+    trace = tl.maximum((square_mean - mean_norm2) * (PILOT / (PILOT - 1)), 0.0)
+    norm2 = mean_norm2 - trace / PILOT
+    usable = (norm2 > 0) & (norm2 < float("inf")) & (trace < float("inf"))  # NaN compares false
+    wanted = tl.ceil(trace * inv_target2 / tl.where(usable, norm2, 1.0))
+    wanted = tl.minimum(tl.maximum(wanted, 1.0), cap.to(tl.float32))
+    return tl.where(usable, wanted.to(tl.int32), cap)
+
+
+@triton.jit
+def _prop_chunk(
+    v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
+    pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, u_pilot, inv_target2, v_scale, budget, tiles_max,
+    stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
+    SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
+    BISECT: tl.constexpr, LOG_T: tl.constexpr,
+    PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, RETURN_COUNTS: tl.constexpr, CM: tl.constexpr,
+    DISCARD: tl.constexpr, PILOT: tl.constexpr, PBLOCK: tl.constexpr,
+):
+    """Pass-2 work of one chunk of samples of one (sequence, head) row: place them, gather V, reduce.
+    DISCARD (see :func:`santa.kernels.layout.prop_discard_mode`): 0 keeps the stash in L2, 1 has the
+    row's last chunk drop the whole row, 2 has every chunk drop the part that no other chunk reads.
+    PILOT > 0 (an error target): the row's budget is not ``budget`` (then the cap) but the one its pilot
+    asks for (:func:`_pilot_budget`): a systematic draw of PILOT samples on the offset ``u_pilot``, which
+    every chunk of the row places and reads itself (the same rows, the same budget), then the chunk's
+    samples of the row's own budget. The grid is the cap's: chunks past the row's budget add nothing."""
+    nan_row = bad_len  # NaN/+inf scores (a tile mass is NaN), a bad page id or a bad seq_len: the output is NaN
+    if PILOT > 0:
+        offs_p = tl.arange(0, PBLOCK)
+        _, _, pilot_vals, _, _ = _place_samples(
+            v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, row, b, kvh, seq_len, nan_row, n_pages,
+            u_pilot, offs_p.to(tl.float32), tl.full([], PILOT, tl.float32), offs_p < PILOT, tiles_max, stride_bt, stride_vb,
+            stride_vn, stride_vh, stride_stash, stride_stats, D, BLOCK_D, BLOCK_N, BLOCK_T, PBLOCK, ONE_CHUNK_T, BISECT,
+            LOG_T, PAGED, PAGE_SIZE, CM,
+        )
+        budget = _pilot_budget(pilot_vals, v_scale, budget, inv_target2, PILOT)
+    offs_s = pid_s * SBLOCK + tl.arange(0, SBLOCK)
+    m_f = offs_s.to(tl.float32)
+    budget_f = budget.to(tl.float32)
+    key, ok, vals, tile, poisoned = _place_samples(
+        v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, row, b, kvh, seq_len, nan_row, n_pages, u, m_f,
+        budget_f, offs_s < budget, tiles_max, stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats,
+        D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, ONE_CHUNK_T, BISECT, LOG_T, PAGED, PAGE_SIZE, CM,
+    )
+    nan_row = nan_row | poisoned
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < D
     acc = tl.sum(vals, axis=0) * v_scale  # Σ over this chunk's samples of v_{J_m} (non-finite if a sampled row is)
     if RETURN_COUNTS:
         tl.atomic_add(counts_ptr + row.to(tl.int64) * stride_counts + key, 1, mask=ok)
@@ -317,11 +371,11 @@ def _prop_chunk(
                 _discard_stash_lines(stash_ptr, row, stride_stash, 0, stride_stash // 32, 1024)
 
 
-@triton.jit(do_not_specialize=["seed", "offset", "head_offset", "budget"])
+@triton.jit(do_not_specialize=["seed", "offset", "head_offset", "budget", "inv_target2"])
 def _prop_gather_kernel(
     v_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr,
     out_ptr, counts_ptr, offset_ptr, v_scale_ptr, seeds_ptr, positions_ptr, starts_ptr,
-    seed, offset, head_offset, budget, n_keys, n_pages, n_heads, tiles_max, v_scale,
+    seed, offset, head_offset, budget, n_keys, n_pages, n_heads, tiles_max, v_scale, inv_target2,
     stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
     G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
     SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
@@ -329,6 +383,7 @@ def _prop_gather_kernel(
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, OFFSET_IN_MEMORY: tl.constexpr,
     RETURN_COUNTS: tl.constexpr, USE_PDL: tl.constexpr, DISCARD: tl.constexpr, V_SCALE_PER_HEAD: tl.constexpr,
     SEED_PER_SEQUENCE: tl.constexpr, POSITIONAL: tl.constexpr, HAS_STARTS: tl.constexpr,
+    PILOT: tl.constexpr, PBLOCK: tl.constexpr,
 ):
     pid_s = tl.program_id(0)
     row = tl.program_id(1)  # b·H + h
@@ -341,14 +396,18 @@ def _prop_gather_kernel(
     off_lo, off_hi = load_offset(offset, offset_ptr, OFFSET_IN_MEMORY)
     u = call_uniforms(seed, seeds_ptr, off_lo, off_hi, positions_ptr, b, n_heads, head_offset, h, 0, [SBLOCK],
                       SEED_PER_SEQUENCE, POSITIONAL)  # one U per (sequence, head); the counter's head: head_offset + h
+    u_pilot = u
+    if PILOT > 0:  # an error target: the pilot's own offset, stream 1 (prop's draw is stream 0)
+        u_pilot = call_uniforms(seed, seeds_ptr, off_lo, off_hi, positions_ptr, b, n_heads, head_offset, h, 1, [PBLOCK],
+                                SEED_PER_SEQUENCE, POSITIONAL)
     if USE_PDL:
         gdc_wait()  # launched early (programmatic dependent launch): wait for pass 1's writes here
     _prop_chunk(
         v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
-        pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, cache_scale(v_scale, v_scale_ptr, kvh, V_SCALE_PER_HEAD),
-        budget, tiles_max, stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
+        pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, u_pilot, inv_target2,
+        cache_scale(v_scale, v_scale_ptr, kvh, V_SCALE_PER_HEAD), budget, tiles_max, stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
         D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, N_CHUNKS, CHUNK_BLOCK, ONE_CHUNK_T, BISECT, LOG_T,
-        PAGED, PAGE_SIZE, RETURN_COUNTS, "", DISCARD,
+        PAGED, PAGE_SIZE, RETURN_COUNTS, "", DISCARD, PILOT, PBLOCK,
     )
 
 
@@ -367,8 +426,10 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
     n_keys, qk_scale = shape.n_keys, plan.scale * LOG2E
     stride_stash, stride_stats = workspace_strides(plan.workspace_key)  # fixed by the workspace's key
     fixed1 = dict(n_keys=n_keys, n_kv_heads=shape.kv_heads, stride_stash=stride_stash, stride_stats=stride_stats, qk_scale=qk_scale)
+    pilot = plan.pilot if plan.error_target is not None else 0  # 0: a fixed budget, no pilot
     fixed2 = dict(budget=plan.budget, n_keys=n_keys, n_heads=shape.heads, tiles_max=plan.tiles,
-                  stride_stash=stride_stash, stride_stats=stride_stats)
+                  stride_stash=stride_stash, stride_stats=stride_stats,
+                  inv_target2=0.0 if plan.error_target is None else 1.0 / plan.error_target**2)
     pass1_tiles = prop_pass1_tiles(plan.tiles, shape.batch * shape.kv_heads, tuning)
     pass1 = Launcher(_prop_scores_kernel, grid=(pass1_tiles, shape.batch * shape.kv_heads), fixed=fixed1, meta=dict(
         common, BLOCK_G=plan.block_g, IEEE_DOT=plan.ieee_dot, K_EVICTION="evict_first" if plan.k_evict_first else "",
@@ -379,8 +440,10 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
         common, BLOCK_T=block_t, SBLOCK=sblock, N_CHUNKS=n_chunks, CHUNK_BLOCK=min(32, triton.next_power_of_2(n_chunks)),
         ONE_CHUNK_T=plan.tiles <= block_t, BISECT=prop_tile_search(plan.tiles, tuning) == "bisect",
         LOG_T=max(1, plan.tiles.bit_length()), OFFSET_IN_MEMORY=offset_in_memory, RETURN_COUNTS=return_counts, USE_PDL=plan.pdl,
-        DISCARD=prop_discard_mode(n_chunks) if plan.discard_stash else 0, V_SCALE_PER_HEAD=v_scale_per_head,
-        SEED_PER_SEQUENCE=seed_per_sequence, POSITIONAL=positional, HAS_STARTS=has_starts,
+        # an error target's pilot reads the row's stash in every chunk: only the row's last chunk may drop it (mode 1)
+        DISCARD=min(prop_discard_mode(n_chunks), 1 if pilot else 2) if plan.discard_stash else 0,
+        V_SCALE_PER_HEAD=v_scale_per_head, SEED_PER_SEQUENCE=seed_per_sequence, POSITIONAL=positional, HAS_STARTS=has_starts,
+        PILOT=pilot, PBLOCK=triton.next_power_of_2(max(pilot, 2)),
         # 8 warps up to 256 tiles (32k: 31.2 vs 34.5 µs), 4 beyond (128k: 95.1 with 8 vs 86.7 with 4; H200, 2026-11-29)
         num_warps=tuning.warps_pass2 or (8 if plan.tiles <= 256 else 4), num_stages=1, launch_pdl=plan.pdl,
     ))

@@ -226,12 +226,14 @@ def exact_values(probs: torch.Tensor, visible: torch.Tensor, v: torch.Tensor) ->
     return _read_rows(probs, read, v), read.long()
 
 
-def systematic_counts(probs: torch.Tensor, budget: int, uniforms: torch.Tensor, *, max_draws: int | None = None) -> torch.Tensor:
+def systematic_counts(probs: torch.Tensor, budget: int, uniforms: torch.Tensor, *, max_draws: int | None = None,
+                      budgets: torch.Tensor | None = None) -> torch.Tensor:
     """``sample_counts(probs, budget, "systematic", uniforms=uniforms)``, drawn a block of rows at a
     time so that no call materialises more than ``max_draws`` points (default: 2**22, or
     ``santa.sampling.MAX_DRAWS`` if lower). The kernels take any budget up to ``MAX_BUDGET`` per head,
     which ``rows × S`` points at once would pass MAX_DRAWS; each row's counts depend only on its own
-    probabilities and uniform, so the result is the one of a single call.
+    probabilities and uniform, so the result is the one of a single call. budgets: int64 ``[...]``,
+    a budget per row up to ``budget`` (:func:`santa.sampling.sample_counts_per_row`, an error target's).
 
     probs ``[..., n]``, uniforms ``[...]`` → int64 ``[..., n]``.
     """
@@ -240,13 +242,36 @@ def systematic_counts(probs: torch.Tensor, budget: int, uniforms: torch.Tensor, 
     max_draws, budget = integer("max_draws", max_draws, low=1), check_budget(budget)
     rows_per_call = max(1, max_draws // budget)
     flat_probs, flat_uniforms = probs.reshape(-1, probs.shape[-1]), uniforms.reshape(-1)
-    if flat_probs.shape[0] <= rows_per_call:
-        return sample_counts(probs, budget, "systematic", uniforms=uniforms)
-    blocks = [
-        sample_counts(flat_probs[start : start + rows_per_call], budget, "systematic", uniforms=flat_uniforms[start : start + rows_per_call])
-        for start in range(0, flat_probs.shape[0], rows_per_call)
-    ]
+    flat_budgets = None if budgets is None else budgets.reshape(-1)
+
+    def draw(rows: slice) -> torch.Tensor:
+        if flat_budgets is None:
+            return sample_counts(flat_probs[rows], budget, "systematic", uniforms=flat_uniforms[rows])
+        return sampling.sample_counts_per_row(flat_probs[rows], flat_budgets[rows], "systematic", cap=budget,
+                                              uniforms=flat_uniforms[rows])
+
+    blocks = [draw(slice(start, start + rows_per_call)) for start in range(0, flat_probs.shape[0], rows_per_call)]
     return torch.cat(blocks).reshape(probs.shape)
+
+
+def pilot_budget(pilot_counts: torch.Tensor, v: torch.Tensor, *, pilot: int, error_target: float, cap: int) -> torch.Tensor:
+    """Each row's budget from its pilot, as prop's pass 2 forms it (``_pilot_budget``, in float32): the
+    pilot's mean row ȳ and mean squared norm from its counts ``[B, H, L]`` and ``v [B, L, H_kv, d]``, then
+    ``T̂ = max((sq − ‖ȳ‖²)·S₀/(S₀−1), 0)``, ``N̂ = ‖ȳ‖² − T̂/S₀``, ``S_r = clamp(⌈T̂·(1/ε²)/N̂⌉, 1, cap)``, the
+    cap where N̂ ≤ 0 or an estimate is not finite (:func:`santa.error_target.adaptive_budgets`'s rule). The
+    sums are float64 here and float32 there: a budget can differ by one where ``T̂/(ε²N̂)`` lies within float32
+    rounding of an integer. Returns int64 ``[B, H]``."""
+    read = pilot_counts > 0
+    mean = (_read_rows(pilot_counts, read, v) / pilot).float()  # ȳ
+    square_norms = (v.double() ** 2).sum(-1, keepdim=True)  # ‖v_j‖² [B, L, H_kv, 1]
+    square_mean = (_read_rows(pilot_counts, read, square_norms)[..., 0] / pilot).float()
+    mean_norm2 = (mean * mean).sum(-1)
+    trace = ((square_mean - mean_norm2) * (pilot / (pilot - 1))).clamp_min(0.0)
+    norm2 = mean_norm2 - trace / pilot
+    usable = (norm2 > 0) & (norm2 < math.inf) & (trace < math.inf)
+    inv_target2 = torch.tensor(1.0 / error_target**2, dtype=torch.float32)
+    wanted = torch.ceil(trace * inv_target2 / torch.where(usable, norm2, 1.0)).clamp(1.0, float(cap))
+    return torch.where(usable, wanted.long(), cap)
 
 
 def prop_reference(
@@ -264,10 +289,15 @@ def prop_reference(
     positions: torch.Tensor | None = None,
     starts: torch.Tensor | None = None,
     head_offset: int = 0,
+    error_target: float | None = None,
+    pilot: int = 16,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact global systematic sampling: returns ``(out [B, H, d] in q.dtype, counts [B, H, n_max] int64)``.
     seed, offset, positions, head_offset: the draws' key and counter (:func:`call_uniforms`); starts ``[B]``:
-    sequence b's keys are ``[starts[b], seq_lens[b])`` (a left-padded or windowed run)."""
+    sequence b's keys are ``[starts[b], seq_lens[b])`` (a left-padded or windowed run).
+    error_target: each row's budget from a pilot (:mod:`santa.error_target`, ``budget`` the cap): a systematic
+    draw of ``pilot`` samples on stream 1's uniform, :func:`pilot_budget`, then the row's own draw on
+    stream 0's (counts sum to each row's budget; the pilot's rows are read too but not counted)."""
     budget = check_budget_for_kernels(budget)
     batch, heads, dim = q.shape
     scale = 1.0 / math.sqrt(dim) if scale is None else float(scale)
@@ -278,8 +308,15 @@ def prop_reference(
     probs = _softmax_rows(_scores(q, k, visible, scale))  # [B, H, L]
     nan_rows = torch.isnan(probs).any(dim=-1)  # NaN/+inf scores: NaN out, no samples
     uniforms = call_uniforms(seed, offset, positions, batch, heads, head_offset=head_offset).to(q.device, torch.float64)
-    counts = systematic_counts(probs.masked_fill(nan_rows.unsqueeze(-1), 0.0), budget, uniforms)  # [B, H, L]
-    out = _sampled_values(counts, v, heads) / budget  # ô = (1/S) Σ_j c_j v_j
+    clean = probs.masked_fill(nan_rows.unsqueeze(-1), 0.0)
+    budgets = None
+    if error_target is not None:  # the pilot: stream 1
+        pilot_uniforms = call_uniforms(seed, offset, positions, batch, heads, 1, head_offset=head_offset).to(q.device, torch.float64)
+        budgets = pilot_budget(systematic_counts(clean, pilot, pilot_uniforms), v, pilot=pilot, error_target=error_target,
+                               cap=budget)
+    counts = systematic_counts(clean, budget, uniforms, budgets=budgets)  # [B, H, L]
+    divisor = budget if budgets is None else budgets.unsqueeze(-1).double()
+    out = _sampled_values(counts, v, heads) / divisor  # ô = (1/S) Σ_j c_j v_j
     out, counts = _exact_where_covered(out, counts, lambda: probs, visible, v, budget)
     return out.masked_fill(nan_rows.unsqueeze(-1), math.nan).to(q.dtype), counts
 
