@@ -228,19 +228,19 @@ def sampled_values(
     return weighted_values(weights, value).masked_fill(nan_rows, math.nan), counts
 
 
-def error_target_values(
+def error_target_weights(
     probs: torch.Tensor, value: torch.Tensor, cap: int, sampler: str, *, error_target: float, pilot: int = DEFAULT_PILOT,
     generator: torch.Generator | None = None, uniforms: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, ErrorTargetDraw]:
-    """``ô [B, Hq, Lq, D]`` float32 with each row's budget chosen for a relative error ε
-    (:mod:`santa.error_target`), and what was drawn.
+    """Weights ``w [B, Hq, Lq, n]`` float32 with ``ô = Σ_j w_j v_j`` and each row's budget chosen for a relative
+    error ε (:mod:`santa.error_target`), and what was drawn.
 
-    probs ``[B, Hq, Lq, n]``, value ``[B, Hkv, n, D]`` (GQA as :func:`weighted_values`). A pilot of
-    ``pilot`` draws of ``sampler`` per row estimates the variance trace T̂ and ‖o‖² (N̂); the row then
-    draws ``S_r = clamp(⌈T̂ / (ε² N̂)⌉, 1, cap)`` samples on fresh uniforms and returns their mean.
-    uniforms: ``(pilot's, output's)``: the pilot's as :func:`santa.sample_counts` takes them for
-    ``pilot`` draws, the output's as it takes them for ``cap`` draws (:func:`santa.sampling.sample_counts_per_row`);
-    else both drawn from ``generator``, the pilot's first. Non-finite rows: as :func:`sampled_values`.
+    probs ``[B, Hq, Lq, n]`` (finite rows: mask NaN rows first), value ``[B, Hkv, n, D]`` (GQA as
+    :func:`weighted_values`). A pilot of ``pilot`` draws of ``sampler`` per row estimates the variance trace T̂ and
+    ‖o‖² (N̂); the row then draws ``S_r = clamp(⌈T̂ / (ε² N̂)⌉, 1, cap)`` samples on fresh uniforms: ``w = c / S_r``.
+    uniforms: ``(pilot's, output's)``: the pilot's as :func:`santa.sample_counts` takes them for ``pilot`` draws,
+    the output's as it takes them for ``cap`` draws (:func:`santa.sampling.sample_counts_per_row`); else both drawn
+    from ``generator``, the pilot's first.
     """
     error_target, pilot, cap = check_error_target(error_target), check_pilot(pilot), check_budget(cap, "budget")
     if sampler not in SAMPLERS:
@@ -248,18 +248,28 @@ def error_target_values(
     if uniforms is not None and (not isinstance(uniforms, tuple) or len(uniforms) != 2):
         raise TypeError("uniforms with error_target must be a pair (the pilot's uniforms, the output's uniforms)")
     pilot_uniforms, output_uniforms = uniforms if uniforms is not None else (None, None)
-    nan_rows = torch.isnan(probs).any(dim=-1, keepdim=True)
-    p = probs.masked_fill(nan_rows, 0.0)
-    pilot_counts = sample_counts(p, pilot, sampler, generator=generator, uniforms=pilot_uniforms)
+    pilot_counts = sample_counts(probs, pilot, sampler, generator=generator, uniforms=pilot_uniforms)
     pilot_weights = pilot_counts.double() / pilot
     square_norms = (value.double() ** 2).sum(-1, keepdim=True)  # ‖v_j‖² [B, Hkv, n, 1]
     mean = weighted_values(pilot_weights, value.double())  # ȳ [B, Hq, Lq, D]
     square_mean = weighted_values(pilot_weights, square_norms)[..., 0]  # (1/S₀) Σ_m ‖y_m‖²
     trace, norm2 = pilot_statistics(mean, square_mean, pilot)
     budgets = adaptive_budgets(trace, norm2, error_target, cap)
-    counts = sample_counts_per_row(p, budgets, sampler, cap=cap, generator=generator, uniforms=output_uniforms)
-    out = weighted_values(counts.float() / budgets.unsqueeze(-1).float(), value)  # ô = (1/S_r) Σ_j c_j v_j
-    return out.masked_fill(nan_rows, math.nan), ErrorTargetDraw(counts, budgets, pilot_counts, trace, norm2)
+    counts = sample_counts_per_row(probs, budgets, sampler, cap=cap, generator=generator, uniforms=output_uniforms)
+    weights = counts.float() / budgets.unsqueeze(-1).float()  # ô = (1/S_r) Σ_j c_j v_j
+    return weights, ErrorTargetDraw(counts, budgets, pilot_counts, trace, norm2)
+
+
+def error_target_values(
+    probs: torch.Tensor, value: torch.Tensor, cap: int, sampler: str, *, error_target: float, pilot: int = DEFAULT_PILOT,
+    generator: torch.Generator | None = None, uniforms: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, ErrorTargetDraw]:
+    """``ô [B, Hq, Lq, D]`` float32 from :func:`error_target_weights`, and what was drawn. A NaN row of probs (NaN or
+    +inf among its scores) gives a NaN output row, as :func:`sampled_values`."""
+    nan_rows = torch.isnan(probs).any(dim=-1, keepdim=True)
+    weights, draw = error_target_weights(probs.masked_fill(nan_rows, 0.0), value, cap, sampler, error_target=error_target,
+                                         pilot=pilot, generator=generator, uniforms=uniforms)
+    return weighted_values(weights, value).masked_fill(nan_rows, math.nan), draw
 
 
 def _check_groups(hq: int, hkv: int, name: str) -> None:

@@ -54,6 +54,7 @@ from santa.checkpoint import (  # noqa: F401 (ModelArgs: re-exported as santa.mo
     state_dict_from_hf,
 )
 from santa.checks import integer
+from santa.error_target import DEFAULT_PILOT, check_error_target, check_pilot
 from santa.kernels import reference
 from santa.kernels.plan import FP8, dequantised  # FP8: re-exported as santa.model.FP8
 from santa.methods import METHODS, by_model_backend
@@ -209,6 +210,8 @@ class DecodeContext:
     attn_bias: Tensor | None = None
     budget: int = 128
     layer_budgets: dict[int, int] | None = None  # {layer: S} overriding ``budget`` there (santa tune budgets)
+    error_target: float | None = None  # each head's budget from a relative error target; budget is then the cap
+    pilot: int = DEFAULT_PILOT  # the error target's pilot draws per head
     seed: int = 0
     positions: Tensor | None = None
     layer_keys: Tensor | None = None
@@ -240,30 +243,35 @@ class DecodeContext:
         budget = self.budget_for(layer)
         plan = None if self.plans is None else self.plans.get(budget)
         if plan is None:
-            plan = plan_kernel(self.backend, q, k_cache, budget)
+            plan = plan_kernel(self.backend, q, k_cache, budget, error_target=self.error_target, pilot=self.pilot)
             self.plans = {**(self.plans or {}), budget: plan}
         return plan
 
 
-def plan_kernel(backend: str, q: Tensor, k_cache: Tensor, budget: int) -> santa_kernels.DecodePlan:
+def plan_kernel(backend: str, q: Tensor, k_cache: Tensor, budget: int, *, error_target: float | None = None,
+                pilot: int = DEFAULT_PILOT) -> santa_kernels.DecodePlan:
     """The :class:`~santa.kernels.DecodePlan` of a ``santa-*`` backend for ``q [B, H, d]`` over the
-    NHD cache ``k_cache [B, L_max, H_kv, d]`` at ``budget`` samples per head."""
+    NHD cache ``k_cache [B, L_max, H_kv, d]`` at ``budget`` samples per head (the cap, with an error target)."""
     batch, heads, head_dim = q.shape
     return santa_kernels.plan_decode(
         batch=batch, heads=heads, kv_heads=k_cache.shape[2], head_dim=head_dim, n_keys=k_cache.shape[1], budget=budget,
         dtype=q.dtype, device=q.device, kernel=by_model_backend(backend).kernel, kv_dtype=k_cache.dtype,
+        error_target=error_target, pilot=pilot,
     )
 
 
 def make_context(
     model: Transformer, backend: str, *, prompt_len: int | Tensor, budget: int = 128, seed: int = 0, santa_impl: str = "auto",
     layer_budgets: dict[int, int] | None = None, attention: Callable[..., Tensor] | None = None,
+    error_target: float | None = None, pilot: int = DEFAULT_PILOT,
 ) -> DecodeContext:
     """A context for decoding after prompts of ``prompt_len`` tokens (caches already set up).
 
     prompt_len: one int for the batch, or int ``[B]`` per sequence.
     layer_budgets: ``{layer: S}`` for the sampled backends (e.g. from
     :func:`santa.budgets.schedule.load_layer_budgets`); layers not in it use ``budget``.
+    error_target: a relative error ε > 0 for the sampled backends but top-k (:mod:`santa.error_target`): each head
+    draws ``min(S, ⌈T̂ / (ε² N̂)⌉)`` samples from a pilot of ``pilot`` draws, S (``budget`` or the layer's) the cap.
     attention: plug in an attention of your own (benchmarks): a callable ``(q [B, H, d], k_cache,
     v_cache [B, L_max, H_kv, d], ctx, layer) → [B, H, d]``, run in every layer of every decode step
     (sequence b sees its first ``ctx.seq_lens[b]`` keys); ``backend`` then names it and must not be
@@ -285,6 +293,11 @@ def make_context(
     seed = rng.check_seed(seed)  # every seed in [0, 2**63) is legal: layer keys come from santa.rng
     layer_budgets = checked_layer_budgets(layer_budgets, model.args.n_layer)
     method = by_model_backend(backend)
+    if error_target is not None:
+        error_target, pilot = check_error_target(error_target), check_pilot(pilot)
+        if method is None or not method.stochastic or method.kernel == "flash":
+            raise ValueError(f"error_target needs a sampling backend with a global draw (prop or a reference sampler), "
+                             f"got backend {backend!r}")
     if method is not None and method.kernel:  # the kernels' limit, for santa_impl="torch" too: one contract per backend
         for name, s in [("budget", budget), *((f"layer_budgets[{k}]", v) for k, v in (layer_budgets or {}).items())]:
             if s > santa_kernels.MAX_BUDGET:
@@ -300,6 +313,8 @@ def make_context(
         seq_lens=seq_lens.expand(batch).clone(),
         budget=budget,
         layer_budgets=layer_budgets,
+        error_target=error_target,
+        pilot=pilot,
         seed=seed,
         positions=(seq_lens.expand(batch) - 1).long().clone(),
         layer_keys=torch.tensor([[rng.layer_key(seed, layer)] * batch for layer in range(model.args.n_layer)],
@@ -312,7 +327,8 @@ def make_context(
         ctx.attn_bias = visibility_bias(ctx.seq_lens, max_len, dtype)
     elif ctx.attend is kernel_decode:
         q = torch.empty(batch, model.args.n_head, model.args.head_dim, dtype=dtype, device=device)
-        ctx.plans = {s: plan_kernel(backend, q, cache.k_cache, s) for s in {budget, *(layer_budgets or {}).values()}}
+        ctx.plans = {s: plan_kernel(backend, q, cache.k_cache, s, error_target=error_target, pilot=pilot)
+                     for s in {budget, *(layer_budgets or {}).values()}}
         for plan in ctx.plans.values():
             plan.workspace  # noqa: B018 (allocated now, outside any CUDA graph)
     return ctx
@@ -477,8 +493,12 @@ def reference_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeCon
     if sampler != "topk":  # request-keyed, as the kernels draw: [B, H, 1(, S)]
         uniforms = reference.sampler_uniforms(keys, ctx.positions.unsqueeze(1), q.shape[1], sampler, budget)
         uniforms = uniforms.to(q.device, torch.float64)
+        if ctx.error_target is not None:  # the pilot's too (systematic: prop's stream 1)
+            pilot = reference.pilot_uniforms(keys, ctx.positions.unsqueeze(1), q.shape[1], sampler, ctx.pilot)
+            uniforms = (pilot.to(q.device, torch.float64), uniforms)
     y = sampled_attention(q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), budget, sampler=sampler,
-                          attn_mask=visible[:, None, None], enable_gqa=True, uniforms=uniforms)  # [B, H, 1, d]
+                          attn_mask=visible[:, None, None], enable_gqa=True, uniforms=uniforms,
+                          error_target=ctx.error_target, pilot=ctx.pilot)  # [B, H, 1, d]
     covered = ctx.seq_lens <= budget  # the one rule of every path: S covers the sequence's live keys → exact
     if bool(covered.any()):  # (a host read: this path is eager)
         exact = F.scaled_dot_product_attention(q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
@@ -493,6 +513,8 @@ def kernel_reference_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: De
     kernel = by_model_backend(ctx.backend).kernel
     kwargs = {"tile": santa_kernels.flash_tile(q.shape[-1])} if kernel == "flash" else {}
     ref = reference.prop_reference if kernel == "prop" else reference.flash_reference
+    if ctx.error_target is not None:
+        kwargs.update(error_target=ctx.error_target, pilot=ctx.pilot)
     return ref(q, k_cache, v_cache, ctx.budget_for(layer), seq_lens=ctx.seq_lens, seed=ctx.layer_keys[layer],
                positions=ctx.positions, **kwargs)[0]
 
@@ -807,6 +829,8 @@ def generate(
     stop_tokens: Iterable[int] = (),
     cuda_graph: bool | None = None,
     kv_cache_dtype: str | torch.dtype | None = None,
+    error_target: float | None = None,
+    pilot: int = DEFAULT_PILOT,
 ) -> list[Tensor]:
     """Greedy batched generation: prompts of any lengths (see :func:`pad_prompts`) → one int64 1-D
     tensor of new tokens per prompt, ``max_new_tokens`` long or ending at its first stop token.
@@ -819,7 +843,8 @@ def generate(
     int, a string or None is refused: wrap one id as ``[id]``). cuda_graph: None or a bool:
     replay the decode step from one CUDA graph (default: on CUDA whenever the backend is
     capturable, i.e. not a reference backend or santa_impl="torch"). kv_cache_dtype: the cache's
-    dtype, ``None`` for the model's or ``"fp8"`` (:meth:`Transformer.setup_caches`).
+    dtype, ``None`` for the model's or ``"fp8"`` (:meth:`Transformer.setup_caches`). error_target, pilot:
+    budgets from a relative error target, budget the cap (:func:`make_context`).
 
     Integers may be Python or numpy ints; the wrong type (a float, a string, a bool) is a
     TypeError, a bad value a ValueError, both naming the argument.
@@ -841,7 +866,7 @@ def generate(
         raise ValueError(f"max_new_tokens must keep prompt + new tokens ≤ {MAX_POSITIONS}, got {padded.shape[1]} + {max_new_tokens}")
     model.setup_caches(padded.shape[0], padded.shape[1] + max_new_tokens, kv_cache_dtype=kv_cache_dtype)
     ctx = make_context(model, backend, prompt_len=lengths, budget=budget, seed=seed, santa_impl=santa_impl,
-                       layer_budgets=layer_budgets)
+                       layer_budgets=layer_budgets, error_target=error_target, pilot=pilot)
     token = prefill(model, padded, lengths=lengths)  # [B, 1]
     rows = decode_tokens(model, ctx, token, lengths, max_new_tokens, stop_tokens=stops, cuda_graph=use_graph)
     return [torch.tensor(row, dtype=torch.long) for row in rows]
