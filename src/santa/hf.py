@@ -34,9 +34,17 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from santa import methods, rng, schedule_file
-from santa.attention import ATTENTION_SAMPLERS, attention_probs, check_flag, value_weights, weighted_values
+from santa.attention import (
+    ATTENTION_SAMPLERS,
+    attention_probs,
+    check_flag,
+    error_target_weights,
+    value_weights,
+    weighted_values,
+)
 from santa.bernoulli import SCORE_SAMPLERS, bernoulli_query
-from santa.kernels.reference import sampler_uniforms
+from santa.error_target import DEFAULT_PILOT, check_error_target, check_pilot
+from santa.kernels.reference import pilot_uniforms, sampler_uniforms
 from santa.rng import MAX_SEED, check_seed  # noqa: F401 (MAX_SEED: re-exported, the one seed range)
 from santa.sampling import SAMPLERS as STOCHASTIC_SAMPLERS
 from santa.sampling import check_budget, check_sampler
@@ -135,6 +143,11 @@ class SantaConfig:
         a masked step (left padding, a static cache's unwritten tail, a window) as each sequence's run
         of keys, found on the device; flash takes unmasked steps only. The kernels and the reference
         draw the same request-keyed uniforms (Bernoulli scores still use a generator per call).
+    error_target: a relative error ε > 0 instead of one budget for every head (:mod:`santa.error_target`): each
+        query row and head draws ``min(S, ⌈T̂ / (ε² N̂)⌉)`` samples, estimated from a pilot of ``pilot`` draws (int ≥ 2),
+        S (``budget`` or the layer's) the cap; the stochastic samplers only, and the prop kernel (not flash).
+        ``record_stats`` counts the pilot's rows among the rows read on the reference path (the kernels return the
+        output's draws only).
     """
 
     budget: int = 64
@@ -148,6 +161,8 @@ class SantaConfig:
     kernel: str = "auto"
     score_samples: int | None = None
     score_sampler: str = "stratified"
+    error_target: float | None = None
+    pilot: int = DEFAULT_PILOT
     stats: DecodeStats = field(default_factory=DecodeStats)
 
     def __post_init__(self) -> None:
@@ -183,6 +198,12 @@ class SantaConfig:
         if self.score_samples is not None:
             self.score_samples = check_budget(self.score_samples, "score_samples")
         check_sampler(self.score_sampler, SCORE_SAMPLERS, "score_sampler")
+        if self.error_target is not None:
+            self.error_target, self.pilot = check_error_target(self.error_target), check_pilot(self.pilot)
+            if self.sampler not in STOCHASTIC_SAMPLERS:
+                raise ValueError(f"error_target needs a stochastic sampler {STOCHASTIC_SAMPLERS}, got sampler={self.sampler!r}")
+            if self.kernel == "flash":
+                raise ValueError("error_target is implemented by kernel='prop' (its pilot reads the global CDF), got kernel='flash'")
         if not isinstance(self.stats, DecodeStats):
             raise TypeError(f"stats must be a DecodeStats, got {type(self.stats).__name__}")
 
@@ -355,7 +376,7 @@ def kernel_decode(
     result = decode(
         query[:, :, 0].contiguous(), key.contiguous(), value.contiguous(), config.budget_for(layer),
         kernel=kernel, kv_layout="HND", scale=scaling, seed=rng.layer_key(config.seed, layer), positions=positions,
-        return_counts=config.record_stats, **runs,
+        return_counts=config.record_stats, error_target=config.error_target, pilot=config.pilot, **runs,
     )
     if config.record_stats:
         result, counts = result
@@ -451,9 +472,17 @@ def santa_attention_forward(
         positions = query_positions(attention_mask, n_queries, n_keys, query.shape[0], query.device)  # [B, Lq]
         uniforms = sampler_uniforms(rng.layer_key(config.seed, layer), positions, query.shape[1], sampler, budget)
         uniforms = uniforms.to(query.device, torch.float64)
+        if config.error_target is not None:  # the pilot's own (systematic: prop's stream 1)
+            pilot = pilot_uniforms(rng.layer_key(config.seed, layer), positions, query.shape[1], sampler, config.pilot)
+            uniforms = (pilot.to(query.device, torch.float64), uniforms)
     nan_rows = torch.isnan(probs).any(dim=-1, keepdim=True)  # NaN or +inf scores: a NaN row, as in SDPA
     probs = probs.masked_fill(nan_rows, 0.0)
-    weights, counts = value_weights(probs, budget, sampler, generator=generator, uniforms=uniforms)
+    if sampler in STOCHASTIC_SAMPLERS and config.error_target is not None:
+        weights, draw = error_target_weights(probs, value, budget, sampler, error_target=config.error_target,
+                                             pilot=config.pilot, uniforms=uniforms)
+        counts = draw.counts + draw.pilot_counts  # the rows read: the pilot's too
+    else:
+        weights, counts = value_weights(probs, budget, sampler, generator=generator, uniforms=uniforms)
     if config.record_stats and counts is None and sampler == "topk":
         counts = topk_rows_read(probs, budget)
     if sampler != "dense" and config.exact_when_budget_covers:  # the rows whose own live keys S covers: exact
