@@ -65,6 +65,7 @@ def _generate(args: argparse.Namespace) -> int:
             kernel=args.kernel,
             path=args.path,
             progress=lambda name: bar.update(1),
+            error_target=args.error_target,
         )
     except (ValueError, TypeError, OSError) as error:  # the library's refusals, a model that cannot load: one line, no traceback
         return _failed(bar, str(error))
@@ -104,9 +105,11 @@ def print_answers(prompts: list, answers: list, *, fast: bool) -> None:
     print(header)
     print("-" * len(header))
     for a in answers:
-        share = f"{100 * a.share_per_head:.1f} %" if a.share_per_head is not None else "100 %"
+        dense = a.method.startswith("dense")
+        share = f"{100 * a.share_per_head:.1f} %" if a.share_per_head is not None else "100 %" if dense else "not counted"
         sampled_without_union = a.share_per_head is not None and a.share_per_kv_head is None
-        union = "–" if sampled_without_union else f"{100 * a.share_per_kv_head:.1f} %" if a.share_per_kv_head is not None else "100 %"
+        union = ("–" if sampled_without_union or not dense and a.share_per_head is None
+                 else f"{100 * a.share_per_kv_head:.1f} %" if a.share_per_kv_head is not None else "100 %")
         prompt = prompts[a.prompt]
         found = ("yes" if a.found else "no") if prompt.answers else "-"
         seed = f"{prompt.seed:>6} " if len(prompts) > 1 else ""
@@ -140,6 +143,9 @@ def add_generate(sub) -> argparse.ArgumentParser:
     )
     gen.add_argument("--budget", type=cliargs.positive_int, default=64, help="samples per query head, S ≥ 1 (default 64)")
     gen.add_argument("--sampler", default="systematic", choices=SAMPLERS, help="how SANTA picks the value rows it reads (default systematic)")
+    gen.add_argument("--error-target", type=cliargs.positive_real, default=None, metavar="EPS",
+                     help="a relative error ε > 0 instead of one budget for every head: each head draws min(S, what a pilot "
+                     "of 16 draws says it needs), --budget the cap (iid, stratified, systematic; the prop kernel)")
     gen.add_argument("--seed", type=cliargs.seed, default=0, help="seed of the sampler's randomness, in [0, 2**63)")
     gen.add_argument("--prompt-seed", type=cliargs.nonnegative_int, default=0, help="seed of the needle and haystack, ≥ 0")
     gen.add_argument("--depth", type=cliargs.unit_interval, default=None, help="needle depth in the haystack, 0..1 (default 0.5)")

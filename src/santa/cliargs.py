@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import math
 import os
 import re
 from collections.abc import Callable, Iterable
@@ -47,6 +48,17 @@ def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
 
 
 positive_int = int_in(1)
+
+
+def positive_real(text: str) -> float:
+    """A finite number > 0 (a relative error target, say)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise Error(f"expected a number > 0, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise Error(f"expected a finite number > 0, got {text}")
+    return value
 nonnegative_int = int_in(0)
 seed = int_in(0, MAX_SEED)  # santa.rng's one seed range, [0, 2**63)
 
@@ -98,6 +110,24 @@ def int_list(what: str, low: int, high: int | None = None) -> Callable[[str], li
 
     parse.__name__ = f"{what}_list"
     return parse
+
+
+def error_targets(text: str) -> list[float]:
+    """A comma list of relative error targets ε, each a finite number ≥ 0 (0: the fixed budget), e.g. ``"0,0.1,0.2"``."""
+    values = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            value = float(part)
+        except ValueError:
+            raise Error(f"expected numbers ≥ 0 (relative errors such as 0.1), got {part!r}") from None
+        if not math.isfinite(value) or value < 0:
+            raise Error(f"every error target must be a finite number ≥ 0 (0: the fixed budget), got {part}")
+        values.append(value)
+    if not values:
+        raise Error(f"give at least one error target, got {text!r}")
+    return sorted(set(values))
 
 
 def _expand(part: str) -> list[int]:

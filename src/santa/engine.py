@@ -29,6 +29,7 @@ import torch
 
 import santa.model
 from santa import methods
+from santa.error_target import DEFAULT_PILOT
 
 PATHS = ("auto", "hf", "fast")
 FAST_ONLY = tuple(name for name in methods.names() if "hf" not in methods.METHODS[name].paths)  # santa's kernels
@@ -155,16 +156,18 @@ def prefill(model: santa.model.Transformer, token_lists: list[list[int]], max_ne
 
 
 def decode_context(model: santa.model.Transformer, pre: Prefilled, backend: str, budget: int, seed: int,
-            layer_budgets: dict[int, int] | None) -> santa.model.DecodeContext:
+                   layer_budgets: dict[int, int] | None, error_target: float | None = None,
+                   pilot: int = DEFAULT_PILOT) -> santa.model.DecodeContext:
     """The decode context of one method after ``pre`` (dense jobs carry budget 0: S = 1 is never read)."""
     return santa.model.make_context(model, backend, prompt_len=pre.lengths, budget=max(budget, 1), seed=seed,
-                                    layer_budgets=layer_budgets or None)
+                                    layer_budgets=layer_budgets or None, error_target=error_target, pilot=pilot)
 
 
 @torch.inference_mode()
 def decode(
     model: santa.model.Transformer, pre: Prefilled, max_new_tokens: int, *, backend: str, budget: int, seed: int,
-    stop_tokens: Iterable[int], layer_budgets: dict[int, int] | None = None,
+    stop_tokens: Iterable[int], layer_budgets: dict[int, int] | None = None, error_target: float | None = None,
+    pilot: int = DEFAULT_PILOT,
 ) -> tuple[list[list[int]], float]:
     """Greedy decode from a shared :class:`Prefilled` with one santa.model backend → (each row's
     tokens, up to and including its first stop token; seconds). The loop of
@@ -174,7 +177,7 @@ def decode(
     if not 1 <= max_new_tokens <= pre.max_new_tokens:
         raise ValueError(f"max_new_tokens must be in [1, {pre.max_new_tokens}] (the cache's room), got {max_new_tokens}")
     device = pre.first.device
-    ctx = decode_context(model, pre, backend, budget, seed, layer_budgets)
+    ctx = decode_context(model, pre, backend, budget, seed, layer_budgets, error_target, pilot)
     stops = torch.tensor(sorted(stop_tokens), dtype=torch.long, device=device)  # [n_stop]
     sync(device)
     start = time.perf_counter()
@@ -198,6 +201,7 @@ class TeacherForced:
 def teacher_forced(
     model: santa.model.Transformer, pre: Prefilled, continuation: torch.Tensor, *, backend: str, budget: int = 0,
     seed: int = 0, layer_budgets: dict[int, int] | None = None, reference: torch.Tensor | None = None,
+    error_target: float | None = None, pilot: int = DEFAULT_PILOT,
 ) -> TeacherForced:
     """T − 1 teacher-forced decode steps from the prefilled context (eager, device work only).
 
@@ -207,13 +211,14 @@ def teacher_forced(
     cache at positions ≥ ``pre.lengths[b]`` only (and see no key beyond their own position), so
     every method restarts from the same prefix. reference: the dense steps' log-probs
     ``[B, T−1, V]``; with it the per-token KL is accumulated step by step and no ``[B, T−1, V]``
-    tensor is kept, without it (the reference run) the log-probs are returned.
+    tensor is kept, without it (the reference run) the log-probs are returned. error_target, pilot: budgets from
+    an error target, budget the cap (:func:`santa.model.make_context`).
     """
     n_steps = continuation.shape[1] - 1
     if not 1 <= n_steps <= pre.max_new_tokens:
         raise ValueError(f"continuation must be 2 to {pre.max_new_tokens + 1} tokens (the cache's room), got {n_steps + 1}")
     device = continuation.device
-    ctx = decode_context(model, pre, backend, budget, seed, layer_budgets)
+    ctx = decode_context(model, pre, backend, budget, seed, layer_budgets, error_target, pilot)
     batch = continuation.shape[0]
     nll = torch.empty(batch, n_steps, dtype=torch.float32, device=device)
     kl = None if reference is None else torch.empty_like(nll)

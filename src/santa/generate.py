@@ -83,19 +83,22 @@ def run(
     kernel: str | None = None,
     path: str = "hf",
     progress=None,
+    error_target: float | None = None,
 ) -> tuple[list[Prompt], list[Answer]]:
     """Build the prompts (``batch`` needle prompts, seeds ``prompt_seed …``), answer them with dense
     attention and with ``sampler`` at ``budget``; returns (prompts, answers: dense ones first).
 
     kernel: ``"prop"`` / ``"flash"``: santa's kernel for ``sampler="systematic"`` (None: prop on the
-    fast path, santa.hf's ``"auto"`` on the HF path). Every argument is checked before the model
+    fast path, santa.hf's ``"auto"`` on the HF path). error_target: a relative error ε instead of one budget
+    for every head (:mod:`santa.error_target`), ``budget`` the cap. Every argument is checked before the model
     loads (``ValueError`` naming it).
     """
     methods = [("dense (SDPA)", santa.hf.SantaConfig(sampler="dense"))]
     methods.append(
         (
-            f"{sampler} S={budget}",
-            santa.hf.SantaConfig(budget=budget, sampler=sampler, seed=seed, prefill=prefill, record_stats=True, kernel=kernel or "auto"),
+            sampled_name(sampler, budget, error_target),
+            santa.hf.SantaConfig(budget=budget, sampler=sampler, seed=seed, prefill=prefill, record_stats=True, kernel=kernel or "auto",
+                                 error_target=error_target),
         )
     )
     check_run_arguments(n_tokens=n_tokens, depth=depth, max_new_tokens=max_new_tokens, prompt_text=prompt_text, prompt_seed=prompt_seed)
@@ -114,8 +117,9 @@ def run(
         check_context(model, model_name, n, max_new_tokens, "the prompt")
         prompts = [Prompt(task="user", text=text, answers=tuple(expected), n_tokens=n, seed=prompt_seed)]
     if path == "fast":
-        backends = [("dense (sdpa)", "sdpa"), fast_method(sampler, budget, kernel)]
-        return prompts, answer_fast(engine.to_fast_model(model), tokenizer, prompts, backends, budget=budget, seed=seed, max_new_tokens=max_new_tokens, progress=progress)
+        backends = [("dense (sdpa)", "sdpa"), fast_method(sampler, budget, kernel, error_target)]
+        return prompts, answer_fast(engine.to_fast_model(model), tokenizer, prompts, backends, budget=budget, seed=seed,
+                                    max_new_tokens=max_new_tokens, progress=progress, error_target=error_target)
     warm_up(model, tokenizer, prompts[0], max_new_tokens)
     answers = []
     for name, config in methods:
@@ -159,13 +163,19 @@ def graded_found(prompt: Prompt, text: str) -> bool:
     return bool(prompt.answers) and contains_all(text, prompt.answers) == 1.0
 
 
-def fast_method(sampler: str, budget: int, kernel: str | None) -> tuple[str, str]:
+def sampled_name(method: str, budget: int, error_target: float | None) -> str:
+    """How the answers name the sampled method: ``"systematic S=64"``, or ``"systematic ε=0.1 S≤64"``."""
+    return f"{method} S={budget}" if error_target is None else f"{method} ε={error_target:g} S≤{budget}"
+
+
+def fast_method(sampler: str, budget: int, kernel: str | None, error_target: float | None = None) -> tuple[str, str]:
     """(name, santa.model backend) of the sampled method on the fast path (:func:`santa.engine.fast_method`)."""
     backend = engine.fast_method(sampler, kernel).model_backend
-    return ("dense (sdpa)", backend) if sampler == "dense" else (f"{backend} S={budget}", backend)
+    return ("dense (sdpa)", backend) if sampler == "dense" else (sampled_name(backend, budget, error_target), backend)
 
 
-def answer_fast(model, tokenizer, prompts: list[Prompt], backends: list[tuple[str, str]], *, budget: int, seed: int, max_new_tokens: int, progress=None) -> list[Answer]:
+def answer_fast(model, tokenizer, prompts: list[Prompt], backends: list[tuple[str, str]], *, budget: int, seed: int,
+                max_new_tokens: int, progress=None, error_target: float | None = None) -> list[Answer]:
     """Answer every prompt in one batch with each (name, backend) of santa.model, from one shared
     dense prefill. On CUDA each backend first decodes a few warm-up tokens (Triton compile and the
     CUDA graph capture stay out of the timing)."""
@@ -176,6 +186,8 @@ def answer_fast(model, tokenizer, prompts: list[Prompt], backends: list[tuple[st
     answers = []
     for name, backend in backends:
         kwargs = {"backend": backend, "budget": budget, "seed": seed, "stop_tokens": stops}
+        if backend != "sdpa" and error_target is not None:
+            kwargs["error_target"] = error_target
         if device.type == "cuda":
             engine.decode(model, pre, min(max_new_tokens, 4), **kwargs)
         rows, decode_s = engine.decode(model, pre, max_new_tokens, **kwargs)
@@ -190,7 +202,9 @@ def answer_fast(model, tokenizer, prompts: list[Prompt], backends: list[tuple[st
                     prefill_s=pre.seconds,
                     decode_s=decode_s,
                     new_tokens=len(row),
-                    share_per_head=engine.nominal_share(backend, budget, len(token_lists[i]), len(row) - 1) if sampled else None,
+                    # an error target's reads are each head's own: the fast path does not count them (None: unknown)
+                    share_per_head=engine.nominal_share(backend, budget, len(token_lists[i]), len(row) - 1)
+                    if sampled and error_target is None else None,
                     share_per_kv_head=None,
                     prompt=i,
                     batch_tokens=sum(len(r) for r in rows),

@@ -16,6 +16,7 @@ from pathlib import Path
 from santa import cliargs, install_hint
 from santa.engine import FAST_ONLY, PATHS, check_paths, resolve_path
 from santa.eval.runner import (
+    ERROR_TARGET_METHODS,
     HF_METHODS,
     KV_CACHES,
     MAX_NEW_TOKENS,
@@ -227,6 +228,11 @@ def add_run(sub) -> None:
         help="comma list of KV cache dtypes every method runs on: auto (the model's) and/or fp8 (e4m3, per-KV-head scales "
         "calibrated on the prefill; fast path only)",
     )
+    run.add_argument(
+        "--error-targets", default="0", type=cliargs.error_targets,
+        help="relative error targets ε for the sampled methods (iid, stratified, systematic, prop), e.g. 0,0.1,0.2: each "
+        "head draws min(S, what its pilot asks for), --budgets the caps; 0 (the default) is the fixed budget",
+    )
     run.add_argument("--device", default=None, type=cliargs.device, help="cpu or cuda (default: cuda when present)")
     run.add_argument("--batch", type=cliargs.positive_int, default=8, help="prompts run together, ≥ 1")
     run.add_argument(
@@ -352,6 +358,8 @@ def grid_size(args: argparse.Namespace) -> int:
     per_prompt = 0
     for method in args.methods:
         per_prompt += 1 if method == "dense" else len(args.prefill) * len(args.budgets) * (1 if method == "topk" else len(args.seeds))
+        if method in ERROR_TARGET_METHODS:
+            per_prompt += len(args.prefill) * len(args.budgets) * len(args.seeds) * (len(args.error_targets) - 1)
     return (len(args.model) * len(args.tasks) * len(args.lengths) * len(args.prompts) * per_prompt * len(args.score_samples)
             * len(args.kv_caches))
 
@@ -435,6 +443,7 @@ def run_grid(args: argparse.Namespace) -> list:
         layer_budgets=args.layer_budgets[1] if args.layer_budgets else None,
         schedule=args.layer_budgets[0] if args.layer_budgets else "schedule",
         kv_caches=args.kv_caches,
+        error_targets=args.error_targets,
     )
 
 

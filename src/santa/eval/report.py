@@ -64,6 +64,7 @@ OPTIONAL_FIELDS = {
     "score_samples": _count(0),
     "schedule": ((lambda v: isinstance(v, str)), "a string"),
     "kv_cache": _one_of(KV_CACHES),
+    "error_target": ((lambda v: _is_finite(v) and v >= 0), "a finite number ≥ 0"),
     "kl_mode": _one_of(KL_MODES),
     "nll": ((lambda v: _is_finite(v) and v >= 0), "a finite number ≥ 0"),
     "v_rows_read": _share(),
@@ -218,6 +219,8 @@ def setting_label(record: dict) -> str:
         label += f"+{record['schedule']}"  # a per-layer budget schedule
     if kv_cache(record) != "auto":
         label += f"+{kv_cache(record)}"  # an fp8 KV cache
+    if record.get("error_target"):
+        label += f"+ε{record['error_target']:g}"  # budgets from an error target, S the cap
     return label
 
 

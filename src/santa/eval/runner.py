@@ -94,10 +94,11 @@ class Job:
     schedule: str = ""  # name of a per-layer budget schedule ("" = ``budget`` in every layer)
     layer_budgets: tuple[tuple[int, int], ...] = ()  # the schedule's (layer, S) pairs
     kv_cache: str = "auto"  # the KV cache's dtype: "auto" (the model's) or "fp8" (e4m3, per-KV-head scales; fast path)
+    error_target: float = 0.0  # a relative error target ε (budget is then the cap); 0 = the fixed budget
 
     def key(self) -> str:
         fields = asdict(self)
-        for name in ("score_samples", "schedule", "layer_budgets"):
+        for name in ("score_samples", "schedule", "layer_budgets", "error_target"):
             if not fields[name]:
                 del fields[name]  # jobs without them keep the keys of records written before they existed
         if fields["kv_cache"] == "auto":
@@ -123,6 +124,7 @@ class Job:
             kernel="reference",  # the spec's samplers on every device (on CUDA "auto" would run the prop kernel)
             score_samples=self.score_samples or None,
             layer_budgets=dict(self.layer_budgets),
+            error_target=self.error_target or None,
         )
 
 
@@ -143,6 +145,7 @@ def grid(
     layer_budgets: dict[int, int] | None = None,
     schedule: str = "schedule",
     kv_caches: Iterable[str] = ("auto",),
+    error_targets: Iterable[float] = (0.0,),
 ) -> list[Job]:
     """Every job of the grid, ordered so that jobs sharing a prompt (one group) are adjacent.
 
@@ -155,10 +158,13 @@ def grid(
     kv_caches: the KV cache's dtype per job, ``"auto"`` (the model's) and/or ``"fp8"`` (e4m3 with
     per-KV-head scales calibrated on the prefill, :meth:`santa.model.Transformer.setup_caches`; the
     fast path only). Every method of the grid runs on each.
+    error_targets: relative error targets ε (:mod:`santa.error_target`) for the sampled methods (iid, stratified,
+    systematic, prop), each budget then the cap; 0 is the fixed budget. Dense and top-k run once.
     """
     models, tasks, lengths, prompts = list(models), list(tasks), list(lengths), list(prompts)
     methods, budgets, seeds, prefills = list(methods), list(budgets), list(seeds), list(prefills)
-    score_samples, kv_caches = list(score_samples), list(kv_caches)
+    score_samples, kv_caches, error_targets = list(score_samples), list(kv_caches), list(error_targets)
+    _check_error_targets(error_targets, methods)
     _check_ints("score_samples", score_samples, 0, note=" (0 = exact scores)")
     _check_names("kv_cache", kv_caches, KV_CACHES)
     _check_ints("budgets", budgets, 1)
@@ -189,10 +195,11 @@ def grid(
                 cells = [(prefill, b, 0) for b in budgets]
             else:
                 cells = [(prefill, b, s) for b in budgets for s in seeds]
-            for (pre, budget, seed), b in itertools.product(cells, score_samples):
+            targets = error_targets if method in ERROR_TARGET_METHODS else [0.0]
+            for (pre, budget, seed), b, target in itertools.product(cells, score_samples, targets):
                 sched = ("", ()) if method == "dense" or not per_layer else (schedule, per_layer)
                 jobs.add(Job(model, task, length, prompt, pre, method, budget, seed, new_tokens, exact_when_covers, b, *sched,
-                             kv_cache=kv_cache))
+                             kv_cache=kv_cache, error_target=float(target)))
     # Prompt-major order: an interrupted sweep holds about as many prompts for every task.
     return sorted(
         jobs,
@@ -206,9 +213,22 @@ def grid(
             METHODS.index(j.method),
             j.score_samples,
             j.budget,
+            j.error_target,
             j.seed,
         ),
     )
+
+
+ERROR_TARGET_METHODS = ("iid", "stratified", "systematic", "prop")  # a global draw each: flash's tiles have none
+
+
+def _check_error_targets(targets: list, methods: list[str]) -> None:
+    """Each ε a finite real ≥ 0 (0: the fixed budget); a positive one needs a method that takes it."""
+    for target in targets:
+        if isinstance(target, bool) or not isinstance(target, (int, float)) or not math.isfinite(target) or target < 0:
+            raise ValueError(f"every error target must be a finite number ≥ 0 (0: the fixed budget), got {target!r}")
+    if any(targets) and not any(m in ERROR_TARGET_METHODS for m in methods):
+        raise ValueError(f"error targets apply to the methods {ERROR_TARGET_METHODS}, none of which is in {methods}")
 
 
 def _check_ints(name: str, values: list, low: int, high: int | None = None, *, note: str = "") -> None:
@@ -297,7 +317,7 @@ def method_cells(jobs: list[Job]) -> list[list[Job]]:
     cells: dict[tuple, list[Job]] = {}
     for job in jobs:
         cells.setdefault((job.prefill, job.method, job.budget, job.seed, job.max_new_tokens, job.score_samples,
-                          job.layer_budgets, job.kv_cache), []).append(job)
+                          job.layer_budgets, job.kv_cache, job.error_target), []).append(job)
     return list(cells.values())
 
 
@@ -466,7 +486,9 @@ def run_fast_batch(model: santa.model.Transformer, tokenizer, batch_jobs: list[J
             pre, pre_kv_cache = engine.prefill(model, token_lists, max_new_tokens, kv_cache_dtype=job.kv_cache), job.kv_cache
         backend = FAST_BACKENDS[job.method]
         rows, decode_s = engine.decode(model, pre, job.max_new_tokens, backend=backend, budget=job.budget, seed=job.seed,
-                                       stop_tokens=stops, layer_budgets=dict(job.layer_budgets))
+                                       stop_tokens=stops, layer_budgets=dict(job.layer_budgets),
+                                       error_target=job.error_target or None)
+        nominal = not job.error_target  # an error target's reads are the heads' own: unknown on the fast path
         for job in cell:
             i = seeds.index(job.prompt)
             answer = tokenizer.decode(rows[i], skip_special_tokens=True).strip()
@@ -478,9 +500,9 @@ def run_fast_batch(model: santa.model.Transformer, tokenizer, batch_jobs: list[J
                     "expected": list(prompts[i].answers),
                     "prompt_tokens": len(token_lists[i]),
                     "new_tokens": len(rows[i]),
-                    "v_rows_read": nominal_share(backend, job.budget, len(token_lists[i]), len(rows[i]) - 1),
+                    "v_rows_read": nominal_share(backend, job.budget, len(token_lists[i]), len(rows[i]) - 1) if nominal else None,
                     "v_rows_read_kv": 1.0 if backend == "sdpa" else None,
-                    "v_rows_read_mode": "nominal min(S, n)/n",
+                    "v_rows_read_mode": "nominal min(S, n)/n" if nominal else "unknown (error target on the fast path)",
                     "k_features_read": None,
                     "batch": len(prompts),
                     "prefill_s": pre.seconds,
@@ -526,7 +548,8 @@ def run_fast_kl_batch(model: santa.model.Transformer, tokenizer, batch_jobs: lis
                 nll, kl, decode_s = dense.nll, torch.zeros_like(dense.nll), dense.seconds
             else:
                 run = engine.teacher_forced(model, pre, continuation, backend=backend, budget=job.budget, seed=job.seed,
-                                            layer_budgets=dict(job.layer_budgets), reference=dense.logprobs)
+                                            layer_budgets=dict(job.layer_budgets), reference=dense.logprobs,
+                                            error_target=job.error_target or None)
                 nll, kl, decode_s = run.nll, run.kl, run.seconds
             nll, kl = nll.cpu(), kl.cpu()
             share = 1.0 if job.method == "dense" else None
