@@ -236,11 +236,12 @@ def error_target_weights(
     error ε (:mod:`santa.error_target`), and what was drawn.
 
     probs ``[B, Hq, Lq, n]`` (finite rows: mask NaN rows first), value ``[B, Hkv, n, D]`` (GQA as
-    :func:`weighted_values`). A pilot of ``pilot`` draws of ``sampler`` per row estimates the variance trace T̂ and
-    ‖o‖² (N̂); the row then draws ``S_r = clamp(⌈T̂ / (ε² N̂)⌉, 1, cap)`` samples on fresh uniforms: ``w = c / S_r``.
-    uniforms: ``(pilot's, output's)``: the pilot's as :func:`santa.sample_counts` takes them for ``pilot`` draws,
-    the output's as it takes them for ``cap`` draws (:func:`santa.sampling.sample_counts_per_row`); else both drawn
-    from ``generator``, the pilot's first.
+    :func:`weighted_values`). A pilot of ``pilot`` systematic draws per row estimates the variance trace T̂ and
+    ‖o‖² (N̂) — systematic draws whatever ``sampler`` (:mod:`santa.error_target`: its T̂ varies far less); the row
+    then draws ``S_r = clamp(⌈T̂ / (ε² N̂)⌉, 1, cap)`` samples of ``sampler`` on fresh uniforms: ``w = c / S_r``.
+    uniforms: ``(pilot's, output's)``: the pilot's one systematic offset per row ``[B, Hq, Lq]``, the output's as
+    :func:`santa.sample_counts` takes them for ``cap`` draws of ``sampler`` (:func:`santa.sampling.sample_counts_per_row`);
+    else both drawn from ``generator``, the pilot's first.
     """
     error_target, pilot, cap = check_error_target(error_target), check_pilot(pilot), check_budget(cap, "budget")
     if sampler not in SAMPLERS:
@@ -248,7 +249,7 @@ def error_target_weights(
     if uniforms is not None and (not isinstance(uniforms, tuple) or len(uniforms) != 2):
         raise TypeError("uniforms with error_target must be a pair (the pilot's uniforms, the output's uniforms)")
     pilot_uniforms, output_uniforms = uniforms if uniforms is not None else (None, None)
-    pilot_counts = sample_counts(probs, pilot, sampler, generator=generator, uniforms=pilot_uniforms)
+    pilot_counts = sample_counts(probs, pilot, "systematic", generator=generator, uniforms=pilot_uniforms)
     pilot_weights = pilot_counts.double() / pilot
     square_norms = (value.double() ** 2).sum(-1, keepdim=True)  # ‖v_j‖² [B, Hkv, n, 1]
     mean = weighted_values(pilot_weights, value.double())  # ȳ [B, Hq, Lq, D]
@@ -309,7 +310,7 @@ def sampled_attention(
         :func:`santa.kernels.reference.call_uniforms`); checked by :func:`santa.sample_counts`.
     error_target: a relative error ε > 0 instead of a fixed budget (:mod:`santa.error_target`): each
         query row and head draws ``S_r = min(budget, ⌈T̂ / (ε² N̂)⌉)`` samples, the variance trace T̂ and
-        ‖o‖² (N̂) estimated from a pilot of ``pilot`` draws (int ≥ 2, default 16) on their own
+        ‖o‖² (N̂) estimated from a pilot of ``pilot`` systematic draws (int ≥ 2, default 16) on their own
         uniforms; ``budget`` is then the cap S_max. Stochastic samplers only; ``uniforms`` is then the
         pair (pilot's, output's) that :func:`santa.attention.error_target_values` takes, which also
         reports each row's budget and the rows it read.

@@ -135,15 +135,10 @@ def sampler_uniforms(seed, positions: torch.Tensor, heads: int, sampler: str, bu
     return call_uniforms(seed, 0, positions, positions.shape[0], heads, streams)
 
 
-PILOT_STREAM = 1 << 31  # an error target's pilot, iid and stratified: draw m on stream PILOT_STREAM + m
-
-
-def pilot_uniforms(seed, positions: torch.Tensor, heads: int, sampler: str, pilot: int) -> torch.Tensor:
-    """The request-keyed uniforms of an error target's pilot (:func:`santa.attention.error_target_weights`), in the
-    shape :func:`sampler_uniforms` gives for ``pilot`` draws: systematic on stream 1 (prop's pilot, as the kernel
-    draws it), iid and stratified draw m on stream ``PILOT_STREAM + m`` (past any budget's streams). CPU float32."""
-    streams = 1 if sampler == "systematic" else PILOT_STREAM + torch.arange(pilot)
-    return call_uniforms(seed, 0, positions, positions.shape[0], heads, streams)
+def pilot_uniforms(seed, positions: torch.Tensor, heads: int) -> torch.Tensor:
+    """The request-keyed uniforms of an error target's pilot (:func:`santa.attention.error_target_weights`: systematic
+    for every sampler): one offset per row on stream 1, as prop's kernel draws its pilot, ``[B, H, *rows]``. CPU float32."""
+    return call_uniforms(seed, 0, positions, positions.shape[0], heads, 1)
 
 
 def gather_cache(
