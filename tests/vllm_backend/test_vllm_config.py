@@ -11,6 +11,13 @@ def test_defaults_sample_with_prop_at_128():
     assert read_config({}) == ServingConfig(budget=128, kernel="prop", seed=0)
 
 
+def test_an_error_target_comes_from_the_environment_or_vllms_additional_config():
+    assert read_config({"SANTA_VLLM_ERROR_TARGET": "0.2"}).error_target == 0.2
+    assert read_config({}, additional_config={"santa": {"error_target": 0.1, "budget": 256}}) == ServingConfig(
+        budget=256, error_target=0.1)
+    assert read_config({}).error_target is None
+
+
 def test_variables_override_the_file(tmp_path):
     path = tmp_path / "santa.json"
     path.write_text(json.dumps({"budget": 64, "kernel": "flash", "seed": 5}))
@@ -28,6 +35,9 @@ def test_variables_override_the_file(tmp_path):
         ({"SANTA_VLLM_KERNEL": "fast"}, ValueError, "kernel must be one of prop, flash, dense, got 'fast'"),
         ({"SANTA_VLLM_BUGDET": "64"}, ValueError, "unknown santa variable SANTA_VLLM_BUGDET"),
         ({"SANTA_VLLM_CONFIG": "/nonexistent/santa.json"}, ValueError, "cannot read it"),
+        ({"SANTA_VLLM_ERROR_TARGET": "small"}, ValueError, "SANTA_VLLM_ERROR_TARGET must be a number > 0"),
+        ({"SANTA_VLLM_ERROR_TARGET": "0"}, ValueError, "error_target must be finite and > 0"),
+        ({"SANTA_VLLM_ERROR_TARGET": "0.1", "SANTA_VLLM_KERNEL": "flash"}, ValueError, "error_target is implemented by kernel prop"),
     ],
 )
 def test_bad_settings_are_refused_by_name(environ, error, message):
@@ -56,8 +66,10 @@ def test_vllms_additional_config_sets_santa_under_the_environment_and_over_the_f
     additional = {"santa": {"budget": 32, "kernel": "flash", "seed": 7}, "other_plugin": {"x": 1}}
     config = read_config(environ, additional)
     assert config == ServingConfig(budget=32, kernel="flash", seed=9)
-    assert describe(config, environ, additional) == "budget=32 (--additional-config), kernel=flash (--additional-config), seed=9 (SANTA_VLLM_SEED)"
-    assert describe(read_config({}, {}), {}, {}) == "budget=128 (default), kernel=prop (default), seed=0 (default)"
+    assert describe(config, environ, additional) == ("budget=32 (--additional-config), kernel=flash (--additional-config), "
+                                                     "seed=9 (SANTA_VLLM_SEED), error_target=None (default)")
+    assert describe(read_config({}, {}), {}, {}) == ("budget=128 (default), kernel=prop (default), seed=0 (default), "
+                                                     "error_target=None (default)")
 
 
 @pytest.mark.parametrize(

@@ -120,3 +120,21 @@ def test_prepare_makes_the_captured_batch_sizes_plans_before_any_capture():
     assert sorted(santa._plans) == [(b, 256, 32**-0.5) for b in (1, 2, 4)]
     assert santa.prepare([1, 2], 32**-0.5) == 0
     assert santa.one_launch_nbytes() == 0  # float32 on the CPU: no one-launch plan, no buffers
+
+
+def test_an_error_target_decodes_as_santa_decode_does():
+    """vLLM's decoder with an error target (SANTA_VLLM_ERROR_TARGET): the budgets of santa.decode on the same pages."""
+    q, k, v = make_inputs(2, 8, 2, 32, 200, seed=33)
+    v = v + 1.0  # values around a shared mean: ‖o‖ well above the noise, so the heads ask for budgets below the cap
+    k_pages, table = to_paged(k, BLOCK, seed=3)
+    v_pages, _ = to_paged(v, BLOCK, seed=3)
+    seq_lens = torch.tensor([200, 150], dtype=torch.int32, device=DEVICE)
+    run = PagedDecoder(heads=8, kv_heads=2, head_dim=32, block_size=BLOCK, max_keys=256, max_batch=4, budget=64,
+                       kernel="prop", seed=9, dtype=torch.float32, kv_dtype=torch.float32, device=DEVICE, error_target=0.3)
+    out = run.run(q, packed(k_pages, v_pages), seq_lens=seq_lens, block_table=table, layer=2, scale=0.2, out=torch.empty_like(q))
+    want = decode(q, k_pages.contiguous(), v_pages.contiguous(), 64, seq_lens=seq_lens, block_table=table, scale=0.2,
+                  seed=rng.layer_key(9, 2), positions=seq_lens - 1, error_target=0.3)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+    fixed = decode(q, k_pages.contiguous(), v_pages.contiguous(), 64, seq_lens=seq_lens, block_table=table, scale=0.2,
+                   seed=rng.layer_key(9, 2), positions=seq_lens - 1)
+    assert not torch.equal(out, fixed)  # the heads drew their own budgets, not 64 each

@@ -125,7 +125,7 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
             max_keys=math.ceil(model.max_model_len / block_size) * block_size,
             max_batch=vllm_config.scheduler_config.max_num_seqs, budget=config.budget,
             kernel=config.kernel if config.samples else "prop", seed=config.seed, dtype=model.dtype,
-            kv_dtype=FP8 if fp8 else model.dtype, device=device,
+            kv_dtype=FP8 if fp8 else model.dtype, device=device, error_target=config.error_target,
         )
         logger.info("santa: %s", describe(config, additional_config=additional))
         if config.samples:

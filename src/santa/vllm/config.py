@@ -3,7 +3,7 @@
 
     vllm serve <model> --attention-backend CUSTOM --additional-config '{"santa": {"budget": 128, "kernel": "prop"}}'
 
-The keys of the ``"santa"`` entry are ``budget``, ``kernel`` and ``seed`` (below); an unknown key is refused by
+The keys of the ``"santa"`` entry are ``budget``, ``kernel``, ``seed`` and ``error_target`` (below); an unknown key is refused by
 name. Where a setting comes from several places, the environment wins over ``--additional-config``, which wins
 over the ``SANTA_VLLM_CONFIG`` file; :func:`describe` says where each setting came from (the backend logs it once).
 
@@ -16,6 +16,8 @@ Variables (each optional; the defaults sample with prop at S = 128, seed 0):
   (per-tile budgets) or ``"dense"`` (vLLM's own attention for every batch: the exact control).
 - ``SANTA_VLLM_SEED``: the root seed, an int in ``[0, 2**63)``; each request's draws are keyed on it,
   the layer, the head and the token's position in its own sequence (:mod:`santa.rng`).
+- ``SANTA_VLLM_ERROR_TARGET``: a relative error ε > 0 (prop): each head draws ``min(S, ⌈T̂/(ε²N̂)⌉)`` samples from a
+  pilot of 16 (:mod:`santa.error_target`), the budget the cap; unset: every head draws the budget.
 
 Anything else starting with ``SANTA_VLLM_`` is refused by name (a misspelt variable would otherwise
 silently leave the default in place). Nothing here imports vLLM.
@@ -29,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from santa.error_target import check_error_target
 from santa.methods import METHODS, names
 from santa.rng import check_seed
 from santa.sampling import check_budget
@@ -46,12 +49,17 @@ class ServingConfig:
     budget: int = 128
     kernel: str = "prop"
     seed: int = 0
+    error_target: float | None = None  # budgets from a relative error target (prop), budget the cap
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "budget", check_budget(self.budget))
         object.__setattr__(self, "seed", check_seed(self.seed))
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {self.kernel!r}")
+        if self.error_target is not None:
+            object.__setattr__(self, "error_target", check_error_target(self.error_target))
+            if self.kernel == "flash":
+                raise ValueError("error_target is implemented by kernel prop (its pilot reads the global CDF), got kernel flash")
 
     @property
     def samples(self) -> bool:
@@ -63,9 +71,15 @@ FIELDS = tuple(f.name for f in fields(ServingConfig))
 
 
 def _from_text(name: str, field: str, text: str) -> object:
-    """A variable's text as the field's value (ints for budget and seed), or ValueError naming the variable."""
+    """A variable's text as the field's value (ints for budget and seed, a number for error_target), or ValueError
+    naming the variable."""
     if field == "kernel":
         return text.strip()
+    if field == "error_target":
+        try:
+            return float(text.strip())
+        except ValueError:
+            raise ValueError(f"{name} must be a number > 0 (a relative error such as 0.1), got {text!r}") from None
     try:
         return int(text.strip())
     except ValueError:

@@ -61,12 +61,14 @@ class PagedDecoder:
     kv_dtype: the cache's (the model's, or ``torch.float8_e4m3fn``); tuning: prop's launch parameters
     (:class:`santa.kernels.Tuning`; None: the measured defaults); head_offset: the global index of this
     decoder's first query head (tensor parallelism: ``tp_rank × heads``; 0 on one GPU), an int ≥ 0 that the
-    draws' head counter adds (:meth:`santa.kernels.DecodePlan.run`)."""
+    draws' head counter adds (:meth:`santa.kernels.DecodePlan.run`); error_target: a relative error ε (prop; None: every
+    head draws the budget), the budget then the cap (:mod:`santa.error_target`)."""
 
     def __init__(self, *, heads: int, kv_heads: int, head_dim: int, block_size: int, max_keys: int, max_batch: int,
                  budget: int, kernel: str, seed: int, dtype: torch.dtype, kv_dtype: torch.dtype, device: torch.device | str,
-                 tuning: Tuning | None = None, head_offset: int = 0):
+                 tuning: Tuning | None = None, head_offset: int = 0, error_target: float | None = None):
         self.heads, self.kv_heads, self.head_dim, self.block_size = heads, kv_heads, head_dim, block_size
+        self.error_target = error_target  # checked by plan_decode: budgets from it, budget the cap
         self.head_offset = integer("head_offset", head_offset, low=0)
         self.max_keys, self.max_batch, self.budget, self.kernel = max_keys, max_batch, budget, kernel
         self.seed = rng.check_seed(seed)
@@ -122,7 +124,8 @@ class PagedDecoder:
                                  f"for ({self.max_batch} × {self.max_keys}: vLLM's max_num_seqs × max_model_len)")
             plan = plan_decode(batch=batch, heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim, n_keys=n_keys,
                                budget=self.budget, dtype=self.dtype, kv_dtype=self.kv_dtype, device=self.device,
-                               kernel=self.kernel, page_size=self.block_size, scale=scale, tuning=self.tuning)
+                               kernel=self.kernel, page_size=self.block_size, scale=scale, tuning=self.tuning,
+                               error_target=self.error_target)
             self.allocate()
             if plan.one_launch is not None and self._one_launch is None:  # the first plan that runs it (never inside a
                 # capture: a plan made there runs the Triton prop), sized for every batch size's plan

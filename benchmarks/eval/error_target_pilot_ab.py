@@ -1,0 +1,80 @@
+"""Which pilot estimates an error target's variance best (issue 42): iid against stratified and systematic pilots.
+
+santa's rule (:mod:`santa.error_target`) chooses each row's budget from a pilot's sample variance T̂; the realised
+error is convex in T̂, so a noisy T̂ raises it. On the synthetic "peaked" heads of
+``error_target_calibration.py`` (8 heads, 8192 keys), iid outputs with each pilot: the realised ``E r² / ε²``
+(mean over heads of the mean over seeds, its standard error over seeds), the worst head, and the mean budget.
+santa ships the systematic pilot; the others are rebuilt here from the library's pieces for this comparison.
+
+    python benchmarks/eval/error_target_pilot_ab.py OUT.json [--seeds 200] [--targets 0.05,0.1] [--pilots 16,32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from error_target_calibration import number_list, relative_trace, synthetic_heads  # noqa: E402
+
+from santa.attention import weighted_values  # noqa: E402
+from santa.error_target import adaptive_budgets, pilot_statistics  # noqa: E402
+from santa.provenance import run_record  # noqa: E402
+from santa.sampling import SAMPLERS, sample_counts, sample_counts_per_row  # noqa: E402
+
+CAP = 4096
+
+
+def measure(probs, values, *, pilot_sampler: str, pilot: int, error_target: float, seeds: int) -> dict:
+    """iid outputs with budgets from a ``pilot_sampler`` pilot of ``pilot`` draws, over ``seeds`` seeds."""
+    _, exact = relative_trace(probs, values)
+    heads = probs.shape[0]
+    p4 = probs.reshape(1, heads, 1, -1)
+    v4 = values.reshape(heads, 1, *values.shape[1:]).transpose(0, 1)
+    ratios, budgets = [], []
+    for seed in range(seeds):
+        g = torch.Generator().manual_seed(seed)
+        pilot_weights = sample_counts(p4, pilot, pilot_sampler, generator=g).double() / pilot
+        mean = weighted_values(pilot_weights, v4.double())
+        square_mean = weighted_values(pilot_weights, (v4.double() ** 2).sum(-1, keepdim=True))[..., 0]
+        trace, norm2 = pilot_statistics(mean, square_mean, pilot)
+        budget = adaptive_budgets(trace, norm2, error_target, CAP)
+        counts = sample_counts_per_row(p4, budget, "iid", cap=CAP, generator=g)
+        out = weighted_values(counts.float() / budget.unsqueeze(-1).float(), v4)
+        error = ((out[0, :, 0].double() - exact) ** 2).sum(-1) / (exact * exact).sum(-1)
+        ratios.append(error / error_target**2)
+        budgets.append(budget.double().flatten())
+    ratio = torch.stack(ratios)
+    return {"pilot_sampler": pilot_sampler, "pilot": pilot, "error_target": error_target, "seeds": seeds,
+            "ratio": float(ratio.mean()), "ratio_se": float(ratio.mean(1).std() / math.sqrt(seeds)),
+            "ratio_worst_head": float(ratio.mean(0).max()), "mean_budget": float(torch.stack(budgets).mean())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--seeds", type=int, default=200)
+    parser.add_argument("--targets", type=number_list, default=[0.05, 0.1])
+    parser.add_argument("--pilots", type=lambda text: [int(x) for x in number_list(text)], default=[16, 32])
+    args = parser.parse_args(argv)
+    if args.seeds < 2 or any(p < 2 for p in args.pilots):
+        parser.error("--seeds ≥ 2 and every pilot ≥ 2")
+    probs, values = synthetic_heads(8192)["peaked"]
+    result = {"run": run_record(), "heads": "synthetic peaked, 8 heads × 8192 keys", "output_sampler": "iid", "cases": []}
+    for pilot in args.pilots:
+        for sampler in SAMPLERS:
+            for target in args.targets:
+                case = measure(probs, values, pilot_sampler=sampler, pilot=pilot, error_target=target, seeds=args.seeds)
+                result["cases"].append(case)
+                print(json.dumps(case), flush=True)
+                args.out.write_text(json.dumps(result, indent=1))  # after every case: a cut run keeps what it measured
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
