@@ -103,3 +103,24 @@ def test_flashinfer_features_santa_lacks_are_refused_by_name(inputs, name, value
     assert decode(q, k, v, 8, **{name: off}).shape == q.shape  # the feature's off value asks for nothing missing
     with pytest.raises(TypeError, match="unexpected keyword argument 'budgett'"):
         decode(q, k, v, 8, budgett=3)
+
+
+def test_one_cache_holds_each_call_and_calls_of_one_shape_share_their_plan():
+    """santa.decode's one cache (issue 41): a call signature's validation and plan; another signature of the same
+    shape (an ``out`` given, an offset tensor) reuses that plan instead of making a second one."""
+    import importlib
+
+    import santa
+
+    eager = importlib.import_module("santa.kernels.eager")
+    q = torch.randn(2, 4, 16, device=DEVICE)
+    k, v = torch.randn(2, 2, 40, 2, 16, device=DEVICE).unbind(0)
+    eager._CALLS.clear()
+    santa.decode(q, k, v, 8, seed=1)
+    santa.decode(q, k, v, 8, seed=1, out=torch.empty_like(q))
+    santa.decode(q, k, v, 8, seed=1, offset=torch.zeros(1, dtype=torch.int64, device=DEVICE))
+    calls = list(eager._CALLS.values())
+    assert len(calls) == 3 and calls[0].plan is not None
+    assert all(call.plan is calls[0].plan for call in calls)
+    santa.decode(q, k, v, 16, seed=1)  # another budget: another plan
+    assert len({id(call.plan) for call in eager._CALLS.values()}) == 2

@@ -142,7 +142,7 @@ def test_generate_and_the_engine_run_one_loop(tiny_transformer, monkeypatch):
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 def test_the_model_runs_its_own_decode_plans_not_the_eager_decode(tiny_transformer, backend, monkeypatch):
     """One DecodePlan per distinct budget, made (with its workspace) by make_context, outside any CUDA
-    graph; santa.decode() and its module-level plan cache are not used on the model path."""
+    graph; santa.decode() and its module-level call cache are not used on the model path."""
     decode_module = importlib.import_module("santa.kernels.eager")
 
     def eager(*args, **kwargs):
@@ -150,14 +150,14 @@ def test_the_model_runs_its_own_decode_plans_not_the_eager_decode(tiny_transform
 
     monkeypatch.setattr(santa.kernels, "decode", eager)
     monkeypatch.setattr(decode_module, "decode", eager)
-    plans_before = dict(decode_module._PLANS)
+    calls_before = dict(decode_module._CALLS)
     tiny_transformer.setup_caches(3, 30)
     ctx = make_context(tiny_transformer, backend, prompt_len=[5, 23, 12], budget=8, layer_budgets={0: 3, 1: 8})
     assert sorted(ctx.plans) == [3, 8]
     assert all(isinstance(p, santa.kernels.DecodePlan) and p.budget == s and p._workspace is not None for s, p in ctx.plans.items())
     assert ctx.plan_of(0, None, None) is ctx.plans[3] and ctx.plan_of(1, None, None) is ctx.plans[8]
     generate(tiny_transformer, TINY_PROMPTS, 2, backend=backend, budget=8, layer_budgets={0: 3})
-    assert dict(decode_module._PLANS) == plans_before
+    assert dict(decode_module._CALLS) == calls_before
 
 
 def test_a_context_built_by_hand_plans_on_first_use(tiny_transformer):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -48,7 +47,6 @@ from santa.kernels.plan import (
     torch_decode,
 )
 
-_PLAN_CACHE_SIZE = 32
 _check_seed_and_offset = check_seed_and_offset
 _check_tables = check_tables
 
@@ -272,27 +270,6 @@ def make_workspace(
     return Workspace.zeros(_workspace_key(kernel, batch, heads, dim, n_keys, budget, q.device))
 
 
-_PLANS: OrderedDict[tuple, DecodePlan] = OrderedDict()
-
-
-def _cached_plan(batch, heads, kv_heads, dim, n_keys, budget, dtype, device, kernel, kv_layout, page_size, scale,
-                 kv_dtype, error_target, pilot) -> DecodePlan:
-    """One plan per call shape for eager calls (its launches and, unless given, its workspace)."""
-    key = (batch, heads, kv_heads, dim, n_keys, budget, dtype, device, kernel, kv_layout, page_size, scale, kv_dtype,
-           error_target, pilot)
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget,
-                           dtype=dtype, device=device, kernel=kernel, kv_layout=kv_layout, page_size=page_size, scale=scale,
-                           kv_dtype=kv_dtype, error_target=error_target, pilot=pilot)
-        while len(_PLANS) >= _PLAN_CACHE_SIZE:
-            _PLANS.popitem(last=False)
-        _PLANS[key] = plan
-    else:
-        _PLANS.move_to_end(key)
-    return plan
-
-
 @dataclass(frozen=True)
 class _Call:
     """A validated call signature: what decode() needs besides the tensors."""
@@ -304,13 +281,21 @@ class _Call:
     page_size: int  # 1 for a contiguous cache
     workspace_key: WorkspaceKey
     plan: DecodePlan | None  # None: the torch fallback
+    plan_key: tuple | None  # what the plan depends on: calls of one shape with other signatures share it
     host_checks: bool  # check the tables' values on every call (CPU, the torch fallback)
     error_target: float | None  # budgets from an error target (budget is then the cap)
     pilot: int
 
 
-_CALLS: dict[tuple, _Call] = {}  # call signature → its validation (cleared past _CALL_CACHE_SIZE entries)
+_CALLS: dict[tuple, _Call] = {}  # the one cache: call signature → its validation and plan (cleared past _CALL_CACHE_SIZE)
 _CALL_CACHE_SIZE = 256
+
+
+def _plan_for(key: tuple, **shape) -> DecodePlan:
+    """The plan of a call shape: the one a cached call of that shape holds (another signature of it: other strides,
+    an ``out``, an offset tensor), else a new one (its launches and, unless given, its workspace)."""
+    found = next((call.plan for call in _CALLS.values() if call.plan_key == key), None)
+    return found if found is not None else plan_decode(**shape)
 
 
 def _signature(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts,
@@ -358,13 +343,16 @@ def _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, 
     paged = block_table is not None
     page_size = k_cache.shape[1 if kv_layout == "NHD" else 2] if paged else 1
     batch, heads, dim = q.shape
-    plan = None
+    plan = plan_key = None
     if use_triton(q.device):
-        plan = _cached_plan(batch, heads, kv_heads, dim, n_keys, budget, q.dtype, q.device, kernel, kv_layout,
-                            page_size if paged else None, None if scale is None else float(scale), k_cache.dtype,
-                            error_target, pilot)
+        shape = dict(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget, dtype=q.dtype,
+                     device=q.device, kernel=kernel, kv_layout=kv_layout, page_size=page_size if paged else None,
+                     scale=None if scale is None else float(scale), kv_dtype=k_cache.dtype, error_target=error_target,
+                     pilot=pilot)
+        plan_key = tuple(shape.values())
+        plan = _plan_for(plan_key, **shape)
     call = _Call(budget=budget, kernel=kernel, n_keys=n_keys, kv_heads=kv_heads, page_size=page_size,
-                 workspace_key=_workspace_key(kernel, batch, heads, dim, n_keys, budget, q.device), plan=plan,
+                 workspace_key=_workspace_key(kernel, batch, heads, dim, n_keys, budget, q.device), plan=plan, plan_key=plan_key,
                  host_checks=plan is None or q.device.type == "cpu", error_target=error_target, pilot=pilot)
     if sig is not None:
         if len(_CALLS) >= _CALL_CACHE_SIZE:
