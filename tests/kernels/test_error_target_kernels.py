@@ -153,3 +153,39 @@ def test_bad_error_targets_are_refused_by_name(kwargs, error, match):
     with pytest.raises(error, match=match):
         plan_decode(batch=B, heads=H, kv_heads=H_KV, head_dim=D, n_keys=L, budget=64, dtype=torch.bfloat16, device=DEVICE,
                     **kwargs)
+
+
+@pytest.mark.skipif(not CUDA, reason="CUDA graphs need a GPU")
+def test_a_captured_graph_follows_the_budgets_its_rows_ask_for():
+    """The plan is sized by the cap: one captured graph replays steps whose rows ask for other budgets (new lengths,
+    positions and values written in place) and gives the eager call's outputs and budgets."""
+    call = inputs(seed=7)
+    plan = plan_decode(batch=B, heads=H, kv_heads=H_KV, head_dim=D, n_keys=L, budget=128, dtype=torch.bfloat16,
+                       device=DEVICE, error_target=0.2)
+    positions = (call["seq_lens"] - 1).long()
+    seeds = torch.tensor([3, 4], device=DEVICE)
+    out = torch.empty_like(call["q"])
+    counts = torch.zeros(B, H, L, dtype=torch.int32, device=DEVICE)
+
+    def step():
+        counts.zero_()
+        plan.run(call["q"], call["k"], call["v"], seq_lens=call["seq_lens"], seed=seeds, positions=positions, out=out,
+                 counts=counts)
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    budgets = []
+    for lengths, scale in (((L, 211), 1.0), ((250, 180), 3.0)):
+        call["seq_lens"].copy_(torch.tensor(lengths, dtype=torch.int32))
+        positions.copy_(call["seq_lens"].long() - 1)
+        call["v"].mul_(scale)  # ‖o‖ and T scale alike: the same budgets; new lengths: new draws
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = plan.run(call["q"], call["k"], call["v"], seq_lens=call["seq_lens"], seed=seeds, positions=positions,
+                         counts=(eager_counts := torch.zeros_like(counts)))
+        assert torch.equal(counts, eager_counts) and torch.equal(out, eager)
+        budgets.append(counts.sum(-1).cpu())
+    assert not torch.equal(budgets[0], budgets[1])
