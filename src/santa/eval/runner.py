@@ -402,8 +402,9 @@ def _run_kl_batch(model, batch: Batch, batch_jobs: list[Job], on_done) -> None:
     forcing this is the same estimator as ``T − 1`` single-token decode steps: each row samples its
     own causal attention distribution and feeds its sampled output to the next layer, so the K/V
     written for continuation tokens are the ones stepwise decoding would write (only the random
-    draws differ). It costs one forward instead of ``T − 1``. The value rows read are not reported
-    for KL jobs: the RULER rows give them.
+    draws differ). It costs one forward instead of ``T − 1``. The value rows read are the batch's share
+    over the chunk's rows (distinct rows per head and query row over the keys each sees, an error target's pilot
+    included), as the RULER jobs report theirs; dense reads every row.
     """
     n_scored = batch_jobs[0].max_new_tokens
     if min(batch.lengths) <= n_scored:
@@ -444,7 +445,9 @@ def _run_kl_batch(model, batch: Batch, batch_jobs: list[Job], on_done) -> None:
         decode_s = time.perf_counter() - start
         kl = (reference.exp() * (reference - logprobs)).sum(-1).clamp_min(0.0)  # [B, T−1]
         nll = -logprobs.gather(-1, targets[..., None])[..., 0]  # [B, T−1]
-        share = 1.0 if job.method == "dense" else None
+        share = kv_share = 1.0 if job.method == "dense" else None
+        if job.method != "dense" and config.stats.calls:
+            share, kv_share = config.stats.share_per_head, config.stats.share_per_kv_head
         for job in cell:
             i = batch.row(job.prompt)
             on_done(
@@ -454,7 +457,7 @@ def _run_kl_batch(model, batch: Batch, batch_jobs: list[Job], on_done) -> None:
                     "prompt_tokens": batch.lengths[i],
                     "new_tokens": n_scored - 1,
                     "v_rows_read": share,
-                    "v_rows_read_kv": share,
+                    "v_rows_read_kv": kv_share,
                     "k_features_read": config.stats.feature_share,
                     "batch": len(batch.prompts),
                     "prefill_s": prefill_s,
