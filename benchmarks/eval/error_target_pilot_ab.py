@@ -43,7 +43,7 @@ def measure(probs, values, *, pilot_sampler: str, pilot: int, error_target: floa
         mean = weighted_values(pilot_weights, v4.double())
         square_mean = weighted_values(pilot_weights, (v4.double() ** 2).sum(-1, keepdim=True))[..., 0]
         trace, norm2 = pilot_statistics(mean, square_mean, pilot)
-        budget = adaptive_budgets(trace, norm2, error_target, CAP)
+        budget = adaptive_budgets(trace, norm2, error_target, CAP, 1)  # no floor: the rule as this A/B measured it
         counts = sample_counts_per_row(p4, budget, "iid", cap=CAP, generator=g)
         out = weighted_values(counts.float() / budget.unsqueeze(-1).float(), v4)
         error = ((out[0, :, 0].double() - exact) ** 2).sum(-1) / (exact * exact).sum(-1)

@@ -238,7 +238,7 @@ def error_target_weights(
     probs ``[B, Hq, Lq, n]`` (finite rows: mask NaN rows first), value ``[B, Hkv, n, D]`` (GQA as
     :func:`weighted_values`). A pilot of ``pilot`` systematic draws per row estimates the variance trace T̂ and
     ‖o‖² (N̂) — systematic draws whatever ``sampler`` (:mod:`santa.error_target`: its T̂ varies far less); the row
-    then draws ``S_r = clamp(⌈T̂ / (ε² N̂)⌉, 1, cap)`` samples of ``sampler`` on fresh uniforms: ``w = c / S_r``.
+    then draws ``S_r = min(cap, max(pilot, ⌈T̂ / (ε² N̂)⌉))`` samples of ``sampler`` on fresh uniforms: ``w = c / S_r``.
     uniforms: ``(pilot's, output's)``: the pilot's one systematic offset per row ``[B, Hq, Lq]``, the output's as
     :func:`santa.sample_counts` takes them for ``cap`` draws of ``sampler`` (:func:`santa.sampling.sample_counts_per_row`);
     else both drawn from ``generator``, the pilot's first.
@@ -255,7 +255,7 @@ def error_target_weights(
     mean = weighted_values(pilot_weights, value.double())  # ȳ [B, Hq, Lq, D]
     square_mean = weighted_values(pilot_weights, square_norms)[..., 0]  # (1/S₀) Σ_m ‖y_m‖²
     trace, norm2 = pilot_statistics(mean, square_mean, pilot)
-    budgets = adaptive_budgets(trace, norm2, error_target, cap)
+    budgets = adaptive_budgets(trace, norm2, error_target, cap, pilot)
     counts = sample_counts_per_row(probs, budgets, sampler, cap=cap, generator=generator, uniforms=output_uniforms)
     weights = counts.float() / budgets.unsqueeze(-1).float()  # ô = (1/S_r) Σ_j c_j v_j
     return weights, ErrorTargetDraw(counts, budgets, pilot_counts, trace, norm2)
@@ -309,7 +309,7 @@ def sampled_attention(
         iid and stratified, ``[B, Hq, Lq]`` for systematic (e.g. request-keyed ones,
         :func:`santa.kernels.reference.call_uniforms`); checked by :func:`santa.sample_counts`.
     error_target: a relative error ε > 0 instead of a fixed budget (:mod:`santa.error_target`): each
-        query row and head draws ``S_r = min(budget, ⌈T̂ / (ε² N̂)⌉)`` samples, the variance trace T̂ and
+        query row and head draws ``S_r = min(budget, max(S₀, ⌈T̂ / (ε² N̂)⌉))`` samples, the variance trace T̂ and
         ‖o‖² (N̂) estimated from a pilot of ``pilot`` systematic draws (int ≥ 2, default 16) on their own
         uniforms; ``budget`` is then the cap S_max. Stochastic samplers only; ``uniforms`` is then the
         pair (pilot's, output's) that :func:`santa.attention.error_target_values` takes, which also

@@ -17,7 +17,7 @@ independent of the output's) reads rows ``y_1 … y_S₀`` and estimates both::
     N̂ = ‖ȳ‖² − T̂ / S₀
 
 For iid draws both would be unbiased: ``E T̂ = T`` (the sample variance), and ``E‖ȳ‖² = ‖o‖² + T/S₀``
-gives ``E N̂ = ‖o‖²``. The row then draws ``S_r = clamp(⌈T̂ / (ε² N̂)⌉, 1, S_max)`` samples of its
+gives ``E N̂ = ‖o‖²``. The row then draws ``S_r = min(S_max, max(S₀, ⌈T̂ / (ε² N̂)⌉))`` samples of its
 own sampler for its output (``S_max`` where ``N̂ ≤ 0``: the pilot cannot tell o from zero), on fresh
 uniforms, so that given ``S_r`` the output is the fixed-budget estimator: **unbiased**. The pilot's
 rows are read and not averaged into the output (that would make the weights depend on the draws): a
@@ -34,8 +34,16 @@ same iid outputs with a systematic pilot measured 0.94 ± 0.01 and 0.93 ± 0.02 
 iid one, so ``N̂`` is biased low: the rule errs towards more samples. It is also what prop's kernel
 draws (one offset per row, stream 1).
 
-Calibration. Where ``S_r`` is well above 1 and below the cap, ``E r² ≈ ε²`` for iid output; the
-ceiling, the floor of one draw and ``N̂ ≤ 0 → S_max`` only lower it. Stratified and systematic outputs
+Why never fewer than S₀ draws. Mass below 1/S₀ can slip between the pilot's points, and on real heads
+it is where the error hides: an attention sink holds most of the weight with a small value, a tail of
+keys with large values holds the rest, so a pilot that lands on the sink alone sees ``T̂ = 0`` while
+``T / ‖o‖²`` is 0.2–2.2 (SmolLM2-135M at 8k, the "easy" third of its heads). Down to one draw, those
+heads measured ``E r² / ε²`` 5.3 ± 4.0 at ε = 0.1 (one head 40×); with the floor at S₀ = 16, 0.66 ±
+0.06 (8 heads × 200 seeds; ``benchmarks/results/accuracy.md``, issue 42). The floor costs nothing where
+the rule asks for more, and cuts a missed tail's share of the error to ``1/S₀`` of its variance.
+
+Calibration. Where ``S_r`` is well above S₀ and below the cap, ``E r² ≈ ε²`` for iid output; the
+ceiling, the floor and ``N̂ ≤ 0 → S_max`` only lower it. Stratified and systematic outputs
 use the same rule: their variance is at most iid's for stratified (proven: the within-stratum
 variances sum to at most T) and measured below it for systematic on every head the calibration
 covers, so they land at or below ε². The calibration study measures the realised ``E r² / ε²`` per
@@ -100,10 +108,11 @@ def pilot_statistics(mean: torch.Tensor, square_mean: torch.Tensor, pilot: int) 
     return trace, mean_norm2 - trace / pilot
 
 
-def adaptive_budgets(trace: torch.Tensor, norm2: torch.Tensor, error_target: float, cap: int) -> torch.Tensor:
-    """``S_r = clamp(⌈T̂ / (ε² N̂)⌉, 1, cap)`` per row, ``cap`` where ``N̂ ≤ 0`` or either estimate is
-    not finite: int64 ``[...]``."""
+def adaptive_budgets(trace: torch.Tensor, norm2: torch.Tensor, error_target: float, cap: int, pilot: int) -> torch.Tensor:
+    """``S_r = min(cap, max(pilot, ⌈T̂ / (ε² N̂)⌉))`` per row, ``cap`` where ``N̂ ≤ 0`` or either estimate is
+    not finite: int64 ``[...]``. Never fewer draws than the pilot's: mass the pilot cannot see (below 1/S₀) may
+    hold values far from the rest (an attention sink's tail), which a single draw would leave as the whole error."""
     usable = (norm2 > 0) & torch.isfinite(norm2) & torch.isfinite(trace)
     wanted = torch.ceil(trace / (error_target**2 * norm2.masked_fill(~usable, 1.0)))
-    wanted = wanted.clamp(1, cap).masked_fill(~usable, cap)
+    wanted = wanted.clamp_min(pilot).clamp_max(cap).masked_fill(~usable, cap)
     return wanted.long()

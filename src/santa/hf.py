@@ -144,7 +144,7 @@ class SantaConfig:
         of keys, found on the device; flash takes unmasked steps only. The kernels and the reference
         draw the same request-keyed uniforms (Bernoulli scores still use a generator per call).
     error_target: a relative error ε > 0 instead of one budget for every head (:mod:`santa.error_target`): each
-        query row and head draws ``min(S, ⌈T̂ / (ε² N̂)⌉)`` samples, estimated from a pilot of ``pilot`` draws (int ≥ 2),
+        query row and head draws ``min(S, max(S₀, ⌈T̂ / (ε² N̂)⌉))`` samples, estimated from a pilot of ``pilot`` draws (int ≥ 2),
         S (``budget`` or the layer's) the cap; the stochastic samplers only, and the prop kernel (not flash).
         ``record_stats`` counts the pilot's rows among the rows read on the reference path (the kernels return the
         output's draws only).

@@ -271,7 +271,7 @@ def make_context(
     layer_budgets: ``{layer: S}`` for the sampled backends (e.g. from
     :func:`santa.budgets.schedule.load_layer_budgets`); layers not in it use ``budget``.
     error_target: a relative error ε > 0 for the sampled backends but top-k (:mod:`santa.error_target`): each head
-    draws ``min(S, ⌈T̂ / (ε² N̂)⌉)`` samples from a pilot of ``pilot`` draws, S (``budget`` or the layer's) the cap.
+    draws ``min(S, max(S₀, ⌈T̂ / (ε² N̂)⌉))`` samples from a pilot of ``pilot`` draws, S (``budget`` or the layer's) the cap.
     attention: plug in an attention of your own (benchmarks): a callable ``(q [B, H, d], k_cache,
     v_cache [B, L_max, H_kv, d], ctx, layer) → [B, H, d]``, run in every layer of every decode step
     (sequence b sees its first ``ctx.seq_lens[b]`` keys); ``backend`` then names it and must not be

@@ -59,19 +59,20 @@ def test_pilot_statistics_are_the_sample_variance_and_the_debiased_square_norm()
 def test_budgets_follow_the_rule_and_fall_back_to_the_cap():
     trace = torch.tensor([0.0, 1.0, 1.0, 1.0, 5.0, math.nan, 1.0], dtype=torch.float64)
     norm2 = torch.tensor([1.0, 1.0, 0.0, -2.0, 1e-9, 1.0, math.inf], dtype=torch.float64)
-    # ε = 0.1: ⌈T / (0.01 N)⌉ → 1 (floor), 100, cap (N ≤ 0), cap, cap (past it), cap (NaN), cap (inf)
-    assert adaptive_budgets(trace, norm2, 0.1, 128).tolist() == [1, 100, 128, 128, 128, 128, 128]
-    assert adaptive_budgets(torch.tensor([0.5]).double(), torch.tensor([1.0]).double(), 0.1, 128).tolist() == [50]
+    # ε = 0.1: ⌈T / (0.01 N)⌉ → the pilot's 16 (floor), 100, cap (N ≤ 0), cap, cap (past it), cap (NaN), cap (inf)
+    assert adaptive_budgets(trace, norm2, 0.1, 128, 16).tolist() == [16, 100, 128, 128, 128, 128, 128]
+    assert adaptive_budgets(torch.tensor([0.5]).double(), torch.tensor([1.0]).double(), 0.1, 128, 16).tolist() == [50]
+    assert adaptive_budgets(torch.tensor([0.0]).double(), torch.tensor([1.0]).double(), 0.1, 8, 16).tolist() == [8]  # cap first
 
 
-def test_a_head_on_identical_values_draws_once_and_is_exact():
+def test_a_head_on_identical_values_draws_the_pilots_count_and_is_exact():
     g = torch.Generator().manual_seed(3)
     q, k = torch.randn(1, 2, 1, 8, generator=g), torch.randn(1, 2, 64, 8, generator=g)
     v = torch.randn(1, 2, 1, 8, generator=g).expand(1, 2, 64, 8).contiguous()  # every key holds the same value
     out, draw = error_target_values(attention_probs(q, k), v, 128, "systematic", error_target=0.01,
                                     generator=torch.Generator().manual_seed(0))
-    assert draw.budgets.tolist() == [[[1], [1]]]
-    assert torch.equal(draw.rows_read(), torch.full((1, 2, 1), 17))  # the pilot's 16 and one
+    assert draw.budgets.tolist() == [[[16], [16]]]  # T̂ = 0: the floor, the pilot's own count
+    assert torch.equal(draw.rows_read(), torch.full((1, 2, 1), 32))
     assert torch.allclose(out, v[:, :, :1], atol=1e-6)
 
 

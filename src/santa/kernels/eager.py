@@ -440,7 +440,7 @@ def decode(
         with ``positions`` only: the counter's head is ``head_offset + h``, so the ranks' slices draw exactly
         what one call with every head draws (:meth:`santa.kernels.DecodePlan.run`).
     error_target: a relative error ε > 0 (prop only; :mod:`santa.error_target`): each (sequence, head)
-        draws ``S_r = min(budget, ⌈T̂ / (ε² N̂)⌉)`` samples, T̂ and ‖o‖² (N̂) estimated from a pilot of
+        draws ``S_r = min(budget, max(S₀, ⌈T̂ / (ε² N̂)⌉))`` samples, T̂ and ‖o‖² (N̂) estimated from a pilot of
         ``pilot`` systematic draws (int ≥ 2, default 16) on their own uniforms (stream 1); ``budget`` is
         the cap S_max (the launch's size, so graphs capture it). The counts then sum to each head's S_r.
     Returns out, or ``(out, counts)``. Non-finite input: see the module docstring.

@@ -398,7 +398,7 @@ def plan_decode(
         CPU, ``run`` does what :func:`santa.decode` does for CPU tensors (see the module docstring).
     tuning: prop's launch parameters. workspace: reuse one made for exactly this shape.
     error_target: a relative error ε > 0 (prop only): each (sequence, head) draws the samples its own
-        distribution needs, ``S_r = min(budget, ⌈T̂ / (ε² N̂)⌉)`` from a pilot of ``pilot`` draws (int ≥ 2,
+        distribution needs, ``S_r = min(budget, max(S₀, ⌈T̂ / (ε² N̂)⌉))`` from a pilot of ``pilot`` draws (int ≥ 2,
         default 16; :mod:`santa.error_target`), ``budget`` being the cap S_max that sizes the launches (a CUDA
         graph's launch never depends on S_r). Such a plan runs the Triton prop (not the one launch).
     Integer arguments take Python or numpy ints: a wrong type is a TypeError, a bad value (or an

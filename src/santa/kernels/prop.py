@@ -273,7 +273,7 @@ def _place_samples(
 def _pilot_budget(vals, v_scale, cap, inv_target2, PILOT: tl.constexpr):
     """A row's budget from its pilot's V rows ``vals [PBLOCK, BLOCK_D]`` (0 past the PILOT draws): the
     sample variance ``T̂ = S₀/(S₀−1) · ((1/S₀) Σ‖y‖² − ‖ȳ‖²)``, ``N̂ = ‖ȳ‖² − T̂/S₀`` and
-    ``S_r = clamp(⌈T̂ · (1/ε²) / N̂⌉, 1, cap)``, cap where N̂ ≤ 0 or an estimate is not finite
+    ``S_r = min(cap, max(S₀, ⌈T̂ · (1/ε²) / N̂⌉))``, cap where N̂ ≤ 0 or an estimate is not finite
     (:mod:`santa.error_target`; :func:`santa.kernels.reference.pilot_budget` is its float32 spec)."""
     y = vals * v_scale
     mean = tl.sum(y, axis=0) / PILOT  # ȳ [BLOCK_D]
@@ -283,7 +283,7 @@ def _pilot_budget(vals, v_scale, cap, inv_target2, PILOT: tl.constexpr):
     norm2 = mean_norm2 - trace / PILOT
     usable = (norm2 > 0) & (norm2 < float("inf")) & (trace < float("inf"))  # NaN compares false
     wanted = tl.ceil(trace * inv_target2 / tl.where(usable, norm2, 1.0))
-    wanted = tl.minimum(tl.maximum(wanted, 1.0), cap.to(tl.float32))
+    wanted = tl.minimum(tl.maximum(wanted, PILOT * 1.0), cap.to(tl.float32))  # never fewer draws than the pilot's
     return tl.where(usable, wanted.to(tl.int32), cap)
 
 

@@ -263,7 +263,7 @@ def systematic_counts(probs: torch.Tensor, budget: int, uniforms: torch.Tensor, 
 def pilot_budget(pilot_counts: torch.Tensor, v: torch.Tensor, *, pilot: int, error_target: float, cap: int) -> torch.Tensor:
     """Each row's budget from its pilot, as prop's pass 2 forms it (``_pilot_budget``, in float32): the
     pilot's mean row ȳ and mean squared norm from its counts ``[B, H, L]`` and ``v [B, L, H_kv, d]``, then
-    ``T̂ = max((sq − ‖ȳ‖²)·S₀/(S₀−1), 0)``, ``N̂ = ‖ȳ‖² − T̂/S₀``, ``S_r = clamp(⌈T̂·(1/ε²)/N̂⌉, 1, cap)``, the
+    ``T̂ = max((sq − ‖ȳ‖²)·S₀/(S₀−1), 0)``, ``N̂ = ‖ȳ‖² − T̂/S₀``, ``S_r = min(cap, max(S₀, ⌈T̂·(1/ε²)/N̂⌉))``, the
     cap where N̂ ≤ 0 or an estimate is not finite (:func:`santa.error_target.adaptive_budgets`'s rule). The
     sums are float64 here and float32 there: a budget can differ by one where ``T̂/(ε²N̂)`` lies within float32
     rounding of an integer. Returns int64 ``[B, H]``."""
@@ -276,7 +276,7 @@ def pilot_budget(pilot_counts: torch.Tensor, v: torch.Tensor, *, pilot: int, err
     norm2 = mean_norm2 - trace / pilot
     usable = (norm2 > 0) & (norm2 < math.inf) & (trace < math.inf)
     inv_target2 = torch.tensor(1.0 / error_target**2, dtype=torch.float32)
-    wanted = torch.ceil(trace * inv_target2 / torch.where(usable, norm2, 1.0)).clamp(1.0, float(cap))
+    wanted = torch.ceil(trace * inv_target2 / torch.where(usable, norm2, 1.0)).clamp_min(float(pilot)).clamp_max(float(cap))
     return torch.where(usable, wanted.long(), cap)
 
 

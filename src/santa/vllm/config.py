@@ -16,7 +16,7 @@ Variables (each optional; the defaults sample with prop at S = 128, seed 0):
   (per-tile budgets) or ``"dense"`` (vLLM's own attention for every batch: the exact control).
 - ``SANTA_VLLM_SEED``: the root seed, an int in ``[0, 2**63)``; each request's draws are keyed on it,
   the layer, the head and the token's position in its own sequence (:mod:`santa.rng`).
-- ``SANTA_VLLM_ERROR_TARGET``: a relative error ε > 0 (prop): each head draws ``min(S, ⌈T̂/(ε²N̂)⌉)`` samples from a
+- ``SANTA_VLLM_ERROR_TARGET``: a relative error ε > 0 (prop): each head draws ``min(S, max(16, ⌈T̂/(ε²N̂)⌉))`` samples from a
   pilot of 16 (:mod:`santa.error_target`), the budget the cap; unset: every head draws the budget.
 
 Anything else starting with ``SANTA_VLLM_`` is refused by name (a misspelt variable would otherwise
