@@ -1,0 +1,89 @@
+"""Two designs of the error-target estimate on SmolLM2's real heads (issue 42): the pilot alone (what santa ships,
+with and without its floor of S₀ draws) against an exact ``A = Σ_j p_j ‖v_j‖²`` (per-key ‖v‖² kept beside the
+cache, the issue's suggestion, not built in santa: here from the captured V).
+
+With A exact, ``N̂ = (S₀ ‖ȳ‖² − A) / (S₀ − 1)`` (``E‖ȳ‖² = ‖o‖² + (A − ‖o‖²)/S₀``) and ``T̂ = A − N̂``: a tail the pilot
+misses still enters A. Heads: SmolLM2-135M at the last position of an 8k needle prompt, tertiles of ``T / ‖o‖²``
+(``error_target_calibration.py``'s classes), 8 heads each; systematic outputs; 200 seeds; cap 4096.
+
+    python benchmarks/eval/error_target_designs.py OUT.json [--seeds 200] [--capture FILE.pt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from error_target_calibration import captured_heads, classes_of, relative_trace  # noqa: E402
+
+from santa.attention import weighted_values  # noqa: E402
+from santa.error_target import adaptive_budgets, pilot_statistics  # noqa: E402
+from santa.provenance import run_record  # noqa: E402
+from santa.sampling import sample_counts, sample_counts_per_row  # noqa: E402
+
+CAP, PILOT = 4096, 16
+
+
+def measure(probs, values, *, design: str, floor: int, error_target: float, seeds: int) -> dict:
+    _, exact = relative_trace(probs, values)
+    heads = probs.shape[0]
+    p4 = probs.reshape(1, heads, 1, -1)
+    v4 = values.reshape(heads, 1, *values.shape[1:]).transpose(0, 1)
+    second = torch.einsum("hn,hn->h", probs.double(), (values.double() ** 2).sum(-1)).reshape(1, heads, 1)  # A
+    ratios, budgets = [], []
+    for seed in range(seeds):
+        g = torch.Generator().manual_seed(seed)
+        weights = sample_counts(p4, PILOT, "systematic", generator=g).double() / PILOT
+        mean = weighted_values(weights, v4.double())
+        if design == "pilot":
+            square_mean = weighted_values(weights, (v4.double() ** 2).sum(-1, keepdim=True))[..., 0]
+            trace, norm2 = pilot_statistics(mean, square_mean, PILOT)
+        else:  # exact A
+            norm2 = (PILOT * (mean * mean).sum(-1) - second) / (PILOT - 1)
+            trace = (second - norm2).clamp_min(0.0)
+        budget = adaptive_budgets(trace, norm2, error_target, CAP, floor)
+        counts = sample_counts_per_row(p4, budget, "systematic", cap=CAP, generator=g)
+        out = weighted_values(counts.float() / budget.unsqueeze(-1).float(), v4)
+        error = ((out[0, :, 0].double() - exact) ** 2).sum(-1) / (exact * exact).sum(-1)
+        ratios.append(error / error_target**2)
+        budgets.append(budget.double().flatten())
+    ratio = torch.stack(ratios)
+    return {"design": design, "floor": floor, "error_target": error_target, "seeds": seeds, "ratio": float(ratio.mean()),
+            "ratio_se": float(ratio.mean(1).std() / math.sqrt(seeds)), "ratio_worst_head": float(ratio.mean(0).max()),
+            "mean_budget": float(torch.stack(budgets).mean())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--seeds", type=int, default=200)
+    parser.add_argument("--capture", type=Path, default=None, help="cache of the captured heads (.pt), made on first use")
+    args = parser.parse_args(argv)
+    if args.capture is not None and args.capture.exists():
+        cases = torch.load(args.capture)
+    else:
+        probs, values = captured_heads("smollm2-135m", 8192)
+        cases = {name: (probs[ix], values[ix]) for name, ix in classes_of(probs, values, 8).items()}
+        if args.capture is not None:
+            torch.save(cases, args.capture)
+    result = {"run": run_record(), "heads": "smollm2-135m, 8192-token niah_single, 8 per class", "cases": []}
+    for name, (probs, values) in cases.items():
+        relative = relative_trace(probs, values)[0]
+        for design, floor in (("pilot", 1), ("pilot", PILOT), ("exact A", 1), ("exact A", PILOT)):
+            for target in (0.1, 0.3):
+                case = {"class": name, "relative_trace": [float(x) for x in relative],
+                        **measure(probs, values, design=design, floor=floor, error_target=target, seeds=args.seeds)}
+                result["cases"].append(case)
+                print(json.dumps({k: v for k, v in case.items() if k != "relative_trace"}), flush=True)
+                args.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
