@@ -186,7 +186,9 @@ class SantaAttentionImpl(FlashAttentionImpl):
             name = getattr(layer, "layer_name", None)
             self.layer_index = layer_index(name)
             if self.layer_index == 0:  # once per engine (and per graph capture): santa's decode did run
-                logger.info("santa: layer 0 decodes %d sequences with %s S=%d", n, self.santa_config.kernel, self.santa_config.budget)
+                target = self.santa_config.error_target
+                logger.info("santa: layer 0 decodes %d sequences with %s S=%d%s", n, self.santa_config.kernel,
+                            self.santa_config.budget, "" if target is None else f" (the cap; error target ε={target:g})")
             elif self.layer_index < 0:
                 logger.info("santa: attention layer %r has no layer index in its name; its draws are keyed on %d "
                             "(santa.vllm.layers.layer_index)", name, self.layer_index)
