@@ -250,15 +250,27 @@ def error_target_weights(
         raise TypeError("uniforms with error_target must be a pair (the pilot's uniforms, the output's uniforms)")
     pilot_uniforms, output_uniforms = uniforms if uniforms is not None else (None, None)
     pilot_counts = sample_counts(probs, pilot, "systematic", generator=generator, uniforms=pilot_uniforms)
-    pilot_weights = pilot_counts.double() / pilot
-    square_norms = (value.double() ** 2).sum(-1, keepdim=True)  # ‖v_j‖² [B, Hkv, n, 1]
-    mean = weighted_values(pilot_weights, value.double())  # ȳ [B, Hq, Lq, D]
-    square_mean = weighted_values(pilot_weights, square_norms)[..., 0]  # (1/S₀) Σ_m ‖y_m‖²
-    trace, norm2 = pilot_statistics(mean, square_mean, pilot)
+    trace, norm2 = pilot_statistics(*pilot_moments(pilot_counts, value, pilot), pilot)
     budgets = adaptive_budgets(trace, norm2, error_target, cap, pilot)
     counts = sample_counts_per_row(probs, budgets, sampler, cap=cap, generator=generator, uniforms=output_uniforms)
     weights = counts.float() / budgets.unsqueeze(-1).float()  # ô = (1/S_r) Σ_j c_j v_j
     return weights, ErrorTargetDraw(counts, budgets, pilot_counts, trace, norm2)
+
+
+def pilot_moments(counts: torch.Tensor, value: torch.Tensor, pilot: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pilot's mean row ``ȳ [B, Hq, Lq, D]`` and mean squared norm ``(1/S₀) Σ_m ‖y_m‖² [B, Hq, Lq]``, float64, from
+    its counts ``[B, Hq, Lq, n]`` over ``value [B, Hkv, n, D]``: the sampled rows alone are read (≤ S₀ per row)."""
+    b, hq, lq, _ = counts.shape
+    group = hq // value.shape[1]
+    bi, hi, li, ji = counts.nonzero(as_tuple=True)
+    rows = value[bi, torch.div(hi, group, rounding_mode="floor"), ji].double()  # [reads, D]
+    weights = counts[bi, hi, li, ji].double() / pilot
+    flat = (bi * hq + hi) * lq + li
+    mean = torch.zeros(b * hq * lq, value.shape[-1], dtype=torch.float64, device=value.device)
+    mean.index_add_(0, flat, weights.unsqueeze(-1) * rows)
+    square_mean = torch.zeros(b * hq * lq, dtype=torch.float64, device=value.device)
+    square_mean.index_add_(0, flat, weights * (rows * rows).sum(-1))
+    return mean.reshape(b, hq, lq, -1), square_mean.reshape(b, hq, lq)
 
 
 def error_target_values(

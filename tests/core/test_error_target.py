@@ -166,3 +166,14 @@ def test_per_row_budgets_are_checked():
         with pytest.raises(error, match="budgets"):
             sample_counts_per_row(probs, budgets, "iid", cap=8)
     assert check_pilot(2) == 2
+
+
+def test_pilot_moments_read_the_sampled_rows_as_a_dense_product_would(head):
+    from santa.attention import pilot_moments, weighted_values
+
+    _, _, v, probs, _ = head
+    counts = sample_counts(probs, 16, "systematic", generator=torch.Generator().manual_seed(6))
+    mean, square_mean = pilot_moments(counts, v, 16)
+    weights = counts.double() / 16
+    assert torch.allclose(mean, weighted_values(weights, v.double()))
+    assert torch.allclose(square_mean, weighted_values(weights, (v.double() ** 2).sum(-1, keepdim=True))[..., 0])
