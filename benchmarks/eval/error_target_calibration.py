@@ -14,7 +14,8 @@ Per (source, class, sampler, ε) it records the realised ``E r² / ε²`` (mean 
 seeds, with the standard error over seeds), the mean budget, the mean value rows read (pilot included),
 the share of rows where the cap decided, and what a fixed budget reading as many rows would give
 (``T / (S ‖o‖²)`` for iid at the same mean reads). One JSONL record per case (resumable: a re-run
-skips the cases already in the file), the first record the run's provenance; ``--plot`` draws it.
+skips the cases already in the file), a provenance record per invocation and the commit in every case;
+``--plot`` draws it.
 
     python benchmarks/eval/error_target_calibration.py OUT.jsonl [--sources synthetic,smollm2-135m] \
         [--length 8192] [--seeds 200] [--targets 0.05,0.1,0.2,0.3] [--cap 4096] [--pilot 16] \
@@ -131,8 +132,8 @@ def run(path: Path, *, sources: list[str], length: int, seeds: int, targets: lis
     from tqdm import tqdm
 
     done = {record.get("key") for record in read_records(path)} if path.exists() else set()
-    if "run" not in done:
-        append_record(path, {"key": "run", **run_record()})
+    run = run_record()
+    append_record(path, {"key": f"run/{run['date']}", **run})  # one per invocation: a resumed file says what made each part
     for source in sources:
         if source == "synthetic":
             cases = synthetic_heads(length)
@@ -146,7 +147,7 @@ def run(path: Path, *, sources: list[str], length: int, seeds: int, targets: lis
         for name, sampler, target in tqdm(jobs, desc=source, unit="case"):
             probs, values = cases[name]
             result = measure(probs, values, sampler=sampler, error_target=target, cap=cap, pilot=pilot, seeds=seeds)
-            append_record(path, {"key": f"{source}/{name}/{sampler}/{target}", "source": source, "class": name,
+            append_record(path, {"key": f"{source}/{name}/{sampler}/{target}", "commit": run["commit"], "source": source, "class": name,
                                  "sampler": sampler, "error_target": target, "cap": cap, "pilot": pilot, "seeds": seeds,
                                  "keys": int(probs.shape[-1]), **result})
 
@@ -155,7 +156,7 @@ def plot(path: Path, out: Path) -> None:
     """Realised E r² / ε² per class and sampler (one panel per source), and mean rows read against ε."""
     from santa.eval.report import COLORS, pyplot, save_figure
 
-    records = [r for r in read_records(path) if r.get("key") != "run"]
+    records = [r for r in read_records(path) if not str(r.get("key")).startswith("run")]
     sources = sorted({r["source"] for r in records})
     fig, axes = pyplot().subplots(2, len(sources), figsize=(4.2 * len(sources), 6.4), squeeze=False)
     for col, source in enumerate(sources):
