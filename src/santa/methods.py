@@ -50,6 +50,12 @@ class Method:
         """Exact attention (the baseline every other method is compared with)."""
         return self.name == "dense"
 
+    @property
+    def takes_error_target(self) -> bool:
+        """Whether budgets from an error target apply (:mod:`santa.error_target`): a stochastic method with one draw
+        over the whole sequence (the reference samplers, prop), which a pilot can size; flash's tiles have none."""
+        return self.stochastic and self.kernel in (None, "prop")
+
 
 METHODS: dict[str, Method] = {
     m.name: m
@@ -92,6 +98,11 @@ def names(*, path: str | None = None, kernels: bool | None = None) -> tuple[str,
 def samplers() -> tuple[str, ...]:
     """The :func:`santa.sampled_attention` samplers of the registry (dense and top-k included)."""
     return tuple(m.sampler for m in METHODS.values() if m.sampler is not None)
+
+
+def error_target_methods() -> tuple[str, ...]:
+    """The methods that take an error target (:attr:`Method.takes_error_target`), in registry order."""
+    return tuple(m.name for m in METHODS.values() if m.takes_error_target)
 
 
 def kernels() -> tuple[str, ...]:

@@ -295,7 +295,7 @@ def make_context(
     method = by_model_backend(backend)
     if error_target is not None:
         error_target, pilot = check_error_target(error_target), check_pilot(pilot)
-        if method is None or not method.stochastic or method.kernel == "flash":
+        if method is None or not method.takes_error_target:
             raise ValueError(f"error_target needs a sampling backend with a global draw (prop or a reference sampler), "
                              f"got backend {backend!r}")
     if method is not None and method.kernel:  # the kernels' limit, for santa_impl="torch" too: one contract per backend

@@ -219,7 +219,7 @@ def grid(
     )
 
 
-ERROR_TARGET_METHODS = ("iid", "stratified", "systematic", "prop")  # a global draw each: flash's tiles have none
+ERROR_TARGET_METHODS = methods.error_target_methods()  # a global draw each (santa.methods): flash's tiles have none
 
 
 def _check_error_targets(targets: list, methods: list[str]) -> None:
