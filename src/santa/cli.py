@@ -105,10 +105,10 @@ def print_answers(prompts: list, answers: list, *, fast: bool) -> None:
     print(header)
     print("-" * len(header))
     for a in answers:
-        dense = a.method.startswith("dense")
-        share = f"{100 * a.share_per_head:.1f} %" if a.share_per_head is not None else "100 %" if dense else "not counted"
+        counted = a.share_per_head is None or a.share_per_head == a.share_per_head  # NaN: an error target's reads, not counted
+        share = "not counted" if not counted else f"{100 * a.share_per_head:.1f} %" if a.share_per_head is not None else "100 %"
         sampled_without_union = a.share_per_head is not None and a.share_per_kv_head is None
-        union = ("–" if sampled_without_union or not dense and a.share_per_head is None
+        union = ("–" if sampled_without_union or not counted
                  else f"{100 * a.share_per_kv_head:.1f} %" if a.share_per_kv_head is not None else "100 %")
         prompt = prompts[a.prompt]
         found = ("yes" if a.found else "no") if prompt.answers else "-"

@@ -19,6 +19,7 @@ share of value rows read and the decode speed.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -40,7 +41,7 @@ class Answer:
     prefill_s: float
     decode_s: float
     new_tokens: int
-    share_per_head: float | None  # share of visible V rows read per query head (sampled decode)
+    share_per_head: float | None  # share of visible V rows read per query head (sampled decode); None: exact; NaN: not counted (an error target on the fast path)
     share_per_kv_head: float | None  # the same for the union over each KV head's query group
     prompt: int = 0  # index of its prompt in the batch
     batch_tokens: int | None = None  # fast path: new tokens of the whole batch in decode_s
@@ -202,9 +203,9 @@ def answer_fast(model, tokenizer, prompts: list[Prompt], backends: list[tuple[st
                     prefill_s=pre.seconds,
                     decode_s=decode_s,
                     new_tokens=len(row),
-                    # an error target's reads are each head's own: the fast path does not count them (None: unknown)
-                    share_per_head=engine.nominal_share(backend, budget, len(token_lists[i]), len(row) - 1)
-                    if sampled and error_target is None else None,
+                    # an error target's reads are each head's own: the fast path does not count them (NaN: not counted)
+                    share_per_head=(math.nan if error_target is not None else
+                                    engine.nominal_share(backend, budget, len(token_lists[i]), len(row) - 1)) if sampled else None,
                     share_per_kv_head=None,
                     prompt=i,
                     batch_tokens=sum(len(r) for r in rows),

@@ -83,3 +83,18 @@ def test_santa_generate_refuses_a_bad_target_before_loading(capsys):
     assert "argument --error-target: expected a finite number > 0" in err
     assert sampled_name("systematic", 64, None) == "systematic S=64"
     assert sampled_name("systematic", 64, 0.1) == "systematic ε=0.1 S≤64"
+
+
+def test_santa_generate_says_the_fast_paths_error_target_reads_are_not_counted(capsys):
+    """The fast path does not count an error target's reads: the row says so (NaN), where None still means exact."""
+    import math
+
+    import santa.cli
+    from santa.generate import Answer, Prompt
+
+    prompt = Prompt(task="user", text="hi", answers=(), n_tokens=2, seed=0)
+    answer = Answer(method="santa-prop ε=0.1 S≤64", text="x", found=False, prefill_s=0.1, decode_s=0.1, new_tokens=1,
+                    share_per_head=math.nan, share_per_kv_head=None)
+    santa.cli.print_answers([prompt], [answer], fast=True)
+    row = capsys.readouterr().out.splitlines()[-1]
+    assert "not counted" in row and "100 %" not in row and "nan" not in row
