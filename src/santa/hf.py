@@ -472,8 +472,8 @@ def santa_attention_forward(
         positions = query_positions(attention_mask, n_queries, n_keys, query.shape[0], query.device)  # [B, Lq]
         uniforms = sampler_uniforms(rng.layer_key(config.seed, layer), positions, query.shape[1], sampler, budget)
         uniforms = uniforms.to(query.device, torch.float64)
-        if config.error_target is not None:  # the pilot's own (systematic, prop's stream 1, for every sampler)
-            pilot = pilot_uniforms(rng.layer_key(config.seed, layer), positions, query.shape[1])
+        if config.error_target is not None:  # the pilot's own (systematic for every sampler, on a stream of its own)
+            pilot = pilot_uniforms(rng.layer_key(config.seed, layer), positions, query.shape[1], sampler)
             uniforms = (pilot.to(query.device, torch.float64), uniforms)
     nan_rows = torch.isnan(probs).any(dim=-1, keepdim=True)  # NaN or +inf scores: a NaN row, as in SDPA
     probs = probs.masked_fill(nan_rows, 0.0)

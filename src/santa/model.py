@@ -493,8 +493,8 @@ def reference_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeCon
     if sampler != "topk":  # request-keyed, as the kernels draw: [B, H, 1(, S)]
         uniforms = reference.sampler_uniforms(keys, ctx.positions.unsqueeze(1), q.shape[1], sampler, budget)
         uniforms = uniforms.to(q.device, torch.float64)
-        if ctx.error_target is not None:  # the pilot's too (systematic, prop's stream 1, for every sampler)
-            pilot = reference.pilot_uniforms(keys, ctx.positions.unsqueeze(1), q.shape[1])
+        if ctx.error_target is not None:  # the pilot's too (systematic for every sampler, on a stream of its own)
+            pilot = reference.pilot_uniforms(keys, ctx.positions.unsqueeze(1), q.shape[1], sampler)
             uniforms = (pilot.to(q.device, torch.float64), uniforms)
     y = sampled_attention(q.unsqueeze(2), k_cache.transpose(1, 2), v_cache.transpose(1, 2), budget, sampler=sampler,
                           attn_mask=visible[:, None, None], enable_gqa=True, uniforms=uniforms,

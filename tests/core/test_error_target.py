@@ -177,3 +177,17 @@ def test_pilot_moments_read_the_sampled_rows_as_a_dense_product_would(head):
     weights = counts.double() / 16
     assert torch.allclose(mean, weighted_values(weights, v.double()))
     assert torch.allclose(square_mean, weighted_values(weights, (v.double() ** 2).sum(-1, keepdim=True))[..., 0])
+
+
+def test_a_pilots_request_keyed_uniform_is_never_one_of_its_outputs():
+    """The pilot's stream: prop's 1 under a systematic output (stream 0); under iid and stratified outputs, whose draw
+    m takes stream m, one no draw uses (on stream 1 the pilot would share draw 1's uniform)."""
+    from santa.kernels.reference import call_uniforms, pilot_uniforms, sampler_uniforms
+
+    positions = torch.tensor([[7], [300]])
+    assert torch.equal(pilot_uniforms(5, positions, 2, "systematic"), call_uniforms(5, 0, positions, 2, 2, 1))
+    for sampler in ("iid", "stratified"):
+        pilot = pilot_uniforms(5, positions, 2, sampler)  # [B, H, 1]
+        outputs = sampler_uniforms(5, positions, 2, sampler, 64)  # [B, H, 1, 64]
+        assert not (outputs == pilot.unsqueeze(-1)).any()
+        assert ((pilot >= 0) & (pilot < 1)).all()

@@ -135,10 +135,16 @@ def sampler_uniforms(seed, positions: torch.Tensor, heads: int, sampler: str, bu
     return call_uniforms(seed, 0, positions, positions.shape[0], heads, streams)
 
 
-def pilot_uniforms(seed, positions: torch.Tensor, heads: int) -> torch.Tensor:
-    """The request-keyed uniforms of an error target's pilot (:func:`santa.attention.error_target_weights`: systematic
-    for every sampler): one offset per row on stream 1, as prop's kernel draws its pilot, ``[B, H, *rows]``. CPU float32."""
-    return call_uniforms(seed, 0, positions, positions.shape[0], heads, 1)
+PILOT_STREAM = 1 << 31  # an iid or stratified output's pilot: past every stream its own draws use (m < MAX_BUDGET)
+
+
+def pilot_uniforms(seed, positions: torch.Tensor, heads: int, sampler: str) -> torch.Tensor:
+    """The request-keyed uniform of an error target's pilot (:func:`santa.attention.error_target_weights`: systematic
+    for every sampler), one offset per row ``[B, H, *rows]``, CPU float32, on a stream the output's draws never use:
+    stream 1 under a systematic output (stream 0), as prop's kernel draws it; ``PILOT_STREAM`` under iid and stratified
+    outputs, whose draw m takes stream m (a pilot on stream 1 would share draw 1's uniform: S_r would then depend on
+    the output's own draws)."""
+    return call_uniforms(seed, 0, positions, positions.shape[0], heads, 1 if sampler == "systematic" else PILOT_STREAM)
 
 
 def gather_cache(
