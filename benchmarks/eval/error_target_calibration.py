@@ -42,7 +42,6 @@ SYNTHETIC = {  # class: (score spread, value noise around a shared mean) — pea
     "spread": (1.0, 1.0),
     "flat": (0.25, 1.0),
 }
-CHUNK = 25  # seeds per call (bounds the memory of the materialised draws)
 
 
 def synthetic_heads(n_keys: int, dim: int = 64, heads: int = 8, seed: int = 0) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -82,35 +81,46 @@ def relative_trace(probs: torch.Tensor, values: torch.Tensor) -> tuple[torch.Ten
     return (second - norm2) / norm2, o
 
 
+def one_call(probs: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Heads ``probs [H, n]``, ``values [H, n, d]`` as one attention call: ``[1, H, 1, n]`` and ``[1, H, n, d]``
+    (one KV head per head)."""
+    heads = probs.shape[0]
+    return probs.reshape(1, heads, 1, -1), values.reshape(heads, 1, *values.shape[1:]).transpose(0, 1)
+
+
+def relative_error(out: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """``‖ô − o‖² / ‖o‖²`` per head, from one call's output ``[1, H, 1, d]`` and the exact ``o [H, d]``."""
+    return ((out[0, :, 0].double() - exact) ** 2).sum(-1) / (exact * exact).sum(-1)
+
+
+def ratio_summary(ratios: list[torch.Tensor], budgets: list[torch.Tensor]) -> dict:
+    """Seeds' ``r² / ε²`` per head (``[H]`` each): the mean over heads, its standard error over seeds, the worst
+    head's mean, and the mean budget."""
+    ratio = torch.stack(ratios)  # [R, H]
+    return {"ratio": float(ratio.mean()), "ratio_se": float(ratio.mean(1).std() / math.sqrt(ratio.shape[0])),
+            "ratio_worst_head": float(ratio.mean(0).max()), "mean_budget": float(torch.stack(budgets).mean())}
+
+
 def measure(probs: torch.Tensor, values: torch.Tensor, *, sampler: str, error_target: float, cap: int, pilot: int,
             seeds: int) -> dict:
     """R seeds of the error-target draw on heads ``probs [H, n]``, ``values [H, n, d]``."""
     rho, exact = relative_trace(probs, values)
-    heads = probs.shape[0]
     ratios, budgets, reads, capped = [], [], [], []
-    p4 = probs.reshape(1, heads, 1, -1)
-    v4 = values.reshape(heads, 1, *values.shape[1:]).transpose(0, 1)  # [1, H, n, d]: one KV head per head
-    for first in range(0, seeds, CHUNK):
-        count = min(CHUNK, seeds - first)
-        for seed in range(first, first + count):
-            out, draw = error_target_values(p4, v4, cap, sampler, error_target=error_target, pilot=pilot,
-                                            generator=torch.Generator().manual_seed(seed))
-            error = ((out[0, :, 0].double() - exact) ** 2).sum(-1) / (exact * exact).sum(-1)
-            ratios.append(error / error_target**2)
-            budgets.append(draw.budgets[0, :, 0].double())
-            reads.append(draw.rows_read()[0, :, 0].double())
-            capped.append((draw.budgets[0, :, 0] == cap).double())
-    ratio = torch.stack(ratios)  # [R, H]
-    head_mean = ratio.mean(0)
+    p4, v4 = one_call(probs, values)
+    for seed in range(seeds):
+        out, draw = error_target_values(p4, v4, cap, sampler, error_target=error_target, pilot=pilot,
+                                        generator=torch.Generator().manual_seed(seed))
+        ratios.append(relative_error(out, exact) / error_target**2)
+        budgets.append(draw.budgets[0, :, 0].double())
+        reads.append(draw.rows_read()[0, :, 0].double())
+        capped.append((draw.budgets[0, :, 0] == cap).double())
+    head_mean = torch.stack(ratios).mean(0)
     mean_reads = float(torch.stack(reads).mean())
     fixed_iid = float((rho / mean_reads).mean() / error_target**2)  # iid at a fixed S = the same mean reads
     return {
-        "heads": heads,
-        "ratio": float(head_mean.mean()),  # E r² / ε², averaged over heads
-        "ratio_se": float(ratio.mean(1).std() / math.sqrt(ratio.shape[0])),  # over seeds
-        "ratio_worst_head": float(head_mean.max()),
+        "heads": probs.shape[0],
+        **ratio_summary(ratios, budgets),  # E r² / ε² averaged over heads (± over seeds), the worst head, mean S_r
         "ratio_worst_head_uncapped": float(torch.where(torch.stack(capped).mean(0) == 0, head_mean, -math.inf).max()),
-        "mean_budget": float(torch.stack(budgets).mean()),
         "mean_rows_read": mean_reads,
         "capped_share": float(torch.stack(capped).mean()),
         "fixed_budget_same_reads_ratio_iid": fixed_iid,

@@ -13,16 +13,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from error_target_calibration import captured_heads, classes_of, relative_trace  # noqa: E402
+from error_target_calibration import (  # noqa: E402
+    captured_heads,
+    classes_of,
+    one_call,
+    ratio_summary,
+    relative_error,
+    relative_trace,
+)
 
-from santa.attention import weighted_values  # noqa: E402
+from santa.attention import pilot_moments, weighted_values  # noqa: E402
 from santa.error_target import adaptive_budgets, pilot_statistics  # noqa: E402
 from santa.provenance import run_record  # noqa: E402
 from santa.sampling import sample_counts, sample_counts_per_row  # noqa: E402
@@ -32,17 +38,13 @@ CAP, PILOT = 4096, 16
 
 def measure(probs, values, *, design: str, floor: int, error_target: float, seeds: int) -> dict:
     _, exact = relative_trace(probs, values)
-    heads = probs.shape[0]
-    p4 = probs.reshape(1, heads, 1, -1)
-    v4 = values.reshape(heads, 1, *values.shape[1:]).transpose(0, 1)
-    second = torch.einsum("hn,hn->h", probs.double(), (values.double() ** 2).sum(-1)).reshape(1, heads, 1)  # A
+    p4, v4 = one_call(probs, values)
+    second = torch.einsum("hn,hn->h", probs.double(), (values.double() ** 2).sum(-1)).reshape(1, -1, 1)  # A
     ratios, budgets = [], []
     for seed in range(seeds):
         g = torch.Generator().manual_seed(seed)
-        weights = sample_counts(p4, PILOT, "systematic", generator=g).double() / PILOT
-        mean = weighted_values(weights, v4.double())
+        mean, square_mean = pilot_moments(sample_counts(p4, PILOT, "systematic", generator=g), v4, PILOT)
         if design == "pilot":
-            square_mean = weighted_values(weights, (v4.double() ** 2).sum(-1, keepdim=True))[..., 0]
             trace, norm2 = pilot_statistics(mean, square_mean, PILOT)
         else:  # exact A
             norm2 = (PILOT * (mean * mean).sum(-1) - second) / (PILOT - 1)
@@ -50,13 +52,9 @@ def measure(probs, values, *, design: str, floor: int, error_target: float, seed
         budget = adaptive_budgets(trace, norm2, error_target, CAP, floor)
         counts = sample_counts_per_row(p4, budget, "systematic", cap=CAP, generator=g)
         out = weighted_values(counts.float() / budget.unsqueeze(-1).float(), v4)
-        error = ((out[0, :, 0].double() - exact) ** 2).sum(-1) / (exact * exact).sum(-1)
-        ratios.append(error / error_target**2)
+        ratios.append(relative_error(out, exact) / error_target**2)
         budgets.append(budget.double().flatten())
-    ratio = torch.stack(ratios)
-    return {"design": design, "floor": floor, "error_target": error_target, "seeds": seeds, "ratio": float(ratio.mean()),
-            "ratio_se": float(ratio.mean(1).std() / math.sqrt(seeds)), "ratio_worst_head": float(ratio.mean(0).max()),
-            "mean_budget": float(torch.stack(budgets).mean())}
+    return {"design": design, "floor": floor, "error_target": error_target, "seeds": seeds, **ratio_summary(ratios, budgets)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,16 +13,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from error_target_calibration import number_list, relative_trace, synthetic_heads  # noqa: E402
+from error_target_calibration import (  # noqa: E402
+    number_list,
+    one_call,
+    ratio_summary,
+    relative_error,
+    relative_trace,
+    synthetic_heads,
+)
 
-from santa.attention import weighted_values  # noqa: E402
+from santa.attention import pilot_moments, weighted_values  # noqa: E402
 from santa.error_target import adaptive_budgets, pilot_statistics  # noqa: E402
 from santa.provenance import run_record  # noqa: E402
 from santa.sampling import SAMPLERS, sample_counts, sample_counts_per_row  # noqa: E402
@@ -33,26 +39,19 @@ CAP = 4096
 def measure(probs, values, *, pilot_sampler: str, pilot: int, error_target: float, seeds: int) -> dict:
     """iid outputs with budgets from a ``pilot_sampler`` pilot of ``pilot`` draws, over ``seeds`` seeds."""
     _, exact = relative_trace(probs, values)
-    heads = probs.shape[0]
-    p4 = probs.reshape(1, heads, 1, -1)
-    v4 = values.reshape(heads, 1, *values.shape[1:]).transpose(0, 1)
+    p4, v4 = one_call(probs, values)
     ratios, budgets = [], []
     for seed in range(seeds):
         g = torch.Generator().manual_seed(seed)
-        pilot_weights = sample_counts(p4, pilot, pilot_sampler, generator=g).double() / pilot
-        mean = weighted_values(pilot_weights, v4.double())
-        square_mean = weighted_values(pilot_weights, (v4.double() ** 2).sum(-1, keepdim=True))[..., 0]
-        trace, norm2 = pilot_statistics(mean, square_mean, pilot)
+        pilot_counts = sample_counts(p4, pilot, pilot_sampler, generator=g)
+        trace, norm2 = pilot_statistics(*pilot_moments(pilot_counts, v4, pilot), pilot)
         budget = adaptive_budgets(trace, norm2, error_target, CAP, 1)  # no floor: the rule as this A/B measured it
         counts = sample_counts_per_row(p4, budget, "iid", cap=CAP, generator=g)
         out = weighted_values(counts.float() / budget.unsqueeze(-1).float(), v4)
-        error = ((out[0, :, 0].double() - exact) ** 2).sum(-1) / (exact * exact).sum(-1)
-        ratios.append(error / error_target**2)
+        ratios.append(relative_error(out, exact) / error_target**2)
         budgets.append(budget.double().flatten())
-    ratio = torch.stack(ratios)
     return {"pilot_sampler": pilot_sampler, "pilot": pilot, "error_target": error_target, "seeds": seeds,
-            "ratio": float(ratio.mean()), "ratio_se": float(ratio.mean(1).std() / math.sqrt(seeds)),
-            "ratio_worst_head": float(ratio.mean(0).max()), "mean_budget": float(torch.stack(budgets).mean())}
+            **ratio_summary(ratios, budgets)}
 
 
 def main(argv: list[str] | None = None) -> int:

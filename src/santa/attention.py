@@ -243,9 +243,7 @@ def error_target_weights(
     :func:`santa.sample_counts` takes them for ``cap`` draws of ``sampler`` (:func:`santa.sampling.sample_counts_per_row`);
     else both drawn from ``generator``, the pilot's first.
     """
-    error_target, pilot, cap = check_error_target(error_target), check_pilot(pilot), check_budget(cap, "budget")
-    if sampler not in SAMPLERS:
-        raise ValueError(f"error_target needs a stochastic sampler {SAMPLERS}, got sampler={sampler!r}")
+    (error_target, pilot), cap = _checked_target(error_target, pilot, sampler), check_budget(cap, "budget")
     if uniforms is not None and (not isinstance(uniforms, tuple) or len(uniforms) != 2):
         raise TypeError("uniforms with error_target must be a pair (the pilot's uniforms, the output's uniforms)")
     pilot_uniforms, output_uniforms = uniforms if uniforms is not None else (None, None)
@@ -255,6 +253,14 @@ def error_target_weights(
     counts = sample_counts_per_row(probs, budgets, sampler, cap=cap, generator=generator, uniforms=output_uniforms)
     weights = counts.float() / budgets.unsqueeze(-1).float()  # ô = (1/S_r) Σ_j c_j v_j
     return weights, ErrorTargetDraw(counts, budgets, pilot_counts, trace, norm2)
+
+
+def _checked_target(error_target: object, pilot: object, sampler: str) -> tuple[float, int]:
+    """``(ε, S₀)`` checked, and a stochastic sampler (a pilot sizes a draw: dense and top-k have none)."""
+    error_target, pilot = check_error_target(error_target), check_pilot(pilot)
+    if sampler not in SAMPLERS:
+        raise ValueError(f"error_target needs a stochastic sampler {SAMPLERS}, got sampler={sampler!r}")
+    return error_target, pilot
 
 
 def pilot_moments(counts: torch.Tensor, value: torch.Tensor, pilot: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -349,10 +355,7 @@ def sampled_attention(
     if attn_mask is not None:
         check_mask(attn_mask, (b, hq, lq, key.shape[2]), query.device)
     if error_target is not None:
-        check_error_target(error_target)
-        check_pilot(pilot)
-        if sampler not in SAMPLERS:
-            raise ValueError(f"error_target needs a stochastic sampler {SAMPLERS}, got sampler={sampler!r}")
+        _checked_target(error_target, pilot, sampler)  # before any work
     if sampler in SAMPLERS:
         check_draws(b * hq * lq, budget, key.shape[2])
     scored = query  # the query the scores use: q, or Bernoulli qKᵀ's sampled q̃

@@ -81,18 +81,21 @@ def draw_uniforms(
     return torch.rand(shape, generator=check_generator(generator, device), device=device, dtype=torch.float64)
 
 
-def sample_points(uniforms: torch.Tensor, budget: int, sampler: str) -> torch.Tensor:
+def sample_points(uniforms: torch.Tensor, budget: int, sampler: str, *, budgets: torch.Tensor | None = None) -> torch.Tensor:
     """Map uniforms to the S points ``T_m ∈ [0, 1)`` at which the inverse CDF is read.
 
     uniforms: ``[..., S]`` (iid, stratified) or ``[...]`` (systematic). Returns ``[..., S]`` float64.
+    budgets: a budget per row (int ``[...]``, each ≤ S): row r's strata are then ``1/S_r`` wide (its points
+    past ``m = S_r`` are not its own: :func:`sample_counts_per_row` drops them).
     """
     u = uniforms.to(torch.float64)
     if sampler == "iid":
         return u
     strata = torch.arange(budget, device=u.device, dtype=torch.float64)  # m = 0..S-1
+    width = budget if budgets is None else budgets.to(torch.float64).unsqueeze(-1)  # S, or S_r per row
     if sampler == "stratified":
-        return (strata + u) / budget  # T_m = (m + U_m) / S
-    return (strata + u.unsqueeze(-1)) / budget  # T_m = (m + U) / S
+        return (strata + u) / width  # T_m = (m + U_m) / S
+    return (strata + u.unsqueeze(-1)) / width  # T_m = (m + U) / S
 
 
 def inverse_cdf(probs: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
@@ -154,13 +157,19 @@ def sample_indices(
     probs = check_probs(probs)
     budget = check_budget(budget)
     sampler = check_sampler(sampler)
-    batch_shape = probs.shape[:-1]
-    check_draws(batch_shape.numel(), budget, probs.shape[-1])
-    if uniforms is None:
-        uniforms = draw_uniforms(batch_shape, budget, sampler, device=probs.device, generator=generator)
-    else:
-        check_uniforms(uniforms, uniforms_shape(batch_shape, budget, sampler), probs.device, sampler, "probs")
+    uniforms = _draw_or_check(probs, budget, sampler, uniforms, generator, "budget")
     return inverse_cdf(probs, sample_points(uniforms, budget, sampler))
+
+
+def _draw_or_check(probs: torch.Tensor, budget: int, sampler: str, uniforms, generator, name: str) -> torch.Tensor:
+    """The uniforms of a ``budget``-sample draw per row of ``probs``: checked when given, else drawn from
+    ``generator``; the draws' count refused past :data:`MAX_DRAWS` first (naming ``name``)."""
+    batch_shape = probs.shape[:-1]
+    check_draws(batch_shape.numel(), budget, probs.shape[-1], name)
+    if uniforms is None:
+        return draw_uniforms(batch_shape, budget, sampler, device=probs.device, generator=generator)
+    check_uniforms(uniforms, uniforms_shape(batch_shape, budget, sampler), probs.device, sampler, "probs")
+    return uniforms
 
 
 def check_uniforms(uniforms: object, expected: tuple[int, ...], device: torch.device, sampler: str, against: str) -> None:
@@ -237,21 +246,9 @@ def sample_counts_per_row(
     sampler = check_sampler(sampler)
     batch_shape = probs.shape[:-1]
     budgets = check_row_budgets(budgets, batch_shape, cap, probs.device)
-    check_draws(batch_shape.numel(), cap, probs.shape[-1], "cap")
-    if uniforms is None:
-        uniforms = draw_uniforms(batch_shape, cap, sampler, device=probs.device, generator=generator)
-    else:
-        check_uniforms(uniforms, uniforms_shape(batch_shape, cap, sampler), probs.device, sampler, "probs")
-    u = uniforms.to(torch.float64)
-    strata = torch.arange(cap, device=probs.device, dtype=torch.float64)  # m = 0..cap-1
-    own = budgets.to(torch.float64).unsqueeze(-1)  # S_r
-    if sampler == "iid":
-        points = u
-    elif sampler == "stratified":
-        points = (strata + u) / own  # T_m = (m + U_m) / S_r
-    else:
-        points = (strata + u.unsqueeze(-1)) / own  # T_m = (m + U) / S_r
-    live = strata < own  # the first S_r points of row r
+    uniforms = _draw_or_check(probs, cap, sampler, uniforms, generator, "cap")
+    points = sample_points(uniforms, cap, sampler, budgets=budgets)  # T_m with row r's own strata
+    live = torch.arange(cap, device=probs.device) < budgets.unsqueeze(-1)  # the first S_r points of row r
     indices = inverse_cdf(probs, points.masked_fill(~live, 0.0))
     counts = torch.zeros((*batch_shape, probs.shape[-1]), dtype=torch.int64, device=probs.device)
     counts.scatter_add_(-1, indices, live.long())

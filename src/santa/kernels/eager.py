@@ -25,7 +25,7 @@ import torch
 
 from santa.checks import integer
 from santa.checks import scale as check_scale
-from santa.error_target import DEFAULT_PILOT, check_error_target, check_pilot
+from santa.error_target import DEFAULT_PILOT
 from santa.kernels.layout import WorkspaceKey, workspace_nbytes
 from santa.kernels.plan import (
     DTYPES,
@@ -40,6 +40,7 @@ from santa.kernels.plan import (
     check_seed_and_offset,
     check_tables,
     check_workspace,
+    checked_error_target,
     kernels_on_cpu,
     plan_decode,
     refuse_unsupported,
@@ -359,17 +360,6 @@ def _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, 
             _CALLS.clear()
         _CALLS[sig] = call
     return call
-
-
-def checked_error_target(error_target, pilot, kernel: str) -> tuple[float | None, int]:
-    """``(ε or None, pilot)`` checked: ε a finite real > 0, pilot an int ≥ 2, and kernel prop (flash's
-    per-tile budgets have no global pilot): TypeError / ValueError naming the argument."""
-    if error_target is None:
-        return None, DEFAULT_PILOT
-    error_target, pilot = check_error_target(error_target), check_pilot(pilot)
-    if kernel != "prop":
-        raise ValueError(f"error_target is implemented by kernel='prop' (its pilot reads the global CDF), got kernel={kernel!r}")
-    return error_target, pilot
 
 
 def decode(

@@ -315,6 +315,17 @@ UNSUPPORTED_KEYWORDS = {
 }
 
 
+def checked_error_target(error_target, pilot, kernel: str) -> tuple[float | None, int]:
+    """``(ε or None, pilot)`` checked: ε a finite real > 0, pilot an int ≥ 2, and kernel prop (flash's
+    per-tile budgets have no global pilot): TypeError / ValueError naming the argument."""
+    if error_target is None:
+        return None, DEFAULT_PILOT
+    error_target, pilot = check_error_target(error_target), check_pilot(pilot)
+    if kernel != "prop":
+        raise ValueError(f"error_target is implemented by kernel='prop' (its pilot reads the global CDF), got kernel={kernel!r}")
+    return error_target, pilot
+
+
 def refuse_unsupported(where: str, keywords: dict) -> None:
     """Raise for any keyword in ``keywords``: ValueError naming the feature for :data:`UNSUPPORTED_KEYWORDS` set to
     something other than its off value, TypeError (as Python's own) for any other keyword."""
@@ -428,10 +439,7 @@ def plan_decode(
         if n_keys % page_size:
             raise ValueError(f"n_keys={n_keys} must be max_pages · page_size, a multiple of page_size={page_size}")
     check_scale(scale)
-    if error_target is not None:
-        error_target, pilot = check_error_target(error_target), check_pilot(pilot)
-        if kernel != "prop":
-            raise ValueError(f"error_target is implemented by kernel='prop' (its pilot reads the global CDF), got kernel={kernel!r}")
+    error_target, pilot = checked_error_target(error_target, pilot, kernel)
     tuning = checked_tuning(tuning)
     device = resolve_device(device)
     shape = DecodeShape(batch, heads, kv_heads, head_dim, n_keys, page_size, kv_layout, dtype, str(device), kv_dtype)

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from santa import sampling
+from santa.attention import pilot_moments
 from santa.checks import integer
 from santa.sampling import check_budget, sample_counts
 
@@ -273,10 +274,8 @@ def pilot_budget(pilot_counts: torch.Tensor, v: torch.Tensor, *, pilot: int, err
     cap where N̂ ≤ 0 or an estimate is not finite (:func:`santa.error_target.adaptive_budgets`'s rule). The
     sums are float64 here and float32 there: a budget can differ by one where ``T̂/(ε²N̂)`` lies within float32
     rounding of an integer. Returns int64 ``[B, H]``."""
-    read = pilot_counts > 0
-    mean = (_read_rows(pilot_counts, read, v) / pilot).float()  # ȳ
-    square_norms = (v.double() ** 2).sum(-1, keepdim=True)  # ‖v_j‖² [B, L, H_kv, 1]
-    square_mean = (_read_rows(pilot_counts, read, square_norms)[..., 0] / pilot).float()
+    mean, square_mean = pilot_moments(pilot_counts.unsqueeze(2), v.transpose(1, 2), pilot)  # the pilot's rows alone
+    mean, square_mean = mean[:, :, 0].float(), square_mean[:, :, 0].float()  # ȳ, (1/S₀) Σ_m ‖y_m‖²
     mean_norm2 = (mean * mean).sum(-1)
     trace = ((square_mean - mean_norm2) * (pilot / (pilot - 1))).clamp_min(0.0)
     norm2 = mean_norm2 - trace / pilot
