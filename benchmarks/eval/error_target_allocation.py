@@ -11,22 +11,25 @@ absolute error of iid sampling ``Σ_h T_h / S_h`` under four allocations, each o
 No pilot, no ceiling, no cap: the rules' best case. The output projection adds the heads' errors, so the summed
 absolute error is what reaches the next layer.
 
-    python benchmarks/eval/error_target_allocation.py OUT.json [--models smollm2-135m,qwen2.5-coder-0.5b] [--length 8192]
+    python benchmarks/eval/error_target_allocation.py OUT.jsonl [--models smollm2-135m,qwen2.5-coder-0.5b] [--length 8192]
+
+One JSONL record per model, appended as it is measured; a re-run skips the models already in the file (the first
+version wrote one JSON: ``allocation.json``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from error_target_calibration import captured_heads  # noqa: E402
+from error_target_calibration import append_cases, captured_heads  # noqa: E402
 
-from santa.provenance import run_record  # noqa: E402
+from santa.sweep_files import SweepFileError  # noqa: E402
 
 PER_HEAD = 128
 
@@ -55,15 +58,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from santa.assets import load_model
 
-    result = {"run": run_record(), "length": args.length, "per_head": PER_HEAD, "models": {}}
-    for model in [m for m in args.models.split(",") if m]:
+    def case(model: str) -> dict:
         heads = load_model(model)[0].config.num_attention_heads
-        probs, values = captured_heads(model, args.length)
-        result["models"][model] = allocations(probs, values, heads)
-        print(model, json.dumps(result["models"][model]), flush=True)
-        args.out.write_text(json.dumps(result, indent=1))
-    return 0
+        return {"model": model, "length": args.length, "per_head": PER_HEAD,
+                **allocations(*captured_heads(model, args.length), heads)}
 
+    cases = {f"{model}/{args.length}": functools.partial(case, model) for model in args.models.split(",") if model}
+    try:
+        append_cases(args.out, cases, holder="error_target_allocation.py")
+    except SweepFileError as error:
+        print(f"error_target_allocation.py: error: {error}", file=sys.stderr)
+        return 1
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -25,6 +25,7 @@ skips the cases already in the file), a provenance record per invocation and the
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -34,7 +35,7 @@ import torch
 from santa.attention import error_target_values
 from santa.provenance import run_record
 from santa.sampling import SAMPLERS
-from santa.sweep_files import append_record, read_records, sweep_lock
+from santa.sweep_files import SweepFileError, append_record, read_records, sweep_lock
 
 SYNTHETIC = {  # class: (score spread, value noise around a shared mean) — peaked to flat
     "peaked": (4.0, 1.0),
@@ -79,6 +80,21 @@ def relative_trace(probs: torch.Tensor, values: torch.Tensor) -> tuple[torch.Ten
     second = torch.einsum("hn,hn->h", p, (v * v).sum(-1))
     norm2 = (o * o).sum(-1)
     return (second - norm2) / norm2, o
+
+
+def append_cases(path: Path, cases: dict, *, holder: str) -> None:
+    """Run ``cases`` (``{key: zero-argument function → record}``, in order) under the file's lock, one JSONL record each
+    as it finishes, after a provenance record per invocation; a re-run skips the keys already in the file, and a
+    second run on the same file is refused at once (:func:`santa.sweep_files.sweep_lock`)."""
+    with sweep_lock(path, holder=holder):
+        done = {record.get("key") for record in read_records(path)} if path.exists() else set()
+        run = run_record()
+        append_record(path, {"key": f"run/{run['date']}", **run})
+        for key, measure_case in cases.items():
+            if key not in done:
+                record = {"key": key, "commit": run["commit"], **measure_case()}
+                append_record(path, record)
+                print(json.dumps(record), flush=True)
 
 
 def one_call(probs: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -226,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
         with sweep_lock(args.out, holder="error_target_calibration.py"):
             run(args.out, sources=sources, length=args.length, seeds=args.seeds, targets=args.targets, cap=args.cap,
                 pilot=args.pilot, per_class=args.heads_per_class)
+    except SweepFileError as error:  # another run holds the file, or it cannot be read: one line
+        print(f"error_target_calibration.py: error: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted: the cases finished so far are in the file; run the same command to resume", file=sys.stderr)
         return 130

@@ -6,13 +6,16 @@ With A exact, ``N̂ = (S₀ ‖ȳ‖² − A) / (S₀ − 1)`` (``E‖ȳ‖² = 
 misses still enters A. Heads: SmolLM2-135M at the last position of an 8k needle prompt, tertiles of ``T / ‖o‖²``
 (``error_target_calibration.py``'s classes), 8 heads each; systematic outputs; 200 seeds; cap 4096.
 
-    python benchmarks/eval/error_target_designs.py OUT.json [--seeds 200] [--capture FILE.pt]
+    python benchmarks/eval/error_target_designs.py OUT.jsonl [--seeds 200] [--capture FILE.pt]
+
+One JSONL record per case (heads: SmolLM2-135M, an 8192-token niah_single prompt, 8 per class), appended as it is
+measured; a re-run skips the cases already in the file (the first version wrote one JSON: ``designs.json``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import sys
 from pathlib import Path
 
@@ -20,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from error_target_calibration import (  # noqa: E402
+    append_cases,
     captured_heads,
     classes_of,
     one_call,
@@ -30,8 +34,8 @@ from error_target_calibration import (  # noqa: E402
 
 from santa.attention import pilot_moments, weighted_values  # noqa: E402
 from santa.error_target import adaptive_budgets, pilot_statistics  # noqa: E402
-from santa.provenance import run_record  # noqa: E402
 from santa.sampling import sample_counts, sample_counts_per_row  # noqa: E402
+from santa.sweep_files import SweepFileError  # noqa: E402
 
 CAP, PILOT = 4096, 16
 
@@ -63,25 +67,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=200)
     parser.add_argument("--capture", type=Path, default=None, help="cache of the captured heads (.pt), made on first use")
     args = parser.parse_args(argv)
-    if args.capture is not None and args.capture.exists():
-        cases = torch.load(args.capture)
-    else:
+
+    @functools.cache
+    def heads() -> dict:  # captured once, and only if a case is still to run
+        if args.capture is not None and args.capture.exists():
+            return torch.load(args.capture)
         probs, values = captured_heads("smollm2-135m", 8192)
         cases = {name: (probs[ix], values[ix]) for name, ix in classes_of(probs, values, 8).items()}
         if args.capture is not None:
             torch.save(cases, args.capture)
-    result = {"run": run_record(), "heads": "smollm2-135m, 8192-token niah_single, 8 per class", "cases": []}
-    for name, (probs, values) in cases.items():
-        relative = relative_trace(probs, values)[0]
-        for design, floor in (("pilot", 1), ("pilot", PILOT), ("exact A", 1), ("exact A", PILOT)):
-            for target in (0.1, 0.3):
-                case = {"class": name, "relative_trace": [float(x) for x in relative],
-                        **measure(probs, values, design=design, floor=floor, error_target=target, seeds=args.seeds)}
-                result["cases"].append(case)
-                print(json.dumps({k: v for k, v in case.items() if k != "relative_trace"}), flush=True)
-                args.out.write_text(json.dumps(result, indent=1))
-    return 0
+        return cases
 
+    def case(name: str, design: str, floor: int, target: float) -> dict:
+        probs, values = heads()[name]
+        return {"class": name, "relative_trace": [float(x) for x in relative_trace(probs, values)[0]],
+                **measure(probs, values, design=design, floor=floor, error_target=target, seeds=args.seeds)}
+
+    cases = {f"{name}/{design}/{floor}/{target}/{args.seeds}": functools.partial(case, name, design, floor, target)
+             for name in ("easy", "medium", "hard") for design, floor in (("pilot", 1), ("pilot", PILOT), ("exact A", 1),
+                                                                          ("exact A", PILOT)) for target in (0.1, 0.3)}
+    try:
+        append_cases(args.out, cases, holder="error_target_designs.py")
+    except SweepFileError as error:
+        print(f"error_target_designs.py: error: {error}", file=sys.stderr)
+        return 1
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

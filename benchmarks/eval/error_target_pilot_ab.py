@@ -6,13 +6,16 @@ error is convex in T̂, so a noisy T̂ raises it. On the synthetic "peaked" head
 (mean over heads of the mean over seeds, its standard error over seeds), the worst head, and the mean budget.
 santa ships the systematic pilot; the others are rebuilt here from the library's pieces for this comparison.
 
-    python benchmarks/eval/error_target_pilot_ab.py OUT.json [--seeds 200] [--targets 0.05,0.1] [--pilots 16,32]
+    python benchmarks/eval/error_target_pilot_ab.py OUT.jsonl [--seeds 200] [--targets 0.05,0.1] [--pilots 16,32]
+
+One JSONL record per case (heads: synthetic peaked, 8 × 8192 keys; iid outputs), appended as it is measured; a re-run
+skips the cases already in the file (the first version wrote one JSON at the end of each case: ``pilot_ab.json``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import sys
 from pathlib import Path
 
@@ -20,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from error_target_calibration import (  # noqa: E402
+    append_cases,
     number_list,
     one_call,
     ratio_summary,
@@ -30,8 +34,8 @@ from error_target_calibration import (  # noqa: E402
 
 from santa.attention import pilot_moments, weighted_values  # noqa: E402
 from santa.error_target import adaptive_budgets, pilot_statistics  # noqa: E402
-from santa.provenance import run_record  # noqa: E402
 from santa.sampling import SAMPLERS, sample_counts, sample_counts_per_row  # noqa: E402
+from santa.sweep_files import SweepFileError  # noqa: E402
 
 CAP = 4096
 
@@ -64,14 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds < 2 or any(p < 2 for p in args.pilots):
         parser.error("--seeds ≥ 2 and every pilot ≥ 2")
     probs, values = synthetic_heads(8192)["peaked"]
-    result = {"run": run_record(), "heads": "synthetic peaked, 8 heads × 8192 keys", "output_sampler": "iid", "cases": []}
-    for pilot in args.pilots:
-        for sampler in SAMPLERS:
-            for target in args.targets:
-                case = measure(probs, values, pilot_sampler=sampler, pilot=pilot, error_target=target, seeds=args.seeds)
-                result["cases"].append(case)
-                print(json.dumps(case), flush=True)
-                args.out.write_text(json.dumps(result, indent=1))  # after every case: a cut run keeps what it measured
+    cases = {f"{sampler}/{pilot}/{target}/{args.seeds}": functools.partial(
+        measure, probs, values, pilot_sampler=sampler, pilot=pilot, error_target=target, seeds=args.seeds)
+        for pilot in args.pilots for sampler in SAMPLERS for target in args.targets}
+    try:
+        append_cases(args.out, cases, holder="error_target_pilot_ab.py")
+    except SweepFileError as error:
+        print(f"error_target_pilot_ab.py: error: {error}", file=sys.stderr)
+        return 1
     return 0
 
 
