@@ -1,0 +1,333 @@
+"""santa served by ``vllm serve``, measured with vLLM's own serving benchmark (issue 40).
+
+For each backend in turn (vLLM's default ``FLASH_ATTN``, then santa's ``CUSTOM``), one server is started on a model
+folder, asked a few questions by the OpenAI client (completions and chat, streamed and not: :func:`client_check`),
+measured with ``vllm bench serve`` on each workload and rate, and shut down. One JSON per (backend, workload, rate)
+under OUT (vLLM's own result file) plus ``serve.jsonl`` (one record per run: the command, the server's settings,
+the metrics); a re-run skips what OUT already holds, so a call cut at its time limit resumes.
+
+    python benchmarks/vllm/serve.py OUT --folder /tmp/llama8b_serve --make llama-3.1-8b \\
+        --workloads short long mixed --rates inf 4 --backends FLASH_ATTN CUSTOM --max-model-len 33024
+    python benchmarks/vllm/serve.py OUT --table        # the comparison table of what OUT holds
+
+The model folder holds a config of a real model's shape and a synthetic tokenizer (:func:`write_tokenizer`: token
+``t<i>`` is id i, so any id sequence round-trips through text exactly); the server makes random weights itself
+(``--load-format dummy``): the time of a step does not depend on their values, and nothing is downloaded.
+Workloads (``vllm bench serve --dataset-name random``, input lengths uniform in the range, ``--ignore-eos``):
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from offline import SHAPES  # noqa: E402  (the model shapes of the offline benchmark)
+
+from santa.provenance import run_record  # noqa: E402
+
+WORKLOADS = {  # name: (input tokens low, high); prompts per run at an unbounded rate
+    "short": (256, 4096),
+    "long": (16384, 32768),
+    "mixed": (256, 32768),
+}
+OUTPUT_TOKENS = (128, 256)  # each request's output length, uniform in this range (and --ignore-eos)
+__doc__ += "".join(f"``{name}`` {lo}–{hi} input tokens; " for name, (lo, hi) in WORKLOADS.items()) + (
+    f"output {OUTPUT_TOKENS[0]}–{OUTPUT_TOKENS[1]} tokens.\n")
+SPECIAL = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2 of the synthetic tokenizer
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+METRICS = ("ttft", "tpot", "itl")
+
+
+def write_tokenizer(folder: Path, vocab_size: int) -> None:
+    """A fast tokenizer of ``vocab_size`` ids: ``<unk> <s> </s>`` then ``t3 … t<vocab_size−1>``, split on whitespace and
+    joined with single spaces, so ``decode`` then ``encode`` gives back any sequence of ids ≥ 3 (what vLLM's random
+    dataset needs for exact prompt lengths). A chat template of ``role: content`` lines."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(SPECIAL)}
+    vocab.update({f"t{i}": i for i in range(len(SPECIAL), vocab_size)})
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIAL[0]))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    core.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # tokens joined with spaces; no token starts with ##
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token=SPECIAL[0], bos_token=SPECIAL[1],
+                                        eos_token=SPECIAL[2])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+
+
+def make_folder(folder: Path, shape: str) -> None:
+    """``config.json`` of ``shape`` (:data:`offline.SHAPES`, bos 1, eos 2) and the synthetic tokenizer; no weights."""
+    from transformers import AutoConfig
+
+    fields = dict(SHAPES[shape])
+    config = AutoConfig.for_model(fields.pop("model_type"), bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16", **fields)
+    folder.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(folder)
+    write_tokenizer(folder, config.vocab_size)
+
+
+def wait_until_up(port: int, server: subprocess.Popen, timeout_s: float) -> float:
+    """Seconds until ``/health`` answers 200; RuntimeError if the server exits or the time runs out."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout_s:
+        if server.poll() is not None:
+            raise RuntimeError(f"the server exited with status {server.returncode} before it was up")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+                if response.status == 200:
+                    return time.perf_counter() - start
+        except OSError:
+            pass
+        time.sleep(1.0)
+    raise RuntimeError(f"the server was not up after {timeout_s:.0f} s")
+
+
+def server_command(folder: Path, *, port: int, backend: str, max_model_len: int, kv_cache_dtype: str,
+                   santa: dict | None, gpu_memory_utilization: float, extra: list[str] = ()) -> list[str]:
+    """``vllm serve`` as a user types it, with random weights (``--load-format dummy``); santa's settings through
+    ``--additional-config`` (vLLM's configuration for plugins)."""
+    command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(folder), "--port", str(port),
+               "--attention-backend", backend, "--load-format", "dummy", "--max-model-len", str(max_model_len),
+               "--kv-cache-dtype", kv_cache_dtype, "--gpu-memory-utilization", str(gpu_memory_utilization), "--seed", "0",
+               "--served-model-name", "model", *extra]
+    if santa is not None:
+        command += ["--additional-config", json.dumps({"santa": santa})]
+    return command
+
+
+class Server:
+    """A ``vllm serve`` process for the ``with`` block: started, waited for (``/health``), then stopped with SIGINT
+    (vLLM's clean shutdown), killed if it has not exited 60 s later. ``log`` receives its output."""
+
+    def __init__(self, command: list[str], *, port: int, log: Path, env: dict | None = None, timeout_s: float = 600):
+        self.command, self.port, self.log, self.env, self.timeout_s = command, port, log, env, timeout_s
+        self.startup_s = math.nan
+        self.exit_status: int | None = None
+
+    def __enter__(self) -> Server:
+        self._log = open(self.log, "ab")
+        self.process = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
+                                        start_new_session=True)
+        try:
+            self.startup_s = wait_until_up(self.port, self.process, self.timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self._log.close()
+        self.exit_status = self.process.returncode
+        return self.exit_status
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def client_check(port: int, *, max_tokens: int = 16) -> dict:
+    """Completions and chat through the ``openai`` client, streamed and not: each must answer ``max_tokens`` tokens
+    of text. Returns what each answered (token counts and the first characters)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+    prompt, messages = "t5 t9 t40 t7", [{"role": "user", "content": "t11 t12 t13"}]
+    extra = dict(max_tokens=max_tokens, temperature=0.0, extra_body={"ignore_eos": True})
+    answers = {}
+    done = client.completions.create(model="model", prompt=prompt, **extra)
+    answers["completion"] = (done.usage.completion_tokens, done.choices[0].text)
+    pieces = list(client.completions.create(model="model", prompt=prompt, stream=True, **extra))
+    answers["completion_stream"] = (len([p for p in pieces if p.choices and p.choices[0].text]),
+                                    "".join(p.choices[0].text for p in pieces if p.choices))
+    chat = client.chat.completions.create(model="model", messages=messages, **extra)
+    answers["chat"] = (chat.usage.completion_tokens, chat.choices[0].message.content)
+    pieces = list(client.chat.completions.create(model="model", messages=messages, stream=True, **extra))
+    answers["chat_stream"] = (len([p for p in pieces if p.choices and p.choices[0].delta.content]),
+                              "".join(p.choices[0].delta.content or "" for p in pieces if p.choices))
+    for name, (tokens, text) in answers.items():
+        if tokens != max_tokens or not text.strip():
+            raise RuntimeError(f"{name}: expected {max_tokens} tokens of text, got {tokens}: {text[:80]!r}")
+    return {name: {"tokens": tokens, "text": text[:60]} for name, (tokens, text) in answers.items()}
+
+
+def bench_command(*, port: int, folder: Path, workload: str, rate: str, prompts: int, out: Path) -> list[str]:
+    """``vllm bench serve`` on the random dataset: input lengths uniform in the workload's range, outputs in
+    :data:`OUTPUT_TOKENS`."""
+    lo, hi = WORKLOADS[workload]
+    middle, ratio = (lo + hi) / 2, (hi - lo) / (hi + lo)
+    out_lo, out_hi = OUTPUT_TOKENS
+    return [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
+            "--base-url", f"http://127.0.0.1:{port}", "--model", "model", "--tokenizer", str(folder),
+            "--dataset-name", "random", "--random-input-len", str(round(middle)), "--random-range-ratio", f"{ratio:.6f}",
+            "--random-output-len", str((out_lo + out_hi) // 2), "--num-prompts", str(prompts), "--request-rate", rate,
+            "--ignore-eos", "--seed", "0", "--percentile-metrics", ",".join(METRICS), "--metric-percentiles", "50,99",
+            "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name, "--disable-tqdm"]
+
+
+def summary(result: dict) -> dict:
+    """The figures the issue asks for from one of vLLM's result files (ms, requests/s, tokens/s)."""
+    keep = {f"{stat}_{metric}_ms" for metric in METRICS for stat in ("mean", "median", "p50", "p99")}
+    keep |= {"request_throughput", "output_throughput", "total_token_throughput", "completed", "num_prompts",
+             "total_input_tokens", "total_output_tokens", "duration", "request_rate", "max_concurrency"}
+    figures = {key: value for key, value in result.items() if key in keep}
+    figures["failed"] = result.get("num_prompts", 0) - result.get("completed", 0)
+    return figures
+
+
+def done_runs(records: Path) -> set[tuple]:
+    if not records.exists():
+        return set()
+    keys = set()
+    for line in records.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("kind") == "bench":
+            keys.add((record["backend"], record["kv_cache_dtype"], record["workload"], record["rate"]))
+    return keys
+
+
+def append(records: Path, record: dict) -> None:
+    with open(records, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, help="the results folder (made if absent; a re-run skips what it holds)")
+    parser.add_argument("--table", action="store_true", help="print the comparison table of OUT's records and exit")
+    parser.add_argument("--folder", type=Path, help="the model folder (made with --make when it has no config.json)")
+    parser.add_argument("--make", choices=sorted(SHAPES), help="the shape of the model folder to make")
+    parser.add_argument("--backends", nargs="+", default=["FLASH_ATTN", "CUSTOM"])
+    parser.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=["short", "long", "mixed"])
+    parser.add_argument("--rates", nargs="+", default=["inf"], help="requests per second, inf: all at once")
+    parser.add_argument("--prompts", type=int, nargs="+", default=[64],
+                        help="prompts per run: one number, or one per workload in --workloads' order")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
+    parser.add_argument("--max-model-len", type=int, default=33024)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--santa", default='{"budget": 128, "kernel": "prop"}',
+                        help="santa's settings for CUSTOM (--additional-config's \"santa\" entry), JSON")
+    parser.add_argument("--port", type=int, default=8321)
+    parser.add_argument("--startup-timeout", type=float, default=420.0, help="seconds a server may take to come up")
+    args = parser.parse_args()
+    if args.table:
+        return args
+    if args.folder is None:
+        parser.error("--folder is required (or --table)")
+    if len(args.prompts) not in (1, len(args.workloads)) or min(args.prompts) < 1:
+        parser.error(f"--prompts takes one count ≥ 1 or one per workload ({len(args.workloads)}), got {args.prompts}")
+    for rate in args.rates:
+        try:
+            if float(rate) <= 0:
+                raise ValueError
+        except ValueError:
+            parser.error(f"--rates takes numbers > 0 or inf, got {rate!r}")
+    try:
+        args.santa_settings = json.loads(args.santa)
+    except ValueError as error:
+        parser.error(f"--santa must be a JSON object: {error}")
+    return args
+
+
+def table(out: Path) -> None:
+    """Each (cache, workload, rate): FLASH_ATTN's figures, santa's, and santa / FLASH_ATTN."""
+    runs = {}
+    for line in (out / "serve.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record.get("kind") == "bench":
+            runs[(record["kv_cache_dtype"], record["workload"], record["rate"], record["backend"])] = record["figures"]
+    columns = ["mean_tpot_ms", "p99_tpot_ms", "mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "p99_itl_ms", "output_throughput",
+               "request_throughput", "failed", "total_output_tokens"]
+    print("| cache | workload | rate | " + " | ".join(columns) + " |")
+    print("|" + "---|" * (3 + len(columns)))
+    for cache, workload, rate in sorted({key[:3] for key in runs}):
+        flash, santa = runs.get((cache, workload, rate, "FLASH_ATTN")), runs.get((cache, workload, rate, "CUSTOM"))
+        cells = []
+        for column in columns:
+            a, b = (None if r is None else r.get(column) for r in (flash, santa))
+            ratio = f" ({b / a:.3f}×)" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else ""
+            cells.append(f"{a if a is None else round(a, 2)} / {b if b is None else round(b, 2)}{ratio}")
+        print(f"| {cache} | {workload} | {rate} | " + " | ".join(cells) + " |")
+
+
+def main() -> None:
+    args = parse_args()
+    if args.table:
+        table(args.out)
+        return
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # its sampler JIT-compiles (no nvcc on the device)
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if not (args.folder / "config.json").exists():
+        if args.make is None:
+            sys.exit(f"{args.folder} holds no config.json: give --make SHAPE to make it")
+        make_folder(args.folder, args.make)
+    args.out.mkdir(parents=True, exist_ok=True)
+    records = args.out / "serve.jsonl"
+    from santa.writer_lock import OutputLocked, OutputUnusable, writer_lock
+
+    try:
+        with writer_lock(records, holder="serve.py"):
+            serve_all(args, records)
+    except (OutputLocked, OutputUnusable, RuntimeError) as error:
+        sys.exit(f"serve.py: {error}")
+
+
+def serve_all(args: argparse.Namespace, records: Path) -> None:
+    done = done_runs(records)
+    prompts = dict(zip(args.workloads, args.prompts * len(args.workloads) if len(args.prompts) == 1 else args.prompts, strict=True))
+    append(records, {"kind": "invocation", "run": run_record()})
+    for backend in args.backends:
+        todo = [(w, r) for w in args.workloads for r in args.rates if (backend, args.kv_cache_dtype, w, r) not in done]
+        if not todo:
+            print(f"{backend}: every run is in {records}", flush=True)
+            continue
+        santa = args.santa_settings if backend == "CUSTOM" else None
+        command = server_command(args.folder, port=args.port, backend=backend, max_model_len=args.max_model_len,
+                                 kv_cache_dtype=args.kv_cache_dtype, santa=santa,
+                                 gpu_memory_utilization=args.gpu_memory_utilization)
+        log = args.out / f"server_{backend}_{args.kv_cache_dtype}.log"
+        with Server(command, port=args.port, log=log, timeout_s=args.startup_timeout) as server:
+            print(f"{backend}: up in {server.startup_s:.0f} s", flush=True)
+            answers = client_check(args.port)
+            append(records, {"kind": "server", "backend": backend, "kv_cache_dtype": args.kv_cache_dtype, "command": command,
+                             "startup_s": server.startup_s, "client_check": answers})
+            for workload, rate in todo:
+                name = f"{backend}_{args.kv_cache_dtype}_{workload}_{rate}.json"
+                bench = bench_command(port=args.port, folder=args.folder, workload=workload, rate=rate,
+                                      prompts=prompts[workload], out=args.out / name)
+                start = time.perf_counter()
+                finished = subprocess.run(bench, capture_output=True, text=True)
+                if finished.returncode != 0:
+                    print(finished.stdout[-2000:], finished.stderr[-3000:], sep="\n", flush=True)
+                    raise RuntimeError(f"vllm bench serve failed on {workload} at rate {rate} (status {finished.returncode})")
+                figures = summary(json.loads((args.out / name).read_text()))
+                append(records, {"kind": "bench", "backend": backend, "kv_cache_dtype": args.kv_cache_dtype,
+                                 "workload": workload, "rate": rate, "prompts": prompts[workload], "command": bench,
+                                 "wall_s": time.perf_counter() - start, "figures": figures, "santa": santa,
+                                 "max_model_len": args.max_model_len})
+                print(f"{backend} {workload} rate {rate}: " + json.dumps({k: round(v, 2) for k, v in figures.items()
+                                                                          if isinstance(v, (int, float))}), flush=True)
+        print(f"{backend}: stopped (status {server.exit_status})", flush=True)
+
+
+if __name__ == "__main__":
+    main()

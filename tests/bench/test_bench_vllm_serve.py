@@ -1,0 +1,66 @@
+"""benchmarks/vllm/serve.py without vLLM (issue 40): the synthetic tokenizer round-trips any id sequence through text
+(vLLM's random dataset needs exact prompt lengths), the benchmark command asks for the workload's input range, and
+the records become the comparison table. The server itself runs in tests/vllm_backend/test_vllm_serve.py (GPU)."""
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+from benchmarks.vllm import serve
+
+
+def test_the_synthetic_tokenizer_round_trips_ids_and_has_a_chat_template(tmp_path):
+    from transformers import AutoTokenizer
+
+    serve.write_tokenizer(tmp_path, 600)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    assert len(tokenizer) == 600 and tokenizer.all_special_ids == [1, 2, 0]
+    ids = [random.Random(0).randrange(3, 600) for _ in range(500)]
+    assert tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False) == ids
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "t5 t6"}], tokenize=False, add_generation_prompt=True)
+    assert chat == "user: t5 t6\nassistant:"
+
+
+@pytest.mark.parametrize("workload", sorted(serve.WORKLOADS))
+def test_the_benchmark_asks_for_the_workloads_input_range(tmp_path, workload):
+    command = serve.bench_command(port=9, folder=tmp_path, workload=workload, rate="inf", prompts=8, out=tmp_path / "r.json")
+    flag = {name: command[i + 1] for i, name in enumerate(command[:-1]) if name.startswith("--")}
+    middle, ratio = float(flag["--random-input-len"]), float(flag["--random-range-ratio"])
+    assert (round(middle * (1 - ratio)), round(middle * (1 + ratio))) == serve.WORKLOADS[workload]
+    assert flag["--request-rate"] == "inf" and flag["--num-prompts"] == "8" and "--ignore-eos" in command
+    assert flag["--result-dir"] == str(tmp_path) and flag["--result-filename"] == "r.json"
+
+
+def test_the_server_command_carries_santas_settings_in_vllms_plugin_config(tmp_path):
+    command = serve.server_command(tmp_path, port=9, backend="CUSTOM", max_model_len=4096, kv_cache_dtype="fp8",
+                                   santa={"budget": 64}, gpu_memory_utilization=0.5)
+    flag = {name: command[i + 1] for i, name in enumerate(command[:-1]) if name.startswith("--")}
+    assert command[3:5] == ["serve", str(tmp_path)] and flag["--attention-backend"] == "CUSTOM"
+    assert json.loads(flag["--additional-config"]) == {"santa": {"budget": 64}} and flag["--load-format"] == "dummy"
+    assert "--additional-config" not in serve.server_command(tmp_path, port=9, backend="FLASH_ATTN", max_model_len=4096,
+                                                             kv_cache_dtype="auto", santa=None, gpu_memory_utilization=0.5)
+
+
+def test_records_become_the_table_with_santa_over_flash_attention(tmp_path, capsys):
+    result = {"mean_tpot_ms": 20.0, "p99_tpot_ms": 30.0, "output_throughput": 1000.0, "num_prompts": 8, "completed": 8,
+              "total_output_tokens": 1536, "ignored": 1}
+    figures = serve.summary(result)
+    assert figures["failed"] == 0 and "ignored" not in figures
+    for backend, tpot in (("FLASH_ATTN", 20.0), ("CUSTOM", 15.0)):
+        serve.append(tmp_path / "serve.jsonl", {"kind": "bench", "backend": backend, "kv_cache_dtype": "auto", "workload": "long",
+                                                "rate": "inf", "figures": {**figures, "mean_tpot_ms": tpot}})
+    assert serve.done_runs(tmp_path / "serve.jsonl") == {("FLASH_ATTN", "auto", "long", "inf"), ("CUSTOM", "auto", "long", "inf")}
+    serve.table(tmp_path)
+    row = [line for line in capsys.readouterr().out.splitlines() if "| long |" in line]
+    assert len(row) == 1 and "20.0 / 15.0 (0.750×)" in row[0]
+
+
+@pytest.mark.parametrize(("flags", "message"), [(["--rates", "0"], "--rates takes numbers > 0"),
+                                                (["--prompts", "4", "5"], "--prompts takes one count"),
+                                                (["--santa", "{"], "--santa must be a JSON object"), ([], "--folder is required")])
+def test_bad_flags_are_one_line_and_status_2(tmp_path, flags, message):
+    folder = [] if message == "--folder is required" else ["--folder", str(tmp_path)]
+    done = subprocess.run([sys.executable, serve.__file__, str(tmp_path / "out"), *folder, *flags], capture_output=True, text=True)
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
