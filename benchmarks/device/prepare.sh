@@ -3,7 +3,7 @@
 # 64 MiB with the tracked files): a fresh checkout has none of them. Run from the repository root with the
 # README's environment installed (.venv). Each stage checks what it made against the SHA-256 the device
 # script checks after joining, so a piece that travels is known good before a device call is spent on it.
-#   bash benchmarks/device/prepare.sh [flashinfer] [pkgs] [smollm2] [qwen] [vllm] [vllmtests] [old43]   (default: all)
+#   bash benchmarks/device/prepare.sh [flashinfer] [pkgs] [smollm2] [qwen] [vllm] [serve] [vllmtests] [old43]   (default: all)
 #
 #   flashinfer  .whl/     FlashInfer 0.5.3 + apache-tvm-ffi for the kernel and e2e benchmarks (gpu_run.sh)
 #   pkgs        .pkgs/    the bundled data as fake packages (essays, GSM8K, MMLU; empty model packages) and
@@ -11,6 +11,7 @@
 #   smollm2     .gguf1/ .gguf2/   SmolLM2-135M's GGUF in two chunks (gpu_sweeps.sh smollm2, gpu_tune.sh)
 #   qwen        .qw1/ … .qw12/    Qwen2.5-Coder-0.5B's GGUF in 12 chunks (gpu_sweeps.sh qwen*, gpu_vllm.sh needles)
 #   vllm        .vw1/ … .vw8/     VLLM_WHEELS below as one reproducible tar in 8 pieces (gpu_vllm.sh)
+#   serve       .vs/      SERVE_WHEELS below: `vllm serve`, `vllm bench serve` and the openai client (gpu_vllm.sh install)
 #   vllmtests   .vt/      vLLM 0.26.0's tests/v1/attention/test_attention_backends.py and utils.py, from vLLM's
 #               source distribution (pip download, 38.4 MB, SHA-256 checked; the wheels ship no tests), with
 #               their SHA-256 in .vt/SHA256SUMS (benchmarks/vllm/backend_test.py checks the same values); 46 kB
@@ -48,6 +49,20 @@ VLLM_WHEELS=(
   cachetools==8.0.2
   partial-json-parser==0.2.1.1.post7
   sniffio==1.3.1
+)
+# What `vllm serve` (the OpenAI server), `vllm bench serve` and the openai client need beyond VLLM_WHEELS and the image
+# (which has aiohttp, anyio, httpx, h11, click, uvloop, prometheus_client), checked 2026-12-04 on a CPU machine with
+# the image's packages, vLLM's own server and client code and a faked engine: 8 wheels, 1.2 MB (.vs/, carried by the
+# `install` call of gpu_vllm.sh). httpcore2 and truststore: every openai request fails without them (import does not).
+SERVE_WHEELS=(
+  uvicorn==0.55.0
+  watchfiles==1.3.0
+  prometheus-fastapi-instrumentator==8.1.0
+  model-hosting-container-standards==0.1.16
+  jmespath==1.1.0
+  httpcore2==2.16.2
+  truststore==0.10.5
+  jiter==0.19.0
 )
 VLLM_TAR_SHA=c8745b73bd4a9369ebc6027167a74738b5198d7b3880867d68049730c4632dfb  # = gpu_vllm.sh's TAR_SHA
 VLLM_SDIST_SHA=23e9fa19d7e20ce7dcc1c074d41503e2116d23f19e688f5d5ea91b741f958502  # vllm-0.26.0.tar.gz
@@ -129,6 +144,13 @@ stage_vllm() {
   rm -rf "$dir" "$tar"
 }
 
+stage_serve() {
+  ignored .vs; rm -rf .vs
+  download .vs "${SERVE_WHEELS[@]}"
+  (cd .vs && sha256sum -- *.whl > SHA256SUMS)
+  du -sh .vs
+}
+
 stage_vllmtests() {
   # pip prepares an sdist's metadata even for `download`: vLLM's setup.py needs setuptools-rust and setuptools-scm
   # (given on PYTHONPATH, not installed into the venv), names itself 0.26.0 only with VLLM_VERSION_OVERRIDE, and
@@ -157,11 +179,11 @@ stage_old43() {
 }
 
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(flashinfer pkgs smollm2 qwen vllm vllmtests old43)
+[ ${#stages[@]} -gt 0 ] || stages=(flashinfer pkgs smollm2 qwen vllm serve vllmtests old43)
 for stage in "${stages[@]}"; do
   case $stage in
-    flashinfer|pkgs|smollm2|qwen|vllm|vllmtests|old43) echo "== $stage"; "stage_$stage" ;;
-    *) echo "unknown stage '$stage' (flashinfer, pkgs, smollm2, qwen, vllm, vllmtests, old43)" >&2; exit 2 ;;
+    flashinfer|pkgs|smollm2|qwen|vllm|serve|vllmtests|old43) echo "== $stage"; "stage_$stage" ;;
+    *) echo "unknown stage '$stage' (flashinfer, pkgs, smollm2, qwen, vllm, serve, vllmtests, old43)" >&2; exit 2 ;;
   esac
 done
 tracked=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)

@@ -8,6 +8,7 @@
 #
 #   bash benchmarks/vllm/gpu_vllm.sh stash          # keep this call's piece in /tmp/vw (carry one .vwN)
 #   bash benchmarks/vllm/gpu_vllm.sh install        # join, check, install under /tmp/vsite, santa's entry point beside it
+#                                                   # (and `vllm serve`'s wheels where the call carries .vs: prepare.sh serve)
 #   bash benchmarks/vllm/gpu_vllm.sh models         # the random-weight model folders under /tmp (before the timed stages)
 #   bash benchmarks/vllm/gpu_vllm.sh smoke          # tiny random Llama: FLASH_ATTN, CUSTOM dense, CUSTOM prop (eager)
 #   bash benchmarks/vllm/gpu_vllm.sh capacity       # santa's step on 2k/8k sequences planned for 32k/128k keys (no vLLM)
@@ -18,6 +19,8 @@
 #   bash benchmarks/vllm/gpu_vllm.sh needles        # the bundled Qwen's needle tasks at 16k/32k, 50 prompts, through vLLM
 #   bash benchmarks/vllm/gpu_vllm.sh needles_fp8    # the same on fp8 caches
 #                                                   # (after `gpu_sweeps.sh stash` calls carrying .pkgs + .whlgg, then .qw1 … .qw12 one each)
+#   bash benchmarks/vllm/gpu_vllm.sh serve          # issue 40: vllm serve + vllm bench serve, FLASH_ATTN against CUSTOM (SERVE_ARGS:
+#                                                   # serve.py's flags; SERVE_LIMIT: seconds); servetest: its GPU test
 #   bash benchmarks/vllm/gpu_vllm.sh vtests         # vLLM 0.26.0's own backend tests against santa (backend_test.py; carry
 #                                                   # .vt from `prepare.sh vllmtests`); VT_PASSES picks passes (default: all)
 # Every engine start costs ~1-2 min (torch.compile, CUDA-graph capture): budget the device calls for it.
@@ -41,6 +44,10 @@ for stage in "$@"; do
       [ "$(sha256sum /tmp/vllm_wheels.tar | cut -d' ' -f1)" = "$TAR_SHA" ] || { echo "the joined tar is incomplete: $(ls /tmp/vw)"; exit 1; }
       mkdir -p /tmp/vwheels && tar xf /tmp/vllm_wheels.tar -C /tmp/vwheels
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite /tmp/vwheels/*.whl
+      if [ -d .vs ]; then  # the server's and the client's wheels (prepare.sh serve), carried by this call
+        (cd .vs && sha256sum --quiet -c SHA256SUMS) || { echo ".vs: a wheel does not match its SHA-256"; exit 1; }
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite .vs/*.whl
+      fi
       # santa from the source tree, with its vllm.general_plugins entry point where importlib.metadata finds it
       mkdir -p /tmp/vsite/santa_attention-0.1.0.dist-info
       printf 'Metadata-Version: 2.1\nName: santa-attention\nVersion: 0.1.0\n' > /tmp/vsite/santa_attention-0.1.0.dist-info/METADATA
@@ -85,6 +92,17 @@ for stage in "$@"; do
       SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 timeout 280 python3 benchmarks/vllm/needles.py --folder /tmp/qwen --backend CUSTOM \
         $K --out "${N}_prop.json" 2>&1 | tail -n 3
       python3 benchmarks/vllm/needles.py --compare "${N}_flash.json" "${N}_prop.json" ;;
+    serve)  # issue 40: `vllm serve` per backend, the OpenAI client, `vllm bench serve` (benchmarks/vllm/serve.py; after
+            # an `install` that carried .vs, the server's extra wheels): results packed as one file (8 come back)
+      export PATH=/tmp/vsite/bin:$PATH
+      # shellcheck disable=SC2086
+      timeout "${SERVE_LIMIT:-540}" python3 benchmarks/vllm/serve.py /tmp/serve --folder /tmp/llama8b_serve --make llama-3.1-8b \
+        ${SERVE_ARGS:---workloads short long mixed --prompts 64 16 24 --rates inf short:8 long:0.5} 2>&1 | grep -v "^DEBUG" | tail -n 30
+      python3 benchmarks/vllm/serve.py /tmp/serve --table | tee "$OUT/serve_table.md"
+      tar czf "$OUT/serve.tgz" -C /tmp serve ;;
+    servetest)  # the GPU test of `vllm serve` with santa and the OpenAI client (tiny model; two server starts)
+      timeout 400 python3 -m pytest -q -p no:cacheprovider -m slow tests/vllm_backend/test_vllm_serve.py 2>&1 | tail -n 15 \
+        | tee "$OUT/tests_serve.log" ;;
     vtests)  # passes: flash dense exact sampled graph; the JSON is rewritten after each one
       # shellcheck disable=SC2086
       timeout 590 python3 benchmarks/vllm/backend_test.py --tests .vt --out "$OUT/backend_test.json" \

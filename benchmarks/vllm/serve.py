@@ -100,7 +100,7 @@ def server_command(folder: Path, *, port: int, backend: str, max_model_len: int,
     command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(folder), "--port", str(port),
                "--attention-backend", backend, "--load-format", "dummy", "--max-model-len", str(max_model_len),
                "--kv-cache-dtype", kv_cache_dtype, "--gpu-memory-utilization", str(gpu_memory_utilization), "--seed", "0",
-               "--served-model-name", "model", *extra]
+               "--served-model-name", "model", "--disable-uvicorn-access-log", *extra]
     if santa is not None:
         command += ["--additional-config", json.dumps({"santa": santa})]
     return command
@@ -170,13 +170,12 @@ def client_check(port: int, *, max_tokens: int = 16) -> dict:
 def bench_command(*, port: int, folder: Path, workload: str, rate: str, prompts: int, out: Path) -> list[str]:
     """``vllm bench serve`` on the random dataset: input lengths uniform in the workload's range, outputs in
     :data:`OUTPUT_TOKENS`."""
-    lo, hi = WORKLOADS[workload]
-    middle, ratio = (lo + hi) / 2, (hi - lo) / (hi + lo)
-    out_lo, out_hi = OUTPUT_TOKENS
+    (middle, ratio), (out_middle, out_ratio) = (((lo + hi) / 2, (hi - lo) / (hi + lo)) for lo, hi in (WORKLOADS[workload], OUTPUT_TOKENS))
+    ratios = json.dumps({"input": round(ratio, 6), "output": round(out_ratio, 6)})  # lengths uniform in middle·(1 ± ratio)
     return [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
             "--base-url", f"http://127.0.0.1:{port}", "--model", "model", "--tokenizer", str(folder),
-            "--dataset-name", "random", "--random-input-len", str(round(middle)), "--random-range-ratio", f"{ratio:.6f}",
-            "--random-output-len", str((out_lo + out_hi) // 2), "--num-prompts", str(prompts), "--request-rate", rate,
+            "--dataset-name", "random", "--random-input-len", str(round(middle)), "--random-range-ratio", ratios,
+            "--random-output-len", str(round(out_middle)), "--num-prompts", str(prompts), "--request-rate", rate,
             "--ignore-eos", "--seed", "0", "--percentile-metrics", ",".join(METRICS), "--metric-percentiles", "50,99",
             "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name, "--disable-tqdm"]
 
@@ -217,7 +216,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--make", choices=sorted(SHAPES), help="the shape of the model folder to make")
     parser.add_argument("--backends", nargs="+", default=["FLASH_ATTN", "CUSTOM"])
     parser.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=["short", "long", "mixed"])
-    parser.add_argument("--rates", nargs="+", default=["inf"], help="requests per second, inf: all at once")
+    parser.add_argument("--rates", nargs="+", default=["inf"],
+                        help="requests per second (inf: all at once) for every workload, or WORKLOAD:RATE for one")
     parser.add_argument("--prompts", type=int, nargs="+", default=[64],
                         help="prompts per run: one number, or one per workload in --workloads' order")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
@@ -235,11 +235,13 @@ def parse_args() -> argparse.Namespace:
     if len(args.prompts) not in (1, len(args.workloads)) or min(args.prompts) < 1:
         parser.error(f"--prompts takes one count ≥ 1 or one per workload ({len(args.workloads)}), got {args.prompts}")
     for rate in args.rates:
+        workload, _, value = rate.rpartition(":")
         try:
-            if float(rate) <= 0:
+            if float(value) <= 0 or (workload and workload not in WORKLOADS):
                 raise ValueError
         except ValueError:
-            parser.error(f"--rates takes numbers > 0 or inf, got {rate!r}")
+            parser.error(f"--rates takes numbers > 0 or inf, or WORKLOAD:RATE with a workload of {sorted(WORKLOADS)}, "
+                         f"got {rate!r}")
     try:
         args.santa_settings = json.loads(args.santa)
     except ValueError as error:
@@ -291,12 +293,17 @@ def main() -> None:
         sys.exit(f"serve.py: {error}")
 
 
+def rates_of(workload: str, rates: list[str]) -> list[str]:
+    """The rates ``workload`` runs at: every plain rate, and each ``workload:RATE``'s."""
+    return [rate.rpartition(":")[2] for rate in rates if rate.rpartition(":")[0] in ("", workload)]
+
+
 def serve_all(args: argparse.Namespace, records: Path) -> None:
     done = done_runs(records)
     prompts = dict(zip(args.workloads, args.prompts * len(args.workloads) if len(args.prompts) == 1 else args.prompts, strict=True))
     append(records, {"kind": "invocation", "run": run_record()})
     for backend in args.backends:
-        todo = [(w, r) for w in args.workloads for r in args.rates if (backend, args.kv_cache_dtype, w, r) not in done]
+        todo = [(w, r) for w in args.workloads for r in rates_of(w, args.rates) if (backend, args.kv_cache_dtype, w, r) not in done]
         if not todo:
             print(f"{backend}: every run is in {records}", flush=True)
             continue

@@ -27,8 +27,10 @@ def test_the_synthetic_tokenizer_round_trips_ids_and_has_a_chat_template(tmp_pat
 def test_the_benchmark_asks_for_the_workloads_input_range(tmp_path, workload):
     command = serve.bench_command(port=9, folder=tmp_path, workload=workload, rate="inf", prompts=8, out=tmp_path / "r.json")
     flag = {name: command[i + 1] for i, name in enumerate(command[:-1]) if name.startswith("--")}
-    middle, ratio = float(flag["--random-input-len"]), float(flag["--random-range-ratio"])
-    assert (round(middle * (1 - ratio)), round(middle * (1 + ratio))) == serve.WORKLOADS[workload]
+    ratios = json.loads(flag["--random-range-ratio"])
+    for name, lengths in (("input", serve.WORKLOADS[workload]), ("output", serve.OUTPUT_TOKENS)):
+        middle, ratio = float(flag[f"--random-{name}-len"]), ratios[name]
+        assert (round(middle * (1 - ratio)), round(middle * (1 + ratio))) == lengths
     assert flag["--request-rate"] == "inf" and flag["--num-prompts"] == "8" and "--ignore-eos" in command
     assert flag["--result-dir"] == str(tmp_path) and flag["--result-filename"] == "r.json"
 
@@ -57,7 +59,13 @@ def test_records_become_the_table_with_santa_over_flash_attention(tmp_path, caps
     assert len(row) == 1 and "20.0 / 15.0 (0.750×)" in row[0]
 
 
+def test_a_rate_can_belong_to_one_workload():
+    assert serve.rates_of("long", ["inf", "long:0.5", "short:8"]) == ["inf", "0.5"]
+    assert serve.rates_of("mixed", ["inf", "long:0.5", "short:8"]) == ["inf"]
+
+
 @pytest.mark.parametrize(("flags", "message"), [(["--rates", "0"], "--rates takes numbers > 0"),
+                                                (["--rates", "huge:2"], "--rates takes numbers > 0"),
                                                 (["--prompts", "4", "5"], "--prompts takes one count"),
                                                 (["--santa", "{"], "--santa must be a JSON object"), ([], "--folder is required")])
 def test_bad_flags_are_one_line_and_status_2(tmp_path, flags, message):
