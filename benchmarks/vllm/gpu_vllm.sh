@@ -19,6 +19,7 @@
 #   bash benchmarks/vllm/gpu_vllm.sh needles        # the bundled Qwen's needle tasks at 16k/32k, 50 prompts, through vLLM
 #   bash benchmarks/vllm/gpu_vllm.sh needles_fp8    # the same on fp8 caches
 #                                                   # (after `gpu_sweeps.sh stash` calls carrying .pkgs + .whlgg, then .qw1 … .qw12 one each)
+#   bash benchmarks/vllm/gpu_vllm.sh needles_serve  # issue 40: the needles through `vllm serve` and the OpenAI client
 #   bash benchmarks/vllm/gpu_vllm.sh serve          # issue 40: vllm serve + vllm bench serve, FLASH_ATTN against CUSTOM (SERVE_ARGS:
 #                                                   # serve.py's flags; SERVE_LIMIT: seconds); servetest: its GPU test
 #   bash benchmarks/vllm/gpu_vllm.sh vtests         # vLLM 0.26.0's own backend tests against santa (backend_test.py; carry
@@ -91,6 +92,15 @@ for stage in "$@"; do
       timeout 280 python3 benchmarks/vllm/needles.py --folder /tmp/qwen --backend FLASH_ATTN $K --out "${N}_flash.json" 2>&1 | tail -n 3
       SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 timeout 280 python3 benchmarks/vllm/needles.py --folder /tmp/qwen --backend CUSTOM \
         $K --out "${N}_prop.json" 2>&1 | tail -n 3
+      python3 benchmarks/vllm/needles.py --compare "${N}_flash.json" "${N}_prop.json" ;;
+    needles_serve)  # issue 40: the same needles through `vllm serve` and the OpenAI client (after `install` with .vs, and the
+                    # Qwen chunks stashed as for `needles`)
+      bash benchmarks/eval/gpu_sweeps.sh join > /dev/null || { echo "the Qwen GGUF is not here: stash its chunks first"; exit 1; }
+      export PYTHONPATH=/tmp/pkgs:$PYTHONPATH:/tmp/site SANTA_CACHE=/tmp/santa HF_HUB_OFFLINE=1 PATH=/tmp/vsite/bin:$PATH
+      N="$OUT/needles_serve"
+      timeout 280 python3 benchmarks/vllm/needles.py --folder /tmp/qwen --backend FLASH_ATTN --server --out "${N}_flash.json" 2>&1 | tail -n 3
+      SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 timeout 280 python3 benchmarks/vllm/needles.py --folder /tmp/qwen --backend CUSTOM \
+        --server --out "${N}_prop.json" 2>&1 | tail -n 3
       python3 benchmarks/vllm/needles.py --compare "${N}_flash.json" "${N}_prop.json" ;;
     serve)  # issue 40: `vllm serve` per backend, the OpenAI client, `vllm bench serve` (benchmarks/vllm/serve.py; after
             # an `install` that carried .vs, the server's extra wheels): results packed as one file (8 come back)

@@ -94,11 +94,11 @@ def wait_until_up(port: int, server: subprocess.Popen, timeout_s: float) -> floa
 
 
 def server_command(folder: Path, *, port: int, backend: str, max_model_len: int, kv_cache_dtype: str,
-                   santa: dict | None, gpu_memory_utilization: float, extra: list[str] = ()) -> list[str]:
-    """``vllm serve`` as a user types it, with random weights (``--load-format dummy``); santa's settings through
-    ``--additional-config`` (vLLM's configuration for plugins)."""
+                   santa: dict | None, gpu_memory_utilization: float, extra: list[str] = (), load_format: str = "dummy") -> list[str]:
+    """``vllm serve`` as a user types it, with random weights (``load_format="dummy"``; ``"auto"`` reads the folder's);
+    santa's settings through ``--additional-config`` (vLLM's configuration for plugins)."""
     command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(folder), "--port", str(port),
-               "--attention-backend", backend, "--load-format", "dummy", "--max-model-len", str(max_model_len),
+               "--attention-backend", backend, "--load-format", load_format, "--max-model-len", str(max_model_len),
                "--kv-cache-dtype", kv_cache_dtype, "--gpu-memory-utilization", str(gpu_memory_utilization), "--seed", "0",
                "--served-model-name", "model", "--disable-uvicorn-access-log", *extra]
     if santa is not None:
