@@ -21,6 +21,11 @@ the file's list of backends: the sliding-window and encoder tests exercise what 
   and mixed batches run FlashAttention: vLLM's own tolerance applies unchanged.
 - ``sampled``: santa's prop at S = ``--budget`` (128), where decode sequences longer than S are sampled and
   vLLM's 1e-2 cannot hold; the comparison's tolerance is derived from the sampling variance (below).
+- ``split``: not vLLM's test: a mixed step of chunked prefill (three requests decoding one token beside two prompt
+  chunks, Llama-3-8B's heads, vLLM's test utilities) through santa's backend at S = ``--budget``: its prefill rows
+  must equal vLLM's FLASH_ATTN run on the prefill requests alone (bit for bit), its decode rows santa's decode of the
+  decode requests alone (bit for bit); FLASH_ATTN on the whole mixed batch is recorded beside them (its prefill rows
+  within vLLM's 1e-2: FlashAttention's split schedule may differ with the batch).
 - ``graph``: not vLLM's test: one decode batch of Llama-3-8B's heads through santa's builder and ``forward`` with
   vLLM's test utilities, captured in a CUDA graph, the inputs changed in place (longer sequences, new queries),
   replayed; the replay must equal an eager call on the new inputs, for S covering every sequence and at S.
@@ -80,7 +85,7 @@ LLAMA3_8B = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_s
                  bos_token_id=128000, eos_token_id=128001, tie_word_embeddings=False, torch_dtype="bfloat16")
 TESTS = "test_causal_backend_correctness or test_non_causal_backend_correctness"
 EXACT_BUDGET = 4096  # ≥ the longest sequence of the file's correctness batches (large_prefill: 4096)
-PASSES = ("flash", "dense", "exact", "sampled", "graph")
+PASSES = ("flash", "dense", "exact", "sampled", "split", "graph")
 
 # ---- the runner ----------------------------------------------------------------------------------------------
 
@@ -123,7 +128,7 @@ def pass_environment(name: str, budget: int, kernel: str, alpha: float, records:
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
     if name == "dense":
         env["SANTA_VLLM_KERNEL"] = "dense"
-    elif name in ("exact", "sampled", "graph"):
+    elif name in ("exact", "sampled", "split", "graph"):
         env.update(SANTA_VLLM_KERNEL=kernel, SANTA_VLLM_BUDGET=str(EXACT_BUDGET if name == "exact" else budget))
     return env
 
@@ -155,8 +160,8 @@ def run_pass(name: str, work: Path, args: argparse.Namespace) -> dict:
     records.unlink(missing_ok=True)
     env = pass_environment(name, args.budget, args.kernel, args.alpha, records)
     start = time.perf_counter()
-    if name == "graph":
-        command = [sys.executable, str(Path(__file__).resolve()), "--graph-check", str(records)]
+    if name in ("graph", "split"):
+        command = [sys.executable, str(Path(__file__).resolve()), f"--{name}-check", str(records)]
     else:
         command = [sys.executable, "-m", "pytest", "-p", "backend_test", "-c", str(work / "pytest.ini"), "--rootdir", str(work),
                    "-p", "no:cacheprovider", "-q", "-rfE", "--tb=line", f"--junitxml={xml}", "-k", args.k,
@@ -170,10 +175,10 @@ def run_pass(name: str, work: Path, args: argparse.Namespace) -> dict:
     result = dict(returncode=returncode, seconds=round(time.perf_counter() - start, 1),
                   settings={k: v for k, v in env.items() if k.startswith("SANTA_VLLM_")})
     comparisons = read_records(records)
-    if name == "graph":
+    if name in ("graph", "split"):
         result.update(passed=sum(r["ok"] for r in comparisons), failed=sum(not r["ok"] for r in comparisons), checks=comparisons)
         if not comparisons:
-            result.update(failed=1, failures=[dict(test="graph", kind="error", message=output[-400:])])
+            result.update(failed=1, failures=[dict(test=name, kind="error", message=output[-400:])])
     else:
         result.update(junit_counts(xml))
         result["comparisons"] = comparisons
@@ -188,16 +193,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tests", type=Path, default=REPO / ".vt", help="the folder prepare.sh's vllmtests stage made")
     parser.add_argument("--out", type=Path, help="the JSON written after each pass (required)")
     parser.add_argument("--passes", nargs="+", default=list(PASSES), choices=PASSES)
-    parser.add_argument("--budget", type=int, default=128, help="S of the sampled pass (and of the graph check)")
+    parser.add_argument("--budget", type=int, default=128, help="S of the sampled pass (and of the split and graph checks)")
     parser.add_argument("--kernel", default="prop", choices=("prop", "flash"), help="santa's kernel of the sampled passes")
     parser.add_argument("--alpha", type=float, default=1e-3, help="the chance a correct backend fails one sampled comparison")
     parser.add_argument("-k", default=TESTS, help="pytest's -k over vLLM's test file")
     parser.add_argument("--work", type=Path, default=Path("/tmp/santa_backend_test"), help="where the files are laid out")
     parser.add_argument("--pass-timeout", type=int, default=540, help="seconds per pass (a device command has 600)")
     parser.add_argument("--graph-check", type=Path, help=argparse.SUPPRESS)  # the graph pass's own process
+    parser.add_argument("--split-check", type=Path, help=argparse.SUPPRESS)  # the split pass's own process
     args = parser.parse_args(argv)
     if args.graph_check:
         graph_check(args.graph_check)
+        return
+    if args.split_check:
+        split_check(args.split_check)
         return
     if args.out is None:
         parser.error("the following arguments are required: --out")
@@ -449,6 +458,79 @@ def graph_case(budget: int) -> dict:
             exact.append(torch.einsum("hn,nhd->hd", p, v))
         entry["replay_vs_exact_max_abs"] = float((replayed - torch.stack(exact)).abs().max())
     entry["ok"] = entry["replay_vs_eager_max_abs"] == 0 and entry.get("replay_vs_exact_max_abs", 0) <= 1e-2
+    return entry
+
+
+
+# ---- the split pass: a mixed step's rows against FlashAttention's and santa's decode, each on its own requests ----
+
+
+def split_check(records: Path) -> None:
+    """:func:`split_case` at ``SANTA_VLLM_BUDGET``, recorded."""
+    entry = split_case(int(os.environ.get("SANTA_VLLM_BUDGET", "128")))
+    _record(entry)
+    print(json.dumps(entry), flush=True)
+
+
+def split_case(budget: int) -> dict:
+    """One mixed step (decode requests first, as vLLM's runner orders them) through santa's ``CUSTOM`` backend, and the
+    same requests split: FLASH_ATTN on the prefill requests alone, santa on the decode requests alone (each on its
+    slice of the step's metadata, vLLM's ``split_attn_metadata``), and FLASH_ATTN on the whole step."""
+    import torch
+
+    sys.path.insert(0, os.getcwd())
+    from tests.v1.attention import test_attention_backends as vt
+    from tests.v1.attention.utils import (
+        BatchSpec,
+        create_common_attn_metadata,
+        create_standard_kv_cache_spec,
+        create_vllm_config,
+    )
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.worker.ubatch_utils import UBatchSlice, split_attn_metadata
+
+    from santa.vllm.plugin import register
+
+    register()
+    device, block = torch.device("cuda:0"), 16
+    seq_lens, query_lens = [1500, 300, 2047, 700, 260], [1, 1, 1, 96, 260]  # three decodes, a prompt chunk, a whole prompt
+    decodes, tokens = 3, sum(query_lens)
+    torch.manual_seed(0)
+    vllm_config = create_vllm_config(model_name=MODEL, max_model_len=2048, block_size=block, num_gpu_blocks=1024)
+    model = vllm_config.model_config
+    heads, kv_heads = model.get_num_attention_heads(vllm_config.parallel_config), model.get_num_kv_heads(vllm_config.parallel_config)
+    head_size, dtype = model.get_head_size(), model.dtype
+    spec = create_standard_kv_cache_spec(vllm_config)
+    with set_current_vllm_config(vllm_config):
+        common = create_common_attn_metadata(BatchSpec(seq_lens=seq_lens, query_lens=query_lens), block, device)
+        full_k = [torch.randn(n, kv_heads, head_size, dtype=dtype, device=device) for n in seq_lens]
+        full_v = [torch.randn_like(k) for k in full_k]
+        contexts = [(k[: n - q], v[: n - q]) for k, v, n, q in zip(full_k, full_v, seq_lens, query_lens, strict=True)]
+        cache = vt.create_and_prepopulate_kv_cache([k for k, _ in contexts], [v for _, v in contexts], block, kv_heads,
+                                                   head_size, dtype, device, 1024, common)
+        query = torch.randn(tokens, heads, head_size, dtype=dtype, device=device)
+        key = torch.cat([k[n - q:] for k, n, q in zip(full_k, seq_lens, query_lens, strict=True)])
+        value = torch.cat([v[n - q:] for v, n, q in zip(full_v, seq_lens, query_lens, strict=True)])
+
+        def run(backend, metadata, rows: slice):
+            return vt.run_attention_backend(backend, spec, ["model.layers.0.self_attn.attn"], vllm_config, device, metadata,
+                                            query[rows], key[rows], value[rows], cache.clone())
+
+        mixed = run(AttentionBackendEnum.CUSTOM, common, slice(0, tokens)).float()
+        decode_part, prefill_part = split_attn_metadata(
+            [UBatchSlice(request_slice=slice(0, decodes), token_slice=slice(0, decodes)),
+             UBatchSlice(request_slice=slice(decodes, len(seq_lens)), token_slice=slice(decodes, tokens))], common)
+        decode_alone = run(AttentionBackendEnum.CUSTOM, decode_part, slice(0, decodes)).float()
+        prefill_alone = run(AttentionBackendEnum.FLASH_ATTN, prefill_part, slice(decodes, tokens)).float()
+        flash_whole = run(AttentionBackendEnum.FLASH_ATTN, common, slice(0, tokens)).float()
+    entry = dict(check="split", budget=budget, seq_lens=seq_lens, query_lens=query_lens,
+                 decode_rows_vs_santa_alone_max_abs=float((mixed[:decodes] - decode_alone).abs().max()),
+                 prefill_rows_vs_flash_alone_max_abs=float((mixed[decodes:] - prefill_alone).abs().max()),
+                 prefill_rows_vs_flash_whole_max_abs=float((mixed[decodes:] - flash_whole[decodes:]).abs().max()),
+                 decode_rows_vs_flash_whole_max_abs=float((mixed[:decodes] - flash_whole[:decodes]).abs().max()))
+    entry["ok"] = (entry["decode_rows_vs_santa_alone_max_abs"] == 0 and entry["prefill_rows_vs_flash_alone_max_abs"] == 0
+                   and entry["prefill_rows_vs_flash_whole_max_abs"] <= 1e-2)
     return entry
 
 

@@ -113,9 +113,9 @@ for stage in "$@"; do
     servetest)  # the GPU test of `vllm serve` with santa and the OpenAI client (tiny model; two server starts)
       timeout 400 python3 -m pytest -q -p no:cacheprovider -m slow tests/vllm_backend/test_vllm_serve.py 2>&1 | tail -n 15 \
         | tee "$OUT/tests_serve.log" ;;
-    vtests)  # passes: flash dense exact sampled graph; the JSON is rewritten after each one
+    vtests)  # passes: flash dense exact sampled split graph; the JSON is rewritten after each one
       # shellcheck disable=SC2086
       timeout 590 python3 benchmarks/vllm/backend_test.py --tests .vt --out "$OUT/backend_test.json" \
-        --passes ${VT_PASSES:-flash dense exact sampled graph} 2>&1 | grep -v "^DEBUG" | tail -n 40 ;;
+        --passes ${VT_PASSES:-flash dense exact sampled split graph} 2>&1 | grep -v "^DEBUG" | tail -n 40 ;;
   esac
 done
