@@ -315,15 +315,11 @@ def _prop_chunk(
             LOG_T, PAGED, PAGE_SIZE, CM,
         )
         budget = _pilot_budget(pilot_vals, v_scale, budget, inv_target2, PILOT)
-        # a chunk wholly past the row's budget places nothing: it searches no tile (as if the row held no key)
-        search_len = tl.where(pid_s * SBLOCK < budget, seq_len, 0)
-    else:
-        search_len = seq_len
     offs_s = pid_s * SBLOCK + tl.arange(0, SBLOCK)
     m_f = offs_s.to(tl.float32)
     budget_f = budget.to(tl.float32)
     key, ok, vals, tile, poisoned = _place_samples(
-        v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, row, b, kvh, search_len, nan_row, n_pages, u, m_f,
+        v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, row, b, kvh, seq_len, nan_row, n_pages, u, m_f,
         budget_f, offs_s < budget, tiles_max, stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats,
         D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, ONE_CHUNK_T, BISECT, LOG_T, PAGED, PAGE_SIZE, CM,
     )
