@@ -304,7 +304,7 @@ def _prop_chunk(
     PILOT > 0 (an error target): the row's budget is not ``budget`` (then the cap) but the one its pilot
     asks for (:func:`_pilot_budget`): a systematic draw of PILOT samples on the offset ``u_pilot``, which
     every chunk of the row places and reads itself (the same rows, the same budget), then the chunk's
-    samples of the row's own budget. The grid is the cap's: chunks past the row's budget add nothing."""
+    samples of the row's own budget. The grid is the cap's: a chunk past the row's budget skips its search."""
     nan_row = bad_len  # NaN/+inf scores (a tile mass is NaN), a bad page id or a bad seq_len: the output is NaN
     if PILOT > 0:
         offs_p = tl.arange(0, PBLOCK)
@@ -315,20 +315,40 @@ def _prop_chunk(
             LOG_T, PAGED, PAGE_SIZE, CM,
         )
         budget = _pilot_budget(pilot_vals, v_scale, budget, inv_target2, PILOT)
-    offs_s = pid_s * SBLOCK + tl.arange(0, SBLOCK)
-    m_f = offs_s.to(tl.float32)
-    budget_f = budget.to(tl.float32)
-    key, ok, vals, tile, poisoned = _place_samples(
-        v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, row, b, kvh, seq_len, nan_row, n_pages, u, m_f,
-        budget_f, offs_s < budget, tiles_max, stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats,
-        D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, ONE_CHUNK_T, BISECT, LOG_T, PAGED, PAGE_SIZE, CM,
-    )
-    nan_row = nan_row | poisoned
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < D
-    acc = tl.sum(vals, axis=0) * v_scale  # Σ over this chunk's samples of v_{J_m} (non-finite if a sampled row is)
-    if RETURN_COUNTS:
-        tl.atomic_add(counts_ptr + row.to(tl.int64) * stride_counts + key, 1, mask=ok)
+    if PILOT == 0:  # a fixed budget: every chunk of the grid holds samples
+        offs_s = pid_s * SBLOCK + tl.arange(0, SBLOCK)
+        m_f = offs_s.to(tl.float32)
+        budget_f = budget.to(tl.float32)
+        key, ok, vals, tile, poisoned = _place_samples(
+            v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, row, b, kvh, seq_len, nan_row, n_pages, u, m_f,
+            budget_f, offs_s < budget, tiles_max, stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats,
+            D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, ONE_CHUNK_T, BISECT, LOG_T, PAGED, PAGE_SIZE, CM,
+        )
+        nan_row = nan_row | poisoned
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_d = offs_d < D
+        acc = tl.sum(vals, axis=0) * v_scale  # Σ over this chunk's samples of v_{J_m} (non-finite if a sampled row is)
+        if RETURN_COUNTS:
+            tl.atomic_add(counts_ptr + row.to(tl.int64) * stride_counts + key, 1, mask=ok)
+    else:
+        # an error target: the grid is the cap's, and a chunk wholly past its row's budget places and reads nothing,
+        # so it skips its search (the program's branch: every thread takes it alike); DISCARD ≤ 1 needs no tile
+        budget_f = budget.to(tl.float32)
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_d = offs_d < D
+        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+        if pid_s * SBLOCK < budget:
+            offs_s = pid_s * SBLOCK + tl.arange(0, SBLOCK)
+            key, ok, vals, _tile, poisoned = _place_samples(
+                v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, row, b, kvh, seq_len, nan_row, n_pages, u,
+                offs_s.to(tl.float32), budget_f, offs_s < budget, tiles_max, stride_bt, stride_vb, stride_vn, stride_vh,
+                stride_stash, stride_stats, D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, ONE_CHUNK_T, BISECT, LOG_T, PAGED, PAGE_SIZE,
+                CM,
+            )
+            nan_row = nan_row | poisoned
+            acc = tl.sum(vals, axis=0) * v_scale
+            if RETURN_COUNTS:
+                tl.atomic_add(counts_ptr + row.to(tl.int64) * stride_counts + key, 1, mask=ok)
 
     out_offs = b.to(tl.int64) * stride_ob + h * stride_oh + offs_d
     if DISCARD == 2:
