@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -121,10 +122,19 @@ class Server:
                                         start_new_session=True)
         try:
             self.startup_s = wait_until_up(self.port, self.process, self.timeout_s)
+        except RuntimeError as error:
+            self.stop()
+            raise RuntimeError(f"{error}: {self.last_error()} (the whole log: {self.log})") from None
         except BaseException:
             self.stop()
             raise
         return self
+
+    def last_error(self) -> str:
+        """The log's last line that names an error (what stopped the server), or its last line."""
+        lines = [line.strip() for line in self.log.read_text(errors="replace").splitlines() if line.strip()]
+        named = [line for line in lines if re.search(r"[A-Z]\w*Error:|(^|\s)[Ee]rror[,:]", line)]
+        return (named or lines or ["(empty log)"])[-1][:500]
 
     def stop(self) -> int:
         if self.process.poll() is None:
