@@ -72,3 +72,14 @@ def test_bad_flags_are_one_line_and_status_2(tmp_path, flags, message):
     folder = [] if message == "--folder is required" else ["--folder", str(tmp_path)]
     done = subprocess.run([sys.executable, serve.__file__, str(tmp_path / "out"), *folder, *flags], capture_output=True, text=True)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_server_that_stops_early_is_reported_with_its_error_line(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("INFO starting\n(APIServer) pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+                   "(APIServer)   Value error, User-specified max_model_len (33024) is greater than the derived one\n"
+                   "(APIServer)     For further information visit https://errors.pydantic.dev/2.14/v/value_error\n")
+    server = serve.Server([sys.executable, "-c", "raise SystemExit(1)"], port=9, log=log, timeout_s=30)
+    with pytest.raises(RuntimeError, match=r"exited with status 1 before it was up: .*Value error, User-specified max_model_len"):
+        server.__enter__()
+    assert server.exit_status == 1
