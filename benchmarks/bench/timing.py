@@ -4,8 +4,10 @@ that A/B scripts can time an old santa tree with the same code."""
 
 from __future__ import annotations
 
+import importlib.util
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -70,3 +72,14 @@ def host_us_per_call(fn, calls: int = 200) -> float:
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     return (t1 - t0) / calls * 1e6
+
+
+def run_record_of_this_checkout() -> dict:
+    """``santa.provenance.run_record()`` of the checkout this file is in, whichever santa is first on the path: an A/B
+    script times an old tree (``PYTHONPATH=.oldab/src``) that may predate the module (loaded here by its path; it
+    imports only the standard library)."""
+    path = Path(__file__).resolve().parents[2] / "src" / "santa" / "provenance.py"
+    spec = importlib.util.spec_from_file_location("santa_provenance_of_this_checkout", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.run_record()

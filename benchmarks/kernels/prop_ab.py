@@ -22,9 +22,7 @@ import sys
 import torch
 
 sys.path.insert(0, ".")  # benchmarks.bench.timing, whichever santa is on the path
-from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
-
-from santa.provenance import run_record
+from benchmarks.bench.timing import Flusher, run_record_of_this_checkout, time_fn  # noqa: E402
 
 READ_BW = 4.5e12
 CASES = [  # (model, batch, n_keys, heads, kv_heads, head_dim)
@@ -88,7 +86,7 @@ def main() -> None:
     import santa
 
     flusher = Flusher("cuda")
-    results = {"run": run_record(), "label": args.label, "santa_path": santa.__file__, "device": torch.cuda.get_device_name(),
+    results = {"run": run_record_of_this_checkout(), "label": args.label, "santa_path": santa.__file__, "device": torch.cuda.get_device_name(),
                "torch": torch.__version__, "budget": args.budget, "cases": {}}
     for model, batch, n_keys, heads, kv_heads, dim in CASES:
         name = f"{model}/b{batch}/n{n_keys}"
