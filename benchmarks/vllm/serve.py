@@ -30,8 +30,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from offline import SHAPES  # noqa: E402  (the model shapes of the offline benchmark)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks.* as a package
+from benchmarks.vllm.offline import SHAPES  # noqa: E402  (the model shapes of the offline benchmark)
 
 from santa.provenance import run_record  # noqa: E402
 
