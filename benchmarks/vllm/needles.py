@@ -107,9 +107,7 @@ def main() -> None:
     stops = sorted(stop_token_ids(tokenizer))
     max_model_len = max(len(ids) for *_, ids in jobs) + NEW_TOKENS + 16
     if args.server:
-        start = time.perf_counter()
-        answers = served_answers(args, [ids for *_, ids in jobs], stops, max_model_len)
-        seconds = time.perf_counter() - start
+        answers, seconds = served_answers(args, [ids for *_, ids in jobs], stops, max_model_len)
     else:
         answers, seconds = offline_answers(args, jobs, stops, max_model_len, tokenizer)
     records = []
@@ -139,8 +137,9 @@ def offline_answers(args, jobs, stops, max_model_len, tokenizer) -> tuple[list[s
     return [tokenizer.decode(output.outputs[0].token_ids, skip_special_tokens=True) for output in outputs], seconds
 
 
-def served_answers(args, prompts: list[list[int]], stops: list[int], max_model_len: int) -> list[str]:
-    """Each prompt's greedy answer from ``vllm serve`` on the folder (its real weights), through the OpenAI client."""
+def served_answers(args, prompts: list[list[int]], stops: list[int], max_model_len: int) -> tuple[list[str], float]:
+    """Each prompt's greedy answer from ``vllm serve`` on the folder (its real weights), through the OpenAI client, and
+    the seconds the answers took once the server was up."""
     from concurrent.futures import ThreadPoolExecutor
 
     from benchmarks.vllm.serve import Server, server_command
@@ -158,8 +157,10 @@ def served_answers(args, prompts: list[list[int]], stops: list[int], max_model_l
                                              extra_body={"stop_token_ids": stops})
             return done.choices[0].text
 
+        start = time.perf_counter()
         with ThreadPoolExecutor(16) as pool:
-            return list(pool.map(ask, prompts))
+            answers = list(pool.map(ask, prompts))
+        return answers, time.perf_counter() - start
 
 
 if __name__ == "__main__":
