@@ -389,23 +389,27 @@ def graph_check(records: Path) -> None:
         print(json.dumps(entry), flush=True)
 
 
-def graph_case(budget: int) -> dict:
-    import torch
-
+def vllm_test_modules():
+    """vLLM's ``test_attention_backends`` and its ``utils`` (from the pass's work folder, its current directory), with
+    santa registered as the ``CUSTOM`` backend: what the graph and split checks build their steps with."""
     sys.path.insert(0, os.getcwd())
-    from tests.v1.attention import test_attention_backends as vt
-    from tests.v1.attention.utils import (
-        BatchSpec,
-        create_common_attn_metadata,
-        create_standard_kv_cache_spec,
-        create_vllm_config,
-    )
-    from vllm.config import set_current_vllm_config
+    from tests.v1.attention import test_attention_backends, utils
 
-    from santa.vllm.backend import SantaAttentionImpl, SantaMetadataBuilder
     from santa.vllm.plugin import register
 
     register()
+    return test_attention_backends, utils
+
+
+def graph_case(budget: int) -> dict:
+    import torch
+    from vllm.config import set_current_vllm_config
+
+    from santa.vllm.backend import SantaAttentionImpl, SantaMetadataBuilder
+
+    vt, utils = vllm_test_modules()
+    BatchSpec, create_common_attn_metadata = utils.BatchSpec, utils.create_common_attn_metadata
+    create_standard_kv_cache_spec, create_vllm_config = utils.create_standard_kv_cache_spec, utils.create_vllm_config
     device, block = torch.device("cuda:0"), 16
     first, later = [300, 1024, 77, 2000, 129, 512, 1500, 64], [301, 1030, 90, 2047, 200, 513, 1600, 65]
     torch.manual_seed(0)
@@ -477,33 +481,22 @@ def split_case(budget: int) -> dict:
     same requests split: FLASH_ATTN on the prefill requests alone, santa on the decode requests alone (each on its
     slice of the step's metadata, vLLM's ``split_attn_metadata``), and FLASH_ATTN on the whole step."""
     import torch
-
-    sys.path.insert(0, os.getcwd())
-    from tests.v1.attention import test_attention_backends as vt
-    from tests.v1.attention.utils import (
-        BatchSpec,
-        create_common_attn_metadata,
-        create_standard_kv_cache_spec,
-        create_vllm_config,
-    )
     from vllm.config import set_current_vllm_config
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
     from vllm.v1.worker.ubatch_utils import UBatchSlice, split_attn_metadata
 
-    from santa.vllm.plugin import register
-
-    register()
+    vt, utils = vllm_test_modules()
     device, block = torch.device("cuda:0"), 16
     seq_lens, query_lens = [1500, 300, 2047, 700, 260], [1, 1, 1, 96, 260]  # three decodes, a prompt chunk, a whole prompt
     decodes, tokens = 3, sum(query_lens)
     torch.manual_seed(0)
-    vllm_config = create_vllm_config(model_name=MODEL, max_model_len=2048, block_size=block, num_gpu_blocks=1024)
+    vllm_config = utils.create_vllm_config(model_name=MODEL, max_model_len=2048, block_size=block, num_gpu_blocks=1024)
     model = vllm_config.model_config
     heads, kv_heads = model.get_num_attention_heads(vllm_config.parallel_config), model.get_num_kv_heads(vllm_config.parallel_config)
     head_size, dtype = model.get_head_size(), model.dtype
-    spec = create_standard_kv_cache_spec(vllm_config)
+    spec = utils.create_standard_kv_cache_spec(vllm_config)
     with set_current_vllm_config(vllm_config):
-        common = create_common_attn_metadata(BatchSpec(seq_lens=seq_lens, query_lens=query_lens), block, device)
+        common = utils.create_common_attn_metadata(utils.BatchSpec(seq_lens=seq_lens, query_lens=query_lens), block, device)
         full_k = [torch.randn(n, kv_heads, head_size, dtype=dtype, device=device) for n in seq_lens]
         full_v = [torch.randn_like(k) for k in full_k]
         contexts = [(k[: n - q], v[: n - q]) for k, v, n, q in zip(full_k, full_v, seq_lens, query_lens, strict=True)]
