@@ -1,7 +1,8 @@
 """prop's pass 2 (``_prop_gather_kernel``) compiled for the H200 (sm_90) without a GPU: SASS instructions and a digest of
 the SASS text per variant, for whichever santa is first on the path. Two trees give the same digest exactly when their
-kernels compile to the same instructions, so a change meant to touch one variant (an error target's) can be shown to
-leave the others (fixed budgets) as they were before any GPU time is spent.
+kernels compile to the same instructions (kernel parameters' offsets masked: an added parameter moves them), so a
+change meant to touch one variant (an error target's) can be shown to leave the others (fixed budgets) as they were
+before any GPU time is spent.
 
     PYTHONPATH=src python benchmarks/kernels/pass2_sass.py
     PYTHONPATH=OLD/src python benchmarks/kernels/pass2_sass.py      # then compare the digests
@@ -27,7 +28,7 @@ from santa.kernels.prop import _prop_gather_kernel
 POINTERS = dict(v_ptr="*bf16", bt_ptr="*i32", seq_lens_ptr="*i32", stash_ptr="*fp32", tile_max_ptr="*fp32",
                 tile_mass_ptr="*fp32", prefix_ptr="*fp32", partial_ptr="*fp32", sem_ptr="*i32", out_ptr="*bf16",
                 counts_ptr="*i32", offset_ptr="*i64", v_scale_ptr="*fp32", seeds_ptr="*i64", positions_ptr="*i64",
-                starts_ptr="*i32")
+                starts_ptr="*i32", budgets_ptr="*i32")
 BASE = dict(G=4, D=128, BLOCK_D=128, BLOCK_N=128, BLOCK_T=256, SBLOCK=32, N_CHUNKS=4, CHUNK_BLOCK=4, ONE_CHUNK_T=True,
             BISECT=False, LOG_T=9, PAGED=False, PAGE_SIZE=1, HAS_SEQ_LENS=True, OFFSET_IN_MEMORY=False, RETURN_COUNTS=False,
             USE_PDL=False, DISCARD=1, V_SCALE_PER_HEAD=False, SEED_PER_SEQUENCE=False, POSITIONAL=True, HAS_STARTS=False,
@@ -39,6 +40,8 @@ VARIANTS = {
     "paged": dict(PAGED=True, PAGE_SIZE=16), "error target": dict(PILOT=16, PBLOCK=16, N_CHUNKS=8, CHUNK_BLOCK=8),
 }
 ADDRESS = re.compile(r"/\*[0-9a-f]{4}\*/")
+ENCODING = re.compile(r"/\*\s*0x[0-9a-f]+\s*\*/")
+PARAMETER = re.compile(r"c\[0x0\]\[0x[0-9a-f]+\]")  # a kernel parameter's offset: moves when a parameter is added
 
 
 def sass(constants: dict) -> str:
@@ -60,7 +63,8 @@ def sass(constants: dict) -> str:
         cubin.flush()
         text = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", cubin.name], capture_output=True, text=True,
                               check=True).stdout
-    return "\n".join(ADDRESS.sub("", line).strip() for line in text.splitlines() if ADDRESS.search(line))
+    return "\n".join(PARAMETER.sub("c[0x0][param]", ENCODING.sub("", ADDRESS.sub("", line))).strip()
+                     for line in text.splitlines() if ADDRESS.search(line))
 
 
 def main() -> None:

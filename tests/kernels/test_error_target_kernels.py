@@ -119,6 +119,41 @@ def test_a_target_no_pilot_can_meet_draws_the_fixed_budget():
     assert capped[1][~varied].sum(-1).tolist() == [16, 16]
 
 
+@pytest.mark.parametrize("target", [None, 0.3], ids=["fixed", "target"])
+@pytest.mark.parametrize("fallback", [False, True], ids=["kernel", "fallback"])
+def test_reads_count_each_rows_draws_and_accumulate(target, fallback, monkeypatch):
+    """plan.run(reads=) adds each row's value rows drawn: S (or the pilot's 16 + S_r with a target) on a sampled
+    sequence, its live keys on a covered one; a second call adds as much again (santa.model sums over steps)."""
+    if fallback:
+        if CUDA:
+            pytest.skip("the torch fallback runs for CPU tensors without the interpreter")
+        monkeypatch.delenv("TRITON_INTERPRET")
+    call = inputs(seed=2)
+    call["seq_lens"] = torch.tensor([L, 60], dtype=torch.int32, device=DEVICE)  # sequence 1: 60 ≤ S, exact
+    plan = plan_decode(batch=B, heads=H, kv_heads=H_KV, head_dim=D, n_keys=L, budget=96, dtype=torch.bfloat16,
+                       device=DEVICE, error_target=target)
+    reads = torch.zeros(B, H, dtype=torch.int64, device=DEVICE)
+    counts = torch.zeros(B, H, L, dtype=torch.int32, device=DEVICE)
+    plan.run(call["q"], call["k"], call["v"], seq_lens=call["seq_lens"], seed=3, counts=counts, reads=reads)
+    drawn = counts.sum(-1).long()  # the draw's own samples (the pilot's are not counted there)
+    assert drawn[0].tolist() == ([96] * H if target is None else drawn[0].tolist()) and reads[1].tolist() == [60] * H
+    assert torch.equal(reads[0], drawn[0] + (0 if target is None else 16))
+    plan.run(call["q"], call["k"], call["v"], seq_lens=call["seq_lens"], seed=3, reads=reads)
+    assert torch.equal(reads[0], 2 * (drawn[0] + (0 if target is None else 16))) and reads[1].tolist() == [120] * H
+
+
+@pytest.mark.parametrize(("reads", "error", "match"), [
+    (torch.zeros(B, H), TypeError, "reads must be int32 or int64"),
+    (torch.zeros(B, H + 1, dtype=torch.int64), ValueError, "reads must be int32 or int64 \\[B=2, H=4\\]"),
+])
+def test_bad_reads_are_refused_by_name(reads, error, match):
+    call = inputs(seed=2)
+    plan = plan_decode(batch=B, heads=H, kv_heads=H_KV, head_dim=D, n_keys=L, budget=64, dtype=torch.bfloat16, device=DEVICE,
+                       error_target=0.3)
+    with pytest.raises(error, match=match):
+        plan.run(call["q"], call["k"], call["v"], seq_lens=call["seq_lens"], reads=reads.to(DEVICE))
+
+
 def test_the_torch_fallback_is_the_spec(monkeypatch):
     if CUDA:
         pytest.skip("the torch fallback runs for CPU tensors without the interpreter")

@@ -502,6 +502,9 @@ class DecodePlan:
         self.discard_stash = kernel == "prop" and major >= 8 and tuning.discard_stash is not False
         self._launchers: dict[tuple, tuple] = {}
         self.one_launch = self._plan_one_launch(device)
+        # an error target's budget per (sequence, head) row, written by pass 2 each call (run's reads counts from it)
+        self.row_budgets = (torch.zeros(s.batch * s.heads, dtype=torch.int32, device=device)
+                            if error_target is not None and kernel == "prop" else None)
 
     def _plan_one_launch(self, device: torch.device):
         """The one-launch CUDA prop for this plan (:mod:`santa.kernels.one_launch`: Hopper, bf16, contiguous NHD or paged
@@ -548,7 +551,7 @@ class DecodePlan:
         return None if buffers is None else (buffers, strides)
 
     def check_call(self, q, k_cache, v_cache, *, seq_lens, block_table, out, counts, workspace, k_scale, v_scale, positions,
-                   starts, seed, offset, head_offset) -> int:
+                   starts, seed, offset, head_offset, reads=None) -> int:
         """The checked ``head_offset`` of a call, after raising TypeError/ValueError naming the first argument that
         differs from what the plan's launches address: seed and offset (:func:`check_seed_and_offset`), head_offset
         (:func:`check_head_offset`), and every tensor's kind, dtype, shape and device. Host metadata only (no values
@@ -625,6 +628,10 @@ class DecodePlan:
             if tuple(counts.shape) != (batch, heads, s.n_keys) or counts.stride(-1) != 1 or counts.stride(0) != heads * counts.stride(1):
                 raise ValueError(f"counts must be int32 [B={batch}, H={heads}, n_keys={s.n_keys}] with rows b·H + h, "
                                  f"got {tuple(counts.shape)} strides {counts.stride()}")
+        if reads is not None:
+            tensor("reads", reads, (torch.int32, torch.int64), f"[B={batch}, H={heads}]")
+            if tuple(reads.shape) != (batch, heads):
+                raise ValueError(f"reads must be int32 or int64 [B={batch}, H={heads}], got {tuple(reads.shape)}")
         for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
             if isinstance(scale, torch.Tensor):
                 tensor(name, scale, (torch.float32,), f"[H_kv={s.kv_heads}]")
@@ -738,6 +745,7 @@ class DecodePlan:
         seeds_ptr, seed = (q_ptr, int(seed)) if seeds_tensor is None else (seeds_tensor.data_ptr(), 0)
         positions_ptr = q_ptr if positions is None else positions.data_ptr()
         starts_ptr = q_ptr if starts is None else starts.data_ptr()
+        budgets_ptr = q_ptr if self.row_budgets is None else self.row_budgets.data_ptr()
         n_pages = k_cache.shape[0]
         kb, kn, kh = (k_strides[0], k_strides[1], k_strides[2]) if self.shape.kv_layout == "NHD" else (k_strides[0], k_strides[2], k_strides[1])
         vb, vn, vh = (v_strides[0], v_strides[1], v_strides[2]) if self.shape.kv_layout == "NHD" else (v_strides[0], v_strides[2], v_strides[1])
@@ -750,7 +758,7 @@ class DecodePlan:
         args = dict(
             ws.pointers, q_ptr=q_ptr, k_ptr=k_ptr, v_ptr=v_ptr, out_ptr=out_ptr, seq_lens_ptr=seq_lens_ptr, bt_ptr=bt_ptr,
             counts_ptr=counts_ptr, offset_ptr=offset_ptr, k_scale_ptr=k_scale_ptr, v_scale_ptr=v_scale_ptr,
-            seeds_ptr=seeds_ptr, positions_ptr=positions_ptr, starts_ptr=starts_ptr, seed=seed,
+            seeds_ptr=seeds_ptr, positions_ptr=positions_ptr, starts_ptr=starts_ptr, budgets_ptr=budgets_ptr, seed=seed,
             offset=offset, head_offset=head_offset, n_pages=n_pages, k_scale=k_scale, v_scale=v_scale,
             stride_qb=q_strides[0], stride_qh=q_strides[1], stride_ob=out_strides[0], stride_oh=out_strides[1],
             stride_kb=kb, stride_kn=kn, stride_kh=kh, stride_vb=vb, stride_vn=vn, stride_vh=vh,
@@ -760,14 +768,14 @@ class DecodePlan:
         def tensors() -> dict:
             given = dict(q_ptr=q, k_ptr=k_cache, v_ptr=v_cache, out_ptr=out, seq_lens_ptr=seq_lens, bt_ptr=block_table,
                          counts_ptr=counts, offset_ptr=offset_tensor, k_scale_ptr=k_scale_tensor, v_scale_ptr=v_scale_tensor,
-                         seeds_ptr=seeds_tensor, positions_ptr=positions, starts_ptr=starts)
+                         seeds_ptr=seeds_tensor, positions_ptr=positions, starts_ptr=starts, budgets_ptr=self.row_budgets)
             return {**ws.tensors(), **{name: (q if x is None else x) for name, x in given.items()}}
 
         return key, args, tensors
 
     def run(self, q, k_cache, v_cache, *, seq_lens=None, block_table=None, seed: int = 0, offset=0, out=None, counts=None,
             workspace: Workspace | None = None, k_scale=1.0, v_scale=1.0, positions=None, starts=None,
-            head_offset: int = 0) -> torch.Tensor:
+            head_offset: int = 0, reads=None) -> torch.Tensor:
         """One decode step: ``out [B, H, d]`` (allocated when not given; pass it for graph capture).
 
         q ``[B, H, d]``; caches in the planned layout and ``kv_dtype`` (paged: ``block_table`` int32
@@ -783,7 +791,10 @@ class DecodePlan:
         a window); ``head_offset`` (an int ≥ 0, with positions only; default 0): the global index of q's first head
         when the call holds a slice of the model's heads (a tensor-parallel rank: ``rank × H``), added to the
         counter's head, so that every split draws what one call with all the heads draws (:func:`check_head_offset`;
-        such a call runs the Triton prop, not the one launch). Every tensor's kind, dtype, shape and device is checked against the plan
+        such a call runs the Triton prop, not the one launch); ``reads`` (an int32/int64 ``[B, H]`` tensor on the device): each
+        (sequence, head)'s value rows this call draws are added to it — its live keys where the budget covers them (each
+        read once), else S, or with an error target the pilot's draws plus the row's own budget S_r — on the device, so a
+        captured graph keeps counting (santa.model sums them over layers and steps). Every tensor's kind, dtype, shape and device is checked against the plan
         (:meth:`check_call`), seed and offset's types and ranges too (TypeError for a wrong type, ValueError
         for a bad shape, device or range); tensor values are not read. A sequence whose live keys the budget
         covers (``seq_lens[b] − starts[b] ≤ S``) is computed exactly, its live V rows read once
@@ -794,44 +805,62 @@ class DecodePlan:
         """
         head_offset = self.check_call(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, out=out, counts=counts,
                                       workspace=workspace, k_scale=k_scale, v_scale=v_scale, positions=positions, starts=starts,
-                                      seed=seed, offset=offset, head_offset=head_offset)
+                                      seed=seed, offset=offset, head_offset=head_offset, reads=reads)
         return self.run_checked(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
                                 out=out, counts=counts, workspace=workspace, k_scale=k_scale, v_scale=v_scale,
-                                positions=positions, starts=starts, head_offset=head_offset)
+                                positions=positions, starts=starts, head_offset=head_offset, reads=reads)
 
     def run_checked(self, q, k_cache, v_cache, *, seq_lens, block_table, seed, offset, out, counts, workspace, k_scale,
-                    v_scale, positions, starts, head_offset: int) -> torch.Tensor:
+                    v_scale, positions, starts, head_offset: int, reads=None) -> torch.Tensor:
         """:meth:`run` without its checks, for a caller that has validated the call against this plan's shape
         (:func:`santa.decode`, whose validation is cached per call signature): no check is done twice per step."""
         if self.on_cpu and not kernels_on_cpu():
             return self._run_torch(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, k_scale, v_scale,
-                                   positions, starts, head_offset)
+                                   positions, starts, head_offset, reads)
         index = self.cuda_index
         if index is not None and torch.cuda.current_device() != index:
             with torch.cuda.device(index):
                 return self.run_checked(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed,
                                         offset=offset, out=out, counts=counts, workspace=workspace, k_scale=k_scale,
-                                        v_scale=v_scale, positions=positions, starts=starts, head_offset=head_offset)
+                                        v_scale=v_scale, positions=positions, starts=starts, head_offset=head_offset,
+                                        reads=reads)
         if out is None:
             out = torch.empty_like(q)
         one_launch_call = self._one_launch_call(q, k_cache, v_cache, seq_lens, out, counts, workspace, k_scale, v_scale, starts)
         if one_launch_call is not None:
             buffers, strides = one_launch_call
             # the one launch computes the sequences the budget covers exactly itself (one_launch.cu)
-            return self.one_launch.run(q, k_cache, v_cache, out=out, strides=strides, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
-                                       positions=positions, head_offset=head_offset, counts=counts, buffers=buffers,
-                                       k_scale=k_scale, v_scale=v_scale)
-        launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale, seed, positions, starts)
-        key, args, tensors = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace,
-                                             k_scale, v_scale, positions, starts, head_offset)
-        stream = _launch.current_stream(index)
-        for _, launcher in launchers:
-            launcher(key, args, tensors, stream)
+            out = self.one_launch.run(q, k_cache, v_cache, out=out, strides=strides, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
+                                      positions=positions, head_offset=head_offset, counts=counts, buffers=buffers,
+                                      k_scale=k_scale, v_scale=v_scale)
+        else:
+            launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale, seed, positions, starts)
+            key, args, tensors = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace,
+                                                 k_scale, v_scale, positions, starts, head_offset)
+            stream = _launch.current_stream(index)
+            for _, launcher in launchers:
+                launcher(key, args, tensors, stream)
+        if reads is not None:
+            self._add_reads(reads, seq_lens, starts, self.row_budgets)
         return out
 
+    def _add_reads(self, reads: torch.Tensor, seq_lens, starts, row_budgets: torch.Tensor | None) -> None:
+        """``reads [B, H] +=`` each row's value rows drawn by the call just made (device ops, no host sync): its live keys
+        ``seq_lens[b] − starts[b]`` (clamped to [0, n_keys]) where the budget covers them, else S, or with an error
+        target ``pilot + S_r`` (``row_budgets``: S_r per row ``b·H + h``)."""
+        s = self.shape
+        live = (torch.full((s.batch,), s.n_keys, dtype=torch.int64, device=reads.device) if seq_lens is None
+                else seq_lens[: s.batch].long())
+        if starts is not None:
+            live = live - starts[: s.batch].long()
+        live = live.clamp(0, s.n_keys)[:, None]  # [B, 1]
+        drawn = (torch.full((), self.budget, dtype=torch.int64, device=reads.device) if row_budgets is None
+                 else row_budgets.view(s.batch, s.heads).long() + self.pilot)
+        reads.add_(torch.where(live <= self.budget, live, drawn).to(reads.dtype))
+
     def _run_torch(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, k_scale, v_scale,
-                   positions, starts, head_offset: int = 0) -> torch.Tensor:
-        """The CPU fallback: the torch reference of the plan's kernel, written into ``out`` (and ``counts``)."""
+                   positions, starts, head_offset: int = 0, reads=None) -> torch.Tensor:
+        """The CPU fallback: the torch reference of the plan's kernel, written into ``out`` (and ``counts``, ``reads``)."""
         check_tables(seq_lens, block_table, n_keys=self.shape.n_keys, page_size=self.shape.page_size or 1,
                      n_pages=k_cache.shape[0])
         result, sampled = torch_decode(self.kernel, q, k_cache, v_cache, self.budget, seq_lens=seq_lens,
@@ -841,6 +870,8 @@ class DecodePlan:
                                        pilot=self.pilot)
         if counts is not None:
             counts.copy_(sampled)
+        if reads is not None:  # an error target's S_r: its draw's counts (the pilot's are not among them)
+            self._add_reads(reads, seq_lens, starts, None if self.error_target is None else sampled.sum(-1).flatten())
         if out is None:
             return result
         return out.copy_(result)

@@ -290,7 +290,7 @@ def _pilot_budget(vals, v_scale, cap, inv_target2, PILOT: tl.constexpr):
 @triton.jit
 def _prop_chunk(
     v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
-    pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, u_pilot, inv_target2, v_scale, budget, tiles_max,
+    budgets_ptr, pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, u_pilot, inv_target2, v_scale, budget, tiles_max,
     stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
     SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
@@ -304,7 +304,8 @@ def _prop_chunk(
     PILOT > 0 (an error target): the row's budget is not ``budget`` (then the cap) but the one its pilot
     asks for (:func:`_pilot_budget`): a systematic draw of PILOT samples on the offset ``u_pilot``, which
     every chunk of the row places and reads itself (the same rows, the same budget), then the chunk's
-    samples of the row's own budget. The grid is the cap's: a chunk past the row's budget skips its search."""
+    samples of the row's own budget. The grid is the cap's: a chunk past the row's budget skips its search. Chunk 0
+    stores the row's budget at ``budgets_ptr[row]``."""
     nan_row = bad_len  # NaN/+inf scores (a tile mass is NaN), a bad page id or a bad seq_len: the output is NaN
     if PILOT > 0:
         offs_p = tl.arange(0, PBLOCK)
@@ -315,6 +316,8 @@ def _prop_chunk(
             LOG_T, PAGED, PAGE_SIZE, CM,
         )
         budget = _pilot_budget(pilot_vals, v_scale, budget, inv_target2, PILOT)
+        if pid_s == 0:  # the row's budget S_r, for the caller's count of value rows read (DecodePlan.run's reads)
+            tl.store(budgets_ptr + row, budget)
     if PILOT == 0:  # a fixed budget: every chunk of the grid holds samples
         offs_s = pid_s * SBLOCK + tl.arange(0, SBLOCK)
         m_f = offs_s.to(tl.float32)
@@ -394,7 +397,7 @@ def _prop_chunk(
 @triton.jit(do_not_specialize=["seed", "offset", "head_offset", "budget", "inv_target2"])
 def _prop_gather_kernel(
     v_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr,
-    out_ptr, counts_ptr, offset_ptr, v_scale_ptr, seeds_ptr, positions_ptr, starts_ptr,
+    out_ptr, counts_ptr, offset_ptr, v_scale_ptr, seeds_ptr, positions_ptr, starts_ptr, budgets_ptr,
     seed, offset, head_offset, budget, n_keys, n_pages, n_heads, tiles_max, v_scale, inv_target2,
     stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
     G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -424,7 +427,7 @@ def _prop_gather_kernel(
         gdc_wait()  # launched early (programmatic dependent launch): wait for pass 1's writes here
     _prop_chunk(
         v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
-        pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, u_pilot, inv_target2,
+        budgets_ptr, pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, u_pilot, inv_target2,
         cache_scale(v_scale, v_scale_ptr, kvh, V_SCALE_PER_HEAD), budget, tiles_max, stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
         D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, N_CHUNKS, CHUNK_BLOCK, ONE_CHUNK_T, BISECT, LOG_T,
         PAGED, PAGE_SIZE, RETURN_COUNTS, "", DISCARD, PILOT, PBLOCK,
