@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -163,28 +164,52 @@ def decode_context(model: santa.model.Transformer, pre: Prefilled, backend: str,
                                     layer_budgets=layer_budgets or None, error_target=error_target, pilot=pilot)
 
 
+class Decoded(NamedTuple):
+    """:func:`decode`'s result."""
+
+    rows: list[list[int]]  # each row's tokens, up to and including its first stop token
+    seconds: float
+    v_rows_read: list[float] | None  # per row, measured share of visible V rows read per query head; None: not measured
+
+
 @torch.inference_mode()
 def decode(
     model: santa.model.Transformer, pre: Prefilled, max_new_tokens: int, *, backend: str, budget: int, seed: int,
     stop_tokens: Iterable[int], layer_budgets: dict[int, int] | None = None, error_target: float | None = None,
     pilot: int = DEFAULT_PILOT,
-) -> tuple[list[list[int]], float]:
-    """Greedy decode from a shared :class:`Prefilled` with one santa.model backend → (each row's
-    tokens, up to and including its first stop token; seconds). The loop of
+) -> Decoded:
+    """Greedy decode from a shared :class:`Prefilled` with one santa.model backend → :class:`Decoded`. The loop of
     :func:`santa.model.generate`, after its prefill; on CUDA the step is one CUDA graph where the
     backend is capturable (:func:`santa.model.capturable`: not the reference samplers, which check
-    on the host)."""
+    on the host). With an error target on the kernels the value rows each head drew are counted on the device
+    (:func:`measured_shares`); a fixed budget's are known without it (:func:`nominal_share`)."""
     if not 1 <= max_new_tokens <= pre.max_new_tokens:
         raise ValueError(f"max_new_tokens must be in [1, {pre.max_new_tokens}] (the cache's room), got {max_new_tokens}")
     device = pre.first.device
     ctx = decode_context(model, pre, backend, budget, seed, layer_budgets, error_target, pilot)
+    counting = error_target is not None and ctx.attend is santa.model.kernel_decode and max_new_tokens > 1
+    if counting:
+        ctx.reads = torch.zeros(pre.first.shape[0], model.args.n_head, dtype=torch.int64, device=device)
     stops = torch.tensor(sorted(stop_tokens), dtype=torch.long, device=device)  # [n_stop]
     sync(device)
     start = time.perf_counter()
     rows = santa.model.decode_tokens(model, ctx, pre.first, pre.lengths, max_new_tokens, stop_tokens=stops,
                                      cuda_graph=santa.model.capturable(model, backend))
     sync(device)
-    return rows, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    return Decoded(rows, seconds, measured_shares(ctx, pre, model.args.n_layer) if counting else None)
+
+
+def measured_shares(ctx: santa.model.DecodeContext, pre: Prefilled, layers: int) -> list[float]:
+    """Per row b, the value rows its heads drew (``ctx.reads``, summed over layers and steps) over the rows they could
+    read: ``Σ_h reads[b, h] / (H · layers · Σ_i (n_b + 1 + i))`` over the loop's steps i (its last position from
+    ``ctx.positions``; the loop runs every row until all have stopped, and counts them all)."""
+    steps = (ctx.positions.long() - pre.lengths.to(ctx.positions.device) + 1).clamp_min(0)  # [B]
+    n = pre.lengths.to(steps.device)
+    visible = steps * (n + 1) + steps * (steps - 1) // 2  # Σ_{i < steps} (n + 1 + i)
+    heads = ctx.reads.shape[1]
+    shares = ctx.reads.sum(-1).double() / (heads * layers * visible.double()).clamp_min(1)
+    return shares.tolist()
 
 
 @dataclass

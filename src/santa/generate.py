@@ -41,7 +41,7 @@ class Answer:
     prefill_s: float
     decode_s: float
     new_tokens: int
-    share_per_head: float | None  # share of visible V rows read per query head (sampled decode); None: exact; NaN: not counted (an error target on the fast path)
+    share_per_head: float | None  # share of visible V rows read per query head (sampled decode); None: exact; NaN: not counted (an error target off the kernels)
     share_per_kv_head: float | None  # the same for the union over each KV head's query group
     prompt: int = 0  # index of its prompt in the batch
     batch_tokens: int | None = None  # fast path: new tokens of the whole batch in decode_s
@@ -191,7 +191,7 @@ def answer_fast(model, tokenizer, prompts: list[Prompt], backends: list[tuple[st
             kwargs["error_target"] = error_target
         if device.type == "cuda":
             engine.decode(model, pre, min(max_new_tokens, 4), **kwargs)
-        rows, decode_s = engine.decode(model, pre, max_new_tokens, **kwargs)
+        rows, decode_s, measured = engine.decode(model, pre, max_new_tokens, **kwargs)
         for i, (prompt, row) in enumerate(zip(prompts, rows, strict=True)):
             text = tokenizer.decode(row, skip_special_tokens=True).strip()
             sampled = backend != "sdpa"
@@ -203,8 +203,8 @@ def answer_fast(model, tokenizer, prompts: list[Prompt], backends: list[tuple[st
                     prefill_s=pre.seconds,
                     decode_s=decode_s,
                     new_tokens=len(row),
-                    # an error target's reads are each head's own: the fast path does not count them (NaN: not counted)
-                    share_per_head=(math.nan if error_target is not None else
+                    # an error target's reads are each head's own: counted by the kernels (NaN where nothing counted them)
+                    share_per_head=((measured[i] if measured is not None else math.nan) if error_target is not None else
                                     engine.nominal_share(backend, budget, len(token_lists[i]), len(row) - 1)) if sampled else None,
                     share_per_kv_head=None,
                     prompt=i,

@@ -203,6 +203,9 @@ class DecodeContext:
         hand without them attends a cache that is not fp8).
     attend: the attention every layer's decode calls, bound once when the context is made: ``attention`` where one
         is plugged in, else the backend's (:func:`bound_attention`): no per-step choice.
+    reads: int64 ``[B, H]`` or None: where given, the kernels add each (sequence, head)'s value rows drawn in every layer
+        and step (:meth:`santa.kernels.DecodePlan.run`'s ``reads``): how :mod:`santa.engine` measures an error
+        target's reads.
     """
 
     backend: str
@@ -219,6 +222,7 @@ class DecodeContext:
     santa_impl: str = "auto"  # "auto" / "kernels": santa.kernels.decode; "torch": santa.kernels.reference
     attention: Callable[[Tensor, Tensor, Tensor, DecodeContext, int], Tensor] | None = None
     kv_scales: list[tuple[Tensor | float, Tensor | float]] | None = None  # per layer (k_scale, v_scale): an fp8 cache's
+    reads: Tensor | None = None  # int64 [B, H]: value rows drawn, summed over layers and steps (the kernels add them)
     attend: Callable[[Tensor, Tensor, Tensor, DecodeContext, int], Tensor] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -524,7 +528,7 @@ def kernel_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContex
     so a captured graph follows them); an fp8 cache is read as stored, with its scales."""
     k_scale, v_scale = layer_scales(ctx, layer, k_cache)
     return ctx.plan_of(layer, q, k_cache).run(q, k_cache, v_cache, seq_lens=ctx.seq_lens, seed=ctx.layer_keys[layer],
-                                              positions=ctx.positions, k_scale=k_scale, v_scale=v_scale)
+                                              positions=ctx.positions, k_scale=k_scale, v_scale=v_scale, reads=ctx.reads)
 
 
 def bound_attention(backend: str, santa_impl: str = "auto") -> Callable[[Tensor, Tensor, Tensor, DecodeContext, int], Tensor]:

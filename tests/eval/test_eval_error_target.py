@@ -86,7 +86,8 @@ def test_santa_generate_refuses_a_bad_target_before_loading(capsys):
 
 
 def test_santa_generate_says_the_fast_paths_error_target_reads_are_not_counted(capsys):
-    """The fast path does not count an error target's reads: the row says so (NaN), where None still means exact."""
+    """Where nothing counted an error target's reads (off the kernels) the row says so (NaN), where None still means
+    exact."""
     import math
 
     import santa.cli

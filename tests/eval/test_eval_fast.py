@@ -232,3 +232,10 @@ def test_fp8_cells_run_on_their_own_cache_and_score_kl_against_dense_on_the_mode
     kl = {(r["method"], r["kv_cache"]): r["kl"] for r in read_records(tmp_path / "kl.jsonl")}
     assert kl["dense", "auto"] == 0.0 and kl["dense", "fp8"] > 0.0
     assert all(math.isfinite(v) and v > 0 for key, v in kl.items() if key != ("dense", "auto"))
+
+
+@pytest.mark.slow
+def test_an_error_targets_fast_records_carry_the_rows_the_kernels_counted(loaded, tmp_path):
+    sweep(loaded, tmp_path / "s.jsonl", "fast", ["prop"], prompts=[0], max_new_tokens=2, error_targets=[0.3])  # one step
+    (record,) = read_records(tmp_path / "s.jsonl")
+    assert record["v_rows_read_mode"].startswith("measured") and 0 < record["v_rows_read"] <= 1

@@ -101,11 +101,12 @@ def test_engine_decode_draws_the_tokens_fast_decode_drew(tiny_transformer, backe
     budget = 0 if backend == "sdpa" else 8  # a dense job's budget: 0
     if layer_budgets is None:
         n = KERNEL_TOKENS if backend in KERNEL_BACKENDS else 10
-        rows, seconds = engine.decode(tiny_transformer, pre, n, backend=backend, budget=budget, seed=5, stop_tokens={TINY_STOP, 7})
+        rows, seconds, _ = engine.decode(tiny_transformer, pre, n, backend=backend, budget=budget, seed=5, stop_tokens={TINY_STOP, 7})
         assert rows == cut(DECODE[backend], n) and seconds >= 0
     else:
         n = min(KERNEL_TOKENS, 6) if backend in KERNEL_BACKENDS else 6
-        rows, _ = engine.decode(tiny_transformer, pre, n, backend=backend, budget=budget, seed=5, stop_tokens=set(), layer_budgets=layer_budgets)
+        rows = engine.decode(tiny_transformer, pre, n, backend=backend, budget=budget, seed=5, stop_tokens=set(),
+                             layer_budgets=layer_budgets).rows
         assert rows == cut(DECODE[backend + "/lb"], n)
 
 
@@ -281,3 +282,16 @@ def test_the_systematic_reference_and_the_prop_kernel_draw_alike():
     assert DECODE["systematic"] == DECODE["santa-prop"] and DECODE["systematic/lb"] == DECODE["santa-prop/lb"]
     for score in ("nll", "kl"):  # the same samples; the values' arithmetic differs in the last digit
         assert_pinned(torch.tensor(TEACHER_FORCED["systematic"][score]), TEACHER_FORCED["santa-prop"][score], 4)
+
+
+def test_an_error_targets_reads_are_counted_by_the_kernels(tiny_transformer):
+    """With a cap below the pilot (S = 8 < 16) every sampled head draws 16 + 8 rows whatever its pilot says, so the
+    measured share is exact: min(24, v) of v visible rows per step once v > 8, all v rows before (covered)."""
+    pre = engine.prefill(tiny_transformer, TINY_PROMPTS, 6)
+    decoded = engine.decode(tiny_transformer, pre, 6, backend="santa-prop", budget=8, seed=5, stop_tokens=(), error_target=0.3)
+    want = []
+    for prompt in TINY_PROMPTS:
+        visible = [len(prompt) + 1 + i for i in range(5)]  # 6 tokens: the prefill's and 5 decode steps
+        want.append(sum(v if v <= 8 else min(24, v) for v in visible) / sum(visible))
+    assert decoded.v_rows_read == pytest.approx(want) and want[1] < 1 and len(decoded.rows[0]) == 6
+    assert engine.decode(tiny_transformer, pre, 6, backend="santa-prop", budget=8, seed=5, stop_tokens=()).v_rows_read is None

@@ -488,10 +488,10 @@ def run_fast_batch(model: santa.model.Transformer, tokenizer, batch_jobs: list[J
             del pre
             pre, pre_kv_cache = engine.prefill(model, token_lists, max_new_tokens, kv_cache_dtype=job.kv_cache), job.kv_cache
         backend = FAST_BACKENDS[job.method]
-        rows, decode_s = engine.decode(model, pre, job.max_new_tokens, backend=backend, budget=job.budget, seed=job.seed,
-                                       stop_tokens=stops, layer_budgets=dict(job.layer_budgets),
-                                       error_target=job.error_target or None)
-        nominal = not job.error_target  # an error target's reads are the heads' own: unknown on the fast path
+        rows, decode_s, measured = engine.decode(model, pre, job.max_new_tokens, backend=backend, budget=job.budget,
+                                                 seed=job.seed, stop_tokens=stops, layer_budgets=dict(job.layer_budgets),
+                                                 error_target=job.error_target or None)
+        nominal = not job.error_target  # an error target's reads are the heads' own: counted by the kernels
         for job in cell:
             i = seeds.index(job.prompt)
             answer = tokenizer.decode(rows[i], skip_special_tokens=True).strip()
@@ -503,9 +503,11 @@ def run_fast_batch(model: santa.model.Transformer, tokenizer, batch_jobs: list[J
                     "expected": list(prompts[i].answers),
                     "prompt_tokens": len(token_lists[i]),
                     "new_tokens": len(rows[i]),
-                    "v_rows_read": nominal_share(backend, job.budget, len(token_lists[i]), len(rows[i]) - 1) if nominal else None,
+                    "v_rows_read": (nominal_share(backend, job.budget, len(token_lists[i]), len(rows[i]) - 1) if nominal
+                                    else None if measured is None else measured[i]),
                     "v_rows_read_kv": 1.0 if backend == "sdpa" else None,
-                    "v_rows_read_mode": "nominal min(S, n)/n" if nominal else "unknown (error target on the fast path)",
+                    "v_rows_read_mode": ("nominal min(S, n)/n" if nominal else "unknown (error target off the kernels)"
+                                         if measured is None else "measured: the pilot's and S_r draws per head, every step"),
                     "k_features_read": None,
                     "batch": len(prompts),
                     "prefill_s": pre.seconds,

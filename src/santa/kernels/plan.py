@@ -792,9 +792,9 @@ class DecodePlan:
         when the call holds a slice of the model's heads (a tensor-parallel rank: ``rank × H``), added to the
         counter's head, so that every split draws what one call with all the heads draws (:func:`check_head_offset`;
         such a call runs the Triton prop, not the one launch); ``reads`` (an int32/int64 ``[B, H]`` tensor on the device): each
-        (sequence, head)'s value rows this call draws are added to it — its live keys where the budget covers them (each
-        read once), else S, or with an error target the pilot's draws plus the row's own budget S_r — on the device, so a
-        captured graph keeps counting (santa.model sums them over layers and steps). Every tensor's kind, dtype, shape and device is checked against the plan
+        (sequence, head)'s value rows this call reads are added to it — its live keys where the budget covers them (each
+        read once), else S, or with an error target the pilot's draws plus the row's own budget S_r, at most its live
+        keys — on the device, so a captured graph keeps counting (santa.model sums them over layers and steps). Every tensor's kind, dtype, shape and device is checked against the plan
         (:meth:`check_call`), seed and offset's types and ranges too (TypeError for a wrong type, ValueError
         for a bad shape, device or range); tensor values are not read. A sequence whose live keys the budget
         covers (``seq_lens[b] − starts[b] ≤ S``) is computed exactly, its live V rows read once
@@ -845,9 +845,10 @@ class DecodePlan:
         return out
 
     def _add_reads(self, reads: torch.Tensor, seq_lens, starts, row_budgets: torch.Tensor | None) -> None:
-        """``reads [B, H] +=`` each row's value rows drawn by the call just made (device ops, no host sync): its live keys
-        ``seq_lens[b] − starts[b]`` (clamped to [0, n_keys]) where the budget covers them, else S, or with an error
-        target ``pilot + S_r`` (``row_budgets``: S_r per row ``b·H + h``)."""
+        """``reads [B, H] +=`` each row's value rows read by the call just made (device ops, no host sync): its live keys
+        ``n_live = seq_lens[b] − starts[b]`` (clamped to [0, n_keys]) where the budget covers them, else its draws — S,
+        or with an error target ``pilot + S_r`` (``row_budgets``: S_r per row ``b·H + h``) — but never more than
+        ``n_live`` (draws past them repeat rows)."""
         s = self.shape
         live = (torch.full((s.batch,), s.n_keys, dtype=torch.int64, device=reads.device) if seq_lens is None
                 else seq_lens[: s.batch].long())
@@ -856,7 +857,7 @@ class DecodePlan:
         live = live.clamp(0, s.n_keys)[:, None]  # [B, 1]
         drawn = (torch.full((), self.budget, dtype=torch.int64, device=reads.device) if row_budgets is None
                  else row_budgets.view(s.batch, s.heads).long() + self.pilot)
-        reads.add_(torch.where(live <= self.budget, live, drawn).to(reads.dtype))
+        reads.add_(torch.where(live <= self.budget, live, torch.minimum(drawn, live)).to(reads.dtype))
 
     def _run_torch(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, k_scale, v_scale,
                    positions, starts, head_offset: int = 0, reads=None) -> torch.Tensor:
