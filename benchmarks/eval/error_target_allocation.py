@@ -29,8 +29,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from error_target_calibration import append_cases, captured_heads  # noqa: E402
 
-from santa.sweep_files import SweepFileError  # noqa: E402
-
 PER_HEAD = 128
 
 
@@ -64,12 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                 **allocations(*captured_heads(model, args.length), heads)}
 
     cases = {f"{model}/{args.length}": functools.partial(case, model) for model in args.models.split(",") if model}
-    try:
-        append_cases(args.out, cases, holder="error_target_allocation.py")
-    except SweepFileError as error:
-        print(f"error_target_allocation.py: error: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return append_cases(args.out, cases, holder="error_target_allocation.py")
 
 if __name__ == "__main__":
     sys.exit(main())

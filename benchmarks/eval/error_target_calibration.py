@@ -82,19 +82,25 @@ def relative_trace(probs: torch.Tensor, values: torch.Tensor) -> tuple[torch.Ten
     return (second - norm2) / norm2, o
 
 
-def append_cases(path: Path, cases: dict, *, holder: str) -> None:
+def append_cases(path: Path, cases: dict, *, holder: str) -> int:
     """Run ``cases`` (``{key: zero-argument function → record}``, in order) under the file's lock, one JSONL record each
     as it finishes, after a provenance record per invocation; a re-run skips the keys already in the file, and a
-    second run on the same file is refused at once (:func:`santa.sweep_files.sweep_lock`)."""
-    with sweep_lock(path, holder=holder):
-        done = {record.get("key") for record in read_records(path)} if path.exists() else set()
-        run = run_record()
-        append_record(path, {"key": f"run/{run['date']}", **run})
-        for key, measure_case in cases.items():
-            if key not in done:
-                record = {"key": key, "commit": run["commit"], **measure_case()}
-                append_record(path, record)
-                print(json.dumps(record), flush=True)
+    second run on the same file is refused at once (:func:`santa.sweep_files.sweep_lock`): one line on stderr naming
+    ``holder``. Returns the script's exit status (0, or 1 for a refused or unreadable file)."""
+    try:
+        with sweep_lock(path, holder=holder):
+            done = {record.get("key") for record in read_records(path)} if path.exists() else set()
+            run = run_record()
+            append_record(path, {"key": f"run/{run['date']}", **run})
+            for key, measure_case in cases.items():
+                if key not in done:
+                    record = {"key": key, "commit": run["commit"], **measure_case()}
+                    append_record(path, record)
+                    print(json.dumps(record), flush=True)
+    except SweepFileError as error:  # another run holds the file, or it cannot be read: one line
+        print(f"{holder}: error: {error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def one_call(probs: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

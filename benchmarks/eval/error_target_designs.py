@@ -35,7 +35,6 @@ from error_target_calibration import (  # noqa: E402
 from santa.attention import pilot_moments, weighted_values  # noqa: E402
 from santa.error_target import adaptive_budgets, pilot_statistics  # noqa: E402
 from santa.sampling import sample_counts, sample_counts_per_row  # noqa: E402
-from santa.sweep_files import SweepFileError  # noqa: E402
 
 CAP, PILOT = 4096, 16
 
@@ -86,12 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = {f"{name}/{design}/{floor}/{target}/{args.seeds}": functools.partial(case, name, design, floor, target)
              for name in ("easy", "medium", "hard") for design, floor in (("pilot", 1), ("pilot", PILOT), ("exact A", 1),
                                                                           ("exact A", PILOT)) for target in (0.1, 0.3)}
-    try:
-        append_cases(args.out, cases, holder="error_target_designs.py")
-    except SweepFileError as error:
-        print(f"error_target_designs.py: error: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return append_cases(args.out, cases, holder="error_target_designs.py")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -35,7 +35,6 @@ from error_target_calibration import (  # noqa: E402
 from santa.attention import pilot_moments, weighted_values  # noqa: E402
 from santa.error_target import adaptive_budgets, pilot_statistics  # noqa: E402
 from santa.sampling import SAMPLERS, sample_counts, sample_counts_per_row  # noqa: E402
-from santa.sweep_files import SweepFileError  # noqa: E402
 
 CAP = 4096
 
@@ -71,12 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = {f"{sampler}/{pilot}/{target}/{args.seeds}": functools.partial(
         measure, probs, values, pilot_sampler=sampler, pilot=pilot, error_target=target, seeds=args.seeds)
         for pilot in args.pilots for sampler in SAMPLERS for target in args.targets}
-    try:
-        append_cases(args.out, cases, holder="error_target_pilot_ab.py")
-    except SweepFileError as error:
-        print(f"error_target_pilot_ab.py: error: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return append_cases(args.out, cases, holder="error_target_pilot_ab.py")
 
 
 if __name__ == "__main__":
