@@ -24,6 +24,7 @@ import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -34,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from benchmarks.vllm.offline import SHAPES  # noqa: E402  (the model shapes of the offline benchmark)
 
 from santa.provenance import run_record  # noqa: E402
+from santa.sweep_files import SweepFileError, append_record, read_records, sweep_lock  # noqa: E402
 
 WORKLOADS = {  # name: (input tokens low, high); prompts per run at an unbounded rate
     "short": (256, 4096),
@@ -117,6 +119,10 @@ class Server:
         self.exit_status: int | None = None
 
     def __enter__(self) -> Server:
+        with socket.socket() as probe:  # a server left by a killed run would answer /health for this one
+            if probe.connect_ex(("127.0.0.1", self.port)) == 0:
+                raise RuntimeError(f"port {self.port} is already in use (a server left by an earlier run?): stop it or "
+                                   "give another --port")
         self._log = open(self.log, "ab")
         self.process = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
                                         start_new_session=True)
@@ -200,22 +206,14 @@ def summary(result: dict) -> dict:
     return figures
 
 
-def done_runs(records: Path) -> set[tuple]:
-    if not records.exists():
-        return set()
-    keys = set()
-    for line in records.read_text().splitlines():
-        record = json.loads(line)
-        if record.get("kind") == "bench":
-            keys.add((record["backend"], record["kv_cache_dtype"], record["workload"], record["rate"]))
-    return keys
+def bench_key(backend: str, kv_cache_dtype: str, workload: str, rate: str) -> str:
+    """A benchmark run's key in ``serve.jsonl`` (a sweep file of :mod:`santa.sweep_files`)."""
+    return f"bench/{backend}/{kv_cache_dtype}/{workload}/{rate}"
 
 
-def append(records: Path, record: dict) -> None:
-    with open(records, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+def done_runs(records: Path) -> set[str]:
+    """The keys of the benchmark runs ``records`` already holds (a killed writer's torn line is skipped)."""
+    return {r["key"] for r in read_records(records) if r.get("kind") == "bench"} if records.exists() else set()
 
 
 def parse_args() -> argparse.Namespace:
@@ -262,8 +260,7 @@ def parse_args() -> argparse.Namespace:
 def table(out: Path) -> None:
     """Each (cache, workload, rate): FLASH_ATTN's figures, santa's, and santa / FLASH_ATTN."""
     runs = {}
-    for line in (out / "serve.jsonl").read_text().splitlines():
-        record = json.loads(line)
+    for record in read_records(out / "serve.jsonl"):
         if record.get("kind") == "bench":
             runs[(record["kv_cache_dtype"], record["workload"], record["rate"], record["backend"])] = record["figures"]
     columns = ["mean_tpot_ms", "p99_tpot_ms", "mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "p99_itl_ms", "output_throughput",
@@ -294,12 +291,10 @@ def main() -> None:
         make_folder(args.folder, args.make)
     args.out.mkdir(parents=True, exist_ok=True)
     records = args.out / "serve.jsonl"
-    from santa.writer_lock import OutputLocked, OutputUnusable, writer_lock
-
     try:
-        with writer_lock(records, holder="serve.py"):
+        with sweep_lock(records, holder="serve.py"):
             serve_all(args, records)
-    except (OutputLocked, OutputUnusable, RuntimeError) as error:
+    except (SweepFileError, RuntimeError) as error:
         sys.exit(f"serve.py: {error}")
 
 
@@ -311,9 +306,11 @@ def rates_of(workload: str, rates: list[str]) -> list[str]:
 def serve_all(args: argparse.Namespace, records: Path) -> None:
     done = done_runs(records)
     prompts = dict(zip(args.workloads, args.prompts * len(args.workloads) if len(args.prompts) == 1 else args.prompts, strict=True))
-    append(records, {"kind": "invocation", "run": run_record()})
+    run = run_record()
+    append_record(records, {"key": f"run/{run['date']}", "kind": "invocation", "run": run})
     for backend in args.backends:
-        todo = [(w, r) for w in args.workloads for r in rates_of(w, args.rates) if (backend, args.kv_cache_dtype, w, r) not in done]
+        todo = [(w, r) for w in args.workloads for r in rates_of(w, args.rates)
+                if bench_key(backend, args.kv_cache_dtype, w, r) not in done]
         if not todo:
             print(f"{backend}: every run is in {records}", flush=True)
             continue
@@ -325,7 +322,7 @@ def serve_all(args: argparse.Namespace, records: Path) -> None:
         with Server(command, port=args.port, log=log, timeout_s=args.startup_timeout) as server:
             print(f"{backend}: up in {server.startup_s:.0f} s", flush=True)
             answers = client_check(args.port)
-            append(records, {"kind": "server", "backend": backend, "kv_cache_dtype": args.kv_cache_dtype, "command": command,
+            append_record(records, {"key": f"server/{backend}/{args.kv_cache_dtype}/{run['date']}", "kind": "server", "backend": backend, "kv_cache_dtype": args.kv_cache_dtype, "command": command,
                              "startup_s": server.startup_s, "client_check": answers})
             for workload, rate in todo:
                 name = f"{backend}_{args.kv_cache_dtype}_{workload}_{rate}.json"
@@ -337,7 +334,7 @@ def serve_all(args: argparse.Namespace, records: Path) -> None:
                     print(finished.stdout[-2000:], finished.stderr[-3000:], sep="\n", flush=True)
                     raise RuntimeError(f"vllm bench serve failed on {workload} at rate {rate} (status {finished.returncode})")
                 figures = summary(json.loads((args.out / name).read_text()))
-                append(records, {"kind": "bench", "backend": backend, "kv_cache_dtype": args.kv_cache_dtype,
+                append_record(records, {"key": bench_key(backend, args.kv_cache_dtype, workload, rate), "kind": "bench", "backend": backend, "kv_cache_dtype": args.kv_cache_dtype,
                                  "workload": workload, "rate": rate, "prompts": prompts[workload], "command": bench,
                                  "wall_s": time.perf_counter() - start, "figures": figures, "santa": santa,
                                  "max_model_len": args.max_model_len})

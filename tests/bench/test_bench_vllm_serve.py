@@ -10,6 +10,8 @@ import sys
 import pytest
 from benchmarks.vllm import serve
 
+from santa.sweep_files import append_record
+
 
 def test_the_synthetic_tokenizer_round_trips_ids_and_has_a_chat_template(tmp_path):
     from transformers import AutoTokenizer
@@ -51,9 +53,12 @@ def test_records_become_the_table_with_santa_over_flash_attention(tmp_path, caps
     figures = serve.summary(result)
     assert figures["failed"] == 0 and "ignored" not in figures
     for backend, tpot in (("FLASH_ATTN", 20.0), ("CUSTOM", 15.0)):
-        serve.append(tmp_path / "serve.jsonl", {"kind": "bench", "backend": backend, "kv_cache_dtype": "auto", "workload": "long",
-                                                "rate": "inf", "figures": {**figures, "mean_tpot_ms": tpot}})
-    assert serve.done_runs(tmp_path / "serve.jsonl") == {("FLASH_ATTN", "auto", "long", "inf"), ("CUSTOM", "auto", "long", "inf")}
+        append_record(tmp_path / "serve.jsonl", {"key": serve.bench_key(backend, "auto", "long", "inf"), "kind": "bench",
+                                                 "backend": backend, "kv_cache_dtype": "auto", "workload": "long", "rate": "inf",
+                                                 "figures": {**figures, "mean_tpot_ms": tpot}})
+    with open(tmp_path / "serve.jsonl", "a") as f:
+        f.write('{"kind": "bench", "backend": "CUS')  # a writer killed mid-line: skipped, and the next record starts afresh
+    assert serve.done_runs(tmp_path / "serve.jsonl") == {"bench/FLASH_ATTN/auto/long/inf", "bench/CUSTOM/auto/long/inf"}
     serve.table(tmp_path)
     row = [line for line in capsys.readouterr().out.splitlines() if "| long |" in line]
     assert len(row) == 1 and "20.0 / 15.0 (0.750×)" in row[0]
@@ -83,3 +88,16 @@ def test_a_server_that_stops_early_is_reported_with_its_error_line(tmp_path):
     with pytest.raises(RuntimeError, match=r"exited with status 1 before it was up: .*Value error, User-specified max_model_len"):
         server.__enter__()
     assert server.exit_status == 1
+
+
+def test_a_port_already_answering_is_refused_before_a_server_starts(tmp_path):
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        server = serve.Server([sys.executable, "-c", "raise SystemExit(0)"], port=port, log=tmp_path / "log", timeout_s=5)
+        with pytest.raises(RuntimeError, match=f"port {port} is already in use"):
+            server.__enter__()
+    assert not (tmp_path / "log").exists()  # nothing was started
