@@ -855,9 +855,12 @@ class DecodePlan:
         if starts is not None:
             live = live - starts[: s.batch].long()
         live = live.clamp(0, s.n_keys)[:, None]  # [B, 1]
-        drawn = (torch.full((), self.budget, dtype=torch.int64, device=reads.device) if row_budgets is None
-                 else row_budgets.view(s.batch, s.heads).long() + self.pilot)
-        reads.add_(torch.where(live <= self.budget, live, torch.minimum(drawn, live)).to(reads.dtype))
+        if row_budgets is None:  # min(S, n_live): a covered sequence's live keys, else S
+            read = live.clamp(max=self.budget)
+        else:
+            drawn = row_budgets.view(s.batch, s.heads).long() + self.pilot
+            read = torch.where(live <= self.budget, live, torch.minimum(drawn, live))
+        reads.add_(read.to(reads.dtype))
 
     def _run_torch(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, k_scale, v_scale,
                    positions, starts, head_offset: int = 0, reads=None) -> torch.Tensor:
