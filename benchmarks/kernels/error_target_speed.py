@@ -1,6 +1,6 @@
 """Issue 42's speed target: an error-target step against fixed S at equal mean V rows read, in the same call.
 
-    python benchmarks/kernels/error_target_speed.py OUT.json [--cap 256] [--targets 0.12 0.19 0.3]
+    python benchmarks/kernels/error_target_speed.py OUT.jsonl [--cap 256] [--targets 0.12 0.19 0.3]
 
 For each shape (Llama-3.1-8B: 8k, 32k, B = 8 and 32 × 32k, B = 16 × 30k; Qwen2.5-0.5B: B = 16 × 32k) and each ε:
 one eager call with counts gives every row's realised budget S_r (the counts' row sums); the rows a step reads are
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -30,6 +31,7 @@ from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
 
 from santa.error_target import DEFAULT_PILOT
 from santa.provenance import run_record
+from santa.sweep_files import SweepFileError, append_record, read_records, sweep_lock
 
 READ_BW = 4.5e12
 CASES = [  # (model, batch, n_keys, heads, kv_heads, head_dim)
@@ -95,22 +97,39 @@ def time_case(batch, n_keys, heads, kv_heads, dim, cap, targets, flusher) -> dic
     return entry
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out")
+    parser.add_argument("out", type=Path, help="a JSONL sweep file: one record per shape; a re-run times only what it lacks")
     parser.add_argument("--cap", type=int, default=256)
     parser.add_argument("--targets", type=float, nargs="+", default=[0.12, 0.19, 0.3])
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    try:
+        with sweep_lock(args.out, holder="error_target_speed.py"):  # a second writer is refused at once
+            time_cases(args)
+    except SweepFileError as error:
+        print(f"error_target_speed.py: error: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def time_cases(args: argparse.Namespace) -> None:
+    """Each shape not yet in ``args.out`` with these settings, one record as it finishes (a cut-off call keeps what it
+    measured, and a re-run resumes after it), after a provenance record per invocation."""
+    settings = f"cap{args.cap}/eps{','.join(f'{t:g}' for t in args.targets)}"
+    done = {record["key"] for record in read_records(args.out)} if args.out.exists() else set()
+    todo = [case for case in CASES if f"{case[0]}/b{case[1]}/n{case[2]}/{settings}" not in done]
+    if not todo:
+        return
+    run = run_record()
+    append_record(args.out, {"key": f"run/{run['date']}", **run, "device": torch.cuda.get_device_name()})
     flusher = Flusher("cuda")
-    results = {"run": run_record(), "device": torch.cuda.get_device_name(), "cap": args.cap, "cases": {}}
-    for model, batch, n_keys, heads, kv_heads, dim in CASES:
-        name = f"{model}/b{batch}/n{n_keys}"
+    for model, batch, n_keys, heads, kv_heads, dim in todo:
+        name = f"{model}/b{batch}/n{n_keys}/{settings}"
         print(name, flush=True)
-        results["cases"][name] = time_case(batch, n_keys, heads, kv_heads, dim, args.cap, args.targets, flusher)
-        with open(args.out, "w") as f:  # after every case: a cut-off call keeps what it measured
-            json.dump(results, f, indent=1)
+        entry = time_case(batch, n_keys, heads, kv_heads, dim, args.cap, args.targets, flusher)
+        append_record(args.out, {"key": name, "cap": args.cap, "commit": run["commit"], **entry})
         torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

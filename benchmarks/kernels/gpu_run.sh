@@ -99,7 +99,7 @@ for stage in "$@"; do
              # and prop_ab.py of an older tree (.oldab, carried: `git archive <commit> src | tar -x -C .oldab`) and this one
       timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_error_target_kernels.py 2>&1 | tail -3 \
         | tee "$OUT/tests_target.log"
-      timeout 150 python3 benchmarks/kernels/error_target_speed.py "$OUT/error_target_speed.json" > "$OUT/error_target_speed.log" 2>&1
+      timeout 150 python3 benchmarks/kernels/error_target_speed.py "$OUT/error_target_speed.jsonl" > "$OUT/error_target_speed.log" 2>&1
       if [ -d .oldab ]; then
         PYTHONPATH=$PWD/.oldab/src timeout 120 python3 benchmarks/kernels/prop_ab.py "$OUT/ab_old.json" "${OLD_COMMIT:-old}" \
           > "$OUT/ab_old.log" 2>&1

@@ -92,7 +92,7 @@ for stage in "$@"; do
       timeout 280 python3 benchmarks/vllm/needles.py --folder /tmp/qwen --backend FLASH_ATTN $K --out "${N}_flash.json" 2>&1 | tail -n 3
       SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 timeout 280 python3 benchmarks/vllm/needles.py --folder /tmp/qwen --backend CUSTOM \
         $K --out "${N}_prop.json" 2>&1 | tail -n 3
-      python3 benchmarks/vllm/needles.py --compare "${N}_flash.json" "${N}_prop.json" ;;
+      python3 benchmarks/vllm/needles.py --compare "${N}_flash.json" "${N}_prop.json"; rm -f "$OUT"/*.lock ;;
     needles_serve)  # issue 40: the same needles through `vllm serve` and the OpenAI client (after `install` with .vs, and the
                     # Qwen chunks stashed as for `needles`)
       bash benchmarks/eval/gpu_sweeps.sh join > /dev/null || { echo "the Qwen GGUF is not here: stash its chunks first"; exit 1; }
@@ -101,7 +101,7 @@ for stage in "$@"; do
       timeout 280 python3 benchmarks/vllm/needles.py --folder /tmp/qwen --backend FLASH_ATTN --server --out "${N}_flash.json" 2>&1 | tail -n 3
       SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 timeout 280 python3 benchmarks/vllm/needles.py --folder /tmp/qwen --backend CUSTOM \
         --server --out "${N}_prop.json" 2>&1 | tail -n 3
-      python3 benchmarks/vllm/needles.py --compare "${N}_flash.json" "${N}_prop.json" ;;
+      python3 benchmarks/vllm/needles.py --compare "${N}_flash.json" "${N}_prop.json"; rm -f "$OUT"/*.lock ;;
     serve)  # issue 40: `vllm serve` per backend, the OpenAI client, `vllm bench serve` (benchmarks/vllm/serve.py; after
             # an `install` that carried .vs, the server's extra wheels): results packed as one file (8 come back)
       export PATH=/tmp/vsite/bin:$PATH

@@ -88,6 +88,17 @@ def main() -> None:
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from santa.writer_lock import OutputUnusable, writer_lock
+
+    try:  # one run per --out (the file is written once, at the end: a second run would overwrite it)
+        with writer_lock(args.out.with_name(args.out.name + ".lock"), holder="needles.py run"):
+            ask(args)
+    except OutputUnusable as error:
+        sys.exit(f"needles.py: {error}")
+
+
+def ask(args: argparse.Namespace) -> None:
+    """Every task × length × prompt through the backend (offline or served), graded, written to ``args.out``."""
     if not (args.folder / "config.json").exists():
         make_folder(args.folder)
     from transformers import AutoTokenizer
