@@ -28,7 +28,7 @@ from santa.kernels.prop import _prop_gather_kernel
 POINTERS = dict(v_ptr="*bf16", bt_ptr="*i32", seq_lens_ptr="*i32", stash_ptr="*fp32", tile_max_ptr="*fp32",
                 tile_mass_ptr="*fp32", prefix_ptr="*fp32", partial_ptr="*fp32", sem_ptr="*i32", out_ptr="*bf16",
                 counts_ptr="*i32", offset_ptr="*i64", v_scale_ptr="*fp32", seeds_ptr="*i64", positions_ptr="*i64",
-                starts_ptr="*i32", budgets_ptr="*i32")
+                starts_ptr="*i32", budgets_ptr="*i32", enabled_ptr="*i32")  # enabled_ptr: a gated launch's (newer trees)
 BASE = dict(G=4, D=128, BLOCK_D=128, BLOCK_N=128, BLOCK_T=256, SBLOCK=32, N_CHUNKS=4, CHUNK_BLOCK=4, ONE_CHUNK_T=True,
             BISECT=False, LOG_T=9, PAGED=False, PAGE_SIZE=1, HAS_SEQ_LENS=True, OFFSET_IN_MEMORY=False, RETURN_COUNTS=False,
             USE_PDL=False, DISCARD=1, V_SCALE_PER_HEAD=False, SEED_PER_SEQUENCE=False, POSITIONAL=True, HAS_STARTS=False,
@@ -38,8 +38,9 @@ VARIANTS = {
     "bisect, discard 2": dict(BISECT=True, ONE_CHUNK_T=False, BLOCK_T=1024, LOG_T=11, DISCARD=2, N_CHUNKS=16, CHUNK_BLOCK=16,
                               SBLOCK=8),
     "paged": dict(PAGED=True, PAGE_SIZE=16), "error target": dict(PILOT=16, PBLOCK=16, N_CHUNKS=8, CHUNK_BLOCK=8),
+    "gated": dict(GATED=True),  # DecodePlan.run's enabled (trees that have it)
 }
-ADDRESS = re.compile(r"/\*[0-9a-f]{4}\*/")
+ADDRESS = re.compile(r"/\*[0-9a-f]{4,}\*/")  # until 2026-12-04 {4}: kernels past 4,096 instructions lost their tail
 ENCODING = re.compile(r"/\*\s*0x[0-9a-f]+\s*\*/")
 PARAMETER = re.compile(r"c\[0x0\]\[0x[0-9a-f]+\]")  # a kernel parameter's offset: moves when a parameter is added
 
@@ -47,6 +48,8 @@ PARAMETER = re.compile(r"c\[0x0\]\[0x[0-9a-f]+\]")  # a kernel parameter's offse
 def sass(constants: dict) -> str:
     """The kernel's SASS instructions, one per line, addresses dropped."""
     fn = _prop_gather_kernel
+    if "GATED" in fn.arg_names:
+        constants = dict(dict(GATED=False), **constants)
     signature = {}
     for name in fn.arg_names:
         if name in POINTERS:
@@ -69,6 +72,8 @@ def sass(constants: dict) -> str:
 
 def main() -> None:
     for label, changes in VARIANTS.items():
+        if "GATED" in changes and "GATED" not in _prop_gather_kernel.arg_names:
+            continue  # a tree from before the gate
         text = sass(dict(BASE, **changes))
         print(f"{label:18s} {text.count(chr(10)) + 1:5d} SASS  {hashlib.sha256(text.encode()).hexdigest()[:16]}", flush=True)
 

@@ -30,26 +30,29 @@ from santa.provenance import run_record
 
 CONSTANTS = dict(G=4, D=128, BLOCK_G=16, BLOCK_N=128, BLOCK_D=128, PAGED=False, PAGE_SIZE=1, HAS_SEQ_LENS=True,
                  IEEE_DOT=False, K_EVICTION="", K_SCALE_PER_HEAD=True, HAS_STARTS=False)
+# pointers of the kernel's signature (enabled_ptr: where this tree's kernel has one, a gated launch's)
 POINTERS = dict(q_ptr="*bf16", k_ptr="*bf16", bt_ptr="*i32", seq_lens_ptr="*i32", stash_ptr="*fp32", tile_max_ptr="*fp32",
-                tile_mass_ptr="*fp32", k_scale_ptr="*fp32", starts_ptr="*i32")
+                tile_mass_ptr="*fp32", k_scale_ptr="*fp32", starts_ptr="*i32", enabled_ptr="*i32")
 DIVISIBLE = ("stride_qb", "stride_qh", "stride_kb", "stride_kn", "stride_kh", "stride_stash", "stride_stats", "n_keys")
-VARIANTS = {"bf16 K": ("*bf16", False, False), "fp8 K as bf16": ("*fp8e4nv", False, False),  # K's type, K_F16, LOOP
-            "fp8 K as f16": ("*fp8e4nv", True, False), "bf16 K, looped grid": ("*bf16", False, True)}
-SASS_LINE = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+VARIANTS = {"bf16 K": ("*bf16", False, False, False), "fp8 K as bf16": ("*fp8e4nv", False, False, False),  # K's type,
+            "fp8 K as f16": ("*fp8e4nv", True, False, False), "bf16 K, looped grid": ("*bf16", False, True, False),  # K_F16,
+            "bf16 K, gated": ("*bf16", False, False, True)}  # LOOP, GATED
+SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
 
 
-def compiled(k_type: str, k_f16: bool, loop: bool):
+def compiled(k_type: str, k_f16: bool, loop: bool, gated: bool):
     fn = _prop_scores_kernel
     signature = {}
     for name in fn.arg_names:
         if name in POINTERS:
             signature[name] = k_type if name == "k_ptr" else POINTERS[name]
-        elif name in CONSTANTS or name in ("K_F16", "LOOP"):
+        elif name in CONSTANTS or name in ("K_F16", "LOOP", "GATED"):
             signature[name] = "constexpr"
         else:
             signature[name] = "fp32" if "scale" in name else ("i64" if name == "stride_kb" else "i32")
-    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in (*POINTERS, *DIVISIBLE)}
-    source = ASTSource(fn, signature=signature, constexprs=dict(CONSTANTS, K_F16=k_f16, LOOP=loop), attrs=attrs)
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in (*POINTERS, *DIVISIBLE) if n in fn.arg_names}
+    constexprs = dict(CONSTANTS, K_F16=k_f16, LOOP=loop, **({"GATED": gated} if "GATED" in fn.arg_names else {}))
+    source = ASTSource(fn, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=1))
 
 
@@ -69,8 +72,10 @@ def main() -> None:
     parser.add_argument("--json", help="write the counts here too")
     args = parser.parse_args()
     report = {}
-    for label, (k_type, k_f16, loop) in VARIANTS.items():
-        counts, usage = sass_counts(compiled(k_type, k_f16, loop))
+    for label, (k_type, k_f16, loop, gated) in VARIANTS.items():
+        if gated and "GATED" not in _prop_scores_kernel.arg_names:
+            continue  # a tree from before the gate
+        counts, usage = sass_counts(compiled(k_type, k_f16, loop, gated))
         registers = int(re.search(r"REG:(\d+)", usage).group(1))
         report[label] = dict(registers=registers, sass=sum(counts.values()), by_opcode=dict(counts.most_common()))
         top = ", ".join(f"{op} {n}" for op, n in counts.most_common(8))

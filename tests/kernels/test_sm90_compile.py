@@ -27,10 +27,13 @@ def test_prop_pass1_compiles_for_sm90_and_fp8_as_f16_needs_no_f2f_and_the_looped
         pytest.skip("this Triton build carries no NVIDIA tools")
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())["report"]
-    assert set(report) == {"bf16 K", "fp8 K as bf16", "fp8 K as f16", "bf16 K, looped grid"}
+    assert set(report) == {"bf16 K", "fp8 K as bf16", "fp8 K as f16", "bf16 K, looped grid", "bf16 K, gated"}
     assert all(r["registers"] <= 255 and r["by_opcode"].get("HMMA", 0) > 0 for r in report.values())
     assert report["fp8 K as bf16"]["by_opcode"].get("F2F", 0) > 0
     assert report["fp8 K as f16"]["by_opcode"].get("F2F", 0) == 0
     assert report["fp8 K as f16"]["sass"] < report["fp8 K as bf16"]["sass"]
     # the looped grid is a plain loop: no software pipeline (cp.async, LDGSTS: the multi-tile design measured slower)
     assert report["bf16 K, looped grid"]["by_opcode"].get("LDGSTS", 0) == 0
+    # a gated launch (DecodePlan.run's enabled) adds its load and branch, and nothing else of note
+    gated, plain = report["bf16 K, gated"], report["bf16 K"]
+    assert plain["sass"] < gated["sass"] <= plain["sass"] + 24 and gated["registers"] <= plain["registers"] + 2

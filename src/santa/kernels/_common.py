@@ -59,6 +59,17 @@ def cache_scale(scale, scale_ptr, kvh, PER_HEAD: tl.constexpr):
 
 
 @triton.jit
+def gate_open(enabled_ptr, GATED: tl.constexpr):
+    """Whether a launch runs: a gated one (GATED) only while the device int at ``enabled_ptr`` is non-zero (an engine
+    that holds santa and a dense kernel in one CUDA graph picks one per replay); an ungated one always (a constexpr
+    True: its code is unchanged)."""
+    if GATED:
+        return tl.load(enabled_ptr) != 0
+    else:
+        return True
+
+
+@triton.jit
 def checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS: tl.constexpr):
     """``(seq_len, bad)``: sequence b's length clamped to ``[0, n_keys]`` (so no read leaves the cache)
     and whether it had to be (the kernels then write NaN for every head of the sequence)."""

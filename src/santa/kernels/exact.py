@@ -25,6 +25,7 @@ from santa.kernels._common import (
     cache_scale,
     checked_first_key,
     checked_seq_len,
+    gate_open,
     load_cache_rows,
     row_offsets,
     tile_scores,
@@ -34,18 +35,21 @@ from santa.kernels._launch import Launcher
 
 @triton.jit(do_not_specialize=["budget"])
 def _exact_covered_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, starts_ptr, out_ptr, counts_ptr, k_scale_ptr, v_scale_ptr,
+    q_ptr, k_ptr, v_ptr, bt_ptr, seq_lens_ptr, starts_ptr, out_ptr, counts_ptr, k_scale_ptr, v_scale_ptr, enabled_ptr,
     budget, n_keys, n_pages, n_kv_heads, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh,
     stride_vb, stride_vn, stride_vh, stride_ob, stride_oh, stride_counts, qk_scale, k_scale, v_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, HAS_STARTS: tl.constexpr,
     K_F16: tl.constexpr, RETURN_COUNTS: tl.constexpr, K_SCALE_PER_HEAD: tl.constexpr, V_SCALE_PER_HEAD: tl.constexpr,
+    GATED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     b = pid // n_kv_heads
     kvh = pid % n_kv_heads
     seq_len, bad_len = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
     first, bad_start = checked_first_key(starts_ptr, b, seq_len, HAS_STARTS)
+    if GATED:  # a closed gate: every sequence as if uncovered (nothing written)
+        seq_len = tl.where(gate_open(enabled_ptr, GATED), seq_len, budget + first + 1)
     if (seq_len - first <= budget) & ~(bad_len | bad_start):
         score_scale = qk_scale * cache_scale(k_scale, k_scale_ptr, kvh, K_SCALE_PER_HEAD)
         offs_g = tl.arange(0, BLOCK_G)
@@ -98,7 +102,7 @@ def _exact_covered_kernel(
 
 
 def exact_launcher(plan, *, has_seq_lens: bool, return_counts: bool, k_scale_per_head: bool, v_scale_per_head: bool,
-                   has_starts: bool) -> Launcher:
+                   has_starts: bool, gated: bool = False) -> Launcher:
     """The covered-sequence launch of a :class:`santa.kernels.plan.DecodePlan` (its other arguments come by
     name from ``DecodePlan._arguments``)."""
     shape = plan.shape
@@ -108,5 +112,5 @@ def exact_launcher(plan, *, has_seq_lens: bool, return_counts: bool, k_scale_per
         G=plan.group, D=shape.head_dim, BLOCK_G=plan.block_g, BLOCK_N=32, BLOCK_D=plan.block_d,
         PAGED=shape.page_size is not None, PAGE_SIZE=shape.page_size or 1, HAS_SEQ_LENS=has_seq_lens,
         HAS_STARTS=has_starts, K_F16=plan.k_f16, RETURN_COUNTS=return_counts, K_SCALE_PER_HEAD=k_scale_per_head,
-        V_SCALE_PER_HEAD=v_scale_per_head, num_warps=4, num_stages=1,
+        V_SCALE_PER_HEAD=v_scale_per_head, GATED=gated, num_warps=4, num_stages=1,
     ))

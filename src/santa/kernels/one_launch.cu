@@ -789,6 +789,9 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
 // parity), and a rank within its half (arrivals[1024 + half], grid/2 per launch, taken modulo grid/2). No reset
 // between launches: graph-safe. Which CTA runs which work changes between launches; what each work item computes
 // does not, so the output stays bitwise repeatable.
+// enabled (nullptr: always): a device int that gates the launch; 0 makes every CTA return at once, before it takes a
+// schedule slot (so arrivals keep their parity) or reads an epoch: out, counts and the exchange buffers are left as they
+// are. An engine that holds santa and a dense kernel in one CUDA graph picks one of them per replay with it.
 __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
   if (arrivals == nullptr) return blockIdx.x;
   __shared__ int cta;
@@ -811,7 +814,8 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
            const long long* offset_ptr, const void* positions, int positions_64, int head_offset, const int* seq_lens,  \
            __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* sampled,               \
            unsigned* epoch, long long* marks, const int4* schedule, unsigned* arrivals, int rounds, int stats_slots,   \
-           int n, int hkv, float scale, int budget) {                                                               \
+           int n, int hkv, float scale, int budget, const int* enabled) {                                           \
+    if (enabled != nullptr && __ldg(enabled) == 0) return; /* a closed gate: nothing read, written or counted */     \
     const int cta = schedule_cta(arrivals);                                                                         \
     const Draw draw{uniforms, seed, seeds, offset, offset_ptr, positions, positions_64, head_offset};              \
     const Cache cache{k, v, page_stride, row_stride, head_stride, table, table_stride, page_shift, pages};          \

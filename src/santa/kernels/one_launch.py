@@ -358,13 +358,15 @@ class OneLaunch:
             seq_lens: torch.Tensor | None = None, block_table: torch.Tensor | None = None, seed: int | torch.Tensor = 0,
             offset: int | torch.Tensor = 0, positions: torch.Tensor | None = None, head_offset: int = 0,
             counts: torch.Tensor | None = None, uniforms: torch.Tensor | None = None, marks: torch.Tensor | None = None,
-            buffers: Buffers | None = None, k_scale: float | torch.Tensor = 1.0, v_scale: float | torch.Tensor = 1.0) -> torch.Tensor:
+            buffers: Buffers | None = None, k_scale: float | torch.Tensor = 1.0, v_scale: float | torch.Tensor = 1.0,
+            enabled: torch.Tensor | None = None) -> torch.Tensor:
         """One launch on torch's current stream (no host sync; graph-capturable once :meth:`own_buffers` exist or
         ``buffers`` are given: they must :meth:`fits`). Arguments as :meth:`santa.kernels.DecodePlan.run`, ``strides``
         :func:`cache_strides` of k and v (q, out and counts contiguous; a paged plan's ``block_table`` int32
         ``[≥ B, pages per sequence]`` with unit stride along its pages; an fp8 plan's ``k_scale`` / ``v_scale``: floats or
         contiguous float32 ``[H_kv]``);
-        ``uniforms`` (float32 ``[B, H]``) replaces the draw and ``marks`` receives per-CTA phase clocks (benchmarks).
+        ``uniforms`` (float32 ``[B, H]``) replaces the draw and ``marks`` receives per-CTA phase clocks (benchmarks);
+        ``enabled`` (int32 ``[1]`` on the device, read by the launch): 0 makes it return at once, writing nothing.
         Returns ``out``."""
 
         def ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
@@ -388,6 +390,6 @@ class OneLaunch:
                   ctypes.c_int(head_offset), ptr(seq_lens), ptr(out), ptr(counts), ptr(buffers.stats), ptr(buffers.sampled),
                   ptr(buffers.epoch), ptr(marks), ptr(self.table), ptr(self.arrivals if self.paired else None),
                   ctypes.c_int(len(self.plan.rounds)), ctypes.c_int(buffers.slots), ctypes.c_int(self.n_keys),
-                  ctypes.c_int(self.kv_heads), ctypes.c_float(self.scale_log2), ctypes.c_int(self.budget)]
+                  ctypes.c_int(self.kv_heads), ctypes.c_float(self.scale_log2), ctypes.c_int(self.budget), ptr(enabled)]
         self.module.launch_values(self.kernel, (self.plan.grid, 1, 1), values, shared_bytes=self.shared, cooperative=True)
         return out

@@ -551,7 +551,7 @@ class DecodePlan:
         return None if buffers is None else (buffers, strides)
 
     def check_call(self, q, k_cache, v_cache, *, seq_lens, block_table, out, counts, workspace, k_scale, v_scale, positions,
-                   starts, seed, offset, head_offset, reads=None) -> int:
+                   starts, seed, offset, head_offset, reads=None, enabled=None) -> int:
         """The checked ``head_offset`` of a call, after raising TypeError/ValueError naming the first argument that
         differs from what the plan's launches address: seed and offset (:func:`check_seed_and_offset`), head_offset
         (:func:`check_head_offset`), and every tensor's kind, dtype, shape and device. Host metadata only (no values
@@ -628,6 +628,14 @@ class DecodePlan:
             if tuple(counts.shape) != (batch, heads, s.n_keys) or counts.stride(-1) != 1 or counts.stride(0) != heads * counts.stride(1):
                 raise ValueError(f"counts must be int32 [B={batch}, H={heads}, n_keys={s.n_keys}] with rows b·H + h, "
                                  f"got {tuple(counts.shape)} strides {counts.stride()}")
+        if enabled is not None:
+            tensor("enabled", enabled, (torch.int32,), "[1] (0: the call does nothing)")
+            if enabled.numel() != 1:
+                raise ValueError(f"enabled must hold one int32 element, got shape {tuple(enabled.shape)}")
+            if self.kernel != "prop":
+                raise ValueError(f"enabled gates prop's launches; this plan's kernel is {self.kernel!r} (plan with kernel='prop')")
+            if out is None:
+                raise ValueError("enabled needs out: a call whose gate is closed writes nothing, so it returns out as it was")
         if reads is not None:
             tensor("reads", reads, (torch.int32, torch.int64), f"[B={batch}, H={heads}]")
             if tuple(reads.shape) != (batch, heads):
@@ -649,9 +657,10 @@ class DecodePlan:
         return self._workspace
 
     def _stage_launchers(self, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool, k_scale_per_head: bool,
-                         v_scale_per_head: bool, seed_per_sequence: bool, positional: bool, has_starts: bool) -> tuple:
+                         v_scale_per_head: bool, seed_per_sequence: bool, positional: bool, has_starts: bool,
+                         gated: bool = False) -> tuple:
         flags = (has_seq_lens, offset_in_memory, return_counts, k_scale_per_head, v_scale_per_head, seed_per_sequence, positional,
-                 has_starts)
+                 has_starts, gated)
         stages = self._launchers.get(flags)
         if stages is None:
             stages = []
@@ -660,16 +669,18 @@ class DecodePlan:
                     from santa.kernels.prop import prop_launchers as make
                 else:
                     from santa.kernels.flash import flash_launchers as make
+                gate = dict(gated=True) if gated else {}  # check_call: only prop's plans take a gate
                 stages = make(self, has_seq_lens=has_seq_lens, offset_in_memory=offset_in_memory, return_counts=return_counts,
                               k_scale_per_head=k_scale_per_head, v_scale_per_head=v_scale_per_head,
-                              seed_per_sequence=seed_per_sequence, positional=positional, has_starts=has_starts)
+                              seed_per_sequence=seed_per_sequence, positional=positional, has_starts=has_starts, **gate)
             if self._some_covered(has_seq_lens, has_starts):
                 if self.kernel == "flash" and has_starts:
                     raise ValueError("starts (keys visible from a later first key: left padding, windows) need kernel='prop': "
                                      "flash's per-tile budgets count the tiles from key 0")
                 stages = [*stages, ("exact", self._exact_launcher(has_seq_lens=has_seq_lens, return_counts=return_counts,
                                                                     k_scale_per_head=k_scale_per_head,
-                                                                    v_scale_per_head=v_scale_per_head, has_starts=has_starts))]
+                                                                    v_scale_per_head=v_scale_per_head, has_starts=has_starts,
+                                                                    gated=gated))]
             self._launchers[flags] = stages
         return stages
 
@@ -689,11 +700,12 @@ class DecodePlan:
 
         return exact_launcher(self, **flags)
 
-    def _launchers_for(self, seq_lens, offset, counts, k_scale, v_scale, seed, positions, starts) -> tuple:
+    def _launchers_for(self, seq_lens, offset, counts, k_scale, v_scale, seed, positions, starts, enabled=None) -> tuple:
         return self._stage_launchers(
             has_seq_lens=seq_lens is not None, offset_in_memory=isinstance(offset, torch.Tensor), return_counts=counts is not None,
             k_scale_per_head=isinstance(k_scale, torch.Tensor), v_scale_per_head=isinstance(v_scale, torch.Tensor),
             seed_per_sequence=isinstance(seed, torch.Tensor), positional=positions is not None, has_starts=starts is not None,
+            gated=enabled is not None,
         )
 
     def stages(self, q, k_cache, v_cache, *, seq_lens=None, block_table=None, seed: int = 0, offset=0, out=None,
@@ -719,7 +731,7 @@ class DecodePlan:
         return [(name, lambda launcher=launcher: launch(launcher)) for name, launcher in launchers]
 
     def _arguments(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace, k_scale,
-                   v_scale, positions=None, starts=None, head_offset: int = 0) -> tuple:
+                   v_scale, positions=None, starts=None, head_offset: int = 0, enabled=None) -> tuple:
         """(key, args, tensors) of one call: the launches' varying arguments by kernel name, pointers
         as ints (one dict for every launch of the plan); ``key``, everything Triton's specialisation
         of them can depend on that may change between calls of one plan (pointer alignment, strides,
@@ -746,19 +758,21 @@ class DecodePlan:
         positions_ptr = q_ptr if positions is None else positions.data_ptr()
         starts_ptr = q_ptr if starts is None else starts.data_ptr()
         budgets_ptr = q_ptr if self.row_budgets is None else self.row_budgets.data_ptr()
+        enabled_ptr = q_ptr if enabled is None else enabled.data_ptr()
         n_pages = k_cache.shape[0]
         kb, kn, kh = (k_strides[0], k_strides[1], k_strides[2]) if self.shape.kv_layout == "NHD" else (k_strides[0], k_strides[2], k_strides[1])
         vb, vn, vh = (v_strides[0], v_strides[1], v_strides[2]) if self.shape.kv_layout == "NHD" else (v_strides[0], v_strides[2], v_strides[1])
         key = (
             q_ptr & 15, k_ptr & 15, v_ptr & 15, out_ptr & 15, seq_lens_ptr & 15, bt_ptr & 15, counts_ptr & 15, offset_ptr & 15,
-            k_scale_ptr & 15, v_scale_ptr & 15, seeds_ptr & 15, positions_ptr & 15, starts_ptr & 15,
+            k_scale_ptr & 15, v_scale_ptr & 15, seeds_ptr & 15, positions_ptr & 15, starts_ptr & 15, enabled_ptr & 15,
             None if positions is None else positions.dtype, q_strides, out_strides, k_strides, v_strides, stride_bt, stride_counts, n_pages,
             seed < 2**31, offset < 2**31,
         )
         args = dict(
             ws.pointers, q_ptr=q_ptr, k_ptr=k_ptr, v_ptr=v_ptr, out_ptr=out_ptr, seq_lens_ptr=seq_lens_ptr, bt_ptr=bt_ptr,
             counts_ptr=counts_ptr, offset_ptr=offset_ptr, k_scale_ptr=k_scale_ptr, v_scale_ptr=v_scale_ptr,
-            seeds_ptr=seeds_ptr, positions_ptr=positions_ptr, starts_ptr=starts_ptr, budgets_ptr=budgets_ptr, seed=seed,
+            seeds_ptr=seeds_ptr, positions_ptr=positions_ptr, starts_ptr=starts_ptr, budgets_ptr=budgets_ptr,
+            enabled_ptr=enabled_ptr, seed=seed,
             offset=offset, head_offset=head_offset, n_pages=n_pages, k_scale=k_scale, v_scale=v_scale,
             stride_qb=q_strides[0], stride_qh=q_strides[1], stride_ob=out_strides[0], stride_oh=out_strides[1],
             stride_kb=kb, stride_kn=kn, stride_kh=kh, stride_vb=vb, stride_vn=vn, stride_vh=vh,
@@ -768,14 +782,15 @@ class DecodePlan:
         def tensors() -> dict:
             given = dict(q_ptr=q, k_ptr=k_cache, v_ptr=v_cache, out_ptr=out, seq_lens_ptr=seq_lens, bt_ptr=block_table,
                          counts_ptr=counts, offset_ptr=offset_tensor, k_scale_ptr=k_scale_tensor, v_scale_ptr=v_scale_tensor,
-                         seeds_ptr=seeds_tensor, positions_ptr=positions, starts_ptr=starts, budgets_ptr=self.row_budgets)
+                         seeds_ptr=seeds_tensor, positions_ptr=positions, starts_ptr=starts, budgets_ptr=self.row_budgets,
+                         enabled_ptr=enabled)
             return {**ws.tensors(), **{name: (q if x is None else x) for name, x in given.items()}}
 
         return key, args, tensors
 
     def run(self, q, k_cache, v_cache, *, seq_lens=None, block_table=None, seed: int = 0, offset=0, out=None, counts=None,
             workspace: Workspace | None = None, k_scale=1.0, v_scale=1.0, positions=None, starts=None,
-            head_offset: int = 0, reads=None) -> torch.Tensor:
+            head_offset: int = 0, reads=None, enabled=None) -> torch.Tensor:
         """One decode step: ``out [B, H, d]`` (allocated when not given; pass it for graph capture).
 
         q ``[B, H, d]``; caches in the planned layout and ``kv_dtype`` (paged: ``block_table`` int32
@@ -794,7 +809,11 @@ class DecodePlan:
         such a call runs the Triton prop, not the one launch); ``reads`` (an int32/int64 ``[B, H]`` tensor on the device): each
         (sequence, head)'s value rows this call reads are added to it — its live keys where the budget covers them (each
         read once), else S, or with an error target the pilot's draws plus the row's own budget S_r, at most its live
-        keys — on the device, so a captured graph keeps counting (santa.model sums them over layers and steps). Every tensor's kind, dtype, shape and device is checked against the plan
+        keys — on the device, so a captured graph keeps counting (santa.model sums them over layers and steps); ``enabled``
+        (prop plans; an int32 ``[1]`` tensor on the device, read by the kernels, with ``out`` given): a gate — where it holds
+        0 the call does nothing (out, counts, reads and the workspace are left as they were, no K or V row is read), so
+        an engine can capture santa beside a dense kernel in one CUDA graph and pick one of them per replay by writing
+        the int (santa.vllm: short steps run FlashAttention). Every tensor's kind, dtype, shape and device is checked against the plan
         (:meth:`check_call`), seed and offset's types and ranges too (TypeError for a wrong type, ValueError
         for a bad shape, device or range); tensor values are not read. A sequence whose live keys the budget
         covers (``seq_lens[b] − starts[b] ≤ S``) is computed exactly, its live V rows read once
@@ -805,16 +824,18 @@ class DecodePlan:
         """
         head_offset = self.check_call(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, out=out, counts=counts,
                                       workspace=workspace, k_scale=k_scale, v_scale=v_scale, positions=positions, starts=starts,
-                                      seed=seed, offset=offset, head_offset=head_offset, reads=reads)
+                                      seed=seed, offset=offset, head_offset=head_offset, reads=reads, enabled=enabled)
         return self.run_checked(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
                                 out=out, counts=counts, workspace=workspace, k_scale=k_scale, v_scale=v_scale,
-                                positions=positions, starts=starts, head_offset=head_offset, reads=reads)
+                                positions=positions, starts=starts, head_offset=head_offset, reads=reads, enabled=enabled)
 
     def run_checked(self, q, k_cache, v_cache, *, seq_lens, block_table, seed, offset, out, counts, workspace, k_scale,
-                    v_scale, positions, starts, head_offset: int, reads=None) -> torch.Tensor:
+                    v_scale, positions, starts, head_offset: int, reads=None, enabled=None) -> torch.Tensor:
         """:meth:`run` without its checks, for a caller that has validated the call against this plan's shape
         (:func:`santa.decode`, whose validation is cached per call signature): no check is done twice per step."""
         if self.on_cpu and not kernels_on_cpu():
+            if enabled is not None and int(enabled.item()) == 0:  # the CPU: nothing to save by not reading it
+                return out
             return self._run_torch(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, k_scale, v_scale,
                                    positions, starts, head_offset, reads)
         index = self.cuda_index
@@ -823,7 +844,7 @@ class DecodePlan:
                 return self.run_checked(q, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=seed,
                                         offset=offset, out=out, counts=counts, workspace=workspace, k_scale=k_scale,
                                         v_scale=v_scale, positions=positions, starts=starts, head_offset=head_offset,
-                                        reads=reads)
+                                        reads=reads, enabled=enabled)
         if out is None:
             out = torch.empty_like(q)
         one_launch_call = self._one_launch_call(q, k_cache, v_cache, seq_lens, out, counts, workspace, k_scale, v_scale, starts)
@@ -832,23 +853,23 @@ class DecodePlan:
             # the one launch computes the sequences the budget covers exactly itself (one_launch.cu)
             out = self.one_launch.run(q, k_cache, v_cache, out=out, strides=strides, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
                                       positions=positions, head_offset=head_offset, counts=counts, buffers=buffers,
-                                      k_scale=k_scale, v_scale=v_scale)
+                                      k_scale=k_scale, v_scale=v_scale, enabled=enabled)
         else:
-            launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale, seed, positions, starts)
+            launchers = self._launchers_for(seq_lens, offset, counts, k_scale, v_scale, seed, positions, starts, enabled)
             key, args, tensors = self._arguments(q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, workspace,
-                                                 k_scale, v_scale, positions, starts, head_offset)
+                                                 k_scale, v_scale, positions, starts, head_offset, enabled)
             stream = _launch.current_stream(index)
             for _, launcher in launchers:
                 launcher(key, args, tensors, stream)
         if reads is not None:
-            self._add_reads(reads, seq_lens, starts, self.row_budgets)
+            self._add_reads(reads, seq_lens, starts, self.row_budgets, enabled)
         return out
 
-    def _add_reads(self, reads: torch.Tensor, seq_lens, starts, row_budgets: torch.Tensor | None) -> None:
+    def _add_reads(self, reads: torch.Tensor, seq_lens, starts, row_budgets: torch.Tensor | None, enabled=None) -> None:
         """``reads [B, H] +=`` each row's value rows read by the call just made (device ops, no host sync): its live keys
         ``n_live = seq_lens[b] − starts[b]`` (clamped to [0, n_keys]) where the budget covers them, else its draws — S,
         or with an error target ``pilot + S_r`` (``row_budgets``: S_r per row ``b·H + h``) — but never more than
-        ``n_live`` (draws past them repeat rows)."""
+        ``n_live`` (draws past them repeat rows); none where the call's gate (``enabled``) was closed."""
         s = self.shape
         live = (torch.full((s.batch,), s.n_keys, dtype=torch.int64, device=reads.device) if seq_lens is None
                 else seq_lens[: s.batch].long())
@@ -860,6 +881,8 @@ class DecodePlan:
         else:
             drawn = row_budgets.view(s.batch, s.heads).long() + self.pilot
             read = torch.where(live <= self.budget, live, torch.minimum(drawn, live))
+        if enabled is not None:
+            read = read * (enabled != 0)
         reads.add_(read.to(reads.dtype))
 
     def _run_torch(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, k_scale, v_scale,

@@ -27,6 +27,7 @@ from santa.kernels._common import (
     call_uniforms,
     checked_first_key,
     checked_seq_len,
+    gate_open,
     load_cache_rows,
     load_offset,
     row_offsets,
@@ -70,13 +71,13 @@ def _prop_tile(
 
 @triton.jit
 def _prop_scores_kernel(
-    q_ptr, k_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, k_scale_ptr, starts_ptr,
+    q_ptr, k_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, k_scale_ptr, starts_ptr, enabled_ptr,
     n_keys, n_pages, n_kv_heads, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh,
     stride_stash, stride_stats, qk_scale, k_scale,
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, IEEE_DOT: tl.constexpr,
     K_EVICTION: tl.constexpr, K_SCALE_PER_HEAD: tl.constexpr, HAS_STARTS: tl.constexpr, K_F16: tl.constexpr,
-    LOOP: tl.constexpr,
+    LOOP: tl.constexpr, GATED: tl.constexpr,
 ):
     """Pass 1 over tile ``program_id(0)`` of one (sequence, KV head); LOOP (a grid cut at
     :data:`santa.kernels.layout.PASS1_PROGRAMS`): tiles t, t + grid, … that the sequence reaches, one after the other.
@@ -87,6 +88,8 @@ def _prop_scores_kernel(
     b = pid_bk // n_kv_heads
     kvh = pid_bk % n_kv_heads
     seq_len, _ = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
+    if GATED:  # a closed gate: no tile, nothing written
+        seq_len = tl.where(gate_open(enabled_ptr, GATED), seq_len, 0)
     first_key, _ = checked_first_key(starts_ptr, b, seq_len, HAS_STARTS)
     score_scale = qk_scale * cache_scale(k_scale, k_scale_ptr, kvh, K_SCALE_PER_HEAD)  # q·(s_k k) = s_k (q·k)
     if LOOP:
@@ -397,7 +400,7 @@ def _prop_chunk(
 @triton.jit(do_not_specialize=["seed", "offset", "head_offset", "budget", "inv_target2"])
 def _prop_gather_kernel(
     v_ptr, bt_ptr, seq_lens_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr,
-    out_ptr, counts_ptr, offset_ptr, v_scale_ptr, seeds_ptr, positions_ptr, starts_ptr, budgets_ptr,
+    out_ptr, counts_ptr, offset_ptr, v_scale_ptr, seeds_ptr, positions_ptr, starts_ptr, budgets_ptr, enabled_ptr,
     seed, offset, head_offset, budget, n_keys, n_pages, n_heads, tiles_max, v_scale, inv_target2,
     stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
     G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -406,7 +409,7 @@ def _prop_gather_kernel(
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, HAS_SEQ_LENS: tl.constexpr, OFFSET_IN_MEMORY: tl.constexpr,
     RETURN_COUNTS: tl.constexpr, USE_PDL: tl.constexpr, DISCARD: tl.constexpr, V_SCALE_PER_HEAD: tl.constexpr,
     SEED_PER_SEQUENCE: tl.constexpr, POSITIONAL: tl.constexpr, HAS_STARTS: tl.constexpr,
-    PILOT: tl.constexpr, PBLOCK: tl.constexpr,
+    PILOT: tl.constexpr, PBLOCK: tl.constexpr, GATED: tl.constexpr,
 ):
     pid_s = tl.program_id(0)
     row = tl.program_id(1)  # b·H + h
@@ -425,18 +428,20 @@ def _prop_gather_kernel(
                                 SEED_PER_SEQUENCE, POSITIONAL)
     if USE_PDL:
         gdc_wait()  # launched early (programmatic dependent launch): wait for pass 1's writes here
-    _prop_chunk(
-        v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
-        budgets_ptr, pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, u_pilot, inv_target2,
-        cache_scale(v_scale, v_scale_ptr, kvh, V_SCALE_PER_HEAD), budget, tiles_max, stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
-        D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, N_CHUNKS, CHUNK_BLOCK, ONE_CHUNK_T, BISECT, LOG_T,
-        PAGED, PAGE_SIZE, RETURN_COUNTS, "", DISCARD, PILOT, PBLOCK,
-    )
+    if gate_open(enabled_ptr, GATED):  # a closed gate: nothing written, counted or left in the semaphores
+        _prop_chunk(
+            v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
+            budgets_ptr, pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, u_pilot, inv_target2,
+            cache_scale(v_scale, v_scale_ptr, kvh, V_SCALE_PER_HEAD), budget, tiles_max, stride_bt, stride_vb, stride_vn,
+            stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
+            D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, N_CHUNKS, CHUNK_BLOCK, ONE_CHUNK_T, BISECT, LOG_T,
+            PAGED, PAGE_SIZE, RETURN_COUNTS, "", DISCARD, PILOT, PBLOCK,
+        )
 
 
 def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_counts: bool, k_scale_per_head: bool = False,
                    v_scale_per_head: bool = False, seed_per_sequence: bool = False, positional: bool = False,
-                   has_starts: bool = False) -> list:
+                   has_starts: bool = False, gated: bool = False) -> list:
     """prop's two launches for a :class:`santa.kernels.plan.DecodePlan`: ``[(name, Launcher)]``; each
     call's other arguments come by kernel name from ``DecodePlan._arguments``."""
     shape, tuning = plan.shape, plan.tuning
@@ -444,7 +449,7 @@ def prop_launchers(plan, *, has_seq_lens: bool, offset_in_memory: bool, return_c
     block_t = min(triton.next_power_of_2(plan.tiles), 1024)
     common = dict(
         G=plan.group, D=shape.head_dim, BLOCK_D=plan.block_d, BLOCK_N=plan.block_n,
-        PAGED=shape.page_size is not None, PAGE_SIZE=shape.page_size or 1, HAS_SEQ_LENS=has_seq_lens,
+        PAGED=shape.page_size is not None, PAGE_SIZE=shape.page_size or 1, HAS_SEQ_LENS=has_seq_lens, GATED=gated,
     )
     n_keys, qk_scale = shape.n_keys, plan.scale * LOG2E
     stride_stash, stride_stats = workspace_strides(plan.workspace_key)  # fixed by the workspace's key
