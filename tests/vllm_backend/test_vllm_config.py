@@ -18,6 +18,15 @@ def test_an_error_target_comes_from_the_environment_or_vllms_additional_config()
     assert read_config({}).error_target is None
 
 
+def test_short_steps_go_to_flash_attention_below_8192_keys_by_default_with_prop():
+    assert read_config({}).short_steps == 8192 and read_config({"SANTA_VLLM_DENSE_BELOW": "0"}).short_steps == 0
+    assert read_config({}, additional_config={"santa": {"dense_below": 16384}}).short_steps == 16384
+    assert read_config({"SANTA_VLLM_KERNEL": "flash"}).short_steps == 0  # flash's launches have no gate
+    assert read_config({"SANTA_VLLM_KERNEL": "dense"}).short_steps == 0  # FlashAttention runs every step anyway
+    with pytest.raises(ValueError, match="dense_below must be an int"):
+        ServingConfig(dense_below=True)
+
+
 def test_variables_override_the_file(tmp_path):
     path = tmp_path / "santa.json"
     path.write_text(json.dumps({"budget": 64, "kernel": "flash", "seed": 5}))
@@ -38,6 +47,9 @@ def test_variables_override_the_file(tmp_path):
         ({"SANTA_VLLM_ERROR_TARGET": "small"}, ValueError, "SANTA_VLLM_ERROR_TARGET must be a number > 0"),
         ({"SANTA_VLLM_ERROR_TARGET": "0"}, ValueError, "error_target must be finite and > 0"),
         ({"SANTA_VLLM_ERROR_TARGET": "0.1", "SANTA_VLLM_KERNEL": "flash"}, ValueError, "error_target is implemented by kernel prop"),
+        ({"SANTA_VLLM_DENSE_BELOW": "-1"}, ValueError, "dense_below must be an int ≥ 0"),
+        ({"SANTA_VLLM_DENSE_BELOW": "8k"}, ValueError, "SANTA_VLLM_DENSE_BELOW must be an integer, got '8k'"),
+        ({"SANTA_VLLM_DENSE_BELOW": "4096", "SANTA_VLLM_KERNEL": "flash"}, ValueError, "dense_below needs kernel prop"),
     ],
 )
 def test_bad_settings_are_refused_by_name(environ, error, message):
@@ -67,9 +79,10 @@ def test_vllms_additional_config_sets_santa_under_the_environment_and_over_the_f
     config = read_config(environ, additional)
     assert config == ServingConfig(budget=32, kernel="flash", seed=9)
     assert describe(config, environ, additional) == ("budget=32 (--additional-config), kernel=flash (--additional-config), "
-                                                     "seed=9 (SANTA_VLLM_SEED), error_target=None (default)")
+                                                     "seed=9 (SANTA_VLLM_SEED), error_target=None (default), "
+                                                     "dense_below=0 (default)")  # flash: no gate, every step sampled
     assert describe(read_config({}, {}), {}, {}) == ("budget=128 (default), kernel=prop (default), seed=0 (default), "
-                                                     "error_target=None (default)")
+                                                     "error_target=None (default), dense_below=8192 (default)")
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,15 @@ chunks beside the running requests' decode tokens) is split as vLLM's FlashInfer
 runner puts decode requests first (``reorder_batch_threshold = 1``), vLLM's ``split_decodes_and_prefills`` finds
 the boundary, the decode rows go to santa and the rest to FlashAttention with metadata built for those rows alone
 (``split_attn_metadata``: no cascade for them). Prefill-only batches, and every batch under
-``SANTA_VLLM_KERNEL=dense`` (the exact control), run FlashAttention itself. The cache layout, its writes (``reshape_and_cache_flash``, fp8
+``SANTA_VLLM_KERNEL=dense`` (the exact control), run FlashAttention itself.
+
+Short steps run FlashAttention too (``dense_below``, :data:`santa.vllm.config.DENSE_BELOW` keys by default): a step whose
+longest sequence holds fewer keys is computed exactly by FlashAttention, where santa's kernels lose to it. Eager steps
+decide on the host (``max_seq_len``). A captured decode graph holds both kernels, FlashAttention first: the builder
+writes, before each replay, a device int that santa's launch reads (0: it returns at once, writing nothing; prop's
+gate, :meth:`santa.kernels.DecodePlan.run`'s ``enabled``) and FlashAttention's lengths (``seqused_k``: the step's own
+on a short step, zeros on a sampled one, so that it reads no key and santa overwrites its rows), so a replay runs
+the one that the step's lengths pick. The cache layout, its writes (``reshape_and_cache_flash``, fp8
 included) and the metadata are FlashAttention's. Decode-only batches are captured in full CUDA graphs
 (``UNIFORM_SINGLE_TOKEN_DECODE``); santa's plans are made once per batch size over one workspace and
 read the lengths, block table and positions from device memory. Settings: :mod:`santa.vllm.config` (vLLM's
@@ -82,6 +90,12 @@ def tensor_parallel_rank() -> int:
         return 0
 
 
+def capturing_a_graph() -> bool:
+    """Whether this forward call is being captured into a CUDA graph (vLLM's full decode graphs; a replay calls no
+    Python), rather than run eagerly (eager mode, piecewise graphs: attention runs between the pieces)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 @dataclass(frozen=True)
 class MixedSplit:
     """A mixed step as santa runs it: its first ``decodes`` requests decode one token each (tokens ``[0, decodes)``) with
@@ -98,6 +112,9 @@ class SantaStep:
 
     decoder: PagedDecoder
     positions: torch.Tensor  # int32 [rows]: seq_lens − 1
+    seq_lens: torch.Tensor  # int32 [rows]: the step's lengths (the metadata's seq_lens are FlashAttention's on a gated step)
+    dense: bool  # the step's longest sequence is shorter than dense_below: FlashAttention's (eager steps)
+    gate: torch.Tensor | None  # int32 [1]: santa's launch runs while it is 1 (decode-only steps under dense_below > 0)
     split: MixedSplit | None
 
 
@@ -113,6 +130,7 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
         additional = getattr(vllm_config, "additional_config", None)
         config, model, parallel = read_config(additional_config=additional), vllm_config.model_config, vllm_config.parallel_config
         self.samples = config.samples
+        self.dense_below = config.short_steps  # decode steps shorter than this (keys) run FlashAttention; 0: never
         block_size = kv_cache_spec.block_size
         # this group's cache (layers in --kv-cache-dtype-skip-layers have their own group in the model's dtype)
         fp8 = kv_cache_spec.dtype in (torch.uint8, FP8)
@@ -128,6 +146,11 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
             kv_dtype=FP8 if fp8 else model.dtype, device=device, error_target=config.error_target,
         )
         logger.info("santa: %s", describe(config, additional_config=additional))
+        # the gate and FlashAttention's lengths of gated decode steps: buffers that keep their addresses (graphs)
+        rows = max(vllm_config.scheduler_config.max_num_seqs,
+                   getattr(getattr(vllm_config, "compilation_config", None), "max_cudagraph_capture_size", None) or 0)
+        self.gate = torch.ones(1, dtype=torch.int32, device=device) if self.dense_below else None
+        self.dense_lens = torch.zeros(rows, dtype=torch.int32, device=device) if self.dense_below else None
         if config.samples:
             self.santa.allocate()  # now, outside any CUDA-graph capture
             # the plans of the batch sizes vLLM captures, made before its captures (the layers' usual scale, 1/√d)
@@ -140,10 +163,21 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
         metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
+        seq_lens = metadata.seq_lens
+        dense = self.dense_below > 0 and common_attn_metadata.max_seq_len < self.dense_below
+        gate = None
+        if self.gate is not None and common_attn_metadata.max_query_len == 1 and seq_lens.shape[0] <= self.dense_lens.shape[0]:
+            # a decode-only step (a captured graph may replay it): the gate, and FlashAttention's lengths in a buffer of
+            # santa's, which the metadata now names (its own on a dense step, zeros on a sampled one)
+            gate = self.gate
+            gate.fill_(0 if dense else 1)
+            lens = self.dense_lens[: seq_lens.shape[0]]
+            lens.copy_(seq_lens) if dense else lens.zero_()
+            metadata.seq_lens = lens
         # the split is built after the full metadata: FlashAttention's builder keeps one AOT-schedule buffer, and a split
-        # step reads the prefill part's
-        metadata.santa = SantaStep(decoder=self.santa, positions=self.santa.positions(metadata.seq_lens),
-                                   split=self.split(common_attn_metadata, fast_build))
+        # step reads the prefill part's (a dense step has none: FlashAttention takes it whole)
+        metadata.santa = SantaStep(decoder=self.santa, positions=self.santa.positions(seq_lens), seq_lens=seq_lens,
+                                   dense=dense, gate=gate, split=None if dense else self.split(common_attn_metadata, fast_build))
         return metadata
 
     def split(self, common, fast_build=False) -> MixedSplit | None:
@@ -178,9 +212,12 @@ class SantaAttentionImpl(FlashAttentionImpl):
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, output_block_scale=None):
         step = getattr(attn_metadata, "santa", None)  # None: the profiling run
         split = None if step is None else step.split
+        gated = step is not None and step.gate is not None and capturing_a_graph()  # a graph that replays both, gated
         if (step is None or not self.santa_config.samples or (attn_metadata.max_query_len != 1 and split is None)
-                or output_scale is not None or output_block_scale is not None):
+                or (step.dense and not gated) or output_scale is not None or output_block_scale is not None):
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale, output_block_scale)
+        if gated:  # FlashAttention first (zero lengths on a sampled step), then santa's launch (returns on a dense one)
+            super().forward(layer, query, key, value, kv_cache, attn_metadata, output)
         decoder, n = step.decoder, attn_metadata.num_actual_tokens if split is None else split.decodes  # one token per request
         if self.layer_index is None:  # once per layer: the name never changes (a mock layer may have none)
             name = getattr(layer, "layer_name", None)
@@ -197,9 +234,9 @@ class SantaAttentionImpl(FlashAttentionImpl):
             q = (q.float() * layer._q_scale).to(output.dtype)
         # the runner's table may be wider than max_model_len (the V2 runner rounds it up to 128 keys): unused columns
         table = attn_metadata.block_table[:n, : decoder.max_keys // decoder.block_size]
-        decoder.run(q, kv_cache, seq_lens=attn_metadata.seq_lens[:n], block_table=table,
+        decoder.run(q, kv_cache, seq_lens=step.seq_lens[:n], block_table=table,
                     layer=self.layer_index, scale=self.scale, out=output[:n], k_scale=layer._k_scale,
-                    v_scale=layer._v_scale, positions=step.positions[:n])
+                    v_scale=layer._v_scale, positions=step.positions[:n], enabled=step.gate if gated else None)
         if split is not None:  # the prefill rows: FlashAttention on their own metadata (the query as the layer gave it)
             end = attn_metadata.num_actual_tokens
             super().forward(layer, query[n:end], key[n:end], value[n:end], kv_cache, split.prefill, output[n:end])

@@ -3,7 +3,7 @@
 
     vllm serve <model> --attention-backend CUSTOM --additional-config '{"santa": {"budget": 128, "kernel": "prop"}}'
 
-The keys of the ``"santa"`` entry are ``budget``, ``kernel``, ``seed`` and ``error_target`` (below); an unknown key is refused by
+The keys of the ``"santa"`` entry are ``budget``, ``kernel``, ``seed``, ``error_target`` and ``dense_below`` (below); an unknown key is refused by
 name. Where a setting comes from several places, the environment wins over ``--additional-config``, which wins
 over the ``SANTA_VLLM_CONFIG`` file; :func:`describe` says where each setting came from (the backend logs it once).
 
@@ -18,6 +18,10 @@ Variables (each optional; the defaults sample with prop at S = 128, seed 0):
   the layer, the head and the token's position in its own sequence (:mod:`santa.rng`).
 - ``SANTA_VLLM_ERROR_TARGET``: a relative error ε > 0 (prop): each head draws ``min(S, max(16, ⌈T̂/(ε²N̂)⌉))`` samples from a
   pilot of 16 (:mod:`santa.error_target`), the budget the cap; unset: every head draws the budget.
+- ``SANTA_VLLM_DENSE_BELOW``: keys, an int ≥ 0 (prop; default :data:`DENSE_BELOW`): a decode step whose longest sequence
+  holds fewer keys runs vLLM's FlashAttention (exact), as santa's kernels lose to it there; 0 samples every decode step.
+  Inside vLLM's full CUDA graphs both kernels are captured and a device int picks one per replay (the FlashAttention
+  launch then reads zero lengths on a sampled step, santa's returns at once on a dense one: a few µs per layer).
 
 Anything else starting with ``SANTA_VLLM_`` is refused by name (a misspelt variable would otherwise
 silently leave the default in place). Nothing here imports vLLM.
@@ -40,6 +44,11 @@ PREFIX = "SANTA_VLLM_"
 CONFIG_VARIABLE = PREFIX + "CONFIG"
 ADDITIONAL_KEY = "santa"  # the entry of vLLM's --additional-config that holds santa's settings
 KERNELS = (*names(kernels=True), METHODS["dense"].name)  # santa's kernels, or vLLM's own attention (dense)
+# dense_below's default: where santa's paged kernel stops losing to the best dense kernel at Llama-3.1-8B's and
+# Qwen2.5's head shapes (H200, 08d5081, benchmarks/results/kernels.md: every cell of 512–4k keys × batch 1–256 slower,
+# 1.10–5.39×; B = 1 × 8k 1.01×; 32k 0.61–0.98×), and inside vLLM 0.26 (283cdaf: 2k prompts 0.76–0.90× of FLASH_ATTN,
+# 8k prompts 1.07–1.10×)
+DENSE_BELOW = 8192
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,7 @@ class ServingConfig:
     kernel: str = "prop"
     seed: int = 0
     error_target: float | None = None  # budgets from a relative error target (prop), budget the cap
+    dense_below: int | None = None  # decode steps shorter than this (keys) run FlashAttention; None: the default
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "budget", check_budget(self.budget))
@@ -60,6 +70,22 @@ class ServingConfig:
             object.__setattr__(self, "error_target", check_error_target(self.error_target))
             if self.kernel == "flash":
                 raise ValueError("error_target is implemented by kernel prop (its pilot reads the global CDF), got kernel flash")
+        if self.dense_below is not None:
+            if isinstance(self.dense_below, bool) or not isinstance(self.dense_below, int) or self.dense_below < 0:
+                raise ValueError(f"dense_below must be an int ≥ 0 (keys; 0: sample every decode step), got {self.dense_below!r}")
+            if self.dense_below > 0 and self.kernel == "flash":
+                raise ValueError("dense_below needs kernel prop (its launches read the gate that picks FlashAttention or santa "
+                                 "per step; flash's do not): set dense_below 0 with kernel flash")
+
+    @property
+    def short_steps(self) -> int:
+        """The keys below which a decode step runs FlashAttention: ``dense_below``, or by default :data:`DENSE_BELOW`
+        with prop and 0 (never) with flash; 0 with ``kernel="dense"`` (FlashAttention runs every step anyway)."""
+        if not self.samples:
+            return 0
+        if self.dense_below is not None:
+            return self.dense_below
+        return DENSE_BELOW if self.kernel == "prop" else 0
 
     @property
     def samples(self) -> bool:
@@ -71,8 +97,8 @@ FIELDS = tuple(f.name for f in fields(ServingConfig))
 
 
 def _from_text(name: str, field: str, text: str) -> object:
-    """A variable's text as the field's value (ints for budget and seed, a number for error_target), or ValueError
-    naming the variable."""
+    """A variable's text as the field's value (ints for budget, seed and dense_below, a number for error_target), or
+    ValueError naming the variable."""
     if field == "kernel":
         return text.strip()
     if field == "error_target":
@@ -116,7 +142,8 @@ def sources(environ: Mapping[str, str] | None = None, additional_config: object 
 def describe(config: ServingConfig, environ: Mapping[str, str] | None = None, additional_config: object = None) -> str:
     """One line: every setting's value and where it came from (``default`` where nothing set it)."""
     where = sources(environ, additional_config)
-    return ", ".join(f"{field}={getattr(config, field)} ({where.get(field, 'default')})" for field in FIELDS)
+    value = {field: getattr(config, field) for field in FIELDS} | {"dense_below": config.short_steps}  # None: its default
+    return ", ".join(f"{field}={value[field]} ({where.get(field, 'default')})" for field in FIELDS)
 
 
 def read_config(environ: Mapping[str, str] | None = None, additional_config: object = None) -> ServingConfig:

@@ -158,12 +158,14 @@ class PagedDecoder:
 
     def run(self, query: torch.Tensor, kv_cache: torch.Tensor, *, seq_lens: torch.Tensor, block_table: torch.Tensor,
             layer: int, scale: float, out: torch.Tensor, k_scale: torch.Tensor | None = None,
-            v_scale: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+            v_scale: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+            enabled: torch.Tensor | None = None) -> torch.Tensor:
         """One decode step of one layer into ``out``: query ``[B, H, D]`` (one token per sequence, in the
         model's dtype), kv_cache the layer's packed cache (:func:`split_kv_cache`), seq_lens int32 ``[B]``
         (keys per sequence, the new token's included; 0 for a padded row, whose output is 0),
         block_table int32 ``[B, max_blocks]``, k_scale / v_scale vLLM's 0-d fp8 scales (fp8 caches), positions
-        :meth:`positions` of this step (computed here when not given).
+        :meth:`positions` of this step (computed here when not given), enabled an int32 ``[1]`` gate on the device (0:
+        the call writes nothing; :meth:`santa.kernels.DecodePlan.run`).
         Draws are keyed on (seed, layer, global head = head_offset + h, position = seq_lens − 1, sample). Nothing is
         read on the host."""
         k_cache, v_cache = split_kv_cache(kv_cache, self.head_dim)
@@ -176,4 +178,5 @@ class PagedDecoder:
         if positions is None:
             positions = self.positions(seq_lens)
         return plan.run(query, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=rng.layer_key(self.seed, layer),
-                        positions=positions, out=out, workspace=workspace, head_offset=self.head_offset, **scales)
+                        positions=positions, out=out, workspace=workspace, head_offset=self.head_offset, enabled=enabled,
+                        **scales)

@@ -1,0 +1,80 @@
+"""Short steps run FlashAttention (``dense_below``, 8192 keys by default with prop): an eager step is routed on the host
+by its longest sequence; a captured decode graph holds FlashAttention and santa's gated launch, and the builder's
+gate and FlashAttention's lengths pick one per replay — FlashAttention's exact answer on a short step (santa's launch
+writes nothing), santa's samples on a long one (FlashAttention reads zero lengths, santa overwrites its rows)."""
+
+import math
+
+import pytest
+import torch
+
+from santa import rng
+from santa.kernels import decode
+from test_vllm_forward import no_santa, step
+from vllm_stand_ins import HEAD_DIM, FlashAttentionImpl, MockLayer, make_batch
+
+SCALE = 1 / math.sqrt(HEAD_DIM)
+LAYER = "model.layers.3.self_attn.attn"
+
+
+def santas_decode(batch, budget: int, seed: int = 0, layer: int = 3) -> torch.Tensor:
+    """santa's decode of the batch called directly (the sampled answer a long step must give)."""
+    k_pages, v_pages = batch.kv_cache.transpose(1, 2).split(HEAD_DIM, dim=-1)
+    seq_lens = batch.common.seq_lens
+    return decode(batch.query, k_pages.contiguous(), v_pages.contiguous(), budget, seq_lens=seq_lens,
+                  block_table=batch.common.block_table_tensor, scale=SCALE, seed=rng.layer_key(seed, layer),
+                  positions=seq_lens - 1)
+
+
+def test_by_default_an_eager_short_decode_step_is_flash_attentions(backend, monkeypatch):
+    monkeypatch.delenv("SANTA_VLLM_DENSE_BELOW")  # the default: 8192 keys
+    no_santa(monkeypatch)
+    batch = make_batch([90, 50], [1, 1], seed=2)
+    out, metadata, _ = step(backend, batch, MockLayer(LAYER))
+    assert FlashAttentionImpl.calls == 1 and metadata.santa.dense
+    assert metadata.santa.gate.tolist() == [0] and metadata.seq_lens.tolist() == [90, 50]  # FlashAttention's: the step's
+    torch.testing.assert_close(out, batch.exact(SCALE), rtol=1e-5, atol=1e-5)
+
+
+def test_an_eager_step_at_or_past_dense_below_is_sampled(backend, monkeypatch):
+    monkeypatch.setenv("SANTA_VLLM_DENSE_BELOW", "90")  # the longest sequence holds 90 keys: not below
+    monkeypatch.setenv("SANTA_VLLM_BUDGET", "24")
+    batch = make_batch([90, 50], [1, 1], seed=2)
+    out, metadata, _ = step(backend, batch, MockLayer(LAYER))
+    assert FlashAttentionImpl.calls == 0 and not metadata.santa.dense
+    assert metadata.santa.gate.tolist() == [1] and metadata.seq_lens.tolist() == [0, 0]  # FlashAttention would read none
+    assert metadata.santa.seq_lens.tolist() == [90, 50] and metadata.santa.positions.tolist() == [89, 49]
+    torch.testing.assert_close(out, santas_decode(batch, 24), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("dense_below", "dense"), [("91", True), ("90", False)])
+def test_a_captured_step_launches_both_and_the_gate_picks_one(backend, monkeypatch, dense_below, dense):
+    """What a full CUDA graph records: FlashAttention, then santa's launch with the gate. The same calls give
+    FlashAttention's exact rows when the step is short and santa's samples when it is not."""
+    monkeypatch.setenv("SANTA_VLLM_DENSE_BELOW", dense_below)
+    monkeypatch.setenv("SANTA_VLLM_BUDGET", "24")
+    monkeypatch.setattr(backend, "capturing_a_graph", lambda: True)
+    batch = make_batch([90, 50], [1, 1], seed=2)
+    out, metadata, _ = step(backend, batch, MockLayer(LAYER))
+    assert FlashAttentionImpl.calls == 1 and metadata.santa.dense is dense
+    torch.testing.assert_close(out, batch.exact(SCALE) if dense else santas_decode(batch, 24), rtol=1e-5, atol=1e-6)
+
+
+def test_a_short_mixed_step_is_flash_attentions_whole(backend, monkeypatch):
+    monkeypatch.delenv("SANTA_VLLM_DENSE_BELOW")
+    no_santa(monkeypatch)
+    batch = make_batch([45, 60, 30, 20], [1, 1, 12, 20], seed=8)
+    out, metadata, _ = step(backend, batch, MockLayer(LAYER))
+    assert metadata.santa.split is None and metadata.santa.gate is None and FlashAttentionImpl.calls == 1
+    assert metadata.seq_lens.tolist() == [45, 60, 30, 20]  # a mixed step keeps vLLM's own lengths
+    torch.testing.assert_close(out, batch.exact(SCALE), rtol=1e-5, atol=1e-5)
+
+
+def test_dense_below_zero_never_gates(backend, monkeypatch):
+    monkeypatch.setenv("SANTA_VLLM_BUDGET", "24")  # the fixture's SANTA_VLLM_DENSE_BELOW=0
+    monkeypatch.setattr(backend, "capturing_a_graph", lambda: True)
+    batch = make_batch([90, 50], [1, 1], seed=2)
+    out, metadata, _ = step(backend, batch, MockLayer(LAYER))
+    assert metadata.santa.gate is None and not metadata.santa.dense and FlashAttentionImpl.calls == 0
+    assert metadata.seq_lens is batch.common.seq_lens  # vLLM's lengths, untouched
+    torch.testing.assert_close(out, santas_decode(batch, 24), rtol=1e-5, atol=1e-6)
