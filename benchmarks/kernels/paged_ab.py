@@ -1,7 +1,7 @@
 """santa's decode step on vLLM's paged cache: the one-launch CUDA prop against the two Triton launches and the dense
 paged kernels, in the same call (issue 39).
 
-    python benchmarks/kernels/paged_ab.py OUT.jsonl [--quick] [--fp8]
+    python benchmarks/kernels/paged_ab.py OUT.jsonl [--quick] [--fp8] [--gate]
 
 Every case runs through ``santa.vllm.decode.PagedDecoder`` (what santa's vLLM backend calls) on vLLM's packed
 FlashAttention cache (K and V halves of one row, pages of 16 keys shuffled over the pool), S = 128, bf16, seed 0:
@@ -18,7 +18,9 @@ keys; the short grid n ∈ {512, 1k, 2k, 4k} × batch ∈ {1, 16, 64, 256} on Ll
 Qwen batch 16 × 32k; SmolLM2-135M (9 / 3, d = 64) batch 64 × 8k. ``--quick``: four cases. ``--fp8``: e4m3 caches
 (vLLM's uint8 cache, scales 0.5 as vLLM's 0-d tensors), FlashInfer's fp8 paged decode as the dense arm and cuDNN on a
 bf16 copy; Llama at 32k and 128k, batch 8 and 32 × 32k, 64 × 2k, Qwen 16 × 32k, SmolLM2 64 × 8k. The first line of OUT.jsonl
-records the command, commit, device and versions; one line per case follows, appended as it is measured, and a re-run
+records the command, commit, device and versions; ``--gate`` (keys ``gate/…``) also times each santa arm with
+``DecodePlan.run``'s gate open and closed (``*_open_us``, ``*_closed_us``: what santa's launch costs a short step that
+santa.vllm gives to FlashAttention inside a captured graph, and what the gate costs a sampled one); one line per case follows, appended as it is measured, and a re-run
 skips the cases already there (a call cut at its time limit resumes).
 """
 
@@ -70,8 +72,9 @@ def inputs(model: str, batch: int, length: int, capacity: int, fp8: bool = False
     return q, packed, table, seq_lens
 
 
-def santa_arm(model: str, q, packed, table, seq_lens, capacity: int, flusher, *, one_launch: bool) -> dict:
-    """santa's step through PagedDecoder on the packed cache (its dtype: bf16, or uint8 for e4m3)."""
+def santa_arm(model: str, q, packed, table, seq_lens, capacity: int, flusher, *, one_launch: bool, gate: bool = False) -> dict:
+    """santa's step through PagedDecoder on the packed cache (its dtype: bf16, or uint8 for e4m3); ``gate``: also with
+    the run's gate open and closed (``open_us``, ``closed_us``)."""
     from santa.kernels import Tuning
     from santa.vllm.decode import PagedDecoder
 
@@ -91,12 +94,16 @@ def santa_arm(model: str, q, packed, table, seq_lens, capacity: int, flusher, *,
     if packed.dtype == torch.uint8:  # vLLM's layer._k_scale / _v_scale: 0-d float32 tensors
         scales = dict(k_scale=torch.tensor(FP8_SCALE, device="cuda"), v_scale=torch.tensor(FP8_SCALE, device="cuda"))
 
-    def step():
+    def step(enabled=None):
         decoder.run(q, kv_cache, seq_lens=seq_lens, block_table=table, layer=0, scale=dim**-0.5, out=out, positions=positions,
-                    **scales)
+                    enabled=enabled, **scales)
 
     entry = {"us": time_fn(step, flusher.read, graph=True)["median_us"],
              "plan": plan.one_launch.plan.name if plan.one_launch is not None else "triton"}
+    if gate:
+        for name, value in (("open", 1), ("closed", 0)):
+            enabled = torch.tensor([value], dtype=torch.int32, device="cuda")
+            entry[f"{name}_us"] = time_fn(lambda enabled=enabled: step(enabled), flusher.read, graph=True)["median_us"]
     entry["out"] = out.float().clone()
     return entry
 
@@ -164,7 +171,7 @@ def contiguous_arms(q, k, v, flusher, **scales) -> dict:
     return times
 
 
-def measure(path: str, quick: bool, fp8: bool = False) -> None:
+def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False) -> None:
     from benchmarks.bench.kernels import environment
 
     from santa.sweep_files import append_record, read_records
@@ -175,7 +182,7 @@ def measure(path: str, quick: bool, fp8: bool = False) -> None:
     done = {record["key"] for record in records}
     flusher = Flusher("cuda")
     for model, batch, length, capacity in cases(quick, fp8):
-        key = ("fp8/" if fp8 else "") + f"{model}/b{batch}/n{length}/cap{capacity}"
+        key = ("gate/" if gate else "") + ("fp8/" if fp8 else "") + f"{model}/b{batch}/n{length}/cap{capacity}"
         if key in done:
             continue
         heads, kv_heads, dim = MODELS[model]
@@ -185,8 +192,11 @@ def measure(path: str, quick: bool, fp8: bool = False) -> None:
                  "fp8": fp8, "santa_floor_us": (k_bytes + batch * min(heads * BUDGET, kv_heads * length) * dim * packed.element_size())
                  / READ_BW * 1e6,
                  "dense_floor_us": 2 * k_bytes / READ_BW * 1e6}
-        one = santa_arm(model, q, packed, table, seq_lens, capacity, flusher, one_launch=True)
-        two = santa_arm(model, q, packed, table, seq_lens, capacity, flusher, one_launch=False)
+        one = santa_arm(model, q, packed, table, seq_lens, capacity, flusher, one_launch=True, gate=gate)
+        two = santa_arm(model, q, packed, table, seq_lens, capacity, flusher, one_launch=False, gate=gate)
+        if gate:
+            entry.update(one_launch_open_us=one["open_us"], one_launch_closed_us=one["closed_us"],
+                         triton_open_us=two["open_us"], triton_closed_us=two["closed_us"])
         entry.update(one_launch_us=one["us"], one_launch_plan=one["plan"], triton_us=two["us"],
                      outputs_close=bool(torch.allclose(one["out"], two["out"], atol=0.25, rtol=0.1)))
         if capacity == length:
@@ -207,12 +217,13 @@ def main() -> None:
     parser.add_argument("out", help="JSONL file (resumed where it exists)")
     parser.add_argument("--quick", action="store_true", help="four cases only")
     parser.add_argument("--fp8", action="store_true", help="e4m3 caches (their own cases)")
+    parser.add_argument("--gate", action="store_true", help="santa's arms also with DecodePlan.run's gate open and closed")
     args = parser.parse_args()
     from santa.writer_lock import OutputUnusable, writer_lock
 
     try:
         with writer_lock(args.out, holder="paged_ab.py"):
-            measure(args.out, args.quick, args.fp8)
+            measure(args.out, args.quick, args.fp8, args.gate)
     except OutputUnusable as error:
         sys.exit(f"paged_ab.py: {error}")
 

@@ -29,6 +29,14 @@ the file's list of backends: the sliding-window and encoder tests exercise what 
 - ``graph``: not vLLM's test: one decode batch of Llama-3-8B's heads through santa's builder and ``forward`` with
   vLLM's test utilities, captured in a CUDA graph, the inputs changed in place (longer sequences, new queries),
   replayed; the replay must equal an eager call on the new inputs, for S covering every sequence and at S.
+- ``gate``: not vLLM's test: short steps run FlashAttention (``dense_below``). One decode batch captured as vLLM's full
+  graphs capture it (FlashAttention, then santa's gated launch), replayed twice after the builder has built the step
+  again: with the step shorter than ``dense_below`` the replay must equal FLASH_ATTN's eager call bit for bit (santa's
+  launch wrote nothing), with ``dense_below`` below the step it must equal santa's eager call (``dense_below`` 0) bit
+  for bit (FlashAttention read zero lengths and santa overwrote its rows).
+
+The passes that test santa's kernels (exact, sampled, split, graph) run with ``SANTA_VLLM_DENSE_BELOW=0``: the file's
+sequences hold at most a few thousand keys, which the default gives to FlashAttention.
 
 The sampled tolerance. For a decode token whose sequence has n > S live keys, prop returns
 ô = (1/S) Σ_s V[J_s], J_1…J_S drawn by systematic sampling from p = softmax(q·Kᵀ·scale) (the scores are exact).
@@ -85,7 +93,8 @@ LLAMA3_8B = dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_s
                  bos_token_id=128000, eos_token_id=128001, tie_word_embeddings=False, torch_dtype="bfloat16")
 TESTS = "test_causal_backend_correctness or test_non_causal_backend_correctness"
 EXACT_BUDGET = 4096  # ≥ the longest sequence of the file's correctness batches (large_prefill: 4096)
-PASSES = ("flash", "dense", "exact", "sampled", "split", "graph")
+PASSES = ("flash", "dense", "exact", "sampled", "split", "graph", "gate")
+SCRIPTED = ("graph", "split", "gate")  # passes this script runs itself (not vLLM's test file)
 
 # ---- the runner ----------------------------------------------------------------------------------------------
 
@@ -128,8 +137,11 @@ def pass_environment(name: str, budget: int, kernel: str, alpha: float, records:
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])
     if name == "dense":
         env["SANTA_VLLM_KERNEL"] = "dense"
-    elif name in ("exact", "sampled", "split", "graph"):
-        env.update(SANTA_VLLM_KERNEL=kernel, SANTA_VLLM_BUDGET=str(EXACT_BUDGET if name == "exact" else budget))
+    elif name in ("exact", "sampled", "split", "graph"):  # santa's kernels on every decode step
+        env.update(SANTA_VLLM_KERNEL=kernel, SANTA_VLLM_BUDGET=str(EXACT_BUDGET if name == "exact" else budget),
+                   SANTA_VLLM_DENSE_BELOW="0")
+    elif name == "gate":  # the case sets the builder's threshold itself
+        env.update(SANTA_VLLM_KERNEL="prop", SANTA_VLLM_BUDGET=str(budget))
     return env
 
 
@@ -160,7 +172,7 @@ def run_pass(name: str, work: Path, args: argparse.Namespace) -> dict:
     records.unlink(missing_ok=True)
     env = pass_environment(name, args.budget, args.kernel, args.alpha, records)
     start = time.perf_counter()
-    if name in ("graph", "split"):
+    if name in SCRIPTED:
         command = [sys.executable, str(Path(__file__).resolve()), f"--{name}-check", str(records)]
     else:
         command = [sys.executable, "-m", "pytest", "-p", "backend_test", "-c", str(work / "pytest.ini"), "--rootdir", str(work),
@@ -175,7 +187,7 @@ def run_pass(name: str, work: Path, args: argparse.Namespace) -> dict:
     result = dict(returncode=returncode, seconds=round(time.perf_counter() - start, 1),
                   settings={k: v for k, v in env.items() if k.startswith("SANTA_VLLM_")})
     comparisons = read_records(records)
-    if name in ("graph", "split"):
+    if name in SCRIPTED:
         result.update(passed=sum(r["ok"] for r in comparisons), failed=sum(not r["ok"] for r in comparisons), checks=comparisons)
         if not comparisons:
             result.update(failed=1, failures=[dict(test=name, kind="error", message=output[-400:])])
@@ -201,7 +213,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pass-timeout", type=int, default=540, help="seconds per pass (a device command has 600)")
     parser.add_argument("--graph-check", type=Path, help=argparse.SUPPRESS)  # the graph pass's own process
     parser.add_argument("--split-check", type=Path, help=argparse.SUPPRESS)  # the split pass's own process
+    parser.add_argument("--gate-check", type=Path, help=argparse.SUPPRESS)  # the gate pass's own process
     args = parser.parse_args(argv)
+    if args.gate_check:
+        gate_check(args.gate_check)
+        return
     if args.graph_check:
         graph_check(args.graph_check)
         return
@@ -401,38 +417,59 @@ def vllm_test_modules():
     return test_attention_backends, utils
 
 
-def graph_case(budget: int) -> dict:
+def decode_config():
+    """(vllm_config, block, device) of the graph and gate checks: Llama-3-8B's heads, 16-key blocks, 2048 keys."""
     import torch
-    from vllm.config import set_current_vllm_config
+
+    _, utils = vllm_test_modules()
+    block = 16
+    config = utils.create_vllm_config(model_name=MODEL, max_model_len=2048, block_size=block, num_gpu_blocks=2048)
+    return config, block, torch.device("cuda:0")
+
+
+def decode_batch(vllm_config, lengths: list[int], *, block: int, device) -> dict:
+    """One decode batch of ``lengths`` keys (every key written to vLLM's test cache, FlashAttention's NHD rows), santa's
+    builder and implementation, vLLM's mock layer and a query, made with vLLM's test utilities (call it under
+    ``set_current_vllm_config``), seeded."""
+    import torch
 
     from santa.vllm.backend import SantaAttentionImpl, SantaMetadataBuilder
 
     vt, utils = vllm_test_modules()
-    BatchSpec, create_common_attn_metadata = utils.BatchSpec, utils.create_common_attn_metadata
-    create_standard_kv_cache_spec, create_vllm_config = utils.create_standard_kv_cache_spec, utils.create_vllm_config
-    device, block = torch.device("cuda:0"), 16
-    first, later = [300, 1024, 77, 2000, 129, 512, 1500, 64], [301, 1030, 90, 2047, 200, 513, 1600, 65]
     torch.manual_seed(0)
-    vllm_config = create_vllm_config(model_name=MODEL, max_model_len=2048, block_size=block, num_gpu_blocks=2048)
     model = vllm_config.model_config
     heads, kv_heads = model.get_num_attention_heads(vllm_config.parallel_config), model.get_num_kv_heads(vllm_config.parallel_config)
-    head_size, dtype, scale = model.get_head_size(), model.dtype, model.get_head_size() ** -0.5
+    head_size, dtype = model.get_head_size(), model.dtype
+    common = utils.create_common_attn_metadata(utils.BatchSpec(seq_lens=lengths, query_lens=[1] * len(lengths)), block, device)
+    contexts = [torch.randn(n, kv_heads, head_size, dtype=dtype, device=device) for n in lengths]
+    kv_cache = vt.create_and_prepopulate_kv_cache(contexts, [torch.randn_like(c) for c in contexts], block, kv_heads,
+                                                  head_size, dtype, device, 2048, common)
+    kv_cache = kv_cache.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)  # FlashAttention's NHD rows
+    builder = SantaMetadataBuilder(utils.create_standard_kv_cache_spec(vllm_config), ["model.layers.0.self_attn.attn"],
+                                   vllm_config, device)
+    impl = SantaAttentionImpl(num_heads=heads, head_size=head_size, scale=head_size**-0.5, num_kv_heads=kv_heads,
+                              alibi_slopes=None, sliding_window=None, kv_cache_dtype="auto")
+    layer = vt.MockAttentionLayer(device)
+    layer.layer_name = "model.layers.0.self_attn.attn"
+    query = torch.randn(len(lengths), heads, head_size, dtype=dtype, device=device)
+    unused = torch.empty(len(lengths), kv_heads, head_size, dtype=dtype, device=device)  # K/V: already in the cache
+    return dict(common=common, kv_cache=kv_cache, builder=builder, impl=impl, layer=layer, query=query, unused=unused,
+                heads=heads, kv_heads=kv_heads, head_size=head_size, scale=head_size**-0.5)
+
+
+def graph_case(budget: int) -> dict:
+    import torch
+    from vllm.config import set_current_vllm_config
+
+    first, later = [300, 1024, 77, 2000, 129, 512, 1500, 64], [301, 1030, 90, 2047, 200, 513, 1600, 65]
+    vllm_config, block, device = decode_config()
     with set_current_vllm_config(vllm_config):
-        common = create_common_attn_metadata(BatchSpec(seq_lens=later, query_lens=[1] * len(later)), block, device)
-        contexts = [torch.randn(n, kv_heads, head_size, dtype=dtype, device=device) for n in later]  # every key, in place
-        kv_cache = vt.create_and_prepopulate_kv_cache(contexts, [torch.randn_like(c) for c in contexts], block, kv_heads,
-                                                      head_size, dtype, device, 2048, common)
-        kv_cache = kv_cache.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)  # FlashAttention's NHD rows
+        d = decode_batch(vllm_config, later, block=block, device=device)
+        common, kv_cache, builder, impl, layer, query, unused = (d[k] for k in ("common", "kv_cache", "builder", "impl",
+                                                                                "layer", "query", "unused"))
+        heads, kv_heads, head_size, scale = d["heads"], d["kv_heads"], d["head_size"], d["scale"]
         common.seq_lens.copy_(torch.tensor(first, dtype=torch.int32, device=device))  # the captured step: shorter
-        builder = SantaMetadataBuilder(create_standard_kv_cache_spec(vllm_config), ["model.layers.0.self_attn.attn"],
-                                       vllm_config, device)
         metadata = builder.build(0, common)
-        impl = SantaAttentionImpl(num_heads=heads, head_size=head_size, scale=scale, num_kv_heads=kv_heads,
-                                  alibi_slopes=None, sliding_window=None, kv_cache_dtype="auto")
-        layer = vt.MockAttentionLayer(device)
-        layer.layer_name = "model.layers.0.self_attn.attn"
-        query = torch.randn(len(first), heads, head_size, dtype=dtype, device=device)
-        unused = torch.empty(len(first), kv_heads, head_size, dtype=dtype, device=device)  # K/V: already in the cache
         out = torch.empty_like(query)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -462,6 +499,65 @@ def graph_case(budget: int) -> dict:
             exact.append(torch.einsum("hn,nhd->hd", p, v))
         entry["replay_vs_exact_max_abs"] = float((replayed - torch.stack(exact)).abs().max())
     entry["ok"] = entry["replay_vs_eager_max_abs"] == 0 and entry.get("replay_vs_exact_max_abs", 0) <= 1e-2
+    return entry
+
+
+# ---- the gate pass: one captured decode graph, FlashAttention's answer on a short step, santa's on a long one -------
+
+
+def gate_check(records: Path) -> None:
+    """:func:`gate_case` at ``SANTA_VLLM_BUDGET``, recorded."""
+    entry = gate_case(int(os.environ.get("SANTA_VLLM_BUDGET", "128")))
+    _record(entry)
+    print(json.dumps(entry), flush=True)
+
+
+def gate_case(budget: int) -> dict:
+    """A decode batch captured as vLLM's full graphs capture it (FlashAttention, then santa's gated launch: the builder's
+    threshold above the step), then replayed after building the step again with the threshold above it (short: must
+    equal FlashAttention's eager call, santa's launch writing nothing) and below it (long: must equal santa's eager
+    call, FlashAttention reading zero lengths), bit for bit."""
+    import torch
+    from vllm.config import set_current_vllm_config
+
+    lengths = [300, 1024, 77, 2000, 129, 512, 1500, 64]
+    short, long = max(lengths) + 1, 1  # dense_below above and below every sequence
+    vllm_config, block, device = decode_config()
+    with set_current_vllm_config(vllm_config):
+        d = decode_batch(vllm_config, lengths, block=block, device=device)
+        common, kv_cache, builder, impl, layer, query, unused = (d[k] for k in ("common", "kv_cache", "builder", "impl",
+                                                                                "layer", "query", "unused"))
+
+        def eager(threshold: int) -> torch.Tensor:
+            builder.dense_below = threshold
+            return impl.forward(layer, query, unused, unused, kv_cache, builder.build(0, common), output=torch.empty_like(query))
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up outside the capture: santa's plan made, both kernels compiled
+            eager(long)
+            eager(short)
+        torch.cuda.current_stream().wait_stream(stream)
+        builder.dense_below = short
+        metadata = builder.build(0, common)  # kept alive: the graph reads its buffers
+        out = torch.empty_like(query)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            impl.forward(layer, query, unused, unused, kv_cache, metadata, output=out)
+        replays = {}
+        for name, threshold in (("short", short), ("long", long)):
+            builder.dense_below = threshold
+            builder.build(0, common)  # the runner builds every step: the gate and FlashAttention's lengths
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            replays[name] = out.clone()
+        flash, santa = eager(short), eager(long)
+    entry = dict(check="gate", budget=budget, seq_lens=lengths,
+                 short_vs_flash_max_abs=float((replays["short"].float() - flash.float()).abs().max()),
+                 long_vs_santa_max_abs=float((replays["long"].float() - santa.float()).abs().max()),
+                 flash_vs_santa_max_abs=float((flash.float() - santa.float()).abs().max()))
+    entry["ok"] = entry["short_vs_flash_max_abs"] == 0 and entry["long_vs_santa_max_abs"] == 0 and entry["flash_vs_santa_max_abs"] > 0
     return entry
 
 

@@ -14,6 +14,8 @@
 #   bash benchmarks/vllm/gpu_vllm.sh capacity       # santa's step on 2k/8k sequences planned for 32k/128k keys (no vLLM)
 #   bash benchmarks/vllm/gpu_vllm.sh llama          # Llama-3.1-8B shapes at 30k, batch 16: FLASH_ATTN against CUSTOM prop S=128
 #   bash benchmarks/vllm/gpu_vllm.sh llama_fp8      # the same on fp8 caches
+#   bash benchmarks/vllm/gpu_vllm.sh short          # Llama-3.1-8B shapes, 2k prompts, batch 16/64/256: FLASH_ATTN, CUSTOM (short
+#                                                   # steps to FlashAttention: dense_below's default), CUSTOM sampling every step
 #   bash benchmarks/vllm/gpu_vllm.sh qwen           # Qwen2.5-0.5B shapes at 32k, batch 1, 16 and 64 (one engine per backend)
 #   bash benchmarks/vllm/gpu_vllm.sh qwen_fp8       # the same on fp8 caches
 #   bash benchmarks/vllm/gpu_vllm.sh needles        # the bundled Qwen's needle tasks at 16k/32k, 50 prompts, through vLLM
@@ -79,6 +81,18 @@ for stage in "$@"; do
       run 280 $A --backend FLASH_ATTN --out "$OUT/llama8_flash.json"
       SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 280 $A --backend CUSTOM --out "$OUT/llama8_prop.json"
       python3 benchmarks/vllm/offline.py --compare "$OUT/llama8_flash.json" "$OUT/llama8_prop.json" ;;
+    short)  # dense_below (santa.vllm.config): 2k-token prompts decode below 8192 keys, so the default gives every step to
+            # FlashAttention inside santa's backend; SANTA_VLLM_DENSE_BELOW=0 is the backend before it. Packed: 9 JSON files
+      A="--folder /tmp/llama8b --make llama-3.1-8b --prompt-tokens 2048 --batch 16 64 256"
+      mkdir -p /tmp/short
+      run 190 $A --backend FLASH_ATTN --out "/tmp/short/short{batch}_flash.json"
+      SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 190 $A --backend CUSTOM --out "/tmp/short/short{batch}_gate.json"
+      SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 SANTA_VLLM_DENSE_BELOW=0 run 190 $A --backend CUSTOM \
+        --out "/tmp/short/short{batch}_prop.json"
+      for B in 16 64 256; do for arm in gate prop; do
+        python3 benchmarks/vllm/offline.py --compare "/tmp/short/short${B}_flash.json" "/tmp/short/short${B}_${arm}.json"
+      done; done | tee "$OUT/short_compare.txt"
+      rm -f /tmp/short/*.lock; tar czf "$OUT/short.tgz" -C /tmp short ;;
     qwen|qwen_fp8)  # one engine per backend times batch 1, 16 and 64 in turn; qwen_fp8: the same on fp8 caches (files qwen8_*)
       K=""; P=qwen; [ "$stage" = qwen_fp8 ] && { K="--kv-cache-dtype fp8"; P=qwen8; }
       A="--folder /tmp/qwen_random --make qwen2.5-0.5b --prompt-tokens 32000 --batch 1 16 64 $K"
@@ -113,9 +127,9 @@ for stage in "$@"; do
     servetest)  # the GPU test of `vllm serve` with santa and the OpenAI client (tiny model; two server starts)
       timeout 400 python3 -m pytest -q -p no:cacheprovider -m slow tests/vllm_backend/test_vllm_serve.py 2>&1 | tail -n 15 \
         | tee "$OUT/tests_serve.log" ;;
-    vtests)  # passes: flash dense exact sampled split graph; the JSON is rewritten after each one
+    vtests)  # passes: flash dense exact sampled split graph gate; the JSON is rewritten after each one
       # shellcheck disable=SC2086
       timeout 590 python3 benchmarks/vllm/backend_test.py --tests .vt --out "$OUT/backend_test.json" \
-        --passes ${VT_PASSES:-flash dense exact sampled split graph} 2>&1 | grep -v "^DEBUG" | tail -n 40 ;;
+        --passes ${VT_PASSES:-flash dense exact sampled split graph gate} 2>&1 | grep -v "^DEBUG" | tail -n 40 ;;
   esac
 done

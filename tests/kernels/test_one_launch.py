@@ -264,6 +264,41 @@ def test_a_captured_graph_follows_lengths_and_positions_that_change_on_the_devic
 
 
 @needs_hopper
+@pytest.mark.parametrize("paged", [False, True])
+def test_a_captured_graph_runs_or_skips_the_one_launch_by_its_gate(paged):
+    """DecodePlan.run's gate in the one launch: open, the ungated call bit for bit (counts too); closed, nothing written;
+    flipped on the device between replays of one graph (santa.vllm's short steps), each replay follows it."""
+    batch, heads, kv_heads, dim, n_keys, budget = 2, 32, 8, 128, 4096, 128
+    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, torch.bfloat16, seed=21)
+    tables = {}
+    if paged:
+        k, table = to_paged(k, 16, seed=3)
+        v, _ = to_paged(v, 16, seed=3)
+        tables = dict(block_table=table)
+    plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget,
+                       dtype=torch.bfloat16, device="cuda", page_size=16 if paged else None)
+    assert plan.one_launch is not None
+    seq_lens = torch.tensor([4096, 2500], dtype=torch.int32, device="cuda")
+    call = dict(seq_lens=seq_lens, seed=7, positions=(seq_lens - 1).long(), **tables)
+    want_counts = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda")
+    want = plan.run(q, k, v, counts=want_counts, out=torch.empty_like(q), **call).clone()
+    enabled = torch.ones(1, dtype=torch.int32, device="cuda")
+    out, counts = torch.empty_like(q), torch.zeros_like(want_counts)
+    plan.run(q, k, v, out=out, counts=counts, enabled=enabled, **call)
+    torch.cuda.synchronize()
+    assert torch.equal(out, want) and torch.equal(counts, want_counts)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run(q, k, v, out=out, enabled=enabled, **call)
+    for value in (0, 1, 0, 1):
+        enabled.fill_(value)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert out.isnan().all() if value == 0 else torch.equal(out, want), value
+
+
+@needs_hopper
 def test_a_captured_graph_advances_with_an_offset_in_device_memory():
     q, k, v = make_inputs(2, 32, 8, 128, 5000, torch.bfloat16, seed=13)
     seq_lens = torch.tensor([5000, 3001], dtype=torch.int32, device="cuda")

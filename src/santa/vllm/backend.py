@@ -171,8 +171,10 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
             # santa's, which the metadata now names (its own on a dense step, zeros on a sampled one)
             gate = self.gate
             gate.fill_(0 if dense else 1)
+            self.dense_lens.zero_()  # all of it: a graph captured for more rows than this step's reads the rest
             lens = self.dense_lens[: seq_lens.shape[0]]
-            lens.copy_(seq_lens) if dense else lens.zero_()
+            if dense:
+                lens.copy_(seq_lens)
             metadata.seq_lens = lens
         # the split is built after the full metadata: FlashAttention's builder keeps one AOT-schedule buffer, and a split
         # step reads the prefill part's (a dense step has none: FlashAttention takes it whole)
