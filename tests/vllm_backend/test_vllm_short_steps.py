@@ -11,7 +11,7 @@ import torch
 from santa import rng
 from santa.kernels import decode
 from test_vllm_forward import no_santa, step
-from vllm_stand_ins import HEAD_DIM, FlashAttentionImpl, MockLayer, make_batch
+from vllm_stand_ins import HEAD_DIM, FlashAttentionImpl, MockLayer, make_batch, vllm_config
 
 SCALE = 1 / math.sqrt(HEAD_DIM)
 LAYER = "model.layers.3.self_attn.attn"
@@ -30,7 +30,7 @@ def test_by_default_an_eager_short_decode_step_is_flash_attentions(backend, monk
     monkeypatch.delenv("SANTA_VLLM_DENSE_BELOW")  # the default: 8192 keys
     no_santa(monkeypatch)
     batch = make_batch([90, 50], [1, 1], seed=2)
-    out, metadata, _ = step(backend, batch, MockLayer(LAYER))
+    out, metadata, _ = step(backend, batch, MockLayer(LAYER), config=vllm_config(max_model_len=8192))  # steps can pass 8192
     assert FlashAttentionImpl.calls == 1 and metadata.santa.dense
     assert metadata.santa.gate.tolist() == [0] and metadata.seq_lens.tolist() == [90, 50]  # FlashAttention's: the step's
     torch.testing.assert_close(out, batch.exact(SCALE), rtol=1e-5, atol=1e-5)
@@ -78,3 +78,14 @@ def test_dense_below_zero_never_gates(backend, monkeypatch):
     assert metadata.santa.gate is None and not metadata.santa.dense and FlashAttentionImpl.calls == 0
     assert metadata.seq_lens is batch.common.seq_lens  # vLLM's lengths, untouched
     torch.testing.assert_close(out, santas_decode(batch, 24), rtol=1e-5, atol=1e-6)
+
+
+def test_no_gate_where_max_model_len_is_below_dense_below(backend, monkeypatch):
+    """Every step is short then: captured graphs hold FlashAttention alone (no empty santa launch per layer)."""
+    monkeypatch.setenv("SANTA_VLLM_DENSE_BELOW", "97")  # the stand-ins' max_model_len is 96
+    monkeypatch.setattr(backend, "capturing_a_graph", lambda: True)
+    no_santa(monkeypatch)
+    batch = make_batch([90, 50], [1, 1], seed=2)
+    out, metadata, _ = step(backend, batch, MockLayer(LAYER))
+    assert metadata.santa.gate is None and metadata.santa.dense and FlashAttentionImpl.calls == 1
+    torch.testing.assert_close(out, batch.exact(SCALE), rtol=1e-5, atol=1e-5)

@@ -149,8 +149,13 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
         # the gate and FlashAttention's lengths of gated decode steps: buffers that keep their addresses (graphs)
         rows = max(vllm_config.scheduler_config.max_num_seqs,
                    getattr(getattr(vllm_config, "compilation_config", None), "max_cudagraph_capture_size", None) or 0)
-        self.gate = torch.ones(1, dtype=torch.int32, device=device) if self.dense_below else None
-        self.dense_lens = torch.zeros(rows, dtype=torch.int32, device=device) if self.dense_below else None
+        # no gate where no step can reach dense_below (max_model_len below it): every decode step is FlashAttention's
+        gated = self.dense_below > 0 and model.max_model_len >= self.dense_below
+        self.gate = torch.ones(1, dtype=torch.int32, device=device) if gated else None
+        self.dense_lens = torch.zeros(rows, dtype=torch.int32, device=device) if gated else None
+        if self.dense_below and not gated:
+            logger.info("santa: max_model_len %d < dense_below %d: FlashAttention decodes every step", model.max_model_len,
+                        self.dense_below)
         if config.samples:
             self.santa.allocate()  # now, outside any CUDA-graph capture
             # the plans of the batch sizes vLLM captures, made before its captures (the layers' usual scale, 1/√d)
