@@ -140,8 +140,8 @@ def pass_environment(name: str, budget: int, kernel: str, alpha: float, records:
     elif name in ("exact", "sampled", "split", "graph"):  # santa's kernels on every decode step
         env.update(SANTA_VLLM_KERNEL=kernel, SANTA_VLLM_BUDGET=str(EXACT_BUDGET if name == "exact" else budget),
                    SANTA_VLLM_DENSE_BELOW="0")
-    elif name == "gate":  # the case sets the builder's threshold itself
-        env.update(SANTA_VLLM_KERNEL="prop", SANTA_VLLM_BUDGET=str(budget))
+    elif name == "gate":  # ≤ the case's max_model_len (2048), so the builder gates; the case moves it per step
+        env.update(SANTA_VLLM_KERNEL="prop", SANTA_VLLM_BUDGET=str(budget), SANTA_VLLM_DENSE_BELOW="2001")
     return env
 
 
@@ -527,6 +527,8 @@ def gate_case(budget: int) -> dict:
         d = decode_batch(vllm_config, lengths, block=block, device=device)
         common, kv_cache, builder, impl, layer, query, unused = (d[k] for k in ("common", "kv_cache", "builder", "impl",
                                                                                 "layer", "query", "unused"))
+        if builder.gate is None:
+            raise RuntimeError("the builder made no gate: SANTA_VLLM_DENSE_BELOW must be set ≤ the config's max_model_len")
 
         def eager(threshold: int) -> torch.Tensor:
             builder.dense_below = threshold

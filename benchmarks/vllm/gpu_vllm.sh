@@ -83,7 +83,8 @@ for stage in "$@"; do
       python3 benchmarks/vllm/offline.py --compare "$OUT/llama8_flash.json" "$OUT/llama8_prop.json" ;;
     short)  # dense_below (santa.vllm.config): 2k-token prompts decode below 8192 keys, so the default gives every step to
             # FlashAttention inside santa's backend; SANTA_VLLM_DENSE_BELOW=0 is the backend before it. Packed: 9 JSON files
-      A="--folder /tmp/llama8b --make llama-3.1-8b --prompt-tokens 2048 --batch 16 64 256"
+      # --max-model-len 32768: a server's plans and gate (below dense_below the backend would capture FlashAttention alone)
+      A="--folder /tmp/llama8b --make llama-3.1-8b --prompt-tokens 2048 --batch 16 64 256 --max-model-len 32768"
       mkdir -p /tmp/short
       run 190 $A --backend FLASH_ATTN --out "/tmp/short/short{batch}_flash.json"
       SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 190 $A --backend CUSTOM --out "/tmp/short/short{batch}_gate.json"

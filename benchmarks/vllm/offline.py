@@ -80,6 +80,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-num-batched-tokens", type=int, default=16384, help="tokens per engine step (prefill chunks)")
     parser.add_argument("--enforce-eager", action="store_true", help="no torch.compile, no CUDA graphs (a smoke run)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    parser.add_argument("--max-model-len", type=int, help="the engine's (default: what the run needs, 8 to spare); larger "
+                        "sizes santa's plans and its dense_below gate as a server's would be")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, choices=(1, 2, 4, 8),
                         help="vLLM's tensor parallelism (santa keys its draws on the global head: the same tokens at every size)")
     parser.add_argument("--make-only", action="store_true", help="make the folder (--make) and exit, no engine")
@@ -111,7 +113,8 @@ def run_settings(args: argparse.Namespace, santa_settings: dict) -> dict:
     """What a result file must match to count as this run's: a file written with other settings is timed again."""
     return {"backend": args.backend, "santa": santa_settings, "folder": str(args.folder), "prompt_tokens": args.prompt_tokens,
             "new_tokens": args.new_tokens, "warm_tokens": args.warm_tokens, "kv_cache_dtype": args.kv_cache_dtype,
-            "enforce_eager": args.enforce_eager, "repeats": args.repeats, "tensor_parallel_size": args.tensor_parallel_size}
+            "enforce_eager": args.enforce_eager, "repeats": args.repeats, "tensor_parallel_size": args.tensor_parallel_size,
+            **({"max_model_len": args.max_model_len} if args.max_model_len else {})}
 
 
 def finished(path: Path, settings: dict) -> bool:
@@ -232,10 +235,13 @@ def time_batches(args: argparse.Namespace) -> None:
     config = json.loads((args.folder / "config.json").read_text())
     largest = max(args.batch)
     t = time.perf_counter()
+    needed = args.prompt_tokens + tokens_per_request(prompt_tokens=args.prompt_tokens, batch=largest,
+                                                     chunk=args.max_num_batched_tokens, warm_tokens=args.warm_tokens,
+                                                     new_tokens=args.new_tokens) + 8  # 8 to spare
+    if args.max_model_len is not None and args.max_model_len < needed:
+        sys.exit(f"--max-model-len {args.max_model_len} is below what this run needs ({needed} tokens per request)")
     llm = LLM(model=str(args.folder), attention_backend=args.backend, kv_cache_dtype=args.kv_cache_dtype, dtype="bfloat16",
-              max_model_len=args.prompt_tokens + tokens_per_request(
-                  prompt_tokens=args.prompt_tokens, batch=largest, chunk=args.max_num_batched_tokens,
-                  warm_tokens=args.warm_tokens, new_tokens=args.new_tokens) + 8,  # 8 to spare
+              max_model_len=args.max_model_len or needed,
               max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=largest, seed=0,
               gpu_memory_utilization=args.gpu_memory_utilization, skip_tokenizer_init=True, enable_prefix_caching=False,
               enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from helpers import CUDA, DEVICE, make_inputs, to_paged
-from santa.kernels import plan_decode
+from santa.kernels import Tuning, plan_decode
+from santa.kernels.layout import prop_pass1_tiles, prop_sample_chunks
 from santa.kernels.plan import Workspace
 
 pytest.importorskip("triton")  # the interpreter's setup: tests/kernels/conftest.py
@@ -63,18 +64,43 @@ def test_an_open_gate_is_the_ungated_call_and_a_closed_one_writes_nothing(paged,
         assert torch.equal(got, want)
 
 
-def test_a_closed_gate_leaves_a_shared_workspace_zeroed():
-    """The semaphores are the one region a call reads before it writes: a closed call must leave them at zero."""
+@pytest.mark.parametrize("tuning", [Tuning(samples_per_program=8),
+                                    Tuning(samples_per_program=8, block_n=16, pass1_programs=8)],
+                         ids=["chunks", "chunks, looped pass 1"])
+def test_a_closed_gate_leaves_every_workspace_region_as_it_was(tuning):
+    """Several pass-2 chunks per head (so the semaphores are used) and, second, a pass-1 grid that loops over its
+    tiles: a closed call leaves every region of the workspace byte for byte (the scratch filled with a pattern first,
+    the semaphores zero, as a call needs them); the open call after it is the ungated call."""
     q, k, v, tables = call_inputs(False)
-    plan = make_plan(False)
+    plan = plan_decode(batch=3, heads=4, kv_heads=2, head_dim=16, n_keys=40, budget=24, dtype=torch.float32,
+                       device=DEVICE, tuning=tuning)
+    assert prop_sample_chunks(24, plan.tiles, 12, tuning)[1] == 3  # three chunks per head: the semaphores count them
+    if tuning.pass1_programs:
+        assert prop_pass1_tiles(plan.tiles, 6, tuning) < plan.tiles  # pass 1 loops
     workspace = Workspace.zeros(plan.workspace_key)
+    for name, view in workspace.views.items():
+        if name != "sem":
+            view.view(torch.uint8).fill_(0xA5) if view.is_contiguous() else view.fill_(7)
+    before = workspace.buffer.clone()
     out = torch.zeros_like(q)
-    plan.run(q, k, v, out=out, workspace=workspace, enabled=gate(0), **tables)
-    assert out.eq(0).all()
-    if "sem" in workspace.views:
-        assert workspace.views["sem"].eq(0).all()
-    plan.run(q, k, v, out=out, workspace=workspace, enabled=gate(1), **tables)
-    assert workspace.views.get("sem", torch.zeros(1)).eq(0).all() and not out.eq(0).all()
+    plan.run(q, k, v, out=out, workspace=workspace, enabled=gate(0), seed=3, **tables)
+    assert out.eq(0).all() and torch.equal(workspace.buffer, before)
+    want = plan.run(q, k, v, out=torch.zeros_like(q), seed=3, **tables).clone()
+    plan.run(q, k, v, out=out, workspace=workspace, enabled=gate(1), seed=3, **tables)
+    assert torch.equal(out, want) and workspace.views["sem"].eq(0).all()
+
+
+def test_a_plan_whose_budget_covers_every_key_runs_only_the_exact_launch_and_gates_it():
+    q, k, v, _ = call_inputs(False)
+    plan = plan_decode(batch=3, heads=4, kv_heads=2, head_dim=16, n_keys=40, budget=64, dtype=torch.float32,
+                       device=DEVICE)
+    assert [name for name, _ in plan._launchers_for(None, 0, None, 1.0, 1.0, 0, None, None, gate(1))] == ["exact"]
+    want = plan.run(q, k, v, out=torch.zeros_like(q)).clone()
+    out = torch.full_like(q, 4.0)
+    plan.run(q, k, v, out=out, enabled=gate(0))
+    assert out.eq(4.0).all()
+    plan.run(q, k, v, out=out, enabled=gate(1))
+    assert torch.equal(out, want)
 
 
 def test_the_gate_is_read_on_the_device_per_call():

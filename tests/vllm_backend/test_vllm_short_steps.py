@@ -8,10 +8,11 @@ import math
 import pytest
 import torch
 
+from helpers import DEVICE
 from santa import rng
 from santa.kernels import decode
-from test_vllm_forward import no_santa, step
-from vllm_stand_ins import HEAD_DIM, FlashAttentionImpl, MockLayer, make_batch, vllm_config
+from test_vllm_forward import impl_of, no_santa, step
+from vllm_stand_ins import HEAD_DIM, FlashAttentionImpl, MockLayer, kv_cache_spec, make_batch, vllm_config
 
 SCALE = 1 / math.sqrt(HEAD_DIM)
 LAYER = "model.layers.3.self_attn.attn"
@@ -88,4 +89,46 @@ def test_no_gate_where_max_model_len_is_below_dense_below(backend, monkeypatch):
     batch = make_batch([90, 50], [1, 1], seed=2)
     out, metadata, _ = step(backend, batch, MockLayer(LAYER))
     assert metadata.santa.gate is None and metadata.santa.dense and FlashAttentionImpl.calls == 1
+    assert metadata.santa.decoder._scratch is None  # santa allocates nothing it would never run
     torch.testing.assert_close(out, batch.exact(SCALE), rtol=1e-5, atol=1e-5)
+
+
+def test_each_build_rewrites_the_buffers_a_captured_graph_reads(backend, monkeypatch):
+    """A long step, then a short one with fewer rows, then long again: the gate and FlashAttention's lengths buffer
+    (every row of it: a graph captured for more rows reads past the step's) follow each build."""
+    monkeypatch.setenv("SANTA_VLLM_DENSE_BELOW", "80")
+    builder = backend.SantaMetadataBuilder(kv_cache_spec(), [LAYER], vllm_config(), DEVICE)
+    long, short = make_batch([90, 50, 30], [1, 1, 1], seed=1), make_batch([40, 20], [1, 1], seed=1)
+    builder.build(0, long.common)
+    assert builder.gate.tolist() == [1] and builder.dense_lens.eq(0).all()
+    metadata = builder.build(0, short.common)
+    assert builder.gate.tolist() == [0] and builder.dense_lens.tolist() == [40, 20, 0, 0]
+    assert metadata.seq_lens.data_ptr() == builder.dense_lens.data_ptr()  # FlashAttention reads santa's buffer
+    builder.build(0, long.common)
+    assert builder.gate.tolist() == [1] and builder.dense_lens.eq(0).all()
+
+
+def test_a_captured_step_replayed_after_the_next_build_follows_that_build(backend, monkeypatch):
+    """The replay of a graph is the captured calls on the buffers as the latest build left them. Here the calls of
+    the captured forward are run again on the captured metadata after the builder built the next step: short when
+    captured and long when replayed gives santa's samples, and the reverse gives FlashAttention's exact rows."""
+    monkeypatch.setenv("SANTA_VLLM_BUDGET", "24")
+    monkeypatch.setenv("SANTA_VLLM_DENSE_BELOW", "91")
+    monkeypatch.setattr(backend, "capturing_a_graph", lambda: True)
+    batch = make_batch([90, 50], [1, 1], seed=2)
+    builder = backend.SantaMetadataBuilder(kv_cache_spec(), [LAYER], vllm_config(), DEVICE)
+    impl, layer = impl_of(backend), MockLayer(LAYER)
+    captured = builder.build(0, batch.common)  # short: the gate closed
+    impl.do_kv_cache_update(layer, batch.key, batch.value, batch.kv_cache, captured.slot_mapping)
+
+    def replay() -> torch.Tensor:
+        out = torch.full((2, *batch.query.shape[1:]), float("nan"), device=DEVICE)
+        return impl.forward(layer, batch.query, batch.key, batch.value, batch.kv_cache, captured, output=out)
+
+    torch.testing.assert_close(replay(), batch.exact(SCALE), rtol=1e-5, atol=1e-5)
+    builder.dense_below = 90  # the next step is long
+    builder.build(0, batch.common)
+    torch.testing.assert_close(replay(), santas_decode(batch, 24), rtol=1e-5, atol=1e-6)
+    builder.dense_below = 91
+    builder.build(0, batch.common)
+    torch.testing.assert_close(replay(), batch.exact(SCALE), rtol=1e-5, atol=1e-5)

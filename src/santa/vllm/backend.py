@@ -124,12 +124,14 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
 
     _cudagraph_support = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
     reorder_batch_threshold = 1  # the V1 runner puts decode requests first (V2 always does)
+    # no reuse of another KV-cache group's metadata (vLLM's update_block_table): build() writes this builder's own gate,
+    # FlashAttention lengths and positions every step, which a reused group's captured layers read
+    supports_update_block_table = False
 
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         additional = getattr(vllm_config, "additional_config", None)
         config, model, parallel = read_config(additional_config=additional), vllm_config.model_config, vllm_config.parallel_config
-        self.samples = config.samples
         self.dense_below = config.short_steps  # decode steps shorter than this (keys) run FlashAttention; 0: never
         block_size = kv_cache_spec.block_size
         # this group's cache (layers in --kv-cache-dtype-skip-layers have their own group in the model's dtype)
@@ -156,14 +158,17 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
         if self.dense_below and not gated:
             logger.info("santa: max_model_len %d < dense_below %d: FlashAttention decodes every step", model.max_model_len,
                         self.dense_below)
-        if config.samples:
+        self.samples = config.samples and (gated or not self.dense_below)  # else FlashAttention decodes every step
+        if self.samples:
             self.santa.allocate()  # now, outside any CUDA-graph capture
             # the plans of the batch sizes vLLM captures, made before its captures (the layers' usual scale, 1/√d)
             sizes = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_capture_sizes", None) or ()
             self.santa.prepare(sizes, model.get_head_size() ** -0.5)
-            logger.info("santa: %s S=%d on decode-only batches (query heads %d–%d of the model); its workspace takes %.2f GiB, "
+            logger.info("santa: %s S=%d on decode-only steps%s (query heads %d–%d of the model); its workspace takes %.2f GiB, "
                         "allocated now, outside the KV cache's budget (lower gpu_memory_utilization by as much where memory "
-                        "is tight)", config.kernel, config.budget, self.santa.head_offset, self.santa.head_offset + heads - 1,
+                        "is tight)", config.kernel, config.budget,
+                        f" whose longest sequence holds ≥ {self.dense_below} keys (shorter: FlashAttention)" if gated else "",
+                        self.santa.head_offset, self.santa.head_offset + heads - 1,
                         (self.santa.workspace_nbytes() + self.santa.one_launch_nbytes()) / 2**30)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
