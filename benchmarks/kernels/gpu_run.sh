@@ -3,7 +3,7 @@
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (`bash benchmarks/device/prepare.sh flashinfer`;
 # `ab` also carries .old43, from `prepare.sh old43`).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [e2eone] [covered] [paged] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
+#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [e2eone] [covered] [paged] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -95,6 +95,17 @@ for stage in "$@"; do
         > "$OUT/contig_new.log" 2>&1
       [ -n "${PAGED_JSONL:-}" ] && cp "$PAGED_JSONL" "$OUT/paged.jsonl"
       timeout ${PAGED_LIMIT:-300} python3 benchmarks/kernels/paged_ab.py "$OUT/paged.jsonl" ${PAGED_ARGS:-} > "$OUT/paged.log" 2>&1 ;;
+    gate)  # the gate (DecodePlan.run's enabled, santa.vllm's short steps): its GPU tests, prop_ab.py of the last tree before it
+           # (.oldab, carried: `git archive 50142b8 src | tar -x -C .oldab`) against this one (the default path's time after
+           # the one launch's rebuilt module), then paged_ab.py --gate (santa's launch open, closed and ungated per case)
+      timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gate.py tests/kernels/test_one_launch.py \
+        tests/vllm_backend/test_vllm_decode.py 2>&1 | tail -15 | tee "$OUT/tests_gate.log"
+      PYTHONPATH=/tmp/site:$PWD/.oldab/src timeout 150 python3 benchmarks/kernels/prop_ab.py "$OUT/gate_old.json" "${OLD_COMMIT:-old}" \
+        > "$OUT/gate_old.log" 2>&1
+      PYTHONPATH=/tmp/site:$PWD/src timeout 150 python3 benchmarks/kernels/prop_ab.py "$OUT/gate_new.json" "${SANTA_COMMIT:-new}" \
+        > "$OUT/gate_new.log" 2>&1
+      timeout ${GATE_LIMIT:-240} python3 benchmarks/kernels/paged_ab.py "$OUT/gate.jsonl" --gate ${GATE_ARGS:---quick} \
+        > "$OUT/gate_paged.log" 2>&1 ;;
     target)  # issue 42: the error target's GPU tests, then its step against fixed S at equal reads (error_target_speed.py),
              # and prop_ab.py of an older tree (.oldab, carried: `git archive <commit> src | tar -x -C .oldab`) and this one
       timeout 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_error_target_kernels.py 2>&1 | tail -3 \
