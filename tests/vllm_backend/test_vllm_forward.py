@@ -230,3 +230,24 @@ def test_the_builder_and_the_layers_read_santas_settings_from_vllms_additional_c
     assert impl_of(backend).santa_config.budget == 16
     with pytest.raises(ValueError, match="--additional-config santa.buget: unknown setting"):
         backend.SantaMetadataBuilder(kv_cache_spec(), ["layer"], vllm_config(additional_config={"santa": {"buget": 16}}), DEVICE)
+
+
+def test_the_metadata_is_typed_and_a_copy_keeps_santas_step(backend, monkeypatch):
+    """santa's step is a field of a FlashAttentionMetadata subclass: a copy (dataclasses.replace) still decodes with
+    santa; FlashAttention's own metadata (no santa field) runs FlashAttention."""
+    import dataclasses
+
+    import vllm_stand_ins
+
+    monkeypatch.setenv("SANTA_VLLM_BUDGET", "24")
+    batch = make_batch([90, 50], [1, 1], seed=2)
+    out, metadata, impl = step(backend, batch, MockLayer("model.layers.3.self_attn.attn"))
+    assert isinstance(metadata, backend.SantaMetadata) and isinstance(metadata, vllm_stand_ins.FlashAttentionMetadata)
+    again = impl.forward(MockLayer("model.layers.3.self_attn.attn"), batch.query, batch.key, batch.value, batch.kv_cache,
+                         dataclasses.replace(metadata), output=torch.empty_like(out))
+    assert torch.equal(again, out) and FlashAttentionImpl.calls == 0
+    fields = {f.name: getattr(metadata, f.name) for f in dataclasses.fields(vllm_stand_ins.FlashAttentionMetadata)}
+    flash = impl.forward(MockLayer("model.layers.3.self_attn.attn"), batch.query, batch.key, batch.value, batch.kv_cache,
+                         vllm_stand_ins.FlashAttentionMetadata(**fields), output=torch.empty_like(out))
+    assert FlashAttentionImpl.calls == 1
+    torch.testing.assert_close(flash, batch.exact(SCALE), rtol=1e-5, atol=1e-5)

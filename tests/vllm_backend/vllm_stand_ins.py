@@ -101,9 +101,28 @@ class FlashAttentionImpl:
             v_cache[slot_mapping] = value[:n].to(kv_cache.dtype)
 
 
+@dataclass
+class FlashAttentionMetadata:
+    """vLLM 0.26.0's ``FlashAttentionMetadata`` (a dataclass), with the fields santa's backend and the stand-in
+    FlashAttention read."""
+
+    num_actual_tokens: int
+    max_query_len: int
+    query_start_loc: torch.Tensor
+    max_seq_len: int
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    use_cascade: bool
+    common_prefix_len: int
+    scheduler_metadata: torch.Tensor | None = None
+    max_num_splits: int = 0
+    causal: bool = True
+
+
 class FlashAttentionMetadataBuilder:
-    """vLLM 0.26.0's builder: ``__init__(kv_cache_spec, layer_names, vllm_config, device)`` and ``build``, whose
-    metadata carries the ``FlashAttentionMetadata`` fields santa's backend reads."""
+    """vLLM 0.26.0's builder: ``__init__(kv_cache_spec, layer_names, vllm_config, device)`` and ``build``, which returns
+    :class:`FlashAttentionMetadata`."""
 
     _cudagraph_support = AttentionCGSupport.UNIFORM_BATCH
     reorder_batch_threshold = None
@@ -113,7 +132,7 @@ class FlashAttentionMetadataBuilder:
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
         cm = common_attn_metadata
-        return types.SimpleNamespace(
+        return FlashAttentionMetadata(
             num_actual_tokens=cm.num_actual_tokens, max_query_len=cm.max_query_len, query_start_loc=cm.query_start_loc,
             max_seq_len=cm.max_seq_len, seq_lens=cm.seq_lens, block_table=cm.block_table_tensor,
             slot_mapping=cm.slot_mapping, use_cascade=common_prefix_len > 0, common_prefix_len=common_prefix_len,
@@ -209,7 +228,7 @@ def stand_ins() -> dict[str, types.ModuleType]:
     modules["vllm.v1.attention.backend"].__dict__.update(AttentionCGSupport=AttentionCGSupport, AttentionType=AttentionType)
     modules["vllm.v1.attention.backends.flash_attn"].__dict__.update(
         FlashAttentionBackend=FlashAttentionBackend, FlashAttentionImpl=FlashAttentionImpl,
-        FlashAttentionMetadataBuilder=FlashAttentionMetadataBuilder)
+        FlashAttentionMetadata=FlashAttentionMetadata, FlashAttentionMetadataBuilder=FlashAttentionMetadataBuilder)
     return modules
 
 

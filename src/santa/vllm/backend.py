@@ -47,6 +47,7 @@ module without vLLM raises an ImportError that names the install command (:data:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ try:
     from vllm.v1.attention.backends.flash_attn import (
         FlashAttentionBackend,
         FlashAttentionImpl,
+        FlashAttentionMetadata,
         FlashAttentionMetadataBuilder,
     )
 except ImportError as error:  # vLLM absent (ModuleNotFoundError), or an install that cannot import its backend
@@ -118,9 +120,19 @@ class SantaStep:
     split: MixedSplit | None
 
 
+@dataclass
+class SantaMetadata(FlashAttentionMetadata):
+    """FlashAttention's metadata of one step plus santa's (:class:`SantaStep`): a field, not an attribute set on vLLM's
+    object, so a copy of the metadata (``dataclasses.replace``) keeps it; ``None`` (a copy made without it) runs
+    FlashAttention."""
+
+    santa: SantaStep | None = None
+
+
 class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
-    """FlashAttention's metadata, plus :class:`SantaStep` (``metadata.santa``: the model's :class:`PagedDecoder`, one for
-    every layer of the group, the rows' positions and a mixed step's split)."""
+    """FlashAttention's metadata as :class:`SantaMetadata`, whose :class:`SantaStep` holds the model's
+    :class:`PagedDecoder` (one for every layer of the group), the rows' positions, the gate of short steps and a mixed
+    step's split."""
 
     _cudagraph_support = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
     reorder_batch_threshold = 1  # the V1 runner puts decode requests first (V2 always does)
@@ -173,7 +185,7 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
         metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
-        seq_lens = metadata.seq_lens
+        seq_lens = flash_lens = metadata.seq_lens
         dense = self.dense_below > 0 and common_attn_metadata.max_seq_len < self.dense_below
         gate = None
         if self.gate is not None and common_attn_metadata.max_query_len == 1 and seq_lens.shape[0] <= self.dense_lens.shape[0]:
@@ -182,15 +194,15 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
             gate = self.gate
             gate.fill_(0 if dense else 1)
             self.dense_lens.zero_()  # all of it: a graph captured for more rows than this step's reads the rest
-            lens = self.dense_lens[: seq_lens.shape[0]]
+            flash_lens = self.dense_lens[: seq_lens.shape[0]]
             if dense:
-                lens.copy_(seq_lens)
-            metadata.seq_lens = lens
+                flash_lens.copy_(seq_lens)
         # the split is built after the full metadata: FlashAttention's builder keeps one AOT-schedule buffer, and a split
         # step reads the prefill part's (a dense step has none: FlashAttention takes it whole)
-        metadata.santa = SantaStep(decoder=self.santa, positions=self.santa.positions(seq_lens), seq_lens=seq_lens,
-                                   dense=dense, gate=gate, split=None if dense else self.split(common_attn_metadata, fast_build))
-        return metadata
+        step = SantaStep(decoder=self.santa, positions=self.santa.positions(seq_lens), seq_lens=seq_lens, dense=dense,
+                         gate=gate, split=None if dense else self.split(common_attn_metadata, fast_build))
+        fields = {f.name: getattr(metadata, f.name) for f in dataclasses.fields(metadata) if f.init}
+        return SantaMetadata(**{**fields, "seq_lens": flash_lens}, santa=step)
 
     def split(self, common, fast_build=False) -> MixedSplit | None:
         """A mixed step's split (decode requests first, as the runner orders them), or None: a decode-only or
@@ -222,7 +234,7 @@ class SantaAttentionImpl(FlashAttentionImpl):
         self.layer_index: int | None = None
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, output_block_scale=None):
-        step = getattr(attn_metadata, "santa", None)  # None: the profiling run
+        step = attn_metadata.santa if isinstance(attn_metadata, SantaMetadata) else None  # None: the profiling run
         split = None if step is None else step.split
         gated = step is not None and step.gate is not None and capturing_a_graph()  # a graph that replays both, gated
         if (step is None or not self.santa_config.samples or (attn_metadata.max_query_len != 1 and split is None)
