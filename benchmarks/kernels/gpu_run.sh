@@ -96,12 +96,12 @@ for stage in "$@"; do
       [ -n "${PAGED_JSONL:-}" ] && cp "$PAGED_JSONL" "$OUT/paged.jsonl"
       timeout ${PAGED_LIMIT:-300} python3 benchmarks/kernels/paged_ab.py "$OUT/paged.jsonl" ${PAGED_ARGS:-} > "$OUT/paged.log" 2>&1 ;;
     gate)  # the gate (DecodePlan.run's enabled, santa.vllm's short steps): its GPU tests, prop_ab.py of the last tree before it
-           # (.oldab, carried: `git archive 50142b8 src | tar -x -C .oldab`) against this one (the default path's time after
-           # the one launch's rebuilt module), then paged_ab.py --gate (santa's launch open, closed and ungated per case)
+           # (.oldgate, carried: `mkdir .oldgate && git archive 50142b8 src | tar -x -C .oldgate`) against this one (the
+           # default path's time after the one launch's rebuilt module), then paged_ab.py --gate (open, closed, ungated)
       timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gate.py tests/kernels/test_one_launch.py \
         tests/vllm_backend/test_vllm_decode.py 2>&1 | tail -15 | tee "$OUT/tests_gate.log"
-      PYTHONPATH=/tmp/site:$PWD/.oldab/src timeout 150 python3 benchmarks/kernels/prop_ab.py "$OUT/gate_old.json" "${OLD_COMMIT:-old}" \
-        > "$OUT/gate_old.log" 2>&1
+      PYTHONPATH=/tmp/site:$PWD/.oldgate/src timeout 150 python3 benchmarks/kernels/prop_ab.py "$OUT/gate_old.json" \
+        "${OLD_COMMIT:-50142b8}" > "$OUT/gate_old.log" 2>&1
       PYTHONPATH=/tmp/site:$PWD/src timeout 150 python3 benchmarks/kernels/prop_ab.py "$OUT/gate_new.json" "${SANTA_COMMIT:-new}" \
         > "$OUT/gate_new.log" 2>&1
       timeout ${GATE_LIMIT:-240} python3 benchmarks/kernels/paged_ab.py "$OUT/gate.jsonl" --gate ${GATE_ARGS:---quick} \
