@@ -18,9 +18,11 @@ keys; the short grid n ∈ {512, 1k, 2k, 4k} × batch ∈ {1, 16, 64, 256} on Ll
 Qwen batch 16 × 32k; SmolLM2-135M (9 / 3, d = 64) batch 64 × 8k. ``--quick``: four cases. ``--fp8``: e4m3 caches
 (vLLM's uint8 cache, scales 0.5 as vLLM's 0-d tensors), FlashInfer's fp8 paged decode as the dense arm and cuDNN on a
 bf16 copy; Llama at 32k and 128k, batch 8 and 32 × 32k, 64 × 2k, Qwen 16 × 32k, SmolLM2 64 × 8k. The first line of OUT.jsonl
-records the command, commit, device and versions; ``--gate`` (keys ``gate/…``) also times each santa arm with
+records the command, commit, device and versions; ``--gate`` (keys ``gate/…``, its own cases: Llama and Qwen plans for
+32k and 128k keys on 2k- and 16k-key sequences, batch 1 to 256, ``--quick``: 16 and 64) also times each santa arm with
 ``DecodePlan.run``'s gate open and closed (``*_open_us``, ``*_closed_us``: what santa's launch costs a short step that
-santa.vllm gives to FlashAttention inside a captured graph, and what the gate costs a sampled one); one line per case follows, appended as it is measured, and a re-run
+santa.vllm gives to FlashAttention inside a captured graph, and what the gate costs a sampled one; the Triton arm's
+closed launch still launches its whole grid, ~0.83 ns per pass-1 program by capacity_ab.py's figures); one line per case follows, appended as it is measured, and a re-run
 skips the cases already there (a call cut at its time limit resumes).
 """
 
@@ -40,8 +42,13 @@ MODELS = {"llama": (32, 8, 128), "qwen": (14, 2, 64), "smollm2": (9, 3, 64)}  # 
 FP8, FP8_SCALE = torch.float8_e4m3fn, 0.5
 
 
-def cases(quick: bool, fp8: bool = False) -> list[tuple[str, int, int, int]]:
-    """(model, batch, length, capacity) in the order they are measured."""
+def cases(quick: bool, fp8: bool = False, gate: bool = False) -> list[tuple[str, int, int, int]]:
+    """(model, batch, length, capacity) in the order they are measured; ``gate``: the plans santa.vllm captures under
+    dense_below (a server's max_model_len, 32k or 128k) on 2k-key sequences (a short step: what the closed launch costs)
+    and 16k-key ones (a sampled step: what the open gate costs)."""
+    if gate:
+        return [(model, batch, length, capacity) for model in ("llama", "qwen") for capacity in (32768, 131072)
+                for length in (2048, 16384) for batch in (1, 16, 64, 256) if not (quick and batch in (1, 256))]
     if fp8:
         return [("llama", 1, 32768, 32768), ("llama", 1, 131072, 131072), ("llama", 8, 32768, 32768),
                 ("llama", 32, 32768, 32768), ("llama", 64, 2048, 2048), ("qwen", 16, 32768, 32768), ("smollm2", 64, 8192, 8192)]
@@ -181,7 +188,7 @@ def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False) -> No
         append_record(path, {"key": "run", **environment()})
     done = {record["key"] for record in records}
     flusher = Flusher("cuda")
-    for model, batch, length, capacity in cases(quick, fp8):
+    for model, batch, length, capacity in cases(quick, fp8, gate):
         key = ("gate/" if gate else "") + ("fp8/" if fp8 else "") + f"{model}/b{batch}/n{length}/cap{capacity}"
         if key in done:
             continue
