@@ -22,7 +22,8 @@ records the command, commit, device and versions; ``--gate`` (keys ``gate/…``,
 32k and 128k keys on 2k- and 16k-key sequences, batch 1 to 256, ``--quick``: 16 and 64) also times each santa arm with
 ``DecodePlan.run``'s gate open and closed (``*_open_us``, ``*_closed_us``: what santa's launch costs a short step that
 santa.vllm gives to FlashAttention inside a captured graph, and what the gate costs a sampled one; the Triton arm's
-closed launch still launches its whole grid, ~0.83 ns per pass-1 program by capacity_ab.py's figures); one line per case follows, appended as it is measured, and a re-run
+closed launch still launches its whole grid, ~0.83 ns per pass-1 program by capacity_ab.py's figures, so it is timed
+again with its pass-1 grid cut to 4,096 programs, ``triton_4096_*``); one line per case follows, appended as it is measured, and a re-run
 skips the cases already there (a call cut at its time limit resumes).
 """
 
@@ -79,7 +80,8 @@ def inputs(model: str, batch: int, length: int, capacity: int, fp8: bool = False
     return q, packed, table, seq_lens
 
 
-def santa_arm(model: str, q, packed, table, seq_lens, capacity: int, flusher, *, one_launch: bool, gate: bool = False) -> dict:
+def santa_arm(model: str, q, packed, table, seq_lens, capacity: int, flusher, *, one_launch: bool, gate: bool = False,
+              pass1_programs: int | None = None) -> dict:
     """santa's step through PagedDecoder on the packed cache (its dtype: bf16, or uint8 for e4m3); ``gate``: also with
     the run's gate open and closed (``open_us``, ``closed_us``)."""
     from santa.kernels import Tuning
@@ -90,7 +92,7 @@ def santa_arm(model: str, q, packed, table, seq_lens, capacity: int, flusher, *,
     decoder = PagedDecoder(heads=heads, kv_heads=kv_heads, head_dim=dim, block_size=PAGE, max_keys=capacity, max_batch=batch,
                            budget=BUDGET, kernel="prop", seed=0, dtype=torch.bfloat16,
                            kv_dtype=FP8 if packed.dtype == torch.uint8 else torch.bfloat16, device="cuda",
-                           tuning=None if one_launch else Tuning(one_launch=False))
+                           tuning=None if one_launch else Tuning(one_launch=False, pass1_programs=pass1_programs))
     decoder.allocate()
     decoder.prepare([batch], dim**-0.5)
     plan, _ = decoder.plan(batch, capacity, dim**-0.5)
@@ -201,9 +203,12 @@ def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False) -> No
                  "dense_floor_us": 2 * k_bytes / READ_BW * 1e6}
         one = santa_arm(model, q, packed, table, seq_lens, capacity, flusher, one_launch=True, gate=gate)
         two = santa_arm(model, q, packed, table, seq_lens, capacity, flusher, one_launch=False, gate=gate)
-        if gate:
+        if gate:  # and the Triton prop with a pass-1 grid of 4,096 programs at most (looping): a cheaper closed launch
+            cut = santa_arm(model, q, packed, table, seq_lens, capacity, flusher, one_launch=False, gate=True,
+                            pass1_programs=4096)
             entry.update(one_launch_open_us=one["open_us"], one_launch_closed_us=one["closed_us"],
-                         triton_open_us=two["open_us"], triton_closed_us=two["closed_us"])
+                         triton_open_us=two["open_us"], triton_closed_us=two["closed_us"], triton_4096_us=cut["us"],
+                         triton_4096_open_us=cut["open_us"], triton_4096_closed_us=cut["closed_us"])
         entry.update(one_launch_us=one["us"], one_launch_plan=one["plan"], triton_us=two["us"],
                      outputs_close=bool(torch.allclose(one["out"], two["out"], atol=0.25, rtol=0.1)))
         if capacity == length:
