@@ -124,3 +124,31 @@ def test_the_kernel_path_compiles_in_one_graph_with_a_padding_mask():
     torch._dynamo.reset()
     compiled = torch.compile(step, fullgraph=True, backend="eager")(q, k, v, mask)
     assert torch.equal(compiled, eager) and torch.isfinite(eager).all()
+
+
+@pytest.mark.parametrize("kernel", ["reference", "prop"])
+def test_dense_below_gives_short_decode_steps_to_sdpa(model, kernel):
+    """PROMPT's decode steps see 9–13 keys. dense_below = 11 makes the steps that see fewer exact (SDPA's logits), while
+    the later steps are sampled; above every step it is the dense sampler's generation; 0 (the default) samples."""
+    dense_tokens, dense_logits = generated(model, [PROMPT], santa.hf.SantaConfig(sampler="dense"))
+    sampled = dict(sampler="systematic", budget=4, seed=7, kernel=kernel)
+    _, default_logits = generated(model, [PROMPT], santa.hf.SantaConfig(**sampled))
+    split_tokens, split_logits = generated(model, [PROMPT], santa.hf.SantaConfig(**sampled, dense_below=11))
+    above_tokens, above_logits = generated(model, [PROMPT], santa.hf.SantaConfig(**sampled, dense_below=100))
+    assert torch.equal(above_tokens, dense_tokens)
+    torch.testing.assert_close(above_logits, dense_logits, rtol=1e-5, atol=1e-5)
+    # logits[0] is the (dense) prefill's; decode step i ≥ 1 sees 8 + i keys. Below 11 (steps 1 and 2) they are SDPA's,
+    # on the same tokens so far; by default those steps are sampled; step 5 (13 keys) is sampled under dense_below 11
+    torch.testing.assert_close(split_logits[:3], dense_logits[:3], rtol=1e-5, atol=1e-5)
+    assert torch.equal(split_tokens[:, :3], dense_tokens[:, :3])
+    assert not torch.allclose(default_logits[1], dense_logits[1], atol=1e-4)
+    assert not torch.allclose(split_logits[5], dense_logits[5], atol=1e-4)
+
+
+def test_dense_below_is_refused_unless_a_non_negative_int():
+    with pytest.raises(TypeError, match="dense_below must be an int"):
+        santa.hf.SantaConfig(dense_below=8192.0)
+    with pytest.raises(TypeError, match="dense_below must be an int"):
+        santa.hf.SantaConfig(dense_below=True)
+    with pytest.raises(ValueError, match="dense_below must be ≥ 0"):
+        santa.hf.SantaConfig(dense_below=-1)
