@@ -36,6 +36,7 @@ import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -835,6 +836,7 @@ def generate(
     kv_cache_dtype: str | torch.dtype | None = None,
     error_target: float | None = None,
     pilot: int = DEFAULT_PILOT,
+    dense_below: int = 0,
 ) -> list[Tensor]:
     """Greedy batched generation: prompts of any lengths (see :func:`pad_prompts`) → one int64 1-D
     tensor of new tokens per prompt, ``max_new_tokens`` long or ending at its first stop token.
@@ -848,7 +850,9 @@ def generate(
     replay the decode step from one CUDA graph (default: on CUDA whenever the backend is
     capturable, i.e. not a reference backend or santa_impl="torch"). kv_cache_dtype: the cache's
     dtype, ``None`` for the model's or ``"fp8"`` (:meth:`Transformer.setup_caches`). error_target, pilot:
-    budgets from a relative error target, budget the cap (:func:`make_context`).
+    budgets from a relative error target, budget the cap (:func:`make_context`). dense_below: keys, an int ≥ 0 (0, the
+    default: no such step): a decode step whose longest sequence sees fewer keys runs the dense backend ("sdpa"), as
+    santa's vLLM backend does by default (:func:`decode_tokens`).
 
     Integers may be Python or numpy ints; the wrong type (a float, a string, a bool) is a
     TypeError, a bad value a ValueError, both naming the argument.
@@ -868,11 +872,13 @@ def generate(
     padded, lengths = pad_prompts(prompts, vocab_size=model.args.vocab_size, device=device)  # [B, T_max], [B]
     if padded.shape[1] + max_new_tokens > MAX_POSITIONS:
         raise ValueError(f"max_new_tokens must keep prompt + new tokens ≤ {MAX_POSITIONS}, got {padded.shape[1]} + {max_new_tokens}")
+    dense_below = integer("dense_below", dense_below, low=0)
     model.setup_caches(padded.shape[0], padded.shape[1] + max_new_tokens, kv_cache_dtype=kv_cache_dtype)
     ctx = make_context(model, backend, prompt_len=lengths, budget=budget, seed=seed, santa_impl=santa_impl,
                        layer_budgets=layer_budgets, error_target=error_target, pilot=pilot)
+    dense = dense_steps(model, backend, lengths, dense_below)
     token = prefill(model, padded, lengths=lengths)  # [B, 1]
-    rows = decode_tokens(model, ctx, token, lengths, max_new_tokens, stop_tokens=stops, cuda_graph=use_graph)
+    rows = decode_tokens(model, ctx, token, lengths, max_new_tokens, stop_tokens=stops, cuda_graph=use_graph, dense=dense)
     return [torch.tensor(row, dtype=torch.long) for row in rows]
 
 
@@ -889,28 +895,53 @@ def checked_stop_tokens(stop_tokens: object, vocab_size: int) -> list[int]:
     return [integer(f"stop_tokens[{i}]", t, low=0, high=vocab_size) for i, t in enumerate(stop_tokens)]
 
 
+class DenseSteps(NamedTuple):
+    """The steps :func:`decode_tokens` gives to dense attention: those whose longest sequence sees fewer than ``below``
+    keys (``longest`` + the step's index: the longest prompt's keys and the tokens since), decoded with ``ctx``."""
+
+    ctx: DecodeContext
+    below: int
+    longest: int
+
+
+def dense_steps(model: Transformer, backend: str, lengths: Tensor, below: int) -> DenseSteps | None:
+    """The dense steps of a loop after prompts of ``lengths`` tokens (``[B]``; one host read), or None: ``below`` 0, a
+    dense backend, or no step short enough."""
+    if below == 0 or by_model_backend(backend) is METHODS["dense"]:
+        return None
+    longest = int(lengths.max())
+    if longest + 1 >= below:  # the first decode step already sees ≥ below keys
+        return None
+    return DenseSteps(make_context(model, METHODS["dense"].model_backend, prompt_len=lengths), below, longest)
+
+
 def decode_tokens(
     model: Transformer, ctx: DecodeContext, token: Tensor, lengths: Tensor, max_new_tokens: int, *,
-    stop_tokens: Tensor, cuda_graph: bool,
+    stop_tokens: Tensor, cuda_graph: bool, dense: DenseSteps | None = None,
 ) -> list[list[int]]:
     """The greedy decode loop after a prefill (the one loop: :func:`generate` and :mod:`santa.engine`
     run it): ``token`` ``[B, 1]`` (the prefill's next tokens, at positions ``lengths`` ``[B]``) → each
     row's ``max_new_tokens`` tokens, cut after its first stop token (``stop_tokens`` int64
     ``[n_stop]``). With ``cuda_graph`` the first step is captured and the others replay it; the host
-    reads the device only every :data:`STOP_CHECK_EVERY` steps (has every sequence stopped?)."""
+    reads the device only every :data:`STOP_CHECK_EVERY` steps (has every sequence stopped?). ``dense``
+    (:func:`dense_steps`): the steps whose longest sequence sees fewer than ``dense.below`` keys run ``dense.ctx``
+    instead (chosen on the host, one graph each: no launch of the other)."""
     token, input_pos = token.clone(), lengths.clone()  # [B, 1], [B]: the position of each sequence's `token`
     done = (token == stop_tokens).any(-1)  # [B]
-    step = greedy_step(model, ctx, token, input_pos, stop_tokens=stop_tokens, done=done)
-    out, graph = [token.clone()], None
+    steps = {False: greedy_step(model, ctx, token, input_pos, stop_tokens=stop_tokens, done=done)}
+    if dense is not None:  # the same buffers: the two steps take turns on one loop state
+        steps[True] = greedy_step(model, dense.ctx, token, input_pos, stop_tokens=stop_tokens, done=done)
+    out, graphs = [token.clone()], {}
     for i in range(1, max_new_tokens):
         if i % STOP_CHECK_EVERY == 0 and bool(done.all()):
             break
-        if graph is not None:
-            graph.replay()
+        short = dense is not None and dense.longest + i < dense.below  # step i's longest sequence sees longest + i keys
+        if short in graphs:
+            graphs[short].replay()
         elif cuda_graph:
-            graph = cuda_graph_of(step)  # this step runs eagerly, the next ones replay
+            graphs[short] = cuda_graph_of(steps[short])  # this step runs eagerly, the next ones replay
         else:
-            step()
+            steps[short]()
         out.append(token.clone())
     rows = torch.cat(out, dim=1).tolist()
     stop_set = set(stop_tokens.tolist())
@@ -929,6 +960,7 @@ __all__ = [
     "capturable",
     "decode_step",
     "decode_tokens",
+    "dense_steps",
     "generate",
     "greedy_step",
     "load_bundled",

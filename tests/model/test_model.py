@@ -159,6 +159,23 @@ def test_santa_model_with_large_budget_generates_the_dense_tokens(tiny_transform
     assert all(torch.equal(s, d) for s, d in zip(sampled, dense, strict=True))
 
 
+def test_dense_below_gives_short_decode_steps_to_the_dense_backend(tiny_transformer):
+    """The longest prompt holds 20 tokens, so decode step i sees at most 20 + i keys. Above every step the sampled
+    backend generates the dense tokens. At 23, steps 1 and 2 are dense and the later ones sampled. At 0 (the default)
+    every step samples."""
+    prompts = prompts_of_lengths(20, 7, 13, seed=5)
+    dense = generate(tiny_transformer, prompts, 8, backend="sdpa")
+    sampled = generate(tiny_transformer, prompts, 8, backend="iid", budget=2, seed=3)
+    assert any(not torch.equal(s, d) for s, d in zip(sampled, dense, strict=True))  # S = 2 moves the greedy tokens
+    above = generate(tiny_transformer, prompts, 8, backend="iid", budget=2, seed=3, dense_below=100)
+    assert all(torch.equal(a, d) for a, d in zip(above, dense, strict=True))
+    split = generate(tiny_transformer, prompts, 8, backend="iid", budget=2, seed=3, dense_below=23)
+    assert all(torch.equal(t[:3], d[:3]) for t, d in zip(split, dense, strict=True))  # the prefill's token, steps 1-2
+    assert not all(torch.equal(t, d) for t, d in zip(split, dense, strict=True))
+    assert all(torch.equal(t, s) for t, s in zip(generate(tiny_transformer, prompts, 8, backend="iid", budget=2, seed=3,
+                                                          dense_below=0), sampled, strict=True))
+
+
 def test_topk_reference_backend_covering_every_key_generates_the_dense_tokens(tiny_transformer):
     prompts = prompts_of_lengths(20, 7, 13, seed=6)
     dense = generate(tiny_transformer, prompts, 6, backend="sdpa")
@@ -236,6 +253,8 @@ def test_make_context_gives_each_sequence_its_own_visible_keys(tiny_transformer)
         ({"backend": "weights-only"}, ValueError, "santa bench e2e"),
         ({"santa_impl": "cuda"}, ValueError, "santa_impl must be one of"),
         ({"cuda_graph": True}, ValueError, "cuda_graph=True needs a CUDA model"),
+        ({"dense_below": -1}, ValueError, "dense_below must be an int ≥ 0"),
+        ({"dense_below": 8192.0}, TypeError, "dense_below must be an int"),
     ],
 )
 def test_generate_refuses_bad_arguments_by_name(tiny_transformer, kwargs, error, message):
