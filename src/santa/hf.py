@@ -133,11 +133,13 @@ class SantaConfig:
         kernels decide it per sequence on the device). Turn off to sample regardless, on the reference
         path only (``kernel="reference"``, or ``"auto"``, which then takes the reference).
     dense_below: keys (an int ≥ 0; 0, the default, samples every step): a decode step (one query row) whose layer sees
-        fewer keys runs SDPA, exact. The keys are the layer's key length: the live keys (the longest row's, padded)
-        with transformers' dynamic cache, a static cache's capacity otherwise (where it then never applies). santa's
-        kernels lose to the dense ones on short sequences (H200: 1.10–5.39× at 512–4k keys): ``8192`` makes short
-        steps dense, as santa's vLLM backend does by default. Off by default here: the accuracy harness samples
-        short contexts too.
+        fewer keys runs SDPA, exact. The keys are the layer's key length: with transformers' dynamic cache the live
+        keys (the longest row's, padding included), with a static cache its capacity (so every decode step is dense
+        where the capacity is below N, none otherwise). santa's kernels lose to the dense ones on short sequences
+        (H200: 1.10–5.39× at 512–4k keys): ``8192`` makes short steps dense, as santa's vLLM backend does by default.
+        Off by default here: the accuracy harness samples short contexts too. With it on, whether a step is dense
+        follows the batch's padded length, so a prompt's tokens may differ alone and batched (request keying holds
+        for the sampled steps only).
     record_stats: accumulate :class:`DecodeStats` (value rows read) over sampled calls.
     score_samples: B ternary draws of Bernoulli qKᵀ for the sampled calls' scores
         (:func:`santa.bernoulli_query`, one draw per KV-head group), or None for exact scores.

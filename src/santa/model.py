@@ -852,7 +852,8 @@ def generate(
     dtype, ``None`` for the model's or ``"fp8"`` (:meth:`Transformer.setup_caches`). error_target, pilot:
     budgets from a relative error target, budget the cap (:func:`make_context`). dense_below: keys, an int ≥ 0 (0, the
     default: no such step): a decode step whose longest sequence sees fewer keys runs the dense backend ("sdpa"), as
-    santa's vLLM backend does by default (:func:`decode_tokens`).
+    santa's vLLM backend does by default (:func:`decode_tokens`); such a step costs what ``backend="sdpa"`` costs (the
+    whole cache, masked).
 
     Integers may be Python or numpy ints; the wrong type (a float, a string, a bool) is a
     TypeError, a bad value a ValueError, both naming the argument.
@@ -936,6 +937,8 @@ def decode_tokens(
         if i % STOP_CHECK_EVERY == 0 and bool(done.all()):
             break
         short = dense is not None and dense.longest + i < dense.below  # step i's longest sequence sees longest + i keys
+        if not short and graphs.pop(True, None) is not None:  # past the dense steps for good: free their graph
+            del steps[True]
         if short in graphs:
             graphs[short].replay()
         elif cuda_graph:

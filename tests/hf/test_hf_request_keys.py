@@ -142,6 +142,7 @@ def test_dense_below_gives_short_decode_steps_to_sdpa(model, kernel):
     torch.testing.assert_close(split_logits[:3], dense_logits[:3], rtol=1e-5, atol=1e-5)
     assert torch.equal(split_tokens[:, :3], dense_tokens[:, :3])
     assert not torch.allclose(default_logits[1], dense_logits[1], atol=1e-4)
+    assert not torch.allclose(split_logits[3], dense_logits[3], atol=1e-4)  # 11 keys, the first sampled step
     assert not torch.allclose(split_logits[5], dense_logits[5], atol=1e-4)
 
 

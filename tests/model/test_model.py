@@ -159,21 +159,47 @@ def test_santa_model_with_large_budget_generates_the_dense_tokens(tiny_transform
     assert all(torch.equal(s, d) for s, d in zip(sampled, dense, strict=True))
 
 
-def test_dense_below_gives_short_decode_steps_to_the_dense_backend(tiny_transformer):
+def test_dense_below_gives_short_decode_steps_to_the_dense_backend(tiny_transformer, monkeypatch):
     """The longest prompt holds 20 tokens, so decode step i sees at most 20 + i keys. Above every step the sampled
     backend generates the dense tokens. At 23, steps 1 and 2 are dense and the later ones sampled. At 0 (the default)
     every step samples."""
+    import santa.model as model_module
+
+    ran = []  # (attention, the longest sequence's keys) of layer 0's calls
+
+    def recording(kind, attention):
+        def attend(q, k_cache, v_cache, ctx, layer):
+            if layer == 0:
+                ran.append((kind, int(ctx.seq_lens.max())))
+            return attention(q, k_cache, v_cache, ctx, layer)
+        return attend
+
+    monkeypatch.setattr(model_module, "dense_decode", recording("dense", model_module.dense_decode))
+    monkeypatch.setattr(model_module, "reference_decode", recording("sampled", model_module.reference_decode))
     prompts = prompts_of_lengths(20, 7, 13, seed=5)
     dense = generate(tiny_transformer, prompts, 8, backend="sdpa")
     sampled = generate(tiny_transformer, prompts, 8, backend="iid", budget=2, seed=3)
     assert any(not torch.equal(s, d) for s, d in zip(sampled, dense, strict=True))  # S = 2 moves the greedy tokens
     above = generate(tiny_transformer, prompts, 8, backend="iid", budget=2, seed=3, dense_below=100)
     assert all(torch.equal(a, d) for a, d in zip(above, dense, strict=True))
+    ran.clear()
     split = generate(tiny_transformer, prompts, 8, backend="iid", budget=2, seed=3, dense_below=23)
+    assert ran == [("dense", 21), ("dense", 22)] + [("sampled", n) for n in range(23, 28)]
     assert all(torch.equal(t[:3], d[:3]) for t, d in zip(split, dense, strict=True))  # the prefill's token, steps 1-2
     assert not all(torch.equal(t, d) for t, d in zip(split, dense, strict=True))
     assert all(torch.equal(t, s) for t, s in zip(generate(tiny_transformer, prompts, 8, backend="iid", budget=2, seed=3,
                                                           dense_below=0), sampled, strict=True))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs")
+def test_dense_below_in_cuda_graphs_is_the_eager_loop():
+    """Two graphs, one per kind of step, taking turns on one loop state: the tokens of the eager loop."""
+    model = Transformer.random(TINY, device="cuda", dtype=torch.bfloat16, seed=0).eval()
+    prompts = [p.cuda() for p in prompts_of_lengths(20, 7, 13, seed=5)]
+    kwargs = dict(backend="santa-prop", budget=4, seed=3, dense_below=23)
+    graphed = generate(model, prompts, 8, cuda_graph=True, **kwargs)
+    eager = generate(model, prompts, 8, cuda_graph=False, **kwargs)
+    assert all(torch.equal(g, e) for g, e in zip(graphed, eager, strict=True))
 
 
 def test_topk_reference_backend_covering_every_key_generates_the_dense_tokens(tiny_transformer):
