@@ -1,6 +1,7 @@
 """santa served by ``vllm serve``, measured with vLLM's own serving benchmark (issue 40).
 
-For each backend in turn (vLLM's default ``FLASH_ATTN``, then santa's ``CUSTOM``), one server is started on a model
+For each backend in turn (vLLM's default ``FLASH_ATTN``, then santa's ``CUSTOM``, and where asked ``CUSTOM-sampled``:
+santa sampling every decode step, ``dense_below`` 0, :data:`ARMS`), one server is started on a model
 folder, asked a few questions by the OpenAI client (completions and chat, streamed and not: :func:`client_check`),
 measured with ``vllm bench serve`` on each workload and rate, and shut down. One JSON per (backend, workload, rate)
 under OUT (vLLM's own result file) plus ``serve.jsonl`` (one record per run: the command, the server's settings,
@@ -37,6 +38,10 @@ from benchmarks.vllm.offline import SHAPES  # noqa: E402  (the model shapes of t
 from santa.provenance import run_record  # noqa: E402
 from santa.sweep_files import SweepFileError, append_record, read_records, sweep_lock  # noqa: E402
 
+# the servers a run compares: (vLLM's --attention-backend, what the arm adds to --santa's settings; None: no santa).
+# CUSTOM-sampled is santa's backend sampling every decode step (dense_below 0): the backend before short steps went to
+# FlashAttention, beside CUSTOM with its default (santa.vllm.config.DENSE_BELOW).
+ARMS = {"FLASH_ATTN": ("FLASH_ATTN", None), "CUSTOM": ("CUSTOM", {}), "CUSTOM-sampled": ("CUSTOM", {"dense_below": 0})}
 WORKLOADS = {  # name: (input tokens low, high); prompts per run at an unbounded rate
     "short": (256, 4096),
     "long": (16384, 32768),
@@ -206,6 +211,13 @@ def summary(result: dict) -> dict:
     return figures
 
 
+def arm_settings(arm: str, santa: dict) -> tuple[str, dict | None]:
+    """An arm's ``--attention-backend`` and santa settings (``santa``, ``--santa``'s, with the arm's own over them; None
+    for FLASH_ATTN)."""
+    attention, adds = ARMS[arm]
+    return attention, None if adds is None else {**santa, **adds}
+
+
 def bench_key(backend: str, kv_cache_dtype: str, workload: str, rate: str) -> str:
     """A benchmark run's key in ``serve.jsonl`` (a sweep file of :mod:`santa.sweep_files`)."""
     return f"bench/{backend}/{kv_cache_dtype}/{workload}/{rate}"
@@ -222,7 +234,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--table", action="store_true", help="print the comparison table of OUT's records and exit")
     parser.add_argument("--folder", type=Path, help="the model folder (made with --make when it has no config.json)")
     parser.add_argument("--make", choices=sorted(SHAPES), help="the shape of the model folder to make")
-    parser.add_argument("--backends", nargs="+", default=["FLASH_ATTN", "CUSTOM"])
+    parser.add_argument("--backends", nargs="+", default=["FLASH_ATTN", "CUSTOM"], choices=sorted(ARMS),
+                        help="the servers to compare (CUSTOM-sampled: santa sampling every decode step, dense_below 0)")
     parser.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=["short", "long", "mixed"])
     parser.add_argument("--rates", nargs="+", default=["inf"],
                         help="requests per second (inf: all at once) for every workload, or WORKLOAD:RATE for one")
@@ -258,23 +271,28 @@ def parse_args() -> argparse.Namespace:
 
 
 def table(out: Path) -> None:
-    """Each (cache, workload, rate): FLASH_ATTN's figures, santa's, and santa / FLASH_ATTN."""
+    """Each (cache, workload, rate) and arm besides FLASH_ATTN: FLASH_ATTN's figures, the arm's, and arm / FLASH_ATTN."""
     runs = {}
     for record in read_records(out / "serve.jsonl"):
         if record.get("kind") == "bench":
             runs[(record["kv_cache_dtype"], record["workload"], record["rate"], record["backend"])] = record["figures"]
     columns = ["mean_tpot_ms", "p99_tpot_ms", "mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "p99_itl_ms", "output_throughput",
                "request_throughput", "failed", "total_output_tokens"]
-    print("| cache | workload | rate | " + " | ".join(columns) + " |")
-    print("|" + "---|" * (3 + len(columns)))
+    print("| cache | workload | rate | arm | " + " | ".join(columns) + " |")
+    print("|" + "---|" * (4 + len(columns)))
+    arms = sorted({key[3] for key in runs} - {"FLASH_ATTN"})
     for cache, workload, rate in sorted({key[:3] for key in runs}):
-        flash, santa = runs.get((cache, workload, rate, "FLASH_ATTN")), runs.get((cache, workload, rate, "CUSTOM"))
-        cells = []
-        for column in columns:
-            a, b = (None if r is None else r.get(column) for r in (flash, santa))
-            ratio = f" ({b / a:.3f}×)" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else ""
-            cells.append(f"{a if a is None else round(a, 2)} / {b if b is None else round(b, 2)}{ratio}")
-        print(f"| {cache} | {workload} | {rate} | " + " | ".join(cells) + " |")
+        flash = runs.get((cache, workload, rate, "FLASH_ATTN"))
+        for arm in arms:
+            santa = runs.get((cache, workload, rate, arm))
+            if santa is None:
+                continue
+            cells = []
+            for column in columns:
+                a, b = (None if r is None else r.get(column) for r in (flash, santa))
+                ratio = f" ({b / a:.3f}×)" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else ""
+                cells.append(f"{a if a is None else round(a, 2)} / {b if b is None else round(b, 2)}{ratio}")
+            print(f"| {cache} | {workload} | {rate} | {arm} | " + " | ".join(cells) + " |")
 
 
 def main() -> None:
@@ -314,8 +332,8 @@ def serve_all(args: argparse.Namespace, records: Path) -> None:
         if not todo:
             print(f"{backend}: every run is in {records}", flush=True)
             continue
-        santa = args.santa_settings if backend == "CUSTOM" else None
-        command = server_command(args.folder, port=args.port, backend=backend, max_model_len=args.max_model_len,
+        attention, santa = arm_settings(backend, args.santa_settings)
+        command = server_command(args.folder, port=args.port, backend=attention, max_model_len=args.max_model_len,
                                  kv_cache_dtype=args.kv_cache_dtype, santa=santa,
                                  gpu_memory_utilization=args.gpu_memory_utilization)
         log = args.out / f"server_{backend}_{args.kv_cache_dtype}.log"

@@ -47,6 +47,12 @@ def test_the_server_command_carries_santas_settings_in_vllms_plugin_config(tmp_p
                                                              kv_cache_dtype="auto", santa=None, gpu_memory_utilization=0.5)
 
 
+def test_the_sampled_arm_is_santa_with_dense_below_0_over_the_given_settings():
+    assert serve.arm_settings("FLASH_ATTN", {"budget": 64}) == ("FLASH_ATTN", None)
+    assert serve.arm_settings("CUSTOM", {"budget": 64}) == ("CUSTOM", {"budget": 64})
+    assert serve.arm_settings("CUSTOM-sampled", {"budget": 64, "dense_below": 4096}) == ("CUSTOM", {"budget": 64, "dense_below": 0})
+
+
 def test_records_become_the_table_with_santa_over_flash_attention(tmp_path, capsys):
     result = {"mean_tpot_ms": 20.0, "p99_tpot_ms": 30.0, "output_throughput": 1000.0, "num_prompts": 8, "completed": 8,
               "total_output_tokens": 1536, "ignored": 1}
@@ -61,7 +67,13 @@ def test_records_become_the_table_with_santa_over_flash_attention(tmp_path, caps
     assert serve.done_runs(tmp_path / "serve.jsonl") == {"bench/FLASH_ATTN/auto/long/inf", "bench/CUSTOM/auto/long/inf"}
     serve.table(tmp_path)
     row = [line for line in capsys.readouterr().out.splitlines() if "| long |" in line]
-    assert len(row) == 1 and "20.0 / 15.0 (0.750×)" in row[0]
+    assert len(row) == 1 and "| CUSTOM |" in row[0] and "20.0 / 15.0 (0.750×)" in row[0]
+    append_record(tmp_path / "serve.jsonl", {"key": serve.bench_key("CUSTOM-sampled", "auto", "long", "inf"), "kind": "bench",
+                                             "backend": "CUSTOM-sampled", "kv_cache_dtype": "auto", "workload": "long",
+                                             "rate": "inf", "figures": {**figures, "mean_tpot_ms": 25.0}})
+    serve.table(tmp_path)
+    rows = [line for line in capsys.readouterr().out.splitlines() if "| long |" in line]
+    assert len(rows) == 2 and "| CUSTOM-sampled |" in rows[1] and "20.0 / 25.0 (1.250×)" in rows[1]
 
 
 def test_a_rate_can_belong_to_one_workload():
