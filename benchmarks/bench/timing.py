@@ -26,15 +26,16 @@ class Flusher:
         self.buf.mul_(1.0000001)
 
 
-def captured(fn, *, warmups: int = 3) -> torch.cuda.CUDAGraph:
+def captured(fn, *, warmups: int = 3, warm=None) -> torch.cuda.CUDAGraph:
     """A CUDA graph of ``fn()``, captured after ``warmups`` eager calls on a side stream (they compile kernels and
-    make plans outside the capture): the benchmarks' one capture helper (santa.model.cuda_graph_of is the library's;
-    this module imports only torch, so an A/B script can time an old santa tree with it)."""
+    make plans outside the capture) of ``warm`` (default ``fn``: another call where ``fn``'s own eager run would not
+    make them): the benchmarks' one capture helper (santa.model.cuda_graph_of is the library's; this module imports
+    only torch, so an A/B script can time an old santa tree with it)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(warmups):
-            fn()
+            (warm or fn)()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
