@@ -43,6 +43,7 @@ from santa.attention import (
     weighted_values,
 )
 from santa.bernoulli import SCORE_SAMPLERS, bernoulli_query
+from santa.checks import integer
 from santa.error_target import DEFAULT_PILOT, check_error_target, check_pilot
 from santa.kernels.reference import pilot_uniforms, sampler_uniforms
 from santa.rng import MAX_SEED, check_seed  # noqa: F401 (MAX_SEED: re-exported, the one seed range)
@@ -196,11 +197,7 @@ class SantaConfig:
             raise ValueError(f"prefill must be 'dense' or 'sampled', got {self.prefill!r}")
         self.seed = check_seed(self.seed)
         check_flag("exact_when_budget_covers", self.exact_when_budget_covers)
-        if isinstance(self.dense_below, bool) or not isinstance(self.dense_below, numbers.Integral):
-            raise TypeError(f"dense_below must be an int (keys; 0: sample every step), got {type(self.dense_below).__name__}")
-        if self.dense_below < 0:
-            raise ValueError(f"dense_below must be ≥ 0 (keys; 0: sample every step), got {self.dense_below}")
-        self.dense_below = int(self.dense_below)
+        self.dense_below = integer("dense_below", self.dense_below, low=0)
         check_flag("record_stats", self.record_stats)
         if self.kernel not in KERNEL_CHOICES:
             raise ValueError(f"kernel must be one of {KERNEL_CHOICES}, got {self.kernel!r}")

@@ -151,5 +151,5 @@ def test_dense_below_is_refused_unless_a_non_negative_int():
         santa.hf.SantaConfig(dense_below=8192.0)
     with pytest.raises(TypeError, match="dense_below must be an int"):
         santa.hf.SantaConfig(dense_below=True)
-    with pytest.raises(ValueError, match="dense_below must be ≥ 0"):
+    with pytest.raises(ValueError, match="dense_below must be an int ≥ 0, got -1"):
         santa.hf.SantaConfig(dense_below=-1)
