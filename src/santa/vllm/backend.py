@@ -129,6 +129,9 @@ class SantaMetadata(FlashAttentionMetadata):
     santa: SantaStep | None = None
 
 
+FLASH_FIELDS = tuple(f.name for f in dataclasses.fields(FlashAttentionMetadata) if f.init)  # what SantaMetadata copies
+
+
 class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
     """FlashAttention's metadata as :class:`SantaMetadata`, whose :class:`SantaStep` holds the model's
     :class:`PagedDecoder` (one for every layer of the group), the rows' positions, the gate of short steps and a mixed
@@ -201,7 +204,7 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
         # step reads the prefill part's (a dense step has none: FlashAttention takes it whole)
         step = SantaStep(decoder=self.santa, positions=self.santa.positions(seq_lens), seq_lens=seq_lens, dense=dense,
                          gate=gate, split=None if dense else self.split(common_attn_metadata, fast_build))
-        fields = {f.name: getattr(metadata, f.name) for f in dataclasses.fields(metadata) if f.init}
+        fields = {name: getattr(metadata, name) for name in FLASH_FIELDS}
         return SantaMetadata(**{**fields, "seq_lens": flash_lens}, santa=step)
 
     def split(self, common, fast_build=False) -> MixedSplit | None:
