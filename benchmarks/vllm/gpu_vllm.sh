@@ -16,6 +16,7 @@
 #   bash benchmarks/vllm/gpu_vllm.sh llama_fp8      # the same on fp8 caches
 #   bash benchmarks/vllm/gpu_vllm.sh short          # Llama-3.1-8B shapes, 2k prompts, batch 16/64/256: FLASH_ATTN, CUSTOM (short
 #                                                   # steps to FlashAttention: dense_below's default), CUSTOM sampling every step
+#                                                   # (SHORT_ARMS=gate: the first two alone)
 #   bash benchmarks/vllm/gpu_vllm.sh qwen           # Qwen2.5-0.5B shapes at 32k, batch 1, 16 and 64 (one engine per backend)
 #   bash benchmarks/vllm/gpu_vllm.sh qwen_fp8       # the same on fp8 caches
 #   bash benchmarks/vllm/gpu_vllm.sh needles        # the bundled Qwen's needle tasks at 16k/32k, 50 prompts, through vLLM
@@ -88,9 +89,10 @@ for stage in "$@"; do
       mkdir -p /tmp/short
       run 190 $A --backend FLASH_ATTN --out "/tmp/short/short{batch}_flash.json"
       SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 190 $A --backend CUSTOM --out "/tmp/short/short{batch}_gate.json"
-      SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 SANTA_VLLM_DENSE_BELOW=0 run 190 $A --backend CUSTOM \
-        --out "/tmp/short/short{batch}_prop.json"
-      for B in 16 64 256; do for arm in gate prop; do
+      # SHORT_ARMS=gate: the default arm alone (the sampled arm's figures are 283cdaf's 0.76-0.90x)
+      [ "${SHORT_ARMS:-gate prop}" = gate ] || SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 SANTA_VLLM_DENSE_BELOW=0 run 190 $A \
+        --backend CUSTOM --out "/tmp/short/short{batch}_prop.json"
+      for B in 16 64 256; do for arm in ${SHORT_ARMS:-gate prop}; do
         python3 benchmarks/vllm/offline.py --compare "/tmp/short/short${B}_flash.json" "/tmp/short/short${B}_${arm}.json"
       done; done | tee "$OUT/short_compare.txt"
       rm -f /tmp/short/*.lock; tar czf "$OUT/short.tgz" -C /tmp short ;;
