@@ -7,7 +7,8 @@
 # as one reproducible tar, SHA-256 checked there and here after joining).
 #
 #   bash benchmarks/vllm/gpu_vllm.sh stash          # keep this call's piece in /tmp/vw (carry one .vwN)
-#   bash benchmarks/vllm/gpu_vllm.sh install        # join, check, install under /tmp/vsite, santa's entry point beside it
+#   bash benchmarks/vllm/gpu_vllm.sh install        # join, check, install under /tmp/vsite, santa's entry point beside it, then
+#                                                   # the CPU-speed vLLM tests (INSTALL_TESTS=0: none)
 #                                                   # (and `vllm serve`'s wheels where the call carries .vs: prepare.sh serve)
 #   bash benchmarks/vllm/gpu_vllm.sh models         # the random-weight model folders under /tmp (before the timed stages)
 #   bash benchmarks/vllm/gpu_vllm.sh smoke          # tiny random Llama: FLASH_ATTN, CUSTOM dense, CUSTOM prop (eager)
@@ -57,7 +58,7 @@ for stage in "$@"; do
       printf 'Metadata-Version: 2.1\nName: santa-attention\nVersion: 0.1.0\n' > /tmp/vsite/santa_attention-0.1.0.dist-info/METADATA
       printf '[vllm.general_plugins]\nsanta = santa.vllm.plugin:register\n' > /tmp/vsite/santa_attention-0.1.0.dist-info/entry_points.txt
       python3 -c "import vllm, santa.vllm.backend; print('vllm', vllm.__version__, 'and santa.vllm.backend import')" 2>&1 | tail -3
-      python3 -m pytest -q -p no:cacheprovider tests/vllm_backend 2>&1 | tail -3 | tee "$OUT/tests_vllm.log" ;;
+      [ "${INSTALL_TESTS:-1}" = 0 ] || python3 -m pytest -q -m "not slow" -p no:cacheprovider tests/vllm_backend 2>&1 | tail -3 | tee "$OUT/tests_vllm.log" ;;
     models)  # the random-weight folders, once per machine (Llama-3.1-8B's 16 GB take ~1-2 min), so no timed stage makes one
       for m in "tiny /tmp/tiny" "llama-3.1-8b /tmp/llama8b" "qwen2.5-0.5b /tmp/qwen_random"; do
         read -r shape folder <<< "$m"

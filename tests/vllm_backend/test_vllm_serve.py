@@ -24,13 +24,16 @@ def folder(tmp_path_factory):
 
 
 def test_a_client_gets_answers_from_santas_server_which_then_stops_cleanly(folder, tmp_path):
+    # dense_below 0: a 2048-token server is below the default's 8192 keys, where FlashAttention decodes every step
     command = serve.server_command(folder, port=8331, backend="CUSTOM", max_model_len=2048, kv_cache_dtype="auto",
-                                   santa={"budget": 16, "kernel": "prop", "seed": 3}, gpu_memory_utilization=0.3)
+                                   santa={"budget": 16, "kernel": "prop", "seed": 3, "dense_below": 0},
+                                   gpu_memory_utilization=0.3)
     with serve.Server(command, port=8331, log=tmp_path / "server.log", timeout_s=420) as server:
         answers = serve.client_check(8331, max_tokens=24)  # raises unless each answers 24 tokens of text
     log = (tmp_path / "server.log").read_text(errors="replace")
     assert set(answers) == {"completion", "completion_stream", "chat", "chat_stream"}
-    assert "santa: budget=16 (--additional-config), kernel=prop (--additional-config), seed=3 (--additional-config)" in log
+    assert ("santa: budget=16 (--additional-config), kernel=prop (--additional-config), seed=3 (--additional-config), "
+            "error_target=None (default), dense_below=0 (--additional-config)") in log
     assert "santa: layer 0 decodes" in log  # decode steps ran santa's kernel
     assert server.exit_status == 0, log[-3000:]
 
