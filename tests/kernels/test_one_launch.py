@@ -128,6 +128,43 @@ def test_cache_strides_address_nhd_hnd_and_vllms_packed_rows_and_refuse_what_16_
     assert ol.cache_strides(shifted, shifted, "NHD") is None  # an 8-byte aligned base
 
 
+class FakeDriver:
+    """libcuda's three calls that :meth:`one_launch.CudaModule.resident_per_sm` makes, recording each function's
+    dynamic shared memory limit (cuFuncSetAttribute 8) and answering occupancy from it: 0 CTAs where a launch's
+    shared memory is past the limit (the driver's answer that made vLLM's cooperative launch fail with 720)."""
+
+    def __init__(self):
+        self.limit, self.sets = 48 * 1024, []
+
+    def cuModuleGetFunction(self, fn, module, name):
+        return 0
+
+    def cuFuncSetAttribute(self, fn, attribute, value):
+        assert attribute == 8
+        self.limit = value
+        self.sets.append(value)
+        return 0
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, blocks, fn, threads, shared):
+        blocks._obj.value = 0 if shared.value > self.limit else 228 * 1024 // (shared.value + 1024)
+        return 0
+
+
+def test_a_function_s_shared_memory_limit_only_rises_so_an_earlier_plan_still_launches():
+    """vLLM's engine makes every captured batch size's plan first; a larger batch's plan probes smaller slices (less
+    shared memory) after a batch-4 plan was made. The limit must stay where the batch-4 plan needs it."""
+    module = object.__new__(ol.CudaModule)
+    module.cuda, module.module, module.functions, module.shared_allowed = FakeDriver(), None, {}, {}
+    name = ol.kernel_name(128, 4, paged=True)
+    assert module.resident_per_sm(name, 75_724) == 3  # the batch-4 plan (C8 of 33024 keys)
+    assert module.resident_per_sm(name, 66_000) == 3  # a batch-64 plan's probe: smaller, the limit stays
+    assert module.resident_per_sm(name, 40_000) == 5  # under 48 KB: no call
+    assert module.cuda.sets == [75_724] and module.shared_allowed == {name: 75_724}
+    assert module.resident_per_sm(name, 90_000) == 2 and module.cuda.sets == [75_724, 90_000]
+    assert module.resident_per_sm(name, 75_724) == 3  # the batch-4 launch: still fits
+    assert module.resident_per_sm(name, ol.SHARED_LIMIT + 1) == 0 and module.cuda.sets[-1] == 90_000
+
+
 def test_a_cpu_plan_has_no_one_launch_and_tuning_checks_the_switch():
     plan = plan_decode(batch=1, heads=32, kv_heads=8, head_dim=128, n_keys=256, budget=16, dtype=torch.bfloat16, device="cpu")
     assert plan.one_launch is None
@@ -432,6 +469,22 @@ def test_plans_of_several_batch_sizes_share_one_set_of_buffers_through_their_wor
         fresh = plan.run(*args, **kwargs)  # the plan's own buffers
         runs.append(bool(torch.equal(out, fresh)))
     assert all(runs)
+
+
+@needs_hopper
+def test_a_plan_still_launches_after_later_plans_probed_smaller_shared_memory():
+    """vLLM's order (2026-12-05, `vllm serve` at max_model_len 33024): every captured batch size's plan is made first,
+    ascending; batch 4 takes a one-launch plan, the larger batches probe smaller slices and take the Triton prop; then
+    batch 4 runs. Its cooperative launch failed with CUresult 720 while each plan set the function's limit to its own."""
+    n_keys = 33024
+    q, _, _, k_pages, v_pages, table, _ = paged_case("packed", batch=4, n_keys=n_keys)
+    plans = {batch: plan_decode(batch=batch, heads=32, kv_heads=8, head_dim=128, n_keys=n_keys, budget=128,
+                                dtype=torch.bfloat16, device="cuda", page_size=16) for batch in (1, 2, 4, 8, 64, 512)}
+    assert plans[4].one_launch is not None and plans[512].one_launch is None
+    seq_lens = torch.full((4,), n_keys, dtype=torch.int32, device="cuda")
+    out = plans[4].run(q, k_pages, v_pages, seq_lens=seq_lens, block_table=table, seed=7)
+    torch.cuda.synchronize()
+    assert out.isfinite().all()
 
 
 # --------------------------------------------------------------------------- fp8 (e4m3) caches on an sm_90 GPU

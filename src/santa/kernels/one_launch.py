@@ -183,6 +183,7 @@ class CudaModule:
         self._image = ctypes.create_string_buffer(image)  # NUL-terminated, as cuModuleLoadData wants PTX text
         self._check(self.cuda.cuModuleLoadData(ctypes.byref(self.module), self._image), "cuModuleLoadData")
         self.functions: dict[str, ctypes.c_void_p] = {}
+        self.shared_allowed: dict[str, int] = {}  # per function: the dynamic shared memory it may take (allow_shared)
 
     def _check(self, status: int, what: str) -> None:
         if status != 0:
@@ -196,11 +197,15 @@ class CudaModule:
         return self.functions[name]
 
     def allow_shared(self, name: str, shared_bytes: int) -> None:
-        """Let ``name`` take ``shared_bytes`` of dynamic shared memory (past the default 48 KB). The carveout stays the
-        driver's: preferring all of it for shared memory made every two-CTA plan 3–6 % slower (less L1 for the K loads;
-        measured 2026-12-03, KERNEL_NOTES run 16)."""
-        if shared_bytes > 48 * 1024:
+        """Let ``name`` take ``shared_bytes`` of dynamic shared memory (past the default 48 KB). The limit belongs to the
+        function, not to a plan, so it only ever rises: a plan probed or made after another must not lower it under
+        the other's launches (and its captured graphs' replays), or those fail with CUresult 720 (a cooperative grid
+        none of whose CTAs fit: vLLM's engine, 2026-12-05, a batch-4 plan launched after larger batches' plans had
+        probed smaller slices). The carveout stays the driver's: preferring all of it for shared memory made every
+        two-CTA plan 3–6 % slower (less L1 for the K loads; measured 2026-12-03, KERNEL_NOTES run 16)."""
+        if shared_bytes > max(48 * 1024, self.shared_allowed.get(name, 0)):
             self._check(self.cuda.cuFuncSetAttribute(self.function(name), 8, shared_bytes), "cuFuncSetAttribute")  # 8: MAX_DYNAMIC_SHARED
+            self.shared_allowed[name] = shared_bytes
 
     def resident_per_sm(self, name: str, shared_bytes: int) -> int:
         """CTAs of ``name`` (THREADS threads, ``shared_bytes`` dynamic shared memory) that fit on one SM at once."""
