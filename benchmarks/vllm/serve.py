@@ -164,27 +164,31 @@ class Server:
 
 
 def client_check(port: int, *, max_tokens: int = 16) -> dict:
-    """Completions and chat through the ``openai`` client, streamed and not: each must answer ``max_tokens`` tokens
-    of text. Returns what each answered (token counts and the first characters)."""
+    """Completions and chat through the ``openai`` client, streamed and not: each must generate ``max_tokens`` tokens
+    (the usage the server reports; a stream's last chunk carries it) and answer some text. Tokens are not counted in
+    the text: random weights may generate the synthetic tokenizer's special tokens, which decode to nothing (a chat
+    stream answered 8 tokens of text for 16 generated, H200 2026-12-05). Returns what each answered (token counts and
+    the first characters)."""
     from openai import OpenAI
 
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
     prompt, messages = "t5 t9 t40 t7", [{"role": "user", "content": "t11 t12 t13"}]
     extra = dict(max_tokens=max_tokens, temperature=0.0, extra_body={"ignore_eos": True})
+    stream = dict(stream=True, stream_options={"include_usage": True})
     answers = {}
     done = client.completions.create(model="model", prompt=prompt, **extra)
     answers["completion"] = (done.usage.completion_tokens, done.choices[0].text)
-    pieces = list(client.completions.create(model="model", prompt=prompt, stream=True, **extra))
-    answers["completion_stream"] = (len([p for p in pieces if p.choices and p.choices[0].text]),
+    pieces = list(client.completions.create(model="model", prompt=prompt, **stream, **extra))
+    answers["completion_stream"] = (pieces[-1].usage.completion_tokens if pieces[-1].usage else 0,
                                     "".join(p.choices[0].text for p in pieces if p.choices))
     chat = client.chat.completions.create(model="model", messages=messages, **extra)
     answers["chat"] = (chat.usage.completion_tokens, chat.choices[0].message.content)
-    pieces = list(client.chat.completions.create(model="model", messages=messages, stream=True, **extra))
-    answers["chat_stream"] = (len([p for p in pieces if p.choices and p.choices[0].delta.content]),
+    pieces = list(client.chat.completions.create(model="model", messages=messages, **stream, **extra))
+    answers["chat_stream"] = (pieces[-1].usage.completion_tokens if pieces[-1].usage else 0,
                               "".join(p.choices[0].delta.content or "" for p in pieces if p.choices))
     for name, (tokens, text) in answers.items():
         if tokens != max_tokens or not text.strip():
-            raise RuntimeError(f"{name}: expected {max_tokens} tokens of text, got {tokens}: {text[:80]!r}")
+            raise RuntimeError(f"{name}: expected {max_tokens} tokens and some text, got {tokens}: {text[:80]!r}")
     return {name: {"tokens": tokens, "text": text[:60]} for name, (tokens, text) in answers.items()}
 
 

@@ -6,6 +6,7 @@ import json
 import random
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from benchmarks.vllm import serve
@@ -113,3 +114,34 @@ def test_a_port_already_answering_is_refused_before_a_server_starts(tmp_path):
         with pytest.raises(RuntimeError, match=f"port {port} is already in use"):
             server.__enter__()
     assert not (tmp_path / "log").exists()  # nothing was started
+
+
+class FakeOpenAI:
+    """The ``openai`` client's two calls as vLLM answers them for random weights: ``generated`` tokens, every other one
+    a special token that decodes to nothing (so a stream has empty deltas), the usage on a stream's last chunk."""
+
+    generated = 16
+
+    def __init__(self, base_url, api_key):
+        self.completions = SimpleNamespace(create=lambda **kw: self._answer(kw, chat=False))
+        self.chat = SimpleNamespace(completions=SimpleNamespace(create=lambda **kw: self._answer(kw, chat=True)))
+
+    def _answer(self, kw, *, chat):
+        texts = [" t7" if i % 2 == 0 else "" for i in range(self.generated)]
+        usage = SimpleNamespace(completion_tokens=self.generated)
+        if not kw.get("stream"):
+            choice = SimpleNamespace(message=SimpleNamespace(content="".join(texts))) if chat else SimpleNamespace(text="".join(texts))
+            return SimpleNamespace(usage=usage, choices=[choice])
+        assert kw["stream_options"] == {"include_usage": True}
+        choice = (lambda t: SimpleNamespace(delta=SimpleNamespace(content=t))) if chat else (lambda t: SimpleNamespace(text=t))
+        return [SimpleNamespace(usage=None, choices=[choice(t)]) for t in texts] + [SimpleNamespace(usage=usage, choices=[])]
+
+
+def test_the_client_check_counts_the_tokens_the_server_generated_not_the_pieces_of_text(monkeypatch):
+    monkeypatch.setitem(sys.modules, "openai", SimpleNamespace(OpenAI=FakeOpenAI))
+    answers = serve.client_check(8000, max_tokens=16)
+    assert answers["chat_stream"] == {"tokens": 16, "text": " t7" * 8} and set(answers) == {
+        "completion", "completion_stream", "chat", "chat_stream"}
+    monkeypatch.setattr(FakeOpenAI, "generated", 12)  # a server that stopped short
+    with pytest.raises(RuntimeError, match="completion: expected 16 tokens and some text, got 12"):
+        serve.client_check(8000, max_tokens=16)

@@ -29,7 +29,7 @@ def test_a_client_gets_answers_from_santas_server_which_then_stops_cleanly(folde
                                    santa={"budget": 16, "kernel": "prop", "seed": 3, "dense_below": 0},
                                    gpu_memory_utilization=0.3)
     with serve.Server(command, port=8331, log=tmp_path / "server.log", timeout_s=420) as server:
-        answers = serve.client_check(8331, max_tokens=24)  # raises unless each answers 24 tokens of text
+        answers = serve.client_check(8331, max_tokens=24)  # raises unless each generates 24 tokens and answers text
     log = (tmp_path / "server.log").read_text(errors="replace")
     assert set(answers) == {"completion", "completion_stream", "chat", "chat_stream"}
     assert ("santa: budget=16 (--additional-config), kernel=prop (--additional-config), seed=3 (--additional-config), "
