@@ -1,7 +1,7 @@
 """santa's decode step on vLLM's paged cache: the one-launch CUDA prop against the two Triton launches and the dense
 paged kernels, in the same call (issue 39).
 
-    python benchmarks/kernels/paged_ab.py OUT.jsonl [--quick] [--fp8] [--gate]
+    python benchmarks/kernels/paged_ab.py OUT.jsonl [--quick] [--fp8] [--gate [--full]]
 
 Every case runs through ``santa.vllm.decode.PagedDecoder`` (what santa's vLLM backend calls) on vLLM's packed
 FlashAttention cache (K and V halves of one row, pages of 16 keys shuffled over the pool), S = 128, bf16, seed 0:
@@ -23,7 +23,7 @@ records the command, commit, device and versions; ``--gate`` (keys ``gate/…``,
 ``DecodePlan.run``'s gate open and closed (``*_open_us``, ``*_closed_us``: what santa's launch costs a short step that
 santa.vllm gives to FlashAttention inside a captured graph, and what the gate costs a sampled one; the Triton arm's
 closed launch still launches its whole grid, ~0.83 ns per pass-1 program by capacity_ab.py's figures, so it is timed
-again with its pass-1 grid cut to 4,096 programs, ``triton_4096_*``); one line per case follows, appended as it is measured, and a re-run
+again with its pass-1 grid cut to 4,096 programs, ``triton_4096_*``; ``--gate --full``: :data:`FULL_GATE_CASES`); one line per case follows, appended as it is measured, and a re-run
 skips the cases already there (a call cut at its time limit resumes).
 """
 
@@ -43,10 +43,21 @@ MODELS = {"llama": (32, 8, 128), "qwen": (14, 2, 64), "smollm2": (9, 3, 64)}  # 
 FP8, FP8_SCALE = torch.float8_e4m3fn, 0.5
 
 
-def cases(quick: bool, fp8: bool = False, gate: bool = False) -> list[tuple[str, int, int, int]]:
+# --gate --full: what the 2026-12-05 gate run left open before a gated plan's pass-1 grid can be cut to 4,096 programs
+# (faster on short sequences, 3-11 % slower on 16k-key ones): plans whose every tile holds keys, with cut and uncut
+# default grids; and Llama at max_model_len 33,024 (32k prompts + 256 output tokens), where the plan rule's 9 slices of
+# 4,096 keys give Llama's shape the Triton prop instead of the one launch it takes at 32,768
+FULL_GATE_CASES = [("llama", 32, 32768, 32768), ("llama", 64, 32768, 32768), ("llama", 16, 131072, 131072),
+                   ("qwen", 64, 32768, 32768), ("qwen", 16, 131072, 131072), ("llama", 16, 16384, 33024),
+                   ("llama", 64, 16384, 33024), ("llama", 16, 32768, 33024)]
+
+
+def cases(quick: bool, fp8: bool = False, gate: bool = False, full: bool = False) -> list[tuple[str, int, int, int]]:
     """(model, batch, length, capacity) in the order they are measured; ``gate``: the plans santa.vllm captures under
     dense_below (a server's max_model_len, 32k or 128k) on 2k-key sequences (a short step: what the closed launch costs)
-    and 16k-key ones (a sampled step: what the open gate costs)."""
+    and 16k-key ones (a sampled step: what the open gate costs); with ``full``: :data:`FULL_GATE_CASES`."""
+    if gate and full:
+        return FULL_GATE_CASES
     if gate:
         return [(model, batch, length, capacity) for model in ("llama", "qwen") for capacity in (32768, 131072)
                 for length in (2048, 16384) for batch in (1, 16, 64, 256) if not (quick and batch in (1, 256))]
@@ -180,7 +191,7 @@ def contiguous_arms(q, k, v, flusher, **scales) -> dict:
     return times
 
 
-def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False) -> None:
+def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full: bool = False) -> None:
     from benchmarks.bench.kernels import environment
 
     from santa.sweep_files import append_record, read_records
@@ -190,7 +201,7 @@ def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False) -> No
         append_record(path, {"key": "run", **environment()})
     done = {record["key"] for record in records}
     flusher = Flusher("cuda")
-    for model, batch, length, capacity in cases(quick, fp8, gate):
+    for model, batch, length, capacity in cases(quick, fp8, gate, full):
         key = ("gate/" if gate else "") + ("fp8/" if fp8 else "") + f"{model}/b{batch}/n{length}/cap{capacity}"
         if key in done:
             continue
@@ -230,12 +241,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="four cases only")
     parser.add_argument("--fp8", action="store_true", help="e4m3 caches (their own cases)")
     parser.add_argument("--gate", action="store_true", help="santa's arms also with DecodePlan.run's gate open and closed")
+    parser.add_argument("--full", action="store_true", help="with --gate: full plans and a 33,024-key capacity (FULL_GATE_CASES)")
     args = parser.parse_args()
+    if args.full and not args.gate:
+        parser.error("--full goes with --gate")
     from santa.writer_lock import OutputUnusable, writer_lock
 
     try:
         with writer_lock(args.out, holder="paged_ab.py"):
-            measure(args.out, args.quick, args.fp8, args.gate)
+            measure(args.out, args.quick, args.fp8, args.gate, args.full)
     except OutputUnusable as error:
         sys.exit(f"paged_ab.py: {error}")
 
