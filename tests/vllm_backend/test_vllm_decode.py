@@ -138,3 +138,46 @@ def test_an_error_target_decodes_as_santa_decode_does():
     fixed = decode(q, k_pages.contiguous(), v_pages.contiguous(), 64, seq_lens=seq_lens, block_table=table, scale=0.2,
                    seed=rng.layer_key(9, 2), positions=seq_lens - 1)
     assert not torch.equal(out, fixed)  # the heads drew their own budgets, not 64 each
+
+
+def test_a_gated_decoder_cuts_only_the_pass_1_grids_that_would_be_cut_anyway():
+    """santa.vllm's gated decoder (short steps close santa's launch inside a captured graph) gives a Triton plan whose
+    default pass-1 grid is past layout.PASS1_PROGRAMS a grid of GATED_PASS1_PROGRAMS programs (a closed launch costs
+    its grid); other plans, ungated decoders, flash and a tuning that sets the grid keep theirs."""
+    from santa.kernels import Tuning
+    from santa.vllm import decode as paged
+
+    def llama(**change):
+        return PagedDecoder(**{**dict(heads=32, kv_heads=8, head_dim=128, block_size=BLOCK, max_keys=131072, max_batch=256,
+                                      budget=128, kernel="prop", seed=0, dtype=torch.bfloat16, kv_dtype=torch.bfloat16,
+                                      device="cpu", gated=True), **change})
+
+    assert llama().tuning_for(64, 131072) == Tuning(pass1_programs=paged.GATED_PASS1_PROGRAMS)  # 64·8·1024 programs
+    assert llama().tuning_for(8, 131072) is None  # 8·8·1024 = 2^16: not cut
+    assert llama().tuning_for(64, 16384) is None  # 64·8·128 programs
+    assert llama(gated=False).tuning_for(64, 131072) is None
+    assert llama(kernel="flash").tuning_for(64, 131072) is None
+    mine = Tuning(pass1_programs=1 << 14)
+    assert llama(tuning=mine).tuning_for(64, 131072) is mine
+    assert llama(tuning=Tuning(one_launch=False)).tuning_for(64, 131072) == Tuning(one_launch=False, pass1_programs=4096)
+
+
+def test_a_gated_decoders_cut_grid_draws_what_the_full_grid_draws(monkeypatch):
+    """The cut grid only loops each program over more tiles: the same samples and output (a small grid here, its
+    limits lowered so that the interpreter's shapes cross them)."""
+    from santa.vllm import decode as paged
+
+    q, k, v = make_inputs(3, 8, 2, 32, 200, seed=33)
+    k_pages, table = to_paged(k, BLOCK, seed=4)
+    v_pages, _ = to_paged(v, BLOCK, seed=4)
+    seq_lens = torch.tensor([200, 130, 9], dtype=torch.int32, device=DEVICE)
+    monkeypatch.setattr(paged, "PASS1_PROGRAMS", 4)
+    monkeypatch.setattr(paged, "GATED_PASS1_PROGRAMS", 2)
+    outs = []
+    for gated in (False, True):
+        run = PagedDecoder(heads=8, kv_heads=2, head_dim=32, block_size=BLOCK, max_keys=256, max_batch=4, budget=24,
+                           kernel="prop", seed=9, dtype=torch.float32, kv_dtype=torch.float32, device=DEVICE, gated=gated)
+        assert (run.tuning_for(3, 256) is not None) == gated
+        outs.append(run.run(q, packed(k_pages, v_pages), seq_lens=seq_lens, block_table=table, layer=1, scale=0.2,
+                            out=torch.empty_like(q)))
+    assert torch.equal(outs[0], outs[1])

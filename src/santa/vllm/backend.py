@@ -154,20 +154,20 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
         # tensor parallelism: this rank holds heads [rank·H, (rank + 1)·H) of the model (H = its own count); the draws
         # are keyed on the global head, so TP = 1, 2, 4 draw the same samples (KV heads replicated past TP > H_kv too)
         heads = model.get_num_attention_heads(parallel)
+        # no gate where no step can reach dense_below (max_model_len below it): every decode step is FlashAttention's
+        gated = self.dense_below > 0 and model.max_model_len >= self.dense_below
         self.santa = PagedDecoder(
             heads=heads, kv_heads=model.get_num_kv_heads(parallel), head_offset=tensor_parallel_rank() * heads,
             head_dim=model.get_head_size(), block_size=block_size,
             max_keys=math.ceil(model.max_model_len / block_size) * block_size,
             max_batch=vllm_config.scheduler_config.max_num_seqs, budget=config.budget,
             kernel=config.kernel if config.samples else "prop", seed=config.seed, dtype=model.dtype,
-            kv_dtype=FP8 if fp8 else model.dtype, device=device, error_target=config.error_target,
+            kv_dtype=FP8 if fp8 else model.dtype, device=device, error_target=config.error_target, gated=gated,
         )
         logger.info("santa: %s", describe(config, additional_config=additional))
         # the gate and FlashAttention's lengths of gated decode steps: buffers that keep their addresses (graphs)
         rows = max(vllm_config.scheduler_config.max_num_seqs,
                    getattr(getattr(vllm_config, "compilation_config", None), "max_cudagraph_capture_size", None) or 0)
-        # no gate where no step can reach dense_below (max_model_len below it): every decode step is FlashAttention's
-        gated = self.dense_below > 0 and model.max_model_len >= self.dense_below
         self.gate = torch.ones(1, dtype=torch.int32, device=device) if gated else None
         self.dense_lens = torch.zeros(rows, dtype=torch.int32, device=device) if gated else None
         if self.dense_below and not gated:

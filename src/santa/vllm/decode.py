@@ -22,14 +22,23 @@ reads the rank from vLLM) keys the draws on the model's head, so TP = 1, 2, 4 dr
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from santa import rng
 from santa.checks import integer
 from santa.kernels import one_launch
 from santa.kernels.eager import workspace_bytes
-from santa.kernels.layout import Tuning
+from santa.kernels.layout import PASS1_PROGRAMS, Tuning, prop_tile
 from santa.kernels.plan import FP8, DecodePlan, Workspace, plan_decode  # FP8: the kernels' e4m3 cache dtype
+
+# A gated plan's pass-1 programs at most where its default grid is cut (past layout.PASS1_PROGRAMS): a closed gate still
+# launches the whole grid, and 4,096 looping programs cost a closed Triton step 12-32 us against 31-69 (Llama, Qwen
+# plans for 32k and 128k keys) and, open, measured faster on every such case (2.7-22 %: Llama 64 x 2k on a 128k plan
+# 402.1 against 426.3 us); where the default grid is not cut they measured 3-11 % slower on 16k-key sequences, so those
+# keep it (H200, benchmarks/kernels/paged_ab.py --gate, 2026-12-05). Plans whose every tile holds keys are not timed.
+GATED_PASS1_PROGRAMS = 4096
 
 
 def split_kv_cache(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,18 +71,20 @@ class PagedDecoder:
     (:class:`santa.kernels.Tuning`; None: the measured defaults); head_offset: the global index of this
     decoder's first query head (tensor parallelism: ``tp_rank × heads``; 0 on one GPU), an int ≥ 0 that the
     draws' head counter adds (:meth:`santa.kernels.DecodePlan.run`); error_target: a relative error ε (prop; None: every
-    head draws the budget), the budget then the cap (:mod:`santa.error_target`)."""
+    head draws the budget), the budget then the cap (:mod:`santa.error_target`); gated: the runs pass a gate
+    (``enabled``) that closes on short steps, so a Triton plan whose default pass-1 grid is cut takes
+    :data:`GATED_PASS1_PROGRAMS` programs instead (where ``tuning`` sets no grid)."""
 
     def __init__(self, *, heads: int, kv_heads: int, head_dim: int, block_size: int, max_keys: int, max_batch: int,
                  budget: int, kernel: str, seed: int, dtype: torch.dtype, kv_dtype: torch.dtype, device: torch.device | str,
-                 tuning: Tuning | None = None, head_offset: int = 0, error_target: float | None = None):
+                 tuning: Tuning | None = None, head_offset: int = 0, error_target: float | None = None, gated: bool = False):
         self.heads, self.kv_heads, self.head_dim, self.block_size = heads, kv_heads, head_dim, block_size
         self.error_target = error_target  # checked by plan_decode: budgets from it, budget the cap
         self.head_offset = integer("head_offset", head_offset, low=0)
         self.max_keys, self.max_batch, self.budget, self.kernel = max_keys, max_batch, budget, kernel
         self.seed = rng.check_seed(seed)
         self.dtype, self.kv_dtype, self.device = dtype, kv_dtype, torch.device(device)
-        self.tuning = tuning
+        self.tuning, self.gated = tuning, gated
         self._plans: dict[tuple, tuple[DecodePlan, Workspace]] = {}
         self._scratch: torch.Tensor | None = None
         self._semaphores: torch.Tensor | None = None
@@ -124,7 +135,7 @@ class PagedDecoder:
                                  f"for ({self.max_batch} × {self.max_keys}: vLLM's max_num_seqs × max_model_len)")
             plan = plan_decode(batch=batch, heads=self.heads, kv_heads=self.kv_heads, head_dim=self.head_dim, n_keys=n_keys,
                                budget=self.budget, dtype=self.dtype, kv_dtype=self.kv_dtype, device=self.device,
-                               kernel=self.kernel, page_size=self.block_size, scale=scale, tuning=self.tuning,
+                               kernel=self.kernel, page_size=self.block_size, scale=scale, tuning=self.tuning_for(batch, n_keys),
                                error_target=self.error_target)
             self.allocate()
             if plan.one_launch is not None and self._one_launch is None:  # the first plan that runs it (never inside a
@@ -136,6 +147,17 @@ class PagedDecoder:
                                          one_launch_buffers=self._one_launch)
             self._plans[key] = (plan, workspace)
         return self._plans[key]
+
+    def tuning_for(self, batch: int, n_keys: int) -> Tuning | None:
+        """The plan's tuning: ``tuning``, or on a gated decoder whose default pass-1 grid (a program per tile of every
+        (sequence, KV head)) would be cut, :data:`GATED_PASS1_PROGRAMS` programs (one-launch plans ignore it)."""
+        tuning = self.tuning or Tuning()
+        if not self.gated or self.kernel != "prop" or tuning.pass1_programs is not None:
+            return self.tuning
+        tiles = -(-n_keys // prop_tile(self.head_dim, tuning))
+        if batch * self.kv_heads * tiles <= PASS1_PROGRAMS:
+            return self.tuning
+        return dataclasses.replace(tuning, pass1_programs=GATED_PASS1_PROGRAMS)
 
     def positions(self, seq_lens: torch.Tensor) -> torch.Tensor:
         """Each decode token's position in its sequence, ``seq_lens − 1`` (0 for a padded row), int32 ``[B]``, in a
