@@ -44,13 +44,14 @@ MODELS = {"llama": (32, 8, 128), "qwen": (14, 2, 64), "smollm2": (9, 3, 64)}  # 
 FP8, FP8_SCALE = torch.float8_e4m3fn, 0.5
 
 
-# --gate --full: what the 2026-12-05 gate run left open before a gated plan's pass-1 grid can be cut to 4,096 programs
-# (faster on short sequences, 3-11 % slower on 16k-key ones): plans whose every tile holds keys, with cut and uncut
-# default grids; and Llama at max_model_len 33,024 (32k prompts + 256 output tokens), where the plan rule's 9 slices of
+# --gate --full: what the 2026-12-05 gate run left open about santa.vllm's gated plans taking 4,096 pass-1 programs where
+# the default grid is cut (santa.vllm.decode.GATED_PASS1_PROGRAMS; 3-11 % slower at 16k keys where it is not): plans
+# whose every tile holds keys, with cut (Llama 64 x 32k, 16 x 128k, Qwen 256 x 32k) and uncut default grids; and Llama at max_model_len 33,024 (32k prompts + 256 output tokens), where the plan rule's 9 slices of
 # 4,096 keys give Llama's shape the Triton prop instead of the one launch it takes at 32,768 (timed also with the
 # 8-slice plan it takes at 32,768: eight_slices_*)
 FULL_GATE_CASES = [("llama", 32, 32768, 32768), ("llama", 64, 32768, 32768), ("llama", 16, 131072, 131072),
-                   ("qwen", 64, 32768, 32768), ("qwen", 16, 131072, 131072), ("llama", 16, 16384, 33024),
+                   ("qwen", 64, 32768, 32768), ("qwen", 256, 32768, 32768), ("qwen", 16, 131072, 131072),
+                   ("llama", 16, 16384, 33024),
                    ("llama", 64, 16384, 33024), ("llama", 16, 32768, 33024)]
 
 
