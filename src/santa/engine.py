@@ -21,6 +21,7 @@ imports nothing from it.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -168,7 +169,7 @@ class Decoded(NamedTuple):
     """:func:`decode`'s result."""
 
     rows: list[list[int]]  # each row's tokens, up to and including its first stop token
-    seconds: float
+    seconds: float  # the decode steps run, each at the pace of those after the first (which captures the CUDA graph)
     v_rows_read: list[float] | None  # per row, measured share of visible V rows read per query head; None: not measured
 
 
@@ -181,7 +182,8 @@ def decode(
     """Greedy decode from a shared :class:`Prefilled` with one santa.model backend → :class:`Decoded`. The loop of
     :func:`santa.model.generate`, after its prefill; on CUDA the step is one CUDA graph where the
     backend is capturable (:func:`santa.model.capturable`: not the reference samplers, which check
-    on the host). With an error target on the kernels the value rows each head drew are counted on the device
+    on the host). ``seconds``: the steps run, each at the pace of the steps after the first (the first captures the
+    graph; with one step or none after it, the whole loop). With an error target on the kernels the value rows each head drew are counted on the device
     (:func:`measured_shares`); a fixed budget's are known without it (:func:`nominal_share`)."""
     if not 1 <= max_new_tokens <= pre.max_new_tokens:
         raise ValueError(f"max_new_tokens must be in [1, {pre.max_new_tokens}] (the cache's room), got {max_new_tokens}")
@@ -191,12 +193,24 @@ def decode(
     if counting:
         ctx.reads = torch.zeros(pre.first.shape[0], model.args.n_head, dtype=torch.int64, device=device)
     stops = torch.tensor(sorted(stop_tokens), dtype=torch.long, device=device)  # [n_stop]
+    clock = {"first_done": math.nan, "steps": 0}  # when step 1 had finished (host time); the steps run
+
+    def finished(step: int) -> None:  # decode_tokens' hook after each step
+        if step == 1:  # it captured the CUDA graph: the clock starts once it has run
+            sync(device)
+            clock["first_done"] = time.perf_counter()
+        clock["steps"] = step
+
     sync(device)
     start = time.perf_counter()
     rows = santa.model.decode_tokens(model, ctx, pre.first, pre.lengths, max_new_tokens, stop_tokens=stops,
-                                     cuda_graph=santa.model.capturable(model, backend))
+                                     cuda_graph=santa.model.capturable(model, backend), on_step=finished)
     sync(device)
-    seconds = time.perf_counter() - start
+    end = time.perf_counter()
+    steps = clock["steps"]
+    # every step run at the pace of those after the first: step 1 captured the graph, which a warm-up call cannot keep
+    # out of this one (the graph belongs to this call's buffers)
+    seconds = (end - clock["first_done"]) / (steps - 1) * steps if steps >= 2 else end - start
     return Decoded(rows, seconds, measured_shares(ctx, pre, model.args.n_layer) if counting else None)
 
 

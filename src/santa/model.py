@@ -918,7 +918,7 @@ def dense_steps(model: Transformer, backend: str, lengths: Tensor, below: int) -
 
 def decode_tokens(
     model: Transformer, ctx: DecodeContext, token: Tensor, lengths: Tensor, max_new_tokens: int, *,
-    stop_tokens: Tensor, cuda_graph: bool, dense: DenseSteps | None = None,
+    stop_tokens: Tensor, cuda_graph: bool, dense: DenseSteps | None = None, on_step: Callable[[int], None] | None = None,
 ) -> list[list[int]]:
     """The greedy decode loop after a prefill (the one loop: :func:`generate` and :mod:`santa.engine`
     run it): ``token`` ``[B, 1]`` (the prefill's next tokens, at positions ``lengths`` ``[B]``) → each
@@ -926,7 +926,9 @@ def decode_tokens(
     ``[n_stop]``). With ``cuda_graph`` the first step is captured and the others replay it; the host
     reads the device only every :data:`STOP_CHECK_EVERY` steps (has every sequence stopped?). ``dense``
     (:func:`dense_steps`): the steps whose longest sequence sees fewer than ``dense.below`` keys run ``dense.ctx``
-    instead (chosen on the host, one graph each: no launch of the other)."""
+    instead (chosen on the host, one graph each: no launch of the other). ``on_step(i)``: called on the host after
+    step i (1, 2, …) is launched (a timer's hook: :func:`santa.engine.decode` starts its clock after step 1, which
+    captures the graph)."""
     token, input_pos = token.clone(), lengths.clone()  # [B, 1], [B]: the position of each sequence's `token`
     done = (token == stop_tokens).any(-1)  # [B]
     steps = {False: greedy_step(model, ctx, token, input_pos, stop_tokens=stop_tokens, done=done)}
@@ -946,6 +948,8 @@ def decode_tokens(
         else:
             steps[short]()
         out.append(token.clone())
+        if on_step is not None:
+            on_step(i)
     rows = torch.cat(out, dim=1).tolist()
     stop_set = set(stop_tokens.tolist())
     return [row[: next((j + 1 for j, t in enumerate(row) if t in stop_set), len(row))] for row in rows]

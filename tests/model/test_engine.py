@@ -295,3 +295,26 @@ def test_an_error_targets_reads_are_counted_by_the_kernels(tiny_transformer):
         want.append(sum(v if v <= 8 else min(24, v) for v in visible) / sum(visible))
     assert decoded.v_rows_read == pytest.approx(want) and want[1] < 1 and len(decoded.rows[0]) == 6
     assert engine.decode(tiny_transformer, pre, 6, backend="santa-prop", budget=8, seed=5, stop_tokens=()).v_rows_read is None
+
+
+def test_decode_times_its_steps_at_the_pace_of_those_after_the_first(tiny_transformer, monkeypatch):
+    """Step 1 captures the CUDA graph (a warm-up call cannot keep that out: the graph belongs to the call's buffers), so
+    the clock starts once it has run and the steps run are charged at the later steps' pace: a fake clock where step 1
+    takes 10 s and steps 2–4 one second each gives 4 s for the 4 steps; one step alone is timed whole."""
+    pre = engine.prefill(tiny_transformer, TINY_PROMPTS, 12)
+    now = {"t": 0.0}
+    monkeypatch.setattr(engine.time, "perf_counter", lambda: now["t"])
+
+    def fake_loop(steps):
+        def loop(*args, on_step, **kwargs):
+            for i in range(1, steps + 1):
+                now["t"] += 10.0 if i == 1 else 1.0
+                on_step(i)
+            return [[1]] * len(TINY_PROMPTS)
+        return loop
+
+    monkeypatch.setattr(engine.santa.model, "decode_tokens", fake_loop(4))
+    assert engine.decode(tiny_transformer, pre, 5, backend="sdpa", budget=0, seed=0, stop_tokens=set()).seconds == 4.0
+    now["t"] = 0.0
+    monkeypatch.setattr(engine.santa.model, "decode_tokens", fake_loop(1))
+    assert engine.decode(tiny_transformer, pre, 2, backend="sdpa", budget=0, seed=0, stop_tokens=set()).seconds == 10.0
