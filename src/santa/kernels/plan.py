@@ -806,7 +806,7 @@ class DecodePlan:
         a window); ``head_offset`` (an int ≥ 0, with positions only; default 0): the global index of q's first head
         when the call holds a slice of the model's heads (a tensor-parallel rank: ``rank × H``), added to the
         counter's head, so that every split draws what one call with all the heads draws (:func:`check_head_offset`;
-        such a call runs the Triton prop, not the one launch); ``reads`` (an int32/int64 ``[B, H]`` tensor on the device): each
+        the one launch and the Triton prop both take it); ``reads`` (an int32/int64 ``[B, H]`` tensor on the device): each
         (sequence, head)'s value rows this call reads are added to it — its live keys where the budget covers them (each
         read once), else S, or with an error target the pilot's draws plus the row's own budget S_r, at most its live
         keys — on the device, so a captured graph keeps counting (santa.model sums them over layers and steps); ``enabled``
