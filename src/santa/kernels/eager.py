@@ -48,9 +48,6 @@ from santa.kernels.plan import (
     torch_decode,
 )
 
-_check_seed_and_offset = check_seed_and_offset
-_check_tables = check_tables
-
 
 def use_triton(device: torch.device) -> bool:
     """Whether decode() runs the Triton kernels for tensors on ``device``: on CUDA, and on the CPU
@@ -161,7 +158,7 @@ def check_starts(starts, seq_lens, *, kernel: str, batch: int, n_keys: int, devi
 
 
 def _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts):
-    """Everything but the values of seed, offset and the tables (:func:`_check_seed_and_offset`, :func:`_check_tables`)."""
+    """Everything but the values of seed, offset and the tables (:func:`check_seed_and_offset`, :func:`check_tables`)."""
     q = _check_float_tensor("q", q, 3, "[B, H, d]")
     paged = block_table is not None
     cache_doc = "[pages, page_size, H_kv, d]" if paged else "[B, L_max, H_kv, d]"
@@ -443,7 +440,7 @@ def decode(
         return _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset,
                                 out, workspace, return_counts, check, positions, starts, k_scale, v_scale, head_offset,
                                 error_target, pilot)
-    _check_seed_and_offset(seed, offset)
+    check_seed_and_offset(seed, offset)
     call = _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out,
                            return_counts, error_target, pilot)
     head_offset = check_head_offset(head_offset, heads=q.shape[1], positional=positions is not None)
@@ -463,7 +460,7 @@ def decode(
         k_scale, v_scale = checked_cache_scales(k_scale, v_scale, kv_dtype=k_cache.dtype, kv_heads=call.kv_heads,
                                                 device=q.device, check_values=host_checks)
     if host_checks:
-        _check_tables(seq_lens, block_table, n_keys=call.n_keys, page_size=call.page_size, n_pages=k_cache.shape[0])
+        check_tables(seq_lens, block_table, n_keys=call.n_keys, page_size=call.page_size, n_pages=k_cache.shape[0])
     if workspace is not None:
         check_workspace(workspace, call.workspace_key)
     if call.plan is None:
@@ -498,7 +495,7 @@ def _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table,
     workspace: a ``workspace`` given here is checked for its type only and not used). ``out`` is
     filled from the op's result. ``check=True`` (host reads of the tables) is refused: a compiled graph
     does not read tensor values on the host (on the CPU the op still checks them when it runs)."""
-    _check_seed_and_offset(seed, offset)
+    check_seed_and_offset(seed, offset)
     _, k_cache, _, _, _, kv_heads = _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale,
                                               offset, out, return_counts)
     head_offset = check_head_offset(head_offset, heads=q.shape[1], positional=positions is not None)
