@@ -431,6 +431,28 @@ def test_paged_caches_draw_the_triton_props_samples_in_one_launch(layout, dim, h
 
 
 @needs_hopper
+@pytest.mark.parametrize("dim,heads,kv_heads", [(128, 32, 8), (64, 14, 2)])
+def test_the_one_launch_kernel_reads_a_contiguous_hnd_cache_through_its_strides(dim, heads, kv_heads):
+    """transformers' cache layout, [B, H_kv, n, D] contiguous (what santa.hf passes): one_launch.eligible does not yet
+    send it to the one launch (only paged HND), so santa.hf always runs the Triton prop. The kernel addresses every
+    cache through cache_strides; run directly on those strides it must draw the systematic sampler's samples, as on
+    NHD. Where this passes on an H200, eligible may take contiguous HND."""
+    batch, n_keys, budget = 3, 2048, 128
+    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, torch.bfloat16, seed=47, q_scale=3.0)
+    k_hnd, v_hnd = (x.transpose(1, 2).contiguous() for x in (k, v))  # [B, H_kv, n, D]
+    seq_lens = torch.tensor([2048, 1500, 900], dtype=torch.int32, device="cuda")
+    launch = ol.OneLaunch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget,
+                          scale=dim**-0.5, device=torch.device("cuda"))
+    counts = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda")
+    out = launch.run(q, k_hnd, v_hnd, out=torch.empty_like(q), strides=ol.cache_strides(k_hnd, v_hnd, "HND"),
+                     seq_lens=seq_lens, seed=13, offset=5, counts=counts, buffers=launch.own_buffers())
+    uniforms = philox_uniforms(13, 5, torch.arange(batch * heads).reshape(batch, heads))
+    assert_counts_match_systematic(counts, dense_probs(q, k, seq_lens), budget, uniforms)
+    expected = torch.einsum("bhl,blhd->bhd", counts.double(), v.double().repeat_interleave(heads // kv_heads, dim=2)) / budget
+    torch.testing.assert_close(out.double(), expected, rtol=8e-3, atol=8e-3)
+
+
+@needs_hopper
 def test_a_page_id_outside_the_pool_is_never_followed_and_poisons_only_its_sequence():
     q, k, v, k_pages, v_pages, table, _ = paged_case("packed", n_keys=1024)
     seq_lens = torch.tensor([1024, 1024, 500], dtype=torch.int32, device="cuda")
