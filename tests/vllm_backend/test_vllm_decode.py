@@ -160,6 +160,11 @@ def test_a_gated_decoder_cuts_only_the_pass_1_grids_that_would_be_cut_anyway():
     mine = Tuning(pass1_programs=1 << 14)
     assert llama(tuning=mine).tuning_for(64, 131072) is mine
     assert llama(tuning=Tuning(one_launch=False)).tuning_for(64, 131072) == Tuning(one_launch=False, pass1_programs=4096)
+    # never under 8 programs per (sequence, KV head): 512 × 8 rows take 8 × 4096; past 8,192 rows the default cut does
+    assert llama(max_batch=2048).tuning_for(512, 131072) == Tuning(pass1_programs=8 * 4096)
+    assert llama(max_batch=2048).tuning_for(1024, 131072) is None
+    with pytest.raises(ValueError, match="Tuning.block_n must be None or a power of two"):
+        llama(tuning=Tuning(block_n=0)).tuning_for(64, 131072)
 
 
 def test_a_gated_decoders_cut_grid_draws_what_the_full_grid_draws(monkeypatch):
@@ -171,13 +176,18 @@ def test_a_gated_decoders_cut_grid_draws_what_the_full_grid_draws(monkeypatch):
     k_pages, table = to_paged(k, BLOCK, seed=4)
     v_pages, _ = to_paged(v, BLOCK, seed=4)
     seq_lens = torch.tensor([200, 130, 9], dtype=torch.int32, device=DEVICE)
-    monkeypatch.setattr(paged, "PASS1_PROGRAMS", 4)
+    from santa.kernels import Tuning
+
+    # 16-key tiles: 3 · 2 rows × 16 tiles = 96 programs by default, past a limit lowered to 80, so the gated plan takes
+    # max(GATED_PASS1_PROGRAMS, 8 · next_pow2(6)) = 64 programs, 10 per row looping over 16 tiles
+    monkeypatch.setattr(paged, "PASS1_PROGRAMS", 80)
     monkeypatch.setattr(paged, "GATED_PASS1_PROGRAMS", 2)
     outs = []
     for gated in (False, True):
         run = PagedDecoder(heads=8, kv_heads=2, head_dim=32, block_size=BLOCK, max_keys=256, max_batch=4, budget=24,
-                           kernel="prop", seed=9, dtype=torch.float32, kv_dtype=torch.float32, device=DEVICE, gated=gated)
-        assert (run.tuning_for(3, 256) is not None) == gated
+                           kernel="prop", seed=9, dtype=torch.float32, kv_dtype=torch.float32, device=DEVICE, gated=gated,
+                           tuning=Tuning(block_n=16))
+        assert run.tuning_for(3, 256) == (Tuning(block_n=16, pass1_programs=64) if gated else Tuning(block_n=16))
         outs.append(run.run(q, packed(k_pages, v_pages), seq_lens=seq_lens, block_table=table, layer=1, scale=0.2,
                             out=torch.empty_like(q)))
     assert torch.equal(outs[0], outs[1])

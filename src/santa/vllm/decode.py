@@ -30,14 +30,15 @@ from santa import rng
 from santa.checks import integer
 from santa.kernels import one_launch
 from santa.kernels.eager import workspace_bytes
-from santa.kernels.layout import PASS1_PROGRAMS, Tuning, prop_tile
-from santa.kernels.plan import FP8, DecodePlan, Workspace, plan_decode  # FP8: the kernels' e4m3 cache dtype
+from santa.kernels.layout import PASS1_PROGRAMS, Tuning, next_pow2, prop_tile
+from santa.kernels.plan import FP8, DecodePlan, Workspace, checked_tuning, plan_decode
 
 # A gated plan's pass-1 programs at most where its default grid is cut (past layout.PASS1_PROGRAMS): a closed gate still
 # launches the whole grid, and 4,096 looping programs cost a closed Triton step 12-32 us against 31-69 (Llama, Qwen
 # plans for 32k and 128k keys) and, open, measured faster on every such case (2.7-22 %: Llama 64 x 2k on a 128k plan
 # 402.1 against 426.3 us); where the default grid is not cut they measured 3-11 % slower on 16k-key sequences, so those
-# keep it (H200, benchmarks/kernels/paged_ab.py --gate, 2026-12-05). Plans whose every tile holds keys are not timed.
+# keep it (H200, benchmarks/kernels/paged_ab.py --gate, 2026-12-05). Plans whose every tile holds keys are not timed, nor
+# grids of more than 512 rows (sequences × KV heads): PagedDecoder.tuning_for keeps at least 8 programs per row.
 GATED_PASS1_PROGRAMS = 4096
 
 
@@ -150,14 +151,18 @@ class PagedDecoder:
 
     def tuning_for(self, batch: int, n_keys: int) -> Tuning | None:
         """The plan's tuning: ``tuning``, or on a gated decoder whose default pass-1 grid (a program per tile of every
-        (sequence, KV head)) would be cut, :data:`GATED_PASS1_PROGRAMS` programs (one-launch plans ignore it)."""
-        tuning = self.tuning or Tuning()
+        (sequence, KV head)) would be cut, :data:`GATED_PASS1_PROGRAMS` programs, never fewer than 8 per (sequence, KV
+        head) (the most rows measured, 512, had 8 each; past 8,192 rows the default cut already gives no more than 8), so
+        each keeps that much parallelism over its tiles (one-launch plans ignore it). ``tuning`` is checked first
+        (:func:`santa.kernels.plan.checked_tuning`: a bad field named)."""
+        tuning = checked_tuning(self.tuning)
         if not self.gated or self.kernel != "prop" or tuning.pass1_programs is not None:
             return self.tuning
-        tiles = -(-n_keys // prop_tile(self.head_dim, tuning))
-        if batch * self.kv_heads * tiles <= PASS1_PROGRAMS:
+        rows, tiles = batch * self.kv_heads, -(-n_keys // prop_tile(self.head_dim, tuning))
+        programs = max(GATED_PASS1_PROGRAMS, 8 * next_pow2(rows))
+        if rows * tiles <= PASS1_PROGRAMS or programs >= PASS1_PROGRAMS:
             return self.tuning
-        return dataclasses.replace(tuning, pass1_programs=GATED_PASS1_PROGRAMS)
+        return dataclasses.replace(tuning, pass1_programs=programs)
 
     def positions(self, seq_lens: torch.Tensor) -> torch.Tensor:
         """Each decode token's position in its sequence, ``seq_lens − 1`` (0 for a padded row), int32 ``[B]``, in a
