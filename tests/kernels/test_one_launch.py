@@ -133,10 +133,17 @@ class FakeDriver:
     dynamic shared memory limit (cuFuncSetAttribute 8) and answering occupancy from it: 0 CTAs where a launch's
     shared memory is past the limit (the driver's answer that made vLLM's cooperative launch fail with 720)."""
 
+    STATIC = 616  # the prop1_* kernels' static shared memory, about
+
     def __init__(self):
-        self.limit, self.sets = 48 * 1024, []
+        self.limit, self.sets = 48 * 1024 - self.STATIC, []
 
     def cuModuleGetFunction(self, fn, module, name):
+        return 0
+
+    def cuFuncGetAttribute(self, value, attribute, fn):
+        assert attribute == 1
+        value._obj.value = self.STATIC
         return 0
 
     def cuFuncSetAttribute(self, fn, attribute, value):
@@ -163,6 +170,18 @@ def test_a_function_s_shared_memory_limit_only_rises_so_an_earlier_plan_still_la
     assert module.resident_per_sm(name, 90_000) == 2 and module.cuda.sets == [75_724, 90_000]
     assert module.resident_per_sm(name, 75_724) == 3  # the batch-4 launch: still fits
     assert module.resident_per_sm(name, ol.SHARED_LIMIT + 1) == 0 and module.cuda.sets[-1] == 90_000
+    # static and dynamic together: past 227 KB no probe asks the driver (it would refuse the attribute)
+    assert module.resident_per_sm(name, ol.SHARED_LIMIT - 100) == 0 and module.cuda.sets[-1] == 90_000
+
+
+def test_the_default_limit_counts_the_static_shared_memory():
+    """48 KB of dynamic shared memory is past a function's default limit when it has static shared memory too: the
+    limit is raised for it, so the answer does not depend on an earlier plan having raised it."""
+    module = object.__new__(ol.CudaModule)
+    module.cuda, module.module, module.functions, module.shared_allowed = FakeDriver(), None, {}, {}
+    name = ol.kernel_name(64, 7)
+    assert module.resident_per_sm(name, 40_000) == 5 and module.cuda.sets == []
+    assert module.resident_per_sm(name, 48 * 1024) == 4 and module.cuda.sets == [48 * 1024]
 
 
 def test_a_cpu_plan_has_no_one_launch_and_tuning_checks_the_switch():

@@ -203,13 +203,23 @@ class CudaModule:
         none of whose CTAs fit: vLLM's engine, 2026-12-05, a batch-4 plan launched after larger batches' plans had
         probed smaller slices). The carveout stays the driver's: preferring all of it for shared memory made every
         two-CTA plan 3–6 % slower (less L1 for the K loads; measured 2026-12-03, KERNEL_NOTES run 16)."""
-        if shared_bytes > max(48 * 1024, self.shared_allowed.get(name, 0)):
+        if name not in self.shared_allowed:  # the driver's default: 48 KB with the function's static shared memory
+            self.shared_allowed[name] = 48 * 1024 - self.static_shared(name)
+        if shared_bytes > self.shared_allowed[name]:
             self._check(self.cuda.cuFuncSetAttribute(self.function(name), 8, shared_bytes), "cuFuncSetAttribute")  # 8: MAX_DYNAMIC_SHARED
             self.shared_allowed[name] = shared_bytes
 
+    def static_shared(self, name: str) -> int:
+        """Bytes of ``name``'s static shared memory (CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES): a CTA's dynamic shared memory
+        may take the device's 227 KB (and by default 48 KB) less this."""
+        value = ctypes.c_int()
+        self._check(self.cuda.cuFuncGetAttribute(ctypes.byref(value), 1, self.function(name)), "cuFuncGetAttribute")  # 1: SHARED_SIZE
+        return value.value
+
     def resident_per_sm(self, name: str, shared_bytes: int) -> int:
-        """CTAs of ``name`` (THREADS threads, ``shared_bytes`` dynamic shared memory) that fit on one SM at once."""
-        if shared_bytes > SHARED_LIMIT:
+        """CTAs of ``name`` (THREADS threads, ``shared_bytes`` dynamic shared memory) that fit on one SM at once: 0 where
+        one CTA's static and dynamic shared memory together pass :data:`SHARED_LIMIT` (the attribute would be refused)."""
+        if shared_bytes + self.static_shared(name) > SHARED_LIMIT:
             return 0
         self.allow_shared(name, shared_bytes)
         blocks = ctypes.c_int()
