@@ -179,17 +179,22 @@ def client_check(port: int, *, max_tokens: int = 16) -> dict:
     done = client.completions.create(model="model", prompt=prompt, **extra)
     answers["completion"] = (done.usage.completion_tokens, done.choices[0].text)
     pieces = list(client.completions.create(model="model", prompt=prompt, **stream, **extra))
-    answers["completion_stream"] = (pieces[-1].usage.completion_tokens if pieces[-1].usage else 0,
+    answers["completion_stream"] = (streamed_tokens(pieces),
                                     "".join(p.choices[0].text for p in pieces if p.choices))
     chat = client.chat.completions.create(model="model", messages=messages, **extra)
     answers["chat"] = (chat.usage.completion_tokens, chat.choices[0].message.content)
     pieces = list(client.chat.completions.create(model="model", messages=messages, **stream, **extra))
-    answers["chat_stream"] = (pieces[-1].usage.completion_tokens if pieces[-1].usage else 0,
+    answers["chat_stream"] = (streamed_tokens(pieces),
                               "".join(p.choices[0].delta.content or "" for p in pieces if p.choices))
     for name, (tokens, text) in answers.items():
         if tokens != max_tokens or not text.strip():
             raise RuntimeError(f"{name}: expected {max_tokens} tokens and some text, got {tokens}: {text[:80]!r}")
     return {name: {"tokens": tokens, "text": text[:60]} for name, (tokens, text) in answers.items()}
+
+
+def streamed_tokens(pieces: list) -> int:
+    """The tokens a stream's usage reports (its last chunk that carries one; 0 where none does, or no chunk came)."""
+    return next((p.usage.completion_tokens for p in reversed(pieces) if p.usage is not None), 0)
 
 
 def bench_command(*, port: int, folder: Path, workload: str, rate: str, prompts: int, out: Path) -> list[str]:

@@ -145,3 +145,5 @@ def test_the_client_check_counts_the_tokens_the_server_generated_not_the_pieces_
     monkeypatch.setattr(FakeOpenAI, "generated", 12)  # a server that stopped short
     with pytest.raises(RuntimeError, match="completion: expected 16 tokens and some text, got 12"):
         serve.client_check(8000, max_tokens=16)
+    assert serve.streamed_tokens([]) == 0  # no chunk: nothing reported (client_check then names the stream)
+    assert serve.streamed_tokens([SimpleNamespace(usage=None)]) == 0
