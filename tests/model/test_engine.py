@@ -318,3 +318,15 @@ def test_decode_times_its_steps_at_the_pace_of_those_after_the_first(tiny_transf
     now["t"] = 0.0
     monkeypatch.setattr(engine.santa.model, "decode_tokens", fake_loop(1))
     assert engine.decode(tiny_transformer, pre, 2, backend="sdpa", budget=0, seed=0, stop_tokens=set()).seconds == 10.0
+
+
+def test_the_decode_loop_calls_its_step_hook_once_per_step_it_runs(tiny_transformer):
+    """engine.decode's clock rests on decode_tokens calling on_step(i) after each step i it runs: 1 … n − 1 for n
+    tokens (the first comes from the prefill)."""
+    pre = engine.prefill(tiny_transformer, TINY_PROMPTS, 12)
+    ctx = engine.decode_context(tiny_transformer, pre, "sdpa", 0, 0, None)
+    steps = []
+    with torch.inference_mode():  # as engine.decode runs it
+        santa.model.decode_tokens(tiny_transformer, ctx, pre.first, pre.lengths, 5,
+                                  stop_tokens=torch.tensor([], dtype=torch.long), cuda_graph=False, on_step=steps.append)
+    assert steps == [1, 2, 3, 4]
