@@ -170,24 +170,25 @@ def test_a_gated_decoder_cuts_only_the_pass_1_grids_that_would_be_cut_anyway():
 def test_a_gated_decoders_cut_grid_draws_what_the_full_grid_draws(monkeypatch):
     """The cut grid only loops each program over more tiles: the same samples and output (a small grid here, its
     limits lowered so that the interpreter's shapes cross them)."""
+    from santa.kernels import Tuning, layout
     from santa.vllm import decode as paged
 
     q, k, v = make_inputs(3, 8, 2, 32, 200, seed=33)
     k_pages, table = to_paged(k, BLOCK, seed=4)
     v_pages, _ = to_paged(v, BLOCK, seed=4)
     seq_lens = torch.tensor([200, 130, 9], dtype=torch.int32, device=DEVICE)
-    from santa.kernels import Tuning
-
-    # 16-key tiles: 3 · 2 rows × 16 tiles = 96 programs by default, past a limit lowered to 80, so the gated plan takes
-    # max(GATED_PASS1_PROGRAMS, 8 · next_pow2(6)) = 64 programs, 10 per row looping over 16 tiles
-    monkeypatch.setattr(paged, "PASS1_PROGRAMS", 80)
+    # 16-key tiles: 3 · 2 rows × 16 tiles = 96 programs by default, past a limit lowered to 80 (13 per row), so the gated
+    # plan takes max(GATED_PASS1_PROGRAMS, 8 · next_pow2(6)) = 64 programs, 10 per row looping over 16 tiles; the
+    # ungated one is given every tile's program (a limit past the grid)
+    monkeypatch.setattr(layout, "PASS1_PROGRAMS", 80)
     monkeypatch.setattr(paged, "GATED_PASS1_PROGRAMS", 2)
+    full, tiled = Tuning(block_n=16, pass1_programs=1 << 30), Tuning(block_n=16)
     outs = []
     for gated in (False, True):
         run = PagedDecoder(heads=8, kv_heads=2, head_dim=32, block_size=BLOCK, max_keys=256, max_batch=4, budget=24,
                            kernel="prop", seed=9, dtype=torch.float32, kv_dtype=torch.float32, device=DEVICE, gated=gated,
-                           tuning=Tuning(block_n=16))
-        assert run.tuning_for(3, 256) == (Tuning(block_n=16, pass1_programs=64) if gated else Tuning(block_n=16))
+                           tuning=tiled if gated else full)
+        assert run.tuning_for(3, 256) == (Tuning(block_n=16, pass1_programs=64) if gated else full)
         outs.append(run.run(q, packed(k_pages, v_pages), seq_lens=seq_lens, block_table=table, layer=1, scale=0.2,
                             out=torch.empty_like(q)))
     assert torch.equal(outs[0], outs[1])

@@ -30,7 +30,7 @@ from santa import rng
 from santa.checks import integer
 from santa.kernels import one_launch
 from santa.kernels.eager import workspace_bytes
-from santa.kernels.layout import PASS1_PROGRAMS, Tuning, next_pow2, prop_tile
+from santa.kernels.layout import Tuning, next_pow2, prop_pass1_tiles, prop_tile
 from santa.kernels.plan import FP8, DecodePlan, Workspace, checked_tuning, plan_decode
 
 # A gated plan's pass-1 programs at most where its default grid is cut (past layout.PASS1_PROGRAMS): a closed gate still
@@ -159,10 +159,9 @@ class PagedDecoder:
         if not self.gated or self.kernel != "prop" or tuning.pass1_programs is not None:
             return self.tuning
         rows, tiles = batch * self.kv_heads, -(-n_keys // prop_tile(self.head_dim, tuning))
-        programs = max(GATED_PASS1_PROGRAMS, 8 * next_pow2(rows))
-        if rows * tiles <= PASS1_PROGRAMS or programs >= PASS1_PROGRAMS:
-            return self.tuning
-        return dataclasses.replace(tuning, pass1_programs=programs)
+        default = prop_pass1_tiles(tiles, rows, tuning)  # pass-1 programs per row, as prop launches them
+        gated = dataclasses.replace(tuning, pass1_programs=max(GATED_PASS1_PROGRAMS, 8 * next_pow2(rows)))
+        return gated if default < tiles and prop_pass1_tiles(tiles, rows, gated) < default else self.tuning
 
     def positions(self, seq_lens: torch.Tensor) -> torch.Tensor:
         """Each decode token's position in its sequence, ``seq_lens − 1`` (0 for a padded row), int32 ``[B]``, in a
