@@ -157,11 +157,17 @@ class FakeDriver:
         return 0
 
 
+def fake_module() -> ol.CudaModule:
+    """A CudaModule over :class:`FakeDriver` (no module loaded)."""
+    module = object.__new__(ol.CudaModule)
+    module.cuda, module.module, module.functions, module.shared_allowed = FakeDriver(), None, {}, {}
+    return module
+
+
 def test_a_function_s_shared_memory_limit_only_rises_so_an_earlier_plan_still_launches():
     """vLLM's engine makes every captured batch size's plan first; a larger batch's plan probes smaller slices (less
     shared memory) after a batch-4 plan was made. The limit must stay where the batch-4 plan needs it."""
-    module = object.__new__(ol.CudaModule)
-    module.cuda, module.module, module.functions, module.shared_allowed = FakeDriver(), None, {}, {}
+    module = fake_module()
     name = ol.kernel_name(128, 4, paged=True)
     assert module.resident_per_sm(name, 75_724) == 3  # the batch-4 plan (C8 of 33024 keys)
     assert module.resident_per_sm(name, 66_000) == 3  # a batch-64 plan's probe: smaller, the limit stays
@@ -177,8 +183,7 @@ def test_a_function_s_shared_memory_limit_only_rises_so_an_earlier_plan_still_la
 def test_the_default_limit_counts_the_static_shared_memory():
     """48 KB of dynamic shared memory is past a function's default limit when it has static shared memory too: the
     limit is raised for it, so the answer does not depend on an earlier plan having raised it."""
-    module = object.__new__(ol.CudaModule)
-    module.cuda, module.module, module.functions, module.shared_allowed = FakeDriver(), None, {}, {}
+    module = fake_module()
     name = ol.kernel_name(64, 7)
     assert module.resident_per_sm(name, 40_000) == 5 and module.cuda.sets == []
     assert module.resident_per_sm(name, 48 * 1024) == 4 and module.cuda.sets == [48 * 1024]
