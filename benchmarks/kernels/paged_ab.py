@@ -30,7 +30,6 @@ skips the cases already there (a call cut at its time limit resumes).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 
@@ -46,9 +45,9 @@ FP8, FP8_SCALE = torch.float8_e4m3fn, 0.5
 
 # --gate --full: what the 2026-12-05 gate run left open about santa.vllm's gated plans taking 4,096 pass-1 programs where
 # the default grid is cut (santa.vllm.decode.GATED_PASS1_PROGRAMS; 3-11 % slower at 16k keys where it is not): plans
-# whose every tile holds keys, with cut (Llama 64 x 32k, 16 x 128k, Qwen 256 x 32k) and uncut default grids; and Llama at max_model_len 33,024 (32k prompts + 256 output tokens), where the plan rule's 9 slices of
-# 4,096 keys give Llama's shape the Triton prop instead of the one launch it takes at 32,768 (timed also with the
-# 8-slice plan it takes at 32,768: eight_slices_*)
+# whose every tile holds keys, with cut (Llama 64 x 32k, 16 x 128k, Qwen 256 x 32k) and uncut default grids; and Llama at
+# max_model_len 33,024 (32k prompts + 256 output tokens), where the plan rule gave the Triton prop until the H100 run of
+# 2026-12-05 timed the 8-slice plan there (eight_slices_* in that run's records; now the rule's, one_launch.EIGHT_SLICES_UP_TO)
 FULL_GATE_CASES = [("llama", 32, 32768, 32768), ("llama", 64, 32768, 32768), ("llama", 16, 131072, 131072),
                    ("qwen", 64, 32768, 32768), ("qwen", 256, 32768, 32768), ("qwen", 16, 131072, 131072),
                    ("llama", 16, 16384, 33024),
@@ -129,34 +128,6 @@ def santa_arm(model: str, q, packed, table, seq_lens, capacity: int, flusher, *,
             entry[f"{name}_us"] = time_fn(lambda enabled=enabled: step(enabled), flusher.read, graph=True)["median_us"]
     entry["out"] = out.float().clone()
     return entry
-
-
-@contextlib.contextmanager
-def eight_slices_past_32k():
-    """Inside: the one launch plans Llama's shape for 32,769–36,864 keys as it plans 32,768 (8 slices, here of up to
-    4,608 keys) instead of giving it the Triton prop (the rule's ⌈n / 4096⌉ = 9 slices are past its 8): the benchmark's
-    own plan, to time what the rule would give a server at max_model_len 33,024 if it rounded down. Library untouched
-    outside the block."""
-    from santa.kernels import one_launch
-
-    rule = one_launch.choose_plan
-
-    def plan(**shape):
-        if shape["dim"] != 128 or not 32768 < shape["n"] <= 36864:
-            return rule(**shape)
-        at_32k = rule(**{**shape, "n": 32768})
-        if at_32k is None:
-            return None
-        slices = min(w.slices for w in at_32k.works)  # a staggered plan's first half-round has twice as many
-        return one_launch.make_plan(slices=slices, grid=at_32k.grid, groups=shape["batch"] * shape["kv_heads"],
-                                    n=shape["n"], group_size=shape["group_size"], dim=128, staggered=at_32k.staggered,
-                                    page_size=shape.get("page_size"), fp8=shape.get("fp8", False))
-
-    one_launch.choose_plan = plan
-    try:
-        yield
-    finally:
-        one_launch.choose_plan = rule
 
 
 def dense_arms(model: str, q, packed, table, flusher) -> dict:
@@ -248,12 +219,6 @@ def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full:
         if gate:  # and the Triton prop with a pass-1 grid of 4,096 programs at most (looping): a cheaper closed launch
             cut = santa_arm(model, q, packed, table, seq_lens, capacity, flusher, one_launch=False, gate=True,
                             pass1_programs=4096)
-            if model == "llama" and 32768 < capacity <= 36864:  # what 8 slices would give (the rule takes Triton there)
-                with eight_slices_past_32k():
-                    eight = santa_arm(model, q, packed, table, seq_lens, capacity, flusher, one_launch=True, gate=True)
-                entry.update(eight_slices_us=eight["us"], eight_slices_plan=eight["plan"], eight_slices_open_us=eight["open_us"],
-                             eight_slices_closed_us=eight["closed_us"],
-                             eight_slices_close=bool(torch.allclose(eight["out"], two["out"], atol=0.25, rtol=0.1)))
             entry.update(one_launch_open_us=one["open_us"], one_launch_closed_us=one["closed_us"],
                          triton_open_us=two["open_us"], triton_closed_us=two["closed_us"], triton_4096_us=cut["us"],
                          triton_4096_open_us=cut["open_us"], triton_4096_closed_us=cut["closed_us"])

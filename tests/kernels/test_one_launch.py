@@ -56,6 +56,11 @@ def h200_per_sm(shared: int) -> int:
     (16, 8, 4, 128, 4096, 128, None),  # C2s: 110.6 against 83.8
     (64, 8, 4, 128, 131072, 128, None),  # C16s: 31 rounds of short slices on 2k-key sequences, 629.0 against 426.8
     (64, 2, 7, 64, 2048, 128, "C2"),  # Qwen's shape: the one launch wins batched short sequences (44.9 against 86.1)
+    (16, 8, 4, 128, 33024, 128, "C8s"),  # a server's 33,024 keys: 8 slices of 4,128 (H100: 224.3 against Triton's 267.3)
+    (64, 8, 4, 128, 36864, 128, "C8s"),  # the last length 8 slices of 4,608 keys cover
+    (64, 8, 4, 128, 36865, 128, None),  # 9 slices: the two launches
+    (16, 2, 7, 64, 131072, 128, None),  # Qwen 128k: C19 at one CTA per SM, 314.5 against 284.2 (H100)
+    (16, 2, 7, 64, 32768, 128, "C16"),  # 16 slices of 2,048 keys cover 32k: unchanged
 ])
 def test_the_plan_rule_picks_the_plans_measured_fastest(batch, kv_heads, group_size, dim, n, budget, want):
     """The H200 tables of issue 24 (benchmarks/RESULTS.md, 2026-12-03): the rule's plan is the fastest candidate."""

@@ -50,6 +50,9 @@ SHARED_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90
 SHAPES = {(128, 4), (64, 7), (64, 3)}  # (head dim, G) with a prop1_* kernel
 MAX_ONE_WAVE_SLICES = 66  # more slices per group than this measured slower (Qwen 32k: 132 slices 17.8 µs, 66 15.9)
 ROUNDS_SLICE_KEYS = {128: 4096, 64: 2048}  # keys per slice where groups run in rounds (the measured best, see choose_plan)
+# at d = 128 a group in rounds takes at most 8 slices; up to this many keys it takes 8 slices of more than 4,096 keys rather
+# than the two launches (a server's max_model_len past 32k: 32k prompts + 256 output tokens = 33,024; see choose_plan)
+EIGHT_SLICES_UP_TO = 8 * 4608
 
 
 def source_digest(source: Path = SOURCE) -> str:
@@ -139,14 +142,23 @@ def choose_plan(*, batch: int, kv_heads: int, group_size: int, dim: int, n: int,
     group has at most 8 slices (Llama B = 8–64 planned for 32k keys, C8s: 1.02–1.55× faster than the two launches on
     vLLM's pages, live lengths 2k to 32k); not where the gather's rows leave one CTA per SM (n ≤ 8k, C2s: Llama
     B = 16–256 × 512–4k, 1.19–1.38× slower) nor with 16 slices (a 128k plan: B = 64 × 2k live keys, 31 rounds of
-    128-key slices, 629 µs against 427; H200, benchmarks/kernels/paged_ab.py, 2026-12-04). A paged cache
-    (``page_size``) takes the same rule, its slices' page ids counted in shared memory, and so does an fp8 cache
+    128-key slices, 629 µs against 427; H200, benchmarks/kernels/paged_ab.py, 2026-12-04). Up to
+    :data:`EIGHT_SLICES_UP_TO` keys (36,864) Llama's shape keeps 8 slices (of up to 4,608 keys) where ⌈n / 4096⌉ would be
+    9: a server's ``max_model_len`` of 33,024 (32k prompts and their output) took the two launches before, and C8s
+    measured 0.79–0.88× their time on vLLM's pages (B = 16 × 16k, 64 × 16k, 16 × 32k live keys: 224.3 / 826.2 / 406.0
+    against 267.3 / 1040.4 / 461.6 µs) and 5.3 µs against 30.5–58.7 with the gate closed (H100, paged_ab.py --gate --full,
+    2026-12-05). At d = 64 the rule gives the two launches where 16 slices of 2,048 keys cannot cover n and the longer
+    slices leave one CTA per SM (Qwen's shape planned for 128k keys, C19: 314.5 against 284.2 µs on B = 16 × 128k,
+    H100, and 1.04–1.35× on short sequences, H200, 2026-12-05; 64k plans take the same branch, not timed). A paged
+    cache (``page_size``) takes the same rule, its slices' page ids counted in shared memory, and so does an fp8 cache
     (``fp8``: its own kernels; not measured apart)."""
     if (dim, group_size) not in SHAPES:
         return None
     groups = batch * kv_heads
     shape = dict(group_size=group_size, dim=dim, budget=budget, page_size=page_size)
     target = min(16, max(1, -(-n // ROUNDS_SLICE_KEYS[dim])))
+    if dim == 128 and target == 9 and n <= EIGHT_SLICES_UP_TO:
+        target = 8  # slices of up to 4,608 keys: the one launch keeps a 33,024-key plan (the docstring)
     for slices in range(max(1, 2 * sms // groups), 0, -1):  # the most slices that keep one wave resident
         shared = slice_shared(slices=slices, slice_len=-(-n // slices), **shape)
         if shared > SHARED_LIMIT:
@@ -166,6 +178,8 @@ def choose_plan(*, batch: int, kv_heads: int, group_size: int, dim: int, n: int,
         if grid >= slices:
             if dim == 128 and (grid < 2 * sms or slices > 8):
                 return None  # Llama's shape: the two launches are faster (paged_ab.py, H200 2026-12-04; see the docstring)
+            if dim == 64 and grid < 2 * sms and n > 16 * ROUNDS_SLICE_KEYS[dim]:
+                return None  # long slices at one CTA per SM (Qwen 128k): the two launches are faster (the docstring)
             staggered = group_size <= 4 and grid // 2 >= 2 * slices and groups * slices > grid
             return make_plan(slices=slices, grid=grid, groups=groups, n=n, group_size=group_size, dim=dim, staggered=staggered,
                              page_size=page_size, fp8=fp8)

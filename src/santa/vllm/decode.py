@@ -37,8 +37,10 @@ from santa.kernels.plan import FP8, DecodePlan, Workspace, checked_tuning, plan_
 # launches the whole grid, and 4,096 looping programs cost a closed Triton step 12-32 us against 31-69 (Llama, Qwen
 # plans for 32k and 128k keys) and, open, measured faster on every such case (2.7-22 %: Llama 64 x 2k on a 128k plan
 # 402.1 against 426.3 us); where the default grid is not cut they measured 3-11 % slower on 16k-key sequences, so those
-# keep it (H200, benchmarks/kernels/paged_ab.py --gate, 2026-12-05). Plans whose every tile holds keys are not timed, nor
-# grids of more than 512 rows (sequences × KV heads): PagedDecoder.tuning_for keeps at least 8 programs per row.
+# keep it (H200, benchmarks/kernels/paged_ab.py --gate, 2026-12-05). On plans whose every tile holds keys and whose default
+# grid is cut it measured 0.977-1.006x the default grid's time (Llama 64 x 32k, 16 x 128k, 64 x 16k at 33,024 keys, Qwen
+# 256 x 32k; uncut: 1.009-1.059x; H100, paged_ab.py --gate --full, 2026-12-05). Grids of more than 512 rows (sequences ×
+# KV heads) are not timed: PagedDecoder.tuning_for keeps at least 8 programs per row.
 GATED_PASS1_PROGRAMS = 4096
 
 
