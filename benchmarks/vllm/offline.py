@@ -144,6 +144,16 @@ def tokens_per_request(*, prompt_tokens: int, batch: int, chunk: int, warm_token
     return warm_tokens + new_tokens + spread + 8
 
 
+def check_fits(*, batch: int, tokens: int, capacity: int | None) -> None:
+    """Raise where the KV cache (``capacity`` tokens; None: not known here) cannot hold ``batch`` requests of ``tokens``
+    tokens at once: vLLM would queue some, and the batch would not decode together (H100, 2026-12-05: 256 × 2k-token
+    requests on 449,968 tokens)."""
+    if capacity is not None and batch * tokens > capacity:
+        raise RuntimeError(f"the KV cache holds {capacity:,} tokens and {batch} requests of {tokens:,} tokens need "
+                           f"{batch * tokens:,}: they cannot all decode at once (lower --batch or --prompt-tokens, or raise "
+                           "--gpu-memory-utilization)")
+
+
 def decode_rate(llm, prompts: list, *, new_tokens: int, warm_tokens: int, tag: str) -> tuple[float, list[list[int]]]:
     """Decode tokens/s of the whole batch on the engine's steps (see the module docstring), and each
     request's greedy tokens. ``tag`` keeps request ids unique across repeats. Requests may ask for more
@@ -155,6 +165,9 @@ def decode_rate(llm, prompts: list, *, new_tokens: int, warm_tokens: int, tag: s
     cap = tokens_per_request(prompt_tokens=max(len(p["prompt_token_ids"]) for p in prompts), batch=len(prompts),
                              chunk=llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens,
                              warm_tokens=warm_tokens, new_tokens=new_tokens)
+    cache = llm.llm_engine.vllm_config.cache_config
+    check_fits(batch=len(prompts), tokens=max(len(p["prompt_token_ids"]) for p in prompts) + cap,
+               capacity=None if not cache.num_gpu_blocks else cache.num_gpu_blocks * cache.block_size)
     params = SamplingParams(max_tokens=cap, min_tokens=cap, temperature=0.0, ignore_eos=True, detokenize=False,
                             output_kind=RequestOutputKind.DELTA)
     return clocked_steps(llm.llm_engine, prompts, params, warm_tokens=warm_tokens, new_tokens=new_tokens, tag=tag)
@@ -184,7 +197,8 @@ def clocked_steps(engine, prompts: list, params, *, warm_tokens: int, new_tokens
                 stop = (now, sum(lengths))
             elif max(lengths) >= params.max_tokens:
                 raise RuntimeError(f"a request finished while the clock ran ({lengths} tokens, max_tokens "
-                                   f"{params.max_tokens}): ask for more tokens than warm + new + the prefills' spread")
+                                   f"{params.max_tokens}): ask for more tokens than warm + new + the prefills' spread, or "
+                                   "check that the KV cache holds the whole batch (vLLM's 'Maximum concurrency' line)")
     if start is None or stop is None or stop[0] <= start[0]:
         raise RuntimeError(f"the clock never ran: tokens per request {[len(t) for t in tokens]}, "
                            f"{warm_tokens} + {new_tokens} asked of max_tokens {params.max_tokens}")

@@ -54,6 +54,8 @@ SPECIAL = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2 of the synthetic tokenizer
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}assistant:{% endif %}")
 METRICS = ("ttft", "tpot", "itl")
+PROMPT_MARGIN = 16  # tokens a workload's longest prompt and output leave free of max_model_len
+DETAILS_DROPPED = ("itls", "ttfts", "generated_texts", "start_times")  # --save-detailed's per-request lists not kept
 
 
 def write_tokenizer(folder: Path, vocab_size: int) -> None:
@@ -197,17 +199,32 @@ def streamed_tokens(pieces: list) -> int:
     return next((p.usage.completion_tokens for p in reversed(pieces) if p.usage is not None), 0)
 
 
-def bench_command(*, port: int, folder: Path, workload: str, rate: str, prompts: int, out: Path) -> list[str]:
-    """``vllm bench serve`` on the random dataset: input lengths uniform in the workload's range, outputs in
-    :data:`OUTPUT_TOKENS`."""
-    (middle, ratio), (out_middle, out_ratio) = (((lo + hi) / 2, (hi - lo) / (hi + lo)) for lo, hi in (WORKLOADS[workload], OUTPUT_TOKENS))
+def input_range(workload: str, max_model_len: int) -> tuple[int, int]:
+    """The workload's input lengths (tokens, inclusive) on a server of ``max_model_len``: its range, the top lowered so
+    that the longest prompt and the longest output fit with :data:`PROMPT_MARGIN` to spare (at 33,024 the mixed
+    spread's 32,768-token prompts with 256 output tokens had 2 of 24 requests refused, H100, 2026-12-05). A
+    ValueError where the range's bottom does not fit."""
+    lo, hi = WORKLOADS[workload]
+    top = max_model_len - OUTPUT_TOKENS[1] - PROMPT_MARGIN
+    if top < lo:
+        raise ValueError(f"--max-model-len {max_model_len} cannot hold the {workload} workload's {lo}-token prompts and "
+                         f"{OUTPUT_TOKENS[1]} output tokens (at least {lo + OUTPUT_TOKENS[1] + PROMPT_MARGIN})")
+    return lo, min(hi, top)
+
+
+def bench_command(*, port: int, folder: Path, workload: str, rate: str, prompts: int, out: Path,
+                  max_model_len: int) -> list[str]:
+    """``vllm bench serve`` on the random dataset: input lengths uniform in :func:`input_range`, outputs in
+    :data:`OUTPUT_TOKENS`; each request's error saved (``--save-detailed``; :func:`summary` keeps them)."""
+    (middle, ratio), (out_middle, out_ratio) = (((lo + hi) / 2, (hi - lo) / (hi + lo))
+                                                for lo, hi in (input_range(workload, max_model_len), OUTPUT_TOKENS))
     ratios = json.dumps({"input": round(ratio, 6), "output": round(out_ratio, 6)})  # lengths uniform in middle·(1 ± ratio)
     return [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
             "--base-url", f"http://127.0.0.1:{port}", "--model", "model", "--tokenizer", str(folder),
             "--dataset-name", "random", "--random-input-len", str(round(middle)), "--random-range-ratio", ratios,
             "--random-output-len", str(round(out_middle)), "--num-prompts", str(prompts), "--request-rate", rate,
             "--ignore-eos", "--seed", "0", "--percentile-metrics", ",".join(METRICS), "--metric-percentiles", "50,99",
-            "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name, "--disable-tqdm"]
+            "--save-result", "--save-detailed", "--result-dir", str(out.parent), "--result-filename", out.name, "--disable-tqdm"]
 
 
 def summary(result: dict) -> dict:
@@ -217,7 +234,15 @@ def summary(result: dict) -> dict:
              "total_input_tokens", "total_output_tokens", "duration", "request_rate", "max_concurrency"}
     figures = {key: value for key, value in result.items() if key in keep}
     figures["failed"] = result.get("num_prompts", 0) - result.get("completed", 0)
+    errors = sorted({error[:300] for error in result.get("errors", []) if error})
+    if errors:  # why requests failed: each distinct message once (the first 3)
+        figures["errors"] = errors[:3]
     return figures
+
+
+def trimmed(result: dict) -> dict:
+    """A detailed result without its per-request token latencies and texts (kept: the per-request lengths and errors)."""
+    return {key: value for key, value in result.items() if key not in DETAILS_DROPPED}
 
 
 def arm_settings(arm: str, santa: dict) -> tuple[str, dict | None]:
@@ -321,7 +346,7 @@ def main() -> None:
     try:
         with sweep_lock(records, holder="serve.py"):
             serve_all(args, records)
-    except (SweepFileError, RuntimeError) as error:
+    except (SweepFileError, RuntimeError, ValueError) as error:
         sys.exit(f"serve.py: {error}")
 
 
@@ -333,6 +358,10 @@ def rates_of(workload: str, rates: list[str]) -> list[str]:
 def serve_all(args: argparse.Namespace, records: Path) -> None:
     done = done_runs(records)
     prompts = dict(zip(args.workloads, args.prompts * len(args.workloads) if len(args.prompts) == 1 else args.prompts, strict=True))
+    for workload in args.workloads:  # before any server starts: a workload the server cannot hold stops the run here
+        lo, hi = input_range(workload, args.max_model_len)
+        if hi < WORKLOADS[workload][1]:
+            print(f"{workload}: prompts of {lo}–{hi} tokens (the top lowered to fit --max-model-len {args.max_model_len})", flush=True)
     run = run_record()
     append_record(records, {"key": f"run/{run['date']}", "kind": "invocation", "run": run})
     for backend in args.backends:
@@ -354,19 +383,23 @@ def serve_all(args: argparse.Namespace, records: Path) -> None:
             for workload, rate in todo:
                 name = f"{backend}_{args.kv_cache_dtype}_{workload}_{rate}.json"
                 bench = bench_command(port=args.port, folder=args.folder, workload=workload, rate=rate,
-                                      prompts=prompts[workload], out=args.out / name)
+                                      prompts=prompts[workload], out=args.out / name, max_model_len=args.max_model_len)
                 start = time.perf_counter()
                 finished = subprocess.run(bench, capture_output=True, text=True)
                 if finished.returncode != 0:
                     print(finished.stdout[-2000:], finished.stderr[-3000:], sep="\n", flush=True)
                     raise RuntimeError(f"vllm bench serve failed on {workload} at rate {rate} (status {finished.returncode})")
-                figures = summary(json.loads((args.out / name).read_text()))
+                result = json.loads((args.out / name).read_text())
+                (args.out / name).write_text(json.dumps(trimmed(result)))
+                figures = summary(result)
                 append_record(records, {"key": bench_key(backend, args.kv_cache_dtype, workload, rate), "kind": "bench", "backend": backend, "kv_cache_dtype": args.kv_cache_dtype,
                                  "workload": workload, "rate": rate, "prompts": prompts[workload], "command": bench,
                                  "wall_s": time.perf_counter() - start, "figures": figures, "santa": santa,
                                  "max_model_len": args.max_model_len})
                 print(f"{backend} {workload} rate {rate}: " + json.dumps({k: round(v, 2) for k, v in figures.items()
                                                                           if isinstance(v, (int, float))}), flush=True)
+                for error in figures.get("errors", []):
+                    print(f"  a failed request: {error}", flush=True)
         print(f"{backend}: stopped (status {server.exit_status})", flush=True)
 
 

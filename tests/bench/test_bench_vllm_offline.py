@@ -60,6 +60,13 @@ def test_a_request_that_finishes_inside_the_clock_is_an_error_not_a_rate():
                               tag="r0", clock=engine.clock)
 
 
+def test_a_batch_the_kv_cache_cannot_hold_at_once_is_refused_before_the_clock():
+    with pytest.raises(RuntimeError, match=r"holds 449,968 tokens and 256 requests of 2,220 tokens need 568,320"):
+        offline.check_fits(batch=256, tokens=2220, capacity=449_968)
+    offline.check_fits(batch=64, tokens=2220, capacity=449_968)  # fits: no error
+    offline.check_fits(batch=256, tokens=2220, capacity=None)  # capacity unknown in this process: not checked
+
+
 def test_a_clock_that_never_starts_is_an_error_not_a_rate():
     engine = FakeEngine()
     with pytest.raises(RuntimeError, match="the clock never ran"):

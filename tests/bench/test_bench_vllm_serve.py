@@ -3,6 +3,7 @@
 the records become the comparison table. The server itself runs in tests/vllm_backend/test_vllm_serve.py (GPU)."""
 
 import json
+import math
 import random
 import subprocess
 import sys
@@ -27,15 +28,38 @@ def test_the_synthetic_tokenizer_round_trips_ids_and_has_a_chat_template(tmp_pat
 
 
 @pytest.mark.parametrize("workload", sorted(serve.WORKLOADS))
-def test_the_benchmark_asks_for_the_workloads_input_range(tmp_path, workload):
-    command = serve.bench_command(port=9, folder=tmp_path, workload=workload, rate="inf", prompts=8, out=tmp_path / "r.json")
+@pytest.mark.parametrize("max_model_len", [33024, 131072])
+def test_the_benchmark_asks_for_the_workloads_input_range_within_max_model_len(tmp_path, workload, max_model_len):
+    command = serve.bench_command(port=9, folder=tmp_path, workload=workload, rate="inf", prompts=8, out=tmp_path / "r.json",
+                                  max_model_len=max_model_len)
     flag = {name: command[i + 1] for i, name in enumerate(command[:-1]) if name.startswith("--")}
     ratios = json.loads(flag["--random-range-ratio"])
-    for name, lengths in (("input", serve.WORKLOADS[workload]), ("output", serve.OUTPUT_TOKENS)):
+    lo, hi = serve.WORKLOADS[workload]
+    want = (lo, min(hi, max_model_len - serve.OUTPUT_TOKENS[1] - serve.PROMPT_MARGIN))
+    for name, lengths in (("input", want), ("output", serve.OUTPUT_TOKENS)):
         middle, ratio = float(flag[f"--random-{name}-len"]), ratios[name]
         assert (round(middle * (1 - ratio)), round(middle * (1 + ratio))) == lengths
+    # the longest prompt vLLM's random dataset can draw (its bounds: floor and ceil) and the longest output fit
+    top = math.ceil(int(flag["--random-input-len"]) * (1 + ratios["input"]))
+    out_top = math.ceil(int(flag["--random-output-len"]) * (1 + ratios["output"]))
+    assert top + out_top <= max_model_len
     assert flag["--request-rate"] == "inf" and flag["--num-prompts"] == "8" and "--ignore-eos" in command
-    assert flag["--result-dir"] == str(tmp_path) and flag["--result-filename"] == "r.json"
+    assert flag["--result-dir"] == str(tmp_path) and flag["--result-filename"] == "r.json" and "--save-detailed" in command
+
+
+def test_a_server_too_short_for_a_workload_is_refused_with_the_lengths_it_needs():
+    with pytest.raises(ValueError, match=r"--max-model-len 16384 cannot hold the long workload's 16384-token prompts"):
+        serve.input_range("long", 16384)
+    assert serve.input_range("short", 16384) == serve.WORKLOADS["short"]
+
+
+def test_failed_requests_keep_their_errors_and_the_saved_result_drops_per_request_latencies():
+    result = {"num_prompts": 3, "completed": 1, "errors": ["", "HTTP 400: too long", "HTTP 400: too long"],
+              "itls": [[1.0]], "generated_texts": ["x"], "input_lens": [5, 6, 7], "mean_tpot_ms": 2.0}
+    figures = serve.summary(result)
+    assert figures["failed"] == 2 and figures["errors"] == ["HTTP 400: too long"] and figures["mean_tpot_ms"] == 2.0
+    assert serve.trimmed(result) == {"num_prompts": 3, "completed": 1, "errors": result["errors"], "input_lens": [5, 6, 7],
+                                     "mean_tpot_ms": 2.0}
 
 
 def test_the_server_command_carries_santas_settings_in_vllms_plugin_config(tmp_path):
