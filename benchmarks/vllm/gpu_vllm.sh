@@ -86,15 +86,18 @@ for stage in "$@"; do
     short)  # dense_below (santa.vllm.config): 2k-token prompts decode below 8192 keys, so the default gives every step to
             # FlashAttention inside santa's backend; SANTA_VLLM_DENSE_BELOW=0 is the backend before it. Packed: 9 JSON files
       # --max-model-len 32768: a server's plans and gate (below dense_below the backend would capture FlashAttention alone)
-      A="--folder /tmp/llama8b --make llama-3.1-8b --prompt-tokens 2048 --batch 16 64 256 --max-model-len 32768"
+      A="--folder /tmp/llama8b --make llama-3.1-8b --prompt-tokens 2048 --batch ${SHORT_BATCHES:-16 64 256} --max-model-len ${SHORT_MAX_MODEL_LEN:-32768}"
       mkdir -p /tmp/short
       run 190 $A --backend FLASH_ATTN --out "/tmp/short/short{batch}_flash.json"
       SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 190 $A --backend CUSTOM --out "/tmp/short/short{batch}_gate.json"
-      # SHORT_ARMS=gate: the default arm alone (the sampled arm's figures are 283cdaf's 0.76-0.90x)
-      [ "${SHORT_ARMS:-gate prop}" = gate ] || SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 SANTA_VLLM_DENSE_BELOW=0 run 190 $A \
-        --backend CUSTOM --out "/tmp/short/short{batch}_prop.json"
-      for B in 16 64 256; do for arm in ${SHORT_ARMS:-gate prop}; do
-        python3 benchmarks/vllm/offline.py --compare "/tmp/short/short${B}_flash.json" "/tmp/short/short${B}_${arm}.json"
+      # SHORT_ARMS=gate: the default arm alone (the sampled arm's figures are 283cdaf's 0.76-0.90x); "flash2": FLASH_ATTN's
+      # engine again, the control for greedy tokens (do two FLASH_ATTN engines agree where santa's gate runs FlashAttention?)
+      [[ " ${SHORT_ARMS:-gate prop} " == *" prop "* ]] && SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 SANTA_VLLM_DENSE_BELOW=0 \
+        run 190 $A --backend CUSTOM --out "/tmp/short/short{batch}_prop.json"
+      [[ " ${SHORT_ARMS:-gate prop} " == *" flash2 "* ]] && run 190 $A --backend FLASH_ATTN --out "/tmp/short/short{batch}_flash2.json"
+      for B in ${SHORT_BATCHES:-16 64 256}; do for arm in ${SHORT_ARMS:-gate prop}; do
+        [ -f "/tmp/short/short${B}_${arm}.json" ] && \
+          python3 benchmarks/vllm/offline.py --compare "/tmp/short/short${B}_flash.json" "/tmp/short/short${B}_${arm}.json"
       done; done | tee "$OUT/short_compare.txt"
       rm -f /tmp/short/*.lock; tar czf "$OUT/short.tgz" -C /tmp short ;;
     qwen|qwen_fp8)  # one engine per backend times batch 1, 16 and 64 in turn; qwen_fp8: the same on fp8 caches (files qwen8_*)

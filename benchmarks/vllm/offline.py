@@ -128,13 +128,23 @@ def finished(path: Path, settings: dict) -> bool:
             and len(result.get("decode_tokens_per_s_all", [])) >= settings["repeats"])
 
 
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The index of the first token where two greedy sequences differ (the shorter one's length where one is a prefix
+    of the other), None where they are equal."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
 def compare(baseline_path: str, other_path: str) -> None:
     base, other = (json.loads(Path(p).read_text()) for p in (baseline_path, other_path))
     ratio = other["decode_tokens_per_s"] / base["decode_tokens_per_s"]
-    same = sum(a == b for a, b in zip(base["tokens"], other["tokens"], strict=True))
+    firsts = [first_difference(a, b) for a, b in zip(base["tokens"], other["tokens"], strict=True)]
+    differ = sorted(i for i in firsts if i is not None)
+    where = f", the others from token {differ[0]}–{differ[-1]} (median {differ[len(differ) // 2]})" if differ else ""
+    itself = "".join(f"; {r['backend']} kept {r['repeat_same_tokens']} of {len(r['tokens'])} across its own repeats"
+                     for r in (base, other) if "repeat_same_tokens" in r)
     print(f"{other['backend']} {other['santa']} over {base['backend']}: {ratio:.3f}× decode tokens/s "
           f"({other['decode_tokens_per_s']:.0f} against {base['decode_tokens_per_s']:.0f}); "
-          f"{same} of {len(base['tokens'])} sequences with identical greedy tokens")
+          f"{len(firsts) - len(differ)} of {len(firsts)} sequences with identical greedy tokens{where}{itself}")
 
 
 def tokens_per_request(*, prompt_tokens: int, batch: int, chunk: int, warm_tokens: int, new_tokens: int) -> int:
@@ -266,16 +276,19 @@ def time_batches(args: argparse.Namespace) -> None:
         generator = torch.Generator().manual_seed(args.prompt_tokens)  # batch b's prompts: the first b of the largest batch's
         prompts = [TokensPrompt(prompt_token_ids=torch.randint(10, config["vocab_size"], (args.prompt_tokens,),
                                                                generator=generator).tolist()) for _ in range(batch)]
-        rates, result = [], {}
+        rates, result, first = [], {}, None
         for repeat in range(args.repeats):
             rate, tokens = decode_rate(llm, prompts, new_tokens=args.new_tokens, warm_tokens=args.warm_tokens,
                                        tag=f"b{batch}r{repeat}")
             rates.append(rate)
+            first = tokens if first is None else first
             print(f"batch {batch}, repeat {repeat}: {rate:.0f} decode tokens/s", flush=True)
             result = {  # written after every repeat: a call cut at its time limit keeps the repeats it finished
                 **settings, "vllm": vllm.__version__, "torch": torch.__version__, "device": torch.cuda.get_device_name(),
                 "shape": args.make, "batch": batch, "engine_batches": args.batch, "engine_start_s": start_s,
                 "decode_tokens_per_s": statistics.median(rates), "decode_tokens_per_s_all": rates, "tokens": tokens,
+                # the engine against itself: sequences whose greedy tokens this repeat kept from the first
+                "repeat_same_tokens": sum(a == b for a, b in zip(first, tokens, strict=True)),
                 "commit": os.environ.get("SANTA_COMMIT"), "run": run_record(),
             }
             write_json_atomic(out_path(args.out, batch), result)  # whole or not at all: a kill mid-write leaves the last repeat's

@@ -128,3 +128,25 @@ def test_a_second_run_on_the_same_out_is_refused(tmp_path, monkeypatch):
     args = finished_run(tmp_path, monkeypatch)
     with writer_lock(offline.lock_path(args.out)), pytest.raises(SystemExit, match="another offline.py run"):
         offline.main()
+
+
+def test_first_difference_finds_where_two_greedy_sequences_part():
+    assert offline.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert offline.first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert offline.first_difference([1, 2], [1, 2, 3]) == 2  # one a prefix of the other
+
+
+def test_compare_reports_the_rate_ratio_where_tokens_part_and_each_engine_against_itself(tmp_path, capsys):
+    flash = {"backend": "FLASH_ATTN", "santa": {}, "decode_tokens_per_s": 200.0, "tokens": [[1, 2, 3], [4, 5, 6], [7, 8, 9]],
+             "repeat_same_tokens": 3}
+    gate = {"backend": "CUSTOM", "santa": {"kernel": "prop"}, "decode_tokens_per_s": 190.0,
+            "tokens": [[1, 2, 3], [4, 0, 6], [7, 8, 0]]}  # an older record: no repeat_same_tokens
+    paths = []
+    for name, record in (("f", flash), ("g", gate)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(record))
+    offline.compare(*map(str, paths))
+    line = capsys.readouterr().out.strip()
+    assert "0.950× decode tokens/s (190 against 200)" in line
+    assert "1 of 3 sequences with identical greedy tokens, the others from token 1–2 (median 2)" in line
+    assert line.endswith("FLASH_ATTN kept 3 of 3 across its own repeats")
