@@ -15,9 +15,10 @@
 #   bash benchmarks/vllm/gpu_vllm.sh capacity       # santa's step on 2k/8k sequences planned for 32k/128k keys (no vLLM)
 #   bash benchmarks/vllm/gpu_vllm.sh llama          # Llama-3.1-8B shapes at 30k, batch 16: FLASH_ATTN against CUSTOM prop S=128
 #   bash benchmarks/vllm/gpu_vllm.sh llama_fp8      # the same on fp8 caches
-#   bash benchmarks/vllm/gpu_vllm.sh short          # Llama-3.1-8B shapes, 2k prompts, batch 16/64/256: FLASH_ATTN, CUSTOM (short
-#                                                   # steps to FlashAttention: dense_below's default), CUSTOM sampling every step
-#                                                   # (SHORT_ARMS=gate: the first two alone)
+#   bash benchmarks/vllm/gpu_vllm.sh short          # Llama-3.1-8B shapes, 2k prompts, batch 16/64/256: FLASH_ATTN against the
+#                                                   # SHORT_ARMS (default "gate prop"): gate = CUSTOM with dense_below's default,
+#                                                   # prop = CUSTOM sampling every step, flash2 = FLASH_ATTN again (the tokens'
+#                                                   # control); SHORT_BATCHES (16 64 256), SHORT_MAX_MODEL_LEN (32768)
 #   bash benchmarks/vllm/gpu_vllm.sh qwen           # Qwen2.5-0.5B shapes at 32k, batch 1, 16 and 64 (one engine per backend)
 #   bash benchmarks/vllm/gpu_vllm.sh qwen_fp8       # the same on fp8 caches
 #   bash benchmarks/vllm/gpu_vllm.sh needles        # the bundled Qwen's needle tasks at 16k/32k, 50 prompts, through vLLM
@@ -87,16 +88,18 @@ for stage in "$@"; do
             # FlashAttention inside santa's backend; SANTA_VLLM_DENSE_BELOW=0 is the backend before it. Packed: 9 JSON files
       # --max-model-len 32768: a server's plans and gate (below dense_below the backend would capture FlashAttention alone)
       A="--folder /tmp/llama8b --make llama-3.1-8b --prompt-tokens 2048 --batch ${SHORT_BATCHES:-16 64 256} --max-model-len ${SHORT_MAX_MODEL_LEN:-32768}"
-      mkdir -p /tmp/short
+      rm -rf /tmp/short; mkdir -p /tmp/short  # no earlier call's files compared or packed
+      ARMS=" ${SHORT_ARMS:-gate prop} "
       run 190 $A --backend FLASH_ATTN --out "/tmp/short/short{batch}_flash.json"
-      SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 190 $A --backend CUSTOM --out "/tmp/short/short{batch}_gate.json"
-      # SHORT_ARMS=gate: the default arm alone (the sampled arm's figures are 283cdaf's 0.76-0.90x); "flash2": FLASH_ATTN's
-      # engine again, the control for greedy tokens (do two FLASH_ATTN engines agree where santa's gate runs FlashAttention?)
-      [[ " ${SHORT_ARMS:-gate prop} " == *" prop "* ]] && SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 SANTA_VLLM_DENSE_BELOW=0 \
+      # arms: gate (santa's default: short steps on FlashAttention), prop (sampling every step, dense_below 0; 283cdaf's
+      # 0.76-0.90x), flash2 (FLASH_ATTN's engine again: do two FLASH_ATTN engines keep the same greedy tokens?)
+      [[ $ARMS == *" gate "* ]] && SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 190 $A --backend CUSTOM \
+        --out "/tmp/short/short{batch}_gate.json"
+      [[ $ARMS == *" prop "* ]] && SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 SANTA_VLLM_DENSE_BELOW=0 \
         run 190 $A --backend CUSTOM --out "/tmp/short/short{batch}_prop.json"
-      [[ " ${SHORT_ARMS:-gate prop} " == *" flash2 "* ]] && run 190 $A --backend FLASH_ATTN --out "/tmp/short/short{batch}_flash2.json"
-      for B in ${SHORT_BATCHES:-16 64 256}; do for arm in ${SHORT_ARMS:-gate prop}; do
-        [ -f "/tmp/short/short${B}_${arm}.json" ] && \
+      [[ $ARMS == *" flash2 "* ]] && run 190 $A --backend FLASH_ATTN --out "/tmp/short/short{batch}_flash2.json"
+      for B in ${SHORT_BATCHES:-16 64 256}; do for arm in $ARMS; do
+        [ -f "/tmp/short/short${B}_flash.json" ] && [ -f "/tmp/short/short${B}_${arm}.json" ] && \
           python3 benchmarks/vllm/offline.py --compare "/tmp/short/short${B}_flash.json" "/tmp/short/short${B}_${arm}.json"
       done; done | tee "$OUT/short_compare.txt"
       rm -f /tmp/short/*.lock; tar czf "$OUT/short.tgz" -C /tmp short ;;

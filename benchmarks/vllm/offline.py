@@ -154,14 +154,17 @@ def tokens_per_request(*, prompt_tokens: int, batch: int, chunk: int, warm_token
     return warm_tokens + new_tokens + spread + 8
 
 
-def check_fits(*, batch: int, tokens: int, capacity: int | None) -> None:
-    """Raise where the KV cache (``capacity`` tokens; None: not known here) cannot hold ``batch`` requests of ``tokens``
-    tokens at once: vLLM would queue some, and the batch would not decode together (H100, 2026-12-05: 256 × 2k-token
-    requests on 449,968 tokens)."""
-    if capacity is not None and batch * tokens > capacity:
-        raise RuntimeError(f"the KV cache holds {capacity:,} tokens and {batch} requests of {tokens:,} tokens need "
-                           f"{batch * tokens:,}: they cannot all decode at once (lower --batch or --prompt-tokens, or raise "
-                           "--gpu-memory-utilization)")
+def check_fits(*, batch: int, tokens: int, blocks: int | None, block_size: int) -> None:
+    """Raise where the KV cache (``blocks`` of ``block_size`` tokens, one of them vLLM's null block; None: not known here)
+    cannot hold ``batch`` requests of ``tokens`` tokens at once, each in whole blocks: vLLM would queue some, and the
+    batch would not decode together (H100, 2026-12-05: 256 × 2k-token requests on 449,968 tokens)."""
+    if blocks is None:
+        return
+    needed = batch * -(-tokens // block_size)
+    if needed > blocks - 1:
+        raise RuntimeError(f"the KV cache holds {blocks - 1:,} blocks of {block_size} tokens and {batch} requests of "
+                           f"{tokens:,} tokens need {needed:,}: they cannot all decode at once (lower --batch or "
+                           "--prompt-tokens, or raise --gpu-memory-utilization)")
 
 
 def decode_rate(llm, prompts: list, *, new_tokens: int, warm_tokens: int, tag: str) -> tuple[float, list[list[int]]]:
@@ -177,7 +180,7 @@ def decode_rate(llm, prompts: list, *, new_tokens: int, warm_tokens: int, tag: s
                              warm_tokens=warm_tokens, new_tokens=new_tokens)
     cache = llm.llm_engine.vllm_config.cache_config
     check_fits(batch=len(prompts), tokens=max(len(p["prompt_token_ids"]) for p in prompts) + cap,
-               capacity=None if not cache.num_gpu_blocks else cache.num_gpu_blocks * cache.block_size)
+               blocks=cache.num_gpu_blocks or None, block_size=cache.block_size)
     params = SamplingParams(max_tokens=cap, min_tokens=cap, temperature=0.0, ignore_eos=True, detokenize=False,
                             output_kind=RequestOutputKind.DELTA)
     return clocked_steps(llm.llm_engine, prompts, params, warm_tokens=warm_tokens, new_tokens=new_tokens, tag=tag)
@@ -236,8 +239,8 @@ def main() -> None:
     try:
         with writer_lock(lock_path(args.out), holder="offline.py run"):
             time_batches(args)
-    except (OutputLocked, OutputUnusable) as error:
-        sys.exit(str(error))
+    except (OutputLocked, OutputUnusable, RuntimeError) as error:  # RuntimeError: a batch that cannot be timed (one line)
+        sys.exit(f"offline.py: {error}")
 
 
 def time_batches(args: argparse.Namespace) -> None:
@@ -276,19 +279,22 @@ def time_batches(args: argparse.Namespace) -> None:
         generator = torch.Generator().manual_seed(args.prompt_tokens)  # batch b's prompts: the first b of the largest batch's
         prompts = [TokensPrompt(prompt_token_ids=torch.randint(10, config["vocab_size"], (args.prompt_tokens,),
                                                                generator=generator).tolist()) for _ in range(batch)]
-        rates, result, first = [], {}, None
+        rates, result, first, kept = [], {}, None, None
         for repeat in range(args.repeats):
             rate, tokens = decode_rate(llm, prompts, new_tokens=args.new_tokens, warm_tokens=args.warm_tokens,
                                        tag=f"b{batch}r{repeat}")
             rates.append(rate)
-            first = tokens if first is None else first
+            if first is None:
+                first = tokens
+            else:  # the engine against itself: the fewest sequences any later repeat kept from the first
+                same = sum(a == b for a, b in zip(first, tokens, strict=True))
+                kept = same if kept is None else min(kept, same)
             print(f"batch {batch}, repeat {repeat}: {rate:.0f} decode tokens/s", flush=True)
             result = {  # written after every repeat: a call cut at its time limit keeps the repeats it finished
                 **settings, "vllm": vllm.__version__, "torch": torch.__version__, "device": torch.cuda.get_device_name(),
                 "shape": args.make, "batch": batch, "engine_batches": args.batch, "engine_start_s": start_s,
                 "decode_tokens_per_s": statistics.median(rates), "decode_tokens_per_s_all": rates, "tokens": tokens,
-                # the engine against itself: sequences whose greedy tokens this repeat kept from the first
-                "repeat_same_tokens": sum(a == b for a, b in zip(first, tokens, strict=True)),
+                **({} if kept is None else {"repeat_same_tokens": kept}),
                 "commit": os.environ.get("SANTA_COMMIT"), "run": run_record(),
             }
             write_json_atomic(out_path(args.out, batch), result)  # whole or not at all: a kill mid-write leaves the last repeat's

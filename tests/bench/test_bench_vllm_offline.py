@@ -61,10 +61,13 @@ def test_a_request_that_finishes_inside_the_clock_is_an_error_not_a_rate():
 
 
 def test_a_batch_the_kv_cache_cannot_hold_at_once_is_refused_before_the_clock():
-    with pytest.raises(RuntimeError, match=r"holds 449,968 tokens and 256 requests of 2,220 tokens need 568,320"):
-        offline.check_fits(batch=256, tokens=2220, capacity=449_968)
-    offline.check_fits(batch=64, tokens=2220, capacity=449_968)  # fits: no error
-    offline.check_fits(batch=256, tokens=2220, capacity=None)  # capacity unknown in this process: not checked
+    with pytest.raises(RuntimeError, match=r"holds 28,122 blocks of 16 tokens and 256 requests of 2,220 tokens need 35,584"):
+        offline.check_fits(batch=256, tokens=2220, blocks=28_123, block_size=16)  # the H100's 449,968 tokens
+    offline.check_fits(batch=64, tokens=2220, blocks=28_123, block_size=16)  # fits: no error
+    with pytest.raises(RuntimeError, match="need 6:"):  # whole blocks per request, one block vLLM's null block
+        offline.check_fits(batch=3, tokens=17, blocks=6, block_size=16)
+    offline.check_fits(batch=3, tokens=16, blocks=4, block_size=16)
+    offline.check_fits(batch=256, tokens=2220, blocks=None, block_size=16)  # not known in this process: not checked
 
 
 def test_a_clock_that_never_starts_is_an_error_not_a_rate():

@@ -59,8 +59,10 @@ def h200_per_sm(shared: int) -> int:
     (16, 8, 4, 128, 33024, 128, "C8s"),  # a server's 33,024 keys: 8 slices of 4,128 (H100: 224.3 against Triton's 267.3)
     (64, 8, 4, 128, 36864, 128, "C8s"),  # the last length 8 slices of 4,608 keys cover
     (64, 8, 4, 128, 36865, 128, None),  # 9 slices: the two launches
-    (16, 2, 7, 64, 131072, 128, None),  # Qwen 128k: C19 at one CTA per SM, 314.5 against 284.2 (H100)
+    (16, 2, 7, 64, 131072, 128, None),  # Qwen 128k: one CTA per SM (C18; C19 on pages: 314.5 against 284.2, H100)
+    (16, 2, 7, 64, 65536, 128, None),  # Qwen 64k: the same branch (4k-key slices at one CTA per SM), not timed
     (16, 2, 7, 64, 32768, 128, "C16"),  # 16 slices of 2,048 keys cover 32k: unchanged
+    (16, 2, 7, 64, 32769, 2048, "C19"),  # one CTA per SM set by the gather's rows of S = 2048, not long slices: kept
 ])
 def test_the_plan_rule_picks_the_plans_measured_fastest(batch, kv_heads, group_size, dim, n, budget, want):
     """The H200 tables of issue 24 (benchmarks/RESULTS.md, 2026-12-03): the rule's plan is the fastest candidate."""
@@ -91,6 +93,15 @@ def test_only_bf16_q_prop_of_the_served_shapes_contiguous_nhd_or_in_pages_of_a_p
     kwargs = dict(device=torch.device("cuda", 0), kernel="prop", dtype=torch.bfloat16, kv_dtype=torch.bfloat16,
                   kv_layout="NHD", page_size=None, head_dim=128, group_size=4)
     assert not ol.eligible(**{**kwargs, **change})
+
+
+def test_a_servers_33024_key_plan_on_vllms_pages_takes_eight_slices():
+    """The plan of `vllm serve` at max_model_len 33,024 (16-key pages): C8s, timed 0.79–0.88× the Triton prop (H100)."""
+    for batch in (8, 16, 64, 256):
+        plan = ol.choose_plan(batch=batch, kv_heads=8, group_size=4, dim=128, n=33024, budget=128, sms=132,
+                              per_sm=h200_per_sm, page_size=16)
+        assert plan is not None and plan.name == "C8s" and min(w.slices for w in plan.works) == 8  # staggered: a first half-round of 16
+        assert plan.shared(group_size=4, dim=128, budget=128, page_size=16) <= ol.SHARED_LIMIT
 
 
 def test_a_paged_plan_counts_its_slices_pages_in_shared_memory():

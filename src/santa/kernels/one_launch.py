@@ -148,8 +148,9 @@ def choose_plan(*, batch: int, kv_heads: int, group_size: int, dim: int, n: int,
     measured 0.79–0.88× their time on vLLM's pages (B = 16 × 16k, 64 × 16k, 16 × 32k live keys: 224.3 / 826.2 / 406.0
     against 267.3 / 1040.4 / 461.6 µs) and 5.3 µs against 30.5–58.7 with the gate closed (H100, paged_ab.py --gate --full,
     2026-12-05). At d = 64 the rule gives the two launches where 16 slices of 2,048 keys cannot cover n and the longer
-    slices leave one CTA per SM (Qwen's shape planned for 128k keys, C19: 314.5 against 284.2 µs on B = 16 × 128k,
-    H100, and 1.04–1.35× on short sequences, H200, 2026-12-05; 64k plans take the same branch, not timed). A paged
+    slices' kept scores (not the gather's rows of a large S) leave one CTA per SM: Qwen's shape planned for 128k keys
+    (C19 on vLLM's pages: 314.5 against 284.2 µs on B = 16 × 128k, H100, and 1.04–1.35× on short sequences, H200,
+    2026-12-05); Qwen's from about 57k keys and SmolLM2's (G = 3) from about 134k take the same branch, not timed. A paged
     cache (``page_size``) takes the same rule, its slices' page ids counted in shared memory, and so does an fp8 cache
     (``fp8``: its own kernels; not measured apart)."""
     if (dim, group_size) not in SHAPES:
@@ -178,8 +179,9 @@ def choose_plan(*, batch: int, kv_heads: int, group_size: int, dim: int, n: int,
         if grid >= slices:
             if dim == 128 and (grid < 2 * sms or slices > 8):
                 return None  # Llama's shape: the two launches are faster (paged_ab.py, H200 2026-12-04; see the docstring)
-            if dim == 64 and grid < 2 * sms and n > 16 * ROUNDS_SLICE_KEYS[dim]:
-                return None  # long slices at one CTA per SM (Qwen 128k): the two launches are faster (the docstring)
+            if dim == 64 and grid < 2 * sms and n > 16 * ROUNDS_SLICE_KEYS[dim] and kept_bytes(group_size, -(-n // slices)) >= (
+                    4 * 8 * budget * -(-group_size * dim // 8 // slices)):
+                return None  # long slices' kept scores leave one CTA per SM (Qwen 128k): the two launches are faster
             staggered = group_size <= 4 and grid // 2 >= 2 * slices and groups * slices > grid
             return make_plan(slices=slices, grid=grid, groups=groups, n=n, group_size=group_size, dim=dim, staggered=staggered,
                              page_size=page_size, fp8=fp8)
