@@ -26,7 +26,8 @@
 #                                                   # (after `gpu_sweeps.sh stash` calls carrying .pkgs + .whlgg, then .qw1 … .qw12 one each)
 #   bash benchmarks/vllm/gpu_vllm.sh needles_serve  # issue 40: the needles through `vllm serve` and the OpenAI client
 #   bash benchmarks/vllm/gpu_vllm.sh serve          # issue 40: vllm serve + vllm bench serve, FLASH_ATTN against CUSTOM (SERVE_ARGS:
-#                                                   # serve.py's flags; SERVE_LIMIT: seconds); servetest: its GPU test
+#                                                   # serve.py's flags; SERVE_LIMIT: seconds; SERVE_MODEL: qwen2.5-0.5b, records
+#                                                   # apart); servetest: its GPU test
 #   bash benchmarks/vllm/gpu_vllm.sh vtests         # vLLM 0.26.0's own backend tests against santa (backend_test.py; carry
 #                                                   # .vt from `prepare.sh vllmtests`); VT_PASSES picks passes (default: all)
 # Every engine start costs ~1-2 min (torch.compile, CUDA-graph capture): budget the device calls for it.
@@ -130,10 +131,12 @@ for stage in "$@"; do
             # an `install` that carried .vs, the server's extra wheels): results packed as one file (8 come back)
       export PATH=/tmp/vsite/bin:$PATH
       # shellcheck disable=SC2086
-      timeout "${SERVE_LIMIT:-540}" python3 benchmarks/vllm/serve.py /tmp/serve --folder /tmp/llama8b_serve --make llama-3.1-8b \
+      # SERVE_MODEL: the shape (llama-3.1-8b, or qwen2.5-0.5b), its folder /tmp/<shape>_serve; its records in /tmp/serve
+      M=${SERVE_MODEL:-llama-3.1-8b}; F=/tmp/llama8b_serve; [ "$M" = llama-3.1-8b ] || F=/tmp/${M}_serve
+      timeout "${SERVE_LIMIT:-540}" python3 benchmarks/vllm/serve.py "/tmp/serve${SERVE_MODEL:+_$M}" --folder "$F" --make "$M" \
         ${SERVE_ARGS:---workloads short long mixed --prompts 64 16 24 --rates inf short:8 long:0.5} 2>&1 | grep -v "^DEBUG" | tail -n 30
-      python3 benchmarks/vllm/serve.py /tmp/serve --table | tee "$OUT/serve_table.md"
-      tar czf "$OUT/serve.tgz" -C /tmp serve ;;
+      python3 benchmarks/vllm/serve.py "/tmp/serve${SERVE_MODEL:+_$M}" --table | tee "$OUT/serve_table${SERVE_MODEL:+_$M}.md"
+      tar czf "$OUT/serve${SERVE_MODEL:+_$M}.tgz" -C /tmp "serve${SERVE_MODEL:+_$M}" ;;
     servetest)  # the GPU test of `vllm serve` with santa and the OpenAI client (tiny model; two server starts)
       timeout 400 python3 -m pytest -q -p no:cacheprovider -m slow tests/vllm_backend/test_vllm_serve.py 2>&1 | tail -n 15 \
         | tee "$OUT/tests_serve.log" ;;

@@ -55,6 +55,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{%
                  "{% if add_generation_prompt %}assistant:{% endif %}")
 METRICS = ("ttft", "tpot", "itl")
 PROMPT_MARGIN = 16  # tokens a workload's longest prompt and output leave free of max_model_len
+DEFAULT_MAX_MODEL_LEN = 33024  # the long workload's 32,768-token prompts and 256 output tokens
 DETAILS_DROPPED = ("itls", "ttfts", "generated_texts", "start_times")  # --save-detailed's per-request lists not kept
 
 
@@ -199,6 +200,12 @@ def streamed_tokens(pieces: list) -> int:
     return next((p.usage.completion_tokens for p in reversed(pieces) if p.usage is not None), 0)
 
 
+def default_max_model_len(folder: Path) -> int:
+    """33,024 tokens (a 32k prompt and 256 output tokens), or the folder's ``max_position_embeddings`` where that is less."""
+    positions = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
+    return DEFAULT_MAX_MODEL_LEN if positions is None else min(DEFAULT_MAX_MODEL_LEN, int(positions))
+
+
 def input_range(workload: str, max_model_len: int) -> tuple[int, int]:
     """The workload's input lengths (tokens, inclusive) on a server of ``max_model_len``: its range, the top lowered so
     that the longest prompt and the longest output fit with :data:`PROMPT_MARGIN` to spare (at 33,024 the mixed
@@ -276,7 +283,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, nargs="+", default=[64],
                         help="prompts per run: one number, or one per workload in --workloads' order")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8"))
-    parser.add_argument("--max-model-len", type=int, default=33024)
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="the server's max_model_len (default: 33,024, 32k prompts and their output, or the model's "
+                             "max_position_embeddings where that is less: Qwen2.5-0.5B's 32,768)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--santa", default='{"budget": 128, "kernel": "prop"}',
                         help="santa's settings for CUSTOM (--additional-config's \"santa\" entry), JSON")
@@ -341,6 +350,8 @@ def main() -> None:
         if args.make is None:
             sys.exit(f"{args.folder} holds no config.json: give --make SHAPE to make it")
         make_folder(args.folder, args.make)
+    if args.max_model_len is None:
+        args.max_model_len = default_max_model_len(args.folder)
     args.out.mkdir(parents=True, exist_ok=True)
     records = args.out / "serve.jsonl"
     try:

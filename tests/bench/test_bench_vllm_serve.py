@@ -47,6 +47,12 @@ def test_the_benchmark_asks_for_the_workloads_input_range_within_max_model_len(t
     assert flag["--result-dir"] == str(tmp_path) and flag["--result-filename"] == "r.json" and "--save-detailed" in command
 
 
+@pytest.mark.parametrize("positions,want", [(131072, 33024), (32768, 32768), (None, 33024)])
+def test_the_default_max_model_len_is_33024_or_the_models_positions(tmp_path, positions, want):
+    (tmp_path / "config.json").write_text(json.dumps({} if positions is None else {"max_position_embeddings": positions}))
+    assert serve.default_max_model_len(tmp_path) == want
+
+
 def test_a_server_too_short_for_a_workload_is_refused_with_the_lengths_it_needs():
     with pytest.raises(ValueError, match=r"--max-model-len 16384 cannot hold the long workload's 16384-token prompts"):
         serve.input_range("long", 16384)
