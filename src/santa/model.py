@@ -525,8 +525,9 @@ def kernel_reference_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: De
 
 
 def kernel_decode(q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext, layer: int) -> Tensor:
-    """The layer budget's plan: launches only (no validation, no host sync; the keys and positions are device tensors,
-    so a captured graph follows them); an fp8 cache is read as stored, with its scales."""
+    """The layer budget's plan, run (:meth:`DecodePlan.run`: the tensors' host metadata checked, no value read, no host
+    sync; the keys and positions are device tensors, so a captured graph follows them); an fp8 cache is read as stored,
+    with its scales."""
     k_scale, v_scale = layer_scales(ctx, layer, k_cache)
     return ctx.plan_of(layer, q, k_cache).run(q, k_cache, v_cache, seq_lens=ctx.seq_lens, seed=ctx.layer_keys[layer],
                                               positions=ctx.positions, k_scale=k_scale, v_scale=v_scale, reads=ctx.reads)

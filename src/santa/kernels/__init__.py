@@ -3,7 +3,7 @@
 - :func:`decode`: one eager decode step over a contiguous or paged KV cache (CPU: the torch reference,
   or the kernels in Triton's interpreter under ``TRITON_INTERPRET=1``).
 - :func:`plan_decode` → :class:`DecodePlan`: validate a shape once, then ``plan.run(...)`` per step
-  (launches only: no tensor validation, no allocation, CUDA-graph capturable; a CPU plan runs what
+  (the tensors' host metadata checked, no value read, no allocation, CUDA-graph capturable; a CPU plan runs what
   :func:`decode` runs on the CPU).
 - :func:`make_workspace`, :class:`Workspace`, :func:`workspace_bytes`: caller-owned scratch, typed
   by the shape and kernel it serves.

@@ -1,6 +1,6 @@
 """Plan once, run per step: :func:`plan_decode` validates and freezes a decode call's shapes, layout,
-budget and launch parameters and owns its typed :class:`Workspace`; :meth:`DecodePlan.run` only
-launches (no validation, no allocation, no host synchronisation: CUDA-graph capturable).
+budget and launch parameters and owns its typed :class:`Workspace`; :meth:`DecodePlan.run` checks the call's host
+metadata and launches (no value read, no allocation, no host synchronisation: CUDA-graph capturable).
 
 ``run`` checks its tensors' kinds, dtypes, shapes and devices against the plan (:meth:`DecodePlan.check_call`:
 host metadata, no values read, so nothing a CUDA graph replays) and the types and ranges of ``seed`` and
