@@ -18,7 +18,8 @@
 #   bash benchmarks/vllm/gpu_vllm.sh short          # Llama-3.1-8B shapes, 2k prompts, batch 16/64/256: FLASH_ATTN against the
 #                                                   # SHORT_ARMS (default "gate prop"): gate = CUSTOM with dense_below's default,
 #                                                   # prop = CUSTOM sampling every step, flash2 = FLASH_ATTN again (the tokens'
-#                                                   # control); SHORT_BATCHES (16 64 256), SHORT_MAX_MODEL_LEN (32768)
+#                                                   # control); SHORT_BATCHES (16 64 256), SHORT_MAX_MODEL_LEN (32768),
+#                                                   # PROFILE_STEPS (0; 16: the kernels each arm runs, side by side)
 #   bash benchmarks/vllm/gpu_vllm.sh qwen           # Qwen2.5-0.5B shapes at 32k, batch 1, 16 and 64 (one engine per backend)
 #   bash benchmarks/vllm/gpu_vllm.sh qwen_fp8       # the same on fp8 caches
 #   bash benchmarks/vllm/gpu_vllm.sh needles        # the bundled Qwen's needle tasks at 16k/32k, 50 prompts, through vLLM
@@ -89,6 +90,7 @@ for stage in "$@"; do
             # FlashAttention inside santa's backend; SANTA_VLLM_DENSE_BELOW=0 is the backend before it. Packed: 9 JSON files
       # --max-model-len 32768: a server's plans and gate (below dense_below the backend would capture FlashAttention alone)
       A="--folder /tmp/llama8b --make llama-3.1-8b --prompt-tokens 2048 --batch ${SHORT_BATCHES:-16 64 256} --max-model-len ${SHORT_MAX_MODEL_LEN:-32768}"
+      A="$A --profile-steps ${PROFILE_STEPS:-0}"  # PROFILE_STEPS=16: each arm's kernels over 16 more tokens (--compare lists them)
       rm -rf /tmp/short; mkdir -p /tmp/short  # no earlier call's files compared or packed
       ARMS=" ${SHORT_ARMS:-gate prop} "
       run 190 $A --backend FLASH_ATTN --out "/tmp/short/short{batch}_flash.json"

@@ -29,6 +29,7 @@ every size is done.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import statistics
@@ -85,6 +86,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tensor-parallel-size", type=int, default=1, choices=(1, 2, 4, 8),
                         help="vLLM's tensor parallelism (santa keys its draws on the global head: the same tokens at every size)")
     parser.add_argument("--make-only", action="store_true", help="make the folder (--make) and exit, no engine")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="after timing a batch size, profile this many more decode tokens per request with vLLM's torch "
+                             "profiler and keep each GPU kernel's count and time in the result (\"kernels\"; traces under "
+                             "/tmp, not kept)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     for name in ("prompt_tokens", "new_tokens", "warm_tokens", "repeats", "max_num_batched_tokens"):
@@ -128,6 +133,49 @@ def finished(path: Path, settings: dict) -> bool:
             and len(result.get("decode_tokens_per_s_all", [])) >= settings["repeats"])
 
 
+TRACES = Path("/tmp/offline_traces")  # vLLM's torch-profiler traces (--profile-steps), summarised then deleted
+KERNELS_KEPT = 40  # the kernels a result keeps from a profile, by total time
+
+
+def new_traces(before: set[Path], timeout_s: float = 120.0) -> list[Path]:
+    """The trace files under :data:`TRACES` not in ``before``, once there is one and none has grown for 2 s (the
+    engine's worker writes them as the profiler stops); RuntimeError where none comes in ``timeout_s``."""
+    start, sizes = time.perf_counter(), None
+    while time.perf_counter() - start < timeout_s:
+        found = sorted(set(TRACES.glob("**/*.pt.trace.json*")) - before)
+        now = {trace: trace.stat().st_size for trace in found}
+        if found and now == sizes:
+            return found
+        sizes = now
+        time.sleep(2.0)
+    raise RuntimeError(f"no profiler trace came to {TRACES} in {timeout_s:.0f} s")
+
+
+def kernel_totals(traces: list[Path]) -> list[dict]:
+    """Every GPU kernel of these Chrome traces (torch profiler, ``.json`` or ``.json.gz``: events of category
+    ``kernel``, CUDA-graph replays included) as ``{"name", "count", "total_us"}``, the longest total first."""
+    totals: dict[str, list[float]] = {}
+    for trace in traces:
+        opener = gzip.open if trace.suffix == ".gz" else open
+        with opener(trace, "rt") as f:
+            events = json.load(f).get("traceEvents", [])
+        for event in events:
+            if event.get("cat") == "kernel" and "dur" in event:
+                entry = totals.setdefault(event["name"], [0, 0.0])
+                entry[0] += 1
+                entry[1] += float(event["dur"])
+    ranked = sorted(totals.items(), key=lambda item: -item[1][1])
+    return [{"name": name, "count": count, "total_us": round(total, 3)} for name, (count, total) in ranked]
+
+
+def kernel_differences(base: list[dict], other: list[dict], most: int = 8) -> list[tuple[str, float, float]]:
+    """(name, base µs, other µs) of the kernels whose total time differs most between two profiles (a kernel one of
+    them lacks counts 0 there)."""
+    a, b = ({k["name"]: k["total_us"] for k in kernels} for kernels in (base, other))
+    names = sorted(set(a) | set(b), key=lambda name: -abs(b.get(name, 0.0) - a.get(name, 0.0)))
+    return [(name, a.get(name, 0.0), b.get(name, 0.0)) for name in names[:most]]
+
+
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """The index of the first token where two greedy sequences differ (the shorter one's length where one is a prefix
     of the other), None where they are equal."""
@@ -145,6 +193,11 @@ def compare(baseline_path: str, other_path: str) -> None:
     print(f"{other['backend']} {other['santa']} over {base['backend']}: {ratio:.3f}× decode tokens/s "
           f"({other['decode_tokens_per_s']:.0f} against {base['decode_tokens_per_s']:.0f}); "
           f"{len(firsts) - len(differ)} of {len(firsts)} sequences with identical greedy tokens{where}{itself}")
+    if "kernels" in base and "kernels" in other:  # profiles of the same tokens: where the time differs, kernel by kernel
+        total = [sum(k["total_us"] for k in r["kernels"]) for r in (base, other)]
+        print(f"  profiled kernels: {total[0]:.0f} against {total[1]:.0f} µs in all; the largest differences (µs):")
+        for name, a, b in kernel_differences(base["kernels"], other["kernels"]):
+            print(f"    {b - a:+10.1f}  {a:10.1f} → {b:10.1f}  {name[:110]}")
 
 
 def tokens_per_request(*, prompt_tokens: int, batch: int, chunk: int, warm_tokens: int, new_tokens: int) -> int:
@@ -271,7 +324,10 @@ def time_batches(args: argparse.Namespace) -> None:
               max_model_len=args.max_model_len or needed,
               max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=largest, seed=0,
               gpu_memory_utilization=args.gpu_memory_utilization, skip_tokenizer_init=True, enable_prefix_caching=False,
-              enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size)
+              enforce_eager=args.enforce_eager, tensor_parallel_size=args.tensor_parallel_size,
+              **({} if not args.profile_steps else {"profiler_config": {
+                  "profiler": "torch", "torch_profiler_dir": str(TRACES), "torch_profiler_with_stack": False,
+                  "ignore_frontend": True}}))
     start_s = time.perf_counter() - t
     print(f"engine up in {start_s:.0f} s", flush=True)
 
@@ -300,6 +356,17 @@ def time_batches(args: argparse.Namespace) -> None:
             write_json_atomic(out_path(args.out, batch), result)  # whole or not at all: a kill mid-write leaves the last repeat's
         print(f"{args.backend} {santa_settings}: {result['decode_tokens_per_s']:.0f} decode tokens/s "
               f"({[round(x) for x in rates]}), batch {batch} × {args.prompt_tokens}", flush=True)
+        if args.profile_steps:  # the same batch again under the profiler: which kernels a step runs, and for how long
+            before = set(TRACES.glob("**/*.pt.trace.json*"))
+            llm.start_profile()
+            decode_rate(llm, prompts, new_tokens=args.profile_steps, warm_tokens=args.warm_tokens, tag=f"b{batch}p")
+            llm.stop_profile()
+            traces = new_traces(before)
+            result["kernels"] = kernel_totals(traces)[:KERNELS_KEPT]
+            result["profiled"] = {"tokens_per_request": args.profile_steps, "traces": len(traces)}
+            write_json_atomic(out_path(args.out, batch), result)
+            for trace in traces:
+                trace.unlink()
 
 
 if __name__ == "__main__":

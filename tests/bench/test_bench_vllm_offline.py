@@ -153,3 +153,34 @@ def test_compare_reports_the_rate_ratio_where_tokens_part_and_each_engine_agains
     assert "0.950× decode tokens/s (190 against 200)" in line
     assert "1 of 3 sequences with identical greedy tokens, the others from token 1–2 (median 2)" in line
     assert line.endswith("FLASH_ATTN kept 3 of 3 across its own repeats")
+
+
+def test_kernel_totals_sum_each_kernel_over_traces_plain_and_gzipped(tmp_path):
+    import gzip
+
+    events = [{"cat": "kernel", "name": "prop1p_d128_g4", "dur": 5.0}, {"cat": "kernel", "name": "flash_fwd", "dur": 20.0},
+              {"cat": "cpu_op", "name": "aten::mm", "dur": 99.0}, {"cat": "kernel", "name": "prop1p_d128_g4", "dur": 5.5}]
+    plain = tmp_path / "a.pt.trace.json"
+    plain.write_text(json.dumps({"traceEvents": events[:2]}))
+    zipped = tmp_path / "b.pt.trace.json.gz"
+    with gzip.open(zipped, "wt") as f:
+        json.dump({"traceEvents": events[2:]}, f)
+    assert offline.kernel_totals([plain, zipped]) == [{"name": "flash_fwd", "count": 1, "total_us": 20.0},
+                                                      {"name": "prop1p_d128_g4", "count": 2, "total_us": 10.5}]
+
+
+def test_compare_prints_the_kernels_whose_time_differs_most(tmp_path, capsys):
+    flash = {"backend": "FLASH_ATTN", "santa": {}, "decode_tokens_per_s": 100.0, "tokens": [[1]],
+             "kernels": [{"name": "flash_fwd", "count": 32, "total_us": 640.0}, {"name": "gemm", "count": 64, "total_us": 900.0}]}
+    gate = {**flash, "backend": "CUSTOM", "decode_tokens_per_s": 98.0,
+            "kernels": [{"name": "flash_fwd", "count": 32, "total_us": 641.0}, {"name": "gemm", "count": 64, "total_us": 900.0},
+                        {"name": "prop1p_d128_g4", "count": 32, "total_us": 170.0}]}
+    assert offline.kernel_differences(flash["kernels"], gate["kernels"], most=2) == [("prop1p_d128_g4", 0.0, 170.0),
+                                                                                      ("flash_fwd", 640.0, 641.0)]
+    paths = []
+    for name, record in (("f", flash), ("g", gate)):
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps(record))
+    offline.compare(*map(str, paths))
+    out = capsys.readouterr().out
+    assert "profiled kernels: 1540 against 1711 µs in all" in out and "+170.0" in out and "prop1p_d128_g4" in out
