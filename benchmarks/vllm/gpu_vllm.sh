@@ -132,13 +132,14 @@ for stage in "$@"; do
     serve)  # issue 40: `vllm serve` per backend, the OpenAI client, `vllm bench serve` (benchmarks/vllm/serve.py; after
             # an `install` that carried .vs, the server's extra wheels): results packed as one file (8 come back)
       export PATH=/tmp/vsite/bin:$PATH
+      # SERVE_MODEL: the shape (llama-3.1-8b, or qwen2.5-0.5b: folder /tmp/<shape>_serve, records /tmp/serve_<shape>)
+      M=${SERVE_MODEL:-llama-3.1-8b}; F=/tmp/llama8b_serve; S=serve
+      [ "$M" = llama-3.1-8b ] || { F=/tmp/${M}_serve; S=serve_$M; }
       # shellcheck disable=SC2086
-      # SERVE_MODEL: the shape (llama-3.1-8b, or qwen2.5-0.5b), its folder /tmp/<shape>_serve; its records in /tmp/serve
-      M=${SERVE_MODEL:-llama-3.1-8b}; F=/tmp/llama8b_serve; [ "$M" = llama-3.1-8b ] || F=/tmp/${M}_serve
-      timeout "${SERVE_LIMIT:-540}" python3 benchmarks/vllm/serve.py "/tmp/serve${SERVE_MODEL:+_$M}" --folder "$F" --make "$M" \
+      timeout "${SERVE_LIMIT:-540}" python3 benchmarks/vllm/serve.py "/tmp/$S" --folder "$F" --make "$M" \
         ${SERVE_ARGS:---workloads short long mixed --prompts 64 16 24 --rates inf short:8 long:0.5} 2>&1 | grep -v "^DEBUG" | tail -n 30
-      python3 benchmarks/vllm/serve.py "/tmp/serve${SERVE_MODEL:+_$M}" --table | tee "$OUT/serve_table${SERVE_MODEL:+_$M}.md"
-      tar czf "$OUT/serve${SERVE_MODEL:+_$M}.tgz" -C /tmp "serve${SERVE_MODEL:+_$M}" ;;
+      python3 benchmarks/vllm/serve.py "/tmp/$S" --table | tee "$OUT/${S}_table.md"
+      tar czf "$OUT/$S.tgz" -C /tmp "$S" ;;
     servetest)  # the GPU test of `vllm serve` with santa and the OpenAI client (tiny model; two server starts)
       timeout 400 python3 -m pytest -q -p no:cacheprovider -m slow tests/vllm_backend/test_vllm_serve.py 2>&1 | tail -n 15 \
         | tee "$OUT/tests_serve.log" ;;

@@ -228,12 +228,12 @@ def decode_rate(llm, prompts: list, *, new_tokens: int, warm_tokens: int, tag: s
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    cap = tokens_per_request(prompt_tokens=max(len(p["prompt_token_ids"]) for p in prompts), batch=len(prompts),
+    longest = max(len(p["prompt_token_ids"]) for p in prompts)
+    cap = tokens_per_request(prompt_tokens=longest, batch=len(prompts),
                              chunk=llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens,
                              warm_tokens=warm_tokens, new_tokens=new_tokens)
     cache = llm.llm_engine.vllm_config.cache_config
-    check_fits(batch=len(prompts), tokens=max(len(p["prompt_token_ids"]) for p in prompts) + cap,
-               blocks=cache.num_gpu_blocks or None, block_size=cache.block_size)
+    check_fits(batch=len(prompts), tokens=longest + cap, blocks=cache.num_gpu_blocks or None, block_size=cache.block_size)
     params = SamplingParams(max_tokens=cap, min_tokens=cap, temperature=0.0, ignore_eos=True, detokenize=False,
                             output_kind=RequestOutputKind.DELTA)
     return clocked_steps(llm.llm_engine, prompts, params, warm_tokens=warm_tokens, new_tokens=new_tokens, tag=tag)

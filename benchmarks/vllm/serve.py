@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from benchmarks.vllm.offline import SHAPES  # noqa: E402  (the model shapes of the offline benchmark)
 
 from santa.provenance import run_record  # noqa: E402
+from santa.schedule_file import write_json_atomic  # noqa: E402
 from santa.sweep_files import SweepFileError, append_record, read_records, sweep_lock  # noqa: E402
 
 # the servers a run compares: (vLLM's --attention-backend, what the arm adds to --santa's settings; None: no santa).
@@ -401,7 +402,7 @@ def serve_all(args: argparse.Namespace, records: Path) -> None:
                     print(finished.stdout[-2000:], finished.stderr[-3000:], sep="\n", flush=True)
                     raise RuntimeError(f"vllm bench serve failed on {workload} at rate {rate} (status {finished.returncode})")
                 result = json.loads((args.out / name).read_text())
-                (args.out / name).write_text(json.dumps(trimmed(result)))
+                write_json_atomic(args.out / name, trimmed(result))  # whole or not at all
                 figures = summary(result)
                 append_record(records, {"key": bench_key(backend, args.kv_cache_dtype, workload, rate), "kind": "bench", "backend": backend, "kv_cache_dtype": args.kv_cache_dtype,
                                  "workload": workload, "rate": rate, "prompts": prompts[workload], "command": bench,

@@ -82,13 +82,19 @@ def kept_bytes(heads: int, slice_len: int) -> int:
     return 4 * heads * (stride + -(-slice_len // 8))
 
 
+def gather_bytes(*, slices: int, group_size: int, dim: int, budget: int) -> int:
+    """Shared memory of one CTA's gather: its rows [vectors][S][8] float32, the group's ``group_size · dim / 8`` output
+    vectors shared out over its ``slices`` CTAs."""
+    return 4 * 8 * budget * -(-group_size * dim // 8 // slices)
+
+
 def slice_shared(*, slices: int, slice_len: int, group_size: int, dim: int, budget: int, page_size: int | None = None) -> int:
     """Dynamic shared memory of one CTA working on a slice of a group cut in ``slices``: the kept scores and subtiles
     plus the group's stats (and, paged, the page ids of the slice: ⌈slice_len / page_size⌉ + 1 at most), or the
-    gather's rows [vectors][S][8] float32 where those take more."""
-    vectors_per_cta = -(-group_size * dim // 8 // slices)
+    gather's rows (:func:`gather_bytes`) where those take more."""
     pages = 0 if page_size is None else -(-slice_len // page_size) + 1
-    return max(kept_bytes(group_size, slice_len) + 4 * group_size * slices * 2 + 4 * pages, 4 * 8 * budget * vectors_per_cta)
+    return max(kept_bytes(group_size, slice_len) + 4 * group_size * slices * 2 + 4 * pages,
+               gather_bytes(slices=slices, group_size=group_size, dim=dim, budget=budget))
 
 
 @dataclass(frozen=True)
@@ -179,8 +185,9 @@ def choose_plan(*, batch: int, kv_heads: int, group_size: int, dim: int, n: int,
         if grid >= slices:
             if dim == 128 and (grid < 2 * sms or slices > 8):
                 return None  # Llama's shape: the two launches are faster (paged_ab.py, H200 2026-12-04; see the docstring)
-            if dim == 64 and grid < 2 * sms and n > 16 * ROUNDS_SLICE_KEYS[dim] and kept_bytes(group_size, -(-n // slices)) >= (
-                    4 * 8 * budget * -(-group_size * dim // 8 // slices)):
+            gather = gather_bytes(slices=slices, group_size=group_size, dim=dim, budget=budget)
+            long_slices = kept_bytes(group_size, -(-n // slices)) >= gather  # not the gather's rows of a large S
+            if dim == 64 and grid < 2 * sms and n > 16 * ROUNDS_SLICE_KEYS[dim] and long_slices:
                 return None  # long slices' kept scores leave one CTA per SM (Qwen 128k): the two launches are faster
             staggered = group_size <= 4 and grid // 2 >= 2 * slices and groups * slices > grid
             return make_plan(slices=slices, grid=grid, groups=groups, n=n, group_size=group_size, dim=dim, staggered=staggered,
