@@ -124,3 +124,26 @@ def test_one_cache_holds_each_call_and_calls_of_one_shape_share_their_plan():
     assert all(call.plan is calls[0].plan for call in calls)
     santa.decode(q, k, v, 16, seed=1)  # another budget: another plan
     assert len({id(call.plan) for call in eager._CALLS.values()}) == 2
+
+
+def test_a_cache_growing_by_a_key_per_step_holds_a_bounded_number_of_plans():
+    """transformers' default DynamicCache grows by one key per step, so santa.decode makes a plan per step under
+    santa.hf; each plan owns a workspace sized by its keys, so the cache keeps at most _PLANS_HELD of them (the oldest
+    dropped first), and a dropped shape seen again is planned anew with the same output."""
+    import importlib
+
+    import santa
+
+    eager = importlib.import_module("santa.kernels.eager")
+    eager._CALLS.clear()
+    q = torch.randn(2, 4, 16, device=DEVICE)
+    k, v = torch.randn(2, 2, 2, 40, 16, device=DEVICE).unbind(0)  # HND, as santa.hf passes it
+    first = santa.decode(q, k[:, :, :20].contiguous(), v[:, :, :20].contiguous(), 8, kv_layout="HND", seed=3)
+    for n in range(21, 21 + eager._PLANS_HELD + 4):
+        santa.decode(q, k[:, :, :n].contiguous(), v[:, :, :n].contiguous(), 8, kv_layout="HND", seed=3)
+        plans = {id(call.plan) for call in eager._CALLS.values()}
+        assert len(plans) <= eager._PLANS_HELD
+    held = {call.plan.shape.n_keys for call in eager._CALLS.values()}
+    assert held == set(range(21 + 4, 21 + eager._PLANS_HELD + 4))  # the newest, in full
+    again = santa.decode(q, k[:, :, :20].contiguous(), v[:, :, :20].contiguous(), 8, kv_layout="HND", seed=3)
+    assert torch.equal(again, first)

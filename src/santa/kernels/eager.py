@@ -287,13 +287,23 @@ class _Call:
 
 _CALLS: dict[tuple, _Call] = {}  # the one cache: call signature → its validation and plan (cleared past _CALL_CACHE_SIZE)
 _CALL_CACHE_SIZE = 256
+# distinct plans the cache holds at most: each owns a workspace sized by its keys (Llama's B = 16 × 32k: 66 MB), and a
+# cache that grows by a key per step (transformers' default DynamicCache under santa.hf) makes a plan per step
+_PLANS_HELD = 8
 
 
 def _plan_for(key: tuple, **shape) -> DecodePlan:
     """The plan of a call shape: the one a cached call of that shape holds (another signature of it: other strides,
-    an ``out``, an offset tensor), else a new one (its launches and, unless given, its workspace)."""
+    an ``out``, an offset tensor), else a new one (its launches and, unless given, its workspace), for which the calls
+    of the oldest plan are dropped where the cache holds :data:`_PLANS_HELD` plans already (their workspaces freed)."""
     found = next((call.plan for call in _CALLS.values() if call.plan_key == key), None)
-    return found if found is not None else plan_decode(**shape)
+    if found is not None:
+        return found
+    held = list({call.plan_key: None for call in _CALLS.values() if call.plan is not None})  # in the order made
+    for stale in held[: max(0, len(held) - _PLANS_HELD + 1)]:
+        for sig in [sig for sig, call in _CALLS.items() if call.plan_key == stale]:
+            del _CALLS[sig]
+    return plan_decode(**shape)
 
 
 def _signature(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts,
