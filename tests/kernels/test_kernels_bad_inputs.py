@@ -280,3 +280,58 @@ def test_a_cached_signature_follows_triton_interpret(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     decode(q, k, v, 8, seed=2)
     assert fallback == [1]
+
+
+def _fallback_plan(monkeypatch, **shape):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # kernels_on_cpu() is False: plan.run runs the torch fallback
+    return plan_decode(batch=2, heads=4, kv_heads=2, head_dim=8, n_keys=16, budget=4, dtype=torch.float32, device="cpu",
+                       **shape)
+
+
+def test_the_plans_torch_fallback_reads_the_first_b_rows_of_larger_tables(monkeypatch):
+    """DecodePlan.run takes tables with more rows than the plan's batch (vLLM's persistent buffers): the fallback reads
+    their first B entries, as the kernels do, and never checks the rows past them."""
+    plan = _fallback_plan(monkeypatch)
+    q, k, v = torch.randn(2, 4, 8), torch.randn(2, 16, 2, 8), torch.randn(2, 16, 2, 8)
+    lens, positions = torch.tensor([4, 3], dtype=torch.int32), torch.tensor([5, 7])
+    want = plan.run(q, k, v, seq_lens=lens, positions=positions, seed=1)
+    got = plan.run(q, k, v, seq_lens=torch.tensor([4, 3, 99], dtype=torch.int32), positions=torch.tensor([5, 7, -1]), seed=1)
+    assert torch.equal(got, want)
+    paged = _fallback_plan(monkeypatch, page_size=4)
+    pages = torch.randn(6, 4, 2, 8)
+    table = torch.tensor([[0, 1, 2, 3], [3, 4, 5, 0]], dtype=torch.int32)
+    want = paged.run(q, pages, pages, block_table=table, seq_lens=lens)
+    got = paged.run(q, pages, pages, block_table=torch.cat([table, table.new_full((1, 4), 99)]), seq_lens=lens)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (dict(block_table=torch.tensor([[0, 1, 2, 99], [3, 4, 5, 0]], dtype=torch.int32)), ValueError,
+     r"block_table\[0, 3\] = 99 must be a page id in \[0, 6\)"),  # no seq_lens: every page is read
+    (dict(starts=torch.tensor([5, 0], dtype=torch.int32), seq_lens=torch.tensor([4, 3], dtype=torch.int32)), ValueError,
+     r"starts\[0\] = 5 must lie in \[0, 4\]"),
+    (dict(positions=torch.tensor([-1, 2])), ValueError, r"positions\[0\] = -1 must be ≥ 0"),
+    (dict(seed=torch.tensor([3, -2])), ValueError, r"seed\[1\] = -2 must be ≥ 0"),
+    (dict(k_scale="x"), TypeError, "k_scale must be a float or a float32 tensor"),
+    (dict(v_scale=2.0), ValueError, "v_scale dequantises a float8_e4m3fn cache; this call's caches are not fp8"),
+])
+def test_the_plans_torch_fallback_refuses_what_the_kernels_guard_by_name(monkeypatch, call, error, match):
+    """The values the kernels guard on the device (a bad page, a start past its sequence, a negative position or key),
+    checked by name on the CPU fallback, where a check costs no sync; a scale on a cache that is not fp8 is refused on
+    every path (the Triton kernels would scale the scores, the fallback and the one launch would not)."""
+    paged = "block_table" in call
+    plan = _fallback_plan(monkeypatch, **(dict(page_size=4) if paged else {}))
+    q = torch.randn(2, 4, 8)
+    k = torch.randn(6, 4, 2, 8) if paged else torch.randn(2, 16, 2, 8)
+    if "seed" in call or "positions" in call:
+        call = dict(call, positions=call.get("positions", torch.tensor([1, 2])))
+    with pytest.raises(error, match=match):
+        plan.run(q, k, k, **call)
+
+
+@pytest.mark.parametrize("scale", [-1.0, float("nan"), torch.tensor([1.0, -2.0])])
+def test_an_fp8_plans_scales_must_be_finite_and_positive(monkeypatch, scale):
+    plan = _fallback_plan(monkeypatch, kv_dtype=torch.float8_e4m3fn)
+    q, k = torch.randn(2, 4, 8), torch.randn(2, 16, 2, 8).to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="k_scale must (be a finite scale|hold finite scales) > 0"):
+        plan.run(q, k, k, k_scale=scale)

@@ -399,15 +399,18 @@ def test_a_captured_graph_advances_with_an_offset_in_device_memory():
 
 @needs_hopper
 def test_a_call_the_one_launch_kernel_cannot_serve_takes_the_triton_prop():
-    """A caller's workspace (vLLM, the compiled op) or a per-head scale: the two-launch prop, same samples."""
+    """A caller's workspace without one-launch buffers, or a call with ``starts``: the two-launch prop, same samples
+    (a bf16 cache takes no scales: refused by name)."""
     batch, heads, kv_heads, dim, n_keys, budget = 2, 32, 8, 128, 700, 128
     q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, torch.bfloat16, seed=4, q_scale=3.0)
     plan = hopper_plan(batch, heads, kv_heads, dim, n_keys, budget)
     uniforms = philox_uniforms(2, 0, torch.arange(batch * heads).reshape(batch, heads))
-    for kwargs in (dict(workspace=plan.workspace), dict(k_scale=torch.ones(kv_heads, device="cuda"))):
+    for kwargs in (dict(workspace=plan.workspace), dict(starts=torch.zeros(batch, dtype=torch.int32, device="cuda"))):
         counts = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda")
         plan.run(q, k, v, seed=2, counts=counts, **kwargs)
         assert_counts_match_systematic(counts, dense_probs(q, k), budget, uniforms)
+    with pytest.raises(ValueError, match="k_scale dequantises a float8_e4m3fn cache"):
+        plan.run(q, k, v, seed=2, k_scale=torch.ones(kv_heads, device="cuda"))
 
 
 @needs_hopper

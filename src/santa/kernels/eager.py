@@ -16,8 +16,6 @@ the tile, since a tile reads each row once for the group), and goes unseen other
 
 from __future__ import annotations
 
-import math
-import numbers
 import os
 from dataclasses import dataclass
 
@@ -37,10 +35,12 @@ from santa.kernels.plan import (
     Workspace,
     check_budget_for_kernels,
     check_head_offset,
+    check_key_values,
     check_seed_and_offset,
     check_tables,
     check_workspace,
     checked_error_target,
+    checked_scale,
     kernels_on_cpu,
     plan_decode,
     refuse_unsupported,
@@ -93,7 +93,8 @@ def checked_cache_scales(k_scale, v_scale, *, kv_dtype: torch.dtype, kv_heads: i
             continue
         if value is None:
             result.append(1.0)
-        elif isinstance(value, torch.Tensor):
+            continue
+        if isinstance(value, torch.Tensor):
             if value.dtype != torch.float32 or value.shape != (kv_heads,):
                 raise ValueError(f"{name} as a tensor must be float32 [H_kv={kv_heads}] (one scale per KV head), "
                                  f"got {value.dtype} {tuple(value.shape)}: pass a float for one scale")
@@ -101,15 +102,7 @@ def checked_cache_scales(k_scale, v_scale, *, kv_dtype: torch.dtype, kv_heads: i
                 raise ValueError(f"{name} is on {value.device} but the caches are on {device}")
             if kv_heads > 1 and value.stride(0) != 1:
                 raise ValueError(f"{name} must be contiguous, got stride {value.stride(0)}")
-            if check_values and not bool(((value > 0) & value.isfinite()).all()):
-                raise ValueError(f"{name} must hold finite scales > 0, got {value.tolist()}")
-            result.append(value)
-        elif isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{name} must be a float or a float32 tensor [H_kv], got {type(value).__name__} {value!r}")
-        elif not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{name} must be a finite scale > 0, got {value!r}")
-        else:
-            result.append(float(value))
+        result.append(checked_scale(name, value, fp8=True, check_values=check_values))
     return tuple(result)
 
 
@@ -135,9 +128,8 @@ def check_request_keys(seed, offset, positions, *, batch: int, device: torch.dev
             continue
         allowed = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
         _check_per_sequence(name, tensor, dtypes, batch=batch, device=device, expected=f"as a tensor must be {allowed}")
-        if check_values and bool((tensor < 0).any()):
-            b = int((tensor < 0).nonzero()[0, 0])
-            raise ValueError(f"{name}[{b}] = {int(tensor[b])} must be ≥ 0" + (" (a key in [0, 2**63))" if name == "seed" else ""))
+    if check_values:
+        check_key_values(seed=seed, positions=positions, starts=None, seq_lens=None, n_keys=0)
     if positions is not None and (isinstance(offset, torch.Tensor) or offset != 0):
         raise ValueError("offset must be 0 when positions are given: each draw is keyed on (seed, position, head), "
                          "so the positions already advance with every decode step")
@@ -150,11 +142,7 @@ def check_starts(starts, seq_lens, *, kernel: str, batch: int, n_keys: int, devi
     if kernel != "prop":
         raise ValueError(f"starts need kernel='prop' (flash's per-tile budgets count the tiles from key 0), got kernel={kernel!r}")
     if check_values:
-        ends = torch.full_like(starts, n_keys) if seq_lens is None else seq_lens
-        bad = (starts < 0) | (starts > ends)
-        if bool(bad.any()):
-            b = int(bad.nonzero()[0, 0])
-            raise ValueError(f"starts[{b}] = {int(starts[b])} must lie in [0, {int(ends[b])}] (sequence {b}'s length)")
+        check_key_values(seed=None, positions=None, starts=starts, seq_lens=seq_lens, n_keys=n_keys)
 
 
 def _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts):

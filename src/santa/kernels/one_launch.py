@@ -11,7 +11,7 @@ What it serves (:func:`eligible`): sm_90 devices, bf16 q, bf16 or fp8 (e4m3, wit
 caches, contiguous NHD caches or paged ones in NHD or HND
 (pages of a power of two keys; any page, row and head strides that are multiples of 8 elements: santa's own pages and
 vLLM's packed K|V rows, :func:`cache_strides`), (head dim, query heads per KV head) in :data:`SHAPES`, where a plan fits shared
-memory; a call with ``starts`` or scales on a bf16 cache takes the Triton prop. Per-sequence lengths and block tables are read
+memory; a call with ``starts`` takes the Triton prop. Per-sequence lengths and block tables are read
 on the device (graph-safe); a length outside ``[0, n_keys]`` is clamped and gives NaN, as do NaN or +inf scores and a
 page id outside the pool (never followed); every seed, offset, positions and head-offset form of the Triton kernels
 is drawn the same way. The slices a sequence is

@@ -11,7 +11,7 @@ the heads that would have read it get NaN.
 
 On an sm_90 GPU a prop plan of bf16 q and bf16 or fp8 caches (contiguous NHD, or paged NHD or HND) runs in one cooperative CUDA launch
 (:mod:`santa.kernels.one_launch`, chosen when the plan is made: :attr:`DecodePlan.one_launch`, None where the plan runs
-the Triton prop) wherever the call needs nothing it lacks (``starts``, scales on a bf16 cache, strides it cannot read, a workspace
+the Triton prop) wherever the call needs nothing it lacks (``starts``, strides it cannot read, a workspace
 without its buffers: :meth:`DecodePlan._one_launch_call`); other calls, and ``Tuning(one_launch=False)``, run the two
 Triton launches. The two draw the same samples up to float32 CDF rounding. :meth:`DecodePlan.stages` lists the Triton
 launches. A plan made while a CUDA graph is being captured runs the Triton prop (the one launch's buffers are made
@@ -265,6 +265,42 @@ def check_tables(seq_lens, block_table, *, n_keys: int, page_size: int, n_pages:
             b, j = (int(x) for x in bad.nonzero()[0])
             raise ValueError(f"block_table[{b}, {j}] = {int(ids[b, j])} must be a page id in [0, {n_pages}) "
                              f"(sequence {b} uses its first {int(used_pages[b])} pages)")
+
+
+def check_key_values(*, seed, positions, starts, seq_lens, n_keys: int) -> None:
+    """Host checks of the per-sequence values of a call (they read the tensors: a sync on CUDA): a seed tensor's keys
+    and the positions ≥ 0, each start in ``[0, seq_len]`` (``n_keys`` where seq_lens is None). ValueError naming the
+    first bad entry."""
+    for name, tensor in (("seed", seed), ("positions", positions)):
+        if isinstance(tensor, torch.Tensor) and bool((tensor < 0).any()):
+            b = int((tensor < 0).nonzero()[0, 0])
+            raise ValueError(f"{name}[{b}] = {int(tensor[b])} must be ≥ 0" + (" (a key in [0, 2**63))" if name == "seed" else ""))
+    if starts is not None:
+        ends = torch.full_like(starts, n_keys) if seq_lens is None else seq_lens
+        bad = (starts < 0) | (starts > ends)
+        if bool(bad.any()):
+            b = int(bad.nonzero()[0, 0])
+            raise ValueError(f"starts[{b}] = {int(starts[b])} must lie in [0, {int(ends[b])}] (sequence {b}'s length)")
+
+
+def checked_scale(name: str, value, *, fp8: bool, check_values: bool):
+    """An fp8 cache's dequantisation scale as the kernels take it: a finite real > 0 (a float), or a float32 tensor
+    ``[H_kv]`` (its type, shape and device checked by the caller) whose values are read only when ``check_values``;
+    another cache's scale must be 1 (it has none: the kernels and the torch fallback would disagree on any other).
+    TypeError / ValueError naming ``name``."""
+    if isinstance(value, torch.Tensor):
+        if not fp8:
+            raise ValueError(f"{name} dequantises a float8_e4m3fn cache; this call's caches are not fp8: leave {name} at 1.0")
+        if check_values and not bool(((value > 0) & value.isfinite()).all()):
+            raise ValueError(f"{name} must hold finite scales > 0, got {value.tolist()}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a float or a float32 tensor [H_kv], got {type(value).__name__} {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite scale > 0, got {value!r}")
+    if not fp8 and value != 1:
+        raise ValueError(f"{name} dequantises a float8_e4m3fn cache; this call's caches are not fp8: leave {name} at 1.0")
+    return float(value)
 
 
 def dequantised(cache: torch.Tensor, scale, kv_layout: str) -> torch.Tensor:
@@ -528,13 +564,11 @@ class DecodePlan:
         """``(buffers, strides)`` of this call's one launch: the buffers it exchanges its words through (the workspace's,
         or the plan's own) and :func:`~santa.kernels.one_launch.cache_strides` of its caches; or None where the Triton
         prop runs it: the plan has no one launch, every sequence is covered statically, or the call
-        needs what the one launch lacks (``starts``, scales of a bf16 cache, non-contiguous per-head scales, cache strides
+        needs what the one launch lacks (``starts``, non-contiguous per-head scales, cache strides
         it cannot read, non-contiguous q, out,
         counts or unpaged caches, a workspace without one-launch buffers, or the plan's own buffers first needed inside a capture)."""
-        if self.shape.kv_dtype == FP8:  # scales as floats or contiguous float32 [H_kv] (check_call checked dtype and shape)
-            scales_read = all(not isinstance(x, torch.Tensor) or x.is_contiguous() for x in (k_scale, v_scale))
-        else:  # a bf16 cache's scales stay 1 (the one launch applies none)
-            scales_read = not any(isinstance(x, torch.Tensor) or float(x) != 1.0 for x in (k_scale, v_scale))
+        # scales as floats or contiguous float32 [H_kv] (check_call checked them: 1.0 for a cache that is not fp8)
+        scales_read = all(not isinstance(x, torch.Tensor) or x.is_contiguous() for x in (k_scale, v_scale))
         if (self.one_launch is None or starts is not None or not scales_read or not q.is_contiguous()
                 or (out is not None and not out.is_contiguous()) or (counts is not None and not counts.is_contiguous())
                 or (self.shape.page_size is None and not (k_cache.is_contiguous() and v_cache.is_contiguous()))
@@ -645,6 +679,7 @@ class DecodePlan:
                 tensor(name, scale, (torch.float32,), f"[H_kv={s.kv_heads}]")
                 if tuple(scale.shape) != (s.kv_heads,):
                     raise ValueError(f"{name} must be float32 [H_kv={s.kv_heads}], got {tuple(scale.shape)}")
+            checked_scale(name, scale, fp8=s.kv_dtype == FP8, check_values=False)
         if workspace is not None:
             check_workspace(workspace, self.workspace_key)
         return head_offset
@@ -887,9 +922,19 @@ class DecodePlan:
 
     def _run_torch(self, q, k_cache, v_cache, seq_lens, block_table, seed, offset, out, counts, k_scale, v_scale,
                    positions, starts, head_offset: int = 0, reads=None) -> torch.Tensor:
-        """The CPU fallback: the torch reference of the plan's kernel, written into ``out`` (and ``counts``, ``reads``)."""
+        """The CPU fallback: the torch reference of the plan's kernel, written into ``out`` (and ``counts``, ``reads``),
+        after checking the values the kernels guard on the device (seq_lens, pages, starts, keys, positions, scales: on
+        the CPU a check costs no sync). Tables with more rows than the plan's B are read in their first B."""
+        batch = self.shape.batch
+        seq_lens, block_table, positions, starts = (None if x is None else x[:batch] for x in (seq_lens, block_table, positions, starts))
+        seed = seed[:batch] if isinstance(seed, torch.Tensor) else seed
+        if block_table is not None and seq_lens is None:  # every sequence holds n_keys keys: every page is read
+            seq_lens = torch.full((batch,), self.shape.n_keys, dtype=torch.int32)
         check_tables(seq_lens, block_table, n_keys=self.shape.n_keys, page_size=self.shape.page_size or 1,
                      n_pages=k_cache.shape[0])
+        check_key_values(seed=seed, positions=positions, starts=starts, seq_lens=seq_lens, n_keys=self.shape.n_keys)
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            checked_scale(name, scale, fp8=self.shape.kv_dtype == FP8, check_values=True)
         result, sampled = torch_decode(self.kernel, q, k_cache, v_cache, self.budget, seq_lens=seq_lens,
                                        block_table=block_table, kv_layout=self.shape.kv_layout, scale=self.scale,
                                        seed=seed, offset=offset, k_scale=k_scale, v_scale=v_scale, positions=positions,
