@@ -356,6 +356,8 @@ def sampled_attention(
         check_mask(attn_mask, (b, hq, lq, key.shape[2]), query.device)
     if error_target is not None:
         _checked_target(error_target, pilot, sampler)  # before any work
+    else:
+        check_pilot(pilot, error_target)  # refused where it would size nothing
     if sampler in SAMPLERS:
         check_draws(b * hq * lq, budget, key.shape[2])
     scored = query  # the query the scores use: q, or Bernoulli qKᵀ's sampled q̃

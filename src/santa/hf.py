@@ -206,11 +206,18 @@ class SantaConfig:
                 f"exact_when_budget_covers=False samples rows that S covers, which kernel={self.kernel!r} never does "
                 "(the kernels compute such a sequence exactly): use kernel='reference' to sample regardless"
             )
+        if self.kernel in ("prop", "flash") and self.sampler != "systematic":
+            raise ValueError(f"kernel={self.kernel!r} draws systematic samples (S²ANTA-sys); sampler={self.sampler!r} runs on the "
+                             "torch reference: use kernel='auto' or 'reference' with it, or sampler='systematic'")
         if self.score_samples is not None:
             self.score_samples = check_budget(self.score_samples, "score_samples")
+            if self.kernel in ("prop", "flash"):
+                raise ValueError(f"score_samples (Bernoulli qKᵀ) runs on the torch reference, not kernel={self.kernel!r}: "
+                                 "use kernel='auto' or 'reference' with it")
         check_sampler(self.score_sampler, SCORE_SAMPLERS, "score_sampler")
+        self.pilot = check_pilot(self.pilot, self.error_target)  # a pilot without a target is refused, not ignored
         if self.error_target is not None:
-            self.error_target, self.pilot = check_error_target(self.error_target), check_pilot(self.pilot)
+            self.error_target = check_error_target(self.error_target)
             if self.sampler not in STOCHASTIC_SAMPLERS:
                 raise ValueError(f"error_target needs a stochastic sampler {STOCHASTIC_SAMPLERS}, got sampler={self.sampler!r}")
             if self.kernel == "flash":

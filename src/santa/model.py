@@ -298,8 +298,9 @@ def make_context(
     seed = rng.check_seed(seed)  # every seed in [0, 2**63) is legal: layer keys come from santa.rng
     layer_budgets = checked_layer_budgets(layer_budgets, model.args.n_layer)
     method = by_model_backend(backend)
+    pilot = check_pilot(pilot, error_target)  # a pilot without a target is refused, not ignored
     if error_target is not None:
-        error_target, pilot = check_error_target(error_target), check_pilot(pilot)
+        error_target = check_error_target(error_target)
         if method is None or not method.takes_error_target:
             raise ValueError(f"error_target needs a sampling backend with a global draw (prop or a reference sampler), "
                              f"got backend {backend!r}")
@@ -749,8 +750,22 @@ def prefill(model: Transformer, prompt: Tensor, *, lengths: Tensor | None = None
     """Dense prefill of right-padded ``prompt [B, T]`` into the caches; returns the first new token ``[B, 1]``.
 
     lengths: int64 ``[B]``, real tokens per sequence (default T). Causal attention keeps the pads
-    after a sequence's last token out of its logits; their K/V lie beyond its seq_lens.
+    after a sequence's last token out of its logits; their K/V lie beyond its seq_lens. The caches must hold the
+    batch and the prompt (:meth:`Transformer.setup_caches`): ValueError naming what is missing otherwise.
     """
+    cache = model.layers[0].attention.kv_cache if len(model.layers) else None
+    if not isinstance(prompt, Tensor) or prompt.dim() != 2 or prompt.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"prompt must be an int64 tensor of token ids [B, T], got "
+                        f"{prompt.dtype if isinstance(prompt, Tensor) else type(prompt).__name__}"
+                        f"{f' {tuple(prompt.shape)}' if isinstance(prompt, Tensor) else ''}")
+    if cache is None:
+        raise ValueError(f"prefill needs the model's caches: call model.setup_caches(batch={prompt.shape[0]}, "
+                         f"max_len ≥ {prompt.shape[1]} + the tokens to generate) first")
+    cache_batch, cache_len = cache.k_cache.shape[:2]
+    if prompt.shape[0] != cache_batch or prompt.shape[1] > cache_len:
+        raise ValueError(f"prompt [B={prompt.shape[0]}, T={prompt.shape[1]}] does not fit the caches set up for batch "
+                         f"{cache_batch} and {cache_len} positions: call model.setup_caches(batch={prompt.shape[0]}, "
+                         f"max_len ≥ {prompt.shape[1]} + the tokens to generate)")
     input_pos = torch.arange(prompt.shape[1], device=prompt.device)
     if lengths is None:
         lengths = torch.full((prompt.shape[0],), prompt.shape[1], device=prompt.device)

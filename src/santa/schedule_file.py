@@ -65,8 +65,8 @@ def load_layer_budgets(path: str | Path) -> dict[int, int]:
     """Read a schedule file → ``{layer: S}``, for ``santa.hf.SantaConfig(layer_budgets=…)``.
 
     Raises ValueError naming the file when it cannot be read, is not JSON, has no
-    ``"layer_budgets"`` object, or holds a layer that is not an integer ≥ 0 or a budget that is not
-    an integer ≥ 1.
+    ``"layer_budgets"`` object, or holds a layer that is not an integer ≥ 0 (or one twice, "1" and "01") or a budget
+    that is not an integer ≥ 1.
     """
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -84,5 +84,7 @@ def load_layer_budgets(path: str | Path) -> dict[int, int]:
             raise ValueError(f"schedule file {path}: layer {key!r} is not an integer ≥ 0")
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"schedule file {path}: layer {key} has budget {value!r}, expected an integer ≥ 1")
+        if int(key) in budgets:
+            raise ValueError(f"schedule file {path}: layer {key!r} repeats layer {int(key)}")
         budgets[int(key)] = value
     return dict(sorted(budgets.items()))

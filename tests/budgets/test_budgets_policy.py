@@ -131,6 +131,7 @@ def test_the_readme_path_of_the_schedule_loader_still_loads():
         ('{"layer_budgets": {"0": 0}}', "integer ≥ 1"),
         ('{"layer_budgets": {"0": 2.5}}', "integer ≥ 1"),
         ('{"layer_budgets": {"0": true}}', "integer ≥ 1"),
+        ('{"layer_budgets": {"1": 8, "01": 100}}', "layer '01' repeats layer 1"),
     ],
 )
 def test_loader_refuses_a_bad_file_naming_it(tmp_path, text, complaint):

@@ -191,3 +191,20 @@ def test_a_pilots_request_keyed_uniform_is_never_one_of_its_outputs():
         outputs = sampler_uniforms(5, positions, 2, sampler, 64)  # [B, H, 1, 64]
         assert not (outputs == pilot.unsqueeze(-1)).any()
         assert ((pilot >= 0) & (pilot < 1)).all()
+
+
+def test_a_pilot_without_an_error_target_is_refused_on_every_entry(head):
+    """pilot sizes an error target's pilot draws; given alone it would size nothing, so every entry refuses it by name
+    instead of ignoring it (the default, 16, stays accepted)."""
+    import santa.hf
+    from santa.kernels import plan_decode
+
+    q, k, v, _, _ = head
+    match = r"pilot=8 sizes an error target's pilot draws: pass error_target too"
+    with pytest.raises(ValueError, match=match):
+        santa.sampled_attention(q, k, v, 64, enable_gqa=True, pilot=8)
+    with pytest.raises(ValueError, match=match):
+        santa.hf.SantaConfig(pilot=8)
+    with pytest.raises(ValueError, match=match):
+        plan_decode(batch=1, heads=4, kv_heads=2, head_dim=8, n_keys=16, budget=4, dtype=torch.float32, device="cpu", pilot=8)
+    assert santa.sampled_attention(q, k, v, 64, enable_gqa=True, pilot=16).shape == q.shape

@@ -106,6 +106,11 @@ def test_config_rejects_bad_values():
         santa.hf.SantaConfig(score_samples=0)
     with pytest.raises(ValueError, match="score_sampler"):
         santa.hf.SantaConfig(score_samples=4, score_sampler="topk")
+    # a kernel asked for where it cannot run is refused, not dropped for the reference
+    with pytest.raises(ValueError, match=r"kernel='flash' draws systematic samples.*sampler='iid'"):
+        santa.hf.SantaConfig(kernel="flash", sampler="iid")
+    with pytest.raises(ValueError, match=r"score_samples \(Bernoulli qKᵀ\) runs on the torch reference, not kernel='prop'"):
+        santa.hf.SantaConfig(kernel="prop", score_samples=8)
 
 
 def test_bernoulli_scores_converge_to_dense_with_more_draws_and_count_features(model_and_tokenizer, prompt_ids):

@@ -335,3 +335,9 @@ def test_an_fp8_plans_scales_must_be_finite_and_positive(monkeypatch, scale):
     q, k = torch.randn(2, 4, 8), torch.randn(2, 16, 2, 8).to(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="k_scale must (be a finite scale|hold finite scales) > 0"):
         plan.run(q, k, k, k_scale=scale)
+
+
+def test_a_cache_in_the_other_layout_is_named():
+    q, k = torch.randn(1, 4, 8), torch.randn(1, 16, 2, 8)  # NHD: 16 keys, 2 KV heads
+    with pytest.raises(ValueError, match=r"kv_layout='HND' reads k_cache \(1, 16, 2, 8\) as \[B, H_kv, L_max, d\]: is it NHD\?"):
+        decode(q, k, k, 4, kv_layout="HND")

@@ -361,3 +361,21 @@ def test_layer_budgets_are_checked(layer_budgets, error, match, tiny_transformer
 def test_seeds_the_kernels_would_refuse_are_refused_by_name(seed, error, tiny_transformer):
     with pytest.raises(error, match="seed must be an int"):
         generate(tiny_transformer, [[1, 2, 3]], 2, backend="santa-prop", seed=seed, cuda_graph=False)
+
+
+def test_prefill_names_what_its_caches_lack():
+    """santa.model.prefill before setup_caches, or with a prompt the caches cannot hold, names the call to make
+    (a TypeError for a prompt that is not token ids), where it raised from inside the model."""
+    model = Transformer.random(CONFIGS["tiny"], device="cpu", dtype=torch.float32, seed=0).eval()  # no caches yet
+    prompt = torch.zeros(2, 8, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"call model.setup_caches\(batch=2, max_len ≥ 8"):
+        prefill(model, prompt)
+    model.setup_caches(1, 8)
+    with pytest.raises(ValueError, match=r"does not fit the caches set up for batch 1 and 256 positions"):
+        prefill(model, prompt)
+    model.setup_caches(2, 8)
+    with pytest.raises(ValueError, match=r"\[B=2, T=300\] does not fit"):
+        prefill(model, torch.zeros(2, 300, dtype=torch.long))
+    with pytest.raises(TypeError, match="prompt must be an int64 tensor of token ids"):
+        prefill(model, torch.zeros(2, 8))
+    assert prefill(model, prompt).shape == (2, 1)

@@ -177,7 +177,11 @@ def _validate(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_lay
     if k_cache.shape[3] != dim:
         raise ValueError(f"k_cache head_dim {k_cache.shape[3]} does not match q's head_dim {dim}")
     if kv_heads < 1 or heads % kv_heads != 0:
-        raise ValueError(f"q's heads H={heads} must be a multiple of k_cache's KV heads H_kv={kv_heads}")
+        other = k_cache.shape[pos_axis]  # the heads, were the cache in the other layout
+        hint = "" if other < 1 or heads % other else (
+            f" (kv_layout={kv_layout!r} reads k_cache {tuple(k_cache.shape)} as {cache_doc}: is it "
+            f"{'HND' if kv_layout == 'NHD' else 'NHD'}?)")
+        raise ValueError(f"q's heads H={heads} must be a multiple of k_cache's KV heads H_kv={kv_heads}{hint}")
     if k_cache.shape[pos_axis] < 1:
         raise ValueError(f"k_cache must hold at least one key position, got shape {tuple(k_cache.shape)}")
     if paged:
