@@ -206,12 +206,12 @@ class SantaConfig:
                 f"exact_when_budget_covers=False samples rows that S covers, which kernel={self.kernel!r} never does "
                 "(the kernels compute such a sequence exactly): use kernel='reference' to sample regardless"
             )
-        if self.kernel in ("prop", "flash") and self.sampler != "systematic":
+        if self.kernel in methods.kernels() and self.sampler != "systematic":
             raise ValueError(f"kernel={self.kernel!r} draws systematic samples (S²ANTA-sys); sampler={self.sampler!r} runs on the "
                              "torch reference: use kernel='auto' or 'reference' with it, or sampler='systematic'")
         if self.score_samples is not None:
             self.score_samples = check_budget(self.score_samples, "score_samples")
-            if self.kernel in ("prop", "flash"):
+            if self.kernel in methods.kernels():
                 raise ValueError(f"score_samples (Bernoulli qKᵀ) runs on the torch reference, not kernel={self.kernel!r}: "
                                  "use kernel='auto' or 'reference' with it")
         check_sampler(self.score_sampler, SCORE_SAMPLERS, "score_sampler")
