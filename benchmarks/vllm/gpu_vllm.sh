@@ -18,7 +18,8 @@
 #   bash benchmarks/vllm/gpu_vllm.sh short          # Llama-3.1-8B shapes, 2k prompts, batch 16/64/256: FLASH_ATTN against the
 #                                                   # SHORT_ARMS (default "gate prop"): gate = CUSTOM with dense_below's default,
 #                                                   # prop = CUSTOM sampling every step, flash2 = FLASH_ATTN again (the tokens'
-#                                                   # control); SHORT_BATCHES (16 64 256), SHORT_MAX_MODEL_LEN (32768),
+#                                                   # control), dense = CUSTOM with kernel dense (santa's backend without its
+#                                                   # kernels); SHORT_BATCHES (16 64 256), SHORT_MAX_MODEL_LEN (32768),
 #                                                   # PROFILE_STEPS (0; 16: the kernels each arm runs, side by side)
 #   bash benchmarks/vllm/gpu_vllm.sh qwen           # Qwen2.5-0.5B shapes at 32k, batch 1, 16 and 64 (one engine per backend)
 #   bash benchmarks/vllm/gpu_vllm.sh qwen_fp8       # the same on fp8 caches
@@ -95,12 +96,15 @@ for stage in "$@"; do
       ARMS=" ${SHORT_ARMS:-gate prop} "
       run 190 $A --backend FLASH_ATTN --out "/tmp/short/short{batch}_flash.json"
       # arms: gate (santa's default: short steps on FlashAttention), prop (sampling every step, dense_below 0; 283cdaf's
-      # 0.76-0.90x), flash2 (FLASH_ATTN's engine again: do two FLASH_ATTN engines keep the same greedy tokens?)
+      # 0.76-0.90x), flash2 (FLASH_ATTN's engine again: do two FLASH_ATTN engines keep the same greedy tokens?), dense
+      # (santa's backend with SANTA_VLLM_KERNEL=dense: FlashAttention on every step and no santa launch, so what santa's
+      # backend costs and changes in tokens without its kernels)
       [[ $ARMS == *" gate "* ]] && SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 190 $A --backend CUSTOM \
         --out "/tmp/short/short{batch}_gate.json"
       [[ $ARMS == *" prop "* ]] && SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 SANTA_VLLM_DENSE_BELOW=0 \
         run 190 $A --backend CUSTOM --out "/tmp/short/short{batch}_prop.json"
       [[ $ARMS == *" flash2 "* ]] && run 190 $A --backend FLASH_ATTN --out "/tmp/short/short{batch}_flash2.json"
+      [[ $ARMS == *" dense "* ]] && SANTA_VLLM_KERNEL=dense run 190 $A --backend CUSTOM --out "/tmp/short/short{batch}_dense.json"
       for B in ${SHORT_BATCHES:-16 64 256}; do for arm in $ARMS; do
         [ -f "/tmp/short/short${B}_flash.json" ] && [ -f "/tmp/short/short${B}_${arm}.json" ] && \
           python3 benchmarks/vllm/offline.py --compare "/tmp/short/short${B}_flash.json" "/tmp/short/short${B}_${arm}.json"
