@@ -36,6 +36,7 @@ INTERRUPTED = 130  # 128 + SIGINT, the shell's status for a command ended by Ctr
 DISTRIBUTION = "santa-attention"  # the installed package whose version `santa --version` prints
 SAMPLERS = methods.names(path="hf")  # the methods santa generate --sampler can name (the kernels: --kernel)
 NEEDLE_DEFAULTS = {"length": 2048, "depth": 0.5}  # --length and --depth: the needle prompt only
+NO_DECODE = "n/a"  # the answers table's decode columns for an answer of one token (no decode step)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -104,20 +105,39 @@ def print_answers(prompts: list, answers: list, *, fast: bool) -> None:
     header = f"{'method':<22} {column}{'found':<6} {'V rows read/head':>16} {'(GQA union)':>11} {'prefill s':>9} {'decode tok/s':>12}  answer"
     print(header)
     print("-" * len(header))
+    undecoded = False  # a row whose only token came from the prefill (a stop token first): no decode step to report
     for a in answers:
         counted = a.share_per_head is None or a.share_per_head == a.share_per_head  # NaN: an error target's reads, not counted
         share = "not counted" if not counted else f"{100 * a.share_per_head:.1f} %" if a.share_per_head is not None else "100 %"
         sampled_without_union = a.share_per_head is not None and a.share_per_kv_head is None
         union = ("–" if sampled_without_union or not counted
                  else f"{100 * a.share_per_kv_head:.1f} %" if a.share_per_kv_head is not None else "100 %")
+        speed = f"{a.tokens_per_s:.1f}"
+        if a.new_tokens < 2:
+            share = union = NO_DECODE
+            undecoded = True
+        if (a.batch_tokens or a.new_tokens) < 2:
+            speed = NO_DECODE
         prompt = prompts[a.prompt]
         found = ("yes" if a.found else "no") if prompt.answers else "-"
         seed = f"{prompt.seed:>6} " if len(prompts) > 1 else ""
-        print(f"{a.method:<22} {seed}{found:<6} {share:>16} {union:>11} {a.prefill_s:>9.2f} {a.tokens_per_s:>12.1f}  {a.text!r}")
+        print(f"{a.method:<22} {seed}{found:<6} {share:>16} {union:>11} {a.prefill_s:>9.2f} {speed:>12}  {a.text!r}")
+    if undecoded:
+        print(f"{NO_DECODE}: no decode step ran (the answer's only token came from the prefill)")
     if len(prompts) > 1:
         for name in dict.fromkeys(a.method for a in answers):
             rows = [a for a in answers if a.method == name]
             print(f"{name}: needle found in {sum(a.found for a in rows)}/{len(rows)} prompts")
+
+
+def new_tokens(text: str) -> int:
+    """``--max-new-tokens`` of generate: ≥ 2, for the first token comes from the prefill, and the
+    decode columns (V rows read, decode tok/s) need at least one decode step after it."""
+    value = cliargs.integer(text)
+    if value < 2:
+        raise cliargs.Error(f"expected an integer ≥ 2 (the first token comes from the prefill; the V rows read and "
+                            f"decode tok/s need a decode step), got {value}")
+    return value
 
 
 def non_empty(text: str) -> str:
@@ -150,7 +170,8 @@ def add_generate(sub) -> argparse.ArgumentParser:
     gen.add_argument("--prompt-seed", type=cliargs.nonnegative_int, default=0, help="seed of the needle and haystack, ≥ 0")
     gen.add_argument("--depth", type=cliargs.unit_interval, default=None, help="needle depth in the haystack, 0..1 (default 0.5)")
     gen.add_argument("--prefill", default="dense", choices=["dense", "sampled"], help="sample the prefill too")
-    gen.add_argument("--max-new-tokens", type=cliargs.positive_int, default=32, help="tokens to generate, ≥ 1 (default 32)")
+    gen.add_argument("--max-new-tokens", type=new_tokens, default=32,
+                     help="tokens to generate, ≥ 2: the first comes from the prefill, the others from decode steps (default 32)")
     gen.add_argument("--prompt", default=None, type=non_empty, help="your own prompt instead of the needle task")
     gen.add_argument("--expect", action="append", default=[], type=non_empty, help="string the answer must contain (with --prompt)")
     gen.add_argument("--device", default="auto", type=cliargs.device_or_auto, help="auto (default: cuda when present, else cpu), cpu, cuda or cuda:N")
@@ -163,7 +184,7 @@ def add_generate(sub) -> argparse.ArgumentParser:
     )
     gen.add_argument("--batch", type=cliargs.positive_int, default=1, help="needle prompts (seeds --prompt-seed …) answered together, ≥ 1 (default 1)")
     gen.add_argument("--kernel", default=None, choices=methods.kernels(), help=f"santa's kernel for --sampler systematic (default {methods.DEFAULT_KERNEL} on the fast path)")
-    gen.add_argument("--threads", type=cliargs.positive_int, default=None, help="torch CPU threads, ≥ 1 (default: torch's)")
+    gen.add_argument("--threads", type=cliargs.threads, default=None, help=f"torch CPU threads, 1 to {cliargs.MAX_THREADS} (default: torch's)")
     gen.set_defaults(func=_generate, check=check_generate, error=gen.error)
     return gen
 
@@ -217,6 +238,12 @@ def check_generate_path(args: argparse.Namespace) -> None:
         args.error("--prefill sampled runs on the HF path only (santa.model prefills densely): use --path hf")
     if args.kernel is not None and args.sampler != "systematic":
         args.error(f"--kernel picks santa's kernel for --sampler systematic, not for --sampler {args.sampler}")
+    if args.error_target is not None:
+        takes = [name for name in SAMPLERS if methods.method(name).takes_error_target]
+        if args.sampler not in takes:
+            args.error(f"argument --error-target: needs a stochastic --sampler ({', '.join(takes)}), got --sampler {args.sampler}")
+        if args.kernel is not None and not methods.method(args.kernel).takes_error_target:
+            args.error(f"argument --error-target: runs on --kernel prop (its pilot reads the global CDF), not on --kernel {args.kernel}")
     if args.batch > 1 and args.prompt is not None:
         args.error("--batch builds needle prompts of different seeds; it does not apply with --prompt")
 

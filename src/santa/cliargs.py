@@ -23,6 +23,7 @@ MAX_VALUES = 100_000  # values one list flag may expand to (a range "0-999999999
 # Shortest prompt a haystack task is built at: the question and chat template take up to ~150
 # tokens; below this the haystack is empty or the prompt comes out longer than asked.
 MIN_PROMPT_TOKENS = 256
+MAX_THREADS = 1024  # --threads: torch.set_num_threads takes a C int, each thread a stack (100000 crashed), and more than the cores only slow a run
 
 Error = argparse.ArgumentTypeError
 
@@ -61,6 +62,14 @@ def positive_real(text: str) -> float:
     return value
 nonnegative_int = int_in(0)
 seed = int_in(0, MAX_SEED)  # santa.rng's one seed range, [0, 2**63)
+
+
+def threads(text: str) -> int:
+    """``--threads``: torch CPU threads, 1 to :data:`MAX_THREADS`."""
+    value = positive_int(text)
+    if value > MAX_THREADS:
+        raise Error(f"at most {MAX_THREADS}, got {value}")
+    return value
 
 
 def context_problem(model: str, context: int, length: int, new_tokens: int = 0) -> str | None:
@@ -207,7 +216,10 @@ def model_list(text: str) -> list[str]:
 
 
 def output_file(text: str) -> str:
-    """A file path that can be written: not a folder, under a folder that exists or can be made."""
+    """A file path that can be written: a regular file or none yet (not a folder, not a device such
+    as /dev/null), under a folder that exists or can be made; tried by :func:`make_output_file`
+    (a folder under /sys or /proc passes ``os.access`` but takes no file), so that a bad path is
+    refused before the work, not after it."""
     path = Path(text)
     if not text.strip():
         raise Error("expected a file path, got an empty string")
@@ -218,11 +230,14 @@ def output_file(text: str) -> str:
             raise Error(f"{text} is not writable")
     else:
         _check_parent(path, text)
+    problem = make_output_file(text)
+    if problem:
+        raise Error(problem)
     return text
 
 
 def output_folder(text: str) -> str:
-    """A folder path: an existing folder, or one that can be made."""
+    """A folder path: an existing folder, or one that can be made (tried by :func:`make_output_folder`)."""
     path = Path(text)
     if not text.strip():
         raise Error("expected a folder path, got an empty string")
@@ -233,7 +248,26 @@ def output_folder(text: str) -> str:
             raise Error(f"{text} is not writable")
     else:
         _check_parent(path, text)
+    problem = make_output_folder(text)  # what os.access cannot foresee: a folder under /sys takes no folder
+    if problem:
+        raise Error(problem)
     return text
+
+
+def same_file(first: str, second: str) -> bool:
+    """Whether two output paths name one file (after ``..`` and symbolic links; hard links too where both exist)."""
+    a, b = Path(first), Path(second)
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def figure_written(text: str) -> str:
+    """The file matplotlib writes for ``--plot text``: ``text``, with ``.png`` added where it has no suffix."""
+    return text if Path(text).suffix else f"{text}.png"
 
 
 def figure_file(text: str) -> str:
@@ -256,11 +290,14 @@ def _figure_formats() -> set[str]:
 
 def make_output_file(text: str) -> str | None:
     """Whether the output file ``text`` can be made: its missing folders are made and the file
-    created, then removed again (an existing file is opened for appending, not changed). What the
-    type check (:func:`output_file`) cannot foresee: a folder under /proc passes ``os.access``.
-    Returns the problem in words (None when the file can be made), for the caller's ``argument
-    --out:`` error right before the work starts; leaves nothing behind."""
+    created, then removed again (an existing file is opened for appending, not changed); an existing
+    path must be a regular file (a device such as /dev/null takes no fsync, a pipe blocks). What
+    ``os.access`` cannot foresee: a folder under /proc passes it. Returns the problem in words (None
+    when the file can be made), for the caller's ``argument --out:`` error (:func:`output_file` at
+    parse time, the commands again right before the work starts); leaves nothing behind."""
     path = Path(text)
+    if path.exists() and not path.is_file():
+        return f"{text} is {'a folder' if path.is_dir() else 'not a regular file (a device, pipe or socket)'}; give a file path"
     made = []  # the folders this check made, outermost first
     try:
         for folder in reversed([p for p in path.parents if not p.exists()]):

@@ -88,7 +88,7 @@ def test_task_scorer_grades_tiny_model_answers(tmp_path):
     [
         (["--base", "0"], "--base"),
         (["--layers", "2"], "--layers"),
-        (["--metric", "bleu"], "metric must be one of"),
+        (["--metric", "bleu"], "argument --metric: invalid choice: 'bleu' (choose from kl, "),
         (["--prompts", "a-b"], "--prompts"),
         (["--kl-tokens", "200"], "--kl-tokens"),
         (["--device", "tpu"], "--device"),

@@ -196,7 +196,7 @@ def test_desired_workers_auto_is_one_per_gpu_else_per_threads_cpus(tmp_path):
         (["--workers", "0"], "--workers"),
         (["--episodes", "x"], "--episodes"),
         (["--questions", "8", "--train-prompts", "0-3"], "--questions"),
-        (["--reward", "nope"], "metric must be one of"),
+        (["--reward", "nope"], "argument --reward: invalid choice: 'nope'"),
         (["--model", "gpt-17"], "--model"),
         (["--total", "3", "--floor", "2"], "--total"),  # tiny-random has 2 layers: 3 < 2 × 2
         (["--train-prompts", "5-2"], "--train-prompts"),

@@ -156,7 +156,7 @@ def test_a_budget_covering_every_key_reads_every_row(tiny_generate, capsys):
 @pytest.mark.parametrize(("share", "union", "shown"), [(0.031, 0.05, ("3.1 %", "5.0 %")), (0.25, None, ("25.0 %", "–")), (None, None, ("100 %", "100 %"))])
 def test_print_answers_shows_the_share_read(capsys, share, union, shown):
     prompt = santa.generate.Prompt(task="user", text="hi", answers=(), n_tokens=2, seed=0)
-    answer = Answer(method="topk S=64", text="x", found=False, prefill_s=0.1, decode_s=0.1, new_tokens=1, share_per_head=share, share_per_kv_head=union)
+    answer = Answer(method="topk S=64", text="x", found=False, prefill_s=0.1, decode_s=0.1, new_tokens=3, share_per_head=share, share_per_kv_head=union)
     santa.cli.print_answers([prompt], [answer], fast=False)
     row = capsys.readouterr().out.splitlines()[-1]
     assert f"{shown[0]:>16} {shown[1]:>11}" in row
@@ -194,7 +194,7 @@ def one_line_failure(argv: list[str], capsys) -> str:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--length", "256"], "--length (256 tokens) and max_new_tokens (32) exceed the 128-token context of smollm2-135m"),
-    (["--length", "4096", "--max-new-tokens", "1"], "--length (4096 tokens) and max_new_tokens (1) exceed the 128-token context"),
+    (["--length", "4096", "--max-new-tokens", "2"], "--length (4096 tokens) and max_new_tokens (2) exceed the 128-token context"),
     (["--prompt", "x" * 120, "--max-new-tokens", "9"], "the prompt (120 tokens) and max_new_tokens (9) exceed the 128-token context"),
 ])
 def test_a_prompt_longer_than_the_models_context_is_one_line(tiny_generate, capsys, argv, message):

@@ -81,7 +81,7 @@ def test_top_level_help_lists_every_command(capsys):
         (["--length", "-5"], "argument --length: expected an integer ≥ 256, got -5"),
         (["--length", "0"], "argument --length: expected an integer ≥ 256, got 0"),
         (["--length", "100"], "argument --length: expected an integer ≥ 256, got 100"),
-        (["--max-new-tokens", "0"], "argument --max-new-tokens: expected an integer ≥ 1, got 0"),
+        (["--max-new-tokens", "0"], "argument --max-new-tokens: expected an integer ≥ 2 (the first token comes from the prefill"),
         (["--seed", "-1"], "argument --seed: expected an integer in [0, 2**63), got -1"),
         (["--seed", str(2**63)], "argument --seed: expected an integer in [0, 2**63)"),
         (["--prompt-seed", "-1"], "argument --prompt-seed: expected an integer ≥ 0, got -1"),

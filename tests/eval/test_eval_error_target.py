@@ -94,7 +94,7 @@ def test_santa_generate_says_the_fast_paths_error_target_reads_are_not_counted(c
     from santa.generate import Answer, Prompt
 
     prompt = Prompt(task="user", text="hi", answers=(), n_tokens=2, seed=0)
-    answer = Answer(method="santa-prop ε=0.1 S≤64", text="x", found=False, prefill_s=0.1, decode_s=0.1, new_tokens=1,
+    answer = Answer(method="santa-prop ε=0.1 S≤64", text="x", found=False, prefill_s=0.1, decode_s=0.1, new_tokens=3,
                     share_per_head=math.nan, share_per_kv_head=None)
     santa.cli.print_answers([prompt], [answer], fast=True)
     row = capsys.readouterr().out.splitlines()[-1]

@@ -57,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = args.parser  # santa ablate layers: its usage above its errors
     check_model_arguments(parser, args, metric=args.metric)
     check_plot(parser, args.plot is not None)
+    if args.one_hot == args.base:
+        parser.error(f"argument --one-hot: must differ from --base ({args.base}): every one-hot cell would be the uniform baseline")
+    if args.plot is not None and cliargs.same_file(args.out, cliargs.figure_written(args.plot)):
+        parser.error(f"argument --plot: {args.plot} is also --out; give the figure and the cells files of their own")
     from santa.budgets.rewards import check_prompts, model_layers
 
     try:
@@ -83,12 +87,15 @@ def check_out(parser: argparse.ArgumentParser, out: str) -> None:
 
 def failed_as_exit_1(prog: str, work) -> int:
     """``work()``'s exit status, or 1 with one line on stderr when its output file cannot be used
-    (another run holds it, a malformed line: the message names the file and line)."""
+    (another run holds it, a malformed line: the message names the file and line; a file that cannot
+    be written, a full disk)."""
     from santa.sweep_files import SweepFileError
 
     try:
         return work()
-    except SweepFileError as error:
+    except BrokenPipeError:  # the reader of stdout left: santa.cli stops quietly
+        raise
+    except (SweepFileError, OSError) as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return 1
 

@@ -15,7 +15,7 @@ from santa.cliargs import positive_int
 from santa.methods import METHODS
 
 SAMPLERS = tuple(m.sampler for m in METHODS.values() if m.sampler and not m.exact)  # the reference samplers
-MAX_THREADS = 1024  # torch CPU threads; torch.set_num_threads overflows past 2**31
+MAX_THREADS = cliargs.MAX_THREADS  # torch CPU threads (santa.cliargs.threads)
 
 
 def sorted_int_list(what: str, high: int | None = None) -> Callable[[str], list[int]]:
@@ -33,7 +33,7 @@ def sorted_int_list(what: str, high: int | None = None) -> Callable[[str], list[
 prompt_list = sorted_int_list("prompt seed")
 seed_list = sorted_int_list("seed", cliargs.MAX_SEED)
 layer_list = sorted_int_list("layer")
-threads_arg = cliargs.int_in(1, MAX_THREADS + 1)
+threads_arg = cliargs.threads
 
 
 def cell_file(text: str) -> str:
@@ -92,15 +92,18 @@ def add_model_arguments(parser: argparse.ArgumentParser, *, device: Callable[[st
     parser.add_argument("--threads", type=threads_arg, default=None, help=f"torch CPU threads, 1-{MAX_THREADS}")
 
 
-def check_model_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, *, metric: str, context: bool = True) -> None:
+def check_model_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace, *, metric: str, context: bool = True,
+                          flag: str = "--metric", other_choices: tuple[str, ...] = ()) -> None:
     """Errors (exit 2) for a model or metric santa cannot use, or a prompt longer than the model's
-    context (``context=False``: no model runs, as for the synthetic reward), before anything loads."""
+    context (``context=False``: no model runs, as for the synthetic reward), before anything loads.
+    flag: the flag that gave ``metric`` (``--reward`` of tune budgets), other_choices: the values it
+    also takes, listed in its error."""
     from santa.assets import MODELS
 
     if args.model not in MODELS and args.model != TINY:
-        parser.error(f"--model must be one of {', '.join(sorted(MODELS))} or {TINY}, got {args.model!r}")
+        parser.error(f"argument --model: invalid choice: {args.model!r} (choose from {', '.join([*sorted(MODELS), TINY])})")
     if metric not in metric_choices():
-        parser.error(f"metric must be one of {', '.join(metric_choices())}, got {metric!r}")
+        parser.error(f"argument {flag}: invalid choice: {metric!r} (choose from {', '.join([*metric_choices(), *other_choices])})")
     if metric == "kl" and args.kl_tokens >= args.length:
         parser.error(f"--kl-tokens ({args.kl_tokens}) must be below --length ({args.length})")
     if context:

@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def budgets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     synthetic = args.reward == "synthetic"  # no model runs: --length does not apply
-    check_model_arguments(parser, args, metric="kl" if synthetic else args.reward, context=not synthetic)
+    check_model_arguments(parser, args, metric="kl" if synthetic else args.reward, context=not synthetic, flag="--reward",
+                          other_choices=("synthetic",))
     if args.questions > len(args.train_prompts):
         parser.error(f"--questions ({args.questions}) exceeds the {len(args.train_prompts)} --train-prompts")
     check_plot(parser, not args.no_plots)

@@ -27,14 +27,17 @@ from santa.eval.runner import (
 )
 from santa.eval.tasks import FIXED_LENGTH_TASKS, TASKS, missing_data
 from santa.schedule_file import load_layer_budgets
-from santa.sweep_files import SweepFileError
+from santa.sweep_files import SweepFileError, load_sweep
 
 EXIT_STATUS = (
     "exit status: 0 done; 1 a sweep file cannot be used (missing, locked by another run, not a sweep "
     "file: one line names the file and line) or the work failed; 2 a bad command line (nothing run); "
     "130 interrupted (Ctrl-C)"
 )
-MAX_THREADS = 1024  # --threads: torch takes a C int, and more threads than cores only slow a run
+DIAGNOSTICS_EXIT_STATUS = (
+    "exit status: 0 done; 1 the work failed (one line: a model that cannot load, an output that cannot be written); "
+    "2 a bad command line (nothing run); 130 interrupted (Ctrl-C)"
+)
 MAX_JOBS = 1_000_000  # jobs one `eval run` grid may hold (a record line each; more is a typo, or several sweeps)
 # Prompt length floors above cliargs.MIN_PROMPT_TOKENS: cwe lists its words in the question (~380 tokens)
 MIN_LENGTH = {"cwe": 512}
@@ -244,7 +247,7 @@ def add_run(sub) -> None:
         "and exact_when_covers stay on hf); "
         "auto (default): fast on CUDA, hf elsewhere",
     )
-    run.add_argument("--threads", type=cliargs.positive_int, default=None, help=f"torch CPU threads, 1 to {MAX_THREADS}")
+    run.add_argument("--threads", type=cliargs.threads, default=None, help=f"torch CPU threads, 1 to {cliargs.MAX_THREADS}")
     run.set_defaults(error=run.error)
 
 
@@ -276,14 +279,14 @@ def add_report(sub) -> None:
 
 def add_diagnostics(sub, name: str, help_text: str, out: str) -> argparse.ArgumentParser:
     """The flags ``variance`` and ``bernoulli`` share."""
-    p = sub.add_parser(name, help=help_text, epilog=EXIT_STATUS)
-    p.add_argument("--model", default="smollm2-135m", type=cliargs.bundled_model)
+    p = sub.add_parser(name, help=help_text, epilog=DIAGNOSTICS_EXIT_STATUS)
+    p.add_argument("--model", default="smollm2-135m", type=cliargs.bundled_model, help="bundled model: smollm2-135m (default) or qwen2.5-coder-0.5b")
     p.add_argument("--task", default="niah_single", choices=list(TASKS))
     p.add_argument("--length", type=cliargs.positive_int, default=2048, help=f"prompt tokens (≥ {cliargs.MIN_PROMPT_TOKENS})")
     p.add_argument("--prompts", type=cliargs.positive_int, default=4, help="prompts, ≥ 1")
     p.add_argument("--out", default=f"{out}.json", type=cliargs.output_file, help=f"JSON results (default {out}.json)")
     p.add_argument("--plot", default=f"{out}.png", type=cliargs.figure_file, help=f"the figure (default {out}.png)")
-    p.add_argument("--device", default=None, type=cliargs.device)
+    p.add_argument("--device", default=None, type=cliargs.device, help="cpu, cuda or cuda:N (default: cuda when present, else cpu)")
     p.set_defaults(error=p.error)
     return p
 
@@ -324,8 +327,6 @@ def check_args(args: argparse.Namespace) -> None:
                 args.error(f"argument --lengths: task {task} needs prompts of ≥ {min_length(task)} tokens, got {short[0]}")
         if "kl" in args.tasks and args.kl_tokens >= min(args.lengths):
             args.error(f"argument --kl-tokens: must be below every --lengths value (the KL context), got {args.kl_tokens} ≥ {min(args.lengths)}")
-        if args.threads is not None and args.threads > MAX_THREADS:
-            args.error(f"argument --threads: at most {MAX_THREADS}, got {args.threads}")
         jobs = grid_size(args)
         if jobs > MAX_JOBS:
             args.error(f"the grid of these flags holds up to {jobs:,} jobs, more than {MAX_JOBS:,}; split it over several sweeps")
@@ -349,6 +350,8 @@ def check_args(args: argparse.Namespace) -> None:
             args.error(f"argument --plot: santa eval {args.command} writes a plot and needs matplotlib: {install_hint('plot')}")
         if args.task not in FIXED_LENGTH_TASKS and args.length < min_length(args.task):
             args.error(f"argument --length: task {args.task} needs prompts of ≥ {min_length(args.task)} tokens, got {args.length}")
+        if cliargs.same_file(args.out, cliargs.figure_written(args.plot)):
+            args.error(f"argument --plot: {args.plot} is also --out; give the figure and the JSON results files of their own")
         if args.command == "variance" and len(set(args.budgets)) < 2:
             args.error(f"argument --budgets: the variance slope needs at least two budgets, got {args.budgets}")
 
@@ -457,12 +460,44 @@ def schedule_file(text: str) -> tuple[str, dict[int, int], str]:
     return Path(text).stem, budgets, text
 
 
+def check_sweep_records(path: str) -> None:
+    """``eval run --out``: an existing file must hold sweep records of ``santa eval run`` (those the
+    report reads), not another command's (a file of ``santa ablate layers`` or ``santa tune``, which
+    the sweep's records would spoil for both); :class:`SweepFileError` naming the file, the line and
+    what it holds. Before any model loads."""
+    from santa.eval.report import record_problem
+
+    if not Path(path).is_file() or Path(path).stat().st_size == 0:
+        return
+    for line, record in load_sweep(path).records:
+        problem = record_problem(record)
+        if problem:
+            holds = foreign_record(record)
+            what = f"{holds}, not a sweep record of santa eval run" if holds else f"not a sweep record of santa eval run ({problem})"
+            raise SweepFileError(f"{path}, line {line}: {what}; give --out a sweep file of santa eval run, or a new file")
+
+
+def foreign_record(record: dict) -> str | None:
+    """What another command's record in a sweep file is, in words (None: not known)."""
+    if {"name", "schedule", "scores"} <= record.keys():
+        return "a schedule cell of santa ablate layers / santa tune evaluate"
+    if {"update", "theta"} <= record.keys():
+        return "a policy update of santa tune budgets (history.jsonl)"
+    return None
+
+
 def run_command(args: argparse.Namespace) -> int:
     problem = cliargs.make_output_file(args.out)  # as the sweep will, before any model loads
     if problem:
         args.error(f"argument --out: {problem}")
+    check_sweep_records(args.out)
     jobs = run_grid(args)
-    ran = run_sweep(jobs, args.out, device=args.device, batch_size=args.batch, path=args.path)
+    try:
+        ran = run_sweep(jobs, args.out, device=args.device, batch_size=args.batch, path=args.path)
+    except OSError as error:  # main says it in one line; an error without a file name is the appends' to --out (a full disk, say)
+        if error.filename is not None or isinstance(error, BrokenPipeError):
+            raise
+        raise SweepFileError(f"{args.out}: cannot append the sweep's records ({error.strerror or error})") from None
     print(f"{len(jobs)} jobs in the grid, {ran} run now, {len(jobs) - ran} already in {args.out}")
     return 0
 
@@ -558,7 +593,9 @@ def main(argv: list[str] | None = None) -> int:
 
             torch.set_num_threads(args.threads)
         return COMMANDS[args.command](args)
-    except (SweepFileError, ValueError, FileNotFoundError) as error:  # one line, no traceback
+    except BrokenPipeError:  # `santa eval report … | head`: santa.cli stops quietly
+        raise
+    except (SweepFileError, ValueError, OSError) as error:  # one line, no traceback (a file that cannot be read or written too)
         return fail(args.command, error)
 
 
