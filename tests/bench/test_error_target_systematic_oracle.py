@@ -86,3 +86,100 @@ def test_proportional_budgets_are_integers_summing_to_the_total_each_at_least_on
     assert oracle.proportional_budgets(torch.tensor([1.0, 1.0, 1.0]), 100).tolist() == [34, 33, 33]
     budgets = oracle.proportional_budgets(torch.tensor([1e-9, 3.0, 5.5, 1.5]), 101)
     assert int(budgets.sum()) == 101 and int(budgets.min()) >= 1
+
+
+@pytest.mark.parametrize(("shape", "block"), [((2, 64, 3), 32), ((3, 77, 5), 32), ((1, 5, 2), 8), ((2, 40, 1), 16)])
+def test_prefix_sums_are_the_cumulative_sums(shape, block):
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    assert torch.allclose(oracle.prefix_sums(x, block), torch.cumsum(x, 1), rtol=1e-12, atol=1e-12)
+
+
+def test_the_exact_error_does_not_depend_on_the_chunk_or_the_block():
+    g = torch.Generator().manual_seed(4)
+    probs = torch.softmax(torch.randn(1000, generator=g, dtype=torch.float64), -1)
+    values = torch.randn(1000, 8, generator=g)
+    budgets = [1, 5, 64, 333, 2048]
+    reference = oracle.systematic_error(probs, values, budgets)
+    for chunk, block in ((1, 8), (3, 64), (5, 1000)):
+        assert torch.allclose(oracle.systematic_error(probs, values, budgets, chunk, block), reference, rtol=1e-10)
+
+
+def jagged_curves(heads: int, seed: int, grid=(1, 2, 3, 5, 8, 13)) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(heads, len(grid), generator=g, dtype=torch.float64) / torch.tensor(grid)
+
+
+def test_the_lagrangian_allocation_is_the_exact_oracle_for_the_reads_it_spends():
+    grid = (1, 2, 3, 5, 8, 13)
+    curves = jagged_curves(4, 5)
+    best, _ = oracle.oracle_table(curves, grid, 52)
+    for total in range(4, 53):
+        budgets = oracle.lagrange_budgets(curves, grid, total)
+        spent = int(budgets.sum())
+        assert spent <= total
+        error = oracle.grid_error(curves, grid, budgets)
+        assert error == pytest.approx(float(best[spent]))  # optimal at its own reads …
+        assert oracle.hull_bound(curves, grid, total) <= float(best[total]) + 1e-12 <= error + 2e-12  # … so it brackets
+
+
+def test_hull_reads_inverts_the_hull_bound():
+    grid = oracle.GRID
+    curves = torch.tensor([[a / s for s in grid] for a in (1.0, 4.0, 0.3)], dtype=torch.float64)
+    for total in (3, 50, 96, 200.5, 1000):
+        target = oracle.hull_bound(curves, grid, total)
+        assert oracle.hull_reads(curves, grid, target) == pytest.approx(total)
+    assert oracle.hull_reads(curves, grid, 1e-9) == math.inf  # below every head's error at 2048
+    assert oracle.hull_reads(curves, grid, 1e9) == 3  # every head at grid[0]
+
+
+def test_cross_layer_of_equal_heads_has_nothing_to_move_and_of_unequal_heads_moves_reads():
+    grid = oracle.GRID
+    same = torch.tensor([[1.0 / s for s in grid]] * 6, dtype=torch.float64)
+    result = oracle.cross_layer(same)
+    assert result["rows"] == 6 and result["reads"] == 6 * 128
+    assert result["oracle_hull"] == pytest.approx(1.0) and result["oracle_lagrange"] == pytest.approx(1.0)
+    assert result["reads_at_equal_error_hull"] == pytest.approx(1.0)
+    assert result["reads_at_equal_error_lagrange"] == pytest.approx(1.0)
+    unequal = torch.tensor([[a / s for s in grid] for a in (1.0, 9.0)], dtype=torch.float64)  # optimum (64, 192)
+    result = oracle.cross_layer(unequal)
+    expected = (1 / 64 + 9 / 192) / (10 / 128)
+    assert result["oracle_hull"] == pytest.approx(expected) and result["oracle_lagrange"] == pytest.approx(expected)
+    assert result["reads_at_equal_error_lagrange"] < 1
+
+
+def test_positions_layer_pools_the_heads_of_every_position():
+    """Two heads at three positions (row t sees the first n − 3 + 1 + t keys): each position's oracle is the
+    one-position analysis of its truncated heads, the pooled rules' errors are the exact errors of their budgets, and
+    the pool does at least as well as every position alone and every head over its own positions."""
+    g = torch.Generator().manual_seed(6)
+    heads, positions, n = 2, 3, 60
+    scores = 2 * torch.randn(heads, positions, n, generator=g, dtype=torch.float64)
+    visible = torch.arange(n) < (n - positions + 1 + torch.arange(positions))[:, None]  # [P, n]
+    probs = torch.softmax(scores.masked_fill(~visible, -math.inf), -1)
+    values = torch.randn(heads, n, 4, generator=g)
+    case = oracle.positions_layer(probs, values)
+    assert case["curves"].shape == (heads * positions, len(oracle.GRID))
+    alone = 0.0
+    for t in range(positions):
+        keys = n - positions + 1 + t
+        one = oracle.layer_case(probs[:, t, :keys], values[:, :keys])
+        assert torch.allclose(case["curves"][t * heads: (t + 1) * heads], one["curves"], rtol=1e-12)
+        assert case["per_position"][t]["errors"]["oracle"] == pytest.approx(one["errors"]["oracle"])
+        assert case["per_position"][t]["reads_at_equal_error"] == one["reads_at_equal_error"]
+        alone += one["errors"]["oracle"]
+    pooled = case["pooled"]
+    assert pooled["fixed"] == pytest.approx(sum(p["fixed"] for p in case["per_position"]))
+    assert pooled["errors"]["oracle"] <= alone + 1e-15
+    assert pooled["errors"]["oracle"] <= case["steps_only_oracle"] + 1e-15
+    for name, budgets in pooled["rule_budgets"].items():
+        assert sum(budgets) == 128 * heads * positions
+        direct = sum(float(oracle.systematic_error(probs[r % heads, r // heads, : n - positions + 1 + r // heads],
+                                                   values[r % heads, : n - positions + 1 + r // heads], [s])[0])
+                     for r, s in enumerate(budgets))
+        assert pooled["errors"][name] == pytest.approx(direct, rel=1e-9)
+    assert sum(case["pooled_oracle_reads_by_position"]) <= positions + 1e-12
+
+
+def test_summary_is_the_mean_of_ratios_and_the_ratio_of_sums():
+    assert oracle.summary([1.0, 3.0], [2.0, 4.0]) == {"layer_mean": 0.625, "overall": 4 / 6, "layer_min": 0.5,
+                                                       "layer_max": 0.75}
