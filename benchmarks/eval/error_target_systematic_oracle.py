@@ -260,14 +260,19 @@ def lagrange_budgets(curves: torch.Tensor, grid, total: float) -> torch.Tensor:
     def pick(log_lam: float) -> torch.Tensor:
         return s[torch.argmin(c + math.exp(log_lam) * s, 1)]
 
-    lo, hi = -700.0, 700.0  # lo: every head's smallest error; hi: every head at grid[0]
+    return pick(lambda_for(lambda log_lam: float(pick(log_lam).sum()), total)).long()  # λ low: smallest errors; high: grid[0]
+
+
+def lambda_for(reads, total: float) -> float:
+    """The smallest log λ in [−700, 700] (200 halvings) at which ``reads(log λ)``, falling in λ, is at most ``total``."""
+    lo, hi = -700.0, 700.0
     for _ in range(200):
         mid = (lo + hi) / 2
-        if float(pick(mid).sum()) > total:
+        if reads(mid) > total:
             lo = mid
         else:
             hi = mid
-    return pick(hi).long()
+    return hi
 
 
 def grid_error(curves: torch.Tensor, grid, budgets: torch.Tensor) -> float:
@@ -299,14 +304,7 @@ def powerlaw_budgets(scale: torch.Tensor, slope: torch.Tensor, total: int) -> to
     def budgets(log_lam: float) -> torch.Tensor:
         return torch.exp((torch.log(a * b) - log_lam) / (b + 1))
 
-    lo, hi = -700.0, 700.0
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if float(budgets(mid).sum()) > total:
-            lo = mid
-        else:
-            hi = mid
-    return budgets(hi)
+    return budgets(lambda_for(lambda log_lam: float(budgets(log_lam).sum()), total))
 
 
 # ---------------------------------------------------------------------------------------------- one model
