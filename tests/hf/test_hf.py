@@ -88,9 +88,13 @@ def test_decode_stats_count_value_rows_read(model_and_tokenizer, prompt_ids):
 
 
 def test_bernoulli_scores_bypass_the_decode_kernels():
+    """A config asking for both is refused (test_config_rejects_bad_values); one changed after construction still
+    runs the reference, never the kernel without its score stage."""
     query = torch.zeros(1, 9, 1, 64)
-    assert santa.hf.kernel_for(santa.hf.SantaConfig(kernel="prop"), query, None) == "prop"
-    assert santa.hf.kernel_for(santa.hf.SantaConfig(kernel="prop", score_samples=4), query, None) is None
+    config = santa.hf.SantaConfig(kernel="prop")
+    assert santa.hf.kernel_for(config, query, None) == "prop"
+    config.score_samples = 4
+    assert santa.hf.kernel_for(config, query, None) is None
 
 
 def test_config_rejects_bad_values():
