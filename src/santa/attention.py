@@ -357,7 +357,7 @@ def sampled_attention(
     if error_target is not None:
         _checked_target(error_target, pilot, sampler)  # before any work
     else:
-        check_pilot(pilot, error_target)  # refused where it would size nothing
+        check_pilot(pilot, targeted=False)  # refused where it would size nothing
     if sampler in SAMPLERS:
         check_draws(b * hq * lq, budget, key.shape[2])
     scored = query  # the query the scores use: q, or Bernoulli qKᵀ's sampled q̃

@@ -89,14 +89,14 @@ def check_error_target(error_target: object) -> float:
     return value
 
 
-def check_pilot(pilot: object, error_target: object = 0.1) -> int:
-    """The pilot's draws per row S₀ as an int ≥ 2 (a sample variance needs two draws), or raise; a pilot other than
-    the default where ``error_target`` is None sizes nothing, and is refused rather than ignored."""
+def check_pilot(pilot: object, *, targeted: bool = True) -> int:
+    """The pilot's draws per row S₀ as an int ≥ 2 (a sample variance needs two draws), or raise; ``targeted=False``
+    (no error target): a pilot other than the default sizes nothing, and is refused rather than ignored."""
     if isinstance(pilot, bool) or not isinstance(pilot, numbers.Integral):
         raise TypeError(f"pilot must be an int ≥ 2 (draws per row that estimate the error), got {type(pilot).__name__} {pilot!r}")
     if pilot < 2:
         raise ValueError(f"pilot must be ≥ 2 (a sample variance needs two draws), got {pilot}")
-    if error_target is None and pilot != DEFAULT_PILOT:
+    if not targeted and pilot != DEFAULT_PILOT:
         raise ValueError(f"pilot={pilot} sizes an error target's pilot draws: pass error_target too (or leave pilot at "
                          f"{DEFAULT_PILOT})")
     return int(pilot)

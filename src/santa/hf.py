@@ -215,7 +215,7 @@ class SantaConfig:
                 raise ValueError(f"score_samples (Bernoulli qKᵀ) runs on the torch reference, not kernel={self.kernel!r}: "
                                  "use kernel='auto' or 'reference' with it")
         check_sampler(self.score_sampler, SCORE_SAMPLERS, "score_sampler")
-        self.pilot = check_pilot(self.pilot, self.error_target)  # a pilot without a target is refused, not ignored
+        self.pilot = check_pilot(self.pilot, targeted=self.error_target is not None)  # a pilot without a target is refused, not ignored
         if self.error_target is not None:
             self.error_target = check_error_target(self.error_target)
             if self.sampler not in STOCHASTIC_SAMPLERS:

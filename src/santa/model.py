@@ -298,7 +298,7 @@ def make_context(
     seed = rng.check_seed(seed)  # every seed in [0, 2**63) is legal: layer keys come from santa.rng
     layer_budgets = checked_layer_budgets(layer_budgets, model.args.n_layer)
     method = by_model_backend(backend)
-    pilot = check_pilot(pilot, error_target)  # a pilot without a target is refused, not ignored
+    pilot = check_pilot(pilot, targeted=error_target is not None)  # a pilot without a target is refused, not ignored
     if error_target is not None:
         error_target = check_error_target(error_target)
         if method is None or not method.takes_error_target:

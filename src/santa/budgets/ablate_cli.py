@@ -73,16 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--metric {args.metric} at --length {args.length}: {error}")
     if args.layers is not None and max(args.layers) >= n_layers:
         parser.error(f"--layers must lie in 0-{n_layers - 1} ({args.model} has {n_layers} layers), got {max(args.layers)}")
-    check_out(parser, args.out)
     return failed_as_exit_1(PROG, lambda: run(args, n_layers))
-
-
-def check_out(parser: argparse.ArgumentParser, out: str) -> None:
-    """Make --out's folder and file as the run will, before any model loads: a failure is an error
-    naming --out (status 2), not a traceback from the run."""
-    problem = cliargs.make_output_file(out)
-    if problem:
-        parser.error(f"argument --out: {problem}")
 
 
 def failed_as_exit_1(prog: str, work) -> int:

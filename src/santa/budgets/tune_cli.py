@@ -164,9 +164,6 @@ def budgets(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error(f"--total ({total}) is below --floor × layers ({args.floor} × {n_layers})")
     if args.floor == 0 and args.reward != "synthetic":
         parser.error("--floor 0 can give a layer S = 0, which sampled attention cannot run; use --floor ≥ 1")
-    problem = cliargs.make_output_folder(args.out)  # before Ray starts: a traceback from the run otherwise
-    if problem:
-        parser.error(f"argument --out: {problem}")
 
     from santa.budgets.distributed import tune
     from santa.budgets.run_folder import CheckpointError, RunMismatch, TuneSpec
@@ -321,9 +318,8 @@ def evaluate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         check_prompts(args.model, metric=args.metric, length=args.length, prompt=args.prompts[0])
     except ValueError as error:
         parser.error(f"--metric {args.metric} at --length {args.length}: {error}")
-    from santa.budgets.ablate_cli import check_out, failed_as_exit_1
+    from santa.budgets.ablate_cli import failed_as_exit_1
 
-    check_out(parser, args.out)
     return failed_as_exit_1("santa tune evaluate", lambda: score_schedules(args, schedules, n_layers=n_layers, total=total))
 
 

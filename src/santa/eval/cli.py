@@ -487,10 +487,7 @@ def foreign_record(record: dict) -> str | None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    problem = cliargs.make_output_file(args.out)  # as the sweep will, before any model loads
-    if problem:
-        args.error(f"argument --out: {problem}")
-    check_sweep_records(args.out)
+    check_sweep_records(args.out)  # --out was made and removed again at parse time (sweep_out), before any model loads
     jobs = run_grid(args)
     try:
         ran = run_sweep(jobs, args.out, device=args.device, batch_size=args.batch, path=args.path)

@@ -355,7 +355,7 @@ def checked_error_target(error_target, pilot, kernel: str) -> tuple[float | None
     """``(ε or None, pilot)`` checked: ε a finite real > 0, pilot an int ≥ 2, and kernel prop (flash's
     per-tile budgets have no global pilot): TypeError / ValueError naming the argument."""
     if error_target is None:
-        check_pilot(pilot, error_target)  # a pilot without a target would size nothing: refused, not ignored
+        check_pilot(pilot, targeted=False)  # a pilot without a target would size nothing: refused, not ignored
         return None, DEFAULT_PILOT
     error_target, pilot = check_error_target(error_target), check_pilot(pilot)
     if kernel != "prop":
