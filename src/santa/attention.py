@@ -191,8 +191,11 @@ def value_weights(
     """Weights ``w [..., n]`` with ``ô = Σ_j w_j v_j``, and the sample counts (None for dense, top-k).
 
     ``"dense"``: w = p. ``"topk"``: the k = budget largest p, renormalised. Samplers: w = c / S, from
-    ``uniforms`` when given (the shape :func:`santa.sample_counts` takes), else drawn from ``generator``.
+    ``uniforms`` when given (the shape :func:`santa.sample_counts` takes), else drawn from ``generator``;
+    uniforms with dense or top-k (which draw nothing) are refused (ValueError).
     """
+    if uniforms is not None and sampler not in SAMPLERS:
+        raise ValueError(f"uniforms are for a stochastic sampler ({', '.join(SAMPLERS)}); sampler {sampler!r} draws none")
     if sampler == "dense":
         return probs, None
     if sampler == "topk":

@@ -188,6 +188,8 @@ class SantaConfig:
             check_layer("layer_budgets key", layer): check_budget(budget, f"layer_budgets[{layer!r}]")
             for layer, budget in self.layer_budgets.items()
         }
+        if self.layer_budgets and self.sampler == "dense":
+            raise ValueError("layer_budgets sets samples per layer for a sampler; sampler='dense' reads every key")
         if isinstance(self.dense_layers, (str, bytes, Mapping)) or not isinstance(self.dense_layers, Iterable):
             raise TypeError(
                 f"dense_layers must be a collection of layer indices such as (0,) or range(2), got {type(self.dense_layers).__name__} {self.dense_layers!r}"

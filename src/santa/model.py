@@ -274,7 +274,8 @@ def make_context(
 
     prompt_len: one int for the batch, or int ``[B]`` per sequence.
     layer_budgets: ``{layer: S}`` for the sampled backends (e.g. from
-    :func:`santa.budgets.schedule.load_layer_budgets`); layers not in it use ``budget``.
+    :func:`santa.budgets.schedule.load_layer_budgets`); layers not in it use ``budget``. Refused with
+    the dense backend, which has no budget to override.
     error_target: a relative error ε > 0 for the sampled backends but top-k (:mod:`santa.error_target`): each head
     draws ``min(S, max(S₀, ⌈T̂ / (ε² N̂)⌉))`` samples from a pilot of ``pilot`` draws, S (``budget`` or the layer's) the cap.
     attention: plug in an attention of your own (benchmarks): a callable ``(q [B, H, d], k_cache,
@@ -298,6 +299,8 @@ def make_context(
     seed = rng.check_seed(seed)  # every seed in [0, 2**63) is legal: layer keys come from santa.rng
     layer_budgets = checked_layer_budgets(layer_budgets, model.args.n_layer)
     method = by_model_backend(backend)
+    if layer_budgets is not None and method is METHODS["dense"]:
+        raise ValueError(f"layer_budgets sets samples per layer for a sampling backend; backend {backend!r} reads every key")
     pilot = check_pilot(pilot, targeted=error_target is not None)  # a pilot without a target is refused, not ignored
     if error_target is not None:
         error_target = check_error_target(error_target)

@@ -481,3 +481,11 @@ def test_hf_backend_refuses_dropout_on_the_sampled_path():
     module = FakeAttention(santa.hf.SantaConfig(budget=4, kernel="reference"))
     with pytest.raises(ValueError, match=r"no dropout, got dropout=0.1.*model.eval\(\)"):
         santa.hf.santa_attention_forward(module, q, k, v, None, dropout=0.1)
+
+
+@pytest.mark.parametrize("sampler", ["dense", "topk"])
+def test_uniforms_with_a_sampler_that_draws_none_are_refused(sampler):
+    """Dense and top-k draw nothing: uniforms given to them would be ignored, so they are refused."""
+    q, k, v = qkv(b=1, hq=2, hkv=1, lq=1, lk=16, d=8)
+    with pytest.raises(ValueError, match=f"uniforms are for a stochastic sampler .*sampler '{sampler}' draws none"):
+        santa.sampled_attention(q, k, v, budget=4, sampler=sampler, enable_gqa=True, uniforms=torch.rand(1, 2, 1, 4))

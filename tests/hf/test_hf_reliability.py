@@ -229,3 +229,9 @@ def test_config_takes_numpy_integers_as_ints():
 def test_config_refuses_a_float_where_an_int_is_expected_with_a_type_error(field, value):
     with pytest.raises(TypeError, match="must be an int"):
         SantaConfig(**{field: value})
+
+
+def test_config_refuses_layer_budgets_with_the_dense_sampler():
+    """A schedule would be ignored: dense reads every key."""
+    with pytest.raises(ValueError, match="layer_budgets sets samples per layer for a sampler; sampler='dense'"):
+        SantaConfig(sampler="dense", layer_budgets={0: 4})

@@ -335,6 +335,7 @@ def test_every_iterable_of_int_ids_is_a_valid_stop_tokens(checkpoint_shaped_mode
     ({"cuda_graph": 1}, TypeError, "cuda_graph must be None or a bool"),
     ({"layer_budgets": {1.0: 4}, "backend": "iid"}, TypeError, "layer_budgets key"),
     ({"layer_budgets": {0: 4.0}, "backend": "iid"}, TypeError, r"layer_budgets\[0\]"),
+    ({"layer_budgets": {0: 4}, "backend": "sdpa"}, ValueError, "layer_budgets sets samples per layer .* 'sdpa' reads every key"),
 ])
 def test_generate_refuses_bad_arguments_by_the_convention(checkpoint_shaped_model, kwargs, error, message):
     with pytest.raises(error, match=message):
