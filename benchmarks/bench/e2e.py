@@ -300,7 +300,7 @@ def attention_check(model: Transformer, ctx, prompt: int, device: torch.device, 
     ctx.prepare(pos)
     if flashinfer is not None:
         flashinfer.plan(prompt + 1)
-    out = attn.decode(q, cache.k_cache, cache.v_cache, ctx).float()
+    out = ctx.attend(q, cache.k_cache, cache.v_cache, ctx, attn.layer_id).float()
     n = prompt + 1
     k_values, v_values = cache.dequantised(torch.float32)
     k = k_values[:, :n].float().transpose(1, 2)  # [B, H_kv, n, d]
@@ -320,7 +320,7 @@ def probe_sdpa(model: Transformer, ctx, prompt: int, names: list[str], row: dict
     for name in names:
         try:
             with sdpa_context([name]):
-                attn.decode(q, cache.k_cache, cache.v_cache, ctx)
+                ctx.attend(q, cache.k_cache, cache.v_cache, ctx, attn.layer_id)
             torch.cuda.synchronize()
         except RuntimeError as e:
             failures[name] = str(e).splitlines()[0][:200]

@@ -455,12 +455,10 @@ class Attention(nn.Module):
             )  # [B, H, T, d]
             y = y.transpose(1, 2)
         else:
-            y = self.decode(q[:, 0].contiguous(), k_cache, v_cache, ctx).unsqueeze(1)  # [B, 1, H, d]
+            # the context's bound attention: q [B, H, d] contiguous, caches [B, L_max, H_kv, d], sequence b seeing its
+            # first seq_lens[b] keys → [B, H, d]
+            y = ctx.attend(q[:, 0].contiguous(), k_cache, v_cache, ctx, self.layer_id).unsqueeze(1)  # [B, 1, H, d]
         return self.wo(y.reshape(bsz, seqlen, h * d))
-
-    def decode(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, ctx: DecodeContext) -> Tensor:
-        # q: [B, H, d] contiguous; caches [B, L_max, H_kv, d]; sequence b sees its first seq_lens[b] keys → [B, H, d]
-        return ctx.attend(q, k_cache, v_cache, ctx, self.layer_id)
 
 
 # The decode attentions a context binds (DecodeContext.attend): q [B, H, d], the layer's caches [B, L_max, H_kv, d] as

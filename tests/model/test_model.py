@@ -68,7 +68,7 @@ def decode_with(backend, impl, q, k, v, seq_lens, budget):
     attn = Transformer(ModelArgs(n_layer=1, n_head=q.shape[1], n_kv_head=k.shape[2], dim=q.shape[1] * q.shape[2], intermediate_size=8, vocab_size=8)).layers[0].attention
     ctx = DecodeContext(backend=backend, seq_lens=seq_lens, budget=budget, positions=seq_lens.long() - 1,
                         layer_keys=torch.zeros(1, q.shape[0], dtype=torch.int64), santa_impl=impl)
-    return attn.decode(q, k, v, ctx).double()
+    return ctx.attend(q, k, v, ctx, attn.layer_id).double()
 
 
 @pytest.mark.parametrize("impl", ["auto", "torch"])
@@ -232,7 +232,7 @@ def test_santa_decode_of_the_model_equals_the_kernel_reference_on_its_cache(tiny
     attn, q, cache, seq_lens = prefilled_layer(tiny_transformer, (5, 130, 40))
     ctx = make_context(tiny_transformer, f"santa-{kernel}", prompt_len=seq_lens, budget=16, seed=3)
     with torch.inference_mode():
-        out = attn.decode(q, cache.k_cache, cache.v_cache, ctx)
+        out = ctx.attend(q, cache.k_cache, cache.v_cache, ctx, attn.layer_id)
     kwargs = {"tile": flash_tile(TINY.head_dim)} if kernel == "flash" else {}
     ref = prop_reference if kernel == "prop" else flash_reference
     keys = torch.full((3,), rng.layer_key(3, 0))  # layer 0's key for every sequence, at its query's position
@@ -248,7 +248,7 @@ def test_keys_beyond_a_sequences_length_never_reach_its_output(tiny_transformer,
     def decode():
         ctx = make_context(tiny_transformer, backend, prompt_len=seq_lens, budget=8, seed=1)
         with torch.inference_mode():
-            return attn.decode(q, cache.k_cache, cache.v_cache, ctx)
+            return ctx.attend(q, cache.k_cache, cache.v_cache, ctx, attn.layer_id)
 
     cache.k_cache[beyond], cache.v_cache[beyond] = 0.0, 0.0
     clean = decode()
