@@ -85,11 +85,15 @@ UPDATE = {"key": "update 1", "update": 1, "theta": [0.0, 0.0], "episodes": []}
     (UPDATE, "a policy update of santa tune budgets (history.jsonl)"),
     ({"key": "k", "x": 1}, "not a sweep record of santa eval run (a record without model, task"),
 ])
-def test_eval_run_refuses_to_append_to_another_commands_file(no_work, capsys, record, holds):
+def test_eval_run_refuses_to_append_to_another_commands_file(no_work, monkeypatch, capsys, record, holds):
+    import santa.eval.cli
+    import santa.eval.runner
+
+    monkeypatch.setattr(santa.eval.cli, "run_sweep", santa.eval.runner.run_sweep)  # its loads stay refused (no_work)
     out = no_work / "e.jsonl"
     write_jsonl(out, [record])
     before = out.read_bytes()
-    assert main(eval_run(out)) == 1  # not WorkStarted: refused before the sweep
+    assert main(eval_run(out)) == 1  # not WorkStarted: refused on the records run_sweep reads, before any model loads
     err = capsys.readouterr().err
     assert err.startswith(f"santa eval run: error: {out}, line 1: {holds}") and err.count("\n") == 1
     assert "give --out a sweep file of santa eval run, or a new file" in err

@@ -201,7 +201,7 @@ def test_eval_run_out_under_a_file_is_refused(capsys, tmp_path):
 def test_eval_run_parses_lists_and_ranges_into_the_grid(monkeypatch, tmp_path):
     seen = {}
 
-    def fake_sweep(jobs, out, *, device, batch_size, path):
+    def fake_sweep(jobs, out, *, device, batch_size, path, check_records):
         seen.update(jobs=jobs, batch=batch_size, path=path)
         return len(jobs)
 

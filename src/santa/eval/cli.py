@@ -27,7 +27,7 @@ from santa.eval.runner import (
 )
 from santa.eval.tasks import FIXED_LENGTH_TASKS, TASKS, missing_data
 from santa.schedule_file import load_layer_budgets
-from santa.sweep_files import SweepFileError, load_sweep
+from santa.sweep_files import SweepFileError
 
 EXIT_STATUS = (
     "exit status: 0 done; 1 a sweep file cannot be used (missing, locked by another run, not a sweep "
@@ -460,16 +460,14 @@ def schedule_file(text: str) -> tuple[str, dict[int, int], str]:
     return Path(text).stem, budgets, text
 
 
-def check_sweep_records(path: str) -> None:
-    """``eval run --out``: an existing file must hold sweep records of ``santa eval run`` (those the
+def check_sweep_records(path: Path, records: list[tuple[int, dict]]) -> None:
+    """``eval run --out``: the file's ``(line, record)`` pairs must be sweep records of ``santa eval run`` (those the
     report reads), not another command's (a file of ``santa ablate layers`` or ``santa tune``, which
     the sweep's records would spoil for both); :class:`SweepFileError` naming the file, the line and
-    what it holds. Before any model loads."""
+    what it holds. :func:`~santa.eval.runner.run_sweep` calls it on the records it reads, before any model loads."""
     from santa.eval.report import record_problem
 
-    if not Path(path).is_file() or Path(path).stat().st_size == 0:
-        return
-    for line, record in load_sweep(path).records:
+    for line, record in records:
         problem = record_problem(record)
         if problem:
             holds = foreign_record(record)
@@ -487,10 +485,10 @@ def foreign_record(record: dict) -> str | None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    check_sweep_records(args.out)  # --out was made and removed again at parse time (sweep_out), before any model loads
     jobs = run_grid(args)
     try:
-        ran = run_sweep(jobs, args.out, device=args.device, batch_size=args.batch, path=args.path)
+        ran = run_sweep(jobs, args.out, device=args.device, batch_size=args.batch, path=args.path,
+                        check_records=check_sweep_records)
     except OSError as error:  # main says it in one line; an error without a file name is the appends' to --out (a full disk, say)
         if error.filename is not None or isinstance(error, BrokenPipeError):
             raise

@@ -42,7 +42,7 @@ import json
 import math
 import platform
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -67,7 +67,7 @@ from santa.eval.tasks import FIXED_LENGTH_TASKS, TASKS, Prompt, build_prompt, ch
 from santa.hf_greedy import greedy_continue_batch, left_pad, padded_forward, returned_cache, stop_token_ids
 from santa.provenance import code_commit
 from santa.rng import MAX_SEED  # sampler seeds are ints in [0, 2**63)
-from santa.sweep_files import SweepFileError, append_record, appending, read_records
+from santa.sweep_files import SweepFileError, append_record, appending, load_sweep
 
 METHODS = methods.names()  # santa.methods' registry, in its order (dense first)
 HF_METHODS = methods.names(path="hf")
@@ -609,6 +609,7 @@ def run_sweep(
     progress: bool = True,
     load=None,
     path: str = "auto",
+    check_records: Callable[[Path, list[tuple[int, dict]]], None] | None = None,
 ) -> int:
     """Run every job of ``jobs`` not yet in ``out``; returns the number run.
 
@@ -619,7 +620,8 @@ def run_sweep(
     ``load(model_name, device)`` → (model, tokenizer) defaults to :func:`santa.assets.load_model`.
     The file is locked for the whole run (:func:`santa.sweep_files.appending`): a second sweep on it
     raises :class:`~santa.sweep_files.SweepLocked` before it reads or loads anything. A plain (not
-    gzip) JSONL file only.
+    gzip) JSONL file only. ``check_records(out, [(line, record), …])``: called on the file's records, read once under the
+    lock, before anything loads (``santa eval run`` refuses another command's file there).
     """
     _check_ints("batch_size", [batch_size], 1)
     if load is None:
@@ -632,7 +634,10 @@ def run_sweep(
         raise SweepFileError(f"{out}: a sweep appends lines and cannot write gzip; run on the uncompressed .jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
     with appending(out):
-        done = {r["key"] for r in read_records(out)}
+        records = load_sweep(out).records
+        if check_records is not None:
+            check_records(out, records)
+        done = {r["key"] for _, r in records}
         pending = [j for j in jobs if j.key() not in done]
         if pending:
             _run_pending(pending, out, device, batch_size, progress, load, path)
