@@ -4,6 +4,8 @@
 /dev/null and folders that take no file as outputs, ``--out`` and ``--plot`` naming one file, a
 one-hot ablation of the base budget itself, and the wording of flags' errors and help."""
 
+from pathlib import Path
+
 import pytest
 
 import santa.cli
@@ -13,6 +15,7 @@ from helpers import TINY_CELLS_FLAGS, refusal, sweep_jobs, sweep_record, write_j
 from santa.cli import main
 from santa.cliargs import make_output_file, same_file
 from santa.generate import Answer, Prompt
+from santa.sweep_files import load_sweep
 
 pytestmark = pytest.mark.usefixtures("no_work")  # tests/conftest.py: no model loads, no work runs
 
@@ -107,8 +110,17 @@ def test_eval_run_resumes_its_own_sweep_file_or_an_empty_one(no_work, monkeypatc
         write_jsonl(out, [sweep_record(job) for job in sweep_jobs()])
     else:
         out.write_text("")
-    monkeypatch.setattr(santa.eval.cli, "run_sweep", lambda jobs, out, **kwargs: 0)
+    checked = []
+
+    def sweep(jobs, out, *, check_records, **kwargs):  # the check run_sweep makes on the records it reads
+        records = load_sweep(out).records
+        check_records(Path(out), records)
+        checked.append(len(records))
+        return 0
+
+    monkeypatch.setattr(santa.eval.cli, "run_sweep", sweep)
     assert main(eval_run(out)) == 0
+    assert checked == [len(sweep_jobs()) if content else 0]
 
 
 def test_eval_run_refuses_dev_null_as_out(no_work, capsys):
