@@ -195,7 +195,8 @@ PY
       ;;
     e2ehouse)  # issue 41's check: santa bench e2e of 283cdaf's tree (.old41, carried) and of this one, model by model in
                # one call (old, then new), santa-prop against cuDNN in each run; Llama at B = 6 fits an H100 too.
-               # One JSON back (e2ehouse.json: {tree: {model: e2e.json}}) and one log
+               # Each run's e2e.json comes back as it ends ($OUT/e2ehouse_<tree>_<model>.json: a call cut short keeps
+               # what ran), with one log
       for model in llama qwen smollm2; do
         case $model in
           llama) args="--batches 6 --prompts 30000" ;;
@@ -207,19 +208,10 @@ PY
           echo "== $model $tree" >> "$OUT/e2ehouse.log"
           (cd "$dir" && PYTHONPATH=/tmp/site:$dir/src timeout 90 python3 -m benchmarks.bench.e2e $args --new-tokens 32 \
             --backends sdpa,santa-prop --no-prefill --out "/tmp/e2eh/$tree/$model") >> "$OUT/e2ehouse.log" 2>&1
+          cp "/tmp/e2eh/$tree/$model/e2e.json" "$OUT/e2ehouse_${tree}_${model}.json" 2>/dev/null
           tail -4 "$OUT/e2ehouse.log"
         done
       done
-      python3 - "$OUT/e2ehouse.json" <<'PY'
-import json, sys
-from pathlib import Path
-out = {}
-for tree in ("old", "new"):
-    for model in ("llama", "qwen", "smollm2"):
-        path = Path("/tmp/e2eh") / tree / model / "e2e.json"
-        out.setdefault(tree, {})[model] = json.loads(path.read_text()) if path.exists() else {"error": f"no {path}"}
-json.dump(out, open(sys.argv[1], "w"), indent=1)
-PY
       ;;
   esac
 done
