@@ -226,7 +226,7 @@ def test_make_context_takes_the_whole_range_and_decodes(torch_fallback, tiny_tra
     ctx.prepare(torch.tensor([8]))
     q = torch.randn(1, TINY.n_head, TINY.head_dim)
     with torch.inference_mode():
-        out = attn.decode(q, cache.k_cache, cache.v_cache, ctx)
+        out = ctx.attend(q, cache.k_cache, cache.v_cache, ctx, attn.layer_id)
     assert out.shape == q.shape and torch.isfinite(out).all()
 
 

@@ -33,7 +33,6 @@ KERNEL_TOKENS = 3 if INTERPRETED else 10
 TEXTS = [[136, 49, 66, 186, 87, 160, 168, 243, 170, 173, 161, 32, 126, 237], [156, 3, 114, 115, 207, 98, 95, 185, 255, 50, 145, 240, 209, 217, 73, 187, 176, 204, 151, 114, 222, 22, 195, 190, 190, 75, 23, 56, 114, 198], [231, 237, 234, 199, 201, 210, 183, 181, 243]]
 GENERATE = {  # santa.model.generate(TINY, TINY_PROMPTS, 10, backend=..., budget=8, seed=3, stop_tokens=[TINY_STOP], layer_budgets=None | {1: 4})
     'sdpa/S': [[207, 196, 74, 233, 24, 180, 18, 246, 223, 112], [112, 132, 190, 247, 251], [196, 74, 218, 249, 68, 237, 200, 20, 171, 164]],
-    'sdpa/lb': [[207, 196, 74, 233, 24, 180, 18, 246, 223, 112], [112, 132, 190, 247, 251], [196, 74, 218, 249, 68, 237, 200, 20, 171, 164]],
     'iid/S': [[207, 196, 74, 233, 14, 147, 127, 175, 246, 223], [112, 132, 57, 223, 129, 59, 193, 215, 154, 232], [196, 74, 33, 38, 57, 33, 38, 223, 112, 121]],
     'iid/lb': [[207, 196, 164, 188, 196, 251], [112, 132, 57, 154, 83, 215, 14, 56, 67, 237], [196, 74, 33, 126, 74, 113, 168, 231, 42, 50]],
     'stratified/S': [[207, 196, 74, 233, 29, 223, 112, 196, 38, 44], [112, 132, 51, 172, 91, 67, 53, 109, 215, 180], [196, 74, 218, 2, 112, 111, 147, 207, 245, 146]],
@@ -49,9 +48,9 @@ GENERATE = {  # santa.model.generate(TINY, TINY_PROMPTS, 10, backend=..., budget
     'weights-only/S': [[207, 177, 223, 223, 223, 223, 223, 223, 43, 82], [112, 87, 58, 226, 188, 221, 246, 128, 35, 108], [196, 74, 121, 171, 207, 11, 86, 14, 197, 9]],
     'weights-only/lb': [[207, 177, 223, 223, 223, 223, 223, 223, 43, 82], [112, 87, 58, 226, 188, 221, 246, 128, 35, 108], [196, 74, 121, 171, 207, 11, 86, 14, 197, 9]],
 }
-DECODE = {  # fast_decode(prefill of TINY_PROMPTS with room 12, 10 | 6 tokens, backend=..., budget 8 (sdpa: 0), seed 5, stops {TINY_STOP, 7} | none with layer_budgets {0: 3})
+DECODE = {  # fast_decode(prefill of TINY_PROMPTS with room 12, 10 | 6 tokens, backend=..., budget 8 (sdpa: 0), seed 5, stops {TINY_STOP, 7} | none with layer_budgets {0: 3}; sdpa/no-stops: dense, 6 tokens, no stops)
     'sdpa': [[207, 196, 74, 233, 24, 180, 18, 246, 223, 112], [112, 132, 190, 247, 251], [196, 74, 218, 249, 68, 237, 200, 20, 171, 164]],
-    'sdpa/lb': [[207, 196, 74, 233, 24, 180], [112, 132, 190, 247, 251, 90], [196, 74, 218, 249, 68, 237]],
+    'sdpa/no-stops': [[207, 196, 74, 233, 24, 180], [112, 132, 190, 247, 251, 90], [196, 74, 218, 249, 68, 237]],
     'iid': [[207, 196, 74, 233, 24, 18, 100, 18, 246, 223], [112, 132, 112, 148, 129, 184, 146, 147, 44, 16], [196, 108, 55, 223, 112, 52, 128, 137, 195, 189]],
     'iid/lb': [[207, 196, 74, 188, 10, 246], [112, 29, 49, 162, 51, 49], [196, 254, 126, 18, 36, 32]],
     'stratified': [[207, 196, 74, 233, 29, 191, 128, 247, 85, 98], [112, 132, 84, 48, 119, 109, 215, 22, 16, 231], [196, 74, 237, 198, 231, 42, 50, 121, 19, 9]],
@@ -87,6 +86,10 @@ def test_generate_draws_the_tokens_it_drew_before_the_engine(tiny_transformer, b
     if backend in KERNEL_BACKENDS and INTERPRETED and layer_budgets is None:
         pytest.skip("one kernel case per backend under the interpreter (the layer-budget one)")
     n = KERNEL_TOKENS if backend in KERNEL_BACKENDS else 10
+    if backend == "sdpa" and layer_budgets:  # dense reads every key: a schedule would be ignored, so it is refused
+        with pytest.raises(ValueError, match="layer_budgets sets samples per layer for a sampling backend; backend 'sdpa'"):
+            generate(tiny_transformer, TINY_PROMPTS, n, backend=backend, layer_budgets=layer_budgets)
+        return
     rows = generate(tiny_transformer, TINY_PROMPTS, n, backend=backend, budget=8, seed=3, stop_tokens=[TINY_STOP], layer_budgets=layer_budgets)
     assert [r.tolist() for r in rows] == cut(GENERATE[f"{backend}/{'lb' if layer_budgets else 'S'}"], n)
 
@@ -105,6 +108,11 @@ def test_engine_decode_draws_the_tokens_fast_decode_drew(tiny_transformer, backe
         assert rows == cut(DECODE[backend], n) and seconds >= 0
     else:
         n = min(KERNEL_TOKENS, 6) if backend in KERNEL_BACKENDS else 6
+        if backend == "sdpa":  # refused: a schedule for dense, which reads every key
+            with pytest.raises(ValueError, match="layer_budgets sets samples per layer for a sampling backend"):
+                engine.decode(tiny_transformer, pre, n, backend=backend, budget=budget, seed=5, stop_tokens=set(),
+                              layer_budgets=layer_budgets)
+            return
         rows = engine.decode(tiny_transformer, pre, n, backend=backend, budget=budget, seed=5, stop_tokens=set(),
                              layer_budgets=layer_budgets).rows
         assert rows == cut(DECODE[backend + "/lb"], n)
@@ -189,7 +197,7 @@ def test_a_plugged_in_attention_runs_in_every_layer_of_every_step(tiny_transform
     stops = torch.tensor([], dtype=torch.long)
     with torch.inference_mode():  # the caches were written in inference mode
         rows = santa.model.decode_tokens(tiny_transformer, ctx, pre.first, pre.lengths, 6, stop_tokens=stops, cuda_graph=False)
-    assert rows == cut(DECODE["sdpa/lb"], 6)  # what santa's own sdpa backend decodes
+    assert rows == cut(DECODE["sdpa/no-stops"], 6)  # what santa's own sdpa backend decodes (6 tokens, no stops)
     assert calls == [0, 1] * 5  # 2 layers, 5 decode steps
 
 
