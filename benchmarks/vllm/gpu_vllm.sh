@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # santa inside vLLM 0.26.0 on the lent H200 (issue 27), offline. vLLM and the 20 wheels it needs to import
-# (VLLM_WHEELS in benchmarks/device/prepare.sh; 335 MB) travel as one tar in 8 pieces of ~42 MB, one ignored folder each
-# (.vw1 … .vw8, one per device call while the machine stays warm), joined and installed under /tmp.
+# (VLLM_WHEELS in benchmarks/device/prepare.sh; 335 MB) travel as one tar in 10 pieces of ~33.5 MB, one ignored folder each
+# (.vw1 … .vw10, one per device call while the machine stays warm), joined and installed under /tmp.
 #
 # The pieces are made on the host by `bash benchmarks/device/prepare.sh vllm` (its VLLM_WHEELS
 # as one reproducible tar, SHA-256 checked there and here after joining).
