@@ -278,9 +278,11 @@ def main() -> None:
     if args.out is not None:
         sys.path.insert(0, str(TREES["new"]))
         from santa.provenance import run_record
+        from santa.schedule_file import write_json_atomic
 
+        # written whole or not at all: a killed or a concurrent run tears nothing
         rows = [{"entry": entry, "tree": tree, **r} for (entry, tree), r in results.items()]
-        args.out.write_text(json.dumps({"run": run_record(), "results": rows}, indent=1) + "\n")
+        write_json_atomic(args.out, {"run": run_record(), "results": rows})
         print(f"wrote {args.out}")
 
 
