@@ -295,7 +295,9 @@ def eligible(*, device: torch.device, kernel: str, dtype: torch.dtype, kv_dtype:
 
 def cache_strides(k: torch.Tensor, v: torch.Tensor, kv_layout: str) -> tuple[int, int, int] | None:
     """(page or sequence, row, head) strides in elements that address both caches, ``[X, rows, H_kv, D]`` (NHD) or
-    ``[X, H_kv, rows, D]`` (HND), X sequences or pages; None where the one launch cannot read them: K and V strided
+    ``[X, H_kv, rows, D]`` (HND), X pages (a contiguous cache is read as NHD whatever its strides: the stream hard-codes
+    those rows, and a contiguous HND cache run through its strides drew wrong samples on the H200, 2026-12-05, so
+    :func:`eligible` keeps HND to paged caches); None where the one launch cannot read them: K and V strided
     differently, a feature stride other than 1, a stride not a multiple of 8 elements or a base not 16-byte aligned
     (its loads are 16 bytes). vLLM's packed cache (K and V halves of one row) passes."""
     if k.stride() != v.stride() or k.stride(-1) != 1 or k.data_ptr() % 16 or v.data_ptr() % 16:
