@@ -11,9 +11,10 @@ the metrics); a re-run skips what OUT already holds, so a call cut at its time l
         --workloads short long mixed --rates inf 4 --backends FLASH_ATTN CUSTOM --max-model-len 33024
     python benchmarks/vllm/serve.py OUT --table        # the comparison table of what OUT holds
 
-The model folder holds a config of a real model's shape and a synthetic tokenizer (:func:`write_tokenizer`: token
-``t<i>`` is id i, so any id sequence round-trips through text exactly); the server makes random weights itself
-(``--load-format dummy``): the time of a step does not depend on their values, and nothing is downloaded.
+The model folder holds a config of a real model's shape and, in its ``tokenizer`` folder, a synthetic tokenizer
+(:func:`write_tokenizer`: word ``t<i>`` is id i, so any id sequence round-trips through text exactly), which the server
+and the benchmark are given by ``--tokenizer``; the server makes random weights itself (``--load-format dummy``): the
+time of a step does not depend on their values, and nothing is downloaded.
 Workloads (``vllm bench serve --dataset-name random``, input lengths uniform in the range, ``--ignore-eos``):
 """
 
@@ -52,6 +53,8 @@ OUTPUT_TOKENS = (128, 256)  # each request's output length, uniform in this rang
 __doc__ += "".join(f"``{name}`` {lo}–{hi} input tokens; " for name, (lo, hi) in WORKLOADS.items()) + (
     f"output {OUTPUT_TOKENS[0]}–{OUTPUT_TOKENS[1]} tokens.\n")
 SPECIAL = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2 of the synthetic tokenizer
+SPACE = "\u2581"  # "▁": a word's leading space inside its token (Metaspace), as byte-level BPE tokens carry theirs
+TOKENIZER = "tokenizer"  # the model folder's folder of the synthetic tokenizer (no config.json beside it)
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}assistant:{% endif %}")
 METRICS = ("ttft", "tpot", "itl")
@@ -61,17 +64,23 @@ DETAILS_DROPPED = ("itls", "ttfts", "generated_texts", "start_times")  # --save-
 
 
 def write_tokenizer(folder: Path, vocab_size: int) -> None:
-    """A fast tokenizer of ``vocab_size`` ids: ``<unk> <s> </s>`` then ``t3 … t<vocab_size−1>``, split on whitespace and
-    joined with single spaces, so ``decode`` then ``encode`` gives back any sequence of ids ≥ 3 (what vLLM's random
-    dataset needs for exact prompt lengths). A chat template of ``role: content`` lines."""
+    """A fast tokenizer of ``vocab_size`` ids: ``<unk> <s> </s>`` then the words ``t3 … t<vocab_size−1>``, split at
+    spaces and joined with single spaces, so ``decode`` then ``encode`` gives back any sequence of ids ≥ 3 (what vLLM's
+    random dataset needs for exact prompt lengths). A chat template of ``role: content`` lines.
+
+    Each word's token holds its leading space (``▁t42``, Metaspace), so no text is longer in characters than its tokens
+    times the longest token: vLLM 0.26's server refuses a prompt of more characters than (max_model_len − max_tokens) ×
+    its tokenizer's longest token (``TokenizeParams._text_len_check``, vllm/renderers/params.py), and with bare ``t42``
+    tokens and a space between them a 31,803-token prompt of 6- and 7-character words was 244,732 characters, over its
+    229,838 (2 of 24 mixed requests refused, HTTP 400, H200 2026-12-05). :func:`prompt_fits` is that rule."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {token: i for i, token in enumerate(SPECIAL)}
-    vocab.update({f"t{i}": i for i in range(len(SPECIAL), vocab_size)})
+    vocab.update({f"{SPACE}t{i}": i for i in range(len(SPECIAL), vocab_size)})
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIAL[0]))
-    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    core.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # tokens joined with spaces; no token starts with ##
+    core.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="always", split=True)
+    core.decoder = decoders.Metaspace(replacement=SPACE, prepend_scheme="always", split=True)  # the first word's ▁ dropped
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token=SPECIAL[0], bos_token=SPECIAL[1],
                                         eos_token=SPECIAL[2])
     tokenizer.chat_template = CHAT_TEMPLATE
@@ -79,14 +88,40 @@ def write_tokenizer(folder: Path, vocab_size: int) -> None:
 
 
 def make_folder(folder: Path, shape: str) -> None:
-    """``config.json`` of ``shape`` (:data:`offline.SHAPES`, bos 1, eos 2) and the synthetic tokenizer; no weights."""
+    """``config.json`` of ``shape`` (:data:`offline.SHAPES`, bos 1, eos 2) and the synthetic tokenizer in its own folder
+    (:data:`TOKENIZER`); no weights. The tokenizer is not beside the config: transformers (5.x) loads a folder's
+    tokenizer by the class its config's ``model_type`` names for some types, whatever ``tokenizer_config.json`` says —
+    ``qwen2``'s ``Qwen2Tokenizer`` rebuilds a byte-level BPE from the vocabulary and its merges, and without merges
+    every word of ours tokenized to nothing (vLLM: "The decoder prompt cannot be empty", Qwen2.5-0.5B's shape, H200
+    2026-12-05). A folder without a config is loaded by ``tokenizer_config.json``'s own class."""
     from transformers import AutoConfig
 
     fields = dict(SHAPES[shape])
     config = AutoConfig.for_model(fields.pop("model_type"), bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16", **fields)
     folder.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(folder)
-    write_tokenizer(folder, config.vocab_size)
+    write_tokenizer(folder / TOKENIZER, config.vocab_size)
+
+
+def tokenizer_folder(folder: Path) -> Path:
+    """The tokenizer the server and the benchmark load: the synthetic one :func:`make_folder` wrote, where the model
+    folder holds it, else the folder's own (a real model's)."""
+    return folder / TOKENIZER if (folder / TOKENIZER / "tokenizer_config.json").exists() else folder
+
+
+def max_chars_per_token(tokenizer) -> int:
+    """The longest token's string, as vLLM 0.26 bounds a prompt's characters by (vllm/tokenizers/hf.py,
+    ``get_cached_tokenizer``: the longest key of ``get_vocab()``, special tokens included)."""
+    return max(len(token) for token in tokenizer.get_vocab())
+
+
+def prompt_fits(tokenizer, text: str, max_tokens: int, max_model_len: int) -> bool:
+    """Whether vLLM 0.26's server accepts a completion of ``text`` asking ``max_tokens`` tokens: its tokens and
+    ``max_tokens`` within ``max_model_len``, and (checked before it tokenizes: ``TokenizeParams._text_len_check``,
+    vllm/renderers/params.py) its characters within ``(max_model_len − max_tokens) ×`` :func:`max_chars_per_token`."""
+    tokens = len(tokenizer.encode(text, add_special_tokens=True))
+    return (tokens + max_tokens <= max_model_len
+            and len(text) <= (max_model_len - max_tokens) * max_chars_per_token(tokenizer))
 
 
 def wait_until_up(port: int, server: subprocess.Popen, timeout_s: float) -> float:
@@ -110,7 +145,8 @@ def server_command(folder: Path, *, port: int, backend: str, max_model_len: int,
     """``vllm serve`` as a user types it, with random weights (``load_format="dummy"``; ``"auto"`` reads the folder's);
     santa's settings through ``--additional-config`` (vLLM's configuration for plugins)."""
     command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(folder), "--port", str(port),
-               "--attention-backend", backend, "--load-format", load_format, "--max-model-len", str(max_model_len),
+               "--tokenizer", str(tokenizer_folder(folder)), "--attention-backend", backend, "--load-format", load_format,
+               "--max-model-len", str(max_model_len),
                "--kv-cache-dtype", kv_cache_dtype, "--gpu-memory-utilization", str(gpu_memory_utilization), "--seed", "0",
                "--served-model-name", "model", "--disable-uvicorn-access-log", *extra]
     if santa is not None:
@@ -196,6 +232,16 @@ def client_check(port: int, *, max_tokens: int = 16) -> dict:
     return {name: {"tokens": tokens, "text": text[:60]} for name, (tokens, text) in answers.items()}
 
 
+def checked_client(port: int) -> tuple[dict | None, str | None]:
+    """:func:`client_check`'s answers and None, or None and why it failed in one line (an error the server answered,
+    e.g. ``openai.BadRequestError``, or too few tokens): the caller names the arm, records it and goes on."""
+    try:
+        return client_check(port), None
+    except Exception as error:  # whatever the client raised: one line, never a traceback from the CLI
+        lines = str(error).strip().splitlines() or [""]
+        return None, f"{type(error).__name__}: {lines[0][:400]}"
+
+
 def streamed_tokens(pieces: list) -> int:
     """The tokens a stream's usage reports (its last chunk that carries one; 0 where none does, or no chunk came)."""
     return next((p.usage.completion_tokens for p in reversed(pieces) if p.usage is not None), 0)
@@ -209,9 +255,10 @@ def default_max_model_len(folder: Path) -> int:
 
 def input_range(workload: str, max_model_len: int) -> tuple[int, int]:
     """The workload's input lengths (tokens, inclusive) on a server of ``max_model_len``: its range, the top lowered so
-    that the longest prompt and the longest output fit with :data:`PROMPT_MARGIN` to spare (at 33,024 the mixed
-    spread's 32,768-token prompts with 256 output tokens had 2 of 24 requests refused, H100, 2026-12-05). A
-    ValueError where the range's bottom does not fit."""
+    that the longest prompt and the longest output fit with :data:`PROMPT_MARGIN` to spare (vLLM refuses a request
+    whose prompt tokens and max_tokens pass max_model_len; its other bound, on a prompt's characters, the synthetic
+    tokenizer meets by construction: :func:`write_tokenizer`, :func:`prompt_fits`). A ValueError where the range's bottom
+    does not fit."""
     lo, hi = WORKLOADS[workload]
     top = max_model_len - OUTPUT_TOKENS[1] - PROMPT_MARGIN
     if top < lo:
@@ -228,7 +275,7 @@ def bench_command(*, port: int, folder: Path, workload: str, rate: str, prompts:
                                                 for lo, hi in (input_range(workload, max_model_len), OUTPUT_TOKENS))
     ratios = json.dumps({"input": round(ratio, 6), "output": round(out_ratio, 6)})  # lengths uniform in middle·(1 ± ratio)
     return [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
-            "--base-url", f"http://127.0.0.1:{port}", "--model", "model", "--tokenizer", str(folder),
+            "--base-url", f"http://127.0.0.1:{port}", "--model", "model", "--tokenizer", str(tokenizer_folder(folder)),
             "--dataset-name", "random", "--random-input-len", str(round(middle)), "--random-range-ratio", ratios,
             "--random-output-len", str(round(out_middle)), "--num-prompts", str(prompts), "--request-rate", rate,
             "--ignore-eos", "--seed", "0", "--percentile-metrics", ",".join(METRICS), "--metric-percentiles", "50,99",
@@ -368,7 +415,10 @@ def rates_of(workload: str, rates: list[str]) -> list[str]:
 
 
 def serve_all(args: argparse.Namespace, records: Path) -> None:
+    """Each arm's server, client check and benchmarks; an arm whose client check fails is recorded and its benchmarks
+    skipped, the other arms run, and then a RuntimeError names the failed arms (the CLI's one line and status 1)."""
     done = done_runs(records)
+    failed = {}  # arm: why its client check failed
     prompts = dict(zip(args.workloads, args.prompts * len(args.workloads) if len(args.prompts) == 1 else args.prompts, strict=True))
     for workload in args.workloads:  # before any server starts: a workload the server cannot hold stops the run here
         lo, hi = input_range(workload, args.max_model_len)
@@ -389,9 +439,13 @@ def serve_all(args: argparse.Namespace, records: Path) -> None:
         log = args.out / f"server_{backend}_{args.kv_cache_dtype}.log"
         with Server(command, port=args.port, log=log, timeout_s=args.startup_timeout) as server:
             print(f"{backend}: up in {server.startup_s:.0f} s", flush=True)
-            answers = client_check(args.port)
+            answers, why = checked_client(args.port)
             append_record(records, {"key": f"server/{backend}/{args.kv_cache_dtype}/{run['date']}", "kind": "server", "backend": backend, "kv_cache_dtype": args.kv_cache_dtype, "command": command,
-                             "startup_s": server.startup_s, "client_check": answers})
+                             "startup_s": server.startup_s, "client_check": answers,
+                             **({} if why is None else {"client_check_error": why})})
+            if why is not None:
+                print(f"{backend}: the client check failed, its benchmarks skipped: {why}", flush=True)
+                failed[backend], todo = why, []
             for workload, rate in todo:
                 name = f"{backend}_{args.kv_cache_dtype}_{workload}_{rate}.json"
                 bench = bench_command(port=args.port, folder=args.folder, workload=workload, rate=rate,
@@ -413,6 +467,9 @@ def serve_all(args: argparse.Namespace, records: Path) -> None:
                 for error in figures.get("errors", []):
                     print(f"  a failed request: {error}", flush=True)
         print(f"{backend}: stopped (status {server.exit_status})", flush=True)
+    if failed:
+        raise RuntimeError(f"the client check failed on {', '.join(failed)} (their benchmarks did not run; the server "
+                           f"logs are in {args.out}): " + "; ".join(f"{arm}: {why}" for arm, why in failed.items()))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """benchmarks/vllm/serve.py without vLLM (issue 40): the synthetic tokenizer round-trips any id sequence through text
-(vLLM's random dataset needs exact prompt lengths), the benchmark command asks for the workload's input range, and
-the records become the comparison table. The server itself runs in tests/vllm_backend/test_vllm_serve.py (GPU)."""
+(vLLM's random dataset needs exact prompt lengths) and loads as itself for every shape, the benchmark command asks for
+the workload's input range, every prompt it can draw passes vLLM 0.26's length checks, a failed client check is one
+line, and the records become the comparison table. The server itself runs in tests/vllm_backend/test_vllm_serve.py
+(GPU)."""
 
 import json
 import math
@@ -21,10 +23,80 @@ def test_the_synthetic_tokenizer_round_trips_ids_and_has_a_chat_template(tmp_pat
     serve.write_tokenizer(tmp_path, 600)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     assert len(tokenizer) == 600 and tokenizer.all_special_ids == [1, 2, 0]
-    ids = [random.Random(0).randrange(3, 600) for _ in range(500)]
+    rng = random.Random(0)
+    ids = [rng.randrange(3, 600) for _ in range(500)]
     assert tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False) == ids
+    assert tokenizer.decode([5, 9, 40]) == "t5 t9 t40" and tokenizer.encode("t5 t9 t40 t7") == [5, 9, 40, 7]
     chat = tokenizer.apply_chat_template([{"role": "user", "content": "t5 t6"}], tokenize=False, add_generation_prompt=True)
     assert chat == "user: t5 t6\nassistant:"
+
+
+@pytest.mark.parametrize("shape", sorted(serve.SHAPES))
+def test_the_folders_tokenizer_loads_as_itself_whatever_the_models_type(tmp_path, shape):
+    # a tokenizer beside a qwen2 config.json loads as transformers' Qwen2Tokenizer (a byte-level BPE of no merges): the
+    # smoke prompt tokenized to nothing, and vLLM answered "The decoder prompt cannot be empty" (H200, 2026-12-05)
+    from transformers import AutoTokenizer
+
+    serve.make_folder(tmp_path, shape)
+    assert serve.tokenizer_folder(tmp_path) == tmp_path / serve.TOKENIZER and not (tmp_path / "tokenizer.json").exists()
+    tokenizer = AutoTokenizer.from_pretrained(serve.tokenizer_folder(tmp_path))
+    assert type(tokenizer).__name__ == "TokenizersBackend" and len(tokenizer) == serve.SHAPES[shape]["vocab_size"]
+    assert tokenizer.encode("t5 t9 t40 t7") == [5, 9, 40, 7]
+    command = serve.server_command(tmp_path, port=9, backend="FLASH_ATTN", max_model_len=4096, kv_cache_dtype="auto",
+                                   santa=None, gpu_memory_utilization=0.5)
+    bench = serve.bench_command(port=9, folder=tmp_path, workload="short", rate="inf", prompts=8, out=tmp_path / "r.json",
+                                max_model_len=8192)
+    for words in (command, bench):  # the server and the benchmark both load it
+        assert words[words.index("--tokenizer") + 1] == str(tmp_path / serve.TOKENIZER)
+    assert serve.tokenizer_folder(tmp_path / "real") == tmp_path / "real"  # a folder of a real model keeps its own
+
+
+def sampled_bounds(command: list[str]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The (input, output) length bounds, inclusive, vLLM 0.26's random dataset draws for a ``vllm bench serve``
+    command (vllm/benchmarks/datasets/utils.py, ``get_sampling_params``: floor and ceil of length × (1 ∓ ratio), the
+    output's bottom at least 1; the synthetic tokenizer adds no special tokens)."""
+    flag = {name: command[i + 1] for i, name in enumerate(command[:-1]) if name.startswith("--")}
+    ratios = json.loads(flag["--random-range-ratio"])
+    bounds = []
+    for name in ("input", "output"):
+        length, ratio = int(flag[f"--random-{name}-len"]), ratios[name]
+        bounds.append((max(math.floor(length * (1 - ratio)), name == "output"), math.ceil(length * (1 + ratio))))
+    return bounds[0], bounds[1]
+
+
+@pytest.fixture(scope="module", params=["llama-3.1-8b", "qwen2.5-0.5b"])
+def synthetic_tokenizer(request, tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    folder = tmp_path_factory.mktemp(request.param)
+    serve.write_tokenizer(folder, serve.SHAPES[request.param]["vocab_size"])
+    return AutoTokenizer.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("workload", sorted(serve.WORKLOADS))
+@pytest.mark.parametrize("max_model_len", [32768, 33024, 131072])
+def test_every_prompt_the_benchmark_can_draw_passes_the_servers_length_checks(tmp_path, synthetic_tokenizer, workload,
+                                                                              max_model_len):
+    # the worst prompt: the longest input the dataset can draw, all of the longest words, with the longest output. Its
+    # tokens fit beside the output, and so do its characters: vLLM refuses more than (max_model_len − max_tokens) × the
+    # longest token's characters, and words joined by spaces outside their tokens were over that (2 of 24 mixed
+    # requests refused at 33,024 with HTTP 400, H200 2026-12-05)
+    command = serve.bench_command(port=9, folder=tmp_path, workload=workload, rate="inf", prompts=8, out=tmp_path / "r.json",
+                                  max_model_len=max_model_len)
+    (_, top), (_, out_top) = sampled_bounds(command)
+    vocab_size = len(synthetic_tokenizer)
+    ids = [vocab_size - 1 - k % 1000 for k in range(top)]  # every word as long as the longest
+    text = synthetic_tokenizer.decode(ids)
+    assert len(synthetic_tokenizer.encode(text)) == top
+    assert serve.prompt_fits(synthetic_tokenizer, text, out_top, max_model_len)
+
+
+def test_a_prompt_fits_where_its_tokens_and_its_characters_both_do():
+    tokenizer = SimpleNamespace(get_vocab=lambda: {"t1": 1, "x": 2}, encode=lambda text, add_special_tokens: text.split())
+    assert serve.max_chars_per_token(tokenizer) == 2
+    assert serve.prompt_fits(tokenizer, "t1 t1 t1", 6, 10)  # 3 + 6 tokens ≤ 10, 8 characters ≤ (10 − 6) × 2
+    assert not serve.prompt_fits(tokenizer, "t1 t1 t1", 7, 10)  # 3 + 7 tokens fit, but 8 characters > 3 × 2
+    assert not serve.prompt_fits(tokenizer, "x x x x x", 6, 10)  # 5 characters fit, 5 + 6 tokens do not
 
 
 @pytest.mark.parametrize("workload", sorted(serve.WORKLOADS))
@@ -40,8 +112,7 @@ def test_the_benchmark_asks_for_the_workloads_input_range_within_max_model_len(t
         middle, ratio = float(flag[f"--random-{name}-len"]), ratios[name]
         assert (round(middle * (1 - ratio)), round(middle * (1 + ratio))) == lengths
     # the longest prompt vLLM's random dataset can draw (its bounds: floor and ceil) and the longest output fit
-    top = math.ceil(int(flag["--random-input-len"]) * (1 + ratios["input"]))
-    out_top = math.ceil(int(flag["--random-output-len"]) * (1 + ratios["output"]))
+    (_, top), (_, out_top) = sampled_bounds(command)
     assert top + out_top <= max_model_len
     assert flag["--request-rate"] == "inf" and flag["--num-prompts"] == "8" and "--ignore-eos" in command
     assert flag["--result-dir"] == str(tmp_path) and flag["--result-filename"] == "r.json" and "--save-detailed" in command
@@ -177,3 +248,69 @@ def test_the_client_check_counts_the_tokens_the_server_generated_not_the_pieces_
         serve.client_check(8000, max_tokens=16)
     assert serve.streamed_tokens([]) == 0  # no chunk: nothing reported (client_check then names the stream)
     assert serve.streamed_tokens([SimpleNamespace(usage=None)]) == 0
+
+
+class BadRequestError(Exception):
+    """What the ``openai`` client raises for a 400 (its message as the client writes it)."""
+
+
+class RefusingOpenAI(FakeOpenAI):
+    def _answer(self, kw, *, chat):
+        raise BadRequestError("Error code: 400 - {'error': {'message': 'The decoder prompt cannot be empty'}}\nmore")
+
+
+class FakeServer:
+    """:class:`serve.Server` without a process: up at once, stopped with status 0."""
+
+    def __init__(self, command, *, port, log, env=None, timeout_s=600):
+        self.startup_s, self.exit_status = 1.0, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.exit_status = 0
+
+
+def test_a_failed_client_check_is_one_line_naming_the_arm_recorded_and_the_other_arms_still_run(tmp_path, monkeypatch,
+                                                                                                capsys):
+    monkeypatch.setitem(sys.modules, "openai", SimpleNamespace(OpenAI=RefusingOpenAI))
+    assert serve.checked_client(8000) == (None, "BadRequestError: Error code: 400 - {'error': {'message': 'The decoder "
+                                                "prompt cannot be empty'}}")
+    clients = {"FLASH_ATTN": RefusingOpenAI, "CUSTOM": FakeOpenAI}  # FLASH_ATTN's server refuses, CUSTOM's answers
+    backends = []
+
+    def fake_server(command, **kw):
+        backends.append(command[command.index("--attention-backend") + 1])
+        monkeypatch.setitem(sys.modules, "openai", SimpleNamespace(OpenAI=clients[backends[-1]]))
+        return FakeServer(command, **kw)
+
+    run = subprocess.run
+
+    def fake_bench(command, **kw):  # vllm bench serve: a result file of 8 completed requests (git's calls run)
+        if "bench" not in command:
+            return run(command, **kw)
+        out = tmp_path / "out" / command[command.index("--result-filename") + 1]
+        out.write_text(json.dumps({"num_prompts": 8, "completed": 8, "mean_tpot_ms": 10.0}))
+        return SimpleNamespace(returncode=0, stdout="", stderr="")
+
+    monkeypatch.setattr(serve, "Server", fake_server)
+    monkeypatch.setattr(serve.subprocess, "run", fake_bench)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    monkeypatch.setattr(sys, "argv", ["serve.py", str(tmp_path / "out"), "--folder", str(folder), "--workloads", "short",
+                                      "--backends", "FLASH_ATTN", "CUSTOM"])
+    with pytest.raises(SystemExit) as stop:
+        serve.main()
+    assert str(stop.value).startswith("serve.py: the client check failed on FLASH_ATTN (their benchmarks did not run")
+    assert "FLASH_ATTN: BadRequestError: Error code: 400" in str(stop.value) and "\n" not in str(stop.value)
+    assert backends == ["FLASH_ATTN", "CUSTOM"]
+    out = capsys.readouterr().out
+    assert ("FLASH_ATTN: the client check failed, its benchmarks skipped: BadRequestError: Error code: 400 - {'error': "
+            "{'message': 'The decoder prompt cannot be empty'}}\n") in out and "CUSTOM short rate inf" in out
+    records = [json.loads(line) for line in (tmp_path / "out" / "serve.jsonl").read_text().splitlines()]
+    servers = {r["backend"]: r for r in records if r["kind"] == "server"}
+    assert servers["FLASH_ATTN"]["client_check"] is None and "decoder prompt" in servers["FLASH_ATTN"]["client_check_error"]
+    assert "client_check_error" not in servers["CUSTOM"] and servers["CUSTOM"]["client_check"]["chat"]["tokens"] == 16
+    assert [r["key"] for r in records if r["kind"] == "bench"] == ["bench/CUSTOM/auto/short/inf"]  # a re-run retries FLASH_ATTN
