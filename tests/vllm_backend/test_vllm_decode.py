@@ -19,9 +19,10 @@ def packed(k_pages: torch.Tensor, v_pages: torch.Tensor) -> torch.Tensor:
     return torch.cat([k_pages, v_pages], dim=-1).permute(0, 2, 1, 3)
 
 
-def decoder(kernel="prop", kv_dtype=torch.float32, max_batch=4, max_keys=256, budget=24, seed=9):
+def decoder(kernel="prop", kv_dtype=torch.float32, max_batch=4, max_keys=256, budget=24, seed=9, gated=False):
     return PagedDecoder(heads=8, kv_heads=2, head_dim=32, block_size=BLOCK, max_keys=max_keys, max_batch=max_batch,
-                        budget=budget, kernel=kernel, seed=seed, dtype=torch.float32, kv_dtype=kv_dtype, device=DEVICE)
+                        budget=budget, kernel=kernel, seed=seed, dtype=torch.float32, kv_dtype=kv_dtype, device=DEVICE,
+                        gated=gated)
 
 
 def test_split_gives_strided_views_of_the_packed_cache():
@@ -120,6 +121,28 @@ def test_prepare_makes_the_captured_batch_sizes_plans_before_any_capture():
     assert sorted(santa._plans) == [(b, 256, 32**-0.5) for b in (1, 2, 4)]
     assert santa.prepare([1, 2], 32**-0.5) == 0
     assert santa.one_launch_nbytes() == 0  # float32 on the CPU: no one-launch plan, no buffers
+    # a mixed step's decode rows are padded to the next prepared size; past the largest, their own count
+    assert [santa.padded_batch(b) for b in (1, 2, 3, 4, 5)] == [1, 2, 4, 4, 5]
+
+
+def test_a_gated_decoders_calls_outside_a_graph_pass_its_open_gate(monkeypatch):
+    """A gated decoder's graphs captured its plans' gated kernels (a Triton plan's GATED variant): its calls outside a
+    graph (mixed steps) pass an open gate, so they launch those same kernels and none is compiled while a server runs;
+    a given gate is passed as it is, and an ungated decoder passes none."""
+    from santa.kernels import DecodePlan
+
+    seen = []
+    monkeypatch.setattr(DecodePlan, "run", lambda self, *args, enabled=None, **kwargs: seen.append(enabled))
+    q, k, v = make_inputs(2, 8, 2, 32, 40, seed=3)
+    k_pages, table = to_paged(k, BLOCK, seed=3)
+    v_pages, _ = to_paged(v, BLOCK, seed=3)
+    lens = torch.tensor([40, 30], dtype=torch.int32, device=DEVICE)
+    closed = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    for gated, enabled in ((True, None), (True, closed), (False, None)):
+        run = decoder(max_batch=4, gated=gated)
+        run.run(q, packed(k_pages, v_pages), seq_lens=lens, block_table=table, layer=0, scale=0.2, out=torch.empty_like(q),
+                enabled=enabled)
+    assert seen[0].tolist() == [1] and seen[1] is closed and seen[2] is None
 
 
 def test_an_error_target_decodes_as_santa_decode_does():

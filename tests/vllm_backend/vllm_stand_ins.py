@@ -267,11 +267,17 @@ class ModelConfig:
 
 
 def vllm_config(max_model_len: int = 96, max_num_seqs: int = 4, dtype: torch.dtype = torch.float32, tensor_parallel_size: int = 1,
-                additional_config: dict | None = None):
-    return types.SimpleNamespace(model_config=ModelConfig(max_model_len, dtype),
-                                 parallel_config=types.SimpleNamespace(tensor_parallel_size=tensor_parallel_size),
-                                 scheduler_config=types.SimpleNamespace(max_num_seqs=max_num_seqs),
-                                 additional_config=additional_config or {})
+                additional_config: dict | None = None, capture_sizes: tuple[int, ...] | None = None):
+    """The config fields santa's builder reads; ``capture_sizes``: the compilation config's CUDA-graph batch sizes (None:
+    no compilation config, as in an eager engine)."""
+    config = types.SimpleNamespace(model_config=ModelConfig(max_model_len, dtype),
+                                   parallel_config=types.SimpleNamespace(tensor_parallel_size=tensor_parallel_size),
+                                   scheduler_config=types.SimpleNamespace(max_num_seqs=max_num_seqs),
+                                   additional_config=additional_config or {})
+    if capture_sizes is not None:
+        config.compilation_config = types.SimpleNamespace(cudagraph_capture_sizes=list(capture_sizes),
+                                                          max_cudagraph_capture_size=max(capture_sizes))
+    return config
 
 
 def kv_cache_spec(dtype: torch.dtype = torch.float32):

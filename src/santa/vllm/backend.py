@@ -7,7 +7,9 @@ lengths (so eager steps and CUDA-graph replays agree). A mixed step (chunked pre
 chunks beside the running requests' decode tokens) is split as vLLM's FlashInfer and MLA backends split it: the
 runner puts decode requests first (``reorder_batch_threshold = 1``), vLLM's ``split_decodes_and_prefills`` finds
 the boundary, the decode rows go to santa and the rest to FlashAttention with metadata built for those rows alone
-(``split_attn_metadata``: no cascade for them). Prefill-only batches, and every batch under
+(``split_attn_metadata``: no cascade for them). The decode rows run on the plan made at start-up for the next batch
+size vLLM captures (rows past them empty), so a running server makes no plan and compiles no kernel. Prefill-only batches,
+and every batch under
 ``SANTA_VLLM_KERNEL=dense`` (the exact control), run FlashAttention itself.
 
 Short steps run FlashAttention too (``dense_below``, :data:`santa.vllm.config.DENSE_BELOW` keys by default): a step whose
@@ -101,10 +103,16 @@ def capturing_a_graph() -> bool:
 @dataclass(frozen=True)
 class MixedSplit:
     """A mixed step as santa runs it: its first ``decodes`` requests decode one token each (tokens ``[0, decodes)``) with
-    santa; ``prefill`` is FlashAttention's metadata of the other requests alone (tokens from ``decodes`` on)."""
+    santa, on ``rows`` ≥ ``decodes`` rows (:meth:`santa.vllm.decode.PagedDecoder.padded_batch`: a plan made at start-up;
+    the rows past ``decodes`` are empty, length 0); ``prefill`` is FlashAttention's metadata of the other requests alone
+    (tokens from ``decodes`` on), which runs after santa and so overwrites what santa wrote into those rows."""
 
     decodes: int
     prefill: object
+    rows: int
+    seq_lens: torch.Tensor  # int32 [rows]: the decode requests' lengths, then zeros
+    positions: torch.Tensor  # int32 [rows]: seq_lens − 1, 0 on the empty rows
+    block_table: torch.Tensor  # int32 [rows, width]: the decode requests' rows of the table, then any (never followed)
 
 
 @dataclass(frozen=True)
@@ -217,7 +225,15 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
             return None
         rest = UBatchSlice(request_slice=slice(decodes, common.num_reqs),
                            token_slice=slice(decode_tokens, common.num_actual_tokens))
-        return MixedSplit(decodes=decodes, prefill=super().build(0, split_attn_metadata([rest], common)[0], fast_build))
+        prefill = super().build(0, split_attn_metadata([rest], common)[0], fast_build)
+        rows = self.santa.padded_batch(decodes)
+        seq_lens = torch.zeros(rows, dtype=torch.int32, device=common.seq_lens.device)
+        seq_lens[:decodes] = common.seq_lens[:decodes]
+        table = common.block_table_tensor
+        if table.shape[0] < rows:  # fewer requests than rows: the empty rows' table rows are zeros
+            table = torch.cat([table, table.new_zeros(rows - table.shape[0], table.shape[1])])
+        return MixedSplit(decodes=decodes, prefill=prefill, rows=rows, seq_lens=seq_lens,
+                          positions=(seq_lens - 1).clamp_min_(0), block_table=table[:rows])
 
 
 class SantaAttentionImpl(FlashAttentionImpl):
@@ -256,14 +272,23 @@ class SantaAttentionImpl(FlashAttentionImpl):
             elif self.layer_index < 0:
                 logger.info("santa: attention layer %r has no layer index in its name; its draws are keyed on %d "
                             "(santa.vllm.layers.layer_index)", name, self.layer_index)
-        q = query[:n]
+        if split is None:
+            rows, seq_lens, positions, table = n, step.seq_lens[:n], step.positions[:n], attn_metadata.block_table[:n]
+        else:  # padded to a plan made at start-up; the query's and output's rows past n are the prefill tokens' (or
+            # the runner's padding): santa reads them as empty rows and FlashAttention then rewrites the prefill rows
+            rows, seq_lens, positions, table = split.rows, split.seq_lens, split.positions, split.block_table
+        q = query[:rows] if rows <= query.shape[0] else query[:n]
         if q.dtype != output.dtype:  # an fp8 cache: the layer quantised q for FlashAttention (with its _q_scale)
             q = (q.float() * layer._q_scale).to(output.dtype)
+        if q.shape[0] < rows:  # fewer tokens than rows (a step of few prefill tokens): empty rows of zeros
+            q = torch.cat([q, q.new_zeros(rows - n, *q.shape[1:])])
+        out = output[:rows] if rows <= output.shape[0] else output.new_empty(rows, *output.shape[1:])
         # the runner's table may be wider than max_model_len (the V2 runner rounds it up to 128 keys): unused columns
-        table = attn_metadata.block_table[:n, : decoder.max_keys // decoder.block_size]
-        decoder.run(q, kv_cache, seq_lens=step.seq_lens[:n], block_table=table,
-                    layer=self.layer_index, scale=self.scale, out=output[:n], k_scale=layer._k_scale,
-                    v_scale=layer._v_scale, positions=step.positions[:n], enabled=step.gate if gated else None)
+        decoder.run(q, kv_cache, seq_lens=seq_lens, block_table=table[:, : decoder.max_keys // decoder.block_size],
+                    layer=self.layer_index, scale=self.scale, out=out, k_scale=layer._k_scale,
+                    v_scale=layer._v_scale, positions=positions, enabled=step.gate if gated else None)
+        if out.data_ptr() != output.data_ptr():
+            output[:n].copy_(out[:n])
         if split is not None:  # the prefill rows: FlashAttention on their own metadata (the query as the layer gave it)
             end = attn_metadata.num_actual_tokens
             super().forward(layer, query[n:end], key[n:end], value[n:end], kv_cache, split.prefill, output[n:end])

@@ -94,6 +94,10 @@ class PagedDecoder:
         self._one_launch: one_launch.Buffers | None = None
         self._scales: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._positions = torch.zeros(max_batch, dtype=torch.int32, device=self.device)
+        self._prepared: tuple[int, ...] = ()  # the batch sizes prepare() made plans for, ascending
+        # a gated decoder's calls outside a graph pass this open gate: the kernels they launch are then the gated ones its
+        # graphs captured (a Triton plan's GATED variant), so no kernel is first compiled while a server runs
+        self._open_gate = torch.ones(1, dtype=torch.int32, device=self.device) if gated else None
 
     def allocate(self) -> None:
         """Allocate the shared scratch buffer and semaphores now (vLLM's builder calls this at start-up, outside
@@ -118,12 +122,24 @@ class PagedDecoder:
         """Make the plans of these batch sizes (those ≤ ``max_batch``) for ``max_keys`` keys at ``scale`` now, outside any
         CUDA-graph capture (vLLM's builder passes its captured sizes): their one launches' schedules go to the device
         here. Returns how many plans were made."""
-        made = 0
-        for batch in sorted({int(b) for b in batches if 0 < int(b) <= self.max_batch}):
+        made, sizes = 0, sorted({int(b) for b in batches if 0 < int(b) <= self.max_batch})
+        for batch in sizes:
             if (batch, self.max_keys, scale) not in self._plans:
                 self.plan(batch, self.max_keys, scale)
                 made += 1
+        self._prepared = tuple(sorted({*self._prepared, *sizes}))
         return made
+
+    def padded_batch(self, batch: int) -> int:
+        """The rows a call of ``batch`` sequences runs on: the smallest batch size :meth:`prepare` made a plan for that
+        holds them, or ``batch`` itself past the largest. A mixed step's decode rows (any count) are padded to it with
+        empty rows (length 0, output 0), so they run a plan that exists, on the kernels the captured graphs already run,
+        instead of making a plan, and compiling its kernels, while a server runs (vLLM 0.26 warned of three such compiles
+        in Qwen2.5-0.5B's mixed workload, whose mean TPOT was then 2.27× FLASH_ATTN's; H100, 2026-12-05)."""
+        for size in self._prepared:
+            if size >= batch:
+                return size
+        return batch
 
     def workspace_nbytes(self) -> int:
         """Bytes of the shared scratch buffer (sized for ``max_batch`` sequences of ``max_keys`` keys)."""
@@ -193,7 +209,8 @@ class PagedDecoder:
         (keys per sequence, the new token's included; 0 for a padded row, whose output is 0),
         block_table int32 ``[B, max_blocks]``, k_scale / v_scale vLLM's 0-d fp8 scales (fp8 caches), positions
         :meth:`positions` of this step (computed here when not given), enabled an int32 ``[1]`` gate on the device (0:
-        the call writes nothing; :meth:`santa.kernels.DecodePlan.run`).
+        the call writes nothing; :meth:`santa.kernels.DecodePlan.run`; a gated decoder passes its own open gate when none is given,
+        so that its calls outside a graph launch the kernels its graphs captured).
         Draws are keyed on (seed, layer, global head = head_offset + h, position = seq_lens − 1, sample). Nothing is
         read on the host."""
         k_cache, v_cache = split_kv_cache(kv_cache, self.head_dim)
@@ -205,6 +222,8 @@ class PagedDecoder:
             scales = dict(k_scale=k_scales, v_scale=v_scales)
         if positions is None:
             positions = self.positions(seq_lens)
+        if enabled is None:
+            enabled = self._open_gate
         return plan.run(query, k_cache, v_cache, seq_lens=seq_lens, block_table=block_table, seed=rng.layer_key(self.seed, layer),
                         positions=positions, out=out, workspace=workspace, head_offset=self.head_offset, enabled=enabled,
                         **scales)
