@@ -1,7 +1,8 @@
 """santa served by ``vllm serve``, measured with vLLM's own serving benchmark (issue 40).
 
 For each backend in turn (vLLM's default ``FLASH_ATTN``, then santa's ``CUSTOM``, and where asked ``CUSTOM-sampled``:
-santa sampling every decode step, ``dense_below`` 0, :data:`ARMS`), one server is started on a model
+santa sampling every decode step, ``dense_below`` 0, or ``CUSTOM-dense``: santa's backend with its kernel off, what the
+backend itself costs; :data:`ARMS`), one server is started on a model
 folder, asked a few questions by the OpenAI client (completions and chat, streamed and not: :func:`client_check`),
 measured with ``vllm bench serve`` on each workload and rate, and shut down. One JSON per (backend, workload, rate)
 under OUT (vLLM's own result file) plus ``serve.jsonl`` (one record per run: the command, the server's settings,
@@ -43,7 +44,9 @@ from santa.sweep_files import SweepFileError, append_record, read_records, sweep
 # the servers a run compares: (vLLM's --attention-backend, what the arm adds to --santa's settings; None: no santa).
 # CUSTOM-sampled is santa's backend sampling every decode step (dense_below 0): the backend before short steps went to
 # FlashAttention, beside CUSTOM with its default (santa.vllm.config.DENSE_BELOW).
-ARMS = {"FLASH_ATTN": ("FLASH_ATTN", None), "CUSTOM": ("CUSTOM", {}), "CUSTOM-sampled": ("CUSTOM", {"dense_below": 0})}
+# CUSTOM-dense: santa's backend with its kernel off (FlashAttention on every step): what the backend itself costs a server
+ARMS = {"FLASH_ATTN": ("FLASH_ATTN", None), "CUSTOM": ("CUSTOM", {}), "CUSTOM-sampled": ("CUSTOM", {"dense_below": 0}),
+        "CUSTOM-dense": ("CUSTOM", {"kernel": "dense"})}
 WORKLOADS = {  # name: (input tokens low, high); prompts per run at an unbounded rate
     "short": (256, 4096),
     "long": (16384, 32768),

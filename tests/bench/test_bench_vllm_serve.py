@@ -153,6 +153,7 @@ def test_the_sampled_arm_is_santa_with_dense_below_0_over_the_given_settings():
     assert serve.arm_settings("FLASH_ATTN", {"budget": 64}) == ("FLASH_ATTN", None)
     assert serve.arm_settings("CUSTOM", {"budget": 64}) == ("CUSTOM", {"budget": 64})
     assert serve.arm_settings("CUSTOM-sampled", {"budget": 64, "dense_below": 4096}) == ("CUSTOM", {"budget": 64, "dense_below": 0})
+    assert serve.arm_settings("CUSTOM-dense", {"budget": 64}) == ("CUSTOM", {"budget": 64, "kernel": "dense"})
 
 
 def test_records_become_the_table_with_santa_over_flash_attention(tmp_path, capsys):

@@ -182,6 +182,9 @@ def test_the_dense_setting_runs_flash_attention_on_decode_batches_and_allocates_
     out, metadata, _ = step(backend, batch, MockLayer())
     assert FlashAttentionImpl.calls == 1 and metadata.santa.decoder._scratch is None
     torch.testing.assert_close(out, batch.exact(SCALE), rtol=1e-5, atol=1e-5)
+    # nothing to split, so the runner is not asked to put decode requests first (FlashAttention's builder asks for none)
+    builder = backend.SantaMetadataBuilder(kv_cache_spec(), ["layer"], vllm_config(), DEVICE)
+    assert builder.reorder_batch_threshold is None
 
 
 def test_fused_output_quantisation_and_the_profiling_run_go_to_flash_attention(backend, monkeypatch):

@@ -182,6 +182,8 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
             logger.info("santa: max_model_len %d < dense_below %d: FlashAttention decodes every step", model.max_model_len,
                         self.dense_below)
         self.samples = config.samples and (gated or not self.dense_below)  # else FlashAttention decodes every step
+        if not self.samples:  # no step to split: the runner need not reorder each step's requests (FlashAttention's own
+            self.reorder_batch_threshold = None  # builder asks for none; vLLM reads the builder's value after it is made)
         if self.samples:
             self.santa.allocate()  # now, outside any CUDA-graph capture
             # the plans of the batch sizes vLLM captures, made before its captures (the layers' usual scale, 1/√d)
