@@ -20,7 +20,8 @@
 #                                                   # prop = CUSTOM sampling every step, flash2 = FLASH_ATTN again (the tokens'
 #                                                   # control), dense = CUSTOM with kernel dense (santa's backend without its
 #                                                   # kernels); SHORT_BATCHES (16 64 256), SHORT_MAX_MODEL_LEN (32768),
-#                                                   # PROFILE_STEPS (0; 16: the kernels each arm runs, side by side)
+#                                                   # PROFILE_STEPS (0; 16: the kernels each arm runs, side by side),
+#                                                   # SHORT_MODEL (llama-3.1-8b; qwen2.5-0.5b)
 #   bash benchmarks/vllm/gpu_vllm.sh qwen           # Qwen2.5-0.5B shapes at 32k, batch 1, 16 and 64 (one engine per backend)
 #   bash benchmarks/vllm/gpu_vllm.sh qwen_fp8       # the same on fp8 caches
 #   bash benchmarks/vllm/gpu_vllm.sh needles        # the bundled Qwen's needle tasks at 16k/32k, 50 prompts, through vLLM
@@ -90,7 +91,9 @@ for stage in "$@"; do
     short)  # dense_below (santa.vllm.config): 2k-token prompts decode below 8192 keys, so the default gives every step to
             # FlashAttention inside santa's backend; SANTA_VLLM_DENSE_BELOW=0 is the backend before it. Packed: 9 JSON files
       # --max-model-len 32768: a server's plans and gate (below dense_below the backend would capture FlashAttention alone)
-      A="--folder /tmp/llama8b --make llama-3.1-8b --prompt-tokens 2048 --batch ${SHORT_BATCHES:-16 64 256} --max-model-len ${SHORT_MAX_MODEL_LEN:-32768}"
+      # SHORT_MODEL=qwen2.5-0.5b: Qwen2.5-0.5B's shapes (folder /tmp/qwen_random, as `models` makes it) instead of Llama's
+      F="--folder /tmp/llama8b --make llama-3.1-8b"; [ "${SHORT_MODEL:-llama-3.1-8b}" = qwen2.5-0.5b ] && F="--folder /tmp/qwen_random --make qwen2.5-0.5b"
+      A="$F --prompt-tokens 2048 --batch ${SHORT_BATCHES:-16 64 256} --max-model-len ${SHORT_MAX_MODEL_LEN:-32768}"
       A="$A --profile-steps ${PROFILE_STEPS:-0}"  # PROFILE_STEPS=16: each arm's kernels over 16 more tokens (--compare lists them)
       rm -rf /tmp/short; mkdir -p /tmp/short  # no earlier call's files compared or packed
       ARMS=" ${SHORT_ARMS:-gate prop} "
