@@ -4,7 +4,7 @@ For each backend in turn (vLLM's default ``FLASH_ATTN``, then santa's ``CUSTOM``
 santa sampling every decode step, ``dense_below`` 0, or ``CUSTOM-dense``: santa's backend with its kernel off, what the
 backend itself costs; :data:`ARMS`), one server is started on a model
 folder, asked a few questions by the OpenAI client (completions and chat, streamed and not: :func:`client_check`),
-measured with ``vllm bench serve`` on each workload and rate, and shut down. One JSON per (backend, workload, rate)
+warmed up untimed on ``--warmup-prompts`` prompts of the mixed spread (:func:`warm_up`), measured with ``vllm bench serve`` on each workload and rate, and shut down. One JSON per (backend, workload, rate)
 under OUT (vLLM's own result file) plus ``serve.jsonl`` (one record per run: the command, the server's settings,
 the metrics); a re-run skips what OUT already holds, so a call cut at its time limit resumes.
 
@@ -270,10 +270,11 @@ def input_range(workload: str, max_model_len: int) -> tuple[int, int]:
     return lo, min(hi, top)
 
 
-def bench_command(*, port: int, folder: Path, workload: str, rate: str, prompts: int, out: Path,
+def bench_command(*, port: int, folder: Path, workload: str, rate: str, prompts: int, out: Path | None,
                   max_model_len: int) -> list[str]:
     """``vllm bench serve`` on the random dataset: input lengths uniform in :func:`input_range`, outputs in
-    :data:`OUTPUT_TOKENS`; each request's error saved (``--save-detailed``; :func:`summary` keeps them)."""
+    :data:`OUTPUT_TOKENS`; each request's error saved (``--save-detailed``; :func:`summary` keeps them) in ``out``
+    (None: nothing saved, a warm-up)."""
     (middle, ratio), (out_middle, out_ratio) = (((lo + hi) / 2, (hi - lo) / (hi + lo))
                                                 for lo, hi in (input_range(workload, max_model_len), OUTPUT_TOKENS))
     ratios = json.dumps({"input": round(ratio, 6), "output": round(out_ratio, 6)})  # lengths uniform in middle·(1 ± ratio)
@@ -282,7 +283,9 @@ def bench_command(*, port: int, folder: Path, workload: str, rate: str, prompts:
             "--dataset-name", "random", "--random-input-len", str(round(middle)), "--random-range-ratio", ratios,
             "--random-output-len", str(round(out_middle)), "--num-prompts", str(prompts), "--request-rate", rate,
             "--ignore-eos", "--seed", "0", "--percentile-metrics", ",".join(METRICS), "--metric-percentiles", "50,99",
-            "--save-result", "--save-detailed", "--result-dir", str(out.parent), "--result-filename", out.name, "--disable-tqdm"]
+            "--disable-tqdm",
+            *([] if out is None else ["--save-result", "--save-detailed", "--result-dir", str(out.parent),
+                                      "--result-filename", out.name])]
 
 
 def summary(result: dict) -> dict:
@@ -342,11 +345,15 @@ def parse_args() -> argparse.Namespace:
                         help="santa's settings for CUSTOM (--additional-config's \"santa\" entry), JSON")
     parser.add_argument("--port", type=int, default=8321)
     parser.add_argument("--startup-timeout", type=float, default=420.0, help="seconds a server may take to come up")
+    parser.add_argument("--warmup-prompts", type=int, default=16,
+                        help="prompts of the mixed spread each server serves, untimed, before its benchmarks (0: none)")
     args = parser.parse_args()
     if args.table:
         return args
     if args.folder is None:
         parser.error("--folder is required (or --table)")
+    if args.warmup_prompts < 0:
+        parser.error(f"--warmup-prompts takes a count ≥ 0, got {args.warmup_prompts}")
     if len(args.prompts) not in (1, len(args.workloads)) or min(args.prompts) < 1:
         parser.error(f"--prompts takes one count ≥ 1 or one per workload ({len(args.workloads)}), got {args.prompts}")
     for rate in args.rates:
@@ -417,6 +424,21 @@ def rates_of(workload: str, rates: list[str]) -> list[str]:
     return [rate.rpartition(":")[2] for rate in rates if rate.rpartition(":")[0] in ("", workload)]
 
 
+def warm_up(args: argparse.Namespace) -> float:
+    """``--warmup-prompts`` prompts of the mixed spread (every length the workloads draw: prefill chunks, mixed steps,
+    decode steps of many batch sizes) at an unbounded rate, nothing saved, so that no timed run pays a server's first
+    uses (the protocol's warm-up: Qwen2.5-0.5B's first timed workload measured 1.70× FLASH_ATTN's TTFT with 64 prompts
+    and 1.19× with 256, H100, 2026-12-05). Returns its seconds; a RuntimeError if the client fails."""
+    command = bench_command(port=args.port, folder=args.folder, workload="mixed", rate="inf", prompts=args.warmup_prompts,
+                            out=None, max_model_len=args.max_model_len)
+    start = time.perf_counter()
+    finished = subprocess.run(command, capture_output=True, text=True)
+    if finished.returncode != 0:
+        print(finished.stdout[-2000:], finished.stderr[-3000:], sep="\n", flush=True)
+        raise RuntimeError(f"the warm-up's vllm bench serve failed (status {finished.returncode})")
+    return time.perf_counter() - start
+
+
 def serve_all(args: argparse.Namespace, records: Path) -> None:
     """Each arm's server, client check and benchmarks; an arm whose client check fails is recorded and its benchmarks
     skipped, the other arms run, and then a RuntimeError names the failed arms (the CLI's one line and status 1)."""
@@ -443,9 +465,10 @@ def serve_all(args: argparse.Namespace, records: Path) -> None:
         with Server(command, port=args.port, log=log, timeout_s=args.startup_timeout) as server:
             print(f"{backend}: up in {server.startup_s:.0f} s", flush=True)
             answers, why = checked_client(args.port)
+            warmup_s = None if why is not None or not args.warmup_prompts else warm_up(args)
             append_record(records, {"key": f"server/{backend}/{args.kv_cache_dtype}/{run['date']}", "kind": "server", "backend": backend, "kv_cache_dtype": args.kv_cache_dtype, "command": command,
-                             "startup_s": server.startup_s, "client_check": answers,
-                             **({} if why is None else {"client_check_error": why})})
+                             "startup_s": server.startup_s, "client_check": answers, "warmup_prompts": args.warmup_prompts,
+                             "warmup_s": warmup_s, **({} if why is None else {"client_check_error": why})})
             if why is not None:
                 print(f"{backend}: the client check failed, its benchmarks skipped: {why}", flush=True)
                 failed[backend], todo = why, []

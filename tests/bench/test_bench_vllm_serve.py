@@ -116,6 +116,11 @@ def test_the_benchmark_asks_for_the_workloads_input_range_within_max_model_len(t
     assert top + out_top <= max_model_len
     assert flag["--request-rate"] == "inf" and flag["--num-prompts"] == "8" and "--ignore-eos" in command
     assert flag["--result-dir"] == str(tmp_path) and flag["--result-filename"] == "r.json" and "--save-detailed" in command
+    warmup = serve.bench_command(port=9, folder=tmp_path, workload=workload, rate="inf", prompts=8, out=None,
+                                 max_model_len=max_model_len)
+    save = command.index("--save-result")  # the warm-up: the same command, nothing saved
+    assert warmup == command[:save] and command[save:] == ["--save-result", "--save-detailed", "--result-dir", str(tmp_path),
+                                                           "--result-filename", "r.json"]
 
 
 @pytest.mark.parametrize("positions,want", [(131072, 33024), (32768, 32768), (None, 33024)])
@@ -187,7 +192,8 @@ def test_a_rate_can_belong_to_one_workload():
 @pytest.mark.parametrize(("flags", "message"), [(["--rates", "0"], "--rates takes numbers > 0"),
                                                 (["--rates", "huge:2"], "--rates takes numbers > 0"),
                                                 (["--prompts", "4", "5"], "--prompts takes one count"),
-                                                (["--santa", "{"], "--santa must be a JSON object"), ([], "--folder is required")])
+                                                (["--santa", "{"], "--santa must be a JSON object"), ([], "--folder is required"),
+                                                (["--warmup-prompts", "-1"], "--warmup-prompts takes a count ≥ 0")])
 def test_bad_flags_are_one_line_and_status_2(tmp_path, flags, message):
     folder = [] if message == "--folder is required" else ["--folder", str(tmp_path)]
     done = subprocess.run([sys.executable, serve.__file__, str(tmp_path / "out"), *folder, *flags], capture_output=True, text=True)
@@ -288,9 +294,14 @@ def test_a_failed_client_check_is_one_line_naming_the_arm_recorded_and_the_other
 
     run = subprocess.run
 
+    warmups = []
+
     def fake_bench(command, **kw):  # vllm bench serve: a result file of 8 completed requests (git's calls run)
         if "bench" not in command:
             return run(command, **kw)
+        if "--result-filename" not in command:  # the warm-up: nothing saved
+            warmups.append(command[command.index("--num-prompts") + 1])
+            return SimpleNamespace(returncode=0, stdout="", stderr="")
         out = tmp_path / "out" / command[command.index("--result-filename") + 1]
         out.write_text(json.dumps({"num_prompts": 8, "completed": 8, "mean_tpot_ms": 10.0}))
         return SimpleNamespace(returncode=0, stdout="", stderr="")
@@ -315,3 +326,4 @@ def test_a_failed_client_check_is_one_line_naming_the_arm_recorded_and_the_other
     assert servers["FLASH_ATTN"]["client_check"] is None and "decoder prompt" in servers["FLASH_ATTN"]["client_check_error"]
     assert "client_check_error" not in servers["CUSTOM"] and servers["CUSTOM"]["client_check"]["chat"]["tokens"] == 16
     assert [r["key"] for r in records if r["kind"] == "bench"] == ["bench/CUSTOM/auto/short/inf"]  # a re-run retries FLASH_ATTN
+    assert warmups == ["16"] and servers["CUSTOM"]["warmup_s"] >= 0 and servers["FLASH_ATTN"]["warmup_s"] is None
