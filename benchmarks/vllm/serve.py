@@ -427,8 +427,9 @@ def rates_of(workload: str, rates: list[str]) -> list[str]:
 def warm_up(args: argparse.Namespace) -> float:
     """``--warmup-prompts`` prompts of the mixed spread (every length the workloads draw: prefill chunks, mixed steps,
     decode steps of many batch sizes) at an unbounded rate, nothing saved, so that no timed run pays a server's first
-    uses (the protocol's warm-up: Qwen2.5-0.5B's first timed workload measured 1.70× FLASH_ATTN's TTFT with 64 prompts
-    and 1.19× with 256, H100, 2026-12-05). Returns its seconds; a RuntimeError if the client fails."""
+    uses (the protocol's warm-up). Without one, Qwen2.5-0.5B's first timed workload (short prompts) measured 1.70×
+    FLASH_ATTN's TTFT with 64 prompts and 1.19× with 256 (H100, 2026-12-05); whether first uses explain that is not yet
+    measured. Returns its seconds; a RuntimeError if the client fails."""
     command = bench_command(port=args.port, folder=args.folder, workload="mixed", rate="inf", prompts=args.warmup_prompts,
                             out=None, max_model_len=args.max_model_len)
     start = time.perf_counter()
