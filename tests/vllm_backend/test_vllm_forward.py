@@ -144,35 +144,42 @@ def test_a_mixed_step_splits_decode_rows_to_santa_and_prefill_rows_to_flash_atte
         assert not torch.allclose(out[:2], exact[:2], atol=1e-3)  # sampled, not FlashAttention's exact answer
 
 
-@pytest.mark.parametrize(("capture_sizes", "prompt", "rows"), [((1, 2, 4), 12, 4), ((1, 8), 2, 8)])
-def test_a_mixed_steps_decode_rows_run_a_plan_made_at_start_up(backend, monkeypatch, capture_sizes, prompt, rows):
-    """Three decode rows beside a prompt chunk run on the plan the builder made at start-up for the next captured batch
-    size (4, or 8), the rows past three empty: no plan is made while a server runs (nor its kernels compiled). The
-    three rows equal santa's decode of those requests alone (the samples do not depend on the batch) and the prompt's
-    rows FlashAttention's exact ones. A 12-token chunk leaves enough query and output rows to read in place; a 2-token
-    chunk (5 tokens, 4 requests, 8 rows) pads the query, the output and the block table."""
+@pytest.mark.parametrize(("capture_sizes", "prompts", "extra", "rows"),
+                         [((1, 2, 4), [12], 0, 4), ((1, 2, 4), [12], 5, 4), ((1, 6), [2], 0, 6), ((1, 2), [2], 0, 8),
+                          ((1, 2, 4), [], 0, 4), ((1, 8), [], 2, 8)])
+def test_a_steps_decode_rows_run_a_plan_made_at_start_up(backend, monkeypatch, capture_sizes, prompts, extra, rows):
+    """Three decode rows, beside a prompt chunk or alone (an eager decode step), run on the plan the builder made at
+    start-up for the next captured batch size or max_num_seqs (8), the rows past three empty: no plan is made while
+    a server runs (nor its kernels compiled). The three rows equal santa's decode of those requests alone (the samples
+    do not depend on the batch) and a prompt's rows FlashAttention's exact ones. Rows are read in place where the query
+    has them (a 12-token chunk; ``extra``: the runner's padding rows past the step's tokens), else through copies of
+    the query, the output and the block table (a 2-token chunk beside 6 or 8 rows; a decode step alone)."""
     monkeypatch.setenv("SANTA_VLLM_BUDGET", "8")
-    batch = make_batch([45, 60, 33, 20], [1, 1, 1, prompt], seed=9, table_width=6)  # vLLM: max_model_len / block wide
+    batch = make_batch([45, 60, 33, 20][: 3 + len(prompts)], [1, 1, 1, *prompts], seed=9, table_width=6)  # 96 keys wide
     builder = backend.SantaMetadataBuilder(kv_cache_spec(), ["model.layers.5.self_attn.attn"],
                                            vllm_config(max_num_seqs=8, capture_sizes=capture_sizes), DEVICE)
     made = set(builder.santa._plans)
+    assert {key[0] for key in made} == {*capture_sizes, 8}
     metadata = builder.build(0, batch.common)
-    split = metadata.santa.split
-    assert (split.decodes, split.rows) == (3, rows) and split.seq_lens.tolist() == [45, 60, 33] + [0] * (rows - 3)
+    assert (metadata.santa.split is None) == (not prompts)
     impl = backend.SantaAttentionImpl(num_heads=HEADS, head_size=HEAD_DIM, scale=HEAD_DIM ** -0.5, num_kv_heads=KV_HEADS,
                                       alibi_slopes=None, sliding_window=None, kv_cache_dtype="auto", attn_type="decoder")
     layer = MockLayer("model.layers.5.self_attn.attn")
     impl.do_kv_cache_update(layer, batch.key, batch.value, batch.kv_cache, metadata.slot_mapping)
-    out = torch.full((batch.query.shape[0], HEADS, HEAD_DIM), float("nan"), device=DEVICE)
-    impl.forward(layer, batch.query, batch.key, batch.value, batch.kv_cache, metadata, output=out)
-    assert set(builder.santa._plans) == made and (rows, 96, HEAD_DIM ** -0.5) in made
+    tokens = batch.query.shape[0]
+    query = torch.cat([batch.query, torch.randn(extra, HEADS, HEAD_DIM, device=DEVICE)])
+    out = torch.full((tokens + extra, HEADS, HEAD_DIM), float("nan"), device=DEVICE)
+    impl.forward(layer, query, batch.key, batch.value, batch.kv_cache, metadata, output=out)
+    padded = metadata.santa.padded[3]
+    assert padded.rows == rows and padded.seq_lens.tolist() == [45, 60, 33] + [0] * (rows - 3)
+    assert set(builder.santa._plans) == made
     direct = PagedDecoder(heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM, block_size=BLOCK, max_keys=96, max_batch=3,
                           budget=8, kernel="prop", seed=0, dtype=torch.float32, kv_dtype=torch.float32, device=DEVICE)
     want = direct.run(batch.query[:3], batch.kv_cache, seq_lens=batch.common.seq_lens[:3],
                       block_table=batch.common.block_table_tensor[:3], layer=5, scale=HEAD_DIM ** -0.5,
                       out=torch.empty(3, HEADS, HEAD_DIM, device=DEVICE))
     assert torch.equal(out[:3], want)
-    torch.testing.assert_close(out[3:], batch.exact(HEAD_DIM ** -0.5)[3:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[3:tokens], batch.exact(HEAD_DIM ** -0.5)[3:], rtol=1e-5, atol=1e-5)
 
 
 def test_the_dense_setting_runs_flash_attention_on_decode_batches_and_allocates_nothing(backend, monkeypatch):

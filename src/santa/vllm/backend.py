@@ -7,9 +7,9 @@ lengths (so eager steps and CUDA-graph replays agree). A mixed step (chunked pre
 chunks beside the running requests' decode tokens) is split as vLLM's FlashInfer and MLA backends split it: the
 runner puts decode requests first (``reorder_batch_threshold = 1``), vLLM's ``split_decodes_and_prefills`` finds
 the boundary, the decode rows go to santa and the rest to FlashAttention with metadata built for those rows alone
-(``split_attn_metadata``: no cascade for them). The decode rows run on the plan made at start-up for the next batch
-size vLLM captures (rows past them empty), so a running server makes no plan and compiles no kernel. Prefill-only batches,
-and every batch under
+(``split_attn_metadata``: no cascade for them). The decode rows of an eager step run on the plan made at start-up
+for the next batch size vLLM captures, or max_num_seqs (rows past them empty: ``SantaStep.rows``), so a running server
+makes no plan and compiles no kernel. Prefill-only batches, and every batch under
 ``SANTA_VLLM_KERNEL=dense`` (the exact control), run FlashAttention itself.
 
 Short steps run FlashAttention too (``dense_below``, :data:`santa.vllm.config.DENSE_BELOW` keys by default): a step whose
@@ -52,7 +52,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -103,14 +103,20 @@ def capturing_a_graph() -> bool:
 @dataclass(frozen=True)
 class MixedSplit:
     """A mixed step as santa runs it: its first ``decodes`` requests decode one token each (tokens ``[0, decodes)``) with
-    santa, on ``rows`` ≥ ``decodes`` rows (:meth:`santa.vllm.decode.PagedDecoder.padded_batch`: a plan made at start-up;
-    the rows past ``decodes`` are empty, length 0); ``prefill`` is FlashAttention's metadata of the other requests alone
-    (tokens from ``decodes`` on), which runs after santa and so overwrites what santa wrote into those rows."""
+    santa; ``prefill`` is FlashAttention's metadata of the other requests alone (tokens from ``decodes`` on), which
+    runs after santa and so rewrites whatever santa wrote past its rows (:meth:`SantaStep.rows`)."""
 
     decodes: int
     prefill: object
+
+
+@dataclass(frozen=True)
+class DecodeRows:
+    """The rows santa's launch runs on for ``decodes`` decode requests: ``rows`` ≥ ``decodes``
+    (:meth:`santa.vllm.decode.PagedDecoder.padded_batch`, a plan made at start-up), those past ``decodes`` empty."""
+
     rows: int
-    seq_lens: torch.Tensor  # int32 [rows]: the decode requests' lengths, then zeros
+    seq_lens: torch.Tensor  # int32 [rows]: the decode requests' lengths, then zeros (length 0: output 0, no page read)
     positions: torch.Tensor  # int32 [rows]: seq_lens − 1, 0 on the empty rows
     block_table: torch.Tensor  # int32 [rows, width]: the decode requests' rows of the table, then any (never followed)
 
@@ -126,6 +132,27 @@ class SantaStep:
     dense: bool  # the step's longest sequence is shorter than dense_below: FlashAttention's (eager steps)
     gate: torch.Tensor | None  # int32 [1]: santa's launch runs while it is 1 (decode-only steps under dense_below > 0)
     split: MixedSplit | None
+    padded: dict = field(default_factory=dict, compare=False, repr=False)  # DecodeRows by count, made by the first layer
+
+    def rows(self, decodes: int, block_table: torch.Tensor) -> DecodeRows:
+        """The rows of this step's ``decodes`` decode requests (the first ones), padded to the next batch size whose plan
+        was made at start-up, so that an eager step (a mixed one, or a decode count without a captured graph) makes no
+        plan and compiles no kernel while a server runs (vLLM 0.26 warned of three such compiles in Qwen2.5-0.5B's mixed
+        workload, whose mean TPOT was then 2.27× FLASH_ATTN's; H100, 2026-12-05). Made by the first layer that asks, once
+        per step (a captured graph's replay asks nothing); a count that is a prepared size takes views, no copy."""
+        if decodes not in self.padded:
+            rows = self.decoder.padded_batch(decodes)
+            if rows == decodes:
+                made = DecodeRows(rows, self.seq_lens[:rows], self.positions[:rows], block_table[:rows])
+            else:
+                seq_lens = torch.zeros(rows, dtype=torch.int32, device=self.seq_lens.device)
+                seq_lens[:decodes] = self.seq_lens[:decodes]
+                table = block_table[:rows]
+                if table.shape[0] < rows:  # fewer requests than rows: the empty rows' table rows are zeros
+                    table = torch.cat([table, table.new_zeros(rows - table.shape[0], table.shape[1])])
+                made = DecodeRows(rows, seq_lens, (seq_lens - 1).clamp_min_(0), table)
+            self.padded[decodes] = made
+        return self.padded[decodes]
 
 
 @dataclass
@@ -186,9 +213,10 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
             self.reorder_batch_threshold = None  # builder asks for none; vLLM reads the builder's value after it is made)
         if self.samples:
             self.santa.allocate()  # now, outside any CUDA-graph capture
-            # the plans of the batch sizes vLLM captures, made before its captures (the layers' usual scale, 1/√d)
+            # the plans of the batch sizes vLLM captures, made before its captures (the layers' usual scale, 1/√d), and of
+            # max_num_seqs, so that every decode count pads to a plan made now (SantaStep.rows)
             sizes = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_capture_sizes", None) or ()
-            self.santa.prepare(sizes, model.get_head_size() ** -0.5)
+            self.santa.prepare([*sizes, self.santa.max_batch] if sizes else (), model.get_head_size() ** -0.5)
             logger.info("santa: %s S=%d on decode-only steps%s (query heads %d–%d of the model); its workspace takes %.2f GiB, "
                         "allocated now, outside the KV cache's budget (lower gpu_memory_utilization by as much where memory "
                         "is tight)", config.kernel, config.budget,
@@ -227,15 +255,7 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
             return None
         rest = UBatchSlice(request_slice=slice(decodes, common.num_reqs),
                            token_slice=slice(decode_tokens, common.num_actual_tokens))
-        prefill = super().build(0, split_attn_metadata([rest], common)[0], fast_build)
-        rows = self.santa.padded_batch(decodes)
-        seq_lens = torch.zeros(rows, dtype=torch.int32, device=common.seq_lens.device)
-        seq_lens[:decodes] = common.seq_lens[:decodes]
-        table = common.block_table_tensor
-        if table.shape[0] < rows:  # fewer requests than rows: the empty rows' table rows are zeros
-            table = torch.cat([table, table.new_zeros(rows - table.shape[0], table.shape[1])])
-        return MixedSplit(decodes=decodes, prefill=prefill, rows=rows, seq_lens=seq_lens,
-                          positions=(seq_lens - 1).clamp_min_(0), block_table=table[:rows])
+        return MixedSplit(decodes=decodes, prefill=super().build(0, split_attn_metadata([rest], common)[0], fast_build))
 
 
 class SantaAttentionImpl(FlashAttentionImpl):
@@ -274,11 +294,10 @@ class SantaAttentionImpl(FlashAttentionImpl):
             elif self.layer_index < 0:
                 logger.info("santa: attention layer %r has no layer index in its name; its draws are keyed on %d "
                             "(santa.vllm.layers.layer_index)", name, self.layer_index)
-        if split is None:
-            rows, seq_lens, positions, table = n, step.seq_lens[:n], step.positions[:n], attn_metadata.block_table[:n]
-        else:  # padded to a plan made at start-up; the query's and output's rows past n are the prefill tokens' (or
-            # the runner's padding): santa reads them as empty rows and FlashAttention then rewrites the prefill rows
-            rows, seq_lens, positions, table = split.rows, split.seq_lens, split.positions, split.block_table
+        # padded to a plan made at start-up; the query's and output's rows past n are the prefill tokens' (or the runner's
+        # padding): santa reads them as empty rows and FlashAttention then rewrites the prefill rows
+        padded = step.rows(n, attn_metadata.block_table)
+        rows, seq_lens, positions, table = padded.rows, padded.seq_lens, padded.positions, padded.block_table
         q = query[:rows] if rows <= query.shape[0] else query[:n]
         if q.dtype != output.dtype:  # an fp8 cache: the layer quantised q for FlashAttention (with its _q_scale)
             q = (q.float() * layer._q_scale).to(output.dtype)

@@ -132,10 +132,10 @@ class PagedDecoder:
 
     def padded_batch(self, batch: int) -> int:
         """The rows a call of ``batch`` sequences runs on: the smallest batch size :meth:`prepare` made a plan for that
-        holds them, or ``batch`` itself past the largest. A mixed step's decode rows (any count) are padded to it with
-        empty rows (length 0, output 0), so they run a plan that exists, on the kernels the captured graphs already run,
-        instead of making a plan, and compiling its kernels, while a server runs (vLLM 0.26 warned of three such compiles
-        in Qwen2.5-0.5B's mixed workload, whose mean TPOT was then 2.27× FLASH_ATTN's; H100, 2026-12-05)."""
+        holds them, or ``batch`` itself past the largest. The decode rows of an eager step (a mixed one, or a count
+        without a captured graph) are padded to it with empty rows (length 0, output 0) by santa's vLLM backend
+        (``SantaStep.rows``), so they run a plan that exists, on the kernels the captured graphs already run, instead of
+        making a plan, and compiling its kernels, while a server runs."""
         for size in self._prepared:
             if size >= batch:
                 return size
