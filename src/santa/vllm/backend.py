@@ -8,8 +8,8 @@ chunks beside the running requests' decode tokens) is split as vLLM's FlashInfer
 runner puts decode requests first (``reorder_batch_threshold = 1``), vLLM's ``split_decodes_and_prefills`` finds
 the boundary, the decode rows go to santa and the rest to FlashAttention with metadata built for those rows alone
 (``split_attn_metadata``: no cascade for them). The decode rows of an eager step run on the plan made at start-up
-for the next batch size vLLM captures, or max_num_seqs (rows past them empty: ``SantaStep.rows``), so a running server
-makes no plan and compiles no kernel. Prefill-only batches, and every batch under
+for the next batch size vLLM captures (rows past them empty: ``SantaStep.rows``), so a running server makes no plan and
+compiles no kernel (a count past the largest captured size still makes its own). Prefill-only batches, and every batch under
 ``SANTA_VLLM_KERNEL=dense`` (the exact control), run FlashAttention itself.
 
 Short steps run FlashAttention too (``dense_below``, :data:`santa.vllm.config.DENSE_BELOW` keys by default): a step whose
@@ -213,10 +213,12 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
             self.reorder_batch_threshold = None  # builder asks for none; vLLM reads the builder's value after it is made)
         if self.samples:
             self.santa.allocate()  # now, outside any CUDA-graph capture
-            # the plans of the batch sizes vLLM captures, made before its captures (the layers' usual scale, 1/√d), and of
-            # max_num_seqs, so that every decode count pads to a plan made now (SantaStep.rows)
+            # the plans of the batch sizes vLLM captures, made before its captures (the layers' usual scale, 1/√d); an eager
+            # step's decode count pads to the next of them (SantaStep.rows). Not to max_num_seqs past the largest: 513 rows
+            # padded to 1,024 would run twice the empty rows (a plan's cost follows its batch, issue 39), so such a count
+            # makes its own plan at run time, as before
             sizes = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_capture_sizes", None) or ()
-            self.santa.prepare([*sizes, self.santa.max_batch] if sizes else (), model.get_head_size() ** -0.5)
+            self.santa.prepare(sizes, model.get_head_size() ** -0.5)
             logger.info("santa: %s S=%d on decode-only steps%s (query heads %d–%d of the model); its workspace takes %.2f GiB, "
                         "allocated now, outside the KV cache's budget (lower gpu_memory_utilization by as much where memory "
                         "is tight)", config.kernel, config.budget,
