@@ -377,8 +377,9 @@ def table(out: Path) -> None:
     for record in read_records(out / "serve.jsonl"):
         if record.get("kind") == "bench":
             runs[(record["kv_cache_dtype"], record["workload"], record["rate"], record["backend"])] = record["figures"]
-    columns = ["mean_tpot_ms", "p99_tpot_ms", "mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "p99_itl_ms", "output_throughput",
-               "request_throughput", "failed", "total_output_tokens"]
+    # mean, median and P99 of each latency (the median ITL is a decode-only step's time where most steps carry no prompt)
+    columns = [f"{stat}_{metric}_ms" for metric in ("tpot", "ttft", "itl") for stat in ("mean", "median", "p99")]
+    columns += ["output_throughput", "request_throughput", "failed", "total_output_tokens"]
     print("| cache | workload | rate | arm | " + " | ".join(columns) + " |")
     print("|" + "---|" * (4 + len(columns)))
     arms = sorted({key[3] for key in runs} - {"FLASH_ATTN"})

@@ -174,8 +174,11 @@ def test_records_become_the_table_with_santa_over_flash_attention(tmp_path, caps
         f.write('{"kind": "bench", "backend": "CUS')  # a writer killed mid-line: skipped, and the next record starts afresh
     assert serve.done_runs(tmp_path / "serve.jsonl") == {"bench/FLASH_ATTN/auto/long/inf", "bench/CUSTOM/auto/long/inf"}
     serve.table(tmp_path)
-    row = [line for line in capsys.readouterr().out.splitlines() if "| long |" in line]
+    lines = capsys.readouterr().out.splitlines()
+    row = [line for line in lines if "| long |" in line]
     assert len(row) == 1 and "| CUSTOM |" in row[0] and "20.0 / 15.0 (0.750×)" in row[0]
+    assert lines[0].startswith("| cache | workload | rate | arm | mean_tpot_ms | median_tpot_ms | p99_tpot_ms | mean_ttft_ms |")
+    assert "| median_itl_ms | p99_itl_ms | output_throughput |" in lines[0]
     append_record(tmp_path / "serve.jsonl", {"key": serve.bench_key("CUSTOM-sampled", "auto", "long", "inf"), "kind": "bench",
                                              "backend": "CUSTOM-sampled", "kv_cache_dtype": "auto", "workload": "long",
                                              "rate": "inf", "figures": {**figures, "mean_tpot_ms": 25.0}})
