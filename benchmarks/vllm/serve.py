@@ -434,11 +434,16 @@ def warm_up(args: argparse.Namespace) -> float:
     command = bench_command(port=args.port, folder=args.folder, workload="mixed", rate="inf", prompts=args.warmup_prompts,
                             out=None, max_model_len=args.max_model_len)
     start = time.perf_counter()
+    run_bench(command, "the warm-up")
+    return time.perf_counter() - start
+
+
+def run_bench(command: list[str], what: str) -> None:
+    """Run one ``vllm bench serve``; where it fails, print the ends of its output and raise a RuntimeError naming ``what``."""
     finished = subprocess.run(command, capture_output=True, text=True)
     if finished.returncode != 0:
         print(finished.stdout[-2000:], finished.stderr[-3000:], sep="\n", flush=True)
-        raise RuntimeError(f"the warm-up's vllm bench serve failed (status {finished.returncode})")
-    return time.perf_counter() - start
+        raise RuntimeError(f"vllm bench serve failed on {what} (status {finished.returncode})")
 
 
 def serve_all(args: argparse.Namespace, records: Path) -> None:
@@ -479,10 +484,7 @@ def serve_all(args: argparse.Namespace, records: Path) -> None:
                 bench = bench_command(port=args.port, folder=args.folder, workload=workload, rate=rate,
                                       prompts=prompts[workload], out=args.out / name, max_model_len=args.max_model_len)
                 start = time.perf_counter()
-                finished = subprocess.run(bench, capture_output=True, text=True)
-                if finished.returncode != 0:
-                    print(finished.stdout[-2000:], finished.stderr[-3000:], sep="\n", flush=True)
-                    raise RuntimeError(f"vllm bench serve failed on {workload} at rate {rate} (status {finished.returncode})")
+                run_bench(bench, f"{workload} at rate {rate}")
                 result = json.loads((args.out / name).read_text())
                 write_json_atomic(args.out / name, trimmed(result))  # whole or not at all
                 figures = summary(result)
