@@ -121,7 +121,7 @@ def test_prepare_makes_the_captured_batch_sizes_plans_before_any_capture():
     assert sorted(santa._plans) == [(b, 256, 32**-0.5) for b in (1, 2, 4)]
     assert santa.prepare([1, 2], 32**-0.5) == 0
     assert santa.one_launch_nbytes() == 0  # float32 on the CPU: no one-launch plan, no buffers
-    # a mixed step's decode rows are padded to the next prepared size; past the largest, their own count
+    # an eager step's decode rows are padded to the next prepared size; past the largest, their own count
     assert [santa.padded_batch(b) for b in (1, 2, 3, 4, 5)] == [1, 2, 4, 4, 5]
 
 

@@ -22,6 +22,7 @@ reads the rank from vLLM) keys the draws on the model's head, so TP = 1, 2, 4 dr
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 
 import torch
@@ -136,10 +137,8 @@ class PagedDecoder:
         without a captured graph) are padded to it with empty rows (length 0, output 0) by santa's vLLM backend
         (``SantaStep.rows``), so they run a plan that exists, on the kernels the captured graphs already run, instead of
         making a plan, and compiling its kernels, while a server runs."""
-        for size in self._prepared:
-            if size >= batch:
-                return size
-        return batch
+        at = bisect.bisect_left(self._prepared, batch)
+        return self._prepared[at] if at < len(self._prepared) else batch
 
     def workspace_nbytes(self) -> int:
         """Bytes of the shared scratch buffer (sized for ``max_batch`` sequences of ``max_keys`` keys)."""
