@@ -372,29 +372,44 @@ def parse_args() -> argparse.Namespace:
 
 
 def table(out: Path) -> None:
-    """Each (cache, workload, rate) and arm besides FLASH_ATTN: FLASH_ATTN's figures, the arm's, and arm / FLASH_ATTN."""
-    runs = {}
-    for record in read_records(out / "serve.jsonl"):
-        if record.get("kind") == "bench":
-            runs[(record["kv_cache_dtype"], record["workload"], record["rate"], record["backend"])] = record["figures"]
+    """Each (cache, workload, rate) and arm besides FLASH_ATTN: FLASH_ATTN's figures, the arm's, and arm / FLASH_ATTN,
+    with the arm that ran first. A ratio is printed only where both arms come from one invocation of serve.py (the
+    protocol's same-call ratio): a row whose arms come from different invocations says so in its ``runs`` cell, and a
+    missing arm shows as –."""
+    runs, order = {}, {}  # (cache, workload, rate, arm): the record; and the record's place in the file
+    invocation = None  # the records of files written before bench records named their run: the last invocation above
+    for place, record in enumerate(read_records(out / "serve.jsonl")):
+        if record.get("kind") == "invocation":
+            invocation = record["run"]["date"]
+        elif record.get("kind") == "bench":
+            key = (record["kv_cache_dtype"], record["workload"], record["rate"], record["backend"])
+            runs[key], order[key] = {**record["figures"], "_run": record.get("run", invocation) or "–"}, place
     # mean, median and P99 of each latency (the median ITL is a decode-only step's time where most steps carry no prompt)
     columns = [f"{stat}_{metric}_ms" for metric in ("tpot", "ttft", "itl") for stat in ("mean", "median", "p99")]
     columns += ["output_throughput", "request_throughput", "failed", "total_output_tokens"]
-    print("| cache | workload | rate | arm | " + " | ".join(columns) + " |")
-    print("|" + "---|" * (4 + len(columns)))
+    print("| cache | workload | rate | arm | runs | first | " + " | ".join(columns) + " |")
+    print("|" + "---|" * (6 + len(columns)))
     arms = sorted({key[3] for key in runs} - {"FLASH_ATTN"})
     for cache, workload, rate in sorted({key[:3] for key in runs}):
-        flash = runs.get((cache, workload, rate, "FLASH_ATTN"))
+        flash_key = (cache, workload, rate, "FLASH_ATTN")
+        flash = runs.get(flash_key)
         for arm in arms:
             santa = runs.get((cache, workload, rate, arm))
             if santa is None:
                 continue
+            together = flash is not None and flash["_run"] == santa["_run"]
+            if flash is None:
+                runs_cell, first = f"{santa['_run']}, no FLASH_ATTN", "–"
+            else:
+                runs_cell = santa["_run"] if together else f"apart: {flash['_run']} / {santa['_run']}"
+                first = "FLASH_ATTN" if order[flash_key] < order[(cache, workload, rate, arm)] else arm
             cells = []
             for column in columns:
                 a, b = (None if r is None else r.get(column) for r in (flash, santa))
-                ratio = f" ({b / a:.3f}×)" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else ""
-                cells.append(f"{a if a is None else round(a, 2)} / {b if b is None else round(b, 2)}{ratio}")
-            print(f"| {cache} | {workload} | {rate} | {arm} | " + " | ".join(cells) + " |")
+                ratio = (f" ({b / a:.3f}×)" if together and isinstance(a, (int, float)) and isinstance(b, (int, float)) and a
+                         else "")
+                cells.append(" / ".join("–" if x is None else str(round(x, 2)) for x in (a, b)) + ratio)
+            print(f"| {cache} | {workload} | {rate} | {arm} | {runs_cell} | {first} | " + " | ".join(cells) + " |")
 
 
 def main() -> None:
@@ -491,7 +506,7 @@ def serve_all(args: argparse.Namespace, records: Path) -> None:
                 append_record(records, {"key": bench_key(backend, args.kv_cache_dtype, workload, rate), "kind": "bench", "backend": backend, "kv_cache_dtype": args.kv_cache_dtype,
                                  "workload": workload, "rate": rate, "prompts": prompts[workload], "command": bench,
                                  "wall_s": time.perf_counter() - start, "figures": figures, "santa": santa,
-                                 "max_model_len": args.max_model_len})
+                                 "max_model_len": args.max_model_len, "run": run["date"]})
                 print(f"{backend} {workload} rate {rate}: " + json.dumps({k: round(v, 2) for k, v in figures.items()
                                                                           if isinstance(v, (int, float))}), flush=True)
                 for error in figures.get("errors", []):

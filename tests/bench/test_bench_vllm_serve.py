@@ -177,7 +177,7 @@ def test_records_become_the_table_with_santa_over_flash_attention(tmp_path, caps
     lines = capsys.readouterr().out.splitlines()
     row = [line for line in lines if "| long |" in line]
     assert len(row) == 1 and "| CUSTOM |" in row[0] and "20.0 / 15.0 (0.750×)" in row[0]
-    assert lines[0].startswith("| cache | workload | rate | arm | mean_tpot_ms | median_tpot_ms | p99_tpot_ms | mean_ttft_ms |")
+    assert lines[0].startswith("| cache | workload | rate | arm | runs | first | mean_tpot_ms | median_tpot_ms | p99_tpot_ms |")
     assert "| median_itl_ms | p99_itl_ms | output_throughput |" in lines[0]
     append_record(tmp_path / "serve.jsonl", {"key": serve.bench_key("CUSTOM-sampled", "auto", "long", "inf"), "kind": "bench",
                                              "backend": "CUSTOM-sampled", "kv_cache_dtype": "auto", "workload": "long",
@@ -185,6 +185,30 @@ def test_records_become_the_table_with_santa_over_flash_attention(tmp_path, caps
     serve.table(tmp_path)
     rows = [line for line in capsys.readouterr().out.splitlines() if "| long |" in line]
     assert len(rows) == 2 and "| CUSTOM-sampled |" in rows[1] and "20.0 / 25.0 (1.250×)" in rows[1]
+
+
+def test_the_table_gives_ratios_only_within_one_invocation_and_names_the_arm_that_ran_first(tmp_path, capsys):
+    records = tmp_path / "serve.jsonl"
+
+    def bench(backend, workload, tpot, **run):
+        append_record(records, {"key": serve.bench_key(backend, "auto", workload, "inf"), "kind": "bench", "backend": backend,
+                                "kv_cache_dtype": "auto", "workload": workload, "rate": "inf", "figures": {"mean_tpot_ms": tpot},
+                                **run})
+
+    # an older file: bench records without "run" belong to the invocation above them
+    append_record(records, {"key": "run/A", "kind": "invocation", "run": {"date": "A"}})
+    bench("CUSTOM", "long", 15.0)
+    bench("FLASH_ATTN", "long", 20.0)
+    bench("FLASH_ATTN", "short", 10.0)
+    bench("CUSTOM", "short", 9.0, run="B")  # a later call's arm: no same-call ratio
+    bench("CUSTOM", "mixed", 30.0, run="B")  # FLASH_ATTN never ran it
+    serve.table(tmp_path)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("| cache | workload | rate | arm | runs | first | mean_tpot_ms |")
+    row = {line.split(" | ")[1]: line for line in lines[2:]}
+    assert "| A | CUSTOM | 20.0 / 15.0 (0.750×) |" in row["long"]
+    assert "| apart: A / B | FLASH_ATTN | 10.0 / 9.0 |" in row["short"] and "×" not in row["short"]
+    assert "| B, no FLASH_ATTN | – | – / 30.0 |" in row["mixed"] and "None" not in row["mixed"]
 
 
 def test_a_rate_can_belong_to_one_workload():
