@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: benchmarks.* as a package
@@ -270,11 +271,18 @@ def input_range(workload: str, max_model_len: int) -> tuple[int, int]:
     return lo, min(hi, top)
 
 
+def prompt_seed(workload: str, rate: str, *, warm_up: bool) -> int:
+    """The random dataset's seed for one run: the same for every arm (the same prompts), different for every workload,
+    rate and the warm-up, so that no run meets a prompt an earlier run on the same server left in vLLM's prefix cache
+    (with one seed for all, the long prompts at 0.5 req/s were the unbounded run's again, answered from the cache)."""
+    return zlib.crc32(f"{'warm-up/' if warm_up else ''}{workload}/{rate}".encode()) & 0x7FFFFFFF
+
+
 def bench_command(*, port: int, folder: Path, workload: str, rate: str, prompts: int, out: Path | None,
                   max_model_len: int) -> list[str]:
     """``vllm bench serve`` on the random dataset: input lengths uniform in :func:`input_range`, outputs in
-    :data:`OUTPUT_TOKENS`; each request's error saved (``--save-detailed``; :func:`summary` keeps them) in ``out``
-    (None: nothing saved, a warm-up)."""
+    :data:`OUTPUT_TOKENS`, prompts drawn with :func:`prompt_seed`; each request's error saved (``--save-detailed``;
+    :func:`summary` keeps them) in ``out`` (None: nothing saved, a warm-up)."""
     (middle, ratio), (out_middle, out_ratio) = (((lo + hi) / 2, (hi - lo) / (hi + lo))
                                                 for lo, hi in (input_range(workload, max_model_len), OUTPUT_TOKENS))
     ratios = json.dumps({"input": round(ratio, 6), "output": round(out_ratio, 6)})  # lengths uniform in middle·(1 ± ratio)
@@ -282,7 +290,7 @@ def bench_command(*, port: int, folder: Path, workload: str, rate: str, prompts:
             "--base-url", f"http://127.0.0.1:{port}", "--model", "model", "--tokenizer", str(tokenizer_folder(folder)),
             "--dataset-name", "random", "--random-input-len", str(round(middle)), "--random-range-ratio", ratios,
             "--random-output-len", str(round(out_middle)), "--num-prompts", str(prompts), "--request-rate", rate,
-            "--ignore-eos", "--seed", "0", "--percentile-metrics", ",".join(METRICS), "--metric-percentiles", "50,99",
+            "--ignore-eos", "--seed", str(prompt_seed(workload, rate, warm_up=out is None)), "--percentile-metrics", ",".join(METRICS), "--metric-percentiles", "50,99",
             "--disable-tqdm",
             *([] if out is None else ["--save-result", "--save-detailed", "--result-dir", str(out.parent),
                                       "--result-filename", out.name])]
@@ -443,9 +451,9 @@ def rates_of(workload: str, rates: list[str]) -> list[str]:
 def warm_up(args: argparse.Namespace) -> float:
     """``--warmup-prompts`` prompts of the mixed spread (every length the workloads draw: prefill chunks, mixed steps,
     decode steps of many batch sizes) at an unbounded rate, nothing saved, so that no timed run pays a server's first
-    uses (the protocol's warm-up). Without one, Qwen2.5-0.5B's first timed workload (short prompts) measured 1.70×
-    FLASH_ATTN's TTFT with 64 prompts and 1.19× with 256 (H100, 2026-12-05); whether first uses explain that is not yet
-    measured. Returns its seconds; a RuntimeError if the client fails."""
+    uses (the protocol's warm-up). Without one, Qwen2.5-0.5B's first timed workload (short prompts, 256) measured 1.114×
+    FLASH_ATTN's mean TPOT and 1.19× its TTFT; with 16 warm-up prompts, 0.903× and 0.996× (H100, 2026-12-05, FLASH_ATTN's
+    server first both times). Returns its seconds; a RuntimeError if the client fails."""
     command = bench_command(port=args.port, folder=args.folder, workload="mixed", rate="inf", prompts=args.warmup_prompts,
                             out=None, max_model_len=args.max_model_len)
     start = time.perf_counter()

@@ -118,9 +118,24 @@ def test_the_benchmark_asks_for_the_workloads_input_range_within_max_model_len(t
     assert flag["--result-dir"] == str(tmp_path) and flag["--result-filename"] == "r.json" and "--save-detailed" in command
     warmup = serve.bench_command(port=9, folder=tmp_path, workload=workload, rate="inf", prompts=8, out=None,
                                  max_model_len=max_model_len)
-    save = command.index("--save-result")  # the warm-up: the same command, nothing saved
-    assert warmup == command[:save] and command[save:] == ["--save-result", "--save-detailed", "--result-dir", str(tmp_path),
-                                                           "--result-filename", "r.json"]
+    save, seed = command.index("--save-result"), command.index("--seed") + 1
+    # the warm-up: the same command with its own prompts (another seed), nothing saved
+    assert warmup[:seed] + warmup[seed + 1:] == command[:seed] + command[seed + 1:save] and warmup[seed] != command[seed]
+    assert command[save:] == ["--save-result", "--save-detailed", "--result-dir", str(tmp_path), "--result-filename", "r.json"]
+
+
+def test_every_run_draws_its_own_prompts_and_every_arm_the_same_ones(tmp_path):
+    """One server runs the warm-up and then each workload and rate: a shared seed would repeat prompts that vLLM's
+    prefix cache then answers (the long prompts at 0.5 req/s were the unbounded run's again)."""
+    def seed(workload, rate, out):
+        command = serve.bench_command(port=9, folder=tmp_path, workload=workload, rate=rate, prompts=8, out=out,
+                                      max_model_len=32768)
+        return command[command.index("--seed") + 1]
+
+    runs = [("long", "inf", tmp_path / "r.json"), ("long", "0.5", tmp_path / "r.json"), ("mixed", "inf", tmp_path / "r.json"),
+            ("short", "inf", tmp_path / "r.json"), ("mixed", "inf", None)]
+    assert len({seed(*run) for run in runs}) == len(runs)
+    assert seed("long", "0.5", tmp_path / "a.json") == seed("long", "0.5", tmp_path / "b.json")  # what any arm draws
 
 
 @pytest.mark.parametrize("positions,want", [(131072, 33024), (32768, 32768), (None, 33024)])
