@@ -74,3 +74,109 @@ def test_bad_arguments_are_refused():
         build_schedule(groups=4, n=10, slices=8, grid=20, kind="staggered")
     with pytest.raises(ValueError, match="slices"):
         build_schedule(groups=1, n=10, slices=0, grid=4, kind="rounds")
+
+
+# The live-key schedule (issue 39): the CPU reference of what each CTA of the one launch is to derive from seq_lens
+
+from santa.kernels.one_launch_schedule import GRANULE, live_schedule  # noqa: E402
+
+LLAMA = {"kv_heads": 8, "slice_cap": 4096, "min_slices": 4, "max_slices": 64, "ctas": 264}  # d = 128, S = 128, 2 CTAs/SM
+L = LLAMA["slice_cap"]
+EDGES = [0, 1, 128, 129, 255, 256, 257, L - 1, L, L + 1, 8 * L, 32768, 40000, -5]
+
+
+def drains(per_cta: list[list[tuple]], group_size: dict) -> bool:
+    """Whether persistent CTAs working ``per_cta`` (each CTA's items in order, an item a tuple whose [0] is its group)
+    all finish, where an item publishes once its CTA reaches it and completes only once every item of its group has
+    published (the kernel's group barrier): False where the CTAs wait on each other in a cycle."""
+    at = [0] * len(per_cta)
+    published: dict = {}
+    while True:
+        for cta, todo in enumerate(per_cta):
+            if at[cta] < len(todo) and todo[at[cta]] not in published:
+                published[todo[at[cta]]] = True
+        moved = False
+        for cta, todo in enumerate(per_cta):
+            if at[cta] < len(todo):
+                group = todo[at[cta]][0]
+                if sum(1 for item in published if item[0] == group) == group_size[group]:
+                    at[cta], moved = at[cta] + 1, True
+        if all(at[cta] == len(todo) for cta, todo in enumerate(per_cta)):
+            return True
+        if not moved:
+            return False
+
+
+def items_per_cta(schedule) -> tuple[list[list[tuple]], dict]:
+    per_cta = [[] for _ in range(schedule.lanes)]
+    sizes: dict = {}
+    for i in range(schedule.items):
+        work = schedule.item(i)
+        per_cta[i % schedule.lanes].append(((work.seq, work.head), work.c))
+        sizes[(work.seq, work.head)] = work.slices
+    return per_cta, sizes
+
+
+def test_the_simulator_finds_the_crossed_deadlock_and_drains_a_plain_fill():
+    # round r: CTA 0 runs h.0 and CTA 1 g.0; round r+1: CTA 0 g.1 and CTA 1 h.1 — each waits on the other's next item
+    assert not drains([[("h", 0), ("g", 1)], [("g", 0), ("h", 1)]], {"h": 2, "g": 2})
+    assert drains([[("h", 0), ("g", 0)], [("h", 1), ("g", 1)]], {"h": 2, "g": 2})
+
+
+@pytest.mark.parametrize("seq_lens", [[2048] * 64, [2048] * 16, [32768], [131072] * 2, EDGES, [0] * 7, [1] * 300,
+                                      [300, 40000, 5000, 0, 9000, 256, 257, 70000, 4096, 4097] * 3])
+def test_live_schedule_covers_every_live_key_once_in_whole_granules_and_never_straddles_a_round(seq_lens):
+    n = 131072
+    schedule = live_schedule(seq_lens, n=n, **LLAMA)
+    keys = [min(max(x, 0), n) for x in seq_lens]
+    assert schedule.keys == tuple(keys)
+    covered: dict = {}
+    for i in range(schedule.items):
+        work = schedule.item(i)
+        assert work.slices == schedule.slices[work.seq] and 0 <= work.c < work.slices and 0 <= work.head < LLAMA["kv_heads"]
+        assert LLAMA["min_slices"] <= work.slices <= LLAMA["max_slices"] and work.slices & (work.slices - 1) == 0
+        # whole granules within shared memory (an empty slice, past a short sequence's end, starts at that end)
+        assert 0 <= work.stop - work.start <= L and (work.start % GRANULE == 0 or work.start == keys[work.seq])
+        assert work.stop == keys[work.seq] or work.stop % GRANULE == 0
+        covered.setdefault((work.seq, work.head), []).append((i, work.start, work.stop))
+    assert len(covered) == len(seq_lens) * LLAMA["kv_heads"]
+    for (seq, _), parts in covered.items():
+        rounds = {i // schedule.lanes for i, _, _ in parts}
+        assert len(rounds) == 1, f"sequence {seq}'s group straddles rounds {rounds}"
+        assert sorted(k for _, start, stop in parts for k in range(start, stop)) == list(range(keys[seq]))
+    assert schedule.lanes <= LLAMA["ctas"] and schedule.lanes % max(schedule.slices) == 0
+    assert drains(*items_per_cta(schedule))
+    # every CTA takes at most one item a round, and the rounds hold every item
+    assert {schedule.work(cta, r) for r in range(schedule.rounds) for cta in range(LLAMA["ctas"])} - {None} == {
+        schedule.item(i) for i in range(schedule.items)}
+
+
+def test_the_live_schedule_follows_the_live_keys_not_the_plans_capacity():
+    """The same step on a 2k, a 32k and a 128k plan: the same schedule (what makes a 128k plan cost a tight one's)."""
+    step = [2048] * 64
+    schedules = [live_schedule(step, n=n, **LLAMA) for n in (2048, 32768, 131072)]
+    assert schedules[0] == schedules[1] == schedules[2]
+    # the design note's arithmetic: Llama 64 × 2k takes 4 slices of 512 keys a group, 2,048 items, 8 rounds on 264 CTAs
+    assert (set(schedules[0].slices), schedules[0].items, schedules[0].lanes, schedules[0].rounds) == ({4}, 2048, 264, 8)
+    # one sequence of 32k keys spreads over the grid in one wave: 32 slices of 1,024 keys, 256 lanes
+    one = live_schedule([32768], n=32768, **LLAMA)
+    assert (one.slices, one.lanes, one.rounds, one.item(0).stop) == ((32,), 256, 1, 1024)
+
+
+def test_longer_sequences_come_first_and_ties_keep_their_order():
+    schedule = live_schedule([100, 20000, 100, 9000], n=32768, **LLAMA)
+    assert schedule.slices == (4, 8, 4, 4) and schedule.order == (1, 0, 2, 3)
+    assert [schedule.first[b] for b in schedule.order] == [0, 64, 96, 128]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"n": 0}, "n must be a positive int"), ({"slice_cap": 1000}, "slice_cap must be a multiple of 256"),
+    ({"min_slices": 3}, "min_slices must be a power of two"), ({"max_slices": 2}, "min_slices (4) must be ≤ max_slices (2)"),
+    ({"n": 64 * 4096 + 1}, "n (262145) must be ≤ max_slices · slice_cap"), ({"ctas": 32}, "ctas (32) must hold"),
+    ({"seq_lens": []}, "seq_lens must hold at least one sequence"), ({"kv_heads": True}, "kv_heads must be a positive int")])
+def test_live_schedule_names_a_bad_argument(change, message):
+    kwargs = {**LLAMA, "n": 32768, "seq_lens": [10]} | change
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("·", ".")):
+        live_schedule(kwargs.pop("seq_lens"), **kwargs)
+    with pytest.raises(TypeError, match="seq_lens must be a sequence of ints"):
+        live_schedule([1.5], n=32768, **LLAMA)

@@ -82,3 +82,116 @@ def schedule_table(rounds: list[list[Work | None]]) -> list[int]:
         for work in row:
             flat += [-1, 0, 1, 1] if work is None else [work.group, work.c, work.slices, work.slice_len]
     return flat
+
+
+# The live-key schedule (issue 39; benchmarks/KERNEL_NOTES.md, "a live-key schedule derived in the one launch"): the
+# CPU reference of a schedule that every CTA of the one launch would derive from the step's seq_lens, so that its cost
+# follows the live keys instead of the plan's capacity. Not yet in one_launch.cu: this is the spec the CUDA code is to
+# match, integer for integer (its property tests: tests/kernels/test_one_launch_schedule.py).
+
+GRANULE = 256  # keys: every slice of the live schedule is a run of whole granules (a fixed CDF order, issue 39)
+
+
+@dataclass(frozen=True)
+class LiveWork:
+    """One item of the live schedule: slice ``c`` of ``slices`` of sequence ``seq``'s KV head ``head``, keys
+    [start, stop) (empty where the sequence is shorter: start = stop)."""
+
+    seq: int
+    head: int
+    c: int
+    slices: int
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class LiveSchedule:
+    """The live schedule of one step. Sequences are laid out in ``order`` (slice counts descending, stable in the
+    sequence index), sequence b taking ``kv_heads · slices[b]`` consecutive items from ``first[b]`` (head, then slice);
+    CTA x < ``lanes`` takes items x, x + lanes, x + 2·lanes, … in that order, item i in round ⌊i / lanes⌋. ``keys[b]``
+    is b's length clamped to [0, n]."""
+
+    kv_heads: int
+    lanes: int
+    order: tuple[int, ...]
+    slices: tuple[int, ...]
+    first: tuple[int, ...]
+    keys: tuple[int, ...]
+    items: int
+
+    @property
+    def rounds(self) -> int:
+        return -(-self.items // self.lanes)
+
+    def item(self, i: int) -> LiveWork:
+        """Item i's work: its sequence (the last in ``order`` whose first item is ≤ i), head and slice."""
+        if not 0 <= i < self.items:
+            raise ValueError(f"item must be in [0, {self.items}), got {i}")
+        lo, hi = 0, len(self.order) - 1
+        while lo < hi:  # the last sequence in order whose first item is ≤ i
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self.first[self.order[mid]] <= i else (lo, mid - 1)
+        b = self.order[lo]
+        head, c = divmod(i - self.first[b], self.slices[b])
+        # whole granules a slice: ⌈granules / C⌉ of them, the last slice cut at the sequence's end
+        step = -(-(-(-self.keys[b] // GRANULE)) // self.slices[b]) * GRANULE
+        start = min(c * step, self.keys[b])
+        return LiveWork(seq=b, head=head, c=c, slices=self.slices[b], start=start, stop=min(start + step, self.keys[b]))
+
+    def work(self, cta: int, round_: int) -> LiveWork | None:
+        """CTA ``cta``'s item in round ``round_``, or None (a CTA past ``lanes``, or past the last item)."""
+        i = round_ * self.lanes + cta
+        return self.item(i) if cta < self.lanes and i < self.items else None
+
+
+def _power_of_two(name: str, value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1 or value & (value - 1):
+        raise ValueError(f"{name} must be a power of two ≥ 1, got {value!r}")
+    return value
+
+
+def live_schedule(seq_lens, *, n: int, kv_heads: int, slice_cap: int, min_slices: int, max_slices: int,
+                  ctas: int) -> LiveSchedule:
+    """The live schedule of a step whose sequences hold ``seq_lens`` keys (ints, B of them; clamped to [0, n] as the
+    kernel clamps them), for a plan of capacity ``n`` keys, ``kv_heads`` KV heads, slices of at most ``slice_cap`` keys
+    (a multiple of :data:`GRANULE`: what the kernel's shared memory keeps), between ``min_slices`` (the fewest whose
+    gather fits shared memory) and ``max_slices`` (the exchange's slots) slices a group, both powers of two, on a
+    persistent grid of ``ctas`` resident CTAs.
+
+    1. C_b = the least power of two ≥ max(min_slices, ⌈n_b / slice_cap⌉) (per sequence; an empty one keeps min_slices,
+       so every group's epoch advances each launch).
+    2. One wave where it fits: every C_b times k, the largest power of two with k · items ≤ ctas and
+       k · max C_b ≤ max_slices (items = kv_heads · Σ C_b), so a short step spreads over the whole grid.
+    3. Sequences in descending C_b (stable), lanes = ctas rounded down to a multiple of max C_b. Every group then
+       starts at a multiple of its C_b, which divides lanes: a group's slices all fall in one round (the kernel's
+       group barrier waits only on its own round; a group straddling two rounds can deadlock)."""
+    for name, value in (("n", n), ("kv_heads", kv_heads), ("ctas", ctas), ("slice_cap", slice_cap)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if slice_cap % GRANULE:
+        raise ValueError(f"slice_cap must be a multiple of {GRANULE} keys, got {slice_cap}")
+    min_slices, max_slices = _power_of_two("min_slices", min_slices), _power_of_two("max_slices", max_slices)
+    if min_slices > max_slices:
+        raise ValueError(f"min_slices ({min_slices}) must be ≤ max_slices ({max_slices})")
+    if n > max_slices * slice_cap:
+        raise ValueError(f"n ({n}) must be ≤ max_slices · slice_cap = {max_slices * slice_cap} (longer plans run the Triton prop)")
+    if ctas < max_slices:
+        raise ValueError(f"ctas ({ctas}) must hold one group's max_slices ({max_slices}) slices")
+    if isinstance(seq_lens, (str, bytes)) or not all(isinstance(x, int) and not isinstance(x, bool) for x in seq_lens):
+        raise TypeError(f"seq_lens must be a sequence of ints, got {seq_lens!r}")
+    if len(seq_lens) == 0:
+        raise ValueError("seq_lens must hold at least one sequence")
+    keys = tuple(min(max(x, 0), n) for x in seq_lens)
+    slices = [max(min_slices, 1 << max(0, (-(-k // slice_cap) - 1).bit_length())) for k in keys]
+    items = kv_heads * sum(slices)
+    k = 1
+    while 2 * k * items <= ctas and 2 * k * max(slices) <= max_slices:
+        k *= 2
+    slices = [k * s for s in slices]
+    order = tuple(sorted(range(len(keys)), key=lambda b: -slices[b]))  # stable: ties keep the sequence order
+    first, at = [0] * len(keys), 0
+    for b in order:
+        first[b], at = at, at + kv_heads * slices[b]
+    return LiveSchedule(kv_heads=kv_heads, lanes=ctas - ctas % max(slices), order=order, slices=tuple(slices),
+                        first=tuple(first), keys=keys, items=at)
