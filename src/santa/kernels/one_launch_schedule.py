@@ -122,7 +122,7 @@ class LiveSchedule:
 
     @property
     def rounds(self) -> int:
-        return -(-self.items // self.lanes)
+        return _ceil_div(self.items, self.lanes)
 
     def item(self, i: int) -> LiveWork:
         """Item i's work: its sequence (the last in ``order`` whose first item is ≤ i), head and slice."""
@@ -135,7 +135,8 @@ class LiveSchedule:
         b = self.order[lo]
         head, c = divmod(i - self.first[b], self.slices[b])
         # whole granules a slice: ⌈granules / C⌉ of them, the last slice cut at the sequence's end
-        step = -(-(-(-self.keys[b] // GRANULE)) // self.slices[b]) * GRANULE
+        granules = _ceil_div(self.keys[b], GRANULE)
+        step = _ceil_div(granules, self.slices[b]) * GRANULE
         start = min(c * step, self.keys[b])
         return LiveWork(seq=b, head=head, c=c, slices=self.slices[b], start=start, stop=min(start + step, self.keys[b]))
 
@@ -143,6 +144,10 @@ class LiveSchedule:
         """CTA ``cta``'s item in round ``round_``, or None (a CTA past ``lanes``, or past the last item)."""
         i = round_ * self.lanes + cta
         return self.item(i) if cta < self.lanes and i < self.items else None
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def _power_of_two(name: str, value) -> int:
@@ -183,7 +188,7 @@ def live_schedule(seq_lens, *, n: int, kv_heads: int, slice_cap: int, min_slices
     if len(seq_lens) == 0:
         raise ValueError("seq_lens must hold at least one sequence")
     keys = tuple(min(max(x, 0), n) for x in seq_lens)
-    slices = [max(min_slices, 1 << max(0, (-(-k // slice_cap) - 1).bit_length())) for k in keys]
+    slices = [max(min_slices, 1 << max(0, _ceil_div(k, slice_cap) - 1).bit_length()) for k in keys]
     items = kv_heads * sum(slices)
     k = 1
     while 2 * k * items <= ctas and 2 * k * max(slices) <= max_slices:
