@@ -13,6 +13,7 @@ import torch
 from helpers import make_inputs, to_paged
 from santa.kernels import Tuning, decode, philox_uniforms, plan_decode
 from santa.kernels import one_launch as ol
+from santa.kernels.one_launch_schedule import live_schedule
 from santa.kernels.reference import sampler_uniforms
 from test_kernels import assert_counts_match_systematic, dense_probs
 
@@ -83,6 +84,31 @@ def test_the_plan_rule_takes_more_slices_where_the_gather_needs_them_and_none_pa
     assert ol.choose_plan(batch=8, kv_heads=8, group_size=4, dim=128, n=32768, budget=2048, sms=132, per_sm=h200_per_sm) is None
     assert ol.choose_plan(batch=1, kv_heads=8, group_size=4, dim=128, n=8192, budget=1 << 20, sms=132, per_sm=h200_per_sm) is None
     assert ol.choose_plan(batch=1, kv_heads=8, group_size=2, dim=128, n=8192, budget=128, sms=132, per_sm=h200_per_sm) is None
+
+
+@pytest.mark.parametrize(("group_size", "dim", "budget", "page_size", "want"), [
+    (4, 128, 128, None, (4096, 4, 264)),  # Llama S = 128: the design note's L = 4,096, C_min = 4, P = 264
+    (4, 128, 128, 16, (4096, 4, 264)),  # on vLLM's pages of 16 keys (258 page ids more)
+    (7, 64, 128, None, (2048, 4, 264)),  # Qwen: 64,736 B of kept scores, the gather fits at 4 slices
+    (4, 128, 256, None, (4096, 8, 264)),  # twice the rows: twice the slices
+    (4, 128, 1024, None, (4096, 32, 264)),
+])
+def test_the_live_schedules_limits_follow_the_kernels_shared_memory(group_size, dim, budget, page_size, want):
+    limits = ol.live_limits(group_size=group_size, dim=dim, budget=budget, sms=132, per_sm=h200_per_sm, page_size=page_size)
+    assert (limits.slice_cap, limits.min_slices, limits.ctas) == want and limits.max_slices == ol.LIVE_MAX_SLICES
+    assert ol.gather_bytes(slices=limits.min_slices, group_size=group_size, dim=dim, budget=budget) <= limits.shared
+    assert ol.gather_bytes(slices=limits.min_slices // 2 or 1, group_size=group_size, dim=dim, budget=budget) > limits.shared or \
+        limits.min_slices == 1
+    # the limits make a schedule, and Llama 64 × 2k takes the note's 8 rounds on any capacity
+    if (group_size, budget, page_size) == (4, 128, None):
+        fields = dict(slice_cap=limits.slice_cap, min_slices=limits.min_slices, max_slices=limits.max_slices, ctas=limits.ctas)
+        assert {live_schedule([2048] * 64, n=n, kv_heads=8, **fields).rounds for n in (2048, 32768, 131072)} == {8}
+
+
+def test_no_live_limits_where_the_gather_cannot_fit_or_the_shape_has_no_kernel():
+    assert ol.live_limits(group_size=4, dim=128, budget=1 << 16, sms=132, per_sm=h200_per_sm) is None
+    assert ol.live_limits(group_size=5, dim=128, budget=128, sms=132, per_sm=h200_per_sm) is None
+    assert ol.live_limits(group_size=4, dim=128, budget=128, sms=16, per_sm=h200_per_sm) is None  # 32 CTAs < 64 slots
 
 
 @pytest.mark.parametrize("change", [dict(kernel="flash"), dict(dtype=torch.float16, kv_dtype=torch.float16),

@@ -97,6 +97,41 @@ def slice_shared(*, slices: int, slice_len: int, group_size: int, dim: int, budg
                gather_bytes(slices=slices, group_size=group_size, dim=dim, budget=budget))
 
 
+LIVE_MAX_SLICES = 64  # the live schedule's slots per group: the largest power of two within MAX_ONE_WAVE_SLICES
+
+
+@dataclass(frozen=True)
+class LiveLimits:
+    """What issue 39's live-key schedule (:func:`santa.kernels.one_launch_schedule.live_schedule`) takes from a kernel
+    shape, independent of the plan's capacity: slices of at most ``slice_cap`` keys, ``min_slices`` to ``max_slices``
+    a group, ``ctas`` resident CTAs of ``shared`` bytes of dynamic shared memory each."""
+
+    slice_cap: int
+    min_slices: int
+    max_slices: int
+    ctas: int
+    shared: int
+
+
+def live_limits(*, group_size: int, dim: int, budget: int, sms: int, per_sm, page_size: int | None = None) -> LiveLimits | None:
+    """The live schedule's limits for a kernel shape (not yet used by the kernel; benchmarks/KERNEL_NOTES.md): slices of
+    :data:`ROUNDS_SLICE_KEYS` keys, whose kept scores, every slot's stats and (paged) page ids set the CTA's shared
+    memory; ``min_slices`` the fewest slices, a power of two, whose gather rows fit that memory, so that the gather
+    never raises it; ``ctas`` = ``per_sm(shared) · sms``. None where no power of two up to :data:`LIVE_MAX_SLICES` fits
+    the gather, or the grid cannot hold one group's :data:`LIVE_MAX_SLICES` slices."""
+    if (dim, group_size) not in SHAPES:
+        return None
+    slice_cap = ROUNDS_SLICE_KEYS[dim]
+    pages = 0 if page_size is None else -(-slice_cap // page_size) + 1
+    shared = kept_bytes(group_size, slice_cap) + 4 * group_size * LIVE_MAX_SLICES * 2 + 4 * pages
+    fitting = [c for c in (1 << i for i in range(LIVE_MAX_SLICES.bit_length()))
+               if gather_bytes(slices=c, group_size=group_size, dim=dim, budget=budget) <= shared]
+    ctas = per_sm(shared) * sms if shared <= SHARED_LIMIT else 0
+    if not fitting or ctas < LIVE_MAX_SLICES:
+        return None
+    return LiveLimits(slice_cap=slice_cap, min_slices=fitting[0], max_slices=LIVE_MAX_SLICES, ctas=ctas, shared=shared)
+
+
 @dataclass(frozen=True)
 class Plan:
     """One schedule of one kernel: ``name`` C<slices>[s] (s: staggered halves), ``rounds`` from :mod:`santa.kernels.one_launch_schedule`."""
