@@ -3,7 +3,7 @@
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (`bash benchmarks/device/prepare.sh flashinfer`;
 # `ab` also carries .old43, from `prepare.sh old43`; `e2ehouse` carries .old41, from `prepare.sh old41`).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [e2eone] [covered] [paged] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e] [e2ehouse]
+#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e] [e2ehouse]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -95,6 +95,11 @@ for stage in "$@"; do
         > "$OUT/contig_new.log" 2>&1
       [ -n "${PAGED_JSONL:-}" ] && cp "$PAGED_JSONL" "$OUT/paged.jsonl"
       timeout ${PAGED_LIMIT:-300} python3 benchmarks/kernels/paged_ab.py "$OUT/paged.jsonl" ${PAGED_ARGS:-} > "$OUT/paged.log" 2>&1 ;;
+    live)  # issue 39 (branch issue39-live): the live schedule's GPU tests (the one launch's whole file: its other kernels were
+           # rebuilt beside the live ones), then paged_ab.py --live (LIVE_ARGS, default --quick: Llama 64 × 2k on 2k and 128k plans)
+      timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_one_launch.py tests/kernels/test_one_launch_schedule.py \
+        tests/vllm_backend/test_vllm_decode.py 2>&1 | tail -25 | tee "$OUT/tests_live.log"
+      timeout ${LIVE_LIMIT:-300} python3 benchmarks/kernels/paged_ab.py "$OUT/live.jsonl" --live ${LIVE_ARGS:---quick} > "$OUT/live.log" 2>&1 ;;
     gate)  # the gate (DecodePlan.run's enabled, santa.vllm's short steps): its GPU tests, prop_ab.py of the last tree before it
            # (.oldgate, carried: `mkdir .oldgate && git archive 50142b8 src | tar -x -C .oldgate`) against this one (the
            # default path's time after the one launch's rebuilt module), then paged_ab.py --gate (open, closed, ungated)

@@ -627,3 +627,85 @@ def test_an_e4m3_nan_byte_poisons_its_kv_heads_in_the_one_launch():
     poisoned = torch.zeros(32, dtype=torch.bool, device="cuda")
     poisoned[12:16] = True
     assert out[1, poisoned].isnan().all() and torch.isfinite(out[1, ~poisoned]).all() and torch.isfinite(out[0]).all()
+
+
+# --------------------------------------------------------------------------- the live schedule (issue 39), on an sm_90 GPU
+
+def live_run(launch, q, k_pages, v_pages, table, seq_lens, *, seed=13, counts=None):
+    out = torch.empty_like(q)
+    return launch.run(q, k_pages, v_pages, out=out, strides=ol.cache_strides(k_pages, v_pages, "NHD"), seq_lens=seq_lens,
+                      block_table=table, seed=seed, counts=counts)
+
+
+@needs_hopper
+@pytest.mark.parametrize("dim,heads,kv_heads,fp8", [(128, 32, 8, False), (64, 14, 2, False), (128, 32, 8, True)])
+def test_the_live_schedule_draws_the_systematic_samples_and_the_same_on_every_capacity(dim, heads, kv_heads, fp8):
+    """A live launch derives its work from seq_lens: on vLLM's packed pages its counts are the systematic sampler's
+    (up to float32 CDF rounding), covered sequences exact, and plans of 4k, 32k and 128k keys give the same bits."""
+    batch, n_keys, budget = 4, 4096, 128
+    q, k, v, k_pages, v_pages, table, _ = paged_case("packed", batch=batch, heads=heads, kv_heads=kv_heads, dim=dim,
+                                                     n_keys=n_keys)
+    if fp8:
+        k_pages, v_pages = k_pages.to(ol.FP8), v_pages.to(ol.FP8)
+        k, v = k.to(ol.FP8).to(torch.bfloat16), v.to(ol.FP8).to(torch.bfloat16)
+    seq_lens = torch.tensor([4096, 2500, 1001, 77], dtype=torch.int32, device="cuda")  # sampled ×3, covered
+    outs, counts = [], []
+    for capacity in (4096, 32768, 131072):
+        launch = ol.OneLaunch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=capacity, budget=budget,
+                              scale=dim**-0.5, device=torch.device("cuda"), page_size=16, fp8=fp8, live=True)
+        assert launch.plan.name == "live" and launch.kernel.startswith("prop1lp")
+        counts.append(torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda"))
+        outs.append(live_run(launch, q, k_pages, v_pages, table, seq_lens, counts=counts[-1]))
+    torch.cuda.synchronize()
+    assert all(torch.equal(outs[0], o) for o in outs[1:]) and all(torch.equal(counts[0], c) for c in counts[1:])
+    probs = dense_probs(q, k, seq_lens)
+    assert_counts_match_systematic(counts[0][:3], probs[:3], budget,
+                                   philox_uniforms(13, 0, torch.arange(batch * heads).reshape(batch, heads))[:3])
+    assert counts[0][3, :, :77].eq(1).all() and counts[0][3, :, 77:].eq(0).all()
+    expected = torch.einsum("bhl,blhd->bhd", counts[0].double(), v.double().repeat_interleave(heads // kv_heads, dim=2)) / budget
+    torch.testing.assert_close(outs[0][:3].double(), expected[:3], rtol=8e-3, atol=8e-3)
+
+
+@needs_hopper
+def test_a_captured_live_launch_follows_lengths_that_change_on_the_device():
+    """One graph, replayed as the step's lengths change (many short sequences, one long, all at the capacity, empty
+    ones): each replay gives what an eager launch of those lengths gives, bit for bit."""
+    batch, heads, kv_heads, dim, n_keys = 64, 32, 8, 128, 4096
+    q, _, _, k_pages, v_pages, table, _ = paged_case("packed", batch=batch, n_keys=n_keys)
+    launch = ol.OneLaunch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=32768, budget=128,
+                          scale=dim**-0.5, device=torch.device("cuda"), page_size=16, live=True)
+    seq_lens = torch.full((batch,), 2048, dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    strides = ol.cache_strides(k_pages, v_pages, "NHD")
+    call = dict(out=out, strides=strides, seq_lens=seq_lens, block_table=table, seed=3)
+    launch.run(q, k_pages, v_pages, **call)  # its own buffers, before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch.run(q, k_pages, v_pages, **call)
+    for lengths in ([2048] * 64, [300] * 63 + [4096], [4096] * 64, [0, 1, 129, 4095] * 16):
+        seq_lens.copy_(torch.tensor(lengths, dtype=torch.int32))
+        graph.replay()
+        replayed = out.clone()
+        eager = live_run(launch, q, k_pages, v_pages, table, seq_lens.clone(), seed=3)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(replayed, eager, rtol=0, atol=0, equal_nan=True, msg=lambda m, at=lengths: f"{at[:4]}…: {m}")
+
+
+def test_a_live_launch_refuses_what_its_kernels_do_not_serve():
+    """Host checks before any device work (a stand-in module: no GPU needed)."""
+    class Module:
+        def resident_per_sm(self, name, shared):
+            return 2
+
+    launch = ol.OneLaunch.__new__(ol.OneLaunch)
+    launch.module = Module()
+    kwargs = dict(name="prop1lp_d128_g4", group_size=4, head_dim=128, budget=128, sms=132)
+    with pytest.raises(ValueError, match="paged caches only"):
+        launch._live_plan(batch=4, n_keys=4096, page_size=None, **kwargs)
+    with pytest.raises(ValueError, match="at most 1024 sequences"):
+        launch._live_plan(batch=1025, n_keys=4096, page_size=16, **kwargs)
+    with pytest.raises(ValueError, match="at most 262144 keys"):
+        launch._live_plan(batch=4, n_keys=262145, page_size=16, **kwargs)
+    plan = launch._live_plan(batch=4, n_keys=131072, page_size=16, **kwargs)
+    assert (plan.grid, plan.slots, plan.limits.min_slices) == (264, 64, 4)
+    assert [v.value for v in launch.live_values] == [4, 4096, 2, 6]

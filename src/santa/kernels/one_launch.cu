@@ -458,7 +458,7 @@ __device__ __noinline__ void covered_rows(const Cache cache, const unsigned long
 // poisons the slice's statistics, and so the group's output, and is never followed); the gather reads each sampled
 // key's page from the table.
 // Not handled yet (the Triton kernel does them): fp8, other dtypes.
-template <int D, int G, int U, int STAGE, bool PAGED, bool FP8>
+template <int D, int G, int U, int STAGE, bool PAGED, bool FP8, bool LIVE>
 __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, const Cache& cache, const Scales& scales,
                                            const Draw& draw,
                                            const int* __restrict__ seq_lens,
@@ -501,7 +501,8 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   const bool bad_len = len < 0 || len > n;
   len = min(max(len, 0), n);
   const bool covered = !bad_len && len <= budget;  // exact attention (santa.kernels.exact's rule), in this launch
-  const int per_slice = (len + slices - 1) / slices;
+  // a live launch (issue 39) cuts whole 256-key granules, as santa.kernels.one_launch_schedule.live_schedule does
+  const int per_slice = LIVE ? ((len + 255) / 256 + slices - 1) / slices * 256 : (len + slices - 1) / slices;
   const int start = min(c * per_slice, len), stop = min(len, start + per_slice), keys = stop - start;
   const int stride = kept_stride(slice_len), n_sub = (slice_len + 7) / 8, live_subs = (keys + 7) / 8;
   float* kept = smem;
@@ -775,6 +776,103 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   mark(7);
 }
 
+// ---- the live schedule (issue 39): every CTA derives the step's work from seq_lens, as
+// santa.kernels.one_launch_schedule.live_schedule does, integer for integer (its CPU reference and property tests).
+// Sequence b's slice count is C_b = 2^j, j = max(min_log2, log2 pow2ceil(⌈n_b / cap⌉)) (n_b: seq_lens[b] clamped to
+// [0, n]), times k = 2^shift, the largest power of two with k · items ≤ the grid and k · max C_b ≤ 2^max_log2 (one wave
+// where it fits). Sequences are laid out with their classes descending, stable in b (order[]), each taking H_kv · C_b
+// consecutive items (head, then slice); CTA x < lanes (the grid rounded down to a multiple of max C_b) takes items
+// x, x + lanes, …, so every group's C_b items fall in one round (a group starts at a multiple of its C_b, which divides
+// lanes): the group barrier never waits on a later round.
+constexpr int kLiveMaxBatch = 1024;  // sequences a live launch takes (order[] in static shared memory, u16)
+constexpr int kLiveClasses = 7;      // slice counts 1, 2, 4, …, 64 (the exchange's slots)
+
+struct Live {
+  int items, lanes, shift, cap;
+  int first[kLiveClasses], end[kLiveClasses];  // each class's items [first, end)
+  int start[kLiveClasses];                     // each class's first place in order[]
+};
+
+__device__ __forceinline__ void live_prologue(const int* seq_lens, int batch, int n, int hkv, int cap, int min_log2,
+                                              int max_log2, Live& live, unsigned short* order) {
+  __shared__ int warp_counts[kWarps][kLiveClasses], totals[kLiveClasses];
+  constexpr int kChunks = kLiveMaxBatch / kThreads;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int cls[kChunks], rank[kChunks];
+  if (threadIdx.x < kLiveClasses) totals[threadIdx.x] = 0;
+  __syncthreads();
+#pragma unroll
+  for (int t = 0; t < kChunks; ++t) {  // each sequence's class, and its rank among the earlier ones of its class
+    cls[t] = -1;
+    rank[t] = 0;
+    if (t * kThreads >= batch) continue;  // the same for every thread: no barrier skipped by some
+    const int b = t * kThreads + threadIdx.x;
+    int j = -1;
+    if (b < batch) {
+      const int len = min(max(seq_lens == nullptr ? n : __ldg(seq_lens + b), 0), n);
+      const int need = (len + cap - 1) / cap;  // slices of at most cap keys
+      j = max(need <= 1 ? 0 : 32 - __clz(need - 1), min_log2);
+    }
+    int below = 0;
+#pragma unroll
+    for (int c = 0; c < kLiveClasses; ++c) {
+      const unsigned mask = __ballot_sync(0xffffffffu, j == c);
+      if (lane == 0) warp_counts[warp][c] = __popc(mask);
+      if (j == c) below = __popc(mask & ((1u << lane) - 1u));
+    }
+    __syncthreads();
+    if (j >= 0) {
+      int before = totals[j];
+      for (int w = 0; w < warp; ++w) before += warp_counts[w][j];
+      rank[t] = before + below;
+    }
+    cls[t] = j;
+    __syncthreads();
+    if (threadIdx.x < kLiveClasses) {
+      int sum = 0;
+      for (int w = 0; w < kWarps; ++w) sum += warp_counts[w][threadIdx.x];
+      totals[threadIdx.x] += sum;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {  // the one-wave factor, the lanes, and the classes' items, descending
+    int items = 0, top = 0;
+    for (int c = 0; c < kLiveClasses; ++c) {
+      items += totals[c] << c;
+      if (totals[c] > 0) top = c;
+    }
+    items *= hkv;
+    int shift = 0;
+    while (((long long)items << (shift + 1)) <= (long long)gridDim.x && top + shift + 1 <= max_log2) ++shift;
+    live.shift = shift;
+    live.cap = cap;
+    live.lanes = (int)gridDim.x - (int)gridDim.x % (1 << (top + shift));
+    int at = 0, place = 0;
+    for (int c = kLiveClasses - 1; c >= 0; --c) {
+      live.first[c] = at;
+      live.start[c] = place;
+      at += (hkv * totals[c]) << (c + shift);
+      place += totals[c];
+      live.end[c] = at;
+    }
+    live.items = at;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int t = 0; t < kChunks; ++t)
+    if (cls[t] >= 0) order[live.start[cls[t]] + rank[t]] = (unsigned short)(t * kThreads + threadIdx.x);
+  __syncthreads();
+}
+
+// Live item i as the schedule's (group, slice c, the group's slice count, the slice length that sizes shared memory)
+__device__ __forceinline__ int4 live_item(const Live& live, const unsigned short* order, int i, int hkv) {
+  int c = 0;
+  while (c < kLiveClasses - 1 && !(i >= live.first[c] && i < live.end[c])) ++c;
+  const int slices = 1 << (c + live.shift), per_seq = hkv * slices, t = i - live.first[c];
+  const int b = order[live.start[c] + t / per_seq], rem = t % per_seq;
+  return make_int4(b * hkv + rem / slices, rem % slices, slices, live.cap);
+}
+
 }  // namespace
 
 // The persistent grid runs a schedule the host builds: schedule[r · grid + CTA] = (group, slice c, the group's slice
@@ -805,7 +903,7 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
   return cta;
 }
 
-#define SANTA_PROP_ONE_LAUNCH(NAME, D, G, U, STAGE, PAGED, FP8)                                                    \
+#define SANTA_PROP_ONE_LAUNCH(NAME, D, G, U, STAGE, PAGED, FP8, LIVE)                                                    \
   extern "C" __global__ void __launch_bounds__(kThreads, 2)                                                        \
       NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, long long page_stride,             \
            long long row_stride, long long head_stride, const int* table, int table_stride, int page_shift, int pages, \
@@ -814,9 +912,39 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
            const long long* offset_ptr, const void* positions, int positions_64, int head_offset, const int* seq_lens,  \
            __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* sampled,               \
            unsigned* epoch, long long* marks, const int4* schedule, unsigned* arrivals, int rounds, int stats_slots,   \
-           int n, int hkv, float scale, int budget, const int* enabled) {                                           \
+           int n, int hkv, float scale, int budget, const int* enabled, int live_batch, int live_cap,               \
+           int live_min_log2, int live_max_log2) {                                                                 \
     if (enabled != nullptr && __ldg(enabled) == 0) return; /* a closed gate: nothing read, written or counted */     \
     const int cta = schedule_cta(arrivals);                                                                         \
+    if constexpr (LIVE) {                                                                                           \
+      __shared__ Live live;                                                                                         \
+      __shared__ unsigned short order[kLiveMaxBatch];                                                               \
+      live_prologue(seq_lens, live_batch, n, hkv, live_cap, live_min_log2, live_max_log2, live, order);              \
+      const Draw draw{uniforms, seed, seeds, offset, offset_ptr, positions, positions_64, head_offset};            \
+      const Cache cache{k, v, page_stride, row_stride, head_stride, table, table_stride, page_shift, pages};        \
+      const Scales scales{k_scales, v_scales, k_scale, v_scale};                                                    \
+      const int4 idle = make_int4(-1, 0, 0, 0);                                                                     \
+      int i = cta;                                                                                                  \
+      int4 work = cta < live.lanes && i < live.items ? live_item(live, order, i, hkv) : idle;                       \
+      unsigned seen = work.x >= 0 ? load_epoch(epoch + work.x) : 0u;                                                \
+      int len = work.x >= 0 ? load_len(seq_lens, work.x, hkv, n) : 0;                                               \
+      for (int r = 0; work.x >= 0; ++r) { /* items in increasing order: idle once past the last */                  \
+        const int next_i = i + live.lanes;                                                                          \
+        const int4 next = next_i < live.items ? live_item(live, order, next_i, hkv) : idle;                         \
+        unsigned next_seen = 0u;                                                                                    \
+        int next_len = 0;                                                                                           \
+        prop_slice<D, G, U, STAGE, PAGED, FP8, LIVE>(q, cache, scales, draw, seq_lens, out, counts, slice_stats, sampled,  \
+                                               epoch, marks, n, hkv, work.x, work.y, work.z, work.w, stats_slots,    \
+                                               r * gridDim.x + cta, scale, budget, seen, len, next.x, next_seen,     \
+                                               next_len);                                                           \
+        __syncthreads(); /* the next item reuses shared memory */                                                  \
+        i = next_i;                                                                                                 \
+        work = next;                                                                                                \
+        seen = next_seen;                                                                                           \
+        len = next_len;                                                                                             \
+      }                                                                                                             \
+      return;                                                                                                       \
+    }                                                                                                               \
     const Draw draw{uniforms, seed, seeds, offset, offset_ptr, positions, positions_64, head_offset};              \
     const Cache cache{k, v, page_stride, row_stride, head_stride, table, table_stride, page_shift, pages};          \
     const Scales scales{k_scales, v_scales, k_scale, v_scale};                                                      \
@@ -830,7 +958,7 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
       unsigned next_seen = 0u;                                                                                      \
       int next_len = 0;                                                                                             \
       if (work.x >= 0) {                                                                                            \
-        prop_slice<D, G, U, STAGE, PAGED, FP8>(q, cache, scales, draw, seq_lens, out, counts, slice_stats, sampled,              \
+        prop_slice<D, G, U, STAGE, PAGED, FP8, LIVE>(q, cache, scales, draw, seq_lens, out, counts, slice_stats, sampled,              \
                                    epoch, marks, n, hkv, work.x, work.y, work.z, work.w, stats_slots, slot, scale,   \
                                    budget, seen, len, next.x, next_seen, next_len);                                 \
         __syncthreads(); /* the next item reuses shared memory */                                                  \
@@ -844,23 +972,30 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
     }                                                                                                               \
   }
 
-SANTA_PROP_ONE_LAUNCH(prop1_d128_g4, 128, 4, 1, 0, false, false)  // contiguous bf16 caches
-SANTA_PROP_ONE_LAUNCH(prop1_d64_g7, 64, 7, 4, 0, false, false)
-SANTA_PROP_ONE_LAUNCH(prop1_d64_g3, 64, 3, 4, 0, false, false)
+SANTA_PROP_ONE_LAUNCH(prop1_d128_g4, 128, 4, 1, 0, false, false, false)  // contiguous bf16 caches
+SANTA_PROP_ONE_LAUNCH(prop1_d64_g7, 64, 7, 4, 0, false, false, false)
+SANTA_PROP_ONE_LAUNCH(prop1_d64_g3, 64, 3, 4, 0, false, false, false)
 // paged caches; at d = 128 two 8-key groups per warp and step (U = 2: more loads in flight behind the page lookups): Llama
 // B = 8 / 32 × 32k on shuffled 16-key pages 172.7 → 163.6 and 640.2 → 590.2 µs, B = 1 × 32k 33.0 → 33.6 (H200, 2026-12-04;
 // 128 registers, 48 bytes spilled); the contiguous kernel keeps U = 1 (issue 24's measurements)
-SANTA_PROP_ONE_LAUNCH(prop1p_d128_g4, 128, 4, 2, 0, true, false)
-SANTA_PROP_ONE_LAUNCH(prop1p_d64_g7, 64, 7, 4, 0, true, false)
-SANTA_PROP_ONE_LAUNCH(prop1p_d64_g3, 64, 3, 4, 0, true, false)
+SANTA_PROP_ONE_LAUNCH(prop1p_d128_g4, 128, 4, 2, 0, true, false, false)
+SANTA_PROP_ONE_LAUNCH(prop1p_d64_g7, 64, 7, 4, 0, true, false, false)
+SANTA_PROP_ONE_LAUNCH(prop1p_d64_g3, 64, 3, 4, 0, true, false, false)
 // fp8 (e4m3) caches, contiguous and paged. Contiguous at d = 128: twice the bf16 kernel's unrolling (U = 2: a lane's load
 // is 8 bytes, not 16; Llama 32k / 128k / B = 8 / B = 32 × 32k 23.8 / 53.9 / 110.8 / 402.5 µs against 25.5 / 61.4 / 128.4 /
 // 468.2 at U = 1); elsewhere the bf16 kernels' unrolling measured faster (paged Llama 1 / 8 × 32k 27.7 / 133.8 against
 // 29.8 / 136.6 at U = 4, B = 32 484.7 against 478.0; Qwen B = 16 × 32k 51.1 / 61.1 against 53.9 / 63.2 at U = 8, SmolLM2
 // B = 64 × 8k 77.8 / 94.5 against 82.8 / 95.4; H200, 2026-12-04, the same outputs bitwise)
-SANTA_PROP_ONE_LAUNCH(prop1f_d128_g4, 128, 4, 2, 0, false, true)
-SANTA_PROP_ONE_LAUNCH(prop1f_d64_g7, 64, 7, 4, 0, false, true)
-SANTA_PROP_ONE_LAUNCH(prop1f_d64_g3, 64, 3, 4, 0, false, true)
-SANTA_PROP_ONE_LAUNCH(prop1pf_d128_g4, 128, 4, 2, 0, true, true)
-SANTA_PROP_ONE_LAUNCH(prop1pf_d64_g7, 64, 7, 4, 0, true, true)
-SANTA_PROP_ONE_LAUNCH(prop1pf_d64_g3, 64, 3, 4, 0, true, true)
+SANTA_PROP_ONE_LAUNCH(prop1f_d128_g4, 128, 4, 2, 0, false, true, false)
+SANTA_PROP_ONE_LAUNCH(prop1f_d64_g7, 64, 7, 4, 0, false, true, false)
+SANTA_PROP_ONE_LAUNCH(prop1f_d64_g3, 64, 3, 4, 0, false, true, false)
+SANTA_PROP_ONE_LAUNCH(prop1pf_d128_g4, 128, 4, 2, 0, true, true, false)
+SANTA_PROP_ONE_LAUNCH(prop1pf_d64_g7, 64, 7, 4, 0, true, true, false)
+SANTA_PROP_ONE_LAUNCH(prop1pf_d64_g3, 64, 3, 4, 0, true, true, false)
+// the live schedule (issue 39, not yet measured): paged caches, bf16 and fp8, the paged kernels' unrolling
+SANTA_PROP_ONE_LAUNCH(prop1lp_d128_g4, 128, 4, 2, 0, true, false, true)
+SANTA_PROP_ONE_LAUNCH(prop1lp_d64_g7, 64, 7, 4, 0, true, false, true)
+SANTA_PROP_ONE_LAUNCH(prop1lp_d64_g3, 64, 3, 4, 0, true, false, true)
+SANTA_PROP_ONE_LAUNCH(prop1lpf_d128_g4, 128, 4, 2, 0, true, true, true)
+SANTA_PROP_ONE_LAUNCH(prop1lpf_d64_g7, 64, 7, 4, 0, true, true, true)
+SANTA_PROP_ONE_LAUNCH(prop1lpf_d64_g3, 64, 3, 4, 0, true, true, true)

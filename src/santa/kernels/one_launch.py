@@ -71,8 +71,8 @@ def build_module(nvcc: str = "nvcc") -> Path:
     return MODULE
 
 
-def kernel_name(dim: int, group_size: int, *, paged: bool = False, fp8: bool = False) -> str:
-    return f"prop1{'p' if paged else ''}{'f' if fp8 else ''}_d{dim}_g{group_size}"
+def kernel_name(dim: int, group_size: int, *, paged: bool = False, fp8: bool = False, live: bool = False) -> str:
+    return f"prop1{'l' if live else ''}{'p' if paged else ''}{'f' if fp8 else ''}_d{dim}_g{group_size}"
 
 
 def kept_bytes(heads: int, slice_len: int) -> int:
@@ -98,6 +98,7 @@ def slice_shared(*, slices: int, slice_len: int, group_size: int, dim: int, budg
 
 
 LIVE_MAX_SLICES = 64  # the live schedule's slots per group: the largest power of two within MAX_ONE_WAVE_SLICES
+LIVE_MAX_BATCH = 1024  # sequences a live launch takes (one_launch.cu's kLiveMaxBatch)
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,20 @@ class Plan:
     def shared(self, *, group_size: int, dim: int, budget: int, page_size: int | None = None) -> int:
         return max(slice_shared(slices=w.slices, slice_len=w.slice_len, group_size=group_size, dim=dim, budget=budget,
                                 page_size=page_size) for w in self.works)
+
+
+@dataclass(frozen=True)
+class LivePlan:
+    """The live schedule's stand-in for :class:`Plan` (issue 39; not yet measured): each launch derives its work from
+    ``seq_lens`` on ``grid`` CTAs (:func:`live_limits`), a group in up to ``slots`` slices, no host-built rounds."""
+
+    kernel: str
+    grid: int
+    slots: int
+    limits: LiveLimits
+    name: str = "live"
+    staggered: bool = False
+    rounds: tuple = ()
 
 
 def make_plan(*, slices: int, grid: int, groups: int, n: int, group_size: int, dim: int, staggered: bool,
@@ -390,13 +405,18 @@ class OneLaunch:
 
     def __init__(self, *, batch: int, heads: int, kv_heads: int, head_dim: int, n_keys: int, budget: int, scale: float,
                  device: torch.device, page_size: int | None = None, fp8: bool = False,
-                 module: CudaModule | None = None, plan: Plan | None = None, kernel: str | None = None):
+                 module: CudaModule | None = None, plan: Plan | None = None, kernel: str | None = None,
+                 live: bool = False):
         self.module = module if module is not None else loaded_module(device.index)
         if self.module is None:
             raise ValueError("the one-launch module is not loaded on this device")
         group_size = heads // kv_heads
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        name = kernel_name(head_dim, group_size, paged=page_size is not None, fp8=fp8)
+        name = kernel_name(head_dim, group_size, paged=page_size is not None, fp8=fp8, live=live)
+        self.live_values = [ctypes.c_int(0)] * 4  # the live schedule's arguments: B, L, log2 C_min, log2 C_cap (0: a host plan)
+        if live:
+            plan = self._live_plan(name=name, batch=batch, group_size=group_size, head_dim=head_dim, n_keys=n_keys,
+                                   budget=budget, sms=sms, page_size=page_size)
         if plan is None:
             plan = choose_plan(batch=batch, kv_heads=kv_heads, group_size=group_size, dim=head_dim, n=n_keys, budget=budget,
                                sms=sms, per_sm=lambda shared: self.module.resident_per_sm(name, shared), page_size=page_size,
@@ -405,17 +425,36 @@ class OneLaunch:
                 raise ValueError(f"no one-launch plan fits {n_keys} keys at S = {budget} in shared memory")
         self.plan, self.kernel = plan, kernel or plan.kernel
         self.kv_heads, self.n_keys, self.budget, self.page_size = kv_heads, n_keys, budget, page_size
-        self.shared = plan.shared(group_size=group_size, dim=head_dim, budget=budget, page_size=page_size)
+        self.shared = (plan.limits.shared if live else
+                       plan.shared(group_size=group_size, dim=head_dim, budget=budget, page_size=page_size))
         self.per_sm = self.module.resident_per_sm(self.kernel, self.shared)
         if self.per_sm * sms < plan.grid:
             raise ValueError(f"plan {plan.name}: {self.per_sm * sms} CTAs resident, the schedule needs {plan.grid}")
         # staggered: each SM must hold one CTA of each half, which the kernel arranges by counting arrivals per SM
         self.paired = plan.staggered and self.per_sm == 2 and plan.grid == 2 * sms
-        self.table = torch.tensor(schedule_table(plan.rounds), dtype=torch.int32, device=device)
+        self.table = torch.tensor(schedule_table(plan.rounds), dtype=torch.int32, device=device) if not live else None
         self.shape = dict(batch=batch, heads=heads, kv_heads=kv_heads, budget=budget)
         self.device, self._own = device, None
         self.arrivals = torch.zeros(1026, dtype=torch.int32, device=device)  # per SM, then per half
         self.scale_log2 = scale * math.log2(math.e)
+
+    def _live_plan(self, *, name: str, batch: int, group_size: int, head_dim: int, n_keys: int, budget: int, sms: int,
+                   page_size: int | None) -> LivePlan:
+        """The live schedule's plan (ValueError where it cannot serve: no paged cache, more than
+        :data:`LIVE_MAX_BATCH` sequences, no limits that fit, or more keys than ``max_slices`` slices hold)."""
+        if page_size is None:
+            raise ValueError("the live schedule has kernels for paged caches only")
+        if batch > LIVE_MAX_BATCH:
+            raise ValueError(f"the live schedule takes at most {LIVE_MAX_BATCH} sequences, got batch {batch}")
+        limits = live_limits(group_size=group_size, dim=head_dim, budget=budget, sms=sms, page_size=page_size,
+                             per_sm=lambda shared: self.module.resident_per_sm(name, shared))
+        if limits is None:
+            raise ValueError(f"no live schedule fits S = {budget} at d = {head_dim}, G = {group_size} in shared memory")
+        if n_keys > limits.max_slices * limits.slice_cap:
+            raise ValueError(f"the live schedule takes at most {limits.max_slices * limits.slice_cap} keys, got {n_keys}")
+        self.live_values = [ctypes.c_int(batch), ctypes.c_int(limits.slice_cap),
+                            ctypes.c_int(limits.min_slices.bit_length() - 1), ctypes.c_int(limits.max_slices.bit_length() - 1)]
+        return LivePlan(kernel=name, grid=limits.ctas, slots=limits.max_slices, limits=limits)
 
     def fits(self, buffers: Buffers) -> bool:
         """Whether ``buffers`` hold this plan's words (its batch, heads, budget and slices)."""
@@ -465,6 +504,7 @@ class OneLaunch:
                   ctypes.c_int(head_offset), ptr(seq_lens), ptr(out), ptr(counts), ptr(buffers.stats), ptr(buffers.sampled),
                   ptr(buffers.epoch), ptr(marks), ptr(self.table), ptr(self.arrivals if self.paired else None),
                   ctypes.c_int(len(self.plan.rounds)), ctypes.c_int(buffers.slots), ctypes.c_int(self.n_keys),
-                  ctypes.c_int(self.kv_heads), ctypes.c_float(self.scale_log2), ctypes.c_int(self.budget), ptr(enabled)]
+                  ctypes.c_int(self.kv_heads), ctypes.c_float(self.scale_log2), ctypes.c_int(self.budget), ptr(enabled),
+                  *self.live_values]
         self.module.launch_values(self.kernel, (self.plan.grid, 1, 1), values, shared_bytes=self.shared, cooperative=True)
         return out
