@@ -654,8 +654,10 @@ def test_the_live_schedule_draws_the_systematic_samples_and_the_same_on_every_ca
         launch = ol.OneLaunch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=capacity, budget=budget,
                               scale=dim**-0.5, device=torch.device("cuda"), page_size=16, fp8=fp8, live=True)
         assert launch.plan.name == "live" and launch.kernel.startswith("prop1lp")
-        counts.append(torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda"))
-        outs.append(live_run(launch, q, k_pages, v_pages, table, seq_lens, counts=counts[-1]))
+        count = torch.zeros(batch, heads, capacity, dtype=torch.int32, device="cuda")  # counts are [B, H, capacity]
+        outs.append(live_run(launch, q, k_pages, v_pages, table, seq_lens, counts=count))
+        assert count[..., n_keys:].eq(0).all()
+        counts.append(count[..., :n_keys])
     torch.cuda.synchronize()
     assert all(torch.equal(outs[0], o) for o in outs[1:]) and all(torch.equal(counts[0], c) for c in counts[1:])
     probs = dense_probs(q, k, seq_lens)
@@ -664,6 +666,31 @@ def test_the_live_schedule_draws_the_systematic_samples_and_the_same_on_every_ca
     assert counts[0][3, :, :77].eq(1).all() and counts[0][3, :, 77:].eq(0).all()
     expected = torch.einsum("bhl,blhd->bhd", counts[0].double(), v.double().repeat_interleave(heads // kv_heads, dim=2)) / budget
     torch.testing.assert_close(outs[0][:3].double(), expected[:3], rtol=8e-3, atol=8e-3)
+
+
+@needs_hopper
+def test_a_live_launch_mixes_slice_counts_and_rounds():
+    """Lengths that take three slice-count classes (Llama: 4, 8 and 16 slices of up to 4,096 keys) and two rounds on the
+    grid: the schedule's order across classes, each class's first item and the item search, on the device."""
+    batch, heads, kv_heads, dim, n_keys, budget = 6, 32, 8, 128, 40960, 128
+    q, k, v, k_pages, v_pages, table, _ = paged_case("packed", batch=batch, n_keys=n_keys)
+    lengths = [0, 77, 5000, 17000, 40000, 40960]
+    seq_lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    launch = ol.OneLaunch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget,
+                          scale=dim**-0.5, device=torch.device("cuda"), page_size=16, live=True)
+    limits = launch.plan.limits
+    schedule = live_schedule(lengths, n=n_keys, kv_heads=kv_heads, slice_cap=limits.slice_cap, min_slices=limits.min_slices,
+                             max_slices=limits.max_slices, ctas=limits.ctas)
+    assert len(set(schedule.slices)) == 3 and schedule.rounds == 2, (schedule.slices, schedule.rounds)
+    counts = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda")
+    out = live_run(launch, q, k_pages, v_pages, table, seq_lens, counts=counts)
+    torch.cuda.synchronize()
+    sampled = [2, 3, 4, 5]
+    uniforms = philox_uniforms(13, 0, torch.arange(batch * heads).reshape(batch, heads))
+    assert_counts_match_systematic(counts[sampled], dense_probs(q, k, seq_lens)[sampled], budget, uniforms[sampled])
+    assert counts[1, :, :77].eq(1).all() and counts[1, :, 77:].eq(0).all() and counts[0].eq(0).all()
+    expected = torch.einsum("bhl,blhd->bhd", counts.double(), v.double().repeat_interleave(heads // kv_heads, dim=2)) / budget
+    torch.testing.assert_close(out[sampled].double(), expected[sampled], rtol=8e-3, atol=8e-3)
 
 
 @needs_hopper
@@ -709,3 +736,7 @@ def test_a_live_launch_refuses_what_its_kernels_do_not_serve():
     plan = launch._live_plan(batch=4, n_keys=131072, page_size=16, **kwargs)
     assert (plan.grid, plan.slots, plan.limits.min_slices) == (264, 64, 4)
     assert [v.value for v in launch.live_values] == [4, 4096, 2, 6]
+    launch.plan = plan
+    x = torch.zeros(1)
+    with pytest.raises(ValueError, match="marks: a live launch's rounds follow the lengths"):
+        launch.run(x, x, x, out=x, strides=(8, 8, 8), marks=torch.zeros(1, dtype=torch.int64))

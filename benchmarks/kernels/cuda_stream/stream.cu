@@ -226,9 +226,9 @@ SANTA_STREAM_KEEP(keep_d64_g7_u4, 64, 7, 4)
 SANTA_STREAM_KEEP(keep_d64_g3_u4, 64, 3, 4)
 
 
-SANTA_PROP_ONE_LAUNCH(prop1s1_d128_g4, 128, 4, 1, 1, false, false)  // the phases alone: stream and publish
-SANTA_PROP_ONE_LAUNCH(prop1s1_d64_g7, 64, 7, 4, 1, false, false)
-SANTA_PROP_ONE_LAUNCH(prop1s1_d64_g3, 64, 3, 4, 1, false, false)
-SANTA_PROP_ONE_LAUNCH(prop1s2_d128_g4, 128, 4, 1, 2, false, false)  // … then the stats exchange and placement
-SANTA_PROP_ONE_LAUNCH(prop1s2_d64_g7, 64, 7, 4, 2, false, false)
-SANTA_PROP_ONE_LAUNCH(prop1s2_d64_g3, 64, 3, 4, 2, false, false)
+SANTA_PROP_ONE_LAUNCH(prop1s1_d128_g4, 128, 4, 1, 1, false, false, false)  // the phases alone: stream and publish
+SANTA_PROP_ONE_LAUNCH(prop1s1_d64_g7, 64, 7, 4, 1, false, false, false)
+SANTA_PROP_ONE_LAUNCH(prop1s1_d64_g3, 64, 3, 4, 1, false, false, false)
+SANTA_PROP_ONE_LAUNCH(prop1s2_d128_g4, 128, 4, 1, 2, false, false, false)  // … then the stats exchange and placement
+SANTA_PROP_ONE_LAUNCH(prop1s2_d64_g7, 64, 7, 4, 2, false, false, false)
+SANTA_PROP_ONE_LAUNCH(prop1s2_d64_g3, 64, 3, 4, 2, false, false, false)

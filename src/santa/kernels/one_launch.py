@@ -483,6 +483,9 @@ class OneLaunch:
         ``enabled`` (int32 ``[1]`` on the device, read by the launch): 0 makes it return at once, writing nothing.
         Returns ``out``."""
 
+        if marks is not None and isinstance(self.plan, LivePlan):
+            raise ValueError("marks: a live launch's rounds follow the lengths (no host-built rounds to size them by)")
+
         def ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
             return ctypes.c_void_p(t.data_ptr() if t is not None else 0)
 
