@@ -19,7 +19,10 @@ CTAs with more, shorter slices (C_g = ⌊CTAs / groups⌋, at least C): it ends 
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
+
+from santa.kernels.layout import cdiv
 
 SCHEDULES = ("rounds", "staggered")
 
@@ -122,21 +125,17 @@ class LiveSchedule:
 
     @property
     def rounds(self) -> int:
-        return _ceil_div(self.items, self.lanes)
+        return cdiv(self.items, self.lanes)
 
     def item(self, i: int) -> LiveWork:
         """Item i's work: its sequence (the last in ``order`` whose first item is ≤ i), head and slice."""
         if not 0 <= i < self.items:
             raise ValueError(f"item must be in [0, {self.items}), got {i}")
-        lo, hi = 0, len(self.order) - 1
-        while lo < hi:  # the last sequence in order whose first item is ≤ i
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if self.first[self.order[mid]] <= i else (lo, mid - 1)
-        b = self.order[lo]
+        b = self.order[bisect.bisect_right(self.order, i, key=self.first.__getitem__) - 1]
         head, c = divmod(i - self.first[b], self.slices[b])
         # whole granules a slice: ⌈granules / C⌉ of them, the last slice cut at the sequence's end
-        granules = _ceil_div(self.keys[b], GRANULE)
-        step = _ceil_div(granules, self.slices[b]) * GRANULE
+        granules = cdiv(self.keys[b], GRANULE)
+        step = cdiv(granules, self.slices[b]) * GRANULE
         start = min(c * step, self.keys[b])
         return LiveWork(seq=b, head=head, c=c, slices=self.slices[b], start=start, stop=min(start + step, self.keys[b]))
 
@@ -144,10 +143,6 @@ class LiveSchedule:
         """CTA ``cta``'s item in round ``round_``, or None (a CTA past ``lanes``, or past the last item)."""
         i = round_ * self.lanes + cta
         return self.item(i) if cta < self.lanes and i < self.items else None
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _power_of_two(name: str, value) -> int:
@@ -188,7 +183,7 @@ def live_schedule(seq_lens, *, n: int, kv_heads: int, slice_cap: int, min_slices
     if len(seq_lens) == 0:
         raise ValueError("seq_lens must hold at least one sequence")
     keys = tuple(min(max(x, 0), n) for x in seq_lens)
-    slices = [max(min_slices, 1 << max(0, _ceil_div(k, slice_cap) - 1).bit_length()) for k in keys]
+    slices = [max(min_slices, 1 << max(0, cdiv(k, slice_cap) - 1).bit_length()) for k in keys]
     items = kv_heads * sum(slices)
     k = 1
     while 2 * k * items <= ctas and 2 * k * max(slices) <= max_slices:
