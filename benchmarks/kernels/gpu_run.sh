@@ -95,11 +95,13 @@ for stage in "$@"; do
         > "$OUT/contig_new.log" 2>&1
       [ -n "${PAGED_JSONL:-}" ] && cp "$PAGED_JSONL" "$OUT/paged.jsonl"
       timeout ${PAGED_LIMIT:-300} python3 benchmarks/kernels/paged_ab.py "$OUT/paged.jsonl" ${PAGED_ARGS:-} > "$OUT/paged.log" 2>&1 ;;
-    live)  # issue 39 (branch issue39-live): the live schedule's GPU tests (the one launch's whole file: its other kernels were
-           # rebuilt beside the live ones), then paged_ab.py --live (LIVE_ARGS, default --quick: Llama 64 × 2k on 2k and 128k plans)
-      timeout 240 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_one_launch.py tests/kernels/test_one_launch_schedule.py \
-        tests/vllm_backend/test_vllm_decode.py 2>&1 | tail -25 | tee "$OUT/tests_live.log"
-      timeout ${LIVE_LIMIT:-300} python3 benchmarks/kernels/paged_ab.py "$OUT/live.jsonl" --live ${LIVE_ARGS:---quick} > "$OUT/live.log" 2>&1 ;;
+    live)  # issue 39: every kernel test (paged plans now take the live schedule), the vLLM decoder's, then paged_ab.py
+           # --rounds (LIVE_ARGS, default --quick: Llama 1 × 8k, 64 × 2k on 2k and 128k plans, 32 × 32k) and its fp8 cases
+      timeout ${LIVE_TESTS_LIMIT:-240} python3 -m pytest -q -p no:cacheprovider tests/kernels tests/vllm_backend/test_vllm_decode.py \
+        2>&1 | tail -25 | tee "$OUT/tests_live.log"
+      timeout ${LIVE_LIMIT:-300} python3 benchmarks/kernels/paged_ab.py "$OUT/live.jsonl" --rounds ${LIVE_ARGS:---quick} > "$OUT/live.log" 2>&1
+      [ -n "${LIVE_FP8_LIMIT:-}" ] && timeout $LIVE_FP8_LIMIT python3 benchmarks/kernels/paged_ab.py "$OUT/live_fp8.jsonl" --rounds --fp8 \
+        > "$OUT/live_fp8.log" 2>&1 ;;
     gate)  # the gate (DecodePlan.run's enabled, santa.vllm's short steps): its GPU tests, prop_ab.py of the last tree before it
            # (.oldgate, carried: `mkdir .oldgate && git archive 50142b8 src | tar -x -C .oldgate`) against this one (the
            # default path's time after the one launch's rebuilt module), then paged_ab.py --gate (open, closed, ungated)

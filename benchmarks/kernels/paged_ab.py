@@ -24,9 +24,10 @@ records the command, commit, device and versions; ``--gate`` (keys ``gate/…``,
 santa.vllm gives to FlashAttention inside a captured graph, and what the gate costs a sampled one; the Triton arm's
 closed launch still launches its whole grid, ~0.83 ns per pass-1 program by capacity_ab.py's figures, so it is timed
 again with its pass-1 grid cut to 4,096 programs, ``triton_4096_*``; ``--gate --full``: :data:`FULL_GATE_CASES`); one line per case follows, appended as it is measured, and a re-run
-skips the cases already there (a call cut at its time limit resumes). ``--live`` (keys ``live/…``) also times the one
-launch on issue 39's live schedule (``live_us``: ``OneLaunch(live=True)``, its work derived from the lengths in the launch,
-whatever the capacity), beside the default one launch and the best dense kernel.
+skips the cases already there (a call cut at its time limit resumes). A paged plan's one launch runs issue 39's live
+schedule (its work derived from the lengths in the launch, whatever the capacity: ``one_launch_plan`` ``live``);
+``--rounds`` (keys ``rounds/…``) also times the one launch on host-built rounds sized by the capacity (``rounds_us``:
+``OneLaunch(live=False)``, the paged default before the live schedule) on the same draws.
 """
 
 from __future__ import annotations
@@ -132,25 +133,29 @@ def santa_arm(model: str, q, packed, table, seq_lens, capacity: int, flusher, *,
     return entry
 
 
-def live_arm(model: str, q, packed, table, seq_lens, capacity: int, flusher) -> dict:
-    """The one launch on issue 39's live schedule (``OneLaunch(live=True)``: the work derived from ``seq_lens`` in the
-    launch, whatever the capacity) on the same packed pages, its own buffers."""
+def rounds_arm(model: str, q, packed, table, seq_lens, capacity: int, flusher) -> dict:
+    """The one launch on host-built rounds sized by the capacity (``OneLaunch(live=False)``; raises ValueError where
+    no such plan fits) on the same packed pages and draws, its own buffers."""
+    from santa import rng
     from santa.kernels import one_launch as ol
 
     heads, kv_heads, dim = MODELS[model]
     fp8 = packed.dtype == torch.uint8
     launch = ol.OneLaunch(batch=q.shape[0], heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=capacity, budget=BUDGET,
-                          scale=dim**-0.5, device=torch.device("cuda"), page_size=PAGE, fp8=fp8, live=True)
+                          scale=dim**-0.5, device=torch.device("cuda"), page_size=PAGE, fp8=fp8, live=False)
     k_pages, v_pages = packed[..., :dim], packed[..., dim:]
     out = torch.empty_like(q)
     scales = dict(k_scale=FP8_SCALE, v_scale=FP8_SCALE) if fp8 else {}
 
+    # the draws santa_arm's PagedDecoder (seed 0, layer 0) makes: request-keyed, so the outputs compare sample for sample
+    positions = (seq_lens - 1).clamp_min(0).int()
+
     def step():
         launch.run(q, k_pages, v_pages, out=out, strides=ol.cache_strides(k_pages, v_pages, "NHD"), seq_lens=seq_lens,
-                   block_table=table, **scales)
+                   block_table=table, seed=rng.layer_key(0, 0), positions=positions, **scales)
 
     step()  # its own buffers, before the graph's capture
-    return {"us": time_fn(step, flusher.read, graph=True)["median_us"], "grid": launch.plan.grid, "out": out.float().clone()}
+    return {"us": time_fn(step, flusher.read, graph=True)["median_us"], "plan": launch.plan.name, "out": out.float().clone()}
 
 
 def dense_arms(model: str, q, packed, table, flusher) -> dict:
@@ -216,7 +221,7 @@ def contiguous_arms(q, k, v, flusher, **scales) -> dict:
     return times
 
 
-def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full: bool = False, live: bool = False) -> None:
+def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full: bool = False, rounds: bool = False) -> None:
     from benchmarks.bench.kernels import environment
 
     from santa.sweep_files import append_record, read_records
@@ -227,7 +232,7 @@ def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full:
     done = {record["key"] for record in records}
     flusher = Flusher("cuda")
     for model, batch, length, capacity in cases(quick, fp8, gate, full):
-        key = ("gate/" if gate else "") + ("live/" if live else "") + ("fp8/" if fp8 else "") + f"{model}/b{batch}/n{length}/cap{capacity}"
+        key = ("gate/" if gate else "") + ("rounds/" if rounds else "") + ("fp8/" if fp8 else "") + f"{model}/b{batch}/n{length}/cap{capacity}"
         if key in done:
             continue
         heads, kv_heads, dim = MODELS[model]
@@ -254,12 +259,13 @@ def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full:
                 entry["best_dense_us"] = min(dense)
                 entry["one_launch_over_dense"] = entry["one_launch_us"] / entry["best_dense_us"]
         entry["one_launch_over_triton"] = entry["one_launch_us"] / entry["triton_us"]
-        if live and not gate:
-            arm = live_arm(model, q, packed, table, seq_lens, capacity, flusher)
-            entry.update(live_us=arm["us"], live_grid=arm["grid"], live_over_one_launch=arm["us"] / entry["one_launch_us"],
-                         live_outputs_close=bool(torch.allclose(arm["out"], two["out"], atol=0.25, rtol=0.1)))
-            if "best_dense_us" in entry:
-                entry["live_over_dense"] = arm["us"] / entry["best_dense_us"]
+        if rounds and not gate:
+            try:
+                arm = rounds_arm(model, q, packed, table, seq_lens, capacity, flusher)
+                entry.update(rounds_us=arm["us"], rounds_plan=arm["plan"], one_launch_over_rounds=entry["one_launch_us"] / arm["us"],
+                             rounds_outputs_close=bool(torch.allclose(arm["out"], one["out"], atol=0.25, rtol=0.1)))
+            except ValueError as error:
+                entry["rounds_error"] = str(error)
         append_record(path, entry)
         print(json.dumps(entry), flush=True)
         del q, packed, table, seq_lens, one, two
@@ -273,17 +279,17 @@ def main() -> None:
     parser.add_argument("--fp8", action="store_true", help="e4m3 caches (their own cases)")
     parser.add_argument("--gate", action="store_true", help="santa's arms also with DecodePlan.run's gate open and closed")
     parser.add_argument("--full", action="store_true", help="with --gate: full plans and a 33,024-key capacity (FULL_GATE_CASES)")
-    parser.add_argument("--live", action="store_true", help="also the one launch on issue 39's live schedule (keys live/…)")
+    parser.add_argument("--rounds", action="store_true", help="also the one launch on host-built rounds (keys rounds/…)")
     args = parser.parse_args()
     if args.full and not args.gate:
         parser.error("--full goes with --gate")
-    if args.live and args.gate:
-        parser.error("--live does not go with --gate")
+    if args.rounds and args.gate:
+        parser.error("--rounds does not go with --gate")
     from santa.writer_lock import OutputUnusable, writer_lock
 
     try:
         with writer_lock(args.out, holder="paged_ab.py"):
-            measure(args.out, args.quick, args.fp8, args.gate, args.full, args.live)
+            measure(args.out, args.quick, args.fp8, args.gate, args.full, args.rounds)
     except OutputUnusable as error:
         sys.exit(f"paged_ab.py: {error}")
 

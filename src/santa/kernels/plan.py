@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import math
 import numbers
@@ -554,10 +555,19 @@ class DecodePlan:
                 device=device, kernel=self.kernel, dtype=s.dtype, kv_dtype=s.kv_dtype, kv_layout=s.kv_layout,
                 page_size=s.page_size, head_dim=s.head_dim, group_size=self.group):
             return None
+        launch = functools.partial(one_launch.OneLaunch, batch=s.batch, heads=s.heads, kv_heads=s.kv_heads,
+                                   head_dim=s.head_dim, n_keys=s.n_keys, budget=self.budget, scale=self.scale,
+                                   device=device, page_size=s.page_size, fp8=s.kv_dtype == FP8)
+        if s.page_size is not None:
+            # a paged plan's capacity is a server's max_model_len, its sequences mostly far shorter: the live schedule
+            # (issue 39) derives each launch's work from seq_lens, so its cost follows the live keys (H200, Llama
+            # 64 × 2k: 197 µs on a 2k or a 128k plan, where host-built rounds take 212 / 427; benchmarks/RESULTS.md)
+            try:
+                return launch(live=True)
+            except ValueError:  # more sequences or keys than a live launch takes, or no limits fit: host-built rounds
+                pass
         try:
-            return one_launch.OneLaunch(batch=s.batch, heads=s.heads, kv_heads=s.kv_heads, head_dim=s.head_dim,
-                                        n_keys=s.n_keys, budget=self.budget, scale=self.scale, device=device,
-                                        page_size=s.page_size, fp8=s.kv_dtype == FP8)
+            return launch()
         except ValueError:  # no plan fits shared memory (a large budget), or the module did not load (warned once)
             return None
 
