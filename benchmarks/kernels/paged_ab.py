@@ -26,8 +26,10 @@ closed launch still launches its whole grid, ~0.83 ns per pass-1 program by capa
 again with its pass-1 grid cut to 4,096 programs, ``triton_4096_*``; ``--gate --full``: :data:`FULL_GATE_CASES`); one line per case follows, appended as it is measured, and a re-run
 skips the cases already there (a call cut at its time limit resumes). A paged plan's one launch runs issue 39's live
 schedule (its work derived from the lengths in the launch, whatever the capacity: ``one_launch_plan`` ``live``);
-``--rounds`` (keys ``rounds/…``) also times the one launch on host-built rounds sized by the capacity (``rounds_us``:
-``OneLaunch(live=False)``, the paged default before the live schedule) on the same draws.
+``--rounds`` (keys ``rounds/…``) also times, on the same draws, the one launch on host-built rounds sized by the
+capacity (``rounds_us``: ``OneLaunch(live=False)``, the paged default before the live schedule) and the live schedule
+with at least 4 slices a sequence (``live_min4_us``: the fewest whose gather fit shared memory before live CTAs gathered
+in chunks).
 """
 
 from __future__ import annotations
@@ -133,16 +135,16 @@ def santa_arm(model: str, q, packed, table, seq_lens, capacity: int, flusher, *,
     return entry
 
 
-def rounds_arm(model: str, q, packed, table, seq_lens, capacity: int, flusher) -> dict:
-    """The one launch on host-built rounds sized by the capacity (``OneLaunch(live=False)``; raises ValueError where
-    no such plan fits) on the same packed pages and draws, its own buffers."""
+def launch_arm(model: str, q, packed, table, seq_lens, capacity: int, flusher, **kind) -> dict:
+    """The one launch of ``kind`` (``OneLaunch`` keywords: ``live=False``, host-built rounds sized by the capacity;
+    ``live=True, min_slices=4``) on the same packed pages and draws, its own buffers (ValueError where none fits)."""
     from santa import rng
     from santa.kernels import one_launch as ol
 
     heads, kv_heads, dim = MODELS[model]
     fp8 = packed.dtype == torch.uint8
     launch = ol.OneLaunch(batch=q.shape[0], heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=capacity, budget=BUDGET,
-                          scale=dim**-0.5, device=torch.device("cuda"), page_size=PAGE, fp8=fp8, live=False)
+                          scale=dim**-0.5, device=torch.device("cuda"), page_size=PAGE, fp8=fp8, **kind)
     k_pages, v_pages = packed[..., :dim], packed[..., dim:]
     out = torch.empty_like(q)
     scales = dict(k_scale=FP8_SCALE, v_scale=FP8_SCALE) if fp8 else {}
@@ -259,13 +261,14 @@ def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full:
                 entry["best_dense_us"] = min(dense)
                 entry["one_launch_over_dense"] = entry["one_launch_us"] / entry["best_dense_us"]
         entry["one_launch_over_triton"] = entry["one_launch_us"] / entry["triton_us"]
-        if rounds and not gate:
+        for name, kind in (("rounds", dict(live=False)), ("live_min4", dict(live=True, min_slices=4))) if rounds and not gate else ():
             try:
-                arm = rounds_arm(model, q, packed, table, seq_lens, capacity, flusher)
-                entry.update(rounds_us=arm["us"], rounds_plan=arm["plan"], one_launch_over_rounds=entry["one_launch_us"] / arm["us"],
-                             rounds_outputs_close=bool(torch.allclose(arm["out"], one["out"], atol=0.25, rtol=0.1)))
+                arm = launch_arm(model, q, packed, table, seq_lens, capacity, flusher, **kind)
+                entry.update({f"{name}_us": arm["us"], f"{name}_plan": arm["plan"],
+                              f"one_launch_over_{name}": entry["one_launch_us"] / arm["us"],
+                              f"{name}_outputs_close": bool(torch.allclose(arm["out"], one["out"], atol=0.25, rtol=0.1))})
             except ValueError as error:
-                entry["rounds_error"] = str(error)
+                entry[f"{name}_error"] = str(error)
         append_record(path, entry)
         print(json.dumps(entry), flush=True)
         del q, packed, table, seq_lens, one, two

@@ -87,26 +87,25 @@ def test_the_plan_rule_takes_more_slices_where_the_gather_needs_them_and_none_pa
 
 
 @pytest.mark.parametrize(("group_size", "dim", "budget", "page_size", "want"), [
-    (4, 128, 128, None, (4096, 4, 264)),  # Llama S = 128: the design note's L = 4,096, C_min = 4, P = 264
-    (4, 128, 128, 16, (4096, 4, 264)),  # on vLLM's pages of 16 keys (258 page ids more)
-    (7, 64, 128, None, (2048, 4, 264)),  # Qwen: 64,736 B of kept scores, the gather fits at 4 slices
-    (4, 128, 256, None, (4096, 8, 264)),  # twice the rows: twice the slices
-    (4, 128, 1024, None, (4096, 32, 264)),
+    (4, 128, 128, None, (4096, 264)),  # Llama S = 128: the design note's L = 4,096, P = 264
+    (4, 128, 128, 16, (4096, 264)),  # on vLLM's pages of 16 keys (258 page ids more)
+    (7, 64, 128, None, (2048, 264)),  # Qwen: 64,736 B of kept scores
+    (4, 128, 256, None, (4096, 264)),  # more rows per vector: the gather takes more chunks, not more slices
+    (4, 128, 1024, None, (4096, 264)),
 ])
 def test_the_live_schedules_limits_follow_the_kernels_shared_memory(group_size, dim, budget, page_size, want):
     limits = ol.live_limits(group_size=group_size, dim=dim, budget=budget, sms=132, per_sm=h200_per_sm, page_size=page_size)
-    assert (limits.slice_cap, limits.min_slices, limits.ctas) == want and limits.max_slices == ol.LIVE_MAX_SLICES
-    assert ol.gather_bytes(slices=limits.min_slices, group_size=group_size, dim=dim, budget=budget) <= limits.shared
-    assert ol.gather_bytes(slices=limits.min_slices // 2 or 1, group_size=group_size, dim=dim, budget=budget) > limits.shared or \
-        limits.min_slices == 1
-    # the limits make a schedule, and Llama 64 × 2k takes the note's 8 rounds on any capacity
+    assert (limits.slice_cap, limits.ctas) == want and (limits.min_slices, limits.max_slices) == (1, ol.LIVE_MAX_SLICES)
+    # a live CTA gathers in chunks of the vectors whose S rows fit its shared memory: at least one
+    assert 4 * 8 * budget <= limits.shared
+    # the limits make a schedule, and Llama 64 × 2k takes two rounds (one slice a group) on any capacity
     if (group_size, budget, page_size) == (4, 128, None):
         fields = dict(slice_cap=limits.slice_cap, min_slices=limits.min_slices, max_slices=limits.max_slices, ctas=limits.ctas)
-        assert {live_schedule([2048] * 64, n=n, kv_heads=8, **fields).rounds for n in (2048, 32768, 131072)} == {8}
+        assert {live_schedule([2048] * 64, n=n, kv_heads=8, **fields).rounds for n in (2048, 32768, 131072)} == {2}
 
 
 def test_no_live_limits_where_the_gather_cannot_fit_or_the_shape_has_no_kernel():
-    assert ol.live_limits(group_size=4, dim=128, budget=1 << 16, sms=132, per_sm=h200_per_sm) is None
+    assert ol.live_limits(group_size=4, dim=128, budget=1 << 16, sms=132, per_sm=h200_per_sm) is None  # one vector: 2 MiB
     assert ol.live_limits(group_size=5, dim=128, budget=128, sms=132, per_sm=h200_per_sm) is None
     assert ol.live_limits(group_size=4, dim=128, budget=128, sms=16, per_sm=h200_per_sm) is None  # 32 CTAs < 64 slots
 
@@ -670,14 +669,15 @@ def test_the_live_schedule_draws_the_systematic_samples_and_the_same_on_every_ca
 
 @needs_hopper
 def test_a_live_launch_mixes_slice_counts_and_rounds():
-    """Lengths that take three slice-count classes (Llama: 4, 8 and 16 slices of up to 4,096 keys) and two rounds on the
-    grid: the schedule's order across classes, each class's first item and the item search, on the device."""
+    """Lengths that take three slice-count classes (Llama, at least 4 slices a sequence: 4, 8 and 16 slices of up to
+    4,096 keys) and two rounds on the grid: the schedule's order across classes, each class's first item and the item
+    search, on the device."""
     batch, heads, kv_heads, dim, n_keys, budget = 6, 32, 8, 128, 40960, 128
     q, k, v, k_pages, v_pages, table, _ = paged_case("packed", batch=batch, n_keys=n_keys)
     lengths = [0, 77, 5000, 17000, 40000, 40960]
     seq_lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     launch = ol.OneLaunch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget,
-                          scale=dim**-0.5, device=torch.device("cuda"), page_size=16, live=True)
+                          scale=dim**-0.5, device=torch.device("cuda"), page_size=16, live=True, min_slices=4)
     limits = launch.plan.limits
     schedule = live_schedule(lengths, n=n_keys, kv_heads=kv_heads, slice_cap=limits.slice_cap, min_slices=limits.min_slices,
                              max_slices=limits.max_slices, ctas=limits.ctas)
@@ -691,6 +691,36 @@ def test_a_live_launch_mixes_slice_counts_and_rounds():
     assert counts[1, :, :77].eq(1).all() and counts[1, :, 77:].eq(0).all() and counts[0].eq(0).all()
     expected = torch.einsum("bhl,blhd->bhd", counts.double(), v.double().repeat_interleave(heads // kv_heads, dim=2)) / budget
     torch.testing.assert_close(out[sampled].double(), expected[sampled], rtol=8e-3, atol=8e-3)
+
+
+@needs_hopper
+@pytest.mark.parametrize("batch,heads,kv_heads,dim", [(48, 32, 8, 128), (160, 14, 2, 64)])
+def test_a_live_launch_of_one_slice_a_group_gathers_its_vectors_in_chunks(batch, heads, kv_heads, dim):
+    """More groups than the grid holds: every sequence in one slice (C_b = 1, two rounds), so one CTA owns all of a
+    group's output vectors (Llama 64, Qwen 56) and gathers them in chunks of what its shared memory holds (16 or 18,
+    the last chunk shorter): the systematic counts and the counts' mean of the V rows, bitwise the same on a 32k plan."""
+    n_keys, budget = 4096, 128
+    q, k, v, k_pages, v_pages, table, _ = paged_case("packed", batch=batch, heads=heads, kv_heads=kv_heads, dim=dim,
+                                                     n_keys=n_keys)
+    lengths = torch.randint(200, n_keys + 1, (batch,), generator=torch.Generator().manual_seed(5)).tolist()
+    seq_lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    outs, counts = [], []
+    for capacity in (n_keys, 32768):
+        launch = ol.OneLaunch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=capacity, budget=budget,
+                              scale=dim**-0.5, device=torch.device("cuda"), page_size=16, live=True)
+        limits = launch.plan.limits
+        schedule = live_schedule(lengths, n=capacity, kv_heads=kv_heads, slice_cap=limits.slice_cap,
+                                 min_slices=limits.min_slices, max_slices=limits.max_slices, ctas=limits.ctas)
+        assert set(schedule.slices) == {1} and schedule.rounds == 2, (set(schedule.slices), schedule.rounds)
+        count = torch.zeros(batch, heads, capacity, dtype=torch.int32, device="cuda")
+        outs.append(live_run(launch, q, k_pages, v_pages, table, seq_lens, counts=count))
+        counts.append(count[..., :n_keys])
+    torch.cuda.synchronize()
+    assert torch.equal(outs[0], outs[1]) and torch.equal(counts[0], counts[1])
+    uniforms = philox_uniforms(13, 0, torch.arange(batch * heads).reshape(batch, heads))
+    assert_counts_match_systematic(counts[0], dense_probs(q, k, seq_lens), budget, uniforms)
+    expected = torch.einsum("bhl,blhd->bhd", counts[0].double(), v.double().repeat_interleave(heads // kv_heads, dim=2)) / budget
+    torch.testing.assert_close(outs[0].double(), expected, rtol=8e-3, atol=8e-3)
 
 
 @needs_hopper
@@ -734,7 +764,12 @@ def test_a_live_launch_refuses_what_its_kernels_do_not_serve():
     with pytest.raises(ValueError, match="at most 262144 keys"):
         launch._live_plan(batch=4, n_keys=262145, page_size=16, **kwargs)
     plan = launch._live_plan(batch=4, n_keys=131072, page_size=16, **kwargs)
-    assert (plan.grid, plan.slots, plan.limits.min_slices) == (264, 64, 4)
+    assert (plan.grid, plan.slots, plan.limits.min_slices) == (264, 64, 1)
+    assert [v.value for v in launch.live_values] == [4, 4096, 0, 6]
+    for bad in (0, 3, 128, 2.0):
+        with pytest.raises(ValueError, match="min_slices must be a power of two in"):
+            launch._live_plan(batch=4, n_keys=4096, page_size=16, min_slices=bad, **kwargs)
+    launch._live_plan(batch=4, n_keys=4096, page_size=16, min_slices=4, **kwargs)
     assert [v.value for v in launch.live_values] == [4, 4096, 2, 6]
     launch.plan = plan
     x = torch.zeros(1)

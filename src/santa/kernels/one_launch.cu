@@ -700,8 +700,19 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   if constexpr (STAGE == 2) return;
 
   // ---- gather: this CTA's output vectors, S rows' 16 bytes each, from the tagged keys
-  const int per_cta = (VECS + slices - 1) / slices, vec0 = c * per_cta, owned = max(0, min(VECS, vec0 + per_cta) - vec0);
-  __syncthreads();  // shared memory is free again: it holds the rows [owned][S][8] (the host sizes it for them too)
+  const int per_cta = (VECS + slices - 1) / slices, cta_vec0 = c * per_cta;
+  const int cta_owned = max(0, min(VECS, cta_vec0 + per_cta) - cta_vec0);
+  // a host plan sizes shared memory for all its rows [owned][S][8]; a live slice (any C_b, down to 1) gathers its
+  // vectors in chunks of as many as the CTA's dynamic shared memory holds (live_limits: at least one)
+  int chunk = cta_owned;
+  if constexpr (LIVE) {
+    unsigned dynamic_bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
+    chunk = max(1, (int)(dynamic_bytes / (32u * (unsigned)budget)));
+  }
+  for (int chunk0 = 0; chunk0 < cta_owned; chunk0 += chunk) {
+  const int vec0 = cta_vec0 + chunk0, owned = min(chunk, cta_owned - chunk0);
+  __syncthreads();  // shared memory is free again: it holds the rows [owned][S][8]
   if (!covered) {  // samples: the keys their words name
     for (int i0 = threadIdx.x; i0 < owned * budget; i0 += 4 * kThreads) {  // four items in flight per thread
       unsigned long long words[4];
@@ -773,6 +784,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
       out[head0 * D + (size_t)(vec0 + vec_local) * 8 + e] = __float2bfloat16(value);
     }
   }
+  }  // the next chunk of this CTA's vectors
   mark(7);
 }
 

@@ -29,6 +29,7 @@ CUDA 13, which built it) makes every plan take the Triton prop, with one warning
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import hashlib
 import math
 import subprocess
@@ -115,22 +116,20 @@ class LiveLimits:
 
 
 def live_limits(*, group_size: int, dim: int, budget: int, sms: int, per_sm, page_size: int | None = None) -> LiveLimits | None:
-    """The live schedule's limits for a kernel shape (not yet used by the kernel; benchmarks/KERNEL_NOTES.md): slices of
-    :data:`ROUNDS_SLICE_KEYS` keys, whose kept scores, every slot's stats and (paged) page ids set the CTA's shared
-    memory; ``min_slices`` the fewest slices, a power of two, whose gather rows fit that memory, so that the gather
-    never raises it; ``ctas`` = ``per_sm(shared) · sms``. None where no power of two up to :data:`LIVE_MAX_SLICES` fits
-    the gather, or the grid cannot hold one group's :data:`LIVE_MAX_SLICES` slices."""
+    """The live schedule's limits for a kernel shape (benchmarks/KERNEL_NOTES.md): slices of :data:`ROUNDS_SLICE_KEYS`
+    keys, whose kept scores, every slot's stats and (paged) page ids set the CTA's shared memory; ``min_slices`` 1 (a
+    live CTA gathers its output vectors in chunks of as many as that memory holds, so no slice count is too few);
+    ``ctas`` = ``per_sm(shared) · sms``. None where the shape has no kernel, one vector's S rows do not fit, or the grid
+    cannot hold one group's :data:`LIVE_MAX_SLICES` slices."""
     if (dim, group_size) not in SHAPES:
         return None
     slice_cap = ROUNDS_SLICE_KEYS[dim]
     pages = 0 if page_size is None else -(-slice_cap // page_size) + 1
     shared = kept_bytes(group_size, slice_cap) + 4 * group_size * LIVE_MAX_SLICES * 2 + 4 * pages
-    fitting = [c for c in (1 << i for i in range(LIVE_MAX_SLICES.bit_length()))
-               if gather_bytes(slices=c, group_size=group_size, dim=dim, budget=budget) <= shared]
     ctas = per_sm(shared) * sms if shared <= SHARED_LIMIT else 0
-    if not fitting or ctas < LIVE_MAX_SLICES:
+    if 4 * 8 * budget > shared or ctas < LIVE_MAX_SLICES:
         return None
-    return LiveLimits(slice_cap=slice_cap, min_slices=fitting[0], max_slices=LIVE_MAX_SLICES, ctas=ctas, shared=shared)
+    return LiveLimits(slice_cap=slice_cap, min_slices=1, max_slices=LIVE_MAX_SLICES, ctas=ctas, shared=shared)
 
 
 @dataclass(frozen=True)
@@ -406,7 +405,7 @@ class OneLaunch:
     def __init__(self, *, batch: int, heads: int, kv_heads: int, head_dim: int, n_keys: int, budget: int, scale: float,
                  device: torch.device, page_size: int | None = None, fp8: bool = False,
                  module: CudaModule | None = None, plan: Plan | None = None, kernel: str | None = None,
-                 live: bool = False):
+                 live: bool = False, min_slices: int | None = None):
         self.module = module if module is not None else loaded_module(device.index)
         if self.module is None:
             raise ValueError("the one-launch module is not loaded on this device")
@@ -416,7 +415,9 @@ class OneLaunch:
         self.live_values = [ctypes.c_int(0)] * 4  # the live schedule's arguments: B, L, log2 C_min, log2 C_cap (0: a host plan)
         if live:
             plan = self._live_plan(name=name, batch=batch, group_size=group_size, head_dim=head_dim, n_keys=n_keys,
-                                   budget=budget, sms=sms, page_size=page_size)
+                                   budget=budget, sms=sms, page_size=page_size, min_slices=min_slices)
+        elif min_slices is not None:
+            raise ValueError("min_slices: a live schedule's (live=True)")
         if plan is None:
             plan = choose_plan(batch=batch, kv_heads=kv_heads, group_size=group_size, dim=head_dim, n=n_keys, budget=budget,
                                sms=sms, per_sm=lambda shared: self.module.resident_per_sm(name, shared), page_size=page_size,
@@ -439,9 +440,10 @@ class OneLaunch:
         self.scale_log2 = scale * math.log2(math.e)
 
     def _live_plan(self, *, name: str, batch: int, group_size: int, head_dim: int, n_keys: int, budget: int, sms: int,
-                   page_size: int | None) -> LivePlan:
+                   page_size: int | None, min_slices: int | None = None) -> LivePlan:
         """The live schedule's plan (ValueError where it cannot serve: no paged cache, more than
-        :data:`LIVE_MAX_BATCH` sequences, no limits that fit, or more keys than ``max_slices`` slices hold)."""
+        :data:`LIVE_MAX_BATCH` sequences, no limits that fit, or more keys than ``max_slices`` slices hold);
+        ``min_slices`` (a power of two up to ``max_slices``; benchmarks) replaces the limits' fewest slices a sequence takes."""
         if page_size is None:
             raise ValueError("the live schedule has kernels for paged caches only")
         if batch > LIVE_MAX_BATCH:
@@ -450,6 +452,10 @@ class OneLaunch:
                              per_sm=lambda shared: self.module.resident_per_sm(name, shared))
         if limits is None:
             raise ValueError(f"no live schedule fits S = {budget} at d = {head_dim}, G = {group_size} in shared memory")
+        if min_slices is not None:
+            if not (isinstance(min_slices, int) and 1 <= min_slices <= limits.max_slices and min_slices & (min_slices - 1) == 0):
+                raise ValueError(f"min_slices must be a power of two in [1, {limits.max_slices}], got {min_slices!r}")
+            limits = dataclasses.replace(limits, min_slices=min_slices)
         if n_keys > limits.max_slices * limits.slice_cap:
             raise ValueError(f"the live schedule takes at most {limits.max_slices * limits.slice_cap} keys, got {n_keys}")
         self.live_values = [ctypes.c_int(batch), ctypes.c_int(limits.slice_cap),
