@@ -724,6 +724,20 @@ def test_a_live_launch_of_one_slice_a_group_gathers_its_vectors_in_chunks(batch,
 
 
 @needs_hopper
+def test_paged_plans_choose_the_live_schedule_and_say_so():
+    """plan_decode picks the one launch's kernels once: a paged plan the live schedule (whatever its capacity), a
+    contiguous one host-built rounds, Tuning(one_launch=False) the Triton prop; a live launch past its 1,024
+    sequences falls back to host-built rounds or the Triton prop."""
+    common = dict(heads=32, kv_heads=8, head_dim=128, budget=128, dtype=torch.bfloat16, device="cuda")
+    for capacity in (2048, 131072):
+        plan = plan_decode(batch=64, n_keys=capacity, page_size=16, **common)
+        assert plan.implementation == "one launch, live schedule" and plan.one_launch.kernel == "prop1lp_d128_g4"
+    assert plan_decode(batch=1, n_keys=8192, **common).implementation.startswith("one launch, host rounds C")
+    assert plan_decode(batch=64, n_keys=2048, page_size=16, tuning=Tuning(one_launch=False), **common).implementation == "triton"
+    assert "live" not in plan_decode(batch=1025, n_keys=2048, page_size=16, **common).implementation
+
+
+@needs_hopper
 def test_a_captured_live_launch_follows_lengths_that_change_on_the_device():
     """One graph, replayed as the step's lengths change (many short sequences, one long, all at the capacity, empty
     ones): each replay gives what an eager launch of those lengths gives, bit for bit."""

@@ -147,3 +147,8 @@ def test_a_cache_growing_by_a_key_per_step_holds_a_bounded_number_of_plans():
     assert held == set(range(21 + 4, 21 + eager._PLANS_HELD + 4))  # the newest, in full
     again = santa.decode(q, k[:, :, :20].contiguous(), v[:, :, :20].contiguous(), 8, kv_layout="HND", seed=3)
     assert torch.equal(again, first)
+
+
+def test_a_plan_says_which_kernels_serve_it():
+    """Chosen when the plan is made: the interpreter's Triton kernels on the CPU (a float32 plan has no one launch)."""
+    assert plan_for().implementation == plan_for(paged=True).implementation == "triton"

@@ -696,6 +696,16 @@ class DecodePlan:
         return head_offset
 
     @property
+    def implementation(self) -> str:
+        """Which kernels serve this plan's calls, chosen when it was made: ``"one launch, live schedule"`` (paged caches
+        on sm_90), ``"one launch, host rounds C<slices>[s]"``, or ``"triton"`` (the portable path, and every call the
+        one launch cannot take: :meth:`_one_launch_call`); ``"torch"`` for a CPU plan outside the interpreter."""
+        if self.one_launch is not None:
+            name = self.one_launch.plan.name
+            return "one launch, live schedule" if name == "live" else f"one launch, host rounds {name}"
+        return "triton" if not self.on_cpu or kernels_on_cpu() else "torch"
+
+    @property
     def workspace(self) -> Workspace:
         """The plan's own workspace (made on first use unless one was given to :func:`plan_decode`)."""
         if self._workspace is None:
