@@ -97,14 +97,15 @@ for stage in "$@"; do
       timeout ${PAGED_LIMIT:-300} python3 benchmarks/kernels/paged_ab.py "$OUT/paged.jsonl" ${PAGED_ARGS:-} > "$OUT/paged.log" 2>&1 ;;
     live)  # issue 39: the GPU tests (LIVE_TESTS, default every kernel test and the vLLM decoder's; paged plans take the live
            # schedule), then paged_ab.py --rounds (LIVE_ARGS, default --quick: Llama 1 × 8k, 64 × 2k on 2k and 128k plans,
-           # 32 × 32k); with LIVE_FP8_LIMIT its fp8 cases, with LIVE_FULL_LIMIT then the rest of the full grid (resumed)
+           # 32 × 32k); with LIVE_FP8_LIMIT its fp8 cases, with LIVE_FULL_LIMIT the full grid (short cells first)
+           # without the --rounds arms
       timeout ${LIVE_TESTS_LIMIT:-240} python3 -m pytest -q -p no:cacheprovider ${LIVE_TESTS:-tests/kernels tests/vllm_backend/test_vllm_decode.py} \
         2>&1 | tail -25 | tee "$OUT/tests_live.log"
       timeout ${LIVE_LIMIT:-300} python3 benchmarks/kernels/paged_ab.py "$OUT/live.jsonl" --rounds ${LIVE_ARGS:---quick} > "$OUT/live.log" 2>&1
       [ -n "${LIVE_FP8_LIMIT:-}" ] && timeout $LIVE_FP8_LIMIT python3 benchmarks/kernels/paged_ab.py "$OUT/live_fp8.jsonl" --rounds --fp8 \
         > "$OUT/live_fp8.log" 2>&1
-      [ -n "${LIVE_FULL_LIMIT:-}" ] && timeout $LIVE_FULL_LIMIT python3 benchmarks/kernels/paged_ab.py "$OUT/live.jsonl" --rounds \
-        >> "$OUT/live.log" 2>&1 ;;
+      [ -n "${LIVE_FULL_LIMIT:-}" ] && timeout $LIVE_FULL_LIMIT python3 benchmarks/kernels/paged_ab.py "$OUT/live_full.jsonl" \
+        > "$OUT/live_full.log" 2>&1 ;;
     gate)  # the gate (DecodePlan.run's enabled, santa.vllm's short steps): its GPU tests, prop_ab.py of the last tree before it
            # (.oldgate, carried: `mkdir .oldgate && git archive 50142b8 src | tar -x -C .oldgate`) against this one (the
            # default path's time after the one launch's rebuilt module), then paged_ab.py --gate (open, closed, ungated)
