@@ -725,13 +725,17 @@ def test_a_live_launch_of_one_slice_a_group_gathers_its_vectors_in_chunks(batch,
 
 @needs_hopper
 def test_paged_plans_choose_the_live_schedule_and_say_so():
-    """plan_decode picks the one launch's kernels once: a paged plan the live schedule (whatever its capacity), a
-    contiguous one host-built rounds, Tuning(one_launch=False) the Triton prop; a live launch past its 1,024
-    sequences falls back to host-built rounds or the Triton prop."""
+    """plan_decode picks the one launch's kernels once: a paged plan whose host-built rounds exceed one wave the live
+    schedule (whatever its capacity), one that fits one wave those rounds (they follow the live keys already), a
+    contiguous one host-built rounds, Tuning(one_launch=False) the Triton prop; past a live launch's 1,024 sequences,
+    host-built rounds or the Triton prop."""
     common = dict(heads=32, kv_heads=8, head_dim=128, budget=128, dtype=torch.bfloat16, device="cuda")
     for capacity in (2048, 131072):
         plan = plan_decode(batch=64, n_keys=capacity, page_size=16, **common)
         assert plan.implementation == "one launch, live schedule" and plan.one_launch.kernel == "prop1lp_d128_g4"
+    for capacity in (8192, 131072):  # one sequence: one wave of host-built slices
+        plan = plan_decode(batch=1, n_keys=capacity, page_size=16, **common)
+        assert plan.implementation.startswith("one launch, host rounds C") and len(plan.one_launch.plan.rounds) == 1
     assert plan_decode(batch=1, n_keys=8192, **common).implementation.startswith("one launch, host rounds C")
     assert plan_decode(batch=64, n_keys=2048, page_size=16, tuning=Tuning(one_launch=False), **common).implementation == "triton"
     assert "live" not in plan_decode(batch=1025, n_keys=2048, page_size=16, **common).implementation

@@ -558,18 +558,21 @@ class DecodePlan:
         launch = functools.partial(one_launch.OneLaunch, batch=s.batch, heads=s.heads, kv_heads=s.kv_heads,
                                    head_dim=s.head_dim, n_keys=s.n_keys, budget=self.budget, scale=self.scale,
                                    device=device, page_size=s.page_size, fp8=s.kv_dtype == FP8)
-        if s.page_size is not None:
-            # a paged plan's capacity is a server's max_model_len, its sequences mostly far shorter: the live schedule
-            # (issue 39) derives each launch's work from seq_lens, so its cost follows the live keys (H200, Llama
-            # 64 × 2k: 197 µs on a 2k or a 128k plan, where host-built rounds take 212 / 427; benchmarks/RESULTS.md)
-            try:
-                return launch(live=True)
-            except ValueError:  # more sequences or keys than a live launch takes, or no limits fit: host-built rounds
-                pass
         try:
-            return launch()
+            host = launch()
         except ValueError:  # no plan fits shared memory (a large budget), or the module did not load (warned once)
-            return None
+            host = None
+        if s.page_size is None or (host is not None and len(host.plan.rounds) == 1):
+            return host
+        # a paged plan's capacity is a server's max_model_len, its sequences mostly far shorter. Host-built rounds in
+        # one wave already follow the live keys (each slice is a share of its sequence's length: Llama 1 × 8k 19.7 µs
+        # against the live schedule's 23.7); rounds beyond one wave are sized by the capacity, so there the live
+        # schedule (issue 39), which derives each launch's work from seq_lens, serves (H200, Llama 64 × 2k: 197 µs on
+        # a 2k or a 128k plan, where the Triton prop takes 212 / 427; benchmarks/results/kernels.md)
+        try:
+            return launch(live=True)
+        except ValueError:  # more sequences or keys than a live launch takes: host-built rounds where they fit
+            return host
 
     def _one_launch_call(self, q, k_cache, v_cache, seq_lens, out, counts, workspace, k_scale, v_scale, starts):
         """``(buffers, strides)`` of this call's one launch: the buffers it exchanges its words through (the workspace's,
