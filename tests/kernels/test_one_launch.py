@@ -702,7 +702,8 @@ def test_a_live_launch_of_one_slice_a_group_gathers_its_vectors_in_chunks(batch,
     n_keys, budget = 4096, 128
     q, k, v, k_pages, v_pages, table, _ = paged_case("packed", batch=batch, heads=heads, kv_heads=kv_heads, dim=dim,
                                                      n_keys=n_keys)
-    lengths = torch.randint(200, n_keys + 1, (batch,), generator=torch.Generator().manual_seed(5)).tolist()
+    slice_cap = ol.ROUNDS_SLICE_KEYS[dim]  # live slices hold at most this many keys (Qwen: 2,048): one slice a sequence
+    lengths = torch.randint(200, slice_cap + 1, (batch,), generator=torch.Generator().manual_seed(5)).tolist()
     seq_lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     outs, counts = [], []
     for capacity in (n_keys, 32768):
