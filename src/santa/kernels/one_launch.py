@@ -127,7 +127,8 @@ def live_limits(*, group_size: int, dim: int, budget: int, sms: int, per_sm, pag
     pages = 0 if page_size is None else -(-slice_cap // page_size) + 1
     shared = kept_bytes(group_size, slice_cap) + 4 * group_size * LIVE_MAX_SLICES * 2 + 4 * pages
     ctas = per_sm(shared) * sms if shared <= SHARED_LIMIT else 0
-    if 4 * 8 * budget > shared or ctas < LIVE_MAX_SLICES:
+    one_vector = gather_bytes(slices=group_size * dim // 8, group_size=group_size, dim=dim, budget=budget)  # its S rows
+    if one_vector > shared or ctas < LIVE_MAX_SLICES:
         return None
     return LiveLimits(slice_cap=slice_cap, min_slices=1, max_slices=LIVE_MAX_SLICES, ctas=ctas, shared=shared)
 
@@ -160,8 +161,8 @@ class Plan:
 
 @dataclass(frozen=True)
 class LivePlan:
-    """The live schedule's stand-in for :class:`Plan` (issue 39; not yet measured): each launch derives its work from
-    ``seq_lens`` on ``grid`` CTAs (:func:`live_limits`), a group in up to ``slots`` slices, no host-built rounds."""
+    """The live schedule's stand-in for :class:`Plan` (issue 39): each launch derives its work from ``seq_lens`` on
+    ``grid`` CTAs (:func:`live_limits`), a group in up to ``slots`` slices, no host-built rounds."""
 
     kernel: str
     grid: int

@@ -547,7 +547,8 @@ class DecodePlan:
     def _plan_one_launch(self, device: torch.device):
         """The one-launch CUDA prop for this plan (:mod:`santa.kernels.one_launch`: Hopper, bf16, contiguous NHD or paged
         NHD/HND), made now (its module and schedule, outside any CUDA graph), or None: the Triton prop serves every call
-        (so also for a plan made during a capture, where its schedule cannot be copied to the device)."""
+        (so also for a plan made during a capture, where its schedule cannot be copied to the device). Host-built
+        rounds, except a paged plan whose rounds pass one wave: the live schedule (below)."""
         s = self.shape
         if self.error_target is not None:
             return None  # the one launch draws a fixed budget; the Triton prop runs the pilot
