@@ -3,7 +3,7 @@
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (`bash benchmarks/device/prepare.sh flashinfer`;
 # `ab` also carries .old43, from `prepare.sh old43`; `e2ehouse` carries .old41, from `prepare.sh old41`).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e] [e2ehouse]
+#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [livencu] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e] [e2ehouse]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -69,6 +69,18 @@ for stage in "$@"; do
       done
       cp /tmp/santa_one_launch.cubin "$OUT/"  # the profiled binary: benchmarks/kernels/ncu_phases.py maps its SASS to phases
       ;;
+    livencu)  # issue 39: Nsight Compute on the live schedule's kernel through the product path (ncu_drive.py: a paged plan's
+              # third run; LIVE_NCU_CASES "B KEYS" pairs, Llama heads, S = 128, 16-key pages), full set with the stall samples
+              # per SASS instruction; ncu_phases.py sums them per phase against a -lineinfo cubin of the same one_launch.cu
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
+      for CASE in ${LIVE_NCU_CASES:-64x2048 32x32768}; do
+        B=${CASE%%x*}; KEYS=${CASE##*x}
+        timeout 240 "$NCU" --clock-control none -k regex:'^prop1l' --launch-skip 2 --launch-count 1 --set full \
+          -f -o "/tmp/ncu_live_$CASE" python3 benchmarks/kernels/ncu_drive.py "$B" "$KEYS" 32 8 128 128 16 \
+          > "/tmp/ncu_live_$CASE.log" 2>&1; tail -3 "/tmp/ncu_live_$CASE.log"
+        "$NCU" -i "/tmp/ncu_live_$CASE.ncu-rep" --page details --csv > "$OUT/ncu_live_${CASE}_details.csv" 2>&1
+        "$NCU" -i "/tmp/ncu_live_$CASE.ncu-rep" --page source --csv --print-source sass | gzip > "$OUT/ncu_live_${CASE}_sass.csv.gz"
+      done ;;
     smoke)  # the prop spec tests on the GPU, bounded (a group barrier that never opens would hang)
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernels.py -k "prop or graph or large" \
         2>&1 | tail -15 | tee "$OUT/smoke.log" ;;

@@ -27,6 +27,7 @@ if page is not None:
     k, v = k_pages, v_pages
 plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget, dtype=q.dtype,
                    device="cuda", page_size=page)
+print(f"plan: {plan.implementation}", flush=True)
 out = torch.empty_like(q)
 seq_lens = torch.full((batch,), n_keys, dtype=torch.int32, device="cuda")
 for _ in range(3):

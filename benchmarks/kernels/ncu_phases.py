@@ -6,7 +6,10 @@ source line and the line it is inlined at).
     python benchmarks/kernels/ncu_phases.py SASS.csv[.gz] CUBIN [--kernel prop1_d128_g4] [--source stream.cu] [--json OUT.json]
 
 CUBIN and the source must be the ones profiled (the device's cubin, which ``gpu_run.sh onelaunchncu`` returns, or one
-built here from the same commit's ``stream.cu`` by the same nvcc with ``-lineinfo``).
+built here from the same commit's ``stream.cu`` by the same nvcc with ``-lineinfo``). For the shipped kernels
+(``gpu_run.sh livencu`` profiles ``one_launch.fatbin``), build the cubin from ``src/santa/kernels/one_launch.cu`` with
+``one_launch.NVCC_FLAGS``' ``-O3`` and sm_90a plus ``-cubin -lineinfo``, and pass ``one_launch.cu`` as ``--source``: ``-lineinfo``
+leaves the SASS as it is (checked on nvcc 13.0: the same instruction words as the fatbin's ``prop1lp_d128_g4``).
 
 A line inside ``prop_slice`` belongs to the phase its ``mark(i)`` calls bound (0 start … 7 done); a helper's line to
 the phase of the line it is inlined at; the persistent loop, the schedule and epoch loads to "start and schedule".
@@ -33,7 +36,8 @@ PHASES = ["stream", "publish and subtile prefix", "stats exchange", "placement",
 # helpers whose every call site lies in one phase, by the first line of their definition's name
 HELPER_PHASES = {"double_buffered": "stream", "mma_stream": "stream", "merge_stats": "stream",
                  "gather_tagged": "stats exchange", "schedule_cta": "start and schedule",
-                 "load_work": "start and schedule", "load_epoch": "start and schedule"}
+                 "load_work": "start and schedule", "load_epoch": "start and schedule", "load_len": "start and schedule",
+                 "live_prologue": "live prologue", "live_item": "start and schedule"}
 
 
 def nvdisasm() -> str:
