@@ -96,8 +96,9 @@ def test_the_plan_rule_takes_more_slices_where_the_gather_needs_them_and_none_pa
 def test_the_live_schedules_limits_follow_the_kernels_shared_memory(group_size, dim, budget, page_size, want):
     limits = ol.live_limits(group_size=group_size, dim=dim, budget=budget, sms=132, per_sm=h200_per_sm, page_size=page_size)
     assert (limits.slice_cap, limits.ctas) == want and (limits.min_slices, limits.max_slices) == (1, ol.LIVE_MAX_SLICES)
-    # a live CTA gathers in chunks of the vectors whose S rows fit its shared memory: at least one
-    assert 4 * 8 * budget <= limits.shared
+    # a live CTA gathers in chunks of the vectors whose S rows fit its shared memory beside every sample's resolved
+    # row: at least one
+    assert 4 * 8 * budget + 4 * group_size * budget <= limits.shared
     # the limits make a schedule, and Llama 64 × 2k takes two rounds (one slice a group) on any capacity
     if (group_size, budget, page_size) == (4, 128, None):
         fields = dict(slice_cap=limits.slice_cap, min_slices=limits.min_slices, max_slices=limits.max_slices, ctas=limits.ctas)
@@ -106,6 +107,9 @@ def test_the_live_schedules_limits_follow_the_kernels_shared_memory(group_size, 
 
 def test_no_live_limits_where_the_gather_cannot_fit_or_the_shape_has_no_kernel():
     assert ol.live_limits(group_size=4, dim=128, budget=1 << 16, sms=132, per_sm=h200_per_sm) is None  # one vector: 2 MiB
+    # one vector's 2,000 rows fit (64,000 B of 75,904), not beside their 32,000 B of resolved rows; 1,536 fit beside theirs
+    assert ol.live_limits(group_size=4, dim=128, budget=2000, sms=132, per_sm=h200_per_sm) is None
+    assert ol.live_limits(group_size=4, dim=128, budget=1536, sms=132, per_sm=h200_per_sm) is not None
     assert ol.live_limits(group_size=5, dim=128, budget=128, sms=132, per_sm=h200_per_sm) is None
     assert ol.live_limits(group_size=4, dim=128, budget=128, sms=16, per_sm=h200_per_sm) is None  # 32 CTAs < 64 slots
 
@@ -697,8 +701,8 @@ def test_a_live_launch_mixes_slice_counts_and_rounds():
 @pytest.mark.parametrize("batch,heads,kv_heads,dim", [(48, 32, 8, 128), (160, 14, 2, 64)])
 def test_a_live_launch_of_one_slice_a_group_gathers_its_vectors_in_chunks(batch, heads, kv_heads, dim):
     """More groups than the grid holds: every sequence in one slice (C_b = 1, two rounds), so one CTA owns all of a
-    group's output vectors (Llama 64, Qwen 56) and gathers them in chunks of what its shared memory holds (16 or 18,
-    the last chunk shorter): the systematic counts and the counts' mean of the V rows, bitwise the same on a 32k plan."""
+    group's output vectors (Llama 64, Qwen 56) and gathers them in chunks of what its shared memory holds beside the
+    resolved rows (Qwen 15, Llama 18; the last chunk shorter): the systematic counts and the counts' mean of the V rows, bitwise the same on a 32k plan."""
     n_keys, budget = 4096, 128
     q, k, v, k_pages, v_pages, table, _ = paged_case("packed", batch=batch, heads=heads, kv_heads=kv_heads, dim=dim,
                                                      n_keys=n_keys)

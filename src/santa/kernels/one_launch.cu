@@ -703,17 +703,80 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   const int per_cta = (VECS + slices - 1) / slices, cta_vec0 = c * per_cta;
   const int cta_owned = max(0, min(VECS, cta_vec0 + per_cta) - cta_vec0);
   // a host plan sizes shared memory for all its rows [owned][S][8]; a live slice (any C_b, down to 1) gathers its
-  // vectors in chunks of as many as the CTA's dynamic shared memory holds (live_limits: at least one)
+  // vectors in chunks of as many as the CTA's dynamic shared memory holds beside its resolved rows (live_limits: at
+  // least one vector)
   int chunk = cta_owned;
+  // LIVE: each sample's V row is found once, before the chunks (its key from the tagged word, then its page: two
+  // dependent loads, all samples' in flight together), not once per output vector; the chunks then only load rows.
+  // resolved[(head − head_lo) · S + m] = sample m's pool row (page << page_shift | its place in the page; contiguous:
+  // the key), at the end of dynamic shared memory; read only for heads with mass (ncu, Llama 64 × 2k paged: the
+  // gather's three dependent loads per vector and sample held 33 % of the warps' stall samples)
+  const int head_lo = cta_vec0 / (D / 8);
+  int* resolved = nullptr;
   if constexpr (LIVE) {
     unsigned dynamic_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
-    chunk = max(1, (int)(dynamic_bytes / (32u * (unsigned)budget)));
+    const int heads_owned = cta_owned > 0 ? (cta_vec0 + cta_owned - 1) / (D / 8) - head_lo + 1 : 0;
+    const int count = covered ? 0 : heads_owned * budget;
+    resolved = reinterpret_cast<int*>(reinterpret_cast<char*>(smem) + dynamic_bytes) - count;
+    chunk = max(1, (int)((dynamic_bytes - 4u * (unsigned)count) / (32u * (unsigned)budget)));
+    __syncthreads();  // the placement's scores are read: the end of shared memory is free
+    for (int p0 = threadIdx.x; p0 < count; p0 += 4 * kThreads) {  // four samples in flight per thread
+      unsigned long long words[4];
+      const unsigned long long* at[4];
+      bool live[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int p = p0 + r * kThreads, head = head_lo + p / budget;
+        live[r] = p < count && head_mass[head] > 0.f;
+        at[r] = sampled + (head0 + head) * budget + p % budget;
+        words[r] = live[r] ? load_word(at[r]) : 0ull;
+      }
+      int keys_r[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r)  // clamped: a wait that gave up returns whatever the word held
+        keys_r[r] = live[r] ? min(max(__float_as_int(await_tagged(at[r], words[r], tag)), 0), n - 1) : -1;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        int row = keys_r[r];
+        if constexpr (PAGED) {
+          if (row >= 0) row = (table_page(cache, b, row) << cache.page_shift) | (row & ((1 << cache.page_shift) - 1));
+        }
+        if (p0 + r * kThreads < count) resolved[p0 + r * kThreads] = row;
+      }
+    }
   }
   for (int chunk0 = 0; chunk0 < cta_owned; chunk0 += chunk) {
   const int vec0 = cta_vec0 + chunk0, owned = min(chunk, cta_owned - chunk0);
   __syncthreads();  // shared memory is free again: it holds the rows [owned][S][8]
-  if (!covered) {  // samples: the keys their words name
+  if (LIVE && !covered) {  // samples: their resolved rows, eight loads in flight per thread
+    constexpr int kInFlight = 8;
+    for (int i0 = threadIdx.x; i0 < owned * budget; i0 += kInFlight * kThreads) {
+      typename RowWord<FP8>::type raw[kInFlight];
+#pragma unroll
+      for (int r = 0; r < kInFlight; ++r) {
+        const int i = i0 + r * kThreads, vec = vec0 + i / budget, head = vec / (D / 8);
+        const float mass = head_mass[head];  // a NaN mass: NaN rows; none: zeros (as below)
+        raw[r] = nan_row_word<FP8>();
+        if (mass == mass) raw[r] = {};
+        if (i < owned * budget && mass > 0.f) {
+          const int row = resolved[(head - head_lo) * budget + i % budget];
+          const size_t at = PAGED ? row_offset<true>(cache, b, row >> cache.page_shift, row) + (size_t)h * cache.head_stride
+                                  : ((size_t)b * n + row) * hkv * D + (size_t)h * D;
+          raw[r] = load_row_word<FP8>(cache.v, at + (vec % (D / 8)) * 8);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kInFlight; ++r) {
+        const int i = i0 + r * kThreads;
+        if (i >= owned * budget) continue;
+        float f[8];
+        row_floats<FP8>(raw[r], f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) kept[(size_t)i * 8 + e] = f[e];
+      }
+    }
+  } else if (!covered) {  // samples: the keys their words name
     for (int i0 = threadIdx.x; i0 < owned * budget; i0 += 4 * kThreads) {  // four items in flight per thread
       unsigned long long words[4];
       const unsigned long long* at[4];

@@ -89,6 +89,11 @@ def gather_bytes(*, slices: int, group_size: int, dim: int, budget: int) -> int:
     return 4 * 8 * budget * -(-group_size * dim // 8 // slices)
 
 
+def resolved_bytes(*, group_size: int, budget: int) -> int:
+    """Shared memory of a live CTA's resolved rows (one_launch.cu's gather): one int32 pool row per head and sample."""
+    return 4 * group_size * budget
+
+
 def slice_shared(*, slices: int, slice_len: int, group_size: int, dim: int, budget: int, page_size: int | None = None) -> int:
     """Dynamic shared memory of one CTA working on a slice of a group cut in ``slices``: the kept scores and subtiles
     plus the group's stats (and, paged, the page ids of the slice: ⌈slice_len / page_size⌉ + 1 at most), or the
@@ -119,8 +124,8 @@ def live_limits(*, group_size: int, dim: int, budget: int, sms: int, per_sm, pag
     """The live schedule's limits for a kernel shape (benchmarks/KERNEL_NOTES.md): slices of :data:`ROUNDS_SLICE_KEYS`
     keys, whose kept scores, every slot's stats and (paged) page ids set the CTA's shared memory; ``min_slices`` 1 (a
     live CTA gathers its output vectors in chunks of as many as that memory holds, so no slice count is too few);
-    ``ctas`` = ``per_sm(shared) · sms``. None where the shape has no kernel, one vector's S rows do not fit, or the grid
-    cannot hold one group's :data:`LIVE_MAX_SLICES` slices."""
+    ``ctas`` = ``per_sm(shared) · sms``. None where the shape has no kernel, one vector's S rows beside every sample's
+    resolved row (:func:`resolved_bytes`) do not fit, or the grid cannot hold one group's :data:`LIVE_MAX_SLICES` slices."""
     if (dim, group_size) not in SHAPES:
         return None
     slice_cap = ROUNDS_SLICE_KEYS[dim]
@@ -128,7 +133,7 @@ def live_limits(*, group_size: int, dim: int, budget: int, sms: int, per_sm, pag
     shared = kept_bytes(group_size, slice_cap) + 4 * group_size * LIVE_MAX_SLICES * 2 + 4 * pages
     ctas = per_sm(shared) * sms if shared <= SHARED_LIMIT else 0
     one_vector = gather_bytes(slices=group_size * dim // 8, group_size=group_size, dim=dim, budget=budget)  # its S rows
-    if one_vector > shared or ctas < LIVE_MAX_SLICES:
+    if one_vector + resolved_bytes(group_size=group_size, budget=budget) > shared or ctas < LIVE_MAX_SLICES:
         return None
     return LiveLimits(slice_cap=slice_cap, min_slices=1, max_slices=LIVE_MAX_SLICES, ctas=ctas, shared=shared)
 
@@ -492,6 +497,9 @@ class OneLaunch:
 
         if marks is not None and isinstance(self.plan, LivePlan):
             raise ValueError("marks: a live launch's rounds follow the lengths (no host-built rounds to size them by)")
+        if isinstance(self.plan, LivePlan) and k.shape[0] * self.page_size >= 2**31:  # the gather's int32 pool rows
+            raise ValueError(f"k: a live launch takes pools of fewer than 2**31 rows, got {k.shape[0]} pages of "
+                             f"{self.page_size} keys")
 
         def ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
             return ctypes.c_void_p(t.data_ptr() if t is not None else 0)
