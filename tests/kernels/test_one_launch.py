@@ -672,6 +672,44 @@ def test_the_live_schedule_draws_the_systematic_samples_and_the_same_on_every_ca
 
 
 @needs_hopper
+@pytest.mark.parametrize("dim,heads,kv_heads,fp8", [(128, 32, 8, False), (64, 14, 2, True)])
+def test_a_contiguous_live_launch_draws_the_systematic_samples_on_every_capacity(dim, heads, kv_heads, fp8):
+    """A contiguous cache (HF's static cache: ``[B, capacity, H_kv, D]``) on the live schedule: the systematic
+    sampler's counts (up to float32 CDF rounding), covered sequences exact, the same bits on caches of 4k, 32k and 128k
+    keys whose first 4k hold the same keys, and the host-built rounds' output on the same draws (up to that rounding)."""
+    batch, n_keys, budget = 4, 4096, 128
+    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, torch.bfloat16, seed=31, q_scale=3.0)
+    if fp8:
+        k, v = k.to(ol.FP8), v.to(ol.FP8)
+    seq_lens = torch.tensor([4096, 2500, 1001, 77], dtype=torch.int32, device="cuda")  # sampled ×3, covered
+    outs, counts = [], []
+    for capacity in (4096, 32768, 131072):
+        k_c, v_c = (torch.zeros(batch, capacity, kv_heads, dim, dtype=x.dtype, device="cuda") for x in (k, v))
+        k_c[:, :n_keys], v_c[:, :n_keys] = k, v
+        launch = ol.OneLaunch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=capacity, budget=budget,
+                              scale=dim**-0.5, device=torch.device("cuda"), fp8=fp8, live=True)
+        assert launch.plan.name == "live" and launch.kernel == ol.kernel_name(dim, heads // kv_heads, fp8=fp8, live=True)
+        count = torch.zeros(batch, heads, capacity, dtype=torch.int32, device="cuda")
+        outs.append(launch.run(q, k_c, v_c, out=torch.empty_like(q), strides=ol.cache_strides(k_c, v_c, "NHD"),
+                               seq_lens=seq_lens, seed=13, counts=count))
+        assert count[..., n_keys:].eq(0).all()
+        counts.append(count[..., :n_keys])
+    rounds = ol.OneLaunch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget,
+                          scale=dim**-0.5, device=torch.device("cuda"), fp8=fp8)
+    rounds_out = rounds.run(q, k, v, out=torch.empty_like(q), strides=ol.cache_strides(k, v, "NHD"), seq_lens=seq_lens,
+                            seed=13)
+    torch.cuda.synchronize()
+    assert all(torch.equal(outs[0], o) for o in outs[1:]) and all(torch.equal(counts[0], c) for c in counts[1:])
+    k_ref, v_ref = (x.to(torch.bfloat16) for x in (k, v))
+    uniforms = philox_uniforms(13, 0, torch.arange(batch * heads).reshape(batch, heads))
+    assert_counts_match_systematic(counts[0][:3], dense_probs(q, k_ref, seq_lens)[:3], budget, uniforms[:3])
+    assert counts[0][3, :, :77].eq(1).all() and counts[0][3, :, 77:].eq(0).all()
+    expected = torch.einsum("bhl,blhd->bhd", counts[0].double(), v_ref.double().repeat_interleave(heads // kv_heads, dim=2)) / budget
+    torch.testing.assert_close(outs[0][:3].double(), expected[:3], rtol=8e-3, atol=8e-3)
+    torch.testing.assert_close(outs[0].float(), rounds_out.float(), rtol=0.1, atol=0.25)
+
+
+@needs_hopper
 def test_a_live_launch_mixes_slice_counts_and_rounds():
     """Lengths that take three slice-count classes (Llama, at least 4 slices a sequence: 4, 8 and 16 slices of up to
     4,096 keys) and two rounds on the grid: the schedule's order across classes, each class's first item and the item
@@ -780,8 +818,8 @@ def test_a_live_launch_refuses_what_its_kernels_do_not_serve():
     launch = ol.OneLaunch.__new__(ol.OneLaunch)
     launch.module = Module()
     kwargs = dict(name="prop1lp_d128_g4", group_size=4, head_dim=128, budget=128, sms=132)
-    with pytest.raises(ValueError, match="paged caches only"):
-        launch._live_plan(batch=4, n_keys=4096, page_size=None, **kwargs)
+    contiguous = launch._live_plan(batch=4, n_keys=4096, page_size=None, **dict(kwargs, name="prop1l_d128_g4"))
+    assert contiguous.limits.shared < launch._live_plan(batch=4, n_keys=4096, page_size=16, **kwargs).limits.shared
     with pytest.raises(ValueError, match="at most 1024 sequences"):
         launch._live_plan(batch=1025, n_keys=4096, page_size=16, **kwargs)
     with pytest.raises(ValueError, match="at most 262144 keys"):
@@ -794,7 +832,10 @@ def test_a_live_launch_refuses_what_its_kernels_do_not_serve():
             launch._live_plan(batch=4, n_keys=4096, page_size=16, min_slices=bad, **kwargs)
     launch._live_plan(batch=4, n_keys=4096, page_size=16, min_slices=4, **kwargs)
     assert [v.value for v in launch.live_values] == [4, 4096, 2, 6]
-    launch.plan = plan
+    launch.plan, launch.page_size = plan, 16
     x = torch.zeros(1)
     with pytest.raises(ValueError, match="marks: a live launch's rounds follow the lengths"):
         launch.run(x, x, x, out=x, strides=(8, 8, 8), marks=torch.zeros(1, dtype=torch.int64))
+    pool = torch.zeros(1).expand(2**27)  # 2**27 pages of 16 keys: 2**31 rows, past the gather's int32 rows
+    with pytest.raises(ValueError, match="k: a live launch takes pools of fewer than 2\\*\\*31 rows"):
+        launch.run(x, pool, pool, out=x, strides=(8, 8, 8))

@@ -447,11 +447,9 @@ class OneLaunch:
 
     def _live_plan(self, *, name: str, batch: int, group_size: int, head_dim: int, n_keys: int, budget: int, sms: int,
                    page_size: int | None, min_slices: int | None = None) -> LivePlan:
-        """The live schedule's plan (ValueError where it cannot serve: no paged cache, more than
-        :data:`LIVE_MAX_BATCH` sequences, no limits that fit, or more keys than ``max_slices`` slices hold);
-        ``min_slices`` (a power of two up to ``max_slices``; benchmarks) replaces the limits' fewest slices a sequence takes."""
-        if page_size is None:
-            raise ValueError("the live schedule has kernels for paged caches only")
+        """The live schedule's plan (ValueError where it cannot serve: more than :data:`LIVE_MAX_BATCH` sequences, no
+        limits that fit, or more keys than ``max_slices`` slices hold); ``min_slices`` (a power of two up to
+        ``max_slices``; benchmarks) replaces the limits' fewest slices a sequence takes."""
         if batch > LIVE_MAX_BATCH:
             raise ValueError(f"the live schedule takes at most {LIVE_MAX_BATCH} sequences, got batch {batch}")
         limits = live_limits(group_size=group_size, dim=head_dim, budget=budget, sms=sms, page_size=page_size,
@@ -497,7 +495,8 @@ class OneLaunch:
 
         if marks is not None and isinstance(self.plan, LivePlan):
             raise ValueError("marks: a live launch's rounds follow the lengths (no host-built rounds to size them by)")
-        if isinstance(self.plan, LivePlan) and k.shape[0] * self.page_size >= 2**31:  # the gather's int32 pool rows
+        # the gather's int32 rows: a pool's page << page_shift | place (contiguous: the key, under 2**31 by the limits)
+        if isinstance(self.plan, LivePlan) and self.page_size is not None and k.shape[0] * self.page_size >= 2**31:
             raise ValueError(f"k: a live launch takes pools of fewer than 2**31 rows, got {k.shape[0]} pages of "
                              f"{self.page_size} keys")
 

@@ -1,0 +1,141 @@
+"""santa's decode step on a contiguous cache sized for more keys than its sequences hold (HF's static cache: a plan for
+``max_cache_len``): the one launch on host-built rounds against the live schedule, in the same call (issue 39).
+
+    python benchmarks/kernels/contiguous_ab.py OUT.jsonl [--quick] [--fp8]
+
+Each case: a contiguous NHD cache ``[B, capacity, H_kv, D]`` (bf16, or e4m3 with scales 0.5), sequences of ``length``
+keys (``seq_lens``), S = 128, seed 0, positions ``length − 1``. Arms: ``plan`` (``plan_decode`` for ``capacity`` keys:
+what its rule chose, ``plan_name``), ``rounds`` (``OneLaunch(live=False)``: host-built rounds sized by the capacity),
+``live`` (``OneLaunch(live=True)``: the work derived from ``seq_lens`` in the launch), ``triton`` (``Tuning(one_launch=
+False)``), and cuDNN SDPA on the live keys alone (bf16; a tight copy: what dense costs at best). ``live_outputs_close``:
+live against rounds on the same draws (the same samples up to the float32 CDF order, which follows the slices).
+CUDA-graph replay, clean cold L2, medians (benchmarks/bench/timing.py). The first line of OUT.jsonl records the command,
+commit, device and versions; one line per case follows, appended as it is measured; a re-run skips the cases there.
+Cases: Llama-3.1-8B (32 / 8 heads, d = 128) and Qwen2.5-0.5B (14 / 2, d = 64) on tight and loose plans.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+sys.path.insert(0, ".")
+from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
+
+BUDGET = 128
+MODELS = {"llama": (32, 8, 128), "qwen": (14, 2, 64)}  # heads, KV heads, head dim
+FP8, FP8_SCALE = torch.float8_e4m3fn, 0.5
+
+
+def cases(quick: bool) -> list[tuple[str, int, int, int]]:
+    """(model, batch, length, capacity), tight plans beside loose ones (an HF static cache of 32k or 128k keys)."""
+    quick_cases = [("llama", 64, 2048, 2048), ("llama", 64, 2048, 32768), ("llama", 32, 32768, 32768),
+                   ("llama", 1, 8192, 131072)]
+    if quick:
+        return quick_cases
+    return quick_cases + [("llama", 16, 2048, 32768), ("llama", 8, 32768, 32768), ("llama", 16, 8192, 131072),
+                          ("qwen", 16, 32768, 32768), ("qwen", 64, 2048, 32768), ("qwen", 16, 4096, 131072)]
+
+
+def measure_case(model: str, batch: int, length: int, capacity: int, fp8: bool, flusher) -> dict:
+    """One case's arms (module docstring), timed on the same cache, query and draws."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from santa import rng
+    from santa.kernels import Tuning, plan_decode
+    from santa.kernels import one_launch as ol
+
+    heads, kv_heads, dim = MODELS[model]
+    torch.manual_seed(0)
+    k, v = (torch.randn(batch, capacity, kv_heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    if fp8:
+        k, v = k.to(FP8), v.to(FP8)
+    q = torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16)
+    seq_lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
+    positions = seq_lens - 1
+    scales = dict(k_scale=FP8_SCALE, v_scale=FP8_SCALE) if fp8 else {}
+    seed = rng.layer_key(0, 0)
+    entry = {"model": model, "batch": batch, "length": length, "capacity": capacity, "fp8": fp8}
+    for name, tuning in (("plan", None), ("triton", Tuning(one_launch=False))):
+        plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=capacity, budget=BUDGET,
+                           dtype=torch.bfloat16, kv_dtype=k.dtype, device="cuda", tuning=tuning)
+        out = torch.empty_like(q)
+
+        def planned(plan=plan, out=out):
+            plan.run(q, k, v, seq_lens=seq_lens, positions=positions, seed=seed, out=out, **scales)
+
+        entry[f"{name}_us"] = time_fn(planned, flusher.read, graph=True)["median_us"]
+        if name == "plan":
+            entry["plan_name"] = plan.implementation
+    outs = {}
+    for name, live in (("rounds", False), ("live", True)):
+        try:
+            launch = ol.OneLaunch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=capacity, budget=BUDGET,
+                                  scale=dim**-0.5, device=torch.device("cuda"), fp8=fp8, live=live)
+        except ValueError as error:
+            entry[f"{name}_error"] = str(error)
+            continue
+        out = torch.empty_like(q)
+
+        def step(launch=launch, out=out):
+            launch.run(q, k, v, out=out, strides=ol.cache_strides(k, v, "NHD"), seq_lens=seq_lens, seed=seed,
+                       positions=positions, **scales)
+
+        step()  # its own buffers, before the graph's capture
+        entry[f"{name}_us"] = time_fn(step, flusher.read, graph=True)["median_us"]
+        entry[f"{name}_plan"] = launch.plan.name
+        outs[name] = out.float()
+    if len(outs) == 2:
+        entry["live_over_rounds"] = entry["live_us"] / entry["rounds_us"]
+        entry["live_outputs_close"] = bool(torch.allclose(outs["live"], outs["rounds"], atol=0.25, rtol=0.1))
+    kd, vd = ((x[:, :length].float() * FP8_SCALE).to(torch.bfloat16) if fp8 else x[:, :length] for x in (k, v))
+    kd, vd, q4 = kd.transpose(1, 2).contiguous(), vd.transpose(1, 2).contiguous(), q.unsqueeze(2)
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q4, kd, vd, enable_gqa=True)
+
+    entry["cudnn_tight_us"] = time_fn(cudnn, flusher.read, graph=True)["median_us"]
+    return entry
+
+
+def measure(path: str, quick: bool, fp8: bool) -> None:
+    from benchmarks.bench.kernels import environment
+
+    from santa.sweep_files import append_record, read_records
+
+    records = read_records(path)
+    if not records:
+        append_record(path, {"key": "run", **environment()})
+    done = {record["key"] for record in records}
+    flusher = Flusher("cuda")
+    for model, batch, length, capacity in cases(quick):
+        key = ("fp8/" if fp8 else "") + f"{model}/b{batch}/n{length}/cap{capacity}"
+        if key in done:
+            continue
+        entry = {"key": key, **measure_case(model, batch, length, capacity, fp8, flusher)}
+        append_record(path, entry)
+        print(json.dumps(entry), flush=True)
+        torch.cuda.empty_cache()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", help="JSONL file (resumed where it exists)")
+    parser.add_argument("--quick", action="store_true", help="four Llama cases only")
+    parser.add_argument("--fp8", action="store_true", help="e4m3 caches")
+    args = parser.parse_args()
+    from santa.writer_lock import OutputUnusable, writer_lock
+
+    try:
+        with writer_lock(args.out, holder="contiguous_ab.py"):
+            measure(args.out, args.quick, args.fp8)
+    except OutputUnusable as error:
+        sys.exit(f"contiguous_ab.py: {error}")
+
+
+if __name__ == "__main__":
+    main()
