@@ -6,9 +6,8 @@
 Each case: a contiguous NHD cache ``[B, capacity, H_kv, D]`` (bf16, or e4m3 with scales 0.5), sequences of ``length``
 keys (``seq_lens``), S = 128, seed 0, positions ``length − 1``. Arms: ``plan`` (``plan_decode`` for ``capacity`` keys:
 what its rule chose, ``plan_name``), ``rounds`` (``OneLaunch(live=False)``: host-built rounds sized by the capacity),
-``live`` (``OneLaunch(live=True)``: the work derived from ``seq_lens`` in the launch, or the host-built rounds where the
-live keys fill as many), ``live_only`` (``min_slices=1``: the live schedule without those rounds), ``triton``
-(``Tuning(one_launch=False)``), and cuDNN SDPA on the live keys alone (bf16; a tight copy: what dense costs at best). ``live_outputs_close``:
+``live`` (``OneLaunch(live=True)``: the work derived from ``seq_lens`` in the launch), ``triton`` (``Tuning(one_launch=
+False)``), and cuDNN SDPA on the live keys alone (bf16; a tight copy: what dense costs at best). ``live_outputs_close``:
 live against rounds on the same draws (the same samples up to the float32 CDF order, which follows the slices).
 CUDA-graph replay, clean cold L2, medians (benchmarks/bench/timing.py). The first line of OUT.jsonl records the command,
 commit, device and versions; one line per case follows, appended as it is measured; a re-run skips the cases there.
@@ -72,10 +71,10 @@ def measure_case(model: str, batch: int, length: int, capacity: int, fp8: bool, 
         if name == "plan":
             entry["plan_name"] = plan.implementation
     outs = {}
-    for name, kind in (("rounds", dict(live=False)), ("live", dict(live=True)), ("live_only", dict(live=True, min_slices=1))):
+    for name, live in (("rounds", False), ("live", True)):
         try:
             launch = ol.OneLaunch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=capacity, budget=BUDGET,
-                                  scale=dim**-0.5, device=torch.device("cuda"), fp8=fp8, **kind)
+                                  scale=dim**-0.5, device=torch.device("cuda"), fp8=fp8, live=live)
         except ValueError as error:
             entry[f"{name}_error"] = str(error)
             continue
@@ -89,7 +88,7 @@ def measure_case(model: str, batch: int, length: int, capacity: int, fp8: bool, 
         entry[f"{name}_us"] = time_fn(step, flusher.read, graph=True)["median_us"]
         entry[f"{name}_plan"] = launch.plan.name
         outs[name] = out.float()
-    if "live" in outs and "rounds" in outs:
+    if len(outs) == 2:
         entry["live_over_rounds"] = entry["live_us"] / entry["rounds_us"]
         entry["live_outputs_close"] = bool(torch.allclose(outs["live"], outs["rounds"], atol=0.25, rtol=0.1))
     kd, vd = ((x[:, :length].float() * FP8_SCALE).to(torch.bfloat16) if fp8 else x[:, :length] for x in (k, v))

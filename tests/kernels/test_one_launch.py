@@ -672,30 +672,6 @@ def test_the_live_schedule_draws_the_systematic_samples_and_the_same_on_every_ca
 
 
 @needs_hopper
-def test_a_live_launch_runs_its_host_rounds_where_the_live_keys_fill_them():
-    """A plan with host-built rounds on the live grid (Llama 8 × 32k: C8s, 2 rounds): full sequences fill as many live
-    rounds, so the launch runs those rounds, bitwise as a host-rounds launch; 4k-key sequences take one live round, so
-    it runs the live schedule, bitwise as a live launch without host rounds (``min_slices=1``)."""
-    batch, heads, kv_heads, dim, n_keys, budget = 8, 32, 8, 128, 32768, 128
-    q, k, v, k_pages, v_pages, table, _ = paged_case("packed", batch=batch, n_keys=n_keys)
-    kinds = dict(both=dict(live=True), host=dict(live=False), live=dict(live=True, min_slices=1))
-    launches = {name: ol.OneLaunch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget,
-                                   scale=dim**-0.5, device=torch.device("cuda"), page_size=16, **kind)
-                for name, kind in kinds.items()}
-    both = launches["both"].plan
-    assert both.host == launches["host"].plan.name and len(both.rounds) == 2 and not launches["live"].plan.rounds
-    for length, twin in ((n_keys, "host"), (4096, "live")):
-        seq_lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
-        outs = {}
-        for name in ("both", twin):
-            counts = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda")
-            outs[name] = (live_run(launches[name], q, k_pages, v_pages, table, seq_lens, counts=counts), counts)
-        torch.cuda.synchronize()
-        assert torch.equal(outs["both"][0], outs[twin][0]) and torch.equal(outs["both"][1], outs[twin][1]), (length, twin)
-        assert outs["both"][1].sum(-1).eq(budget).all()
-
-
-@needs_hopper
 @pytest.mark.parametrize("dim,heads,kv_heads,fp8", [(128, 32, 8, False), (64, 14, 2, True)])
 def test_a_contiguous_live_launch_draws_the_systematic_samples_on_every_capacity(dim, heads, kv_heads, fp8):
     """A contiguous cache (HF's static cache: ``[B, capacity, H_kv, D]``) on the live schedule: the systematic

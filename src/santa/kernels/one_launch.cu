@@ -468,7 +468,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
                                            long long* __restrict__ marks, int n, int hkv, int group, int c,
                                            int slices, int slice_len, int stats_slots, int slot, float scale_log2,
                                            int budget, unsigned epoch_seen, int len, int next_group,
-                                           unsigned& next_epoch_seen, int& next_len, bool granules) {
+                                           unsigned& next_epoch_seen, int& next_len) {
   // epoch_seen: epoch[group] as loaded by the caller (load_epoch), consumed only after the stream; next_group: the
   // group of this CTA's next work item (−1: none), whose epoch this item loads once it has streamed, so that the
   // load's latency hides behind this item's sampling phases (it is safe this early: a group's epoch changes only once
@@ -501,9 +501,8 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   const bool bad_len = len < 0 || len > n;
   len = min(max(len, 0), n);
   const bool covered = !bad_len && len <= budget;  // exact attention (santa.kernels.exact's rule), in this launch
-  // granules: a live schedule's item (issue 39) cuts whole 256-key granules, as santa.kernels.one_launch_schedule.live_schedule
-  // does; a host-built round's ⌈len / C⌉ keys (what its slice_len sizes)
-  const int per_slice = granules ? ((len + 255) / 256 + slices - 1) / slices * 256 : (len + slices - 1) / slices;
+  // a live launch (issue 39) cuts whole 256-key granules, as santa.kernels.one_launch_schedule.live_schedule does
+  const int per_slice = LIVE ? ((len + 255) / 256 + slices - 1) / slices * 256 : (len + slices - 1) / slices;
   const int start = min(c * per_slice, len), stop = min(len, start + per_slice), keys = stop - start;
   const int stride = kept_stride(slice_len), n_sub = (slice_len + 7) / 8, live_subs = (keys + 7) / 8;
   float* kept = smem;
@@ -990,52 +989,62 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
            unsigned* epoch, long long* marks, const int4* schedule, unsigned* arrivals, int rounds, int stats_slots,   \
            int n, int hkv, float scale, int budget, const int* enabled, int live_batch, int live_cap,               \
            int live_min_log2, int live_max_log2) {                                                                 \
-    if (enabled != nullptr && __ldg(enabled) == 0) return; /* a closed gate: nothing read, written or counted */       \
-    const int cta = schedule_cta(arrivals);                                                                            \
-    /* LIVE: the live schedule, or the host-built rounds (rounds > 0: a plan on the same grid) where the live keys fill \
-       as many rounds; one loop, one prop_slice inlined, for either */                                                 \
-    __shared__ Live live;                                                                                              \
-    __shared__ unsigned short order[LIVE ? kLiveMaxBatch : 1];                                                         \
-    bool host_rounds = true;                                                                                           \
-    if constexpr (LIVE) {                                                                                              \
-      live_prologue(seq_lens, live_batch, n, hkv, live_cap, live_min_log2, live_max_log2, live, order);                \
-      host_rounds = rounds > 0 && (live.items + live.lanes - 1) / live.lanes >= rounds;                                \
-    }                                                                                                                  \
-    const Draw draw{uniforms, seed, seeds, offset, offset_ptr, positions, positions_64, head_offset};                  \
-    const Cache cache{k, v, page_stride, row_stride, head_stride, table, table_stride, page_shift, pages};             \
-    const Scales scales{k_scales, v_scales, k_scale, v_scale};                                                         \
-    const int4 idle = make_int4(-1, 0, 0, 0);                                                                          \
-    /* work item r of this CTA: the table's round r, or live item cta + r · lanes (items in increasing order) */       \
-    auto item = [&](int r) -> int4 {                                                                                   \
-      if (host_rounds) return r < rounds ? load_work(schedule + r * gridDim.x + cta) : idle;                           \
-      if constexpr (LIVE) {                                                                                            \
-        const int i = cta + r * live.lanes;                                                                            \
-        return cta < live.lanes && i < live.items ? live_item(live, order, i, hkv) : idle;                             \
-      }                                                                                                                \
-      return idle;                                                                                                     \
-    };                                                                                                                 \
-    int4 work = item(0);                                                                                               \
-    unsigned seen = work.x >= 0 ? load_epoch(epoch + work.x) : 0u;                                                     \
-    int len = work.x >= 0 ? load_len(seq_lens, work.x, hkv, n) : 0;                                                    \
-    for (int r = 0; host_rounds ? r < rounds : work.x >= 0; ++r) { /* live: idle once past its last item */            \
-      const int slot = r * gridDim.x + cta;                                                                            \
-      const int4 next = item(r + 1); /* used after this item */                                                        \
-      unsigned next_seen = 0u;                                                                                         \
-      int next_len = 0;                                                                                                \
-      if (work.x >= 0) {                                                                                               \
-        prop_slice<D, G, U, STAGE, PAGED, FP8, LIVE>(q, cache, scales, draw, seq_lens, out, counts, slice_stats, sampled, \
-                                                     epoch, marks, n, hkv, work.x, work.y, work.z, work.w, stats_slots, \
-                                                     slot, scale, budget, seen, len, next.x, next_seen, next_len,      \
-                                                     !host_rounds);                                                    \
-        __syncthreads(); /* the next item reuses shared memory */                                                      \
-      } else if (next.x >= 0) {                                                                                        \
-        next_seen = load_epoch(epoch + next.x);                                                                        \
-        next_len = load_len(seq_lens, next.x, hkv, n);                                                                 \
-      }                                                                                                                \
-      work = next;                                                                                                     \
-      seen = next_seen;                                                                                                \
-      len = next_len;                                                                                                  \
-    }                                                                                                                  \
+    if (enabled != nullptr && __ldg(enabled) == 0) return; /* a closed gate: nothing read, written or counted */     \
+    const int cta = schedule_cta(arrivals);                                                                         \
+    if constexpr (LIVE) {                                                                                           \
+      __shared__ Live live;                                                                                         \
+      __shared__ unsigned short order[kLiveMaxBatch];                                                               \
+      live_prologue(seq_lens, live_batch, n, hkv, live_cap, live_min_log2, live_max_log2, live, order);              \
+      const Draw draw{uniforms, seed, seeds, offset, offset_ptr, positions, positions_64, head_offset};            \
+      const Cache cache{k, v, page_stride, row_stride, head_stride, table, table_stride, page_shift, pages};        \
+      const Scales scales{k_scales, v_scales, k_scale, v_scale};                                                    \
+      const int4 idle = make_int4(-1, 0, 0, 0);                                                                     \
+      int i = cta;                                                                                                  \
+      int4 work = cta < live.lanes && i < live.items ? live_item(live, order, i, hkv) : idle;                       \
+      unsigned seen = work.x >= 0 ? load_epoch(epoch + work.x) : 0u;                                                \
+      int len = work.x >= 0 ? load_len(seq_lens, work.x, hkv, n) : 0;                                               \
+      for (int r = 0; work.x >= 0; ++r) { /* items in increasing order: idle once past the last */                  \
+        const int next_i = i + live.lanes;                                                                          \
+        const int4 next = next_i < live.items ? live_item(live, order, next_i, hkv) : idle;                         \
+        unsigned next_seen = 0u;                                                                                    \
+        int next_len = 0;                                                                                           \
+        prop_slice<D, G, U, STAGE, PAGED, FP8, LIVE>(q, cache, scales, draw, seq_lens, out, counts, slice_stats, sampled,  \
+                                               epoch, marks, n, hkv, work.x, work.y, work.z, work.w, stats_slots,    \
+                                               r * gridDim.x + cta, scale, budget, seen, len, next.x, next_seen,     \
+                                               next_len);                                                           \
+        __syncthreads(); /* the next item reuses shared memory */                                                  \
+        i = next_i;                                                                                                 \
+        work = next;                                                                                                \
+        seen = next_seen;                                                                                           \
+        len = next_len;                                                                                             \
+      }                                                                                                             \
+      return;                                                                                                       \
+    }                                                                                                               \
+    const Draw draw{uniforms, seed, seeds, offset, offset_ptr, positions, positions_64, head_offset};              \
+    const Cache cache{k, v, page_stride, row_stride, head_stride, table, table_stride, page_shift, pages};          \
+    const Scales scales{k_scales, v_scales, k_scale, v_scale};                                                      \
+    const int4 idle = make_int4(-1, 0, 0, 0);                                                                       \
+    int4 work = rounds > 0 ? load_work(schedule + cta) : idle;                                                      \
+    unsigned seen = work.x >= 0 ? load_epoch(epoch + work.x) : 0u;                                                  \
+    int len = work.x >= 0 ? load_len(seq_lens, work.x, hkv, n) : 0;                                                 \
+    for (int r = 0; r < rounds; ++r) {                                                                              \
+      const int slot = r * gridDim.x + cta;                                                                         \
+      const int4 next = r + 1 < rounds ? load_work(schedule + slot + gridDim.x) : idle; /* used after this item */  \
+      unsigned next_seen = 0u;                                                                                      \
+      int next_len = 0;                                                                                             \
+      if (work.x >= 0) {                                                                                            \
+        prop_slice<D, G, U, STAGE, PAGED, FP8, LIVE>(q, cache, scales, draw, seq_lens, out, counts, slice_stats, sampled,              \
+                                   epoch, marks, n, hkv, work.x, work.y, work.z, work.w, stats_slots, slot, scale,   \
+                                   budget, seen, len, next.x, next_seen, next_len);                                 \
+        __syncthreads(); /* the next item reuses shared memory */                                                  \
+      } else if (next.x >= 0) {                                                                                     \
+        next_seen = load_epoch(epoch + next.x);                                                                     \
+        next_len = load_len(seq_lens, next.x, hkv, n);                                                              \
+      }                                                                                                             \
+      work = next;                                                                                                  \
+      seen = next_seen;                                                                                             \
+      len = next_len;                                                                                               \
+    }                                                                                                               \
   }
 
 SANTA_PROP_ONE_LAUNCH(prop1_d128_g4, 128, 4, 1, 0, false, false, false)  // contiguous bf16 caches

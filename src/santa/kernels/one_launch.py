@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import functools
 import hashlib
 import math
 import subprocess
@@ -168,9 +167,7 @@ class Plan:
 @dataclass(frozen=True)
 class LivePlan:
     """The live schedule's stand-in for :class:`Plan` (issue 39): each launch derives its work from ``seq_lens`` on
-    ``grid`` CTAs (:func:`live_limits`), a group in up to ``slots`` slices. ``rounds`` (and ``staggered``): a host-built
-    plan on the same grid (``host``), which the launch runs instead where the live keys fill as many rounds (a tight
-    plan: its staggered rounds measured 2–9 % faster than the live schedule's there); empty where none fits."""
+    ``grid`` CTAs (:func:`live_limits`), a group in up to ``slots`` slices, no host-built rounds."""
 
     kernel: str
     grid: int
@@ -178,8 +175,7 @@ class LivePlan:
     limits: LiveLimits
     name: str = "live"
     staggered: bool = False
-    rounds: list = field(default_factory=list, repr=False)
-    host: str | None = None  # the host-built plan's name (C<slices>[s])
+    rounds: tuple = ()
 
 
 def make_plan(*, slices: int, grid: int, groups: int, n: int, group_size: int, dim: int, staggered: bool,
@@ -426,10 +422,6 @@ class OneLaunch:
         if live:
             plan = self._live_plan(name=name, batch=batch, group_size=group_size, head_dim=head_dim, n_keys=n_keys,
                                    budget=budget, sms=sms, page_size=page_size, min_slices=min_slices)
-            if min_slices is None:  # the host-built rounds it falls back on (a benchmark's forced C_min runs live only)
-                plan = self._with_host_rounds(plan, batch=batch, kv_heads=kv_heads, group_size=group_size,
-                                              head_dim=head_dim, n_keys=n_keys, budget=budget, sms=sms,
-                                              page_size=page_size, fp8=fp8)
         elif min_slices is not None:
             raise ValueError("min_slices: a live schedule's (live=True)")
         if plan is None:
@@ -440,40 +432,18 @@ class OneLaunch:
                 raise ValueError(f"no one-launch plan fits {n_keys} keys at S = {budget} in shared memory")
         self.plan, self.kernel = plan, kernel or plan.kernel
         self.kv_heads, self.n_keys, self.budget, self.page_size = kv_heads, n_keys, budget, page_size
-        self.shared = (self._live_shared(plan, group_size=group_size, head_dim=head_dim, budget=budget, page_size=page_size)
-                       if live else plan.shared(group_size=group_size, dim=head_dim, budget=budget, page_size=page_size))
+        self.shared = (plan.limits.shared if live else
+                       plan.shared(group_size=group_size, dim=head_dim, budget=budget, page_size=page_size))
         self.per_sm = self.module.resident_per_sm(self.kernel, self.shared)
         if self.per_sm * sms < plan.grid:
             raise ValueError(f"plan {plan.name}: {self.per_sm * sms} CTAs resident, the schedule needs {plan.grid}")
         # staggered: each SM must hold one CTA of each half, which the kernel arranges by counting arrivals per SM
         self.paired = plan.staggered and self.per_sm == 2 and plan.grid == 2 * sms
-        self.table = torch.tensor(schedule_table(plan.rounds), dtype=torch.int32, device=device) if plan.rounds else None
+        self.table = torch.tensor(schedule_table(plan.rounds), dtype=torch.int32, device=device) if not live else None
         self.shape = dict(batch=batch, heads=heads, kv_heads=kv_heads, budget=budget)
         self.device, self._own = device, None
         self.arrivals = torch.zeros(1026, dtype=torch.int32, device=device)  # per SM, then per half
         self.scale_log2 = scale * math.log2(math.e)
-
-    @staticmethod
-    def _live_shared(plan: LivePlan, *, group_size: int, head_dim: int, budget: int, page_size: int | None) -> int:
-        """A live launch's shared memory: the live slices', or its host-built rounds' where those take more."""
-        host = max((slice_shared(slices=w.slices, slice_len=w.slice_len, group_size=group_size, dim=head_dim,
-                                 budget=budget, page_size=page_size) for row in plan.rounds for w in row if w is not None),
-                   default=0)
-        return max(plan.limits.shared, host)
-
-    def _with_host_rounds(self, plan: LivePlan, *, batch: int, kv_heads: int, group_size: int, head_dim: int,
-                          n_keys: int, budget: int, sms: int, page_size: int | None, fp8: bool) -> LivePlan:
-        """``plan`` with the host-built rounds of :func:`choose_plan` where they run on its grid with its kernel (its
-        launch then takes them when the live keys fill as many rounds), else as it is."""
-        per_sm = functools.partial(self.module.resident_per_sm, plan.kernel)
-        host = choose_plan(batch=batch, kv_heads=kv_heads, group_size=group_size, dim=head_dim, n=n_keys, budget=budget,
-                           sms=sms, per_sm=per_sm, page_size=page_size, fp8=fp8)
-        if host is None or host.grid != plan.grid:
-            return plan
-        both = dataclasses.replace(plan, rounds=host.rounds, staggered=host.staggered, host=host.name,
-                                   slots=max(plan.slots, host.slots))
-        shared = self._live_shared(both, group_size=group_size, head_dim=head_dim, budget=budget, page_size=page_size)
-        return both if per_sm(shared) * sms >= plan.grid else plan
 
     def _live_plan(self, *, name: str, batch: int, group_size: int, head_dim: int, n_keys: int, budget: int, sms: int,
                    page_size: int | None, min_slices: int | None = None) -> LivePlan:

@@ -548,7 +548,7 @@ class DecodePlan:
         """The one-launch CUDA prop for this plan (:mod:`santa.kernels.one_launch`: Hopper, bf16, contiguous NHD or paged
         NHD/HND), made now (its module and schedule, outside any CUDA graph), or None: the Triton prop serves every call
         (so also for a plan made during a capture, where its schedule cannot be copied to the device). Host-built
-        rounds where they fit one wave, else the live schedule (below)."""
+        rounds, except a paged plan whose rounds pass one wave: the live schedule (below)."""
         s = self.shape
         if self.error_target is not None:
             return None  # the one launch draws a fixed budget; the Triton prop runs the pilot
@@ -563,15 +563,13 @@ class DecodePlan:
             host = launch()
         except ValueError:  # no plan fits shared memory (a large budget), or the module did not load (warned once)
             host = None
-        if host is not None and len(host.plan.rounds) == 1:
+        if s.page_size is None or (host is not None and len(host.plan.rounds) == 1):
             return host
-        # a plan's capacity is a server's max_model_len or a static cache's length, its sequences often far shorter.
-        # Host-built rounds in one wave already follow the live keys (each slice is a share of its sequence's length:
-        # Llama 1 × 8k 19.7 µs against the live schedule's 23.7); rounds beyond one wave are sized by the capacity, so
-        # there the live schedule (issue 39), which derives each launch's work from seq_lens, serves, and runs those
-        # host-built rounds itself where the live keys fill as many (H100, Llama 64 × 2k: 164 µs on a 2k or a 128k
-        # plan, where the Triton prop takes 231 / 433; contiguous 64 × 2k on a 32k cache 162 against host rounds' 235;
-        # benchmarks/results/kernels.md)
+        # a paged plan's capacity is a server's max_model_len, its sequences mostly far shorter. Host-built rounds in
+        # one wave already follow the live keys (each slice is a share of its sequence's length: Llama 1 × 8k 19.7 µs
+        # against the live schedule's 23.7); rounds beyond one wave are sized by the capacity, so there the live
+        # schedule (issue 39), which derives each launch's work from seq_lens, serves (H200, Llama 64 × 2k: 197 µs on
+        # a 2k or a 128k plan, where the Triton prop takes 212 / 427; benchmarks/results/kernels.md)
         try:
             return launch(live=True)
         except ValueError:  # more sequences or keys than a live launch takes: host-built rounds where they fit
@@ -703,15 +701,12 @@ class DecodePlan:
 
     @property
     def implementation(self) -> str:
-        """Which kernels serve this plan's calls, chosen when it was made: ``"one launch, live schedule"`` (on sm_90,
-        followed by ``", host rounds C<slices>[s] where the live keys fill them"`` where it has those to fall back on),
-        ``"one launch, host rounds C<slices>[s]"``, or ``"triton"`` (the portable path, and every call the one launch
-        cannot take: :meth:`_one_launch_call`); ``"torch"`` for a CPU plan outside the interpreter."""
+        """Which kernels serve this plan's calls, chosen when it was made: ``"one launch, live schedule"`` (paged caches
+        on sm_90), ``"one launch, host rounds C<slices>[s]"``, or ``"triton"`` (the portable path, and every call the
+        one launch cannot take: :meth:`_one_launch_call`); ``"torch"`` for a CPU plan outside the interpreter."""
         if self.one_launch is not None:
-            plan = self.one_launch.plan
-            if plan.name != "live":
-                return f"one launch, host rounds {plan.name}"
-            return "one launch, live schedule" + (f", host rounds {plan.host} where the live keys fill them" if plan.host else "")
+            name = self.one_launch.plan.name
+            return "one launch, live schedule" if name == "live" else f"one launch, host rounds {name}"
         return "triton" if not self.on_cpu or kernels_on_cpu() else "torch"
 
     @property
