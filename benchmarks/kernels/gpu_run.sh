@@ -3,7 +3,7 @@
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (`bash benchmarks/device/prepare.sh flashinfer`;
 # `ab` also carries .old43, from `prepare.sh old43`; `e2ehouse` carries .old41, from `prepare.sh old41`).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [livencu] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e] [e2ehouse]
+#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [livencu] [contiguous] [shortslices] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e] [e2ehouse]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -81,6 +81,12 @@ for stage in "$@"; do
         "$NCU" -i "/tmp/ncu_live_$CASE.ncu-rep" --page details --csv > "$OUT/ncu_live_${CASE}_details.csv" 2>&1
         "$NCU" -i "/tmp/ncu_live_$CASE.ncu-rep" --page source --csv --print-source sass | gzip > "$OUT/ncu_live_${CASE}_sass.csv.gz"
       done ;;
+    contiguous)  # issue 39: contiguous caches sized past their live keys (HF's static cache): host rounds against the live
+                 # schedule, the Triton prop and cuDNN (contiguous_ab.py; CONTIGUOUS_LIMIT seconds), then its fp8 quick cases
+      timeout ${CONTIGUOUS_LIMIT:-200} python3 benchmarks/kernels/contiguous_ab.py "$OUT/contiguous.jsonl" > "$OUT/contiguous.log" 2>&1
+      timeout 90 python3 benchmarks/kernels/contiguous_ab.py "$OUT/contiguous_fp8.jsonl" --quick --fp8 > "$OUT/contiguous_fp8.log" 2>&1 ;;
+    shortslices)  # issue 39's short cells: one-wave host plans of 1-66 slices per group against the rule and cuDNN
+      timeout ${SHORT_SLICES_LIMIT:-240} python3 benchmarks/kernels/short_slices.py "$OUT/short_slices.jsonl" > "$OUT/short_slices.log" 2>&1 ;;
     smoke)  # the prop spec tests on the GPU, bounded (a group barrier that never opens would hang)
       timeout 300 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernels.py -k "prop or graph or large" \
         2>&1 | tail -15 | tee "$OUT/smoke.log" ;;
