@@ -457,7 +457,7 @@ __device__ __noinline__ void covered_rows(const Cache cache, const unsigned long
 // PAGED: the slice's page ids are staged in shared memory before its stream (checked there: a page outside the pool
 // poisons the slice's statistics, and so the group's output, and is never followed); the gather reads each sampled
 // key's page from the table.
-// Not handled yet (the Triton kernel does them): fp8, other dtypes.
+// Not handled yet (the Triton kernel does them): fp16 and fp32 caches, per-sequence starts.
 template <int D, int G, int U, int STAGE, bool PAGED, bool FP8, bool LIVE>
 __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, const Cache& cache, const Scales& scales,
                                            const Draw& draw,
