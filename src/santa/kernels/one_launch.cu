@@ -397,6 +397,20 @@ __device__ __forceinline__ float comb_offset(const Draw& draw, int b, int heads,
   return philox_uniform(key, (unsigned)off, (unsigned)(off >> 32), (unsigned)(b * heads + head), 0u);
 }
 
+// The gather's row words raw[r] (item i0 + r · kThreads, items below `items`) as floats, into kept[item][8]
+template <bool FP8, int N>
+__device__ __forceinline__ void store_rows(const typename RowWord<FP8>::type (&raw)[N], int i0, int items, float* kept) {
+#pragma unroll
+  for (int r = 0; r < N; ++r) {
+    const int i = i0 + r * kThreads;
+    if (i >= items) continue;
+    float f[8];
+    row_floats<FP8>(raw[r], f);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) kept[(size_t)i * 8 + e] = f[e];
+  }
+}
+
 // The gather of a sequence the budget covers (prop_slice's covered branch, kept out of line: the sampled path's code
 // stays as it was): kept row i = (vector, j) is V row j scaled by word j of its head, S·p_j; rows j ≥ len are zeros
 // (NaN for a head with a NaN mass: NaN or +inf scores).
@@ -766,15 +780,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
           raw[r] = load_row_word<FP8>(cache.v, at + (vec % (D / 8)) * 8);
         }
       }
-#pragma unroll
-      for (int r = 0; r < kInFlight; ++r) {
-        const int i = i0 + r * kThreads;
-        if (i >= owned * budget) continue;
-        float f[8];
-        row_floats<FP8>(raw[r], f);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) kept[(size_t)i * 8 + e] = f[e];
-      }
+      store_rows<FP8, kInFlight>(raw, i0, owned * budget, kept);
     }
   } else if (!covered) {  // samples: the keys their words name
     for (int i0 = threadIdx.x; i0 < owned * budget; i0 += 4 * kThreads) {  // four items in flight per thread
@@ -814,15 +820,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
           raw[r] = load_row_word<FP8>(cache.v, row + (vec % (D / 8)) * 8);
         }
       }
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int i = i0 + r * kThreads;
-        if (i >= owned * budget) continue;
-        float f[8];
-        row_floats<FP8>(raw[r], f);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) kept[(size_t)i * 8 + e] = f[e];
-      }
+      store_rows<FP8, 4>(raw, i0, owned * budget, kept);
     }
   } else {  // a covered sequence: row j scaled by its word S·p_j (rows j ≥ len: zeros), no sampled keys to wait for
     covered_rows<D, PAGED, FP8>(cache, sampled, kept, head_mass, head0, b, h, vec0, owned, budget, len, tag);
