@@ -1,15 +1,16 @@
 """Where the one-launch prop's warps stall, per phase: Nsight Compute's stall samples per SASS instruction
-(``gpu_run.sh onelaunchncu``: ``ncu --page source --csv --print-source sass``) mapped to the phases of
-``prop_slice`` in ``cuda_stream/stream.cu`` through the cubin's line table (``nvdisasm -gi``: each instruction's
-source line and the line it is inlined at).
+(``gpu_run.sh onelaunchncu`` or ``livencu``: ``ncu --page source --csv --print-source sass``) mapped to the phases of
+``prop_slice`` in ``src/santa/kernels/one_launch.cu`` through the cubin's line table (``nvdisasm -gi``: each
+instruction's source line and the line it is inlined at).
 
-    python benchmarks/kernels/ncu_phases.py SASS.csv[.gz] CUBIN [--kernel prop1_d128_g4] [--source stream.cu] [--json OUT.json]
+    python benchmarks/kernels/ncu_phases.py SASS.csv[.gz] CUBIN [--kernel prop1_d128_g4] [--source one_launch.cu] [--json OUT.json]
 
-CUBIN and the source must be the ones profiled (the device's cubin, which ``gpu_run.sh onelaunchncu`` returns, or one
-built here from the same commit's ``stream.cu`` by the same nvcc with ``-lineinfo``). For the shipped kernels
-(``gpu_run.sh livencu`` profiles ``one_launch.fatbin``), build the cubin from ``src/santa/kernels/one_launch.cu`` with
-``one_launch.NVCC_FLAGS``' ``-O3`` and sm_90a plus ``-cubin -lineinfo``, and pass ``one_launch.cu`` as ``--source``: ``-lineinfo``
-leaves the SASS as it is (checked on nvcc 13.0: the same instruction words as the fatbin's ``prop1lp_d128_g4``).
+CUBIN and the source must be the ones profiled: the device's cubin, which ``gpu_run.sh onelaunchncu`` returns (built
+from ``cuda_stream/stream.cu``, which includes ``one_launch.cu``: its line table names that file's lines), or, for the
+shipped fatbin (``gpu_run.sh livencu``), a cubin built here from the same commit's ``one_launch.cu`` with
+``one_launch.NVCC_FLAGS``' ``-O3`` and sm_90a plus ``-cubin -lineinfo`` (``-lineinfo`` leaves the SASS as it is:
+checked on nvcc 13.0, the same instruction words as the fatbin's ``prop1lp_d128_g4``). ``--source`` defaults to this
+tree's ``one_launch.cu``; pass the profiled commit's copy where the tree has moved on.
 
 A line inside ``prop_slice`` belongs to the phase its ``mark(i)`` calls bound (0 start … 7 done); a helper's line to
 the phase of the line it is inlined at; the persistent loop, the schedule and epoch loads to "start and schedule".
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from santa.provenance import run_record
 
-SOURCE = Path(__file__).resolve().parent / "cuda_stream" / "stream.cu"
+SOURCE = Path(__file__).resolve().parents[2] / "src" / "santa" / "kernels" / "one_launch.cu"  # prop_slice's source
 PHASES = ["stream", "publish and subtile prefix", "stats exchange", "placement", "placement", "V gather",
           "sum and store"]  # between mark(i) and mark(i + 1)
 # helpers whose every call site lies in one phase, by the first line of their definition's name
@@ -129,7 +130,7 @@ def main() -> None:
     parser.add_argument("sass_csv", type=Path)
     parser.add_argument("cubin", type=Path)
     parser.add_argument("--kernel", default="prop1_d128_g4")
-    parser.add_argument("--source", type=Path, default=SOURCE, help="the profiled stream.cu (default: this tree's)")
+    parser.add_argument("--source", type=Path, default=SOURCE, help="the profiled one_launch.cu (default: this tree's)")
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args()
     result = phases(args.sass_csv, args.cubin, args.kernel, args.source)
