@@ -571,7 +571,7 @@ class DecodePlan:
         # schedule (issue 39), which derives each launch's work from seq_lens, serves (H100, Llama 64 × 2k: 164 µs on
         # a 2k or a 128k plan, where the Triton prop takes 231 / 433; benchmarks/results/kernels.md). A contiguous
         # plan (a static cache, its length often the prompt's plus the new tokens': tight) keeps host-built rounds
-        # wherever they fit (on full sequences 5-8 % faster than the live schedule; on a cache 16× the live keys
+        # wherever they fit (on full sequences 5-9 % faster than the live schedule; on a cache 16× the live keys
         # 1.4-2.1× slower: contiguous_ab.py, H100) and takes the live schedule where none fits, instead of the Triton
         # prop (Llama 64 × 2k: 163 against 220 µs)
         try:
