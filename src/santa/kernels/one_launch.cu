@@ -397,6 +397,11 @@ __device__ __forceinline__ float comb_offset(const Draw& draw, int b, int heads,
   return philox_uniform(key, (unsigned)off, (unsigned)(off >> 32), (unsigned)(b * heads + head), 0u);
 }
 
+// The key a sampled word names, once it carries `tag`; clamped into [0, n): a wait that gave up (hang_report) returns
+// whatever the word held, never an address past the cache
+__device__ __forceinline__ int sampled_key(const unsigned long long* at, unsigned long long word, unsigned tag, int n) {
+  return min(max(__float_as_int(await_tagged(at, word, tag)), 0), n - 1);
+}
 // The gather's row words raw[r] (item i0 + r · kThreads, items below `items`) as floats, into kept[item][8]
 template <bool FP8, int N>
 __device__ __forceinline__ void store_rows(const typename RowWord<FP8>::type (&raw)[N], int i0, int items, float* kept) {
@@ -748,8 +753,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
       }
       int keys_r[4];
 #pragma unroll
-      for (int r = 0; r < 4; ++r)  // clamped: a wait that gave up returns whatever the word held
-        keys_r[r] = live[r] ? min(max(__float_as_int(await_tagged(at[r], words[r], tag)), 0), n - 1) : -1;
+      for (int r = 0; r < 4; ++r) keys_r[r] = live[r] ? sampled_key(at[r], words[r], tag, n) : -1;
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         int row = keys_r[r];
@@ -792,14 +796,12 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
         at[r] = sampled + (head0 + head) * budget + i % budget;
         words[r] = i < owned * budget && head_mass[head] > 0.f ? load_word(at[r]) : 0ull;
       }
-      // clamped: a wait that gave up (hang_report) returns whatever the word held, never an address past the cache
-      auto sampled_key = [&](int r) { return min(max(__float_as_int(await_tagged(at[r], words[r], tag)), 0), n - 1); };
       int keys_r[4], pages_r[4] = {0, 0, 0, 0};
       if constexpr (PAGED) {  // the keys, then their pages (a second dependent load, four in flight), then the rows
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int i = i0 + r * kThreads, head = (vec0 + i / budget) / (D / 8);
-          keys_r[r] = i < owned * budget && head_mass[head] > 0.f ? sampled_key(r) : -1;
+          keys_r[r] = i < owned * budget && head_mass[head] > 0.f ? sampled_key(at[r], words[r], tag, n) : -1;
         }
 #pragma unroll
         for (int r = 0; r < 4; ++r) pages_r[r] = keys_r[r] >= 0 ? table_page(cache, b, keys_r[r]) : 0;
@@ -814,7 +816,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
         raw[r] = nan_row_word<FP8>();
         if (mass == mass) raw[r] = {};
         if (i < owned * budget && mass > 0.f) {
-          const int key = PAGED ? keys_r[r] : sampled_key(r);
+          const int key = PAGED ? keys_r[r] : sampled_key(at[r], words[r], tag, n);
           const size_t row = PAGED ? row_offset<true>(cache, b, pages_r[r], key) + (size_t)h * cache.head_stride
                                    : ((size_t)b * n + key) * hkv * D + (size_t)h * D;  // contiguous NHD, as the stream
           raw[r] = load_row_word<FP8>(cache.v, row + (vec % (D / 8)) * 8);
