@@ -3,7 +3,7 @@
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (`bash benchmarks/device/prepare.sh flashinfer`;
 # `ab` also carries .old43, from `prepare.sh old43`; `e2ehouse` carries .old41, from `prepare.sh old41`).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [livencu] [contiguous] [exact] [shortslices] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e] [e2ehouse]
+#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [livencu] [contiguous] [shortslices] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e] [e2ehouse]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -85,12 +85,6 @@ for stage in "$@"; do
                  # schedule, the Triton prop and cuDNN (contiguous_ab.py; CONTIGUOUS_LIMIT seconds), then its fp8 quick cases
       timeout ${CONTIGUOUS_LIMIT:-200} python3 benchmarks/kernels/contiguous_ab.py "$OUT/contiguous.jsonl" > "$OUT/contiguous.log" 2>&1
       timeout 90 python3 benchmarks/kernels/contiguous_ab.py "$OUT/contiguous_fp8.jsonl" --quick --fp8 > "$OUT/contiguous_fp8.log" 2>&1 ;;
-    exact)  # issue 39's short sequences computed exactly in the live launch: the one-launch GPU tests, then exact_short.py
-            # (EXACT_OLD: an earlier fatbin in an ignored folder, e.g. `git show REV:src/santa/kernels/one_launch.fatbin`)
-      timeout ${EXACT_TESTS_LIMIT:-200} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_one_launch.py \
-        tests/kernels/test_one_launch_schedule.py 2>&1 | tail -12 | tee "$OUT/tests_exact.log"
-      timeout ${EXACT_LIMIT:-300} python3 benchmarks/kernels/exact_short.py "$OUT/exact_short.jsonl" ${EXACT_OLD:+--old $EXACT_OLD} \
-        ${EXACT_QUICK:+--quick} > "$OUT/exact_short.log" 2>&1 ;;
     shortslices)  # issue 39's short cells: one-wave host plans of 1-66 slices per group against the rule and cuDNN
       timeout ${SHORT_SLICES_LIMIT:-240} python3 benchmarks/kernels/short_slices.py "$OUT/short_slices.jsonl" > "$OUT/short_slices.log" 2>&1 ;;
     smoke)  # the prop spec tests on the GPU, bounded (a group barrier that never opens would hang)
