@@ -672,46 +672,6 @@ def test_the_live_schedule_draws_the_systematic_samples_and_the_same_on_every_ca
 
 
 @needs_hopper
-@pytest.mark.parametrize("dim,heads,kv_heads,fp8", [(128, 32, 8, False), (64, 14, 2, False), (64, 9, 3, True)])
-def test_a_live_launch_computes_the_sequences_within_exact_keys_exactly_beside_sampled_ones(dim, heads, kv_heads, fp8):
-    """exact_keys = 1,024 on vLLM's packed pages: sequences of 0, 77, 500 and 1,024 keys get exact attention in the
-    launch (each live V row counted once, the output float64 attention's up to bf16 rounding), a bad page in one of them
-    makes its output NaN, and the sequences past 1,024 keys still draw the systematic samples, bit for bit what a
-    launch with exact_keys = S draws for them, on plans of 4k and 128k keys."""
-    batch, n_keys, budget = 7, 4096, 128
-    q, k, v, k_pages, v_pages, table, _ = paged_case("packed", batch=batch, heads=heads, kv_heads=kv_heads, dim=dim,
-                                                     n_keys=n_keys)
-    if fp8:
-        k_pages, v_pages = k_pages.to(ol.FP8), v_pages.to(ol.FP8)
-        k, v = k.to(ol.FP8).to(torch.bfloat16), v.to(ol.FP8).to(torch.bfloat16)
-    lengths = [0, 77, 500, 1024, 1025, 4096, 500]
-    table[6, 3] = k_pages.shape[0] + 7  # a live page of the last 500-key sequence: past the pool
-    seq_lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-    exact, sampled = [0, 1, 2, 3], [4, 5]
-    runs = {}
-    for capacity, exact_keys in ((n_keys, 1024), (131072, 1024), (n_keys, budget)):
-        launch = ol.OneLaunch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=capacity, budget=budget,
-                              scale=dim**-0.5, device=torch.device("cuda"), page_size=16, fp8=fp8, live=True,
-                              exact_keys=exact_keys)
-        count = torch.zeros(batch, heads, capacity, dtype=torch.int32, device="cuda")
-        runs[capacity, exact_keys] = (live_run(launch, q, k_pages, v_pages, table, seq_lens, counts=count), count[..., :n_keys])
-    torch.cuda.synchronize()
-    out, counts = runs[n_keys, 1024]
-    assert torch.equal(out, runs[131072, 1024][0]) and torch.equal(counts, runs[131072, 1024][1])
-    for b in exact:
-        assert counts[b, :, : lengths[b]].eq(1).all() and counts[b, :, lengths[b]:].eq(0).all()
-    assert out[6].isnan().all() and out[:6].isfinite().all()
-    probs = dense_probs(q, k, seq_lens)  # float64 softmax over each sequence's live keys
-    expected = torch.einsum("bhl,blhd->bhd", probs, v.double().repeat_interleave(heads // kv_heads, dim=2))
-    torch.testing.assert_close(out[exact[1:]].double(), expected[exact[1:]], rtol=1e-2, atol=1e-2)
-    assert out[0].eq(0).all()  # no keys: zeros, as the sampled path's
-    # the sampled sequences: the systematic samples, and the same bits as a launch that computes only what S covers
-    assert torch.equal(out[sampled], runs[n_keys, budget][0][sampled]) and torch.equal(counts[sampled], runs[n_keys, budget][1][sampled])
-    uniforms = philox_uniforms(13, 0, torch.arange(batch * heads).reshape(batch, heads))
-    assert_counts_match_systematic(counts[sampled], probs[sampled], budget, uniforms[sampled])
-
-
-@needs_hopper
 @pytest.mark.parametrize("dim,heads,kv_heads,fp8", [(128, 32, 8, False), (64, 14, 2, True)])
 def test_a_contiguous_live_launch_draws_the_systematic_samples_on_every_capacity(dim, heads, kv_heads, fp8):
     """A contiguous cache (HF's static cache: ``[B, capacity, H_kv, D]``) on the live schedule: the systematic
@@ -762,7 +722,7 @@ def test_a_live_launch_mixes_slice_counts_and_rounds():
                           scale=dim**-0.5, device=torch.device("cuda"), page_size=16, live=True, min_slices=4)
     limits = launch.plan.limits
     schedule = live_schedule(lengths, n=n_keys, kv_heads=kv_heads, slice_cap=limits.slice_cap, min_slices=limits.min_slices,
-                             max_slices=limits.max_slices, ctas=limits.ctas, exact_keys=launch.exact_keys)
+                             max_slices=limits.max_slices, ctas=limits.ctas)
     assert len(set(schedule.slices)) == 3 and schedule.rounds == 2, (schedule.slices, schedule.rounds)
     counts = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda")
     out = live_run(launch, q, k_pages, v_pages, table, seq_lens, counts=counts)
@@ -793,8 +753,7 @@ def test_a_live_launch_of_one_slice_a_group_gathers_its_vectors_in_chunks(batch,
                               scale=dim**-0.5, device=torch.device("cuda"), page_size=16, live=True)
         limits = launch.plan.limits
         schedule = live_schedule(lengths, n=capacity, kv_heads=kv_heads, slice_cap=limits.slice_cap,
-                                 min_slices=limits.min_slices, max_slices=limits.max_slices, ctas=limits.ctas,
-                                 exact_keys=launch.exact_keys)
+                                 min_slices=limits.min_slices, max_slices=limits.max_slices, ctas=limits.ctas)
         assert set(schedule.slices) == {1} and schedule.rounds == 2, (set(schedule.slices), schedule.rounds)
         count = torch.zeros(batch, heads, capacity, dtype=torch.int32, device="cuda")
         outs.append(live_run(launch, q, k_pages, v_pages, table, seq_lens, counts=count))
@@ -862,7 +821,7 @@ def test_a_live_launch_refuses_what_its_kernels_do_not_serve():
 
     launch = ol.OneLaunch.__new__(ol.OneLaunch)
     launch.module = Module()
-    kwargs = dict(name="prop1lp_d128_g4", group_size=4, head_dim=128, budget=128, sms=132, exact_keys=128)
+    kwargs = dict(name="prop1lp_d128_g4", group_size=4, head_dim=128, budget=128, sms=132)
     contiguous = launch._live_plan(batch=4, n_keys=4096, page_size=None, **dict(kwargs, name="prop1l_d128_g4"))
     assert contiguous.limits.shared < launch._live_plan(batch=4, n_keys=4096, page_size=16, **kwargs).limits.shared
     with pytest.raises(ValueError, match="at most 1024 sequences"):
@@ -871,15 +830,12 @@ def test_a_live_launch_refuses_what_its_kernels_do_not_serve():
         launch._live_plan(batch=4, n_keys=262145, page_size=16, **kwargs)
     plan = launch._live_plan(batch=4, n_keys=131072, page_size=16, **kwargs)
     assert (plan.grid, plan.slots, plan.limits.min_slices) == (264, 64, 1)
-    assert [v.value for v in launch.live_values] == [4, 4096, 0, 6, 128]
-    for bad in (127, 4097, 512.0, True):  # exact keys: from S (what the budget covers) to a slice's keys
-        with pytest.raises(ValueError, match="exact_keys must be an int in"):
-            launch._live_plan(batch=4, n_keys=4096, page_size=16, **dict(kwargs, exact_keys=bad))
+    assert [v.value for v in launch.live_values] == [4, 4096, 0, 6]
     for bad in (0, 3, 128, 2.0):
         with pytest.raises(ValueError, match="min_slices must be a power of two in"):
             launch._live_plan(batch=4, n_keys=4096, page_size=16, min_slices=bad, **kwargs)
     launch._live_plan(batch=4, n_keys=4096, page_size=16, min_slices=4, **kwargs)
-    assert [v.value for v in launch.live_values] == [4, 4096, 2, 6, 128]
+    assert [v.value for v in launch.live_values] == [4, 4096, 2, 6]
     launch.plan, launch.page_size = plan, 16
     x = torch.zeros(1)
     with pytest.raises(ValueError, match="marks: a live launch's rounds follow the lengths"):

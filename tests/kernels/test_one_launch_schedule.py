@@ -125,21 +125,16 @@ def test_the_simulator_finds_the_crossed_deadlock_and_drains_a_plain_fill():
 
 @pytest.mark.parametrize("seq_lens", [[2048] * 64, [2048] * 16, [32768], [131072] * 2, EDGES, [0] * 7, [1] * 300,
                                       [300, 40000, 5000, 0, 9000, 256, 257, 70000, 4096, 4097] * 3])
-@pytest.mark.parametrize("exact_keys", [0, 1024])
-def test_live_schedule_covers_every_live_key_once_in_whole_granules_and_never_straddles_a_round(seq_lens, exact_keys):
-    """... and a sequence of at most exact_keys keys (an empty one too) is one item, after every sampled one."""
+def test_live_schedule_covers_every_live_key_once_in_whole_granules_and_never_straddles_a_round(seq_lens):
     n = 131072
-    schedule = live_schedule(seq_lens, n=n, **LLAMA, exact_keys=exact_keys)
+    schedule = live_schedule(seq_lens, n=n, **LLAMA)
     keys = [min(max(x, 0), n) for x in seq_lens]
     assert schedule.keys == tuple(keys)
     covered: dict = {}
     for i in range(schedule.items):
         work = schedule.item(i)
         assert work.slices == schedule.slices[work.seq] and 0 <= work.c < work.slices and 0 <= work.head < LLAMA["kv_heads"]
-        if keys[work.seq] <= exact_keys:
-            assert work.slices == 1 and all(keys[b] <= exact_keys for b in schedule.order[schedule.order.index(work.seq):])
-        else:
-            assert LLAMA["min_slices"] <= work.slices <= LLAMA["max_slices"] and work.slices & (work.slices - 1) == 0
+        assert LLAMA["min_slices"] <= work.slices <= LLAMA["max_slices"] and work.slices & (work.slices - 1) == 0
         # whole granules within shared memory (an empty slice, past a short sequence's end, starts at that end)
         assert 0 <= work.stop - work.start <= L and (work.start % GRANULE == 0 or work.start == keys[work.seq])
         assert work.stop == keys[work.seq] or work.stop % GRANULE == 0
@@ -178,8 +173,7 @@ def test_longer_sequences_come_first_and_ties_keep_their_order():
     ({"n": 0}, "n must be a positive int"), ({"slice_cap": 1000}, "slice_cap must be a multiple of 256"),
     ({"min_slices": 3}, "min_slices must be a power of two"), ({"max_slices": 2}, "min_slices (4) must be ≤ max_slices (2)"),
     ({"n": 64 * 4096 + 1}, "n (262145) must be ≤ max_slices · slice_cap"), ({"ctas": 32}, "ctas (32) must hold"),
-    ({"seq_lens": []}, "seq_lens must hold at least one sequence"), ({"kv_heads": True}, "kv_heads must be a positive int"),
-    ({"exact_keys": 4097}, "exact_keys must be an int in .0, slice_cap = 4096."), ({"exact_keys": -1}, "exact_keys must be")])
+    ({"seq_lens": []}, "seq_lens must hold at least one sequence"), ({"kv_heads": True}, "kv_heads must be a positive int")])
 def test_live_schedule_names_a_bad_argument(change, message):
     kwargs = {**LLAMA, "n": 32768, "seq_lens": [10]} | change
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("·", ".")):

@@ -443,70 +443,6 @@ __device__ __noinline__ void covered_rows(const Cache cache, const unsigned long
   }
 }
 
-// The exact attention of a sequence the plan computes exactly (a live launch's one-slice item of 0 ≤ len ≤ exact_keys,
-// issue 39's short sequences): o_g = Σ_j u_gj · V_j / z_g over its `keys` live rows, u_gj = 2^(s_gj − m_g) in kept (the
-// stream's scores, made masses in place), z_g = head_mass[g] (NaN for a poisoned or NaN head: a NaN output; 0: zeros, as
-// santa.kernels.exact). Thread t takes (head g, 8-element vector) pair t mod (HP · D/8) (HP = G rounded up to a power
-// of two; pairs of heads ≥ G idle) and rows t / (HP · D/8) + LANES · i, four loads in flight, its 8 sums in row order:
-// the G threads of a vector read the same 16 bytes, once from DRAM (L1 serves the others), and each thread keeps 8 sums
-// (one head's) where G × 8 spilled the sampled path's registers. Then, after a barrier, the LANES partials of each
-// output in lane order (bitwise repeatable), over kept. counts (where given): 1 per live key of each head whose mass is
-// not NaN.
-template <int D, int G, bool PAGED, bool FP8>
-__device__ __forceinline__ void exact_rows(const Cache& cache, const Scales& scales, float* kept, int stride,
-                                           const float* head_mass, const int* page_ids, __nv_bfloat16* __restrict__ out,
-                                           int* __restrict__ counts, size_t head0, int b, int h, int n, int keys) {
-  constexpr int VPR = D / 8, HP = G <= 2 ? G : G <= 4 ? 4 : 8, PAIRS = HP * VPR, LANES = kThreads / PAIRS;
-  constexpr int kInFlight = 4;
-  static_assert(kThreads % PAIRS == 0, "whole lanes of pairs");
-  const int pair = threadIdx.x % PAIRS, lane_k = threadIdx.x / PAIRS;
-  const int g = pair / VPR, vec = pair % VPR;
-  float acc[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e) acc[e] = 0.f;
-  if (g < G)
-    for (int j0 = lane_k; j0 < keys; j0 += LANES * kInFlight) {
-      typename RowWord<FP8>::type raw[kInFlight];
-#pragma unroll
-      for (int r = 0; r < kInFlight; ++r) {
-        const int j = j0 + r * LANES;
-        raw[r] = {};
-        if (j < keys) {
-          const int page = PAGED ? page_ids[j >> cache.page_shift] : 0;
-          raw[r] = load_row_word<FP8>(cache.v, row_offset<PAGED>(cache, b, page, j) + (size_t)h * cache.head_stride + vec * 8);
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < kInFlight; ++r) {
-        const int j = j0 + r * LANES;
-        if (j >= keys) continue;
-        float f[8];
-        row_floats<FP8>(raw[r], f);
-        const float u = kept[g * stride + j];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] = fmaf(u, f[e], acc[e]);
-      }
-    }
-  __syncthreads();  // every u is read: kept holds the partials [LANES][G][D] now (live_limits: they fit)
-  if (g < G) {
-    float4* at = reinterpret_cast<float4*>(kept + ((size_t)lane_k * G + g) * D + vec * 8);
-    at[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    at[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-  }
-  __syncthreads();
-  const float v_scale = FP8 ? (scales.v != nullptr ? __ldg(scales.v + h) : scales.v_scalar) : 1.f;
-  for (int i = threadIdx.x; i < G * D; i += kThreads) {
-    float sum = 0.f;
-    for (int l = 0; l < LANES; ++l) sum += kept[(size_t)l * G * D + i];
-    const float z = head_mass[i / D];
-    const float value = z > 0.f ? sum / z * v_scale : (z == z ? 0.f : NAN);
-    out[(head0 + i / D) * D + i % D] = __float2bfloat16(value);
-  }
-  if (counts != nullptr)
-    for (int i = threadIdx.x; i < G * keys; i += kThreads)
-      if (head_mass[i / keys] == head_mass[i / keys]) atomicAdd(&counts[(head0 + i / keys) * n + i % keys], 1);
-}
-
 // prop in one launch (issue 24), fifth version. Exact global systematic sampling as santa's two-launch prop, for
 // contiguous NHD bf16 K and V of n keys per sequence, of which sequence b holds seq_lens[b] (read on the device; all n
 // where seq_lens is nullptr), with the uniforms given ([B, Hkv·G] float32, santa.kernels.reference.philox_uniforms) or
@@ -551,7 +487,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
                                            long long* __restrict__ marks, int n, int hkv, int group, int c,
                                            int slices, int slice_len, int stats_slots, int slot, float scale_log2,
                                            int budget, unsigned epoch_seen, int len, int next_group,
-                                           unsigned& next_epoch_seen, int& next_len, int exact_keys = 0) {
+                                           unsigned& next_epoch_seen, int& next_len) {
   // epoch_seen: epoch[group] as loaded by the caller (load_epoch), consumed only after the stream; next_group: the
   // group of this CTA's next work item (−1: none), whose epoch this item loads once it has streamed, so that the
   // load's latency hides behind this item's sampling phases (it is safe this early: a group's epoch changes only once
@@ -584,9 +520,6 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   const bool bad_len = len < 0 || len > n;
   len = min(max(len, 0), n);
   const bool covered = !bad_len && len <= budget;  // exact attention (santa.kernels.exact's rule), in this launch
-  // a live launch's short sequence (len ≤ exact_keys, one slice by the schedule): exact attention from its own stream,
-  // no exchange, each V row read once (exact_rows)
-  const bool exact = LIVE && slices == 1 && !bad_len && len <= exact_keys;
   // a live launch (issue 39) cuts whole 256-key granules, as santa.kernels.one_launch_schedule.live_schedule does
   const int per_slice = LIVE ? ((len + 255) / 256 + slices - 1) / slices * 256 : (len + slices - 1) / slices;
   const int start = min(c * per_slice, len), stop = min(len, start + per_slice), keys = stop - start;
@@ -644,12 +577,8 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
       merge_stats(mc, wc, __shfl_xor_sync(0xffffffffu, mc, o), __shfl_xor_sync(0xffffffffu, wc, o));
     mc = __shfl_sync(0xffffffffu, mc, 0);  // lanes 8–31 merged only their own empty pairs
     wc = __shfl_sync(0xffffffffu, wc, 0);
-    if (lane < 2 && !exact) store_tagged(group_words + (g * slices + c) * 2 + lane, lane == 0 ? mc : (poisoned ? NAN : wc), tag);
-    if (lane == 0) {
-      slice_max[g] = mc;
-      const float m_ref = mc == -INFINITY ? 0.f : mc;  // z as the placement computes it for one slice (NaN stays NaN)
-      if (exact) head_mass[g] = poisoned ? NAN : wc * exp2f(mc - m_ref);
-    }
+    if (lane < 2) store_tagged(group_words + (g * slices + c) * 2 + lane, lane == 0 ? mc : (poisoned ? NAN : wc), tag);
+    if (lane == 0) slice_max[g] = mc;
   }
   __syncthreads();
   // while the stats travel: every key's u = 2^(s − m_c), stored over its score (placement reads u, no exp2 in its
@@ -672,11 +601,6 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     cum[head * n_sub + i] = w;
   }
   __syncthreads();
-  if (exact) {  // the group is this one slice (start 0): nothing to exchange
-    exact_rows<D, G, PAGED, FP8>(cache, scales, kept, stride, head_mass, page_ids, out, counts, head0, b, h, n, keys);
-    if (threadIdx.x == 0) epoch[group] = tag;  // every group's epoch advances each launch, as a sampled one's
-    return;
-  }
   if (warp < G) {
     const int g = warp;
     float carry = 0.f;
@@ -937,21 +861,20 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
 // lanes): the group barrier never waits on a later round.
 constexpr int kLiveMaxBatch = 1024;  // sequences a live launch takes (order[] in static shared memory, u16)
 constexpr int kLiveClasses = 7;      // slice counts 1, 2, 4, …, 64 (the exchange's slots)
-constexpr int kExactClass = kLiveClasses;  // the sequences computed exactly: one slice each, last in the order
 
 struct Live {
   int items, lanes, shift, cap;
-  int first[kLiveClasses + 1], end[kLiveClasses + 1];  // each class's items [first, end) (the exact class last)
-  int start[kLiveClasses + 1];                         // each class's first place in order[]
+  int first[kLiveClasses], end[kLiveClasses];  // each class's items [first, end)
+  int start[kLiveClasses];                     // each class's first place in order[]
 };
 
 __device__ __forceinline__ void live_prologue(const int* seq_lens, int batch, int n, int hkv, int cap, int min_log2,
-                                              int max_log2, int exact_keys, Live& live, unsigned short* order) {
-  __shared__ int warp_counts[kWarps][kLiveClasses + 1], totals[kLiveClasses + 1];
+                                              int max_log2, Live& live, unsigned short* order) {
+  __shared__ int warp_counts[kWarps][kLiveClasses], totals[kLiveClasses];
   constexpr int kChunks = kLiveMaxBatch / kThreads;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int cls[kChunks], rank[kChunks];
-  if (threadIdx.x <= kLiveClasses) totals[threadIdx.x] = 0;
+  if (threadIdx.x < kLiveClasses) totals[threadIdx.x] = 0;
   __syncthreads();
 #pragma unroll
   for (int t = 0; t < kChunks; ++t) {  // each sequence's class, and its rank among the earlier ones of its class
@@ -963,11 +886,11 @@ __device__ __forceinline__ void live_prologue(const int* seq_lens, int batch, in
     if (b < batch) {
       const int len = min(max(seq_lens == nullptr ? n : __ldg(seq_lens + b), 0), n);
       const int need = (len + cap - 1) / cap;  // slices of at most cap keys
-      j = len <= exact_keys ? kExactClass : max(need <= 1 ? 0 : 32 - __clz(need - 1), min_log2);
+      j = max(need <= 1 ? 0 : 32 - __clz(need - 1), min_log2);
     }
     int below = 0;
 #pragma unroll
-    for (int c = 0; c <= kLiveClasses; ++c) {
+    for (int c = 0; c < kLiveClasses; ++c) {
       const unsigned mask = __ballot_sync(0xffffffffu, j == c);
       if (lane == 0) warp_counts[warp][c] = __popc(mask);
       if (j == c) below = __popc(mask & ((1u << lane) - 1u));
@@ -980,7 +903,7 @@ __device__ __forceinline__ void live_prologue(const int* seq_lens, int batch, in
     }
     cls[t] = j;
     __syncthreads();
-    if (threadIdx.x <= kLiveClasses) {
+    if (threadIdx.x < kLiveClasses) {
       int sum = 0;
       for (int w = 0; w < kWarps; ++w) sum += warp_counts[w][threadIdx.x];
       totals[threadIdx.x] += sum;
@@ -988,15 +911,14 @@ __device__ __forceinline__ void live_prologue(const int* seq_lens, int batch, in
     __syncthreads();
   }
   if (threadIdx.x == 0) {  // the one-wave factor, the lanes, and the classes' items, descending
-    int items = 0, top = 0;  // the sampled classes' items; the exact class's are hkv · totals[kExactClass], never split
+    int items = 0, top = 0;
     for (int c = 0; c < kLiveClasses; ++c) {
       items += totals[c] << c;
       if (totals[c] > 0) top = c;
     }
     items *= hkv;
-    const long long exact_items = (long long)hkv * totals[kExactClass];
     int shift = 0;
-    while (((long long)items << (shift + 1)) + exact_items <= (long long)gridDim.x && top + shift + 1 <= max_log2) ++shift;
+    while (((long long)items << (shift + 1)) <= (long long)gridDim.x && top + shift + 1 <= max_log2) ++shift;
     live.shift = shift;
     live.cap = cap;
     live.lanes = (int)gridDim.x - (int)gridDim.x % (1 << (top + shift));
@@ -1008,10 +930,6 @@ __device__ __forceinline__ void live_prologue(const int* seq_lens, int batch, in
       place += totals[c];
       live.end[c] = at;
     }
-    live.first[kExactClass] = at;  // one item per group, anywhere in a round
-    live.start[kExactClass] = place;
-    at += hkv * totals[kExactClass];
-    live.end[kExactClass] = at;
     live.items = at;
   }
   __syncthreads();
@@ -1024,8 +942,8 @@ __device__ __forceinline__ void live_prologue(const int* seq_lens, int batch, in
 // Live item i as the schedule's (group, slice c, the group's slice count, the slice length that sizes shared memory)
 __device__ __forceinline__ int4 live_item(const Live& live, const unsigned short* order, int i, int hkv) {
   int c = 0;
-  while (c < kExactClass && !(i >= live.first[c] && i < live.end[c])) ++c;
-  const int slices = c == kExactClass ? 1 : 1 << (c + live.shift), per_seq = hkv * slices, t = i - live.first[c];
+  while (c < kLiveClasses - 1 && !(i >= live.first[c] && i < live.end[c])) ++c;
+  const int slices = 1 << (c + live.shift), per_seq = hkv * slices, t = i - live.first[c];
   const int b = order[live.start[c] + t / per_seq], rem = t % per_seq;
   return make_int4(b * hkv + rem / slices, rem % slices, slices, live.cap);
 }
@@ -1070,13 +988,13 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
            __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* sampled,               \
            unsigned* epoch, long long* marks, const int4* schedule, unsigned* arrivals, int rounds, int stats_slots,   \
            int n, int hkv, float scale, int budget, const int* enabled, int live_batch, int live_cap,               \
-           int live_min_log2, int live_max_log2, int live_exact_keys) {                                                                 \
+           int live_min_log2, int live_max_log2) {                                                                 \
     if (enabled != nullptr && __ldg(enabled) == 0) return; /* a closed gate: nothing read, written or counted */     \
     const int cta = schedule_cta(arrivals);                                                                         \
     if constexpr (LIVE) {                                                                                           \
       __shared__ Live live;                                                                                         \
       __shared__ unsigned short order[kLiveMaxBatch];                                                               \
-      live_prologue(seq_lens, live_batch, n, hkv, live_cap, live_min_log2, live_max_log2, live_exact_keys, live, order);              \
+      live_prologue(seq_lens, live_batch, n, hkv, live_cap, live_min_log2, live_max_log2, live, order);              \
       const Draw draw{uniforms, seed, seeds, offset, offset_ptr, positions, positions_64, head_offset};            \
       const Cache cache{k, v, page_stride, row_stride, head_stride, table, table_stride, page_shift, pages};        \
       const Scales scales{k_scales, v_scales, k_scale, v_scale};                                                    \
@@ -1093,7 +1011,7 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
         prop_slice<D, G, U, STAGE, PAGED, FP8, LIVE>(q, cache, scales, draw, seq_lens, out, counts, slice_stats, sampled,  \
                                                epoch, marks, n, hkv, work.x, work.y, work.z, work.w, stats_slots,    \
                                                r * gridDim.x + cta, scale, budget, seen, len, next.x, next_seen,     \
-                                               next_len, live_exact_keys);                                          \
+                                               next_len);                                                           \
         __syncthreads(); /* the next item reuses shared memory */                                                  \
         i = next_i;                                                                                                 \
         work = next;                                                                                                \

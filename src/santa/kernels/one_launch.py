@@ -94,13 +94,6 @@ def resolved_bytes(*, group_size: int, budget: int) -> int:
     return 4 * group_size * budget
 
 
-def exact_bytes(*, group_size: int, dim: int) -> int:
-    """Shared memory of an exact item's partial sums (one_launch.cu's exact_rows): [LANES][G][D] float32, LANES = 256 /
-    (G rounded up to a power of two · D / 8) row lanes."""
-    padded = group_size if group_size <= 2 else 4 if group_size <= 4 else 8
-    return 4 * (256 // (padded * dim // 8)) * group_size * dim
-
-
 def slice_shared(*, slices: int, slice_len: int, group_size: int, dim: int, budget: int, page_size: int | None = None) -> int:
     """Dynamic shared memory of one CTA working on a slice of a group cut in ``slices``: the kept scores and subtiles
     plus the group's stats (and, paged, the page ids of the slice: ⌈slice_len / page_size⌉ + 1 at most), or the
@@ -132,8 +125,7 @@ def live_limits(*, group_size: int, dim: int, budget: int, sms: int, per_sm, pag
     keys, whose kept scores, every slot's stats and (paged) page ids set the CTA's shared memory; ``min_slices`` 1 (a
     live CTA gathers its output vectors in chunks of as many as that memory holds, so no slice count is too few);
     ``ctas`` = ``per_sm(shared) · sms``. None where the shape has no kernel, one vector's S rows beside every sample's
-    resolved row (:func:`resolved_bytes`) or an exact item's partial sums (:func:`exact_bytes`) do not fit, or the grid
-    cannot hold one group's :data:`LIVE_MAX_SLICES` slices."""
+    resolved row (:func:`resolved_bytes`) do not fit, or the grid cannot hold one group's :data:`LIVE_MAX_SLICES` slices."""
     if (dim, group_size) not in SHAPES:
         return None
     slice_cap = ROUNDS_SLICE_KEYS[dim]
@@ -141,8 +133,7 @@ def live_limits(*, group_size: int, dim: int, budget: int, sms: int, per_sm, pag
     shared = kept_bytes(group_size, slice_cap) + 4 * group_size * LIVE_MAX_SLICES * 2 + 4 * pages
     ctas = per_sm(shared) * sms if shared <= SHARED_LIMIT else 0
     one_vector = gather_bytes(slices=group_size * dim // 8, group_size=group_size, dim=dim, budget=budget)  # its S rows
-    if (one_vector + resolved_bytes(group_size=group_size, budget=budget) > shared or ctas < LIVE_MAX_SLICES
-            or exact_bytes(group_size=group_size, dim=dim) > shared):
+    if one_vector + resolved_bytes(group_size=group_size, budget=budget) > shared or ctas < LIVE_MAX_SLICES:
         return None
     return LiveLimits(slice_cap=slice_cap, min_slices=1, max_slices=LIVE_MAX_SLICES, ctas=ctas, shared=shared)
 
@@ -420,21 +411,19 @@ class OneLaunch:
     def __init__(self, *, batch: int, heads: int, kv_heads: int, head_dim: int, n_keys: int, budget: int, scale: float,
                  device: torch.device, page_size: int | None = None, fp8: bool = False,
                  module: CudaModule | None = None, plan: Plan | None = None, kernel: str | None = None,
-                 live: bool = False, min_slices: int | None = None, exact_keys: int | None = None):
+                 live: bool = False, min_slices: int | None = None):
         self.module = module if module is not None else loaded_module(device.index)
         if self.module is None:
             raise ValueError("the one-launch module is not loaded on this device")
         group_size = heads // kv_heads
         sms = torch.cuda.get_device_properties(device).multi_processor_count
         name = kernel_name(head_dim, group_size, paged=page_size is not None, fp8=fp8, live=live)
-        # the live schedule's arguments: B, L, log2 C_min, log2 C_cap, exact keys (0: a host plan)
-        self.live_values = [ctypes.c_int(0)] * 5
+        self.live_values = [ctypes.c_int(0)] * 4  # the live schedule's arguments: B, L, log2 C_min, log2 C_cap (0: a host plan)
         if live:
             plan = self._live_plan(name=name, batch=batch, group_size=group_size, head_dim=head_dim, n_keys=n_keys,
-                                   budget=budget, sms=sms, page_size=page_size, min_slices=min_slices,
-                                   exact_keys=budget if exact_keys is None else exact_keys)
-        elif min_slices is not None or exact_keys is not None:
-            raise ValueError("min_slices and exact_keys: a live schedule's (live=True)")
+                                   budget=budget, sms=sms, page_size=page_size, min_slices=min_slices)
+        elif min_slices is not None:
+            raise ValueError("min_slices: a live schedule's (live=True)")
         if plan is None:
             plan = choose_plan(batch=batch, kv_heads=kv_heads, group_size=group_size, dim=head_dim, n=n_keys, budget=budget,
                                sms=sms, per_sm=lambda shared: self.module.resident_per_sm(name, shared), page_size=page_size,
@@ -457,11 +446,10 @@ class OneLaunch:
         self.scale_log2 = scale * math.log2(math.e)
 
     def _live_plan(self, *, name: str, batch: int, group_size: int, head_dim: int, n_keys: int, budget: int, sms: int,
-                   page_size: int | None, exact_keys: int, min_slices: int | None = None) -> LivePlan:
+                   page_size: int | None, min_slices: int | None = None) -> LivePlan:
         """The live schedule's plan (ValueError where it cannot serve: more than :data:`LIVE_MAX_BATCH` sequences, no
         limits that fit, or more keys than ``max_slices`` slices hold); ``min_slices`` (a power of two up to
-        ``max_slices``; benchmarks) replaces the limits' fewest slices a sequence takes; a sequence of at most
-        ``exact_keys`` live keys (an int in [S, the limits' ``slice_cap``]) is computed exactly by one CTA."""
+        ``max_slices``; benchmarks) replaces the limits' fewest slices a sequence takes."""
         if batch > LIVE_MAX_BATCH:
             raise ValueError(f"the live schedule takes at most {LIVE_MAX_BATCH} sequences, got batch {batch}")
         limits = live_limits(group_size=group_size, dim=head_dim, budget=budget, sms=sms, page_size=page_size,
@@ -474,12 +462,8 @@ class OneLaunch:
             limits = dataclasses.replace(limits, min_slices=min_slices)
         if n_keys > limits.max_slices * limits.slice_cap:
             raise ValueError(f"the live schedule takes at most {limits.max_slices * limits.slice_cap} keys, got {n_keys}")
-        if not isinstance(exact_keys, int) or isinstance(exact_keys, bool) or not budget <= exact_keys <= limits.slice_cap:
-            raise ValueError(f"exact_keys must be an int in [S = {budget}, {limits.slice_cap}], got {exact_keys!r}")
         self.live_values = [ctypes.c_int(batch), ctypes.c_int(limits.slice_cap),
-                            ctypes.c_int(limits.min_slices.bit_length() - 1), ctypes.c_int(limits.max_slices.bit_length() - 1),
-                            ctypes.c_int(exact_keys)]
-        self.exact_keys = exact_keys
+                            ctypes.c_int(limits.min_slices.bit_length() - 1), ctypes.c_int(limits.max_slices.bit_length() - 1)]
         return LivePlan(kernel=name, grid=limits.ctas, slots=limits.max_slices, limits=limits)
 
     def fits(self, buffers: Buffers) -> bool:

@@ -152,27 +152,23 @@ def _power_of_two(name: str, value) -> int:
 
 
 def live_schedule(seq_lens, *, n: int, kv_heads: int, slice_cap: int, min_slices: int, max_slices: int,
-                  ctas: int, exact_keys: int = 0) -> LiveSchedule:
+                  ctas: int) -> LiveSchedule:
     """The live schedule of a step whose sequences hold ``seq_lens`` keys (ints, B of them; clamped to [0, n] as the
     kernel clamps them), for a plan of capacity ``n`` keys, ``kv_heads`` KV heads, slices of at most ``slice_cap`` keys
     (a multiple of :data:`GRANULE`: what the kernel's shared memory keeps), between ``min_slices`` (the fewest whose
     gather fits shared memory) and ``max_slices`` (the exchange's slots) slices a group, both powers of two, on a
-    persistent grid of ``ctas`` resident CTAs; a sequence of at most ``exact_keys`` keys (0 ≤ exact_keys ≤ slice_cap)
-    is computed exactly by one CTA (one_launch.cu's exact_rows): one slice, never split, after every sampled sequence.
+    persistent grid of ``ctas`` resident CTAs.
 
-    1. C_b = the least power of two ≥ max(min_slices, ⌈n_b / slice_cap⌉) per sequence, and 1 where n_b ≤ exact_keys
-       (an empty sequence among them: every group has an item, so its epoch advances each launch).
-    2. One wave where it fits: every sampled C_b times k, the largest power of two with k · items + exact ≤ ctas and
-       k · max C_b ≤ max_slices (items = kv_heads · Σ C_b over the sampled sequences, exact = kv_heads · their count),
-       so a short step spreads over the whole grid.
+    1. C_b = the least power of two ≥ max(min_slices, ⌈n_b / slice_cap⌉) (per sequence; an empty one keeps min_slices,
+       so every group's epoch advances each launch).
+    2. One wave where it fits: every C_b times k, the largest power of two with k · items ≤ ctas and
+       k · max C_b ≤ max_slices (items = kv_heads · Σ C_b), so a short step spreads over the whole grid.
     3. Sequences in descending C_b (stable), lanes = ctas rounded down to a multiple of max C_b. Every group then
        starts at a multiple of its C_b, which divides lanes: a group's slices all fall in one round (the kernel's
        group barrier waits only on its own round; a group straddling two rounds can deadlock)."""
     for name, value in (("n", n), ("kv_heads", kv_heads), ("ctas", ctas), ("slice_cap", slice_cap)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if not isinstance(exact_keys, int) or isinstance(exact_keys, bool) or not 0 <= exact_keys <= slice_cap:
-        raise ValueError(f"exact_keys must be an int in [0, slice_cap = {slice_cap}], got {exact_keys!r}")
     if slice_cap % GRANULE:
         raise ValueError(f"slice_cap must be a multiple of {GRANULE} keys, got {slice_cap}")
     min_slices, max_slices = _power_of_two("min_slices", min_slices), _power_of_two("max_slices", max_slices)
@@ -187,19 +183,15 @@ def live_schedule(seq_lens, *, n: int, kv_heads: int, slice_cap: int, min_slices
     if len(seq_lens) == 0:
         raise ValueError("seq_lens must hold at least one sequence")
     keys = tuple(min(max(x, 0), n) for x in seq_lens)
-    exact = [x <= exact_keys for x in keys]
-    slices = [1 if e else max(min_slices, 1 << max(0, cdiv(x, slice_cap) - 1).bit_length()) for x, e in zip(keys, exact, strict=True)]
-    items = kv_heads * sum(s for s, e in zip(slices, exact, strict=True) if not e)
-    exact_items = kv_heads * sum(exact)
-    top = max([s for s, e in zip(slices, exact, strict=True) if not e], default=1)
+    slices = [max(min_slices, 1 << max(0, cdiv(k, slice_cap) - 1).bit_length()) for k in keys]
+    items = kv_heads * sum(slices)
     k = 1
-    while 2 * k * items + exact_items <= ctas and 2 * k * top <= max_slices:
+    while 2 * k * items <= ctas and 2 * k * max(slices) <= max_slices:
         k *= 2
-    slices = [s if e else k * s for s, e in zip(slices, exact, strict=True)]
-    # sampled sequences in descending C_b (stable), then the exact ones (stable): a sampled C_b of 1 before them
-    order = tuple(sorted(range(len(keys)), key=lambda b: (exact[b], -slices[b])))
+    slices = [k * s for s in slices]
+    order = tuple(sorted(range(len(keys)), key=lambda b: -slices[b]))  # stable: ties keep the sequence order
     first, at = [0] * len(keys), 0
     for b in order:
         first[b], at = at, at + kv_heads * slices[b]
-    return LiveSchedule(kv_heads=kv_heads, lanes=ctas - ctas % (k * top), order=order, slices=tuple(slices),
+    return LiveSchedule(kv_heads=kv_heads, lanes=ctas - ctas % max(slices), order=order, slices=tuple(slices),
                         first=tuple(first), keys=keys, items=at)
