@@ -443,6 +443,66 @@ __device__ __noinline__ void covered_rows(const Cache cache, const unsigned long
   }
 }
 
+// A live CTA's gather of sampled rows (LIVE, not covered), summed in registers: its `owned` output vectors from vec0,
+// T threads each (T = the largest power of two ≤ 256 / owned, at most 32: a vector's threads lie in one warp). Thread
+// (vector, p) loads the rows of samples p, p + T, p + 2T, … (their resolved pool rows, eight loads in flight) and sums
+// their 8 floats in that order; then the T sums by a butterfly of shuffles (every lane the same bits: a + b = b + a),
+// out = Σ / S, NaN for a head with a NaN mass, zeros without mass. No rows staged in shared memory, no chunks (ncu at
+// Llama 64 × 512 paged: staging, chunk barriers and per-element index divisions held most of the gather's 46 % of the
+// stall samples, 2026-12-06).
+template <int D, bool PAGED, bool FP8>
+__device__ __forceinline__ void live_gather(const Cache& cache, const Scales& scales, const int* resolved,
+                                            const float* head_mass, __nv_bfloat16* __restrict__ out, size_t head0, int b,
+                                            int h, int n, int hkv, int vec0, int owned, int head_lo, int budget) {
+  constexpr int kInFlight = 8;
+  int t_log2 = 0;
+  while (t_log2 < 5 && (owned << (t_log2 + 1)) <= kThreads) ++t_log2;
+  const int T = 1 << t_log2, vl = threadIdx.x >> t_log2, p = threadIdx.x & (T - 1);
+  const int vec = vec0 + vl, head = vec / (D / 8);
+  const float mass = vl < owned ? head_mass[head] : 0.f;
+  const int* rows = resolved + (head - head_lo) * budget;
+  const size_t head_at = (size_t)h * (PAGED ? cache.head_stride : D) + (vec % (D / 8)) * 8;
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  if (vl < owned && mass > 0.f)
+    for (int m0 = p; m0 < budget; m0 += kInFlight * T) {
+      typename RowWord<FP8>::type raw[kInFlight];
+#pragma unroll
+      for (int r = 0; r < kInFlight; ++r) {
+        const int m = m0 + r * T;
+        raw[r] = {};
+        if (m < budget) {
+          const int row = rows[m];
+          const size_t at = PAGED ? row_offset<true>(cache, b, row >> cache.page_shift, row) : ((size_t)b * n + row) * hkv * D;
+          raw[r] = load_row_word<FP8>(cache.v, at + head_at);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kInFlight; ++r) {
+        if (m0 + r * T >= budget) continue;
+        float f[8];
+        row_floats<FP8>(raw[r], f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] += f[e];
+      }
+    }
+  for (int o = 1; o < T; o <<= 1)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], o);
+  if (vl < owned && p == 0) {
+    const float v_scale = FP8 ? (scales.v != nullptr ? __ldg(scales.v + h) : scales.v_scalar) : 1.f;
+    __align__(16) __nv_bfloat16 value[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      value[e] = __float2bfloat16(mass == mass ? (mass > 0.f ? acc[e] / (float)budget * v_scale : 0.f) : NAN);
+    __nv_bfloat16* at = out + head0 * D + (size_t)vec * 8;
+    if ((reinterpret_cast<uintptr_t>(at) & 15u) == 0u)
+      *reinterpret_cast<uint4*>(at) = *reinterpret_cast<const uint4*>(value);
+    else  // a contiguous out at an offset that is not a multiple of 8 elements (a view): element by element
+#pragma unroll
+      for (int e = 0; e < 8; ++e) at[e] = value[e];
+  }
+}
+
 // prop in one launch (issue 24), fifth version. Exact global systematic sampling as santa's two-launch prop, for
 // contiguous NHD bf16 K and V of n keys per sequence, of which sequence b holds seq_lens[b] (read on the device; all n
 // where seq_lens is nullptr), with the uniforms given ([B, Hkv·G] float32, santa.kernels.reference.philox_uniforms) or
@@ -764,29 +824,19 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
       }
     }
   }
+  if constexpr (LIVE) {
+    if (!covered) {  // samples: their resolved rows, summed in registers
+      __syncthreads();  // the resolved rows are written
+      live_gather<D, PAGED, FP8>(cache, scales, resolved, head_mass, out, head0, b, h, n, hkv, cta_vec0, cta_owned, head_lo,
+                                 budget);
+      mark(7);
+      return;
+    }
+  }
   for (int chunk0 = 0; chunk0 < cta_owned; chunk0 += chunk) {
   const int vec0 = cta_vec0 + chunk0, owned = min(chunk, cta_owned - chunk0);
   __syncthreads();  // shared memory is free again: it holds the rows [owned][S][8]
-  if (LIVE && !covered) {  // samples: their resolved rows, eight loads in flight per thread
-    constexpr int kInFlight = 8;
-    for (int i0 = threadIdx.x; i0 < owned * budget; i0 += kInFlight * kThreads) {
-      typename RowWord<FP8>::type raw[kInFlight];
-#pragma unroll
-      for (int r = 0; r < kInFlight; ++r) {
-        const int i = i0 + r * kThreads, vec = vec0 + i / budget, head = vec / (D / 8);
-        const float mass = head_mass[head];  // a NaN mass: NaN rows; none: zeros (as below)
-        raw[r] = nan_row_word<FP8>();
-        if (mass == mass) raw[r] = {};
-        if (i < owned * budget && mass > 0.f) {
-          const int row = resolved[(head - head_lo) * budget + i % budget];
-          const size_t at = PAGED ? row_offset<true>(cache, b, row >> cache.page_shift, row) + (size_t)h * cache.head_stride
-                                  : ((size_t)b * n + row) * hkv * D + (size_t)h * D;
-          raw[r] = load_row_word<FP8>(cache.v, at + (vec % (D / 8)) * 8);
-        }
-      }
-      store_rows<FP8, kInFlight>(raw, i0, owned * budget, kept);
-    }
-  } else if (!covered) {  // samples: the keys their words name
+  if (!covered) {  // samples: the keys their words name
     for (int i0 = threadIdx.x; i0 < owned * budget; i0 += 4 * kThreads) {  // four items in flight per thread
       unsigned long long words[4];
       const unsigned long long* at[4];
