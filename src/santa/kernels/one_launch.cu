@@ -96,6 +96,12 @@ __device__ __forceinline__ typename RowWord<FP8>::type load_row_word(const __nv_
   if constexpr (FP8) return __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const unsigned char*>(base) + at));
   else return __ldg(reinterpret_cast<const uint4*>(base + at));
 }
+// A row word whose values are all NaN
+template <bool FP8>
+__device__ __forceinline__ typename RowWord<FP8>::type nan_row_word() {
+  if constexpr (FP8) return make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
+  else return make_uint4(0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u);
+}
 
 // (m, l) ← the merge of two slices' statistics (log2 domain); two empty ones (m = −inf) stay empty
 __device__ __forceinline__ void merge_stats(float& m, float& l, float m_o, float l_o) {
@@ -396,6 +402,20 @@ __device__ __forceinline__ float comb_offset(const Draw& draw, int b, int heads,
 __device__ __forceinline__ int sampled_key(const unsigned long long* at, unsigned long long word, unsigned tag, int n) {
   return min(max(__float_as_int(await_tagged(at, word, tag)), 0), n - 1);
 }
+// The gather's row words raw[r] (item i0 + r · kThreads, items below `items`) as floats, into kept[item][8]
+template <bool FP8, int N>
+__device__ __forceinline__ void store_rows(const typename RowWord<FP8>::type (&raw)[N], int i0, int items, float* kept) {
+#pragma unroll
+  for (int r = 0; r < N; ++r) {
+    const int i = i0 + r * kThreads;
+    if (i >= items) continue;
+    float f[8];
+    row_floats<FP8>(raw[r], f);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) kept[(size_t)i * 8 + e] = f[e];
+  }
+}
+
 // The gather of a sequence the budget covers (prop_slice's covered branch, kept out of line: the sampled path's code
 // stays as it was): kept row i = (vector, j) is V row j scaled by word j of its head, S·p_j; rows j ≥ len are zeros
 // (NaN for a head with a NaN mass: NaN or +inf scores).
@@ -423,7 +443,7 @@ __device__ __noinline__ void covered_rows(const Cache cache, const unsigned long
   }
 }
 
-// A CTA's gather of sampled rows (not covered), summed in registers: its `owned` output vectors from vec0,
+// A live CTA's gather of sampled rows (LIVE, not covered), summed in registers: its `owned` output vectors from vec0,
 // T threads each (T = the largest power of two ≤ 256 / owned, at most 32: a vector's threads lie in one warp). Thread
 // (vector, p) loads the rows of samples p, p + T, p + 2T, … (their resolved pool rows, eight loads in flight) and sums
 // their 8 floats in that order; then the T sums by a butterfly of shuffles (every lane the same bits: a + b = b + a),
@@ -431,7 +451,7 @@ __device__ __noinline__ void covered_rows(const Cache cache, const unsigned long
 // Llama 64 × 512 paged: staging, chunk barriers and per-element index divisions held most of the gather's 46 % of the
 // stall samples, 2026-12-06).
 template <int D, bool PAGED, bool FP8>
-__device__ __forceinline__ void gather_sum(const Cache& cache, const Scales& scales, const int* resolved,
+__device__ __forceinline__ void live_gather(const Cache& cache, const Scales& scales, const int* resolved,
                                             const float* head_mass, __nv_bfloat16* __restrict__ out, size_t head0, int b,
                                             int h, int n, int hkv, int vec0, int owned, int head_lo, int budget) {
   constexpr int kInFlight = 8;
@@ -501,10 +521,10 @@ __device__ __forceinline__ void gather_sum(const Cache& cache, const Scales& sca
 //            (P_c − P_{c−1})·Cum_last, its subtile the first with Cum_i > t (bisection; past the last subtile with
 //            mass: that one), its key the first of the subtile with Cum_{i−1} + Σ_{k'≤k} 2^(s_k' − m_c) > t (else
 //            the subtile's last key with mass). The key is written, tagged, as sample m of head g.
-//   gather:  CTA c owns V_c = ⌈G·D/8 / C⌉ of the group's 8-element output vectors: it resolves the S tagged keys of
-//            each head it serves to pool rows once (waiting for those not yet there), then loads each vector's S rows'
-//            16 bytes and sums them in registers by a fixed order (gather_sum): out = Σ / S. Each sampled V sector is
-//            read once, by the CTA that owns it; no partial sums travel.
+//   gather:  CTA c owns V_c = ⌈G·D/8 / C⌉ of the group's 8-element output vectors: for each it reads the S tagged
+//            keys of the vector's head (waiting for those not yet there), loads those S V rows' 16 bytes, and sums
+//            them by a fixed tree (16 threads per output, 8 samples each in order, then shuffles): out = Σ / S.
+//            Each sampled V sector is read once, by the CTA that owns it; no partial sums travel.
 // STAGE 1 stops after publishing, STAGE 2 after the keys (timing the phases; their outputs are not checked); marks,
 // where given, get each CTA's clocks at the phase boundaries (0 start, 1 streamed, 2 published, 3 stats read,
 // 4 first points placed, 5 keys written, 6 V rows gathered, 7 done).
@@ -761,22 +781,24 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   // ---- gather: this CTA's output vectors, S rows' 16 bytes each, from the tagged keys
   const int per_cta = (VECS + slices - 1) / slices, cta_vec0 = c * per_cta;
   const int cta_owned = max(0, min(VECS, cta_vec0 + per_cta) - cta_vec0);
-  // Each sample's V row is found once (its key from the tagged word, then its page: two dependent loads, all samples'
-  // in flight together), not once per output vector: resolved[(head − head_lo) · S + m] = sample m's pool row
-  // (page << page_shift | its place in the page; contiguous: the key), at the end of dynamic shared memory, free once
-  // the placement's scores are read (a host plan's holds all its rows [owned][S][8] ≥ these 4 · heads · S bytes; a live
-  // one's limits count them); read only for heads with mass. Then gather_sum loads those rows and sums them in
-  // registers. (ncu, Llama 64 × 2k paged: the gather's three dependent loads per vector and sample held 33 % of the
-  // warps' stall samples; at 64 × 512 the rows staged in shared memory and their chunks 46 %.) A covered sequence
-  // gathers its weighted rows into shared memory, in chunks of as many vectors as a live CTA's memory holds (a host
-  // plan's: all of them).
+  // a host plan sizes shared memory for all its rows [owned][S][8]; a live slice (any C_b, down to 1) gathers its
+  // vectors in chunks of as many as the CTA's dynamic shared memory holds beside its resolved rows (live_limits: at
+  // least one vector)
+  int chunk = cta_owned;
+  // LIVE: each sample's V row is found once, before the chunks (its key from the tagged word, then its page: two
+  // dependent loads, all samples' in flight together), not once per output vector; the chunks then only load rows.
+  // resolved[(head − head_lo) · S + m] = sample m's pool row (page << page_shift | its place in the page; contiguous:
+  // the key), at the end of dynamic shared memory; read only for heads with mass (ncu, Llama 64 × 2k paged: the
+  // gather's three dependent loads per vector and sample held 33 % of the warps' stall samples)
   const int head_lo = cta_vec0 / (D / 8);
-  unsigned dynamic_bytes;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
-  const int heads_owned = cta_owned > 0 ? (cta_vec0 + cta_owned - 1) / (D / 8) - head_lo + 1 : 0;
-  if (!covered) {
-    const int count = heads_owned * budget;
-    int* resolved = reinterpret_cast<int*>(reinterpret_cast<char*>(smem) + dynamic_bytes) - count;
+  int* resolved = nullptr;
+  if constexpr (LIVE) {
+    unsigned dynamic_bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dynamic_bytes));
+    const int heads_owned = cta_owned > 0 ? (cta_vec0 + cta_owned - 1) / (D / 8) - head_lo + 1 : 0;
+    const int count = covered ? 0 : heads_owned * budget;
+    resolved = reinterpret_cast<int*>(reinterpret_cast<char*>(smem) + dynamic_bytes) - count;
+    chunk = max(1, (int)((dynamic_bytes - 4u * (unsigned)count) / (32u * (unsigned)budget)));
     __syncthreads();  // the placement's scores are read: the end of shared memory is free
     for (int p0 = threadIdx.x; p0 < count; p0 += 4 * kThreads) {  // four samples in flight per thread
       unsigned long long words[4];
@@ -801,18 +823,58 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
         if (p0 + r * kThreads < count) resolved[p0 + r * kThreads] = row;
       }
     }
-    __syncthreads();  // the resolved rows are written
-    gather_sum<D, PAGED, FP8>(cache, scales, resolved, head_mass, out, head0, b, h, n, hkv, cta_vec0, cta_owned, head_lo,
-                              budget);
-    mark(6);
-    mark(7);
-    return;
   }
-  const int chunk = LIVE ? max(1, (int)(dynamic_bytes / (32u * (unsigned)budget))) : cta_owned;
+  if constexpr (LIVE) {
+    if (!covered) {  // samples: their resolved rows, summed in registers
+      __syncthreads();  // the resolved rows are written
+      live_gather<D, PAGED, FP8>(cache, scales, resolved, head_mass, out, head0, b, h, n, hkv, cta_vec0, cta_owned, head_lo,
+                                 budget);
+      mark(7);
+      return;
+    }
+  }
   for (int chunk0 = 0; chunk0 < cta_owned; chunk0 += chunk) {
   const int vec0 = cta_vec0 + chunk0, owned = min(chunk, cta_owned - chunk0);
   __syncthreads();  // shared memory is free again: it holds the rows [owned][S][8]
-  {  // a covered sequence: row j scaled by its word S·p_j (rows j ≥ len: zeros), no sampled keys to wait for
+  if (!covered) {  // samples: the keys their words name
+    for (int i0 = threadIdx.x; i0 < owned * budget; i0 += 4 * kThreads) {  // four items in flight per thread
+      unsigned long long words[4];
+      const unsigned long long* at[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int i = i0 + r * kThreads, vec = vec0 + i / budget, head = vec / (D / 8);
+        at[r] = sampled + (head0 + head) * budget + i % budget;
+        words[r] = i < owned * budget && head_mass[head] > 0.f ? load_word(at[r]) : 0ull;
+      }
+      int keys_r[4], pages_r[4] = {0, 0, 0, 0};
+      if constexpr (PAGED) {  // the keys, then their pages (a second dependent load, four in flight), then the rows
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int i = i0 + r * kThreads, head = (vec0 + i / budget) / (D / 8);
+          keys_r[r] = i < owned * budget && head_mass[head] > 0.f ? sampled_key(at[r], words[r], tag, n) : -1;
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r) pages_r[r] = keys_r[r] >= 0 ? table_page(cache, b, keys_r[r]) : 0;
+      }
+      typename RowWord<FP8>::type raw[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int i = i0 + r * kThreads, vec = vec0 + i / budget, head = vec / (D / 8);
+        // a row without mass sampled nothing: zeros; a NaN mass (NaN or +inf scores, a bad length or page): NaN rows,
+        // so the sum below is NaN without a test of its own
+        const float mass = head_mass[head];
+        raw[r] = nan_row_word<FP8>();
+        if (mass == mass) raw[r] = {};
+        if (i < owned * budget && mass > 0.f) {
+          const int key = PAGED ? keys_r[r] : sampled_key(at[r], words[r], tag, n);
+          const size_t row = PAGED ? row_offset<true>(cache, b, pages_r[r], key) + (size_t)h * cache.head_stride
+                                   : ((size_t)b * n + key) * hkv * D + (size_t)h * D;  // contiguous NHD, as the stream
+          raw[r] = load_row_word<FP8>(cache.v, row + (vec % (D / 8)) * 8);
+        }
+      }
+      store_rows<FP8, 4>(raw, i0, owned * budget, kept);
+    }
+  } else {  // a covered sequence: row j scaled by its word S·p_j (rows j ≥ len: zeros), no sampled keys to wait for
     covered_rows<D, PAGED, FP8>(cache, sampled, kept, head_mass, head0, b, h, vec0, owned, budget, len, tag);
   }
   __syncthreads();

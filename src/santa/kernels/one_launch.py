@@ -495,9 +495,9 @@ class OneLaunch:
 
         if marks is not None and isinstance(self.plan, LivePlan):
             raise ValueError("marks: a live launch's rounds follow the lengths (no host-built rounds to size them by)")
-        # the gather's int32 rows: a pool's page << page_shift | place (contiguous: the key, an int)
-        if self.page_size is not None and k.shape[0] * self.page_size >= 2**31:
-            raise ValueError(f"k: the one launch takes pools of fewer than 2**31 rows, got {k.shape[0]} pages of "
+        # the gather's int32 rows: a pool's page << page_shift | place (contiguous: the key, under 2**31 by the limits)
+        if isinstance(self.plan, LivePlan) and self.page_size is not None and k.shape[0] * self.page_size >= 2**31:
+            raise ValueError(f"k: a live launch takes pools of fewer than 2**31 rows, got {k.shape[0]} pages of "
                              f"{self.page_size} keys")
 
         def ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
