@@ -28,8 +28,9 @@ skips the cases already there (a call cut at its time limit resumes). A paged pl
 schedule (its work derived from the lengths in the launch, whatever the capacity: ``one_launch_plan`` ``live``);
 ``--rounds`` (keys ``rounds/…``) also times, on the same draws, the one launch on host-built rounds sized by the
 capacity (``rounds_us``: ``OneLaunch(live=False)``, the paged default before the live schedule) and the live schedule
-with at least 4 slices a sequence (``live_min4_us``: the fewest whose gather fit shared memory before live CTAs gathered
-in chunks).
+(``live_us``: ``OneLaunch(live=True)``, whatever the rule chose; until 2026-12-06's 27th session this arm was
+``live_min4_us``, at least 4 slices a sequence, the fewest whose gather fit shared memory before live CTAs gathered in
+chunks).
 """
 
 from __future__ import annotations
@@ -260,7 +261,7 @@ def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full:
                 entry["best_dense_us"] = min(dense)
                 entry["one_launch_over_dense"] = entry["one_launch_us"] / entry["best_dense_us"]
         entry["one_launch_over_triton"] = entry["one_launch_us"] / entry["triton_us"]
-        for name, kind in (("rounds", dict(live=False)), ("live_min4", dict(live=True, min_slices=4))) if rounds and not gate else ():
+        for name, kind in (("rounds", dict(live=False)), ("live", dict(live=True))) if rounds and not gate else ():
             try:
                 arm = launch_arm(model, q, packed, table, seq_lens, capacity, flusher, **kind)
                 entry.update({f"{name}_us": arm["us"], f"{name}_plan": arm["plan"],
