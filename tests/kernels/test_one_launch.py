@@ -768,10 +768,11 @@ def test_a_live_launch_of_one_slice_a_group_gathers_its_vectors_in_chunks(batch,
 
 @needs_hopper
 def test_paged_plans_choose_the_live_schedule_and_say_so():
-    """plan_decode picks the one launch's kernels once: a paged plan whose host-built rounds exceed one wave the live
-    schedule (whatever its capacity), one that fits one wave those rounds (they follow the live keys already), a
-    contiguous one host-built rounds where they fit and the live schedule where none does, Tuning(one_launch=False) the Triton prop; past a live launch's 1,024 sequences,
-    host-built rounds or the Triton prop."""
+    """plan_decode picks the one launch's kernels once: a paged plan whose host-built rounds exceed one wave or cut a group
+    in at most 2 slices the live schedule (whatever its capacity), one whose rounds fit one wave in more slices those
+    rounds (they follow the live keys already), a contiguous one host-built rounds where they fit and the live schedule
+    where none does, Tuning(one_launch=False) the Triton prop; past a live launch's 1,024 sequences, host-built rounds
+    or the Triton prop."""
     common = dict(heads=32, kv_heads=8, head_dim=128, budget=128, dtype=torch.bfloat16, device="cuda")
     for capacity in (2048, 131072):
         plan = plan_decode(batch=64, n_keys=capacity, page_size=16, **common)
@@ -779,6 +780,10 @@ def test_paged_plans_choose_the_live_schedule_and_say_so():
     for capacity in (8192, 131072):  # one sequence: one wave of host-built slices
         plan = plan_decode(batch=1, n_keys=capacity, page_size=16, **common)
         assert plan.implementation.startswith("one launch, host rounds C") and len(plan.one_launch.plan.rounds) == 1
+    # Qwen's shape: 16 sequences take one wave of 8 slices a group, 64 one of 2 slices, which the live kernel serves
+    qwen = dict(common, heads=14, kv_heads=2, head_dim=64)
+    assert plan_decode(batch=16, n_keys=2048, page_size=16, **qwen).implementation == "one launch, host rounds C8"
+    assert plan_decode(batch=64, n_keys=2048, page_size=16, **qwen).implementation == "one launch, live schedule"
     assert plan_decode(batch=1, n_keys=8192, **common).implementation.startswith("one launch, host rounds C")
     # contiguous: host-built rounds wherever they fit (a static cache is mostly full), the live schedule where none does
     assert plan_decode(batch=8, n_keys=32768, **common).implementation.startswith("one launch, host rounds C")

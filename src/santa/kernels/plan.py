@@ -548,7 +548,8 @@ class DecodePlan:
         """The one-launch CUDA prop for this plan (:mod:`santa.kernels.one_launch`: Hopper, bf16, contiguous NHD or paged
         NHD/HND), made now (its module and schedule, outside any CUDA graph), or None: the Triton prop serves every call
         (so also for a plan made during a capture, where its schedule cannot be copied to the device). Host-built
-        rounds, except a paged plan whose rounds pass one wave and a plan none fits: the live schedule (below)."""
+        rounds, except a paged plan whose rounds pass one wave or cut a group in at most 2 slices, and a plan none fits:
+        the live schedule (below)."""
         s = self.shape
         if self.error_target is not None:
             return None  # the one launch draws a fixed budget; the Triton prop runs the pilot
@@ -563,13 +564,17 @@ class DecodePlan:
             host = launch()
         except ValueError:  # no plan fits shared memory (a large budget), or the module did not load (warned once)
             host = None
-        if host is not None and (s.page_size is None or len(host.plan.rounds) == 1):
+        if host is not None and (s.page_size is None or (len(host.plan.rounds) == 1 and host.plan.slots > 2)):
             return host
         # a paged plan's capacity is a server's max_model_len, its sequences mostly far shorter. Host-built rounds in
         # one wave already follow the live keys (each slice is a share of its sequence's length: Llama 1 × 8k 19.7 µs
         # against the live schedule's 23.7); rounds beyond one wave are sized by the capacity, so there the live
         # schedule (issue 39), which derives each launch's work from seq_lens, serves (H100, Llama 64 × 2k: 164 µs on
-        # a 2k or a 128k plan, where the Triton prop takes 231 / 433; benchmarks/results/kernels.md). A contiguous
+        # a 2k or a 128k plan, where the Triton prop takes 231 / 433; benchmarks/results/kernels.md). One wave of at most
+        # 2 slices a group leaves each CTA half a group's output vectors or more, which the live kernel gathers from rows
+        # it resolves once and sums in registers, and host-built rounds with three dependent loads per vector and sample
+        # (Qwen 64 × 512 to 4k, C2: live 0.82-0.87× the rounds' time; with 8 slices or more the rounds are 1.16-1.47×
+        # faster: paged_ab.py --rounds, H100, 2026-12-06, 27th session). A contiguous
         # plan (a static cache, its length often the prompt's plus the new tokens': tight) keeps host-built rounds
         # wherever they fit (on full sequences 5-9 % faster than the live schedule; on a cache 16× the live keys
         # 1.4-2.1× slower: contiguous_ab.py, H100) and takes the live schedule where none fits, instead of the Triton
