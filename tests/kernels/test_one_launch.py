@@ -736,6 +736,25 @@ def test_a_live_launch_mixes_slice_counts_and_rounds():
 
 
 @needs_hopper
+def test_a_live_launch_writes_the_same_bits_into_an_out_at_any_element_offset():
+    """The live gather stores each output vector's 8 values in one 16-byte store where ``out`` allows it, element by
+    element where a contiguous view starts off a 16-byte boundary: the same bits either way."""
+    batch, heads, kv_heads, dim, n_keys, budget = 8, 32, 8, 128, 2048, 128
+    q, _, _, k_pages, v_pages, table, _ = paged_case("packed", batch=batch, n_keys=n_keys)
+    seq_lens = torch.tensor([2048, 1500, 700, 2048, 300, 1024, 2000, 129], dtype=torch.int32, device="cuda")
+    launch = ol.OneLaunch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget,
+                          scale=dim**-0.5, device=torch.device("cuda"), page_size=16, live=True)
+    strides = ol.cache_strides(k_pages, v_pages, "NHD")
+    aligned = launch.run(q, k_pages, v_pages, out=torch.empty_like(q), strides=strides, seq_lens=seq_lens,
+                         block_table=table, seed=13)
+    storage = torch.full((q.numel() + 1,), float("nan"), dtype=q.dtype, device="cuda")
+    shifted = storage[1:].view_as(q)  # contiguous, 2 bytes past a 16-byte boundary
+    launch.run(q, k_pages, v_pages, out=shifted, strides=strides, seq_lens=seq_lens, block_table=table, seed=13)
+    torch.cuda.synchronize()
+    assert shifted.data_ptr() % 16 == 2 and torch.equal(shifted, aligned) and storage[0].isnan()
+
+
+@needs_hopper
 @pytest.mark.parametrize("batch,heads,kv_heads,dim", [(48, 32, 8, 128), (160, 14, 2, 64)])
 def test_a_live_launch_of_one_slice_a_group_gathers_its_vectors_in_chunks(batch, heads, kv_heads, dim):
     """More groups than the grid holds: every sequence in one slice (C_b = 1, two rounds), so one CTA owns all of a
