@@ -72,7 +72,8 @@ def line_table(cubin: Path, kernel: str) -> dict[int, tuple[int, ...]]:
 
 
 def source_map(source: Path) -> tuple[dict[str, tuple[int, int]], list[int]]:
-    """The line spans of the helpers in HELPER_PHASES and of prop_slice, and prop_slice's mark(i) lines in order."""
+    """The line spans of the helpers in HELPER_PHASES and of prop_slice, and prop_slice's mark(i) lines in order: for each
+    i the last ``mark(i)`` (an early return repeats one, as the live gather's ``mark(7)``: the boundary is the last)."""
     lines = source.read_text().splitlines()
     spans, start, name = {}, None, None
     for number, text in enumerate(lines, 1):
@@ -82,8 +83,11 @@ def source_map(source: Path) -> tuple[dict[str, tuple[int, int]], list[int]]:
             spans[name] = (start, number)
             name = None
     lo, hi = spans["prop_slice"]
-    marks = [number for number in range(lo, hi + 1) if re.search(r"\bmark\([0-7]\);", lines[number - 1])]
-    return spans, marks
+    last: dict[int, int] = {}
+    for number in range(lo, hi + 1):
+        if m := re.search(r"\bmark\(([0-7])\);", lines[number - 1]):
+            last[int(m.group(1))] = number
+    return spans, [last[i] for i in sorted(last)]
 
 
 def phase_of(stack: tuple[int, ...], spans: dict, marks: list[int]) -> str:

@@ -35,7 +35,9 @@ def test_the_shipped_kernels_live_helpers_and_inlined_gather_map_to_their_phases
     spans, marks = source_map(ONE_LAUNCH)
     first, last = spans["live_prologue"]
     assert phase_of((first + 3,), spans, marks) == "live prologue"
-    # store_rows (no phase of its own) takes the phase of the line in prop_slice it is inlined at: the gather
-    call = line_of(ONE_LAUNCH, "store_rows<FP8, kInFlight>", spans["prop_slice"])
-    assert marks[5] < call < marks[6]
-    assert phase_of((spans["store_rows"][0] + 3, call), spans, marks) == "V gather"
+    # live_gather and store_rows (no phase of their own) take the phase of the line in prop_slice they are inlined at:
+    # the gather
+    for helper, text in (("live_gather", "live_gather<D, PAGED, FP8>"), ("store_rows", "store_rows<FP8, 4>")):
+        call = line_of(ONE_LAUNCH, text, spans["prop_slice"])
+        assert marks[5] < call < marks[6]
+        assert phase_of((spans[helper][0] + 3, call), spans, marks) == "V gather"
