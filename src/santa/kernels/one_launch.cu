@@ -781,12 +781,12 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   // ---- gather: this CTA's output vectors, S rows' 16 bytes each, from the tagged keys
   const int per_cta = (VECS + slices - 1) / slices, cta_vec0 = c * per_cta;
   const int cta_owned = max(0, min(VECS, cta_vec0 + per_cta) - cta_vec0);
-  // a host plan sizes shared memory for all its rows [owned][S][8]; a live slice (any C_b, down to 1) gathers its
-  // vectors in chunks of as many as the CTA's dynamic shared memory holds beside its resolved rows (live_limits: at
-  // least one vector)
+  // a host plan sizes shared memory for all its rows [owned][S][8]; a live slice (any C_b, down to 1) sums its sampled
+  // rows in registers (live_gather) and stages only a covered sequence's weighted rows, in chunks of as many vectors as
+  // the CTA's dynamic shared memory holds (live_limits: at least one vector)
   int chunk = cta_owned;
-  // LIVE: each sample's V row is found once, before the chunks (its key from the tagged word, then its page: two
-  // dependent loads, all samples' in flight together), not once per output vector; the chunks then only load rows.
+  // LIVE: each sample's V row is found once, before the gather (its key from the tagged word, then its page: two
+  // dependent loads, all samples' in flight together), not once per output vector; live_gather then only loads rows.
   // resolved[(head − head_lo) · S + m] = sample m's pool row (page << page_shift | its place in the page; contiguous:
   // the key), at the end of dynamic shared memory; read only for heads with mass (ncu, Llama 64 × 2k paged: the
   // gather's three dependent loads per vector and sample held 33 % of the warps' stall samples)

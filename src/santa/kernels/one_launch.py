@@ -123,9 +123,12 @@ class LiveLimits:
 def live_limits(*, group_size: int, dim: int, budget: int, sms: int, per_sm, page_size: int | None = None) -> LiveLimits | None:
     """The live schedule's limits for a kernel shape (benchmarks/KERNEL_NOTES.md): slices of :data:`ROUNDS_SLICE_KEYS`
     keys, whose kept scores, every slot's stats and (paged) page ids set the CTA's shared memory; ``min_slices`` 1 (a
-    live CTA gathers its output vectors in chunks of as many as that memory holds, so no slice count is too few);
-    ``ctas`` = ``per_sm(shared) · sms``. None where the shape has no kernel, one vector's S rows beside every sample's
-    resolved row (:func:`resolved_bytes`) do not fit, or the grid cannot hold one group's :data:`LIVE_MAX_SLICES` slices."""
+    live CTA sums its sampled rows in registers and stages a covered sequence's rows in chunks of as many vectors as
+    that memory holds, so no slice count is too few); ``ctas`` = ``per_sm(shared) · sms``. None where the shape has no
+    kernel, one vector's S rows beside every sample's resolved row (:func:`resolved_bytes`) do not fit (since the
+    register gather a CTA needs only one of the two at a time, so this bound is stricter than needed; a looser one is
+    not measured), or the grid cannot hold
+    one group's :data:`LIVE_MAX_SLICES` slices."""
     if (dim, group_size) not in SHAPES:
         return None
     slice_cap = ROUNDS_SLICE_KEYS[dim]
