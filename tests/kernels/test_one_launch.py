@@ -107,9 +107,9 @@ def test_the_live_schedules_limits_follow_the_kernels_shared_memory(group_size, 
 
 def test_no_live_limits_where_the_gather_cannot_fit_or_the_shape_has_no_kernel():
     assert ol.live_limits(group_size=4, dim=128, budget=1 << 16, sms=132, per_sm=h200_per_sm) is None  # one vector: 2 MiB
-    # one vector's 3,000 rows fit (96,000 B of 107,660), not beside their 48,000 B of resolved rows; 2,048 fit beside theirs
+    # one vector's 3,000 rows fit (96,000 B of 106,636), not beside their 48,000 B of resolved rows; 2,048 fit beside theirs
     assert ol.live_limits(group_size=4, dim=128, budget=3000, sms=132, per_sm=h200_per_sm) is None
-    assert ol.live_limits(group_size=4, dim=128, budget=2048, sms=132, per_sm=h200_per_sm).shared == 107660
+    assert ol.live_limits(group_size=4, dim=128, budget=2048, sms=132, per_sm=h200_per_sm).shared == 106636
     assert ol.live_limits(group_size=5, dim=128, budget=128, sms=132, per_sm=h200_per_sm) is None
     assert ol.live_limits(group_size=4, dim=128, budget=128, sms=16, per_sm=h200_per_sm) is None  # 32 CTAs < 64 slots
 
@@ -157,10 +157,10 @@ def test_buffers_hold_a_plan_only_if_its_groups_heads_and_slices_fit():
     assert not buffers.fits(batch=4, heads=32, kv_heads=8, budget=128, slots=67)
     assert not buffers.fits(batch=4, heads=32, kv_heads=8, budget=64, slots=8)  # the sampled words' rows are S long
     assert not buffers.fits(batch=4, heads=28, kv_heads=4, budget=128, slots=8)
-    # a group's words: every head's granules' tagged (m_g, w_g), then a slice's max score per head, in G · slots · 2 words
+    # a group's words: every head's granules' (m_g, w_g) pairs, then one arrival a slice, in G · slots · 2 words
     for n, slices, group in ((4096, 66, 4), (131072, 64, 4), (262144, 66, 4), (32768, 16, 7), (300, 33, 3)):
         slots = ol.exchange_slots(slices=slices, group_size=group, n=n)
-        assert 2 * group * granule_slots(n) + group * slices <= 2 * group * slots <= 2 * group * granule_slots(n) + group * (slices + 1)
+        assert group * granule_slots(n) + slices <= 2 * group * slots < group * granule_slots(n) + slices + 2 * group
 
 
 def test_cache_strides_address_nhd_hnd_and_vllms_packed_rows_and_refuse_what_16_byte_loads_cannot_read():

@@ -309,12 +309,6 @@ __device__ __forceinline__ unsigned long long load_word(const unsigned long long
   asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(word) : "l"(p) : "memory");
   return word;
 }
-// Two adjacent words (16-byte aligned) in one load; each is checked on its own (await_tagged reloads it alone)
-__device__ __forceinline__ ulonglong2 load_pair(const unsigned long long* p) {
-  ulonglong2 words;
-  asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];" : "=l"(words.x), "=l"(words.y) : "l"(p) : "memory");
-  return words;
-}
 // The value of *p once it carries `tag` (spins until then), given a first load already in flight
 __device__ __forceinline__ float await_tagged(const unsigned long long* p, unsigned long long word, unsigned tag) {
   for (int spins = 0; (unsigned)(word >> 32) != tag; ++spins) {
@@ -585,7 +579,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     marks[(size_t)slot * 18 + 16] = smid;
   }
   extern __shared__ float smem[];  // kept_floats(G, slice_len), the group's words (C + G·granules·2), then (PAGED) the slice's pages
-  __shared__ float head_mass[8], warp_max[kWarps][8], head_max[8];
+  __shared__ float head_mass[8];
   __shared__ int bad_page;
   constexpr int VECS = G * D / 8;  // the group's 8-element output vectors
   const int h = group % hkv, b = group / hkv;
@@ -602,7 +596,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   float* kept = smem;
   float* cum = kept + G * stride;  // the subtiles' masses W_i, then their prefix within their granule
   const size_t head0 = (size_t)b * hkv * G + (size_t)h * G;  // the group's first query-head row
-  // the group's exchange words: [G][granules][2] tagged (m_g, w_g), then the C slices' tagged arrivals
+  // the group's exchange words: [G][granules] (m_g, w_g) float pairs, then the C slices' arrivals (tagged)
   unsigned long long* group_words = slice_stats + (size_t)group * G * stats_slots * 2;
   const float uni = warp < G ? comb_offset(draw, b, hkv * G, h * G + warp) : 0.f;  // used after the stream
   // PAGED: the pages of keys [start, stop), staged after the kept scores (a page outside the pool: page 0, and bad_page)
@@ -623,14 +617,10 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     __syncthreads();
   }
 
-  // ---- stream: the slice's scores kept and each head's max; then every granule's (m_g, w_g) per head, published
-  float m, l;  // m: this lane's max score of head lane / 4 (l, the running mass, is not used: the granules' come from
-               // the kept scores)
+  // ---- stream: the slice's scores kept; then every granule's (m_g, w_g) per head, published at once
+  float m, l;  // the stream's running statistics: not used (the granules' come from the kept scores)
   if constexpr (FP8) scale_log2 *= scales.k != nullptr ? __ldg(scales.k + h) : scales.k_scalar;  // K's dequantisation scale
   mma_stream<D, G, U, true, PAGED, FP8>(q, cache, n, hkv, b, h, start, stop, scale_log2, kept, slice_len, m, l, page_ids, page0);
-  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-  m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-  if ((lane & 3) == 0) warp_max[warp][lane >> 2] = m;
   __syncthreads();
   mark(1);  // the slice streamed
   // the tag is computed only here: until 50cea93 `tag = __ldcg(epoch + group) + 1` sat before the stream and ptxas
@@ -649,13 +639,12 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   // tree) into cum; the granule's last lane publishes (m_g, w_g). Each step reads the granule's own scores alone, so
   // the words and prefixes are the same bits under every plan. A NaN score makes its granule's mass NaN (so the
   // group's output), as does +inf (2^(inf − inf)).
-  const int gran = granule_keys(len), spg_log2 = 28 - __clz(gran), spg = 1 << spg_log2;  // spg: subtiles a granule
-  const int granules = (len + gran - 1) / gran;
+  const int gran = granule_keys(len), spg = gran / 8, granules = (len + gran - 1) / gran;  // spg: subtiles a granule
   const int k0 = start / gran, k1 = keys > 0 ? (stop + gran - 1) / gran : k0;  // this slice's granules (an empty one: none)
   const int slice_granules = k1 - k0, span = G * slice_granules * spg;
   for (int base = warp * 32; base < span; base += kThreads) {  // warp-uniform: every lane takes the shuffles
-    const int idx = base + lane, head = idx / (slice_granules * spg), i = idx - head * slice_granules * spg;
-    const int kl = i >> spg_log2, sub = i & (spg - 1);  // i: the slice's subtile, of granule k0 + kl
+    const int idx = base + lane, head = idx / (slice_granules * spg), rest = idx % (slice_granules * spg);
+    const int kl = rest / spg, sub = rest % spg, i = kl * spg + sub;  // i: the slice's subtile
     const bool here = idx < span && i < live_subs;
     float4* row = reinterpret_cast<float4*>(kept + (here ? head * stride + i * 8 : 0));
     float u[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -687,47 +676,31 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
       if (sub >= o) run += below;
     }
     if (here) cum[head * n_sub + i] = run;
-    if (idx < span && sub == spg - 1) {  // the granule's last lane: its pair, tagged (past the sequence's end lanes add 0)
-      unsigned long long* at = group_words + ((size_t)head * granules + k0 + kl) * 2;
-      store_tagged(at, mg, tag);
-      store_tagged(at + 1, poisoned ? NAN : run, tag);
+    if (idx < span && sub == spg - 1) {  // the granule's last lane: its pair (past the sequence's end the lanes add 0)
+      float2* at = reinterpret_cast<float2*>(group_words + (size_t)head * granules + k0 + kl);
+      *at = make_float2(mg, poisoned ? NAN : run);
     }
   }
-  if (threadIdx.x < G) {  // this slice's arrival: per head its max score (m* = the max over slices: the same under every plan)
-    float mc = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mc = fmaxf(mc, warp_max[w][threadIdx.x]);
-    store_tagged(group_words + 2 * G * granules + c * G + threadIdx.x, mc, tag);
-  }
+  // the pairs, then this slice's arrival: each writer's fence, the CTA's barrier, one tagged word (the pairs are plain
+  // 8-byte words, two to a 16-byte load: the tags of run 26's design, one per float, made each CTA wait out a chain of
+  // loads over G · granules · 2 words, 1.4-2x slower at 32k keys)
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) store_tagged(group_words + G * granules + c, 0.f, tag);
   mark(2);  // published (and the prefixes built)
   if constexpr (STAGE == 1) return;
 
-  // ---- the group's pairs and arrivals, waiting for those not yet there: each pair one 16-byte load, two in flight a
-  // thread, into head g's rows [granules + 32][2] at pos(k) = k + k / per (per = the placement's granules a lane: one
-  // pad a lane's run, so that the lanes' runs start in different banks); warp g: head g's arrivals, m* = their max
-  const int per_log2 = granules > 32 ? 32 - __clz((granules + 31) / 32 - 1) : 0;  // per = 2^per_log2 ≥ ⌈granules / 32⌉
-  const int head_floats = 2 * (granules + 32);
-  for (int i = threadIdx.x; i < G * granules; i += 2 * kThreads) {
-    const int j = i + kThreads;
-    const ulonglong2 wi = load_pair(group_words + 2 * i), wj = j < G * granules ? load_pair(group_words + 2 * j) : ulonglong2{};
-    float* at = group_stats + (i / granules) * head_floats + 2 * ((i % granules) + ((i % granules) >> per_log2));
-    at[0] = await_tagged(group_words + 2 * i, wi.x, tag);
-    at[1] = await_tagged(group_words + 2 * i + 1, wi.y, tag);
-    if (j < G * granules) {
-      at = group_stats + (j / granules) * head_floats + 2 * ((j % granules) + ((j % granules) >> per_log2));
-      at[0] = await_tagged(group_words + 2 * j, wj.x, tag);
-      at[1] = await_tagged(group_words + 2 * j + 1, wj.y, tag);
-    }
+  // ---- the group's pairs, once every CTA of the group has arrived (its C tagged words; then a fence, and the pairs
+  // read from L2)
+  for (int i = threadIdx.x; i < slices; i += kThreads) {
+    const unsigned long long* at = group_words + G * granules + i;
+    await_tagged(at, load_word(at), tag);
   }
-  if (warp < G) {
-    float mx = -INFINITY;
-    for (int i = lane; i < slices; i += 32) {
-      const unsigned long long* at = group_words + 2 * G * granules + i * G + warp;
-      mx = fmaxf(mx, await_tagged(at, load_word(at), tag));
-    }
-#pragma unroll
-    for (int o = 16; o >= 1; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if (lane == 0) head_max[warp] = mx;
+  __threadfence();
+  __syncthreads();
+  for (int i = 2 * threadIdx.x; i < G * granules; i += 2 * kThreads) {  // two pairs a 16-byte load
+    if (i + 1 < G * granules) *reinterpret_cast<float4*>(group_stats + 2 * i) = __ldcg(reinterpret_cast<const float4*>(group_words + i));
+    else *reinterpret_cast<float2*>(group_stats + 2 * i) = __ldcg(reinterpret_cast<const float2*>(group_words + i));
   }
   __syncthreads();
   // Only now has this CTA seen every slice's arrival, so every CTA of the group has read the old epoch: slice 0 may
@@ -741,33 +714,34 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   // ---- place: warp g writes the keys of head g's comb points that fall in this slice's granules
   const int g = warp;
   if (g < G) {
-    float* st = group_stats + g * head_floats;  // (m_g, w_g) at pos(k); rewritten as (W_g, 2^(m_g − m*)), then (P_g, ·)
-    auto pos = [&](int k) { return 2 * (k + (k >> per_log2)); };
-    const int lo = min(granules, lane << per_log2), hi = min(granules, lo + (1 << per_log2));
-    const float m_star = head_max[g], m_ref = m_star == -INFINITY ? 0.f : m_star;
-    // W_i = w_i · 2^(m_i − m*) and F(i) = excl + Σ_{lo ≤ i' ≤ i} W_i' on the lane that owns i (a run of 2^per_log2
-    // granules, then one warp scan): one order fixed by the sequence's granule count, so the same bits on every CTA and
-    // under every plan (every comb point falls in exactly one granule); z = F(last), P_i = S·F(i)/z (S for the last)
+    float* st = group_stats + g * granules * 2;  // (m_g, w_g) per granule; below rewritten as (P_g, 2^(m_g − m*))
+    const int per = (granules + 31) / 32, lo = min(granules, lane * per), hi = min(granules, lo + per);
+    float m_star = -INFINITY;
+    for (int i = lo; i < hi; ++i) m_star = fmaxf(m_star, st[2 * i]);
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) m_star = fmaxf(m_star, __shfl_xor_sync(0xffffffffu, m_star, o));
+    const float m_ref = m_star == -INFINITY ? 0.f : m_star;
     float chunk = 0.f;
-    for (int i = lo; i < hi; ++i) {
-      float* at = st + pos(i);
-      const float to_star = exp2f(at[0] - m_ref), w = at[1] * to_star;
-      at[0] = w;
-      at[1] = to_star;
-      chunk += w;
-    }
+    for (int i = lo; i < hi; ++i) chunk += st[2 * i + 1] * exp2f(st[2 * i] - m_ref);
     float excl;
     warp_scan(chunk, excl);
-    const float z = granules > 0 ? __shfl_sync(0xffffffffu, excl + chunk, (granules - 1) >> per_log2) : 0.f;
-    const float s_f = (float)budget, ratio = s_f / z;
+    // F(i) = excl + Σ_{lo ≤ i' ≤ i} W_i' (W_i = w_i · 2^(m_i − m*)) on the lane that owns i: one order fixed by the
+    // sequence's granule count, so the same bits on every CTA and under every plan (every comb point falls in exactly
+    // one granule)
     float run = 0.f;
     for (int i = lo; i < hi; ++i) {
-      float* at = st + pos(i);
-      run += at[0];
-      at[0] = i == granules - 1 ? s_f : (excl + run) * ratio;
+      const float to_star = exp2f(st[2 * i] - m_ref);
+      run += st[2 * i + 1] * to_star;
+      st[2 * i] = excl + run;
+      st[2 * i + 1] = to_star;
     }
     __syncwarp();
-    auto comb_end = [&](int k) { return st[pos(k)]; };
+    const float z = granules > 0 ? st[2 * (granules - 1)] : 0.f;
+    const float s_f = (float)budget;
+    __syncwarp();
+    for (int i = lo; i < hi; ++i) st[2 * i] = (st[2 * i] / z) * s_f;  // P_i = S·F(i)/F(last): S exactly for the last
+    __syncwarp();
+    auto comb_end = [&](int k) { return st[2 * k]; };
     const float p_lo = k0 == 0 ? 0.f : comb_end(k0 - 1);
     const float p_hi = k1 > k0 ? comb_end(k1 - 1) : p_lo;
     const float* cg = cum + g * n_sub;
@@ -778,7 +752,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     if (covered) {
       for (int jj = lane; jj < keys && z > 0.f; jj += 32) {
         if (counts != nullptr) atomicAdd(&counts[(head0 + g) * n + start + jj], 1);
-        store_tagged(sampled + (head0 + g) * budget + start + jj, ug[jj] * (st[pos(k0 + jj / gran) + 1] * s_f / z), tag);
+        store_tagged(sampled + (head0 + g) * budget + start + jj, ug[jj] * (st[2 * (k0 + jj / gran) + 1] * s_f / z), tag);
       }
     } else
     for (int m0 = first_m; m0 <= last_m && z > 0.f && !bad_len; m0 += 32) {  // a NaN z (poisoned row) places nothing

@@ -96,16 +96,15 @@ def resolved_bytes(*, group_size: int, budget: int) -> int:
 
 def exchange_bytes(*, group_size: int, n: int) -> int:
     """Shared memory of a group's exchanged pairs (one_launch.cu's placement reads them all): (m_g, w_g) of every granule
-    of every head (:func:`~santa.kernels.one_launch_schedule.granule_slots` of ``n``), each head's row padded by one pair
-    per placement lane (32), from a 16-byte boundary."""
-    return 8 * group_size * (granule_slots(n) + 32) + 12
+    of every head (:func:`~santa.kernels.one_launch_schedule.granule_slots` of ``n``), from a 16-byte boundary."""
+    return 8 * group_size * granule_slots(n) + 12
 
 
 def exchange_slots(*, slices: int, group_size: int, n: int) -> int:
-    """The exchange's slots per (group, head) of :class:`Buffers` (``[B·H_kv][G][slots][2]`` tagged 8-byte words) that a
-    plan of up to ``slices`` slices a group and ``n`` keys needs: a group's words are every head's granules' (m_g, w_g),
-    then per slice each head's max score (the slice's arrival)."""
-    return granule_slots(n) + -(-slices // 2)
+    """The exchange's slots per (group, head) of :class:`Buffers` (``[B·H_kv][G][slots][2]`` 8-byte words) that a plan
+    of up to ``slices`` slices a group and ``n`` keys needs: a group's words are every head's granules' (m_g, w_g)
+    float pairs, then its slices' tagged arrivals."""
+    return -(-(group_size * granule_slots(n) + slices) // (2 * group_size))
 
 
 def slice_shared(*, slices: int, slice_len: int, n: int, group_size: int, dim: int, budget: int,
