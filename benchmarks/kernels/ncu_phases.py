@@ -36,7 +36,7 @@ PHASES = ["stream", "publish and subtile prefix", "stats exchange", "placement",
           "sum and store"]  # between mark(i) and mark(i + 1)
 # helpers whose every call site lies in one phase, by the first line of their definition's name
 HELPER_PHASES = {"double_buffered": "stream", "mma_stream": "stream", "merge_stats": "stream",
-                 "schedule_cta": "start and schedule",
+                 "gather_tagged": "stats exchange", "schedule_cta": "start and schedule",
                  "load_work": "start and schedule", "load_epoch": "start and schedule", "load_len": "start and schedule",
                  "live_prologue": "live prologue", "live_item": "start and schedule"}
 

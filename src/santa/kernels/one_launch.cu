@@ -277,11 +277,6 @@ __host__ __device__ constexpr int kept_floats(int heads, int slice_len) {
 __host__ __device__ constexpr int granule_keys(int len) {
   return len > 512 * 128 ? 256 : len > 512 * 64 ? 128 : 64;
 }
-// Keys per slice of a sequence of len keys cut in `slices`: ⌈granules / slices⌉ whole granules (the last slice cut at
-// the sequence's end; santa.kernels.one_launch_schedule.slice_span)
-__host__ __device__ constexpr int slice_step(int len, int slices) {
-  return ((len + granule_keys(len) - 1) / granule_keys(len) + slices - 1) / slices * granule_keys(len);
-}
 
 
 // The warp's inclusive prefix sum of x in lane order (returned) and its exclusive one (excl): a fixed shuffle tree, so
@@ -332,6 +327,15 @@ __device__ __forceinline__ float await_tagged(const unsigned long long* p, unsig
     word = load_word(p);
   }
   return __uint_as_float((unsigned)word);
+}
+// dst[i] = the values of words[i] for i < count once they carry `tag`: all threads, two loads in flight each
+__device__ __forceinline__ void gather_tagged(float* dst, const unsigned long long* words, int count, unsigned tag) {
+  for (int i = threadIdx.x; i < count; i += 2 * kThreads) {
+    const int j = i + kThreads;
+    const unsigned long long wi = load_word(words + i), wj = j < count ? load_word(words + j) : 0ull;
+    dst[i] = await_tagged(words + i, wi, tag);
+    if (j < count) dst[j] = await_tagged(words + j, wj, tag);
+  }
 }
 
 // Loads the caller consumes long after issuing them, as volatile asm so that the compiler neither sinks them to their
@@ -590,19 +594,23 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   len = min(max(len, 0), n);
   const bool covered = !bad_len && len <= budget;  // exact attention (santa.kernels.exact's rule), in this launch
   // whole granules a slice (both schedules, as santa.kernels.one_launch_schedule's): ⌈granules / C⌉ of them
-  const int start = min(c * slice_step(len, slices), len), stop = min(len, start + slice_step(len, slices));
-  const int keys = stop - start;
+  const int gran = granule_keys(len), spg = gran / 8, granules = (len + gran - 1) / gran;  // spg: subtiles a granule
+  const int per_slice = (granules + slices - 1) / slices * gran;
+  const int start = min(c * per_slice, len), stop = min(len, start + per_slice), keys = stop - start;
+  const int k0 = start / gran, k1 = (stop + gran - 1) / gran;  // this slice's granules [k0, k1)
   const int stride = kept_stride(slice_len), n_sub = (slice_len + 7) / 8, live_subs = (keys + 7) / 8;
   float* kept = smem;
   float* cum = kept + G * stride;  // the subtiles' masses W_i, then their prefix within their granule
+  // the group's words here: the C slices' arrivals, then [G][granules][2] (m_g, w_g); placement rewrites each pair as
+  // (F(g), 2^(m_g − m*))
+  float* group_stats = smem + kept_floats(G, slice_len);
   const size_t head0 = (size_t)b * hkv * G + (size_t)h * G;  // the group's first query-head row
-  // the group's exchange words: [G][granules] (m_g, w_g) float pairs, then the C slices' arrivals (tagged)
+  // the group's exchange words: C arrivals, then [G][granules][2] tagged (m_g, w_g) (stats_slots ≥ granules + ⌈C / 2G⌉)
   unsigned long long* group_words = slice_stats + (size_t)group * G * stats_slots * 2;
+  const int exchanged = slices + G * granules * 2;
   const float uni = warp < G ? comb_offset(draw, b, hkv * G, h * G + warp) : 0.f;  // used after the stream
-  // PAGED: the pages of keys [start, stop), staged after the kept scores (a page outside the pool: page 0, and bad_page)
-  int* page_ids = reinterpret_cast<int*>(smem + kept_floats(G, slice_len));
-  // then the group's (m_g, w_g) [G][granules][2] at a 16-byte boundary, which placement rewrites as (P_g, 2^(m_g − m*))
-  float* group_stats = smem + ((kept_floats(G, slice_len) + (PAGED ? ((slice_len - 1) >> cache.page_shift) + 2 : 0) + 3) & ~3);
+  // PAGED: the pages of keys [start, stop), staged after the group's words (a page outside the pool: page 0, and bad_page)
+  int* page_ids = reinterpret_cast<int*>(group_stats + exchanged);
   const int page0 = PAGED ? start >> cache.page_shift : 0;
   if constexpr (PAGED) {
     const int count = stop > start ? ((stop - 1) >> cache.page_shift) - page0 + 1 : 0;
@@ -633,14 +641,13 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   next_epoch_seen = next_group >= 0 ? load_epoch(epoch + next_group) : 0u;
   next_len = next_group >= 0 ? load_len(seq_lens, next_group, hkv, n) : 0;
   const bool poisoned = PAGED && bad_page;  // a page outside the pool: NaN mass for every head of the group
+  if (threadIdx.x == 0) store_tagged(group_words + c, 0.f, tag);  // this slice's arrival (an empty slice has no granule)
   // One lane per (head, granule, subtile), a granule's spg subtiles on consecutive lanes of one warp (spg divides 32):
   // the subtile's scores become u = 2^(s − m_g) in place (m_g: the granule's max, by shuffles; placement reads u, no
   // exp2 in its chain), its mass W_i = Σ u in key order, and W's inclusive prefix within the granule (a fixed shuffle
   // tree) into cum; the granule's last lane publishes (m_g, w_g). Each step reads the granule's own scores alone, so
   // the words and prefixes are the same bits under every plan. A NaN score makes its granule's mass NaN (so the
   // group's output), as does +inf (2^(inf − inf)).
-  const int gran = granule_keys(len), spg = gran / 8, granules = (len + gran - 1) / gran;  // spg: subtiles a granule
-  const int k0 = start / gran, k1 = keys > 0 ? (stop + gran - 1) / gran : k0;  // this slice's granules (an empty one: none)
   const int slice_granules = k1 - k0, span = G * slice_granules * spg;
   for (int base = warp * 32; base < span; base += kThreads) {  // warp-uniform: every lane takes the shuffles
     const int idx = base + lane, head = idx / (slice_granules * spg), rest = idx % (slice_granules * spg);
@@ -676,32 +683,17 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
       if (sub >= o) run += below;
     }
     if (here) cum[head * n_sub + i] = run;
-    if (idx < span && sub == spg - 1) {  // the granule's last lane: its pair (past the sequence's end the lanes add 0)
-      float2* at = reinterpret_cast<float2*>(group_words + (size_t)head * granules + k0 + kl);
-      *at = make_float2(mg, poisoned ? NAN : run);
+    if (idx < span && sub == spg - 1) {  // the granule's last lane: its mass (past the sequence's end the lanes add 0)
+      unsigned long long* at = group_words + slices + ((size_t)head * granules + k0 + kl) * 2;
+      store_tagged(at, mg, tag);
+      store_tagged(at + 1, poisoned ? NAN : run, tag);
     }
   }
-  // the pairs, then this slice's arrival: each writer's fence, the CTA's barrier, one tagged word (the pairs are plain
-  // 8-byte words, two to a 16-byte load: the tags of run 26's design, one per float, made each CTA wait out a chain of
-  // loads over G · granules · 2 words, 1.4-2x slower at 32k keys)
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) store_tagged(group_words + G * granules + c, 0.f, tag);
   mark(2);  // published (and the prefixes built)
   if constexpr (STAGE == 1) return;
 
-  // ---- the group's pairs, once every CTA of the group has arrived (its C tagged words; then a fence, and the pairs
-  // read from L2)
-  for (int i = threadIdx.x; i < slices; i += kThreads) {
-    const unsigned long long* at = group_words + G * granules + i;
-    await_tagged(at, load_word(at), tag);
-  }
-  __threadfence();
-  __syncthreads();
-  for (int i = 2 * threadIdx.x; i < G * granules; i += 2 * kThreads) {  // two pairs a 16-byte load
-    if (i + 1 < G * granules) *reinterpret_cast<float4*>(group_stats + 2 * i) = __ldcg(reinterpret_cast<const float4*>(group_words + i));
-    else *reinterpret_cast<float2*>(group_stats + 2 * i) = __ldcg(reinterpret_cast<const float2*>(group_words + i));
-  }
+  // ---- the group's words, once every CTA has published them
+  gather_tagged(group_stats, group_words, exchanged, tag);
   __syncthreads();
   // Only now has this CTA seen every slice's arrival, so every CTA of the group has read the old epoch: slice 0 may
   // store the new one. (Until 098da22 thread 0 stored it right after its own share of the words, which can be its
@@ -714,7 +706,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   // ---- place: warp g writes the keys of head g's comb points that fall in this slice's granules
   const int g = warp;
   if (g < G) {
-    float* st = group_stats + g * granules * 2;  // (m_g, w_g) per granule; below rewritten as (P_g, 2^(m_g − m*))
+    float* st = group_stats + slices + g * granules * 2;  // (m_g, w_g) per granule; below rewritten as (F(g), 2^(m_g − m*))
     const int per = (granules + 31) / 32, lo = min(granules, lane * per), hi = min(granules, lo + per);
     float m_star = -INFINITY;
     for (int i = lo; i < hi; ++i) m_star = fmaxf(m_star, st[2 * i]);
@@ -738,10 +730,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     __syncwarp();
     const float z = granules > 0 ? st[2 * (granules - 1)] : 0.f;
     const float s_f = (float)budget;
-    __syncwarp();
-    for (int i = lo; i < hi; ++i) st[2 * i] = (st[2 * i] / z) * s_f;  // P_i = S·F(i)/F(last): S exactly for the last
-    __syncwarp();
-    auto comb_end = [&](int k) { return st[2 * k]; };
+    auto comb_end = [&](int k) { return (st[2 * k] / z) * s_f; };  // P_k = S·F(k)/F(last): S exactly for the last granule
     const float p_lo = k0 == 0 ? 0.f : comb_end(k0 - 1);
     const float p_hi = k1 > k0 ? comb_end(k1 - 1) : p_lo;
     const float* cg = cum + g * n_sub;

@@ -94,17 +94,17 @@ def resolved_bytes(*, group_size: int, budget: int) -> int:
     return 4 * group_size * budget
 
 
-def exchange_bytes(*, group_size: int, n: int) -> int:
-    """Shared memory of a group's exchanged pairs (one_launch.cu's placement reads them all): (m_g, w_g) of every granule
-    of every head (:func:`~santa.kernels.one_launch_schedule.granule_slots` of ``n``), from a 16-byte boundary."""
-    return 8 * group_size * granule_slots(n) + 12
+def exchange_bytes(*, slices: int, group_size: int, n: int) -> int:
+    """Shared memory of a group's exchanged words (one_launch.cu's placement reads them all): its ``slices`` arrivals,
+    then (m_g, w_g) of every granule of every head (:func:`~santa.kernels.one_launch_schedule.granule_slots` of ``n``)."""
+    return 4 * (slices + 2 * group_size * granule_slots(n))
 
 
 def exchange_slots(*, slices: int, group_size: int, n: int) -> int:
-    """The exchange's slots per (group, head) of :class:`Buffers` (``[B·H_kv][G][slots][2]`` 8-byte words) that a plan
-    of up to ``slices`` slices a group and ``n`` keys needs: a group's words are every head's granules' (m_g, w_g)
-    float pairs, then its slices' tagged arrivals."""
-    return -(-(group_size * granule_slots(n) + slices) // (2 * group_size))
+    """The exchange's slots per (group, head) of :class:`Buffers` (``[B·H_kv][G][slots][2]`` tagged words) that a plan
+    of up to ``slices`` slices a group and ``n`` keys needs: a group's words are its slices' arrivals, then every
+    head's granules' (m_g, w_g) pairs."""
+    return granule_slots(n) + -(-slices // (2 * group_size))
 
 
 def slice_shared(*, slices: int, slice_len: int, n: int, group_size: int, dim: int, budget: int,
@@ -113,7 +113,7 @@ def slice_shared(*, slices: int, slice_len: int, n: int, group_size: int, dim: i
     scores and subtiles plus the group's exchanged words (:func:`exchange_bytes`; and, paged, the page ids of the slice:
     ⌈slice_len / page_size⌉ + 1 at most), or the gather's rows (:func:`gather_bytes`) where those take more."""
     pages = 0 if page_size is None else -(-slice_len // page_size) + 1
-    return max(kept_bytes(group_size, slice_len) + 4 * pages + exchange_bytes(group_size=group_size, n=n),
+    return max(kept_bytes(group_size, slice_len) + exchange_bytes(slices=slices, group_size=group_size, n=n) + 4 * pages,
                gather_bytes(slices=slices, group_size=group_size, dim=dim, budget=budget))
 
 
@@ -149,7 +149,7 @@ def live_limits(*, group_size: int, dim: int, budget: int, sms: int, per_sm, pag
     slice_cap = ROUNDS_SLICE_KEYS[dim]
     pages = 0 if page_size is None else -(-slice_cap // page_size) + 1
     shared = (kept_bytes(group_size, slice_cap) + 4 * pages
-              + exchange_bytes(group_size=group_size, n=LIVE_MAX_SLICES * slice_cap))
+              + exchange_bytes(slices=LIVE_MAX_SLICES, group_size=group_size, n=LIVE_MAX_SLICES * slice_cap))
     ctas = per_sm(shared) * sms if shared <= SHARED_LIMIT else 0
     one_vector = gather_bytes(slices=group_size * dim // 8, group_size=group_size, dim=dim, budget=budget)  # its S rows
     if one_vector + resolved_bytes(group_size=group_size, budget=budget) > shared or ctas < LIVE_MAX_SLICES:
