@@ -4,20 +4,17 @@ takes two items in a round, and the staggered halves run half a round apart."""
 
 import pytest
 
-from santa.kernels.one_launch_schedule import build_schedule, schedule_table, slice_keys, slice_span
+from santa.kernels.one_launch_schedule import build_schedule, schedule_table
 
 
 def covered_keys(rounds, n):
-    """group → (round, key list) from the schedule, each group's sequence n keys long (its slices cut as the kernel
-    cuts them: slice_span); fails if a group spans two rounds or a slice passes its slice_len."""
+    """group → (round, sorted key list) from the schedule; fails if a group spans two rounds."""
     seen = {}
     for r, row in enumerate(rounds):
         for work in row:
             if work is None:
                 continue
-            start, stop = slice_span(n, work.c, work.slices)
-            assert stop - start <= work.slice_len
-            keys = list(range(start, stop))
+            keys = list(range(work.c * work.slice_len, min(n, (work.c + 1) * work.slice_len)))
             at, have = seen.setdefault(work.group, (r, []))
             assert at == r, f"group {work.group} in rounds {at} and {r}"
             have += keys
@@ -38,7 +35,7 @@ def test_every_key_once_and_a_group_in_one_round(kind, groups, n, slices, grid):
         assert len(row) == grid
         for work in row:  # a group's slices all agree on its slice count and length
             if work is not None:
-                assert work.slice_len == slice_keys(n, work.slices) and 0 <= work.c < work.slices
+                assert work.slice_len == -(-n // work.slices) and 0 <= work.c < work.slices
 
 
 def test_rounds_fill_the_grid_in_order_and_spread_the_last_round():
@@ -63,7 +60,7 @@ def test_staggered_half_b_opens_with_half_length_slices():
 
 def test_the_table_is_flat_int4_with_idle_slots():
     rounds = build_schedule(groups=1, n=10, slices=2, grid=3, kind="rounds")
-    assert schedule_table(rounds) == [0, 0, 3, 64, 0, 1, 3, 64, 0, 2, 3, 64]  # slices of whole 64-key granules
+    assert schedule_table(rounds) == [0, 0, 3, 4, 0, 1, 3, 4, 0, 2, 3, 4]
     rounds = build_schedule(groups=2, n=10, slices=4, grid=9, kind="rounds")
     assert schedule_table(rounds)[-4:] == [-1, 0, 1, 1]
 
@@ -81,7 +78,7 @@ def test_bad_arguments_are_refused():
 
 # The live-key schedule (issue 39): the CPU reference of what each CTA of the one launch is to derive from seq_lens
 
-from santa.kernels.one_launch_schedule import granule, live_schedule  # noqa: E402
+from santa.kernels.one_launch_schedule import GRANULE, live_schedule  # noqa: E402
 
 LLAMA = {"kv_heads": 8, "slice_cap": 4096, "min_slices": 4, "max_slices": 64, "ctas": 264}  # d = 128, S = 128, 2 CTAs/SM
 L = LLAMA["slice_cap"]
@@ -139,9 +136,8 @@ def test_live_schedule_covers_every_live_key_once_in_whole_granules_and_never_st
         assert work.slices == schedule.slices[work.seq] and 0 <= work.c < work.slices and 0 <= work.head < LLAMA["kv_heads"]
         assert LLAMA["min_slices"] <= work.slices <= LLAMA["max_slices"] and work.slices & (work.slices - 1) == 0
         # whole granules within shared memory (an empty slice, past a short sequence's end, starts at that end)
-        gran = granule(keys[work.seq])
-        assert 0 <= work.stop - work.start <= L and (work.start % gran == 0 or work.start == keys[work.seq])
-        assert work.stop == keys[work.seq] or work.stop % gran == 0
+        assert 0 <= work.stop - work.start <= L and (work.start % GRANULE == 0 or work.start == keys[work.seq])
+        assert work.stop == keys[work.seq] or work.stop % GRANULE == 0
         covered.setdefault((work.seq, work.head), []).append((i, work.start, work.stop))
     assert len(covered) == len(seq_lens) * LLAMA["kv_heads"]
     for (seq, _), parts in covered.items():
@@ -184,32 +180,3 @@ def test_live_schedule_names_a_bad_argument(change, message):
         live_schedule(kwargs.pop("seq_lens"), **kwargs)
     with pytest.raises(TypeError, match="seq_lens must be a sequence of ints"):
         live_schedule([1.5], n=32768, **LLAMA)
-
-
-# The granules (issue 39): the one launch's CDF order, fixed by a sequence's length alone
-
-from santa.kernels.one_launch_schedule import MAX_GRANULE, granule_count, granule_slots  # noqa: E402
-
-
-def test_a_granule_is_64_keys_doubled_past_512_of_them_up_to_256():
-    assert [granule(x) for x in (0, 1, 64, 32768, 32769, 65536, 65537, 131072, 131073, 262144, 10**6)] == [
-        64, 64, 64, 64, 128, 128, 256, 256, 256, 256, 256]
-    assert max(granule_count(x) for x in range(0, 131073, 61)) == 512 and granule_count(131072) == 512
-    assert MAX_GRANULE == 256 and granule_count(262144) == 1024
-
-
-@pytest.mark.parametrize("n", [1, 63, 64, 2048, 4000, 32768, 33024, 65537, 131072, 200000])
-def test_the_exchange_holds_every_length_up_to_n_and_a_slice_every_cut_of_it(n):
-    """granule_slots(n) is the most granules of any length ≤ n, and slice_keys(n, C) the longest slice any length ≤ n
-    takes in C slices of whole granules (what one_launch.cu computes per item from the live length)."""
-    lengths = sorted({*range(0, n + 1, max(1, n // 997)), n, *(x for x in (32768, 32769, 65536, 65537) if x <= n)})
-    assert max(granule_count(x) for x in lengths) == granule_slots(n)
-    for slices in (1, 2, 3, 8, 16, 33, 66):
-        longest = max(-(-granule_count(x) // slices) * granule(x) for x in lengths)
-        assert longest <= slice_keys(n, slices) and slice_keys(n, slices) % granule(n) == 0
-        assert slice_keys(n, slices) - -(-n // slices) < granule(n)  # within one granule of an even cut
-
-
-def test_host_rounds_size_their_slices_by_whole_granules():
-    rounds = build_schedule(groups=3, n=131072, slices=33, grid=99, kind="rounds")
-    assert {w.slice_len for row in rounds for w in row if w is not None} == {slice_keys(131072, 33)} == {4096}

@@ -104,7 +104,7 @@ __device__ __forceinline__ typename RowWord<FP8>::type nan_row_word() {
 }
 
 // (m, l) ← the merge of two slices' statistics (log2 domain); two empty ones (m = −inf) stay empty
-[[maybe_unused]] __device__ __forceinline__ void merge_stats(float& m, float& l, float m_o, float l_o) {  // (stream.cu)
+__device__ __forceinline__ void merge_stats(float& m, float& l, float m_o, float l_o) {
   const float m_new = fmaxf(m, m_o);
   l = m_new == -INFINITY ? 0.f : l * exp2f(m - m_new) + l_o * exp2f(m_o - m_new);
   m = m_new;
@@ -267,15 +267,6 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
 // 8-key subtile (the prop kernel's subtile masses and their prefix; the keep_* check kernels' nothing)
 __host__ __device__ constexpr int kept_floats(int heads, int slice_len) {
   return heads * (kept_stride(slice_len) + (slice_len + 7) / 8);
-}
-
-// The CDF's granule for a sequence of len keys (santa.kernels.one_launch_schedule.granule): 64 keys, doubled while a
-// sequence would hold more than 512 of them, at most 256. It depends on the sequence's length alone, never on the plan:
-// every slice is a run of whole granules, every granule's (m_g, w_g) is computed from its own scores in one fixed
-// order, and the prefix over granules in another (issue 39: a request's samples are the same alone or batched, under
-// any plan and capacity).
-__host__ __device__ constexpr int granule_keys(int len) {
-  return len > 512 * 128 ? 256 : len > 512 * 64 ? 128 : 64;
 }
 
 
@@ -518,21 +509,18 @@ __device__ __forceinline__ void live_gather(const Cache& cache, const Scales& sc
 // drawn here as santa's positional draw (comb_offset): one persistent grid (C, Hkv, B), every CTA resident (a cooperative
 // launch), a CTA per slice of a group's keys. The CTAs of a group exchange data twice, through words tagged with the
 // launch (tag = epoch[group] + 1, read at the start; CTA 0 stores it back once every CTA has published): no atomics.
-//   stream:  mma_stream with KEEP: every score of the slice in shared memory. The slice is whole granules
-//            (granule_keys: 64 to 256 keys, by the sequence's length alone). Per head and granule g: m_g = its max,
-//            u = 2^(s − m_g) per key in place of s, the subtiles' masses W_i = Σ u in key order and their inclusive
-//            prefix within the granule (a fixed shuffle tree), w_g = the granule's mass; (m_g, w_g) published tagged
-//            at once, with one arrival word per slice (an empty slice has no granule).
-//   place:   read the group's words (waiting for those not yet there). Warp g, head g: m* = max m_g,
-//            W_g = w_g·2^(m_g − m*), F = their inclusive prefix, computed by the same lanes in the same order on every
-//            CTA and under every plan (the order follows the granule count: so F(g) is bit for bit the same number
-//            wherever it is used, every comb point falls in exactly one granule, and a sequence's samples do not
-//            depend on how the plan slices it); P_g = S·F(g)/F(last) (P_last = S exactly). Comb point m (position
-//            m + U) is granule k's iff P_{k−1} − m ≤ U < P_k − m (santa's pass 2 test; a slice finds k among its own
-//            granules by bisection); there t = (U − (P_{k−1} − m)) / (P_k − P_{k−1})·the granule's prefix total, its
-//            subtile the first whose prefix passes t (bisection; past the last subtile with mass: that one), its key
-//            the first of the subtile with prefix_{i−1} + Σ_{k'≤k} u_k' > t (else the subtile's last key with mass).
-//            The key is written, tagged, as sample m of head g.
+//   stream:  mma_stream with KEEP: scores and 8-key subtiles' (m_i, ℓ_i) in shared memory, the lanes' (m, l) over
+//            their subtiles. The slice's (m_c, w_c) per head from those (shuffles, then eight warps by a fixed tree),
+//            published tagged at once; then, while the other CTAs' stats travel, per head (warp g) the subtiles'
+//            masses W_i = ℓ_i·2^(m_i − m_c) and their inclusive prefix Cum_i in place of ℓ_i.
+//   place:   read the group's C × G tagged (m, w) (waiting for those not yet there). Warp g, head g: m* = max m_c,
+//            W_c = w_c·2^(m_c − m*), F = their inclusive prefix, computed by the same lanes in the same order on every
+//            CTA (so F(c) is bit for bit the same number where slice c and slice c + 1 use it: every comb point
+//            falls in exactly one slice); P_c = S·F(c)/F(C−1) (P_{C−1} = S exactly). Comb point m (position m + U)
+//            is this slice's iff P_{c−1} − m ≤ U < P_c − m (santa's pass 2 test); there t = (U − (P_{c−1} − m)) /
+//            (P_c − P_{c−1})·Cum_last, its subtile the first with Cum_i > t (bisection; past the last subtile with
+//            mass: that one), its key the first of the subtile with Cum_{i−1} + Σ_{k'≤k} 2^(s_k' − m_c) > t (else
+//            the subtile's last key with mass). The key is written, tagged, as sample m of head g.
 //   gather:  CTA c owns V_c = ⌈G·D/8 / C⌉ of the group's 8-element output vectors: for each it reads the S tagged
 //            keys of the vector's head (waiting for those not yet there), loads those S V rows' 16 bytes, and sums
 //            them by a fixed tree (16 threads per output, 8 samples each in order, then shuffles): out = Σ / S.
@@ -541,8 +529,7 @@ __device__ __forceinline__ void live_gather(const Cache& cache, const Scales& sc
 // where given, get each CTA's clocks at the phase boundaries (0 start, 1 streamed, 2 published, 3 stats read,
 // 4 first points placed, 5 keys written, 6 V rows gathered, 7 done).
 // Groups beyond one wave run in rounds (SANTA_PROP_ONE_LAUNCH below). A slice's keys follow the sequence's length:
-// slice c of C covers [c·step, (c+1)·step) ∩ [0, len), step = ⌈granules / C⌉ granules (santa.kernels.
-// one_launch_schedule.slice_span); the schedule's slice_len (slice_keys of n) bounds it (shared memory).
+// slice c of C covers [c·⌈len/C⌉, (c+1)·⌈len/C⌉) ∩ [0, len); the schedule's slice_len = ⌈n/C⌉ bounds it (shared memory).
 // A sequence the budget covers (len ≤ S) is computed exactly in the same launch: key j's weight S·p_j travels as its
 // word j, the gather reads row j and scales it, and the sum / S is Σ p_j v_j (a NaN word: a NaN output, as in the
 // Triton kernels' covered-sequence launch, santa.kernels.exact).
@@ -582,9 +569,9 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
     marks[(size_t)slot * 18 + 16] = smid;
   }
-  extern __shared__ float smem[];  // kept_floats(G, slice_len), the group's words (C + G·granules·2), then (PAGED) the slice's pages
-  __shared__ float head_mass[8];
-  __shared__ int bad_page;
+  extern __shared__ float smem[];  // kept_floats(G, slice_len), the group's stats [G][C][2], then (PAGED) the slice's pages
+  __shared__ float warp_m[kWarps][8], warp_l[kWarps][8], slice_max[8], head_mass[8];
+  __shared__ int last_live_sub[8], bad_page;
   constexpr int VECS = G * D / 8;  // the group's 8-element output vectors
   const int h = group % hkv, b = group / hkv;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -593,24 +580,18 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   const bool bad_len = len < 0 || len > n;
   len = min(max(len, 0), n);
   const bool covered = !bad_len && len <= budget;  // exact attention (santa.kernels.exact's rule), in this launch
-  // whole granules a slice (both schedules, as santa.kernels.one_launch_schedule's): ⌈granules / C⌉ of them
-  const int gran = granule_keys(len), spg = gran / 8, granules = (len + gran - 1) / gran;  // spg: subtiles a granule
-  const int per_slice = (granules + slices - 1) / slices * gran;
+  // a live launch (issue 39) cuts whole 256-key granules, as santa.kernels.one_launch_schedule.live_schedule does
+  const int per_slice = LIVE ? ((len + 255) / 256 + slices - 1) / slices * 256 : (len + slices - 1) / slices;
   const int start = min(c * per_slice, len), stop = min(len, start + per_slice), keys = stop - start;
-  const int k0 = start / gran, k1 = (stop + gran - 1) / gran;  // this slice's granules [k0, k1)
   const int stride = kept_stride(slice_len), n_sub = (slice_len + 7) / 8, live_subs = (keys + 7) / 8;
   float* kept = smem;
-  float* cum = kept + G * stride;  // the subtiles' masses W_i, then their prefix within their granule
-  // the group's words here: the C slices' arrivals, then [G][granules][2] (m_g, w_g); placement rewrites each pair as
-  // (F(g), 2^(m_g − m*))
+  float* cum = kept + G * stride;  // the subtiles' masses W_i, then their prefix Cum_i
   float* group_stats = smem + kept_floats(G, slice_len);
   const size_t head0 = (size_t)b * hkv * G + (size_t)h * G;  // the group's first query-head row
-  // the group's exchange words: C arrivals, then [G][granules][2] tagged (m_g, w_g) (stats_slots ≥ granules + ⌈C / 2G⌉)
-  unsigned long long* group_words = slice_stats + (size_t)group * G * stats_slots * 2;
-  const int exchanged = slices + G * granules * 2;
+  unsigned long long* group_words = slice_stats + (size_t)group * G * stats_slots * 2;  // [G][slices][2] of the group
   const float uni = warp < G ? comb_offset(draw, b, hkv * G, h * G + warp) : 0.f;  // used after the stream
-  // PAGED: the pages of keys [start, stop), staged after the group's words (a page outside the pool: page 0, and bad_page)
-  int* page_ids = reinterpret_cast<int*>(group_stats + exchanged);
+  // PAGED: the pages of keys [start, stop), staged after the group's stats (a page outside the pool: page 0, and bad_page)
+  int* page_ids = reinterpret_cast<int*>(group_stats + G * slices * 2);
   const int page0 = PAGED ? start >> cache.page_shift : 0;
   if constexpr (PAGED) {
     const int count = stop > start ? ((stop - 1) >> cache.page_shift) - page0 + 1 : 0;
@@ -625,10 +606,17 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     __syncthreads();
   }
 
-  // ---- stream: the slice's scores kept; then every granule's (m_g, w_g) per head, published at once
-  float m, l;  // the stream's running statistics: not used (the granules' come from the kept scores)
+  // ---- stream; the slice's (m_c, w_c) per head, published at once
+  float m, l;
   if constexpr (FP8) scale_log2 *= scales.k != nullptr ? __ldg(scales.k + h) : scales.k_scalar;  // K's dequantisation scale
   mma_stream<D, G, U, true, PAGED, FP8>(q, cache, n, hkv, b, h, start, stop, scale_log2, kept, slice_len, m, l, page_ids, page0);
+#pragma unroll
+  for (int o = 1; o < 4; o <<= 1)  // the 4 lanes of head lane / 4
+    merge_stats(m, l, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, l, o));
+  if ((lane & 3) == 0) {
+    warp_m[warp][lane >> 2] = m;
+    warp_l[warp][lane >> 2] = l;
+  }
   __syncthreads();
   mark(1);  // the slice streamed
   // the tag is computed only here: until 50cea93 `tag = __ldcg(epoch + group) + 1` sat before the stream and ptxas
@@ -641,61 +629,71 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   next_epoch_seen = next_group >= 0 ? load_epoch(epoch + next_group) : 0u;
   next_len = next_group >= 0 ? load_len(seq_lens, next_group, hkv, n) : 0;
   const bool poisoned = PAGED && bad_page;  // a page outside the pool: NaN mass for every head of the group
-  if (threadIdx.x == 0) store_tagged(group_words + c, 0.f, tag);  // this slice's arrival (an empty slice has no granule)
-  // One lane per (head, granule, subtile), a granule's spg subtiles on consecutive lanes of one warp (spg divides 32):
-  // the subtile's scores become u = 2^(s − m_g) in place (m_g: the granule's max, by shuffles; placement reads u, no
-  // exp2 in its chain), its mass W_i = Σ u in key order, and W's inclusive prefix within the granule (a fixed shuffle
-  // tree) into cum; the granule's last lane publishes (m_g, w_g). Each step reads the granule's own scores alone, so
-  // the words and prefixes are the same bits under every plan. A NaN score makes its granule's mass NaN (so the
-  // group's output), as does +inf (2^(inf − inf)).
-  const int slice_granules = k1 - k0, span = G * slice_granules * spg;
-  for (int base = warp * 32; base < span; base += kThreads) {  // warp-uniform: every lane takes the shuffles
-    const int idx = base + lane, head = idx / (slice_granules * spg), rest = idx % (slice_granules * spg);
-    const int kl = rest / spg, sub = rest % spg, i = kl * spg + sub;  // i: the slice's subtile
-    const bool here = idx < span && i < live_subs;
-    float4* row = reinterpret_cast<float4*>(kept + (here ? head * stride + i * 8 : 0));
-    float u[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    float mg = -INFINITY;
-    if (here) {
-      const float4 lo4 = row[0], hi4 = row[1];
-      const float s[8] = {lo4.x, lo4.y, lo4.z, lo4.w, hi4.x, hi4.y, hi4.z, hi4.w};
+  if (warp < G) {
+    const int g = warp;
+    float mc = lane < kWarps ? warp_m[lane][g] : -INFINITY, wc = lane < kWarps ? warp_l[lane][g] : 0.f;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        u[e] = s[e];
-        if (i * 8 + e < keys) mg = fmaxf(mg, s[e]);
-      }
-    }
-    for (int o = 1; o < spg; o <<= 1) mg = fmaxf(mg, __shfl_xor_sync(0xffffffffu, mg, o));
+    for (int o = 1; o < kWarps; o <<= 1)  // the eight warps' pairs by a fixed tree
+      merge_stats(mc, wc, __shfl_xor_sync(0xffffffffu, mc, o), __shfl_xor_sync(0xffffffffu, wc, o));
+    mc = __shfl_sync(0xffffffffu, mc, 0);  // lanes 8–31 merged only their own empty pairs
+    wc = __shfl_sync(0xffffffffu, wc, 0);
+    if (lane < 2) store_tagged(group_words + (g * slices + c) * 2 + lane, lane == 0 ? mc : (poisoned ? NAN : wc), tag);
+    if (lane == 0) slice_max[g] = mc;
+  }
+  __syncthreads();
+  // while the stats travel: every key's u = 2^(s − m_c), stored over its score (placement reads u, no exp2 in its
+  // chain), and the subtiles' masses W_i = Σ u over their keys in order (all threads); then per head (warp g) their
+  // inclusive prefix, four subtiles per lane per round (eight timed slower)
+  for (int idx = threadIdx.x; idx < G * live_subs; idx += kThreads) {
+    const int head = idx / live_subs, i = idx % live_subs;
+    const float mch = slice_max[head];
+    float4* row = reinterpret_cast<float4*>(kept + head * stride + i * 8);
+    const float4 lo4 = row[0], hi4 = row[1];
+    float u[8] = {lo4.x, lo4.y, lo4.z, lo4.w, hi4.x, hi4.y, hi4.z, hi4.w};
     float w = 0.f;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      const float s = u[e];
-      u[e] = !here || i * 8 + e >= keys ? 0.f : mg != -INFINITY ? exp2f(s - mg) : s == s ? 0.f : s;
+      u[e] = i * 8 + e < keys && mch != -INFINITY ? exp2f(u[e] - mch) : 0.f;
       w += u[e];
     }
-    if (here) {
-      row[0] = make_float4(u[0], u[1], u[2], u[3]);
-      row[1] = make_float4(u[4], u[5], u[6], u[7]);
-    }
-    float run = w;
-    for (int o = 1; o < spg; o <<= 1) {
-      const float below = __shfl_up_sync(0xffffffffu, run, o);
-      if (sub >= o) run += below;
-    }
-    if (here) cum[head * n_sub + i] = run;
-    if (idx < span && sub == spg - 1) {  // the granule's last lane: its mass (past the sequence's end the lanes add 0)
-      unsigned long long* at = group_words + slices + ((size_t)head * granules + k0 + kl) * 2;
-      store_tagged(at, mg, tag);
-      store_tagged(at + 1, poisoned ? NAN : run, tag);
-    }
+    row[0] = make_float4(u[0], u[1], u[2], u[3]);
+    row[1] = make_float4(u[4], u[5], u[6], u[7]);
+    cum[head * n_sub + i] = w;
   }
-  mark(2);  // published (and the prefixes built)
+  __syncthreads();
+  if (warp < G) {
+    const int g = warp;
+    float carry = 0.f;
+    int live = -1;
+    for (int base = 0; base < live_subs; base += 128) {
+      const int i0 = base + lane * 4;
+      float run[4], total = 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = i0 + e;
+        const float w = i < live_subs ? cum[g * n_sub + i] : 0.f;
+        if (w > 0.f) live = i;
+        total += w;
+        run[e] = total;
+      }
+      float excl;
+      const float incl = warp_scan(total, excl);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (i0 + e < live_subs) cum[g * n_sub + i0 + e] = carry + (excl + run[e]);
+      carry += __shfl_sync(0xffffffffu, incl, 31);
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) live = max(live, __shfl_xor_sync(0xffffffffu, live, o));
+    if (lane == 0) last_live_sub[g] = live;
+  }
+  mark(2);  // published (and the prefix built)
   if constexpr (STAGE == 1) return;
 
-  // ---- the group's words, once every CTA has published them
-  gather_tagged(group_stats, group_words, exchanged, tag);
+  // ---- the group's stats, once every CTA has published them
+  gather_tagged(group_stats, group_words, G * slices * 2, tag);
   __syncthreads();
-  // Only now has this CTA seen every slice's arrival, so every CTA of the group has read the old epoch: slice 0 may
+  // Only now has this CTA seen every slice's words, so every CTA of the group has read the old epoch: slice 0 may
   // store the new one. (Until 098da22 thread 0 stored it right after its own share of the words, which can be its
   // own slice's alone: a CTA of the group that started its item later, still finishing an earlier round, then read
   // the new epoch, published under the next tag and everyone waited forever. Short slices after uneven rounds open
@@ -703,11 +701,11 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   if (c == 0 && threadIdx.x == 0) epoch[group] = tag;
   mark(3);  // the group's stats here
 
-  // ---- place: warp g writes the keys of head g's comb points that fall in this slice's granules
+  // ---- place: warp g writes the keys of head g's comb points that fall in this slice
   const int g = warp;
   if (g < G) {
-    float* st = group_stats + slices + g * granules * 2;  // (m_g, w_g) per granule; below rewritten as (F(g), 2^(m_g − m*))
-    const int per = (granules + 31) / 32, lo = min(granules, lane * per), hi = min(granules, lo + per);
+    const float* st = group_stats + g * slices * 2;
+    const int per = (slices + 31) / 32, lo = min(slices, lane * per), hi = min(slices, lo + per);
     float m_star = -INFINITY;
     for (int i = lo; i < hi; ++i) m_star = fmaxf(m_star, st[2 * i]);
 #pragma unroll
@@ -717,64 +715,51 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     for (int i = lo; i < hi; ++i) chunk += st[2 * i + 1] * exp2f(st[2 * i] - m_ref);
     float excl;
     warp_scan(chunk, excl);
-    // F(i) = excl + Σ_{lo ≤ i' ≤ i} W_i' (W_i = w_i · 2^(m_i − m*)) on the lane that owns i: one order fixed by the
-    // sequence's granule count, so the same bits on every CTA and under every plan (every comb point falls in exactly
-    // one granule)
-    float run = 0.f;
+    // F(i) = excl + Σ_{lo ≤ i' ≤ i} W_i' on the lane that owns i: the same value wherever it is used
+    float below = 0.f, through = 0.f, last = 0.f, run = 0.f;
     for (int i = lo; i < hi; ++i) {
-      const float to_star = exp2f(st[2 * i] - m_ref);
-      run += st[2 * i + 1] * to_star;
-      st[2 * i] = excl + run;
-      st[2 * i + 1] = to_star;
+      run += st[2 * i + 1] * exp2f(st[2 * i] - m_ref);
+      const float f = excl + run;
+      if (i == c - 1) below = f;
+      if (i == c) through = f;
+      if (i == slices - 1) last = f;
     }
-    __syncwarp();
-    const float z = granules > 0 ? st[2 * (granules - 1)] : 0.f;
+    below = __shfl_sync(0xffffffffu, below, c > 0 ? (c - 1) / per : 0);
+    through = __shfl_sync(0xffffffffu, through, c / per);
+    const float z = __shfl_sync(0xffffffffu, last, (slices - 1) / per);
     const float s_f = (float)budget;
-    auto comb_end = [&](int k) { return (st[2 * k] / z) * s_f; };  // P_k = S·F(k)/F(last): S exactly for the last granule
-    const float p_lo = k0 == 0 ? 0.f : comb_end(k0 - 1);
-    const float p_hi = k1 > k0 ? comb_end(k1 - 1) : p_lo;
+    const float p_lo = c == 0 ? 0.f : (below / z) * s_f;
+    const float p_hi = (through / z) * s_f;  // S exactly for the last slice (z / z = 1), as pass 2's P_last
     const float* cg = cum + g * n_sub;
-    const float* ug = kept + g * stride;  // u = 2^(s − m_g) per key (above)
+    const float* ug = kept + g * stride;  // u = 2^(s − m_c) per key (above)
+    const int live_sub = last_live_sub[g];
+    const float total = live_sub >= 0 ? cg[live_subs - 1] : 0.f;
     const int first_m = max(0, (int)ceilf(p_lo - uni) - 1), last_m = min(budget - 1, (int)ceilf(p_hi - uni));
     // a sequence the budget covers (len ≤ S, santa's one rule: exact) writes, as "sample" j, key j's weight S·p_j
     // (the gather reads row j itself and scales it by the word); its keys are this slice's [start, stop)
     if (covered) {
+      const float slice_scale = exp2f(st[2 * c] - m_ref) * s_f / z;  // u_j · this = S · p_j
       for (int jj = lane; jj < keys && z > 0.f; jj += 32) {
         if (counts != nullptr) atomicAdd(&counts[(head0 + g) * n + start + jj], 1);
-        store_tagged(sampled + (head0 + g) * budget + start + jj, ug[jj] * (st[2 * (k0 + jj / gran) + 1] * s_f / z), tag);
+        store_tagged(sampled + (head0 + g) * budget + start + jj, ug[jj] * slice_scale, tag);
       }
     } else
     for (int m0 = first_m; m0 <= last_m && z > 0.f && !bad_len; m0 += 32) {  // a NaN z (poisoned row) places nothing
       const int mm = m0 + lane;
       const float mf = (float)mm;
       if (mm <= last_m && (p_lo - mf) <= uni && uni < (p_hi - mf)) {
-        // comb point m (position m + U) is granule k's iff P_{k−1} − m ≤ U < P_k − m: the first k of [k0, k1) with
-        // U < P_k − m (P_{k1−1} is one), by bisection
-        int k = k0;
-        for (int last = k1 - 1; k < last;) {
-          const int mid = (k + last) >> 1;
-          if (uni < comb_end(mid) - mf) last = mid;
-          else k = mid + 1;
-        }
-        const float p_before = k == 0 ? 0.f : comb_end(k - 1), width = comb_end(k) - p_before;
-        const int sub0 = (k - k0) * spg, subs = min(spg, live_subs - sub0);  // the granule's subtiles, from sub0
-        const float total = cg[sub0 + subs - 1];
-        int key = start + sub0 * 8;  // a point in a granule without mass cannot happen (its W is 0); this keeps it defined
+        int key = 0;  // a point in a slice without mass cannot happen (its W_c is 0); key 0 keeps it defined
         if (total > 0.f) {
-          // t = (U − (P_{k−1} − m)) / (P_k − P_{k−1}) · the granule's mass: its subtile the first whose prefix passes t
-          // (bisection; t past the last with mass, by rounding: that one), its key the first of the subtile with
-          // prefix_{i−1} + Σ_{k'≤k} u_k' > t (else the subtile's last key with mass)
-          const float t = (uni - (p_before - mf)) / (width > 0.f ? width : 1.f) * total;
-          int pos = 0;  // #{i : prefix_i ≤ t} (the prefix is non-decreasing)
-          for (int step = 1 << (31 - __clz(subs)); step > 0; step >>= 1)
-            if (pos + step <= subs && cg[sub0 + pos + step - 1] <= t) pos += step;
-          if (pos == subs)
-            for (pos = subs - 1; pos > 0 && cg[sub0 + pos] == cg[sub0 + pos - 1];) --pos;
-          const float before = pos == 0 ? 0.f : cg[sub0 + pos - 1];
+          const float width = p_hi - p_lo;
+          const float t = (uni - (p_lo - mf)) / (width > 0.f ? width : 1.f) * total;
+          int pos = 0;  // the first subtile with Cum_i > t: #{i : Cum_i <= t} (Cum is non-decreasing)
+          for (int step = 1 << (31 - __clz(live_subs)); step > 0; step >>= 1)
+            if (pos + step <= live_subs && cg[pos + step - 1] <= t) pos += step;
+          pos = min(pos, live_sub);
+          const float before = pos == 0 ? 0.f : cg[pos - 1];
           float sum = 0.f;
-          const int j0 = (sub0 + pos) * 8;
-          int chosen = -1, live_key = j0;
-          for (int j = j0; j < min(keys, j0 + 8); ++j) {
+          int chosen = -1, live_key = pos * 8;
+          for (int j = pos * 8; j < min(keys, pos * 8 + 8); ++j) {
             const float u = ug[j];
             sum += u;
             if (u > 0.f) live_key = j;
@@ -1019,8 +1004,8 @@ __device__ __forceinline__ int4 live_item(const Live& live, const unsigned short
 // count C_g, its slice length), or group −1 (nothing in that round). All slices of a group sit in the same round, so a
 // CTA waits only on CTAs that reach that round (every CTA is resident): no cycle. The host may give groups different
 // slice counts (benchmarks/kernels/cuda_one_launch_check.py: a half of the grid running half-length slices first, so the
-// two CTAs of an SM sample in turn instead of together). slice_stats is [groups][G][stats_slots][2] words, a group's
-// C_g arrivals then its [G][granules][2] (m_g, w_g) (santa.kernels.one_launch.exchange_slots sizes stats_slots).
+// two CTAs of an SM sample in turn instead of together). slice_stats is [groups][G][stats_slots][2], stats_slots the
+// largest C_g.
 // arrivals (nullptr: the schedule's CTA is blockIdx.x): for a grid of two CTAs on each of grid/2 SMs, the schedule's
 // CTA index is chosen so that each SM holds one CTA of each half ([0, grid/2) and [grid/2, grid)): the first CTA to
 // arrive on an SM takes the first half, the second the other (arrivals[smid] counts them; two per launch keep the

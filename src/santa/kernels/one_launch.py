@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from santa.kernels.one_launch_schedule import build_schedule, granule_slots, schedule_table, slice_keys
+from santa.kernels.one_launch_schedule import build_schedule, schedule_table
 
 SOURCE = Path(__file__).with_name("one_launch.cu")
 MODULE = Path(__file__).with_name("one_launch.fatbin")
@@ -94,26 +94,12 @@ def resolved_bytes(*, group_size: int, budget: int) -> int:
     return 4 * group_size * budget
 
 
-def exchange_bytes(*, slices: int, group_size: int, n: int) -> int:
-    """Shared memory of a group's exchanged words (one_launch.cu's placement reads them all): its ``slices`` arrivals,
-    then (m_g, w_g) of every granule of every head (:func:`~santa.kernels.one_launch_schedule.granule_slots` of ``n``)."""
-    return 4 * (slices + 2 * group_size * granule_slots(n))
-
-
-def exchange_slots(*, slices: int, group_size: int, n: int) -> int:
-    """The exchange's slots per (group, head) of :class:`Buffers` (``[B·H_kv][G][slots][2]`` tagged words) that a plan
-    of up to ``slices`` slices a group and ``n`` keys needs: a group's words are its slices' arrivals, then every
-    head's granules' (m_g, w_g) pairs."""
-    return granule_slots(n) + -(-slices // (2 * group_size))
-
-
-def slice_shared(*, slices: int, slice_len: int, n: int, group_size: int, dim: int, budget: int,
-                 page_size: int | None = None) -> int:
-    """Dynamic shared memory of one CTA working on a slice of a group of up to ``n`` keys cut in ``slices``: the kept
-    scores and subtiles plus the group's exchanged words (:func:`exchange_bytes`; and, paged, the page ids of the slice:
-    ⌈slice_len / page_size⌉ + 1 at most), or the gather's rows (:func:`gather_bytes`) where those take more."""
+def slice_shared(*, slices: int, slice_len: int, group_size: int, dim: int, budget: int, page_size: int | None = None) -> int:
+    """Dynamic shared memory of one CTA working on a slice of a group cut in ``slices``: the kept scores and subtiles
+    plus the group's stats (and, paged, the page ids of the slice: ⌈slice_len / page_size⌉ + 1 at most), or the
+    gather's rows (:func:`gather_bytes`) where those take more."""
     pages = 0 if page_size is None else -(-slice_len // page_size) + 1
-    return max(kept_bytes(group_size, slice_len) + exchange_bytes(slices=slices, group_size=group_size, n=n) + 4 * pages,
+    return max(kept_bytes(group_size, slice_len) + 4 * group_size * slices * 2 + 4 * pages,
                gather_bytes(slices=slices, group_size=group_size, dim=dim, budget=budget))
 
 
@@ -136,8 +122,7 @@ class LiveLimits:
 
 def live_limits(*, group_size: int, dim: int, budget: int, sms: int, per_sm, page_size: int | None = None) -> LiveLimits | None:
     """The live schedule's limits for a kernel shape (benchmarks/KERNEL_NOTES.md): slices of :data:`ROUNDS_SLICE_KEYS`
-    keys, whose kept scores, the exchanged words of a group of up to ``max_slices`` such slices and (paged) page ids
-    set the CTA's shared memory; ``min_slices`` 1 (a
+    keys, whose kept scores, every slot's stats and (paged) page ids set the CTA's shared memory; ``min_slices`` 1 (a
     live CTA sums its sampled rows in registers and stages a covered sequence's rows in chunks of as many vectors as
     that memory holds, so no slice count is too few); ``ctas`` = ``per_sm(shared) · sms``. None where the shape has no
     kernel, one vector's S rows beside every sample's resolved row (:func:`resolved_bytes`) do not fit (since the
@@ -148,8 +133,7 @@ def live_limits(*, group_size: int, dim: int, budget: int, sms: int, per_sm, pag
         return None
     slice_cap = ROUNDS_SLICE_KEYS[dim]
     pages = 0 if page_size is None else -(-slice_cap // page_size) + 1
-    shared = (kept_bytes(group_size, slice_cap) + 4 * pages
-              + exchange_bytes(slices=LIVE_MAX_SLICES, group_size=group_size, n=LIVE_MAX_SLICES * slice_cap))
+    shared = kept_bytes(group_size, slice_cap) + 4 * group_size * LIVE_MAX_SLICES * 2 + 4 * pages
     ctas = per_sm(shared) * sms if shared <= SHARED_LIMIT else 0
     one_vector = gather_bytes(slices=group_size * dim // 8, group_size=group_size, dim=dim, budget=budget)  # its S rows
     if one_vector + resolved_bytes(group_size=group_size, budget=budget) > shared or ctas < LIVE_MAX_SLICES:
@@ -165,7 +149,6 @@ class Plan:
     kernel: str
     rounds: list = field(repr=False)
     staggered: bool
-    n_keys: int
 
     @property
     def works(self) -> list:
@@ -180,8 +163,8 @@ class Plan:
         return max(w.slices for w in self.works)
 
     def shared(self, *, group_size: int, dim: int, budget: int, page_size: int | None = None) -> int:
-        return max(slice_shared(slices=w.slices, slice_len=w.slice_len, n=self.n_keys, group_size=group_size, dim=dim,
-                                budget=budget, page_size=page_size) for w in self.works)
+        return max(slice_shared(slices=w.slices, slice_len=w.slice_len, group_size=group_size, dim=dim, budget=budget,
+                                page_size=page_size) for w in self.works)
 
 
 @dataclass(frozen=True)
@@ -202,7 +185,7 @@ def make_plan(*, slices: int, grid: int, groups: int, n: int, group_size: int, d
               page_size: int | None = None, fp8: bool = False) -> Plan:
     rounds = build_schedule(groups=groups, n=n, slices=slices, grid=grid, kind="staggered" if staggered else "rounds")
     return Plan(f"C{slices}" + ("s" if staggered else ""), kernel_name(dim, group_size, paged=page_size is not None, fp8=fp8),
-                rounds, staggered, n)
+                rounds, staggered)
 
 
 def choose_plan(*, batch: int, kv_heads: int, group_size: int, dim: int, n: int, budget: int, sms: int, per_sm,
@@ -242,7 +225,7 @@ def choose_plan(*, batch: int, kv_heads: int, group_size: int, dim: int, n: int,
     if dim == 128 and target == 9 and n <= EIGHT_SLICES_UP_TO:
         target = 8  # slices of up to 4,608 keys: the one launch keeps a 33,024-key plan (the docstring)
     for slices in range(max(1, 2 * sms // groups), 0, -1):  # the most slices that keep one wave resident
-        shared = slice_shared(slices=slices, slice_len=slice_keys(n, slices), n=n, **shape)
+        shared = slice_shared(slices=slices, slice_len=-(-n // slices), **shape)
         if shared > SHARED_LIMIT:
             break
         if groups * slices <= per_sm(shared) * sms:
@@ -255,13 +238,13 @@ def choose_plan(*, batch: int, kv_heads: int, group_size: int, dim: int, n: int,
     if dim == 64 and group_size <= 4 and budget <= 64:
         return None  # rounds at SmolLM2's shape and S ≤ 64: the two launches are faster (B = 64 × 8k: 78.7 µs against 83.4)
     for slices in range(target, 257):  # rounds: more slices only where one slice's shared memory needs them
-        shared = slice_shared(slices=slices, slice_len=slice_keys(n, slices), n=n, **shape)
+        shared = slice_shared(slices=slices, slice_len=-(-n // slices), **shape)
         grid = per_sm(shared) * sms if shared <= SHARED_LIMIT else 0
         if grid >= slices:
             if dim == 128 and (grid < 2 * sms or slices > 8):
                 return None  # Llama's shape: the two launches are faster (paged_ab.py, H200 2026-12-04; see the docstring)
             gather = gather_bytes(slices=slices, group_size=group_size, dim=dim, budget=budget)
-            long_slices = kept_bytes(group_size, slice_keys(n, slices)) >= gather  # not the gather's rows of a large S
+            long_slices = kept_bytes(group_size, -(-n // slices)) >= gather  # not the gather's rows of a large S
             if dim == 64 and grid < 2 * sms and n > 16 * ROUNDS_SLICE_KEYS[dim] and long_slices:
                 return None  # long slices' kept scores leave one CTA per SM (Qwen 128k): the two launches are faster
             staggered = group_size <= 4 and grid // 2 >= 2 * slices and groups * slices > grid
@@ -383,13 +366,12 @@ def cache_strides(k: torch.Tensor, v: torch.Tensor, kv_layout: str) -> tuple[int
 
 @dataclass(frozen=True)
 class Buffers:
-    """What the one launches of a plan exchange through global memory: tagged words ``[B·H_kv][G][slots][2]`` (a group's
-    slices' arrivals, then its heads' granules' (m_g, w_g): :func:`exchange_slots`),
+    """What the one launches of a plan exchange through global memory: tagged slice statistics ``[B·H_kv][G][slots][2]``,
     tagged sampled keys ``[B, H, S]`` and the groups' epochs ``[B·H_kv]``. One set may serve several plans of one model
     (:meth:`santa.vllm.decode.PagedDecoder.allocate`: every batch size's plan): every word of a group's region is written
     under that group's next epoch, which every launch holding the group advances, so a launch never reads another's
-    word, whichever plan wrote it; they serve one call at a time (one stream). ``slots``: :func:`exchange_slots` of
-    the most slices and keys a plan sharing them may take."""
+    word, whichever plan wrote it; they serve one call at a time (one stream). ``slots``: the most slices a plan
+    sharing them may cut a group in."""
 
     stats: torch.Tensor
     sampled: torch.Tensor
@@ -462,7 +444,6 @@ class OneLaunch:
         self.paired = plan.staggered and self.per_sm == 2 and plan.grid == 2 * sms
         self.table = torch.tensor(schedule_table(plan.rounds), dtype=torch.int32, device=device) if not live else None
         self.shape = dict(batch=batch, heads=heads, kv_heads=kv_heads, budget=budget)
-        self.slots = exchange_slots(slices=plan.slots, group_size=group_size, n=n_keys)  # of the Buffers it exchanges through
         self.device, self._own = device, None
         self.arrivals = torch.zeros(1026, dtype=torch.int32, device=device)  # per SM, then per half
         self.scale_log2 = scale * math.log2(math.e)
@@ -490,14 +471,14 @@ class OneLaunch:
 
     def fits(self, buffers: Buffers) -> bool:
         """Whether ``buffers`` hold this plan's words (its batch, heads, budget and slices)."""
-        return buffers.fits(**self.shape, slots=self.slots)
+        return buffers.fits(**self.shape, slots=self.plan.slots)
 
     def own_buffers(self) -> Buffers | None:
         """This plan's own buffers, allocated (zeroed) on first use; None while a CUDA graph is being captured and they
         do not exist yet (zeroing them inside the graph would zero them at every replay, and a replay would read the
         previous one's words as its own)."""
         if self._own is None and not torch.cuda.is_current_stream_capturing():
-            self._own = Buffers.allocate(**self.shape, slots=self.slots, device=self.device)
+            self._own = Buffers.allocate(**self.shape, slots=self.plan.slots, device=self.device)
         return self._own
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor, strides: tuple[int, int, int],

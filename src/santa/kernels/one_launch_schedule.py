@@ -1,8 +1,7 @@
 """The work schedule of the one-launch prop (``prop1_*`` in ``one_launch.cu``): which (group, slice) each CTA of the
-persistent grid takes in each round. A group is one (sequence, KV head); its keys are cut into C_g slices of whole
-granules (:func:`granule`: the CDF's fixed order, the same under every plan), and all of a group's slices sit in the
-same round (the kernel's group barrier then waits only on CTAs that reach that round: no cycle, since every CTA is
-resident).
+persistent grid takes in each round. A group is one (sequence, KV head); its n keys are cut into C_g slices of
+⌈n / C_g⌉ keys, and all of a group's slices sit in the same round (the kernel's group barrier then waits only on
+CTAs that reach that round: no cycle, since every CTA is resident).
 
 Two schedules, both with the same slice count C for full rounds:
 
@@ -28,46 +27,9 @@ from santa.kernels.layout import cdiv
 SCHEDULES = ("rounds", "staggered")
 
 
-MAX_GRANULE = 256  # keys: the largest granule (sequences past 128k keys hold more than 512 of them)
-
-
-def granule(keys: int) -> int:
-    """Keys per granule of a sequence of ``keys`` keys (one_launch.cu's granule_keys): 64, doubled while the sequence
-    would hold more than 512 granules, at most :data:`MAX_GRANULE`. The one launch cuts every slice at granules and
-    orders its CDF by them (each granule's max and mass from its own scores, then their prefix in one fixed order), so
-    a sequence's samples depend on its length alone: the same alone or batched, under every plan and capacity."""
-    return 256 if keys > 512 * 128 else 128 if keys > 512 * 64 else 64
-
-
-def granule_count(keys: int) -> int:
-    """Granules of a sequence of ``keys`` keys."""
-    return cdiv(keys, granule(keys))
-
-
-def granule_slots(n: int) -> int:
-    """The most granules a sequence of at most ``n`` keys holds (the exchange's (m_g, w_g) slots per head)."""
-    return min(cdiv(n, 64), max(512, cdiv(n, MAX_GRANULE)))
-
-
-def slice_keys(n: int, slices: int) -> int:
-    """The longest slice a sequence of at most ``n`` keys takes when cut in ``slices`` (⌈granules / slices⌉ whole
-    granules: non-decreasing in the length, so n's), which sizes the slice's shared memory."""
-    return cdiv(n, granule(n) * slices) * granule(n)
-
-
-def slice_span(keys: int, c: int, slices: int) -> tuple[int, int]:
-    """Keys [start, stop) of slice ``c`` of ``slices`` of a sequence of ``keys`` keys, as one_launch.cu cuts it on
-    either schedule: ⌈granules / slices⌉ whole granules a slice, the last cut at the sequence's end (empty slices past
-    it start there)."""
-    step = cdiv(granule_count(keys), slices) * granule(keys)
-    start = min(c * step, keys)
-    return start, min(start + step, keys)
-
-
 @dataclass(frozen=True)
 class Work:
-    """One CTA's work in one round: slice ``c`` of ``slices`` of group ``group``, whose slices take ⌈granules / slices⌉
-    whole granules of its sequence's keys each, at most ``slice_len`` keys (:func:`slice_keys` of the plan's n)."""
+    """One CTA's work in one round: slice ``c`` of ``slices`` of group ``group``, keys [c·slice_len, (c+1)·slice_len) ∩ [0, n)."""
 
     group: int
     c: int
@@ -79,7 +41,7 @@ def _place(groups: list[int], *, first_cta: int, ctas: int, slices: int, n: int)
     """CTA → work for ``groups`` over CTAs [first_cta, first_cta + ctas), ``slices`` each (more where fewer groups
     than the CTAs hold: ⌊ctas / len(groups)⌋)."""
     per_group = max(slices, ctas // len(groups))
-    slice_len = slice_keys(n, per_group)
+    slice_len = -(-n // per_group)
     return {first_cta + i * per_group + c: Work(group, c, per_group, slice_len)
             for i, group in enumerate(groups) for c in range(per_group)}
 
@@ -130,6 +92,8 @@ def schedule_table(rounds: list[list[Work | None]]) -> list[int]:
 # follows the live keys instead of the plan's capacity. Not yet in one_launch.cu: this is the spec the CUDA code is to
 # match, integer for integer (its property tests: tests/kernels/test_one_launch_schedule.py).
 
+GRANULE = 256  # keys: every slice of the live schedule is a run of whole granules (a fixed CDF order, issue 39)
+
 
 @dataclass(frozen=True)
 class LiveWork:
@@ -169,8 +133,11 @@ class LiveSchedule:
             raise ValueError(f"item must be in [0, {self.items}), got {i}")
         b = self.order[bisect.bisect_right(self.order, i, key=self.first.__getitem__) - 1]
         head, c = divmod(i - self.first[b], self.slices[b])
-        start, stop = slice_span(self.keys[b], c, self.slices[b])
-        return LiveWork(seq=b, head=head, c=c, slices=self.slices[b], start=start, stop=stop)
+        # whole granules a slice: ⌈granules / C⌉ of them, the last slice cut at the sequence's end
+        granules = cdiv(self.keys[b], GRANULE)
+        step = cdiv(granules, self.slices[b]) * GRANULE
+        start = min(c * step, self.keys[b])
+        return LiveWork(seq=b, head=head, c=c, slices=self.slices[b], start=start, stop=min(start + step, self.keys[b]))
 
     def work(self, cta: int, round_: int) -> LiveWork | None:
         """CTA ``cta``'s item in round ``round_``, or None (a CTA past ``lanes``, or past the last item)."""
@@ -188,7 +155,7 @@ def live_schedule(seq_lens, *, n: int, kv_heads: int, slice_cap: int, min_slices
                   ctas: int) -> LiveSchedule:
     """The live schedule of a step whose sequences hold ``seq_lens`` keys (ints, B of them; clamped to [0, n] as the
     kernel clamps them), for a plan of capacity ``n`` keys, ``kv_heads`` KV heads, slices of at most ``slice_cap`` keys
-    (a multiple of :data:`MAX_GRANULE`: what the kernel's shared memory keeps), between ``min_slices`` (the fewest whose
+    (a multiple of :data:`GRANULE`: what the kernel's shared memory keeps), between ``min_slices`` (the fewest whose
     gather fits shared memory) and ``max_slices`` (the exchange's slots) slices a group, both powers of two, on a
     persistent grid of ``ctas`` resident CTAs.
 
@@ -202,8 +169,8 @@ def live_schedule(seq_lens, *, n: int, kv_heads: int, slice_cap: int, min_slices
     for name, value in (("n", n), ("kv_heads", kv_heads), ("ctas", ctas), ("slice_cap", slice_cap)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if slice_cap % MAX_GRANULE:
-        raise ValueError(f"slice_cap must be a multiple of {MAX_GRANULE} keys, got {slice_cap}")
+    if slice_cap % GRANULE:
+        raise ValueError(f"slice_cap must be a multiple of {GRANULE} keys, got {slice_cap}")
     min_slices, max_slices = _power_of_two("min_slices", min_slices), _power_of_two("max_slices", max_slices)
     if min_slices > max_slices:
         raise ValueError(f"min_slices ({min_slices}) must be ≤ max_slices ({max_slices})")

@@ -159,10 +159,7 @@ class PagedDecoder:
             if plan.one_launch is not None and self._one_launch is None:  # the first plan that runs it (never inside a
                 # capture: a plan made there runs the Triton prop), sized for every batch size's plan
                 self._one_launch = one_launch.Buffers.allocate(batch=self.max_batch, heads=self.heads, kv_heads=self.kv_heads,
-                                                               budget=self.budget,
-                                                               slots=one_launch.exchange_slots(
-                                                                   slices=one_launch.MAX_ONE_WAVE_SLICES,
-                                                                   group_size=self.heads // self.kv_heads, n=self.max_keys),
+                                                               budget=self.budget, slots=one_launch.MAX_ONE_WAVE_SLICES,
                                                                device=self.device)
             workspace = Workspace.within(plan.workspace_key, scratch=self._scratch, semaphores=self._semaphores,
                                          one_launch_buffers=self._one_launch)
