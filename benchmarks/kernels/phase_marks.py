@@ -1,0 +1,71 @@
+"""Where one one-launch prop call spends its time, phase by phase, from the kernel's own clocks (issue 39).
+
+    python benchmarks/kernels/phase_marks.py OUT.json LABEL
+
+A host-built plan's launch takes ``marks`` (``santa.kernels.one_launch.OneLaunch.run``): thread 0 of each CTA records
+``%globaltimer`` at the phase boundaries of ``one_launch.cu``'s ``prop_slice`` (0 start, 1 streamed, 2 published,
+3 stats read, 4 first points placed, 5 keys written, 6 V rows gathered, 7 done). Per case (contiguous bf16, S = 128,
+the plan ``plan_decode`` chooses, 12 calls with seeds 0-11, the first two dropped): each phase's median over CTAs with
+work, then the median over calls (``phase_med_ns``, seven numbers), and the median span from the first CTA's start
+to the last CTA's end (``span_ns``). No graph, no L2 flush: a profile of the phases, not a timing to quote (the
+protocol's times come from ``paged_ab.py`` and ``prop_ab.py``). Whichever santa is first on the path is measured, so
+one device call compares two trees (``PYTHONPATH=.oldab/src``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+sys.path.insert(0, ".")
+from benchmarks.bench.timing import run_record_of_this_checkout  # noqa: E402
+
+CASES = [(1, 32, 8, 128, 512), (1, 32, 8, 128, 8192), (1, 32, 8, 128, 32768), (1, 14, 2, 64, 32768), (16, 14, 2, 64, 32768)]
+
+
+def profile(batch: int, heads: int, kv_heads: int, dim: int, n: int) -> dict:
+    from santa.kernels import one_launch as ol
+    from santa.kernels import plan_decode
+
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    q = torch.randn(batch, heads, dim, device="cuda", generator=gen).mul(3.0).to(torch.bfloat16)
+    k, v = (torch.randn(batch, n, kv_heads, dim, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(2))
+    plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n, budget=128,
+                       dtype=torch.bfloat16, device="cuda")
+    launch = plan.one_launch
+    if launch is None or not launch.plan.rounds:
+        return {"error": "no host-built one-launch plan (a live or Triton plan takes no marks)"}
+    calls = []
+    for seed in range(12):
+        marks = torch.zeros(len(launch.plan.rounds) * launch.plan.grid, 9, 2, dtype=torch.int64, device="cuda")
+        launch.run(q, k, v, out=torch.empty_like(q), strides=ol.cache_strides(k, v, "NHD"), seed=seed, marks=marks)
+        torch.cuda.synchronize()
+        calls.append(marks[:, :8, 0].cpu())
+    clocks = torch.stack(calls[2:])  # [calls, slots, 8] ns
+    clocks = clocks[:, clocks[0, :, 0] != 0].double()  # the slots with work
+    phases = (clocks[..., 1:] - clocks[..., :-1]).median(dim=1).values.median(dim=0).values
+    span = (clocks[..., 7].max(dim=1).values - clocks[..., 0].min(dim=1).values).median()
+    return {"plan": launch.plan.name, "phase_med_ns": [round(x) for x in phases.tolist()], "span_ns": float(span)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out")
+    parser.add_argument("label")
+    args = parser.parse_args()
+    import santa
+
+    record = {"run": run_record_of_this_checkout(), "label": args.label, "santa": santa.__file__,
+              "device": torch.cuda.get_device_name()}
+    for batch, heads, kv_heads, dim, n in CASES:
+        record[f"{batch}x{n}_d{dim}"] = row = profile(batch, heads, kv_heads, dim, n)
+        print(args.label, batch, n, dim, row, flush=True)
+    with open(args.out, "w") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+if __name__ == "__main__":
+    main()
