@@ -17,7 +17,10 @@ arithmetic; re-keying a path is a change to that function alone):
   with key = :func:`layer_key` (seed, layer), one per sequence, and counter = (the query's
   position in its own sequence, query head, stream), keyed on (seed, layer, head, position, sample)
   and on nothing else: not the batch row, the padding, the cache's allocated length or the steps
-  taken, so a prompt draws the same samples alone or batched.
+  taken, so a prompt draws the same uniforms alone or batched, and the same samples (on Hopper's one-launch
+  prop up to a sample lying within float32 rounding of a CDF step: its float32 CDF follows the plan's slices, which
+  follow the batch and the cache length; benchmarks/KERNEL_NOTES.md run 27 measured a plan-free order 10-13 %
+  slower).
 - santa.model, reference backends (``iid``, ``stratified``, ``systematic``): the same request-keyed
   uniforms as the kernels (:func:`santa.kernels.reference.call_uniforms`), sample m of a head on
   stream m (systematic: its one offset on stream 0), fed to :func:`santa.sampled_attention`.
