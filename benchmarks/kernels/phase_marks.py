@@ -1,6 +1,6 @@
 """Where one one-launch prop call spends its time, phase by phase, from the kernel's own clocks (issue 39).
 
-    python benchmarks/kernels/phase_marks.py OUT.json LABEL
+    python benchmarks/kernels/phase_marks.py OUT.jsonl LABEL
 
 A host-built plan's launch takes ``marks`` (``santa.kernels.one_launch.OneLaunch.run``): thread 0 of each CTA records
 ``%globaltimer`` at the phase boundaries of ``one_launch.cu``'s ``prop_slice`` (0 start, 1 streamed, 2 published,
@@ -9,7 +9,9 @@ the plan ``plan_decode`` chooses, 12 calls with seeds 0-11, the first two droppe
 work, then the median over calls (``phase_med_ns``, seven numbers), and the median span from the first CTA's start
 to the last CTA's end (``span_ns``). No graph, no L2 flush: a profile of the phases, not a timing to quote (the
 protocol's times come from ``paged_ab.py`` and ``prop_ab.py``). Whichever santa is first on the path is measured, so
-one device call compares two trees (``PYTHONPATH=.oldab/src``).
+one device call compares two trees (``PYTHONPATH=.oldab/src``). OUT.jsonl: a run record, then one line per case,
+appended as each is measured; a re-run skips the cases already there, and a second run on the same file is refused
+while the first holds it (``santa.writer_lock``).
 """
 
 from __future__ import annotations
@@ -57,14 +59,24 @@ def main() -> None:
     parser.add_argument("label")
     args = parser.parse_args()
     import santa
+    from santa.sweep_files import append_record, read_records
+    from santa.writer_lock import OutputUnusable, writer_lock
 
-    record = {"run": run_record_of_this_checkout(), "label": args.label, "santa": santa.__file__,
-              "device": torch.cuda.get_device_name()}
-    for batch, heads, kv_heads, dim, n in CASES:
-        record[f"{batch}x{n}_d{dim}"] = row = profile(batch, heads, kv_heads, dim, n)
-        print(args.label, batch, n, dim, row, flush=True)
-    with open(args.out, "w") as handle:
-        handle.write(json.dumps(record) + "\n")
+    try:
+        with writer_lock(args.out, holder="phase_marks.py"):
+            records = read_records(args.out)
+            if not records:
+                append_record(args.out, {"key": "run", "run": run_record_of_this_checkout(), "label": args.label,
+                                         "santa": santa.__file__, "device": torch.cuda.get_device_name()})
+            done = {record["key"] for record in records}
+            for batch, heads, kv_heads, dim, n in CASES:
+                key = f"{batch}x{n}_d{dim}"
+                if key not in done:
+                    row = {"key": key, **profile(batch, heads, kv_heads, dim, n)}
+                    append_record(args.out, row)
+                    print(args.label, json.dumps(row), flush=True)
+    except OutputUnusable as error:  # another run holds the file, or it cannot be written: one line
+        sys.exit(f"phase_marks.py: {error}")
 
 
 if __name__ == "__main__":
