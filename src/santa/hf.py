@@ -11,8 +11,10 @@ Default: dense prefill (SDPA), sampled decode. ``prefill="sampled"`` also sample
 (the paper's Section 4 setting). Randomness is keyed on the request (:mod:`santa.rng`): each draw
 is a function of (seed, layer, head, the query's position in its own sequence, sample index), the
 position counted from the attention mask, so the same prompt and seed generate the same tokens
-alone or batched (left-padded), under a dynamic or a static cache, with no state to reset (on Hopper's
-one-launch prop, up to a sample within float32 rounding of a CDF step: :mod:`santa.rng`).
+alone or batched (left-padded), under a dynamic or a static cache, with no state to reset. transformers' caches
+are ``[B, H_kv, L, D]`` (HND), which the kernels read through the Triton prop (Hopper's one-launch prop takes
+contiguous NHD caches only: :func:`santa.kernels.one_launch.eligible`), whose float32 CDF is the same alone or batched:
+the samples are, bit for bit.
 
 What santa implements matches eager attention (tests/hf/test_hf_reliability.py): GQA, sliding
 windows (through the attention mask transformers builds), a score scale other than 1/√D, value

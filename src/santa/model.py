@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 import santa.kernels as santa_kernels
 from santa import rng, schedule_file
-from santa.attention import sampled_attention
+from santa.attention import check_flag, sampled_attention
 from santa.checkpoint import (  # noqa: F401 (ModelArgs: re-exported as santa.model.ModelArgs)
     ModelArgs,
     args_from_config,
@@ -224,6 +224,7 @@ class DecodeContext:
     attention: Callable[[Tensor, Tensor, Tensor, DecodeContext, int], Tensor] | None = None
     kv_scales: list[tuple[Tensor | float, Tensor | float]] | None = None  # per layer (k_scale, v_scale): an fp8 cache's
     reads: Tensor | None = None  # int64 [B, H]: value rows drawn, summed over layers and steps (the kernels add them)
+    batch_invariant: bool = False  # the kernels' plans run the Triton prop (Tuning(one_launch=False)): make_context
     attend: Callable[[Tensor, Tensor, Tensor, DecodeContext, int], Tensor] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -248,27 +249,29 @@ class DecodeContext:
         budget = self.budget_for(layer)
         plan = None if self.plans is None else self.plans.get(budget)
         if plan is None:
-            plan = plan_kernel(self.backend, q, k_cache, budget, error_target=self.error_target, pilot=self.pilot)
+            plan = plan_kernel(self.backend, q, k_cache, budget, error_target=self.error_target, pilot=self.pilot,
+                               batch_invariant=self.batch_invariant)
             self.plans = {**(self.plans or {}), budget: plan}
         return plan
 
 
 def plan_kernel(backend: str, q: Tensor, k_cache: Tensor, budget: int, *, error_target: float | None = None,
-                pilot: int = DEFAULT_PILOT) -> santa_kernels.DecodePlan:
+                pilot: int = DEFAULT_PILOT, batch_invariant: bool = False) -> santa_kernels.DecodePlan:
     """The :class:`~santa.kernels.DecodePlan` of a ``santa-*`` backend for ``q [B, H, d]`` over the
-    NHD cache ``k_cache [B, L_max, H_kv, d]`` at ``budget`` samples per head (the cap, with an error target)."""
+    NHD cache ``k_cache [B, L_max, H_kv, d]`` at ``budget`` samples per head (the cap, with an error target);
+    ``batch_invariant``: the Triton prop's two launches on every call (:func:`make_context`)."""
     batch, heads, head_dim = q.shape
     return santa_kernels.plan_decode(
         batch=batch, heads=heads, kv_heads=k_cache.shape[2], head_dim=head_dim, n_keys=k_cache.shape[1], budget=budget,
         dtype=q.dtype, device=q.device, kernel=by_model_backend(backend).kernel, kv_dtype=k_cache.dtype,
-        error_target=error_target, pilot=pilot,
+        error_target=error_target, pilot=pilot, tuning=santa_kernels.Tuning(one_launch=False) if batch_invariant else None,
     )
 
 
 def make_context(
     model: Transformer, backend: str, *, prompt_len: int | Tensor, budget: int = 128, seed: int = 0, santa_impl: str = "auto",
     layer_budgets: dict[int, int] | None = None, attention: Callable[..., Tensor] | None = None,
-    error_target: float | None = None, pilot: int = DEFAULT_PILOT,
+    error_target: float | None = None, pilot: int = DEFAULT_PILOT, batch_invariant: bool = False,
 ) -> DecodeContext:
     """A context for decoding after prompts of ``prompt_len`` tokens (caches already set up).
 
@@ -283,7 +286,14 @@ def make_context(
     (sequence b sees its first ``ctx.seq_lens[b]`` keys); ``backend`` then names it and must not be
     one of santa's (:data:`santa.methods.METHODS`). Whether it can be captured in a CUDA graph is
     the caller's business.
+    batch_invariant: a bool. A prompt draws the same uniforms alone or batched on every path (:mod:`santa.rng`), and
+    the same samples wherever its CDF does not depend on the batch: the kernels' torch reference, the Triton prop. On
+    Hopper the prop kernel's default, the one-launch CUDA prop, sums its float32 CDF in slices that follow the batch
+    and the cache's length, so a sample lying within float32 rounding of a CDF step may move with them. True makes
+    the kernels' plans run the Triton prop on every call (``Tuning(one_launch=False)``): the same samples, bit for bit,
+    alone or batched, at the Triton prop's speed (slower than the one launch on Hopper: benchmarks/RESULTS.md).
     """
+    check_flag("batch_invariant", batch_invariant)
     if attention is not None:
         if not callable(attention):
             raise TypeError(f"attention must be a callable (q, k_cache, v_cache, ctx, layer) -> out, got {type(attention).__name__}")
@@ -331,12 +341,14 @@ def make_context(
         santa_impl=santa_impl,
         attention=attention,
         kv_scales=[layer.attention.kv_cache.scales() for layer in model.layers],
+        batch_invariant=batch_invariant,
     )
     if backend == "sdpa":
         ctx.attn_bias = visibility_bias(ctx.seq_lens, max_len, dtype)
     elif ctx.attend is kernel_decode:
         q = torch.empty(batch, model.args.n_head, model.args.head_dim, dtype=dtype, device=device)
-        ctx.plans = {s: plan_kernel(backend, q, cache.k_cache, s, error_target=error_target, pilot=pilot)
+        ctx.plans = {s: plan_kernel(backend, q, cache.k_cache, s, error_target=error_target, pilot=pilot,
+                                    batch_invariant=batch_invariant)
                      for s in {budget, *(layer_budgets or {}).values()}}
         for plan in ctx.plans.values():
             plan.workspace  # noqa: B018 (allocated now, outside any CUDA graph)
@@ -854,6 +866,7 @@ def generate(
     error_target: float | None = None,
     pilot: int = DEFAULT_PILOT,
     dense_below: int = 0,
+    batch_invariant: bool = False,
 ) -> list[Tensor]:
     """Greedy batched generation: prompts of any lengths (see :func:`pad_prompts`) → one int64 1-D
     tensor of new tokens per prompt, ``max_new_tokens`` long or ending at its first stop token.
@@ -870,7 +883,8 @@ def generate(
     budgets from a relative error target, budget the cap (:func:`make_context`). dense_below: keys, an int ≥ 0 (0, the
     default: no such step): a decode step whose longest sequence sees fewer keys runs the dense backend ("sdpa"), as
     santa's vLLM backend does by default (:func:`decode_tokens`); such a step costs what ``backend="sdpa"`` costs (the
-    whole cache, masked).
+    whole cache, masked). batch_invariant: a bool; True: the same samples bit for bit alone or batched on Hopper too,
+    at the Triton prop's speed (:func:`make_context`).
 
     Integers may be Python or numpy ints; the wrong type (a float, a string, a bool) is a
     TypeError, a bad value a ValueError, both naming the argument.
@@ -893,7 +907,7 @@ def generate(
     dense_below = integer("dense_below", dense_below, low=0)
     model.setup_caches(padded.shape[0], padded.shape[1] + max_new_tokens, kv_cache_dtype=kv_cache_dtype)
     ctx = make_context(model, backend, prompt_len=lengths, budget=budget, seed=seed, santa_impl=santa_impl,
-                       layer_budgets=layer_budgets, error_target=error_target, pilot=pilot)
+                       layer_budgets=layer_budgets, error_target=error_target, pilot=pilot, batch_invariant=batch_invariant)
     dense = dense_steps(model, backend, lengths, dense_below)
     token = prefill(model, padded, lengths=lengths)  # [B, 1]
     rows = decode_tokens(model, ctx, token, lengths, max_new_tokens, stop_tokens=stops, cuda_graph=use_graph, dense=dense)

@@ -20,7 +20,8 @@ arithmetic; re-keying a path is a change to that function alone):
   taken, so a prompt draws the same uniforms alone or batched, and the same samples (on Hopper's one-launch
   prop up to a sample lying within float32 rounding of a CDF step: its float32 CDF follows the plan's slices, which
   follow the batch and the cache length; benchmarks/KERNEL_NOTES.md run 27 measured a plan-free order 10-13 %
-  slower).
+  slower; ``make_context(..., batch_invariant=True)`` runs the Triton prop instead: the same samples, bit for bit).
+  santa.hf's HND caches always take the Triton prop.
 - santa.model, reference backends (``iid``, ``stratified``, ``systematic``): the same request-keyed
   uniforms as the kernels (:func:`santa.kernels.reference.call_uniforms`), sample m of a head on
   stream m (systematic: its one offset on stream 0), fed to :func:`santa.sampled_attention`.
