@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from santa.vllm.config import ServingConfig, describe, read_config
+from santa.vllm.config import ServingConfig, batch_invariant_config, describe, read_config
 
 
 def test_defaults_sample_with_prop_at_128():
@@ -95,3 +95,14 @@ def test_vllms_additional_config_sets_santa_under_the_environment_and_over_the_f
 def test_a_bad_additional_config_is_refused_by_name(additional, message):
     with pytest.raises(ValueError, match=message):
         read_config({}, additional)
+
+
+def test_batch_invariant_mode_samples_every_step_and_refuses_a_dense_below():
+    """Under VLLM_BATCH_INVARIANT=1 a short step's route would follow the batch's longest sequence: dense_below is 0,
+    and one set by the user is refused by name; the other settings are kept."""
+    config = batch_invariant_config(read_config({"SANTA_VLLM_BUDGET": "64", "SANTA_VLLM_SEED": "3"}))
+    assert (config.short_steps, config.budget, config.seed, config.kernel) == (0, 64, 3, "prop")
+    assert batch_invariant_config(read_config({"SANTA_VLLM_DENSE_BELOW": "0"})).short_steps == 0
+    assert batch_invariant_config(read_config({"SANTA_VLLM_KERNEL": "flash"})).short_steps == 0
+    with pytest.raises(ValueError, match="dense_below must be 0 under VLLM_BATCH_INVARIANT=1.*got 4096"):
+        batch_invariant_config(read_config({"SANTA_VLLM_DENSE_BELOW": "4096"}))

@@ -132,3 +132,24 @@ def test_a_captured_step_replayed_after_the_next_build_follows_that_build(backen
     builder.dense_below = 91
     builder.build(0, batch.common)
     torch.testing.assert_close(replay(), batch.exact(SCALE), rtol=1e-5, atol=1e-5)
+
+
+def test_under_vllms_batch_invariant_mode_every_step_samples_on_the_triton_prop(backend, monkeypatch):
+    """VLLM_BATCH_INVARIANT=1: the default dense_below gives way (a short step is sampled, no gate) and the decoder's plans
+    run the Triton prop (whose samples are the same alone or batched: tests/kernels/test_request_keys.py)."""
+    monkeypatch.delenv("SANTA_VLLM_DENSE_BELOW")  # the default, 8192: would make these steps FlashAttention's
+    monkeypatch.setenv("SANTA_VLLM_BUDGET", "24")
+    monkeypatch.setattr(backend.envs, "VLLM_BATCH_INVARIANT", True)
+    monkeypatch.setattr(backend, "capturing_a_graph", lambda: True)
+    batch = make_batch([90, 50], [1, 1], seed=2)
+    out, metadata, _ = step(backend, batch, MockLayer(LAYER), config=vllm_config(max_model_len=8192))
+    assert metadata.santa.gate is None and not metadata.santa.dense and FlashAttentionImpl.calls == 0
+    assert metadata.santa.decoder.tuning.one_launch is False
+    torch.testing.assert_close(out, santas_decode(batch, 24), rtol=1e-5, atol=1e-6)
+
+
+def test_under_vllms_batch_invariant_mode_a_dense_below_is_refused_at_start(backend, monkeypatch):
+    monkeypatch.setenv("SANTA_VLLM_DENSE_BELOW", "4096")
+    monkeypatch.setattr(backend.envs, "VLLM_BATCH_INVARIANT", True)
+    with pytest.raises(ValueError, match="dense_below must be 0 under VLLM_BATCH_INVARIANT=1"):
+        backend.SantaMetadataBuilder(kv_cache_spec(), [LAYER], vllm_config(), DEVICE)

@@ -219,7 +219,9 @@ def stand_ins() -> dict[str, types.ModuleType]:
     modules = {name: types.ModuleType(name) for name in (
         "vllm", "vllm.v1", "vllm.v1.attention", "vllm.v1.attention.backend", "vllm.v1.attention.backends",
         "vllm.v1.attention.backends.flash_attn", "vllm.v1.attention.backends.utils", "vllm.v1.worker",
-        "vllm.v1.worker.ubatch_utils", "vllm.config", "vllm.distributed", "vllm.distributed.parallel_state")}
+        "vllm.v1.worker.ubatch_utils", "vllm.config", "vllm.distributed", "vllm.distributed.parallel_state", "vllm.envs")}
+    modules["vllm.envs"].VLLM_BATCH_INVARIANT = False  # vLLM's batch-invariant mode off (a test sets it on backend.envs)
+    modules["vllm"].envs = modules["vllm.envs"]
     modules["vllm.config"].__dict__.update(get_current_vllm_config_or_none=CurrentConfig.get_current_vllm_config_or_none)
     modules["vllm.v1.attention.backends.utils"].__dict__.update(split_decodes_and_prefills=split_decodes_and_prefills)
     modules["vllm.v1.worker.ubatch_utils"].__dict__.update(UBatchSlice=UBatchSlice, split_attn_metadata=split_attn_metadata)

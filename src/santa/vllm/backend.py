@@ -30,6 +30,11 @@ Memory: santa's workspace (:func:`santa.kernels.workspace_bytes` for ``max_num_s
 when the metadata builder starts, after vLLM has sized its KV cache: leave that much room
 (``gpu_memory_utilization``); the builder logs it, and running out names what to lower.
 
+Under vLLM's batch-invariant mode (``VLLM_BATCH_INVARIANT=1``; the backend inherits FlashAttention's support of it, and
+FlashAttention's parts follow it) every decode step is sampled (``dense_below`` 0: a short step's route follows the
+batch's longest sequence) by the Triton prop, whose samples are the same alone or batched
+(:func:`santa.vllm.config.batch_invariant_config`).
+
 Refused at selection (vLLM's own check): sliding windows, sinks, MLA, encoder and cross attention,
 per-head query/KV quantisation scales; decode context parallelism is refused by vLLM's own assertion
 (santa returns no log-sum-exp).
@@ -69,6 +74,7 @@ try:
 except ImportError as error:  # vLLM absent (ModuleNotFoundError), or an install that cannot import its backend
     raise ImportError(f"santa's vLLM backend needs vLLM 0.26 ({INSTALL}): {error}") from error
 try:  # after the attention modules (a broken install names those first): the tensor-parallel rank, the batch split
+    from vllm import envs
     from vllm.config import get_current_vllm_config_or_none
     from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
     from vllm.v1.attention.backends.utils import split_decodes_and_prefills
@@ -76,7 +82,8 @@ try:  # after the attention modules (a broken install names those first): the te
 except ImportError as error:
     raise ImportError(f"santa's vLLM backend needs vLLM 0.26 ({INSTALL}): {error}") from error
 
-from santa.vllm.config import describe, read_config
+from santa.kernels import Tuning
+from santa.vllm.config import batch_invariant_config, describe, read_config
 from santa.vllm.decode import FP8, PagedDecoder
 from santa.vllm.layers import check_layer, layer_index
 
@@ -182,6 +189,11 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         additional = getattr(vllm_config, "additional_config", None)
         config, model, parallel = read_config(additional_config=additional), vllm_config.model_config, vllm_config.parallel_config
+        # vLLM's batch-invariant mode (FlashAttention's parts, inherited, follow it already): no short steps, and the
+        # Triton prop, whose samples are the same alone or batched (the one launch's CDF follows its slices)
+        invariant = bool(envs.VLLM_BATCH_INVARIANT)
+        if invariant:
+            config = batch_invariant_config(config)
         self.dense_below = config.short_steps  # decode steps shorter than this (keys) run FlashAttention; 0: never
         block_size = kv_cache_spec.block_size
         # this group's cache (layers in --kv-cache-dtype-skip-layers have their own group in the model's dtype)
@@ -198,8 +210,10 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
             max_batch=vllm_config.scheduler_config.max_num_seqs, budget=config.budget,
             kernel=config.kernel if config.samples else "prop", seed=config.seed, dtype=model.dtype,
             kv_dtype=FP8 if fp8 else model.dtype, device=device, error_target=config.error_target, gated=gated,
+            tuning=Tuning(one_launch=False) if invariant else None,
         )
-        logger.info("santa: %s", describe(config, additional_config=additional))
+        logger.info("santa: %s%s", describe(config, additional_config=additional),
+                    "; VLLM_BATCH_INVARIANT=1: every decode step sampled by the Triton prop (dense_below 0)" if invariant else "")
         # the gate and FlashAttention's lengths of gated decode steps: buffers that keep their addresses (graphs)
         rows = max(vllm_config.scheduler_config.max_num_seqs,
                    getattr(getattr(vllm_config, "compilation_config", None), "max_cudagraph_capture_size", None) or 0)

@@ -23,6 +23,11 @@ Variables (each optional; the defaults sample with prop at S = 128, seed 0):
   Inside vLLM's full CUDA graphs both kernels are captured and a device int picks one per replay (the FlashAttention
   launch then reads zero lengths on a sampled step, santa's returns at once on a dense one: a few µs per layer).
 
+Under vLLM's batch-invariant mode (``VLLM_BATCH_INVARIANT=1``: vLLM's kernels give a request the same output whatever
+its batch) santa keeps that promise too (:func:`batch_invariant_config`): every decode step samples (no short steps:
+an explicit ``dense_below`` > 0 is refused) and santa's decode runs the Triton prop, whose samples are the same alone
+or batched (Hopper's one-launch prop sums its float32 CDF in slices that follow the batch).
+
 Anything else starting with ``SANTA_VLLM_`` is refused by name (a misspelt variable would otherwise
 silently leave the default in place). Nothing here imports vLLM.
 """
@@ -32,7 +37,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from santa.error_target import check_error_target
@@ -94,6 +99,17 @@ class ServingConfig:
 
 
 FIELDS = tuple(f.name for f in fields(ServingConfig))
+
+
+def batch_invariant_config(config: ServingConfig) -> ServingConfig:
+    """``config`` as santa's backend runs it under vLLM's batch-invariant mode: ``dense_below`` 0 (a short step runs
+    FlashAttention when the step's *longest* sequence holds fewer keys, so a request's route, and its tokens, would
+    follow its batch); ValueError where ``dense_below`` > 0 was set."""
+    if config.dense_below:
+        raise ValueError(f"dense_below must be 0 under VLLM_BATCH_INVARIANT=1 (a decode step runs FlashAttention when its "
+                         f"longest sequence holds fewer keys, so a request's tokens would depend on its batch), got "
+                         f"{config.dense_below}")
+    return replace(config, dense_below=0)
 
 
 def _from_text(name: str, field: str, text: str) -> object:
