@@ -905,6 +905,9 @@ def generate(
     if padded.shape[1] + max_new_tokens > MAX_POSITIONS:
         raise ValueError(f"max_new_tokens must keep prompt + new tokens ≤ {MAX_POSITIONS}, got {padded.shape[1]} + {max_new_tokens}")
     dense_below = integer("dense_below", dense_below, low=0)
+    if dense_below and check_flag("batch_invariant", batch_invariant):
+        raise ValueError(f"dense_below must be 0 with batch_invariant=True (a step runs dense attention when its longest "
+                         f"sequence sees fewer keys, so a prompt's tokens would depend on its batch), got {dense_below}")
     model.setup_caches(padded.shape[0], padded.shape[1] + max_new_tokens, kv_cache_dtype=kv_cache_dtype)
     ctx = make_context(model, backend, prompt_len=lengths, budget=budget, seed=seed, santa_impl=santa_impl,
                        layer_budgets=layer_budgets, error_target=error_target, pilot=pilot, batch_invariant=batch_invariant)

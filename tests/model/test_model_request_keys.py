@@ -50,9 +50,11 @@ def test_batch_invariant_plans_run_the_triton_prop(tiny_transformer):
     assert all(torch.equal(a, b) for a, b in zip(default, invariant, strict=True))
 
 
-def test_batch_invariant_must_be_a_bool(tiny_transformer):
+def test_batch_invariant_must_be_a_bool_and_refuses_dense_below(tiny_transformer):
     with pytest.raises(TypeError, match="batch_invariant must be a bool"):
         generate(tiny_transformer, PROMPTS[:1], 2, backend="santa-prop", budget=3, batch_invariant=1)
+    with pytest.raises(ValueError, match="dense_below must be 0 with batch_invariant=True.*got 64"):
+        generate(tiny_transformer, PROMPTS[:1], 2, backend="santa-prop", budget=3, batch_invariant=True, dense_below=64)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
