@@ -13,7 +13,8 @@ sequence, sample): a request's uniforms do not depend on the other requests in i
 requests at the same position share their uniforms (each estimate stays unbiased). Its samples do not either on the
 Triton prop; on the one-launch prop (Hopper) the float32 order of a sequence's CDF follows the plan's slices, which
 follow the batch size, so a comb point within float32 rounding of a CDF step may land on the neighbouring key in
-another batch (santa.kernels.one_launch; a fixed-granularity order is issue 39's open item).
+another batch (santa.kernels.one_launch; a plan-free order measured 10-13 % slower, benchmarks/KERNEL_NOTES.md run 27).
+Under vLLM's ``VLLM_BATCH_INVARIANT=1`` the backend gives the decoder ``Tuning(one_launch=False)``: the Triton prop.
 
 Tensor parallelism: each rank holds H/TP query heads (and their KV heads) and decodes them with its own
 :class:`PagedDecoder`, whose ``head_offset`` (the rank's first global head, ``tp_rank × H/TP``: the backend
