@@ -31,6 +31,9 @@
 #   bash benchmarks/vllm/gpu_vllm.sh serve          # issue 40: vllm serve + vllm bench serve, FLASH_ATTN against CUSTOM (SERVE_ARGS:
 #                                                   # serve.py's flags; SERVE_LIMIT: seconds; SERVE_MODEL: qwen2.5-0.5b, records
 #                                                   # apart); servetest: its GPU test
+#   bash benchmarks/vllm/gpu_vllm.sh invariant      # vLLM's VLLM_BATCH_INVARIANT=1, tiny model, 2k prompts: each backend's greedy
+#                                                   # tokens of request 0 alone and in a batch of 8 (one engine each; santa samples
+#                                                   # every step there, on the Triton prop)
 #   bash benchmarks/vllm/gpu_vllm.sh vtests         # vLLM 0.26.0's own backend tests against santa (backend_test.py; carry
 #                                                   # .vt from `prepare.sh vllmtests`); VT_PASSES picks passes (default: all)
 # Every engine start costs ~1-2 min (torch.compile, CUDA-graph capture): budget the device calls for it.
@@ -150,6 +153,13 @@ for stage in "$@"; do
     servetest)  # the GPU test of `vllm serve` with santa and the OpenAI client (tiny model; two server starts)
       timeout 400 python3 -m pytest -q -p no:cacheprovider -m slow tests/vllm_backend/test_vllm_serve.py 2>&1 | tail -n 15 \
         | tee "$OUT/tests_serve.log" ;;
+    invariant)  # a request's tokens alone and batched under vLLM's batch-invariant mode: FLASH_ATTN (vLLM's own promise)
+                # and CUSTOM (santa: dense_below 0, the Triton prop, as santa.vllm.config.batch_invariant_config sets)
+      A="--folder /tmp/tiny --make tiny --prompt-tokens 2000 --batch 1 8 --new-tokens 48 --repeats 1"
+      VLLM_BATCH_INVARIANT=1 run 200 $A --backend FLASH_ATTN --out "$OUT/inv{batch}_flash.json"
+      VLLM_BATCH_INVARIANT=1 SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=64 run 200 $A --backend CUSTOM --out "$OUT/inv{batch}_prop.json"
+      for arm in flash prop; do python3 benchmarks/vllm/offline.py --invariance "$OUT/inv1_$arm.json" "$OUT/inv8_$arm.json"; done \
+        | tee "$OUT/invariance.txt" ;;
     vtests)  # passes: flash dense exact sampled split graph gate; the JSON is rewritten after each one
       # shellcheck disable=SC2086
       timeout 590 python3 benchmarks/vllm/backend_test.py --tests .vt --out "$OUT/backend_test.json" \

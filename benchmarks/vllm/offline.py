@@ -69,6 +69,9 @@ def make_folder(folder: Path, shape: str) -> None:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--compare", nargs=2, metavar=("BASELINE", "OTHER"), help="print OTHER against BASELINE and exit")
+    parser.add_argument("--invariance", nargs=2, metavar=("ALONE", "BATCHED"),
+                        help="whether the requests of ALONE (a smaller batch) kept their greedy tokens in BATCHED (the same "
+                             "engine's larger batch) and exit: status 1 where one did not")
     parser.add_argument("--folder", type=Path, help="the model folder (made with --make when absent)")
     parser.add_argument("--make", choices=sorted(SHAPES), help="the shape of the random weights to make the folder with")
     parser.add_argument("--backend", default="CUSTOM", help="FLASH_ATTN (vLLM's default here) or CUSTOM (santa)")
@@ -97,7 +100,7 @@ def parse_args() -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(args, name)}")
     if min(args.batch) < 1 or len(set(args.batch)) != len(args.batch):
         parser.error(f"--batch takes distinct sizes ≥ 1, got {args.batch}")
-    if not args.compare and (args.folder is None or (args.out is None and not args.make_only)):
+    if not (args.compare or args.invariance) and (args.folder is None or (args.out is None and not args.make_only)):
         parser.error("--folder and --out are required (or --compare, or --folder with --make-only)")
     if args.out is not None and len(args.batch) > 1 and "{batch}" not in str(args.out):
         parser.error(f"--out must hold {{batch}} when several batch sizes are timed (one file each), got {args.out}")
@@ -119,7 +122,8 @@ def run_settings(args: argparse.Namespace, santa_settings: dict) -> dict:
     return {"backend": args.backend, "santa": santa_settings, "folder": str(args.folder), "prompt_tokens": args.prompt_tokens,
             "new_tokens": args.new_tokens, "warm_tokens": args.warm_tokens, "kv_cache_dtype": args.kv_cache_dtype,
             "enforce_eager": args.enforce_eager, "repeats": args.repeats, "tensor_parallel_size": args.tensor_parallel_size,
-            **({"max_model_len": args.max_model_len} if args.max_model_len else {})}
+            **({"max_model_len": args.max_model_len} if args.max_model_len else {}),
+            **({"batch_invariant": True} if os.environ.get("VLLM_BATCH_INVARIANT", "0") == "1" else {})}
 
 
 def finished(path: Path, settings: dict) -> bool:
@@ -200,6 +204,26 @@ def compare(baseline_path: str, other_path: str) -> None:
             print(f"    {b - a:+10.1f}  {a:10.1f} → {b:10.1f}  {name[:110]}")
 
 
+def invariance(alone_path: str, batched_path: str) -> bool:
+    """Print, request by request, whether the greedy tokens of a run at one batch size (``alone_path``, say batch 1)
+    equal the same requests' tokens at a larger size in the same engine (``batched_path``: its first rows are the same
+    prompts), over the tokens both asked for; return whether every one does. Under vLLM's ``VLLM_BATCH_INVARIANT=1`` a
+    request's tokens must not depend on its batch."""
+    alone, batched = (json.loads(Path(p).read_text()) for p in (alone_path, batched_path))
+    if len(alone["tokens"]) > len(batched["tokens"]):
+        raise ValueError(f"{alone_path} holds {len(alone['tokens'])} requests, more than {batched_path} "
+                         f"({len(batched['tokens'])}): give the smaller batch first")
+    same = True
+    for i, (a, b) in enumerate(zip(alone["tokens"], batched["tokens"], strict=False)):
+        n = min(len(a), len(b))
+        part = first_difference(a[:n], b[:n])
+        same = same and part is None
+        print(f"request {i}: batch {alone['batch']} against batch {batched['batch']} ({alone['backend']} {alone['santa']}"
+              f"{', VLLM_BATCH_INVARIANT=1' if alone.get('batch_invariant') else ''}): "
+              + (f"the same {n} tokens" if part is None else f"differs from token {part} of {n}"))
+    return same
+
+
 def tokens_per_request(*, prompt_tokens: int, batch: int, chunk: int, warm_tokens: int, new_tokens: int) -> int:
     """What each request asks for: warm + new tokens, plus the steps by which its prefill may end before the
     last request's (``batch · prompt_tokens`` prefill tokens, ``chunk`` per engine step), plus 8."""
@@ -276,6 +300,8 @@ def main() -> None:
     if args.compare:
         compare(*args.compare)
         return
+    if args.invariance:
+        sys.exit(0 if invariance(*args.invariance) else 1)
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # its top-k/top-p sampler JIT-compiles (no nvcc offline)
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

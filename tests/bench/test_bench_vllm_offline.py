@@ -184,3 +184,29 @@ def test_compare_prints_the_kernels_whose_time_differs_most(tmp_path, capsys):
     offline.compare(*map(str, paths))
     out = capsys.readouterr().out
     assert "profiled kernels: 1540 against 1711 µs in all" in out and "+170.0" in out and "prop1p_d128_g4" in out
+
+
+def test_invariance_compares_the_alone_requests_with_the_batched_runs_first_rows(tmp_path, capsys):
+    alone = {"backend": "CUSTOM", "santa": {"SANTA_VLLM_KERNEL": "prop"}, "batch": 1, "batch_invariant": True,
+             "tokens": [[5, 6, 7]]}
+    batched = {**alone, "batch": 3, "tokens": [[5, 6, 7, 8, 9], [1, 2, 3, 4, 5], [9, 9, 9, 9, 9]]}
+    drifted = {**batched, "tokens": [[5, 6, 0, 8, 9], *batched["tokens"][1:]]}
+    paths = {}
+    for name, record in (("alone", alone), ("batched", batched), ("drifted", drifted)):
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(record))
+    assert offline.invariance(str(paths["alone"]), str(paths["batched"]))  # over the 3 tokens both asked for
+    assert "request 0: batch 1 against batch 3" in capsys.readouterr().out
+    assert not offline.invariance(str(paths["alone"]), str(paths["drifted"]))
+    assert "VLLM_BATCH_INVARIANT=1): differs from token 2 of 3" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="give the smaller batch first"):
+        offline.invariance(str(paths["batched"]), str(paths["alone"]))
+
+
+def test_run_settings_say_whether_vllms_batch_invariant_mode_was_on(monkeypatch):
+    monkeypatch.setattr("sys.argv", ["offline.py", "--folder", "/tmp/m", "--out", "/tmp/o.json"])
+    parsed = offline.parse_args()
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    assert "batch_invariant" not in offline.run_settings(parsed, {})
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
+    assert offline.run_settings(parsed, {})["batch_invariant"] is True
