@@ -101,7 +101,7 @@ def parse_args() -> argparse.Namespace:
     if min(args.batch) < 1 or len(set(args.batch)) != len(args.batch):
         parser.error(f"--batch takes distinct sizes ≥ 1, got {args.batch}")
     if not (args.compare or args.invariance) and (args.folder is None or (args.out is None and not args.make_only)):
-        parser.error("--folder and --out are required (or --compare, or --folder with --make-only)")
+        parser.error("--folder and --out are required (or --compare, --invariance, or --folder with --make-only)")
     if args.out is not None and len(args.batch) > 1 and "{batch}" not in str(args.out):
         parser.error(f"--out must hold {{batch}} when several batch sizes are timed (one file each), got {args.out}")
     return args
@@ -301,7 +301,11 @@ def main() -> None:
         compare(*args.compare)
         return
     if args.invariance:
-        sys.exit(0 if invariance(*args.invariance) else 1)
+        try:
+            same = invariance(*args.invariance)
+        except (OSError, ValueError, KeyError) as error:  # a missing or unreadable file, the files in the wrong order
+            sys.exit(f"offline.py --invariance: {error}")
+        sys.exit(0 if same else 1)
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # its top-k/top-p sampler JIT-compiles (no nvcc offline)
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

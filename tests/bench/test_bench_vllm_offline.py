@@ -210,3 +210,18 @@ def test_run_settings_say_whether_vllms_batch_invariant_mode_was_on(monkeypatch)
     assert "batch_invariant" not in offline.run_settings(parsed, {})
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
     assert offline.run_settings(parsed, {})["batch_invariant"] is True
+
+
+def test_invariance_from_the_command_line_exits_by_its_verdict_and_names_a_missing_file(tmp_path, monkeypatch, capsys):
+    record = {"backend": "CUSTOM", "santa": {}, "batch": 1, "tokens": [[1, 2]]}
+    alone, batched = tmp_path / "a.json", tmp_path / "b.json"
+    alone.write_text(json.dumps(record))
+    batched.write_text(json.dumps({**record, "batch": 2, "tokens": [[1, 3], [4, 4]]}))
+    for paths, status in (((alone, alone), 0), ((alone, batched), 1)):
+        monkeypatch.setattr("sys.argv", ["offline.py", "--invariance", *map(str, paths)])
+        with pytest.raises(SystemExit) as exit_:
+            offline.main()
+        assert exit_.value.code == status
+    monkeypatch.setattr("sys.argv", ["offline.py", "--invariance", str(alone), str(tmp_path / "none.json")])
+    with pytest.raises(SystemExit, match="offline.py --invariance: .*none.json"):
+        offline.main()
