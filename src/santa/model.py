@@ -224,7 +224,7 @@ class DecodeContext:
     attention: Callable[[Tensor, Tensor, Tensor, DecodeContext, int], Tensor] | None = None
     kv_scales: list[tuple[Tensor | float, Tensor | float]] | None = None  # per layer (k_scale, v_scale): an fp8 cache's
     reads: Tensor | None = None  # int64 [B, H]: value rows drawn, summed over layers and steps (the kernels add them)
-    batch_invariant: bool = False  # the kernels' plans run the Triton prop (Tuning(one_launch=False)): make_context
+    batch_invariant: bool = False  # the kernels' plans run the Triton prop (santa.kernels.BATCH_INVARIANT): make_context
     attend: Callable[[Tensor, Tensor, Tensor, DecodeContext, int], Tensor] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -264,7 +264,7 @@ def plan_kernel(backend: str, q: Tensor, k_cache: Tensor, budget: int, *, error_
     return santa_kernels.plan_decode(
         batch=batch, heads=heads, kv_heads=k_cache.shape[2], head_dim=head_dim, n_keys=k_cache.shape[1], budget=budget,
         dtype=q.dtype, device=q.device, kernel=by_model_backend(backend).kernel, kv_dtype=k_cache.dtype,
-        error_target=error_target, pilot=pilot, tuning=santa_kernels.Tuning(one_launch=False) if batch_invariant else None,
+        error_target=error_target, pilot=pilot, tuning=santa_kernels.BATCH_INVARIANT if batch_invariant else None,
     )
 
 
@@ -290,7 +290,7 @@ def make_context(
     the same samples wherever its CDF does not depend on the batch: the kernels' torch reference, the Triton prop. On
     Hopper the prop kernel's default, the one-launch CUDA prop, sums its float32 CDF in slices that follow the batch
     and the cache's length, so a sample lying within float32 rounding of a CDF step may move with them. True makes
-    the kernels' plans run the Triton prop on every call (``Tuning(one_launch=False)``): the same samples, bit for bit,
+    the kernels' plans run the Triton prop on every call (``santa.kernels.BATCH_INVARIANT``): the same samples, bit for bit,
     alone or batched, at the Triton prop's speed (slower than the one launch on Hopper: benchmarks/RESULTS.md).
     """
     check_flag("batch_invariant", batch_invariant)

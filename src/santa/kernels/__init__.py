@@ -16,11 +16,12 @@
 
 from santa.kernels import ops
 from santa.kernels.eager import decode, make_workspace, use_triton, workspace_bytes
-from santa.kernels.layout import Tuning, flash_tile, prop_tile
+from santa.kernels.layout import BATCH_INVARIANT, Tuning, flash_tile, prop_tile
 from santa.kernels.plan import KERNELS, KV_LAYOUTS, MAX_BUDGET, DecodePlan, Workspace, plan_decode
 from santa.kernels.reference import flash_reference, philox_uniforms, prop_reference
 
 __all__ = [
+    "BATCH_INVARIANT",
     "KERNELS",
     "KV_LAYOUTS",
     "MAX_BUDGET",

@@ -42,6 +42,13 @@ class Tuning:
     one_launch: bool | None = None
 
 
+# The tuning of a batch-invariant decode: a request's samples the same bit for bit alone or batched. The Triton prop's
+# tiles follow the keys alone; the one launch's float32 CDF follows its slices, which follow the batch (a plan-free
+# order measured 10-13 % slower: benchmarks/KERNEL_NOTES.md, run 27). santa.model's batch_invariant=True and santa.vllm
+# under VLLM_BATCH_INVARIANT=1 plan with it.
+BATCH_INVARIANT = Tuning(one_launch=False)
+
+
 def prop_tile(dim: int, tuning: Tuning = Tuning()) -> int:
     """Keys per prop pass-1 tile (does not change prop's samples, only rounding)."""
     return tuning.block_n or (128 if dim <= 128 else 64)

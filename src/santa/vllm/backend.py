@@ -82,7 +82,7 @@ try:  # after the attention modules (a broken install names those first): the te
 except ImportError as error:
     raise ImportError(f"santa's vLLM backend needs vLLM 0.26 ({INSTALL}): {error}") from error
 
-from santa.kernels import Tuning
+from santa.kernels import BATCH_INVARIANT
 from santa.vllm.config import batch_invariant_config, describe, read_config
 from santa.vllm.decode import FP8, PagedDecoder
 from santa.vllm.layers import check_layer, layer_index
@@ -210,7 +210,7 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
             max_batch=vllm_config.scheduler_config.max_num_seqs, budget=config.budget,
             kernel=config.kernel if config.samples else "prop", seed=config.seed, dtype=model.dtype,
             kv_dtype=FP8 if fp8 else model.dtype, device=device, error_target=config.error_target, gated=gated,
-            tuning=Tuning(one_launch=False) if invariant else None,
+            tuning=BATCH_INVARIANT if invariant else None,
         )
         logger.info("santa: %s%s", describe(config, additional_config=additional),
                     "; VLLM_BATCH_INVARIANT=1: every decode step sampled by the Triton prop (dense_below 0)" if invariant else "")

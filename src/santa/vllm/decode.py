@@ -14,7 +14,7 @@ requests at the same position share their uniforms (each estimate stays unbiased
 Triton prop; on the one-launch prop (Hopper) the float32 order of a sequence's CDF follows the plan's slices, which
 follow the batch size, so a comb point within float32 rounding of a CDF step may land on the neighbouring key in
 another batch (santa.kernels.one_launch; a plan-free order measured 10-13 % slower, benchmarks/KERNEL_NOTES.md run 27).
-Under vLLM's ``VLLM_BATCH_INVARIANT=1`` the backend gives the decoder ``Tuning(one_launch=False)``: the Triton prop.
+Under vLLM's ``VLLM_BATCH_INVARIANT=1`` the backend gives the decoder ``santa.kernels.BATCH_INVARIANT``: the Triton prop.
 
 Tensor parallelism: each rank holds H/TP query heads (and their KV heads) and decodes them with its own
 :class:`PagedDecoder`, whose ``head_offset`` (the rank's first global head, ``tp_rank × H/TP``: the backend
