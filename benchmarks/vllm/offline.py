@@ -123,7 +123,17 @@ def run_settings(args: argparse.Namespace, santa_settings: dict) -> dict:
             "new_tokens": args.new_tokens, "warm_tokens": args.warm_tokens, "kv_cache_dtype": args.kv_cache_dtype,
             "enforce_eager": args.enforce_eager, "repeats": args.repeats, "tensor_parallel_size": args.tensor_parallel_size,
             **({"max_model_len": args.max_model_len} if args.max_model_len else {}),
-            **({"batch_invariant": True} if os.environ.get("VLLM_BATCH_INVARIANT", "0") == "1" else {})}
+            **({"batch_invariant": True} if batch_invariant_mode() else {})}
+
+
+def batch_invariant_mode() -> bool:
+    """Whether vLLM runs in its batch-invariant mode, read as vLLM 0.26's envs reads ``VLLM_BATCH_INVARIANT`` (an int,
+    on unless 0), before vLLM is imported; RuntimeError (one line from main) where it is no int."""
+    value = os.environ.get("VLLM_BATCH_INVARIANT", "0")
+    try:
+        return bool(int(value))
+    except ValueError:
+        raise RuntimeError(f"VLLM_BATCH_INVARIANT must be an int (vLLM reads it as one; 0: off), got {value!r}") from None
 
 
 def finished(path: Path, settings: dict) -> bool:

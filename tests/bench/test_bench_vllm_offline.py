@@ -210,6 +210,13 @@ def test_run_settings_say_whether_vllms_batch_invariant_mode_was_on(monkeypatch)
     assert "batch_invariant" not in offline.run_settings(parsed, {})
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
     assert offline.run_settings(parsed, {})["batch_invariant"] is True
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "2")  # vLLM's bool(int(...)): on
+    assert offline.run_settings(parsed, {})["batch_invariant"] is True
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "0")
+    assert "batch_invariant" not in offline.run_settings(parsed, {})
+    monkeypatch.setenv("VLLM_BATCH_INVARIANT", "yes")
+    with pytest.raises(RuntimeError, match="VLLM_BATCH_INVARIANT must be an int.*'yes'"):
+        offline.run_settings(parsed, {})
 
 
 def test_invariance_from_the_command_line_exits_by_its_verdict_and_names_a_missing_file(tmp_path, monkeypatch, capsys):
