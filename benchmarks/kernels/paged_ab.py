@@ -1,7 +1,7 @@
 """santa's decode step on vLLM's paged cache: the one-launch CUDA prop against the two Triton launches and the dense
 paged kernels, in the same call (issue 39).
 
-    python benchmarks/kernels/paged_ab.py OUT.jsonl [--quick] [--fp8] [--gate [--full]]
+    python benchmarks/kernels/paged_ab.py OUT.jsonl [--quick] [--fp8] [--gate [--full]] [--shapes]
 
 Every case runs through ``santa.vllm.decode.PagedDecoder`` (what santa's vLLM backend calls) on vLLM's packed
 FlashAttention cache (K and V halves of one row, pages of 16 keys shuffled over the pool), S = 128, bf16, seed 0:
@@ -15,7 +15,9 @@ cuDNN SDPA on a contiguous copy; ``best_dense_us`` is the fastest. On that copy 
 
 Cases: Llama-3.1-8B (32 / 8 heads, d = 128) at 8k and 32k (batch 1, 8, 32), 64 × 2k planned for 2k, 32k and 128k
 keys; the short grid n ∈ {512, 1k, 2k, 4k} × batch ∈ {1, 16, 64, 256} on Llama and Qwen2.5-0.5B (14 / 2, d = 64);
-Qwen batch 16 × 32k; SmolLM2-135M (9 / 3, d = 64) batch 64 × 8k. ``--quick``: four cases. ``--fp8``: e4m3 caches
+Qwen batch 16 × 32k; SmolLM2-135M (9 / 3, d = 64) batch 64 × 8k. ``--quick``: four cases. ``--shapes``: the other
+head shapes the one launch serves (:data:`SHAPE_MODELS`: G = 1, 2, 3, 5, 6, 7, 8 at d = 128, 4 and 8 at d = 64) at
+1 × 32k, 16 × 32k, 8 × 8k and 64 × 2k. ``--fp8``: e4m3 caches
 (vLLM's uint8 cache, scales 0.5 as vLLM's 0-d tensors), FlashInfer's fp8 paged decode as the dense arm and cuDNN on a
 bf16 copy; Llama at 32k and 128k, batch 8 and 32 × 32k, 64 × 2k, Qwen 16 × 32k, SmolLM2 64 × 8k. The first line of OUT.jsonl
 records the command, commit, device and versions; ``--gate`` (keys ``gate/…``, its own cases: Llama and Qwen plans for
@@ -46,6 +48,12 @@ from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
 
 PAGE, BUDGET, READ_BW = 16, 128, 4.5e12
 MODELS = {"llama": (32, 8, 128), "qwen": (14, 2, 64), "smollm2": (9, 3, 64)}  # heads, KV heads, head dim
+# --shapes: the head shapes (d, G) of one_launch.SHAPES other than the three above, each at a model that has it
+SHAPE_MODELS = {"mha-7b": (32, 32, 128), "qwen3-1.7b": (16, 8, 128), "llama-3.2-3b": (24, 8, 128),
+                "qwen2.5-14b": (40, 8, 128), "qwen2.5-1.5b": (12, 2, 128), "qwen2.5-7b": (28, 4, 128),
+                "llama-3.1-70b": (64, 8, 128), "llama-3.2-1b": (32, 8, 64), "tinyllama": (32, 4, 64)}
+MODELS.update(SHAPE_MODELS)
+SHAPE_CASES = [(model, batch, n, n) for model in SHAPE_MODELS for batch, n in ((1, 32768), (16, 32768), (8, 8192), (64, 2048))]
 FP8, FP8_SCALE = torch.float8_e4m3fn, 0.5
 
 
@@ -60,10 +68,14 @@ FULL_GATE_CASES = [("llama", 32, 32768, 32768), ("llama", 64, 32768, 32768), ("l
                    ("llama", 64, 16384, 33024), ("llama", 16, 32768, 33024)]
 
 
-def cases(quick: bool, fp8: bool = False, gate: bool = False, full: bool = False) -> list[tuple[str, int, int, int]]:
+def cases(quick: bool, fp8: bool = False, gate: bool = False, full: bool = False,
+          shapes: bool = False) -> list[tuple[str, int, int, int]]:
     """(model, batch, length, capacity) in the order they are measured; ``gate``: the plans santa.vllm captures under
     dense_below (a server's max_model_len, 32k or 128k) on 2k-key sequences (a short step: what the closed launch costs)
-    and 16k-key ones (a sampled step: what the open gate costs); with ``full``: :data:`FULL_GATE_CASES`."""
+    and 16k-key ones (a sampled step: what the open gate costs); with ``full``: :data:`FULL_GATE_CASES`; ``shapes``:
+    :data:`SHAPE_CASES` (bf16, or e4m3 with ``fp8``)."""
+    if shapes:
+        return SHAPE_CASES
     if gate and full:
         return FULL_GATE_CASES
     if gate:
@@ -223,7 +235,8 @@ def contiguous_arms(q, k, v, flusher, **scales) -> dict:
     return times
 
 
-def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full: bool = False, rounds: bool = False) -> None:
+def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full: bool = False, rounds: bool = False,
+            shapes: bool = False) -> None:
     from benchmarks.bench.kernels import environment
 
     from santa.sweep_files import append_record, read_records
@@ -233,7 +246,7 @@ def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full:
         append_record(path, {"key": "run", **environment()})
     done = {record["key"] for record in records}
     flusher = Flusher("cuda")
-    for model, batch, length, capacity in cases(quick, fp8, gate, full):
+    for model, batch, length, capacity in cases(quick, fp8, gate, full, shapes):
         key = ("gate/" if gate else "") + ("rounds/" if rounds else "") + ("fp8/" if fp8 else "") + f"{model}/b{batch}/n{length}/cap{capacity}"
         if key in done:
             continue
@@ -283,16 +296,19 @@ def main() -> None:
     parser.add_argument("--gate", action="store_true", help="santa's arms also with DecodePlan.run's gate open and closed")
     parser.add_argument("--full", action="store_true", help="with --gate: full plans and a 33,024-key capacity (FULL_GATE_CASES)")
     parser.add_argument("--rounds", action="store_true", help="also the one launch on host-built rounds (keys rounds/…)")
+    parser.add_argument("--shapes", action="store_true", help="the other head shapes of one_launch.SHAPES (SHAPE_CASES)")
     args = parser.parse_args()
     if args.full and not args.gate:
         parser.error("--full goes with --gate")
     if args.rounds and args.gate:
         parser.error("--rounds does not go with --gate")
+    if args.shapes and (args.gate or args.quick):
+        parser.error("--shapes goes with neither --gate nor --quick")
     from santa.writer_lock import OutputUnusable, writer_lock
 
     try:
         with writer_lock(args.out, holder="paged_ab.py"):
-            measure(args.out, args.quick, args.fp8, args.gate, args.full, args.rounds)
+            measure(args.out, args.quick, args.fp8, args.gate, args.full, args.rounds, args.shapes)
     except OutputUnusable as error:
         sys.exit(f"paged_ab.py: {error}")
 

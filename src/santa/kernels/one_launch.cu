@@ -1097,36 +1097,40 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
     }                                                                                                               \
   }
 
-SANTA_PROP_ONE_LAUNCH(prop1_d128_g4, 128, 4, 1, 0, false, false, false)  // contiguous bf16 caches
-SANTA_PROP_ONE_LAUNCH(prop1_d64_g7, 64, 7, 4, 0, false, false, false)
-SANTA_PROP_ONE_LAUNCH(prop1_d64_g3, 64, 3, 4, 0, false, false, false)
-// paged caches; at d = 128 two 8-key groups per warp and step (U = 2: more loads in flight behind the page lookups): Llama
-// B = 8 / 32 × 32k on shuffled 16-key pages 172.7 → 163.6 and 640.2 → 590.2 µs, B = 1 × 32k 33.0 → 33.6 (H200, 2026-12-04;
-// 128 registers, 48 bytes spilled); the contiguous kernel keeps U = 1 (issue 24's measurements)
-SANTA_PROP_ONE_LAUNCH(prop1p_d128_g4, 128, 4, 2, 0, true, false, false)
-SANTA_PROP_ONE_LAUNCH(prop1p_d64_g7, 64, 7, 4, 0, true, false, false)
-SANTA_PROP_ONE_LAUNCH(prop1p_d64_g3, 64, 3, 4, 0, true, false, false)
-// fp8 (e4m3) caches, contiguous and paged. Contiguous at d = 128: twice the bf16 kernel's unrolling (U = 2: a lane's load
-// is 8 bytes, not 16; Llama 32k / 128k / B = 8 / B = 32 × 32k 23.8 / 53.9 / 110.8 / 402.5 µs against 25.5 / 61.4 / 128.4 /
-// 468.2 at U = 1); elsewhere the bf16 kernels' unrolling measured faster (paged Llama 1 / 8 × 32k 27.7 / 133.8 against
-// 29.8 / 136.6 at U = 4, B = 32 484.7 against 478.0; Qwen B = 16 × 32k 51.1 / 61.1 against 53.9 / 63.2 at U = 8, SmolLM2
-// B = 64 × 8k 77.8 / 94.5 against 82.8 / 95.4; H200, 2026-12-04, the same outputs bitwise)
-SANTA_PROP_ONE_LAUNCH(prop1f_d128_g4, 128, 4, 2, 0, false, true, false)
-SANTA_PROP_ONE_LAUNCH(prop1f_d64_g7, 64, 7, 4, 0, false, true, false)
-SANTA_PROP_ONE_LAUNCH(prop1f_d64_g3, 64, 3, 4, 0, false, true, false)
-SANTA_PROP_ONE_LAUNCH(prop1pf_d128_g4, 128, 4, 2, 0, true, true, false)
-SANTA_PROP_ONE_LAUNCH(prop1pf_d64_g7, 64, 7, 4, 0, true, true, false)
-SANTA_PROP_ONE_LAUNCH(prop1pf_d64_g3, 64, 3, 4, 0, true, true, false)
-// the live schedule (issue 39): paged and contiguous caches, bf16 and fp8, each the unrolling of its host-rounds kernel
-SANTA_PROP_ONE_LAUNCH(prop1l_d128_g4, 128, 4, 1, 0, false, false, true)
-SANTA_PROP_ONE_LAUNCH(prop1l_d64_g7, 64, 7, 4, 0, false, false, true)
-SANTA_PROP_ONE_LAUNCH(prop1l_d64_g3, 64, 3, 4, 0, false, false, true)
-SANTA_PROP_ONE_LAUNCH(prop1lf_d128_g4, 128, 4, 2, 0, false, true, true)
-SANTA_PROP_ONE_LAUNCH(prop1lf_d64_g7, 64, 7, 4, 0, false, true, true)
-SANTA_PROP_ONE_LAUNCH(prop1lf_d64_g3, 64, 3, 4, 0, false, true, true)
-SANTA_PROP_ONE_LAUNCH(prop1lp_d128_g4, 128, 4, 2, 0, true, false, true)
-SANTA_PROP_ONE_LAUNCH(prop1lp_d64_g7, 64, 7, 4, 0, true, false, true)
-SANTA_PROP_ONE_LAUNCH(prop1lp_d64_g3, 64, 3, 4, 0, true, false, true)
-SANTA_PROP_ONE_LAUNCH(prop1lpf_d128_g4, 128, 4, 2, 0, true, true, true)
-SANTA_PROP_ONE_LAUNCH(prop1lpf_d64_g7, 64, 7, 4, 0, true, true, true)
-SANTA_PROP_ONE_LAUNCH(prop1lpf_d64_g3, 64, 3, 4, 0, true, true, true)
+// Every kernel of one head shape (D, G): contiguous (prop1_) and paged (p) caches, bf16 and fp8 (f), host-built rounds
+// and the live schedule (l, issue 39), each with its measured unrolling U: U the contiguous bf16 kernel's, UP the
+// paged bf16's, UF the fp8 kernels'.
+//   d = 128: contiguous bf16 U = 1 (issue 24's measurements). Paged: two 8-key groups per warp and step (U = 2: more
+//   loads in flight behind the page lookups): Llama B = 8 / 32 × 32k on shuffled 16-key pages 172.7 → 163.6 and
+//   640.2 → 590.2 µs, B = 1 × 32k 33.0 → 33.6 (H200, 2026-12-04; 128 registers, 48 bytes spilled). fp8: U = 2, a lane's
+//   load is 8 bytes, not 16 (Llama 32k / 128k / B = 8 / B = 32 × 32k 23.8 / 53.9 / 110.8 / 402.5 µs against 25.5 /
+//   61.4 / 128.4 / 468.2 at U = 1; paged Llama 1 / 8 × 32k 27.7 / 133.8 against 29.8 / 136.6 at U = 4, B = 32 484.7
+//   against 478.0).
+//   d = 64: U = 4 everywhere (fp8: Qwen B = 16 × 32k 51.1 / 61.1 against 53.9 / 63.2 at U = 8, SmolLM2 B = 64 × 8k
+//   77.8 / 94.5 against 82.8 / 95.4; H200, 2026-12-04, the same outputs bitwise).
+// Those were measured at G = 4 (d = 128) and G = 7 and 3 (d = 64); the other shapes take their head dim's unrolling.
+#define SANTA_PROP_SHAPE(D, G, U, UP, UF)                                                 \
+  SANTA_PROP_ONE_LAUNCH(prop1_d##D##_g##G, D, G, U, 0, false, false, false)              \
+  SANTA_PROP_ONE_LAUNCH(prop1p_d##D##_g##G, D, G, UP, 0, true, false, false)             \
+  SANTA_PROP_ONE_LAUNCH(prop1f_d##D##_g##G, D, G, UF, 0, false, true, false)             \
+  SANTA_PROP_ONE_LAUNCH(prop1pf_d##D##_g##G, D, G, UF, 0, true, true, false)             \
+  SANTA_PROP_ONE_LAUNCH(prop1l_d##D##_g##G, D, G, U, 0, false, false, true)              \
+  SANTA_PROP_ONE_LAUNCH(prop1lf_d##D##_g##G, D, G, UF, 0, false, true, true)             \
+  SANTA_PROP_ONE_LAUNCH(prop1lp_d##D##_g##G, D, G, UP, 0, true, false, true)             \
+  SANTA_PROP_ONE_LAUNCH(prop1lpf_d##D##_g##G, D, G, UF, 0, true, true, true)
+
+// The head shapes served (one_launch.py's SHAPES): d = 128 with G = 1 to 8 (MHA models; Qwen3-0.6B/1.7B; Llama-3.2-3B;
+// Llama-3.1-8B, Mistral-7B; Qwen2.5-14B/32B; Qwen2.5-1.5B; Qwen2.5-7B; Llama-3.1-70B, Qwen2.5-3B), d = 64 with G = 3
+// (SmolLM2), 4 (Llama-3.2-1B), 7 (Qwen2.5-0.5B), 8 (TinyLlama). G ≤ 8: one mma row per head.
+SANTA_PROP_SHAPE(128, 1, 1, 2, 2)
+SANTA_PROP_SHAPE(128, 2, 1, 2, 2)
+SANTA_PROP_SHAPE(128, 3, 1, 2, 2)
+SANTA_PROP_SHAPE(128, 4, 1, 2, 2)
+SANTA_PROP_SHAPE(128, 5, 1, 2, 2)
+SANTA_PROP_SHAPE(128, 6, 1, 2, 2)
+SANTA_PROP_SHAPE(128, 7, 1, 2, 2)
+SANTA_PROP_SHAPE(128, 8, 1, 2, 2)
+SANTA_PROP_SHAPE(64, 3, 4, 4, 4)
+SANTA_PROP_SHAPE(64, 4, 4, 4, 4)
+SANTA_PROP_SHAPE(64, 7, 4, 4, 4)
+SANTA_PROP_SHAPE(64, 8, 4, 4, 4)
