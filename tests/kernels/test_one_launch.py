@@ -130,6 +130,17 @@ def test_no_live_limits_where_the_gather_cannot_fit_or_the_shape_has_no_kernel()
     assert ol.live_limits(group_size=4, dim=128, budget=128, sms=16, per_sm=h200_per_sm) is None  # 32 CTAs < 64 slots
 
 
+def test_a_live_launch_of_one_cta_per_sm_leaves_long_contiguous_plans_to_the_triton_prop():
+    per_sm = {g: h200_per_sm(ol.live_limits(group_size=g, dim=128, budget=128, sms=132, per_sm=h200_per_sm).shared)
+              for g in (4, 7, 8)}
+    assert per_sm == {4: 2, 7: 1, 8: 1}  # the kept scores of 4,096-key slices at G = 7 and 8: one CTA per SM
+    assert not ol.live_pays(paged=False, per_sm=per_sm[7], n=32768)  # B = 16 x 32k: 1.08x the Triton prop's time
+    assert ol.live_pays(paged=False, per_sm=per_sm[8], n=8192)  # B = 8 x 8k: 0.84x
+    assert ol.live_pays(paged=False, per_sm=per_sm[8], n=ol.LIVE_ONE_CTA_KEYS)
+    assert ol.live_pays(paged=False, per_sm=per_sm[4], n=131072)
+    assert ol.live_pays(paged=True, per_sm=per_sm[8], n=131072)  # a paged plan's capacity is not its live keys
+
+
 @pytest.mark.parametrize("change", [dict(kernel="flash"), dict(dtype=torch.float16, kv_dtype=torch.float16),
                                     dict(dtype=torch.float16, kv_dtype=torch.float8_e4m3fn), dict(kv_layout="HND"), dict(page_size=12),
                                     dict(page_size=48, kv_layout="HND"),

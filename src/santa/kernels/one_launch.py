@@ -144,6 +144,22 @@ def live_limits(*, group_size: int, dim: int, budget: int, sms: int, per_sm, pag
     return LiveLimits(slice_cap=slice_cap, min_slices=1, max_slices=LIVE_MAX_SLICES, ctas=ctas, shared=shared)
 
 
+LIVE_ONE_CTA_KEYS = 16384  # a contiguous cache's keys past which a live launch of one CTA per SM takes the Triton prop
+
+
+def live_pays(*, paged: bool, per_sm: int, n: int) -> bool:
+    """Whether a live launch (``per_sm`` CTAs resident on each SM) serves a plan of ``n`` keys per sequence rather than
+    the Triton prop: not on a contiguous cache of more than :data:`LIVE_ONE_CTA_KEYS` keys whose kernel leaves one CTA
+    per SM (d = 128 at G = 7 and 8, the kept scores of 4,096-key slices). There, at B = 16 × 32k, the live launch took
+    1.08× / 1.05× the Triton prop's time at G = 7 / 8 (260.2 / 503.7 µs against 241.5 / 481.6) and 1.17× / 1.13× on
+    fp8 caches, where at 8 × 8k it took 0.84× (G = 8; fp8 0.77×) and at 64 × 2k 0.57–0.67× (H100,
+    ``paged_ab.py --shapes``, 2026-12-06, 31st session; the crossover between 8k and 32k is not measured, 16k is the
+    midpoint). A paged plan's capacity says nothing of its live keys (vLLM's ``max_model_len``), and there the live
+    launch wins by 0.58–0.67× on 64 × 2k, so paged plans keep it (fp8 at G = 7 / 8, B = 16 × 32k: 1.29× / 1.32×
+    the Triton prop's time, the one shape where the one launch loses by more than the noise; KERNEL_NOTES.md)."""
+    return paged or per_sm >= 2 or n <= LIVE_ONE_CTA_KEYS
+
+
 @dataclass(frozen=True)
 class Plan:
     """One schedule of one kernel: ``name`` C<slices>[s] (s: staggered halves), ``rounds`` from :mod:`santa.kernels.one_launch_schedule`."""

@@ -580,9 +580,11 @@ class DecodePlan:
         # 1.4-2.1× slower: contiguous_ab.py, H100) and takes the live schedule where none fits, instead of the Triton
         # prop (Llama 64 × 2k: 163 against 220 µs)
         try:
-            return launch(live=True)
+            live = launch(live=True)
         except ValueError:  # more sequences or keys than a live launch takes: host-built rounds where they fit
             return host
+        # a contiguous plan over 16k keys whose live kernel leaves one CTA per SM: the Triton prop is faster
+        return live if one_launch.live_pays(paged=s.page_size is not None, per_sm=live.per_sm, n=s.n_keys) else None
 
     def _one_launch_call(self, q, k_cache, v_cache, seq_lens, out, counts, workspace, k_scale, v_scale, starts):
         """``(buffers, strides)`` of this call's one launch: the buffers it exchanges its words through (the workspace's,
