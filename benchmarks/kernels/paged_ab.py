@@ -1,7 +1,7 @@
 """santa's decode step on vLLM's paged cache: the one-launch CUDA prop against the two Triton launches and the dense
 paged kernels, in the same call (issue 39).
 
-    python benchmarks/kernels/paged_ab.py OUT.jsonl [--quick] [--fp8] [--gate [--full]] [--shapes]
+    python benchmarks/kernels/paged_ab.py OUT.jsonl [--quick] [--fp8] [--gate [--full]] [--shapes] [--half-slices]
 
 Every case runs through ``santa.vllm.decode.PagedDecoder`` (what santa's vLLM backend calls) on vLLM's packed
 FlashAttention cache (K and V halves of one row, pages of 16 keys shuffled over the pool), S = 128, bf16, seed 0:
@@ -32,7 +32,9 @@ schedule (its work derived from the lengths in the launch, whatever the capacity
 capacity (``rounds_us``: ``OneLaunch(live=False)``, the paged default before the live schedule) and the live schedule
 (``live_us``: ``OneLaunch(live=True)``, whatever the rule chose; until 2026-12-06's 27th session this arm was
 ``live_min4_us``, at least 4 slices a sequence, the fewest whose gather fit shared memory before live CTAs gathered in
-chunks).
+chunks). ``--half-slices`` (keys ``half/…``, with ``--fp8`` or not): d = 128 at G = 7 and 8 (:data:`HALF_SLICE_CASES`),
+the live launch on its default slices (``live_us``) and on half-length ones (``live_half_us``: ``slice_cap`` 2,048 keys,
+two CTAs per SM where the default leaves one) beside santa's plan and the Triton prop.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ SHAPE_MODELS = {"mha-7b": (32, 32, 128), "qwen3-1.7b": (16, 8, 128), "llama-3.2-
                 "llama-3.1-70b": (64, 8, 128), "llama-3.2-1b": (32, 8, 64), "tinyllama": (32, 4, 64)}
 MODELS.update(SHAPE_MODELS)
 SHAPE_CASES = [(model, batch, n, n) for model in SHAPE_MODELS for batch, n in ((1, 32768), (16, 32768), (8, 8192), (64, 2048))]
+# d = 128 at G = 7 and 8, whose default live slices (4,096 keys) leave one CTA per SM: 1.29-1.32x the Triton prop's time on
+# fp8 pages at 16 x 32k (H100, 2026-12-06); the same cases with half-length slices (two CTAs per SM) beside them
+HALF_SLICE_CASES = [(model, batch, n, n) for model in ("qwen2.5-7b", "llama-3.1-70b")
+                    for batch, n in ((16, 32768), (8, 8192), (64, 2048), (1, 32768), (4, 131072))]
 FP8, FP8_SCALE = torch.float8_e4m3fn, 0.5
 
 
@@ -69,11 +75,13 @@ FULL_GATE_CASES = [("llama", 32, 32768, 32768), ("llama", 64, 32768, 32768), ("l
 
 
 def cases(quick: bool, fp8: bool = False, gate: bool = False, full: bool = False,
-          shapes: bool = False) -> list[tuple[str, int, int, int]]:
+          shapes: bool = False, half: bool = False) -> list[tuple[str, int, int, int]]:
     """(model, batch, length, capacity) in the order they are measured; ``gate``: the plans santa.vllm captures under
     dense_below (a server's max_model_len, 32k or 128k) on 2k-key sequences (a short step: what the closed launch costs)
     and 16k-key ones (a sampled step: what the open gate costs); with ``full``: :data:`FULL_GATE_CASES`; ``shapes``:
-    :data:`SHAPE_CASES` (bf16, or e4m3 with ``fp8``)."""
+    :data:`SHAPE_CASES` (bf16, or e4m3 with ``fp8``); ``half``: :data:`HALF_SLICE_CASES`."""
+    if half:
+        return HALF_SLICE_CASES
     if shapes:
         return SHAPE_CASES
     if gate and full:
@@ -236,7 +244,7 @@ def contiguous_arms(q, k, v, flusher, **scales) -> dict:
 
 
 def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full: bool = False, rounds: bool = False,
-            shapes: bool = False) -> None:
+            shapes: bool = False, half: bool = False) -> None:
     from benchmarks.bench.kernels import environment
 
     from santa.sweep_files import append_record, read_records
@@ -246,8 +254,9 @@ def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full:
         append_record(path, {"key": "run", **environment()})
     done = {record["key"] for record in records}
     flusher = Flusher("cuda")
-    for model, batch, length, capacity in cases(quick, fp8, gate, full, shapes):
-        key = ("gate/" if gate else "") + ("rounds/" if rounds else "") + ("fp8/" if fp8 else "") + f"{model}/b{batch}/n{length}/cap{capacity}"
+    for model, batch, length, capacity in cases(quick, fp8, gate, full, shapes, half):
+        key = (("gate/" if gate else "") + ("rounds/" if rounds else "") + ("half/" if half else "") + ("fp8/" if fp8 else "")
+               + f"{model}/b{batch}/n{length}/cap{capacity}")
         if key in done:
             continue
         heads, kv_heads, dim = MODELS[model]
@@ -274,7 +283,12 @@ def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full:
                 entry["best_dense_us"] = min(dense)
                 entry["one_launch_over_dense"] = entry["one_launch_us"] / entry["best_dense_us"]
         entry["one_launch_over_triton"] = entry["one_launch_us"] / entry["triton_us"]
-        for name, kind in (("rounds", dict(live=False)), ("live", dict(live=True))) if rounds and not gate else ():
+        arms = [("rounds", dict(live=False)), ("live", dict(live=True))] if rounds and not gate else []
+        if half:  # the live launch on its default slices and on half-length ones (two CTAs per SM at G = 7, 8)
+            from santa.kernels.one_launch import ROUNDS_SLICE_KEYS
+
+            arms = [("live", dict(live=True)), ("live_half", dict(live=True, slice_cap=ROUNDS_SLICE_KEYS[dim] // 2))]
+        for name, kind in arms:
             try:
                 arm = launch_arm(model, q, packed, table, seq_lens, capacity, flusher, **kind)
                 entry.update({f"{name}_us": arm["us"], f"{name}_plan": arm["plan"],
@@ -297,6 +311,8 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="with --gate: full plans and a 33,024-key capacity (FULL_GATE_CASES)")
     parser.add_argument("--rounds", action="store_true", help="also the one launch on host-built rounds (keys rounds/…)")
     parser.add_argument("--shapes", action="store_true", help="the other head shapes of one_launch.SHAPES (SHAPE_CASES)")
+    parser.add_argument("--half-slices", action="store_true",
+                        help="the live launch on half-length slices beside its default ones (HALF_SLICE_CASES, keys half/…)")
     args = parser.parse_args()
     if args.full and not args.gate:
         parser.error("--full goes with --gate")
@@ -304,11 +320,13 @@ def main() -> None:
         parser.error("--rounds does not go with --gate")
     if args.shapes and (args.gate or args.quick):
         parser.error("--shapes goes with neither --gate nor --quick")
+    if args.half_slices and (args.gate or args.quick or args.rounds or args.shapes):
+        parser.error("--half-slices goes with --fp8 only")
     from santa.writer_lock import OutputUnusable, writer_lock
 
     try:
         with writer_lock(args.out, holder="paged_ab.py"):
-            measure(args.out, args.quick, args.fp8, args.gate, args.full, args.rounds, args.shapes)
+            measure(args.out, args.quick, args.fp8, args.gate, args.full, args.rounds, args.shapes, args.half_slices)
     except OutputUnusable as error:
         sys.exit(f"paged_ab.py: {error}")
 

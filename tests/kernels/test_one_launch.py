@@ -141,6 +141,19 @@ def test_a_live_launch_of_one_cta_per_sm_leaves_long_contiguous_plans_to_the_tri
     assert ol.live_pays(paged=True, per_sm=per_sm[8], n=131072)  # a paged plan's capacity is not its live keys
 
 
+def test_half_length_live_slices_fit_two_ctas_per_sm_where_full_ones_fit_one():
+    def limits(group_size, **extra):
+        return ol.live_limits(group_size=group_size, dim=128, budget=128, sms=132, per_sm=h200_per_sm, page_size=16, **extra)
+
+    for group_size in (7, 8):
+        full, half = limits(group_size), limits(group_size, slice_cap=2048)
+        assert (full.ctas, half.ctas) == (132, 264) and half.slice_cap == 2048 and half.shared < full.shared
+        assert half.max_slices * half.slice_cap == 131072  # a 128k plan still fits
+    for bad in (0, 1000, 8192, 2048.0):
+        with pytest.raises(ValueError, match="slice_cap must be a multiple of 256 keys up to 4096"):
+            limits(8, slice_cap=bad)
+
+
 @pytest.mark.parametrize("change", [dict(kernel="flash"), dict(dtype=torch.float16, kv_dtype=torch.float16),
                                     dict(dtype=torch.float16, kv_dtype=torch.float8_e4m3fn), dict(kv_layout="HND"), dict(page_size=12),
                                     dict(page_size=48, kv_layout="HND"),
@@ -691,6 +704,32 @@ def test_the_live_schedule_draws_the_systematic_samples_and_the_same_on_every_ca
     assert counts[0][3, :, :77].eq(1).all() and counts[0][3, :, 77:].eq(0).all()
     expected = torch.einsum("bhl,blhd->bhd", counts[0].double(), v.double().repeat_interleave(heads // kv_heads, dim=2)) / budget
     torch.testing.assert_close(outs[0][:3].double(), expected[:3], rtol=8e-3, atol=8e-3)
+
+
+@needs_hopper
+@pytest.mark.parametrize("fp8", [False, True])
+def test_half_length_live_slices_draw_the_systematic_samples_at_eight_heads_per_group(fp8):
+    """``slice_cap`` = 2,048 at d = 128, G = 8 (two CTAs per SM where 4,096-key slices fit one): the systematic
+    sampler's counts (up to float32 CDF rounding) and the covered sequence exact, as with the default slices."""
+    batch, heads, kv_heads, dim, n_keys, budget = 4, 64, 8, 128, 8192, 128
+    q, k, v, k_pages, v_pages, table, _ = paged_case("packed", batch=batch, heads=heads, kv_heads=kv_heads, dim=dim,
+                                                     n_keys=n_keys)
+    if fp8:
+        k_pages, v_pages = k_pages.to(ol.FP8), v_pages.to(ol.FP8)
+        k, v = k.to(ol.FP8).to(torch.bfloat16), v.to(ol.FP8).to(torch.bfloat16)
+    seq_lens = torch.tensor([8192, 5000, 2001, 77], dtype=torch.int32, device="cuda")  # sampled ×3, covered
+    launch = ol.OneLaunch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=131072, budget=budget,
+                          scale=dim**-0.5, device=torch.device("cuda"), page_size=16, fp8=fp8, live=True, slice_cap=2048)
+    assert launch.per_sm == 2 and launch.plan.grid == 2 * torch.cuda.get_device_properties(0).multi_processor_count
+    counts = torch.zeros(batch, heads, 131072, dtype=torch.int32, device="cuda")
+    out = live_run(launch, q, k_pages, v_pages, table, seq_lens, counts=counts)
+    torch.cuda.synchronize()
+    counts = counts[..., :n_keys]
+    assert_counts_match_systematic(counts[:3], dense_probs(q, k, seq_lens)[:3], budget,
+                                   philox_uniforms(13, 0, torch.arange(batch * heads).reshape(batch, heads))[:3])
+    assert counts[3, :, :77].eq(1).all() and counts[3, :, 77:].eq(0).all()
+    expected = torch.einsum("bhl,blhd->bhd", counts.double(), v.double().repeat_interleave(heads // kv_heads, dim=2)) / budget
+    torch.testing.assert_close(out[:3].double(), expected[:3], rtol=8e-3, atol=8e-3)
 
 
 @needs_hopper

@@ -123,7 +123,8 @@ class LiveLimits:
     shared: int
 
 
-def live_limits(*, group_size: int, dim: int, budget: int, sms: int, per_sm, page_size: int | None = None) -> LiveLimits | None:
+def live_limits(*, group_size: int, dim: int, budget: int, sms: int, per_sm, page_size: int | None = None,
+                slice_cap: int | None = None) -> LiveLimits | None:
     """The live schedule's limits for a kernel shape (benchmarks/KERNEL_NOTES.md): slices of :data:`ROUNDS_SLICE_KEYS`
     keys, whose kept scores, every slot's stats and (paged) page ids set the CTA's shared memory; ``min_slices`` 1 (a
     live CTA sums its sampled rows in registers and stages a covered sequence's rows in chunks of as many vectors as
@@ -131,10 +132,14 @@ def live_limits(*, group_size: int, dim: int, budget: int, sms: int, per_sm, pag
     kernel, one vector's S rows beside every sample's resolved row (:func:`resolved_bytes`) do not fit (since the
     register gather a CTA needs only one of the two at a time, so this bound is stricter than needed; a looser one is
     not measured), or the grid cannot hold
-    one group's :data:`LIVE_MAX_SLICES` slices."""
+    one group's :data:`LIVE_MAX_SLICES` slices. ``slice_cap`` (benchmarks: a multiple of 256 keys up to
+    :data:`ROUNDS_SLICE_KEYS`) replaces the slices' length, and with it the shared memory and the CTAs resident."""
     if (dim, group_size) not in SHAPES:
         return None
-    slice_cap = ROUNDS_SLICE_KEYS[dim]
+    if slice_cap is None:
+        slice_cap = ROUNDS_SLICE_KEYS[dim]
+    elif not (isinstance(slice_cap, int) and 0 < slice_cap <= ROUNDS_SLICE_KEYS[dim] and slice_cap % 256 == 0):
+        raise ValueError(f"slice_cap must be a multiple of 256 keys up to {ROUNDS_SLICE_KEYS[dim]}, got {slice_cap!r}")
     pages = 0 if page_size is None else -(-slice_cap // page_size) + 1
     shared = kept_bytes(group_size, slice_cap) + 4 * group_size * LIVE_MAX_SLICES * 2 + 4 * pages
     ctas = per_sm(shared) * sms if shared <= SHARED_LIMIT else 0
@@ -433,7 +438,7 @@ class OneLaunch:
     def __init__(self, *, batch: int, heads: int, kv_heads: int, head_dim: int, n_keys: int, budget: int, scale: float,
                  device: torch.device, page_size: int | None = None, fp8: bool = False,
                  module: CudaModule | None = None, plan: Plan | None = None, kernel: str | None = None,
-                 live: bool = False, min_slices: int | None = None):
+                 live: bool = False, min_slices: int | None = None, slice_cap: int | None = None):
         self.module = module if module is not None else loaded_module(device.index)
         if self.module is None:
             raise ValueError("the one-launch module is not loaded on this device")
@@ -443,9 +448,9 @@ class OneLaunch:
         self.live_values = [ctypes.c_int(0)] * 4  # the live schedule's arguments: B, L, log2 C_min, log2 C_cap (0: a host plan)
         if live:
             plan = self._live_plan(name=name, batch=batch, group_size=group_size, head_dim=head_dim, n_keys=n_keys,
-                                   budget=budget, sms=sms, page_size=page_size, min_slices=min_slices)
-        elif min_slices is not None:
-            raise ValueError("min_slices: a live schedule's (live=True)")
+                                   budget=budget, sms=sms, page_size=page_size, min_slices=min_slices, slice_cap=slice_cap)
+        elif min_slices is not None or slice_cap is not None:
+            raise ValueError("min_slices and slice_cap: a live schedule's (live=True)")
         if plan is None:
             plan = choose_plan(batch=batch, kv_heads=kv_heads, group_size=group_size, dim=head_dim, n=n_keys, budget=budget,
                                sms=sms, per_sm=lambda shared: self.module.resident_per_sm(name, shared), page_size=page_size,
@@ -468,14 +473,15 @@ class OneLaunch:
         self.scale_log2 = scale * math.log2(math.e)
 
     def _live_plan(self, *, name: str, batch: int, group_size: int, head_dim: int, n_keys: int, budget: int, sms: int,
-                   page_size: int | None, min_slices: int | None = None) -> LivePlan:
+                   page_size: int | None, min_slices: int | None = None, slice_cap: int | None = None) -> LivePlan:
         """The live schedule's plan (ValueError where it cannot serve: more than :data:`LIVE_MAX_BATCH` sequences, no
         limits that fit, or more keys than ``max_slices`` slices hold); ``min_slices`` (a power of two up to
-        ``max_slices``; benchmarks) replaces the limits' fewest slices a sequence takes."""
+        ``max_slices``; benchmarks) replaces the limits' fewest slices a sequence takes, ``slice_cap`` (benchmarks,
+        :func:`live_limits`) their slices' length."""
         if batch > LIVE_MAX_BATCH:
             raise ValueError(f"the live schedule takes at most {LIVE_MAX_BATCH} sequences, got batch {batch}")
         limits = live_limits(group_size=group_size, dim=head_dim, budget=budget, sms=sms, page_size=page_size,
-                             per_sm=lambda shared: self.module.resident_per_sm(name, shared))
+                             per_sm=lambda shared: self.module.resident_per_sm(name, shared), slice_cap=slice_cap)
         if limits is None:
             raise ValueError(f"no live schedule fits S = {budget} at d = {head_dim}, G = {group_size} in shared memory")
         if min_slices is not None:
