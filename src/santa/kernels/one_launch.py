@@ -160,8 +160,8 @@ def live_pays(*, paged: bool, per_sm: int, n: int) -> bool:
     fp8 caches, where at 8 × 8k it took 0.84× (G = 8; fp8 0.77×) and at 64 × 2k 0.57–0.67× (H100,
     ``paged_ab.py --shapes``, 2026-12-06, 31st session; the crossover between 8k and 32k is not measured, 16k is the
     midpoint). A paged plan's capacity says nothing of its live keys (vLLM's ``max_model_len``), and there the live
-    launch wins by 0.58–0.67× on 64 × 2k, so paged plans keep it (fp8 at G = 7 / 8, B = 16 × 32k: 1.29× / 1.32×
-    the Triton prop's time, the one shape where the one launch loses by more than the noise; KERNEL_NOTES.md)."""
+    launch wins by 0.58–0.67× on 64 × 2k, so paged plans keep it (where it loses there: fp8 at G = 7 / 8, B = 16 × 32k,
+    1.29× / 1.32× the Triton prop's time, and MHA at 8 × 8k, 1.19×; KERNEL_NOTES.md)."""
     return paged or per_sm >= 2 or n <= LIVE_ONE_CTA_KEYS
 
 
