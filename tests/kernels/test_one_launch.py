@@ -676,10 +676,13 @@ def live_run(launch, q, k_pages, v_pages, table, seq_lens, *, seed=13, counts=No
 
 
 @needs_hopper
-@pytest.mark.parametrize("dim,heads,kv_heads,fp8", [(128, 32, 8, False), (64, 14, 2, False), (128, 32, 8, True)])
-def test_the_live_schedule_draws_the_systematic_samples_and_the_same_on_every_capacity(dim, heads, kv_heads, fp8):
+@pytest.mark.parametrize("dim,heads,kv_heads,fp8,slice_cap", [(128, 32, 8, False, None), (64, 14, 2, False, None),
+                                                               (128, 32, 8, True, None), (128, 64, 8, False, 2048),
+                                                               (128, 64, 8, True, 2048)])
+def test_the_live_schedule_draws_the_systematic_samples_and_the_same_on_every_capacity(dim, heads, kv_heads, fp8, slice_cap):
     """A live launch derives its work from seq_lens: on vLLM's packed pages its counts are the systematic sampler's
-    (up to float32 CDF rounding), covered sequences exact, and plans of 4k, 32k and 128k keys give the same bits."""
+    (up to float32 CDF rounding), covered sequences exact, and plans of 4k, 32k and 128k keys give the same bits; also
+    on half-length slices (``slice_cap`` 2,048 at G = 8: two CTAs per SM where 4,096-key slices leave one)."""
     batch, n_keys, budget = 4, 4096, 128
     q, k, v, k_pages, v_pages, table, _ = paged_case("packed", batch=batch, heads=heads, kv_heads=kv_heads, dim=dim,
                                                      n_keys=n_keys)
@@ -690,8 +693,10 @@ def test_the_live_schedule_draws_the_systematic_samples_and_the_same_on_every_ca
     outs, counts = [], []
     for capacity in (4096, 32768, 131072):
         launch = ol.OneLaunch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=capacity, budget=budget,
-                              scale=dim**-0.5, device=torch.device("cuda"), page_size=16, fp8=fp8, live=True)
+                              scale=dim**-0.5, device=torch.device("cuda"), page_size=16, fp8=fp8, live=True,
+                              slice_cap=slice_cap)
         assert launch.plan.name == "live" and launch.kernel.startswith("prop1lp")
+        assert slice_cap is None or launch.per_sm == 2
         count = torch.zeros(batch, heads, capacity, dtype=torch.int32, device="cuda")  # counts are [B, H, capacity]
         outs.append(live_run(launch, q, k_pages, v_pages, table, seq_lens, counts=count))
         assert count[..., n_keys:].eq(0).all()
@@ -704,32 +709,6 @@ def test_the_live_schedule_draws_the_systematic_samples_and_the_same_on_every_ca
     assert counts[0][3, :, :77].eq(1).all() and counts[0][3, :, 77:].eq(0).all()
     expected = torch.einsum("bhl,blhd->bhd", counts[0].double(), v.double().repeat_interleave(heads // kv_heads, dim=2)) / budget
     torch.testing.assert_close(outs[0][:3].double(), expected[:3], rtol=8e-3, atol=8e-3)
-
-
-@needs_hopper
-@pytest.mark.parametrize("fp8", [False, True])
-def test_half_length_live_slices_draw_the_systematic_samples_at_eight_heads_per_group(fp8):
-    """``slice_cap`` = 2,048 at d = 128, G = 8 (two CTAs per SM where 4,096-key slices fit one): the systematic
-    sampler's counts (up to float32 CDF rounding) and the covered sequence exact, as with the default slices."""
-    batch, heads, kv_heads, dim, n_keys, budget = 4, 64, 8, 128, 8192, 128
-    q, k, v, k_pages, v_pages, table, _ = paged_case("packed", batch=batch, heads=heads, kv_heads=kv_heads, dim=dim,
-                                                     n_keys=n_keys)
-    if fp8:
-        k_pages, v_pages = k_pages.to(ol.FP8), v_pages.to(ol.FP8)
-        k, v = k.to(ol.FP8).to(torch.bfloat16), v.to(ol.FP8).to(torch.bfloat16)
-    seq_lens = torch.tensor([8192, 5000, 2001, 77], dtype=torch.int32, device="cuda")  # sampled ×3, covered
-    launch = ol.OneLaunch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=131072, budget=budget,
-                          scale=dim**-0.5, device=torch.device("cuda"), page_size=16, fp8=fp8, live=True, slice_cap=2048)
-    assert launch.per_sm == 2 and launch.plan.grid == 2 * torch.cuda.get_device_properties(0).multi_processor_count
-    counts = torch.zeros(batch, heads, 131072, dtype=torch.int32, device="cuda")
-    out = live_run(launch, q, k_pages, v_pages, table, seq_lens, counts=counts)
-    torch.cuda.synchronize()
-    counts = counts[..., :n_keys]
-    assert_counts_match_systematic(counts[:3], dense_probs(q, k, seq_lens)[:3], budget,
-                                   philox_uniforms(13, 0, torch.arange(batch * heads).reshape(batch, heads))[:3])
-    assert counts[3, :, :77].eq(1).all() and counts[3, :, 77:].eq(0).all()
-    expected = torch.einsum("bhl,blhd->bhd", counts.double(), v.double().repeat_interleave(heads // kv_heads, dim=2)) / budget
-    torch.testing.assert_close(out[:3].double(), expected[:3], rtol=8e-3, atol=8e-3)
 
 
 @needs_hopper
