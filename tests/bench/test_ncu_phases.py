@@ -37,7 +37,7 @@ def test_the_shipped_kernels_live_helpers_and_inlined_gather_map_to_their_phases
     assert phase_of((first + 3,), spans, marks) == "live prologue"
     # live_gather and store_rows (no phase of their own) take the phase of the line in prop_slice they are inlined at:
     # the gather
-    for helper, text in (("live_gather", "live_gather<D, PAGED, FP8>"), ("store_rows", "store_rows<FP8, 4>")):
+    for helper, text in (("live_gather", "live_gather<D, PAGED, KV>"), ("store_rows", "store_rows<KV, 4>")):
         call = line_of(ONE_LAUNCH, text, spans["prop_slice"])
         assert marks[5] < call < marks[6]
         assert phase_of((spans[helper][0] + 3, call), spans, marks) == "V gather"

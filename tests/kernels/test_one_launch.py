@@ -43,10 +43,11 @@ def module_functions() -> set[str]:
     return {line.split("Function ", 1)[1].rstrip(":").strip() for line in listing.splitlines() if "Function " in line}
 
 
-def test_the_module_holds_all_eight_kernels_of_every_served_shape():
+def test_the_module_holds_all_twelve_kernels_of_every_served_shape():
     functions = module_functions()
-    expected = {ol.kernel_name(dim, group_size, paged=paged, fp8=fp8, live=live) for dim, group_size in ol.SHAPES
-                for paged in (False, True) for fp8 in (False, True) for live in (False, True)}
+    kinds = (dict(), dict(fp8=True), dict(f16=True))  # bf16, e4m3 and fp16 caches
+    expected = {ol.kernel_name(dim, group_size, paged=paged, live=live, **kind) for dim, group_size in ol.SHAPES
+                for paged in (False, True) for kind in kinds for live in (False, True)}
     assert expected == functions, f"missing: {sorted(expected - functions)}; unserved: {sorted(functions - expected)}"
 
 
@@ -154,11 +155,12 @@ def test_half_length_live_slices_fit_two_ctas_per_sm_where_full_ones_fit_one():
             limits(8, slice_cap=bad)
 
 
-@pytest.mark.parametrize("change", [dict(kernel="flash"), dict(dtype=torch.float16, kv_dtype=torch.float16),
+@pytest.mark.parametrize("change", [dict(kernel="flash"), dict(dtype=torch.float16, kv_dtype=torch.bfloat16),
+                                    dict(kv_dtype=torch.float16), dict(dtype=torch.float32, kv_dtype=torch.float32),
                                     dict(dtype=torch.float16, kv_dtype=torch.float8_e4m3fn), dict(kv_layout="HND"), dict(page_size=12),
                                     dict(page_size=48, kv_layout="HND"),
                                     dict(head_dim=96), dict(group_size=9), dict(head_dim=64, group_size=5)])
-def test_only_bf16_q_prop_of_the_served_shapes_contiguous_nhd_or_in_pages_of_a_power_of_two_is_eligible(change):
+def test_only_bf16_or_fp16_prop_of_the_served_shapes_contiguous_nhd_or_in_pages_of_a_power_of_two_is_eligible(change):
     kwargs = dict(device=torch.device("cuda", 0), kernel="prop", dtype=torch.bfloat16, kv_dtype=torch.bfloat16,
                   kv_layout="NHD", page_size=None, head_dim=128, group_size=4)
     assert not ol.eligible(**{**kwargs, **change})
@@ -535,6 +537,47 @@ def test_paged_caches_draw_the_triton_props_samples_in_one_launch(layout, dim, h
     exact = torch.einsum("hl,lhd->hd", p, v[2].double().repeat_interleave(heads // kv_heads, dim=1))
     torch.testing.assert_close(outs["one launch"][:2].double(), expected[:2], rtol=8e-3, atol=8e-3)
     torch.testing.assert_close(outs["one launch"][2].double(), exact, rtol=2e-2, atol=2e-2)
+
+
+def test_kernel_names_say_the_cache_type_and_refuse_fp8_with_fp16():
+    assert ol.kernel_name(128, 4) == "prop1_d128_g4" and ol.kernel_name(64, 7, paged=True, f16=True, live=True) == "prop1lph_d64_g7"
+    assert ol.kernel_name(128, 8, paged=True, fp8=True) == "prop1pf_d128_g8"
+    with pytest.raises(ValueError, match="fp8 and f16"):
+        ol.kernel_name(128, 4, fp8=True, f16=True)
+
+
+@needs_hopper
+@pytest.mark.parametrize("layout,dim,heads,kv_heads", [("contiguous", 128, 32, 8), ("packed", 128, 32, 8), ("packed", 64, 14, 2),
+                                                       ("contiguous", 64, 9, 3)])
+def test_fp16_plans_run_the_one_launch_and_draw_the_triton_props_samples(layout, dim, heads, kv_heads):
+    """fp16 q, out and caches (a model served in half precision): the plan runs the one launch's fp16 kernel; its counts
+    are the systematic sampler's and the Triton prop's on the same draws (up to float32 CDF rounding), a covered
+    sequence is exact, the output is fp16 and the counts' mean."""
+    batch, n_keys, budget = 3, 2048, 128
+    q, k, v, k_pages, v_pages, table, _ = paged_case("packed", heads=heads, kv_heads=kv_heads, dim=dim, n_keys=n_keys)
+    q, k, v, k_pages, v_pages = (x.to(torch.float16) for x in (q, k, v, k_pages, v_pages))
+    page_size = 16 if layout == "packed" else None
+    if page_size is None:
+        k_pages, v_pages, table = k, v, None
+    seq_lens = torch.tensor([2048, 1001, 77], dtype=torch.int32, device="cuda")  # sampled, sampled, covered
+    counts, outs = {}, {}
+    for name, tuning in (("one launch", None), ("two launches", Tuning(one_launch=False))):
+        plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget,
+                           dtype=torch.float16, device="cuda", page_size=page_size, tuning=tuning)
+        if tuning is None:
+            assert plan.one_launch is not None and "h_d" in plan.one_launch.kernel
+        counts[name] = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda")
+        outs[name] = plan.run(q, k_pages, v_pages, seq_lens=seq_lens, block_table=table, seed=13, counts=counts[name])
+    torch.cuda.synchronize()
+    uniforms = philox_uniforms(13, 0, torch.arange(batch * heads).reshape(batch, heads))
+    for name in counts:
+        assert_counts_match_systematic(counts[name][:2], dense_probs(q, k, seq_lens)[:2], budget, uniforms[:2])
+    got = counts["one launch"]
+    assert got[2, :, :77].eq(1).all() and got[2, :, 77:].eq(0).all()
+    assert outs["one launch"].dtype == torch.float16
+    expected = torch.einsum("bhl,blhd->bhd", got.double(), v.double().repeat_interleave(heads // kv_heads, dim=2)) / budget
+    torch.testing.assert_close(outs["one launch"][:2].double(), expected[:2], rtol=8e-3, atol=8e-3)
+    torch.testing.assert_close(outs["one launch"].float(), outs["two launches"].float(), rtol=0.1, atol=0.25)
 
 
 @needs_hopper

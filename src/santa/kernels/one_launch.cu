@@ -3,10 +3,12 @@
 // machine) and launches it on torch's stream; benchmarks/kernels/cuda_stream/stream.cu includes it with its own
 // timing kernels. Design, measurements and what each part cost: benchmarks/KERNEL_NOTES.md, runs 14 to 18.
 //
-// Layouts: q [B, Hkv*G, D] and out [B, Hkv*G, D] contiguous bf16; K and V (bf16 or e4m3) as a Cache (below): contiguous
+// Layouts: q [B, Hkv*G, D] and out [B, Hkv*G, D] contiguous bf16 (fp16 with fp16 caches: the kernels' KV parameter);
+// K and V (bf16, fp16 or e4m3; pointers typed bf16 whatever they hold) as a Cache (below): contiguous
 // NHD [B, n, Hkv, D], or paged (santa's NHD and HND pages, vLLM's packed rows) through a block table.
 // 256 threads per CTA, two CTAs per SM, a persistent grid working a host-built schedule (santa.kernels.one_launch_schedule).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <stdint.h>
 
 // A wait that never ends is a bug, not a wait. Instead of trapping (which loses the CUDA context and says nothing),
@@ -58,9 +60,13 @@ __device__ __forceinline__ int table_page(const Cache& cache, int b, int j) {
   return min(max(page, 0), cache.pages - 1);
 }
 
-// One lane's 8 dims of one K or V row as loaded: 16 bytes of bf16, or 8 bytes of fp8 (e4m3)
-template <bool FP8> struct RowWord { using type = uint4; };
-template <> struct RowWord<true> { using type = uint2; };
+// A kernel's element types (its template parameter KV): bf16 or fp16 caches with q and out of the same type, or e4m3
+// caches with bf16 q and out
+constexpr int kBf16 = 0, kF16 = 1, kE4m3 = 2;
+
+// One lane's 8 dims of one K or V row as loaded: 16 bytes of bf16 or fp16, or 8 bytes of fp8 (e4m3)
+template <int KV> struct RowWord { using type = uint4; };
+template <> struct RowWord<kE4m3> { using type = uint2; };
 
 // Two e4m3 values (the low byte first) as f16x2: exact (every e4m3 value is a float16; e4m3's NaN gives NaN)
 __device__ __forceinline__ unsigned e4m3x2_to_f16x2(unsigned short x) {
@@ -68,15 +74,23 @@ __device__ __forceinline__ unsigned e4m3x2_to_f16x2(unsigned short x) {
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(x));
   return r;
 }
-// The 8 values of one row word as floats (bf16: exact; e4m3: exact, through float16)
-template <bool FP8>
-__device__ __forceinline__ void row_floats(const typename RowWord<FP8>::type& word, float (&f)[8]) {
-  if constexpr (FP8) {
+// The 8 values of one row word as floats (bf16, fp16: exact; e4m3: exact, through float16)
+template <int KV>
+__device__ __forceinline__ void row_floats(const typename RowWord<KV>::type& word, float (&f)[8]) {
+  if constexpr (KV == kE4m3) {
     const unsigned halves[4] = {e4m3x2_to_f16x2((unsigned short)(word.x & 0xffffu)), e4m3x2_to_f16x2((unsigned short)(word.x >> 16)),
                                 e4m3x2_to_f16x2((unsigned short)(word.y & 0xffffu)), e4m3x2_to_f16x2((unsigned short)(word.y >> 16))};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&halves[e]));
+      f[2 * e] = x.x;
+      f[2 * e + 1] = x.y;
+    }
+  } else if constexpr (KV == kF16) {
+    const __half2* pairs = reinterpret_cast<const __half2*>(&word);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 x = __half22float2(pairs[e]);
       f[2 * e] = x.x;
       f[2 * e + 1] = x.y;
     }
@@ -90,17 +104,25 @@ __device__ __forceinline__ void row_floats(const typename RowWord<FP8>::type& wo
     }
   }
 }
-// The row word of 8 values at element offset `at` of a cache (bf16, or e4m3 bytes behind the same pointer)
-template <bool FP8>
-__device__ __forceinline__ typename RowWord<FP8>::type load_row_word(const __nv_bfloat16* base, size_t at) {
-  if constexpr (FP8) return __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const unsigned char*>(base) + at));
+// The row word of 8 values at element offset `at` of a cache (bf16 or fp16, or e4m3 bytes behind the same pointer)
+template <int KV>
+__device__ __forceinline__ typename RowWord<KV>::type load_row_word(const __nv_bfloat16* base, size_t at) {
+  if constexpr (KV == kE4m3) return __ldg(reinterpret_cast<const uint2*>(reinterpret_cast<const unsigned char*>(base) + at));
   else return __ldg(reinterpret_cast<const uint4*>(base + at));
 }
 // A row word whose values are all NaN
-template <bool FP8>
-__device__ __forceinline__ typename RowWord<FP8>::type nan_row_word() {
-  if constexpr (FP8) return make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
+template <int KV>
+__device__ __forceinline__ typename RowWord<KV>::type nan_row_word() {
+  if constexpr (KV == kE4m3) return make_uint2(0x7f7f7f7fu, 0x7f7f7f7fu);
+  else if constexpr (KV == kF16) return make_uint4(0x7e007e00u, 0x7e007e00u, 0x7e007e00u, 0x7e007e00u);
   else return make_uint4(0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u);
+}
+
+// An output value as q's type: bf16, or fp16 where the cache is (KV == kF16; out holds fp16 behind the same pointer)
+template <int KV>
+__device__ __forceinline__ __nv_bfloat16 out_value(float x) {
+  if constexpr (KV == kF16) return __ushort_as_bfloat16(__half_as_ushort(__float2half_rn(x)));
+  else return __float2bfloat16(x);
 }
 
 // (m, l) ← the merge of two slices' statistics (log2 domain); two empty ones (m = −inf) stay empty
@@ -140,7 +162,7 @@ __device__ __forceinline__ void double_buffered(int start, int stop, int step, L
 // (measured 2026-12-02); the masses are summed from the kept scores after the stream instead.
 __host__ __device__ constexpr int kept_stride(int slice_len) { return ((slice_len + 31) / 32) * 32 + 8; }
 
-template <int D, int G, int U, bool KEEP, bool PAGED = false, bool FP8 = false>
+template <int D, int G, int U, bool KEEP, bool PAGED = false, int KV = kBf16>
 __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, const Cache& cache, int n, int hkv, int b, int h,
                                            int start, int stop, float scale_log2, float* kept, int slice_len, float& m,
                                            float& l, const int* page_ids = nullptr, int page0 = 0) {
@@ -164,12 +186,12 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
     qw[j] = live_head ? *reinterpret_cast<const uint4*>(q + ((size_t)b * hkv * G + (size_t)h * G + g) * D + j * 32 + kslot * 8)
                       : make_uint4(0, 0, 0, 0);
 
-  if constexpr (FP8) {  // q → float16 · 2^−e, e from the largest |q| of the group's heads ([2^14, 2^15) after scaling)
+  if constexpr (KV == kE4m3) {  // q → float16 · 2^−e, e from the largest |q| of the group's heads ([2^14, 2^15) after scaling)
     float largest = 0.f;
 #pragma unroll
     for (int j = 0; j < BLOCKS; ++j) {
       float f[8];
-      row_floats<false>(qw[j], f);
+      row_floats<kBf16>(qw[j], f);
 #pragma unroll
       for (int e = 0; e < 8; ++e) largest = fmaxf(largest, fabsf(f[e]));
     }
@@ -180,7 +202,7 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
 #pragma unroll
     for (int j = 0; j < BLOCKS; ++j) {
       float f[8];
-      row_floats<false>(qw[j], f);
+      row_floats<kBf16>(qw[j], f);
       unsigned w[4];
 #pragma unroll
       for (int k2 = 0; k2 < 4; ++k2) {
@@ -202,7 +224,7 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
   m = -INFINITY;
   l = 0.f;
 
-  using Word = typename RowWord<FP8>::type;
+  using Word = typename RowWord<KV>::type;
   auto load = [&](Word (&dst)[U][BLOCKS], int base) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -211,7 +233,7 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
       if constexpr (PAGED) at = key < stop ? row_offset<true>(cache, b, page_ids[(key >> cache.page_shift) - page0], key) : 0;
 #pragma unroll
       for (int j = 0; j < BLOCKS; ++j) {
-        if constexpr (FP8) dst[u][j] = key < stop ? load_row_word<true>(cache.k, kb_elements + at + j * 32) : make_uint2(0, 0);
+        if constexpr (KV == kE4m3) dst[u][j] = key < stop ? load_row_word<kE4m3>(cache.k, kb_elements + at + j * 32) : make_uint2(0, 0);
         else dst[u][j] = key < stop ? __ldg(reinterpret_cast<const uint4*>(kb + at + j * 32)) : make_uint4(0, 0, 0, 0);
       }
     }
@@ -222,7 +244,7 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
       float c0 = 0.f, c1 = 0.f, c2 = 0.f, c3 = 0.f;
 #pragma unroll
       for (int j = 0; j < BLOCKS; ++j) {
-        if constexpr (FP8) {
+        if constexpr (KV == kE4m3) {
           const unsigned k0 = e4m3x2_to_f16x2((unsigned short)(src[u][j].x & 0xffffu)),
                          k1 = e4m3x2_to_f16x2((unsigned short)(src[u][j].x >> 16)),
                          k2 = e4m3x2_to_f16x2((unsigned short)(src[u][j].y & 0xffffu)),
@@ -231,6 +253,13 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
               : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3) : "r"(qw[j].x), "r"(0u), "r"(qw[j].y), "r"(0u), "r"(k0), "r"(k1));
           asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
               : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3) : "r"(qw[j].z), "r"(0u), "r"(qw[j].w), "r"(0u), "r"(k2), "r"(k3));
+        } else if constexpr (KV == kF16) {  // q and K fp16 as loaded
+          asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+              : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+              : "r"(qw[j].x), "r"(0u), "r"(qw[j].y), "r"(0u), "r"(src[u][j].x), "r"(src[u][j].y));
+          asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+              : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
+              : "r"(qw[j].z), "r"(0u), "r"(qw[j].w), "r"(0u), "r"(src[u][j].z), "r"(src[u][j].w));
         } else {
         asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                      : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
@@ -403,14 +432,14 @@ __device__ __forceinline__ int sampled_key(const unsigned long long* at, unsigne
   return min(max(__float_as_int(await_tagged(at, word, tag)), 0), n - 1);
 }
 // The gather's row words raw[r] (item i0 + r · kThreads, items below `items`) as floats, into kept[item][8]
-template <bool FP8, int N>
-__device__ __forceinline__ void store_rows(const typename RowWord<FP8>::type (&raw)[N], int i0, int items, float* kept) {
+template <int KV, int N>
+__device__ __forceinline__ void store_rows(const typename RowWord<KV>::type (&raw)[N], int i0, int items, float* kept) {
 #pragma unroll
   for (int r = 0; r < N; ++r) {
     const int i = i0 + r * kThreads;
     if (i >= items) continue;
     float f[8];
-    row_floats<FP8>(raw[r], f);
+    row_floats<KV>(raw[r], f);
 #pragma unroll
     for (int e = 0; e < 8; ++e) kept[(size_t)i * 8 + e] = f[e];
   }
@@ -419,7 +448,7 @@ __device__ __forceinline__ void store_rows(const typename RowWord<FP8>::type (&r
 // The gather of a sequence the budget covers (prop_slice's covered branch, kept out of line: the sampled path's code
 // stays as it was): kept row i = (vector, j) is V row j scaled by word j of its head, S·p_j; rows j ≥ len are zeros
 // (NaN for a head with a NaN mass: NaN or +inf scores).
-template <int D, bool PAGED, bool FP8>
+template <int D, bool PAGED, int KV>
 __device__ __noinline__ void covered_rows(const Cache cache, const unsigned long long* __restrict__ sampled,
                                           float* kept, const float* head_mass, size_t head0, int b, int h,
                                           int vec0, int owned, int budget, int len, unsigned tag) {
@@ -434,7 +463,7 @@ __device__ __noinline__ void covered_rows(const Cache cache, const unsigned long
       const float weight = await_tagged(at, load_word(at), tag);
       const size_t at_row = row_offset<PAGED>(cache, b, PAGED ? table_page(cache, b, j) : 0, j);
       float f[8];
-      row_floats<FP8>(load_row_word<FP8>(cache.v, at_row + (size_t)h * cache.head_stride + (vec % (D / 8)) * 8), f);
+      row_floats<KV>(load_row_word<KV>(cache.v, at_row + (size_t)h * cache.head_stride + (vec % (D / 8)) * 8), f);
 #pragma unroll
       for (int e = 0; e < 8; ++e) row[e] = f[e] * weight;
     }
@@ -450,7 +479,7 @@ __device__ __noinline__ void covered_rows(const Cache cache, const unsigned long
 // out = Σ / S, NaN for a head with a NaN mass, zeros without mass. No rows staged in shared memory, no chunks (ncu at
 // Llama 64 × 512 paged: staging, chunk barriers and per-element index divisions held most of the gather's 46 % of the
 // stall samples, 2026-12-06).
-template <int D, bool PAGED, bool FP8>
+template <int D, bool PAGED, int KV>
 __device__ __forceinline__ void live_gather(const Cache& cache, const Scales& scales, const int* resolved,
                                             const float* head_mass, __nv_bfloat16* __restrict__ out, size_t head0, int b,
                                             int h, int n, int hkv, int vec0, int owned, int head_lo, int budget) {
@@ -465,7 +494,7 @@ __device__ __forceinline__ void live_gather(const Cache& cache, const Scales& sc
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   if (vl < owned && mass > 0.f)
     for (int m0 = p; m0 < budget; m0 += kInFlight * T) {
-      typename RowWord<FP8>::type raw[kInFlight];
+      typename RowWord<KV>::type raw[kInFlight];
 #pragma unroll
       for (int r = 0; r < kInFlight; ++r) {
         const int m = m0 + r * T;
@@ -473,14 +502,14 @@ __device__ __forceinline__ void live_gather(const Cache& cache, const Scales& sc
         if (m < budget) {
           const int row = rows[m];
           const size_t at = PAGED ? row_offset<true>(cache, b, row >> cache.page_shift, row) : ((size_t)b * n + row) * hkv * D;
-          raw[r] = load_row_word<FP8>(cache.v, at + head_at);
+          raw[r] = load_row_word<KV>(cache.v, at + head_at);
         }
       }
 #pragma unroll
       for (int r = 0; r < kInFlight; ++r) {
         if (m0 + r * T >= budget) continue;
         float f[8];
-        row_floats<FP8>(raw[r], f);
+        row_floats<KV>(raw[r], f);
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[e] += f[e];
       }
@@ -489,11 +518,11 @@ __device__ __forceinline__ void live_gather(const Cache& cache, const Scales& sc
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], o);
   if (vl < owned && p == 0) {
-    const float v_scale = FP8 ? (scales.v != nullptr ? __ldg(scales.v + h) : scales.v_scalar) : 1.f;
+    const float v_scale = KV == kE4m3 ? (scales.v != nullptr ? __ldg(scales.v + h) : scales.v_scalar) : 1.f;
     __align__(16) __nv_bfloat16 value[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e)
-      value[e] = __float2bfloat16(mass == mass ? (mass > 0.f ? acc[e] / (float)budget * v_scale : 0.f) : NAN);
+      value[e] = out_value<KV>(mass == mass ? (mass > 0.f ? acc[e] / (float)budget * v_scale : 0.f) : NAN);
     __nv_bfloat16* at = out + head0 * D + (size_t)vec * 8;
     if ((reinterpret_cast<uintptr_t>(at) & 15u) == 0u)
       *reinterpret_cast<uint4*>(at) = *reinterpret_cast<const uint4*>(value);
@@ -537,7 +566,7 @@ __device__ __forceinline__ void live_gather(const Cache& cache, const Scales& sc
 // poisons the slice's statistics, and so the group's output, and is never followed); the gather reads each sampled
 // key's page from the table.
 // Not handled yet (the Triton kernel does them): fp16 and fp32 caches, per-sequence starts.
-template <int D, int G, int U, int STAGE, bool PAGED, bool FP8, bool LIVE>
+template <int D, int G, int U, int STAGE, bool PAGED, int KV, bool LIVE>
 __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, const Cache& cache, const Scales& scales,
                                            const Draw& draw,
                                            const int* __restrict__ seq_lens,
@@ -608,8 +637,8 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
 
   // ---- stream; the slice's (m_c, w_c) per head, published at once
   float m, l;
-  if constexpr (FP8) scale_log2 *= scales.k != nullptr ? __ldg(scales.k + h) : scales.k_scalar;  // K's dequantisation scale
-  mma_stream<D, G, U, true, PAGED, FP8>(q, cache, n, hkv, b, h, start, stop, scale_log2, kept, slice_len, m, l, page_ids, page0);
+  if constexpr (KV == kE4m3) scale_log2 *= scales.k != nullptr ? __ldg(scales.k + h) : scales.k_scalar;  // K's dequantisation scale
+  mma_stream<D, G, U, true, PAGED, KV>(q, cache, n, hkv, b, h, start, stop, scale_log2, kept, slice_len, m, l, page_ids, page0);
 #pragma unroll
   for (int o = 1; o < 4; o <<= 1)  // the 4 lanes of head lane / 4
     merge_stats(m, l, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, l, o));
@@ -827,7 +856,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   if constexpr (LIVE) {
     if (!covered) {  // samples: their resolved rows, summed in registers
       __syncthreads();  // the resolved rows are written
-      live_gather<D, PAGED, FP8>(cache, scales, resolved, head_mass, out, head0, b, h, n, hkv, cta_vec0, cta_owned, head_lo,
+      live_gather<D, PAGED, KV>(cache, scales, resolved, head_mass, out, head0, b, h, n, hkv, cta_vec0, cta_owned, head_lo,
                                  budget);
       mark(7);
       return;
@@ -856,26 +885,26 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
 #pragma unroll
         for (int r = 0; r < 4; ++r) pages_r[r] = keys_r[r] >= 0 ? table_page(cache, b, keys_r[r]) : 0;
       }
-      typename RowWord<FP8>::type raw[4];
+      typename RowWord<KV>::type raw[4];
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int i = i0 + r * kThreads, vec = vec0 + i / budget, head = vec / (D / 8);
         // a row without mass sampled nothing: zeros; a NaN mass (NaN or +inf scores, a bad length or page): NaN rows,
         // so the sum below is NaN without a test of its own
         const float mass = head_mass[head];
-        raw[r] = nan_row_word<FP8>();
+        raw[r] = nan_row_word<KV>();
         if (mass == mass) raw[r] = {};
         if (i < owned * budget && mass > 0.f) {
           const int key = PAGED ? keys_r[r] : sampled_key(at[r], words[r], tag, n);
           const size_t row = PAGED ? row_offset<true>(cache, b, pages_r[r], key) + (size_t)h * cache.head_stride
                                    : ((size_t)b * n + key) * hkv * D + (size_t)h * D;  // contiguous NHD, as the stream
-          raw[r] = load_row_word<FP8>(cache.v, row + (vec % (D / 8)) * 8);
+          raw[r] = load_row_word<KV>(cache.v, row + (vec % (D / 8)) * 8);
         }
       }
-      store_rows<FP8, 4>(raw, i0, owned * budget, kept);
+      store_rows<KV, 4>(raw, i0, owned * budget, kept);
     }
   } else {  // a covered sequence: row j scaled by its word S·p_j (rows j ≥ len: zeros), no sampled keys to wait for
-    covered_rows<D, PAGED, FP8>(cache, sampled, kept, head_mass, head0, b, h, vec0, owned, budget, len, tag);
+    covered_rows<D, PAGED, KV>(cache, sampled, kept, head_mass, head0, b, h, vec0, owned, budget, len, tag);
   }
   __syncthreads();
   mark(6);  // the rows here
@@ -884,7 +913,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   // 64 floats apart, all in one bank, cost 6,900 cycles per round at B = 32 against ~1,100: KERNEL_NOTES run 16),
   // then the 4 parts by a fixed shuffle tree
   const int e = lane & 7, part = lane >> 3;
-  const float v_scale = FP8 ? (scales.v != nullptr ? __ldg(scales.v + h) : scales.v_scalar) : 1.f;
+  const float v_scale = KV == kE4m3 ? (scales.v != nullptr ? __ldg(scales.v + h) : scales.v_scalar) : 1.f;
   for (int vec_local = warp; vec_local < owned; vec_local += kWarps) {
     const float* rows = kept + (size_t)vec_local * budget * 8 + e;
     float sum = 0.f;
@@ -893,8 +922,8 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     sum += __shfl_xor_sync(0xffffffffu, sum, 16);
     if (part == 0) {
       float value = sum / (float)budget;
-      if constexpr (FP8) value *= v_scale;  // V's dequantisation scale (one per KV head: this group's)
-      out[head0 * D + (size_t)(vec0 + vec_local) * 8 + e] = __float2bfloat16(value);
+      if constexpr (KV == kE4m3) value *= v_scale;  // V's dequantisation scale (one per KV head: this group's)
+      out[head0 * D + (size_t)(vec0 + vec_local) * 8 + e] = out_value<KV>(value);
     }
   }
   }  // the next chunk of this CTA's vectors
@@ -1028,7 +1057,7 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
   return cta;
 }
 
-#define SANTA_PROP_ONE_LAUNCH(NAME, D, G, U, STAGE, PAGED, FP8, LIVE)                                                    \
+#define SANTA_PROP_ONE_LAUNCH(NAME, D, G, U, STAGE, PAGED, KV, LIVE)                                                     \
   extern "C" __global__ void __launch_bounds__(kThreads, 2)                                                        \
       NAME(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v, long long page_stride,             \
            long long row_stride, long long head_stride, const int* table, int table_stride, int page_shift, int pages, \
@@ -1058,7 +1087,7 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
         const int4 next = next_i < live.items ? live_item(live, order, next_i, hkv) : idle;                         \
         unsigned next_seen = 0u;                                                                                    \
         int next_len = 0;                                                                                           \
-        prop_slice<D, G, U, STAGE, PAGED, FP8, LIVE>(q, cache, scales, draw, seq_lens, out, counts, slice_stats, sampled,  \
+        prop_slice<D, G, U, STAGE, PAGED, KV, LIVE>(q, cache, scales, draw, seq_lens, out, counts, slice_stats, sampled,  \
                                                epoch, marks, n, hkv, work.x, work.y, work.z, work.w, stats_slots,    \
                                                r * gridDim.x + cta, scale, budget, seen, len, next.x, next_seen,     \
                                                next_len);                                                           \
@@ -1083,7 +1112,7 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
       unsigned next_seen = 0u;                                                                                      \
       int next_len = 0;                                                                                             \
       if (work.x >= 0) {                                                                                            \
-        prop_slice<D, G, U, STAGE, PAGED, FP8, LIVE>(q, cache, scales, draw, seq_lens, out, counts, slice_stats, sampled,              \
+        prop_slice<D, G, U, STAGE, PAGED, KV, LIVE>(q, cache, scales, draw, seq_lens, out, counts, slice_stats, sampled,              \
                                    epoch, marks, n, hkv, work.x, work.y, work.z, work.w, stats_slots, slot, scale,   \
                                    budget, seen, len, next.x, next_seen, next_len);                                 \
         __syncthreads(); /* the next item reuses shared memory */                                                  \
@@ -1097,9 +1126,9 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
     }                                                                                                               \
   }
 
-// Every kernel of one head shape (D, G): contiguous (prop1_) and paged (p) caches, bf16 and fp8 (f), host-built rounds
-// and the live schedule (l, issue 39), each with its measured unrolling U: U the contiguous bf16 kernel's, UP the
-// paged bf16's, UF the fp8 kernels'.
+// Every kernel of one head shape (D, G): contiguous (prop1_) and paged (p) caches, bf16, fp8 (f) and fp16 (h: q, out
+// and the caches fp16), host-built rounds and the live schedule (l, issue 39), each with its measured unrolling U: U the
+// contiguous bf16 kernel's, UP the paged bf16's (fp16 takes bf16's: the same bytes per row), UF the fp8 kernels'.
 //   d = 128: contiguous bf16 U = 1 (issue 24's measurements). Paged: two 8-key groups per warp and step (U = 2: more
 //   loads in flight behind the page lookups): Llama B = 8 / 32 × 32k on shuffled 16-key pages 172.7 → 163.6 and
 //   640.2 → 590.2 µs, B = 1 × 32k 33.0 → 33.6 (H200, 2026-12-04; 128 registers, 48 bytes spilled). fp8: U = 2, a lane's
@@ -1110,14 +1139,18 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
 //   77.8 / 94.5 against 82.8 / 95.4; H200, 2026-12-04, the same outputs bitwise).
 // Those were measured at G = 4 (d = 128) and G = 7 and 3 (d = 64); the other shapes take their head dim's unrolling.
 #define SANTA_PROP_SHAPE(D, G, U, UP, UF)                                                 \
-  SANTA_PROP_ONE_LAUNCH(prop1_d##D##_g##G, D, G, U, 0, false, false, false)              \
-  SANTA_PROP_ONE_LAUNCH(prop1p_d##D##_g##G, D, G, UP, 0, true, false, false)             \
-  SANTA_PROP_ONE_LAUNCH(prop1f_d##D##_g##G, D, G, UF, 0, false, true, false)             \
-  SANTA_PROP_ONE_LAUNCH(prop1pf_d##D##_g##G, D, G, UF, 0, true, true, false)             \
-  SANTA_PROP_ONE_LAUNCH(prop1l_d##D##_g##G, D, G, U, 0, false, false, true)              \
-  SANTA_PROP_ONE_LAUNCH(prop1lf_d##D##_g##G, D, G, UF, 0, false, true, true)             \
-  SANTA_PROP_ONE_LAUNCH(prop1lp_d##D##_g##G, D, G, UP, 0, true, false, true)             \
-  SANTA_PROP_ONE_LAUNCH(prop1lpf_d##D##_g##G, D, G, UF, 0, true, true, true)
+  SANTA_PROP_ONE_LAUNCH(prop1_d##D##_g##G, D, G, U, 0, false, kBf16, false)              \
+  SANTA_PROP_ONE_LAUNCH(prop1p_d##D##_g##G, D, G, UP, 0, true, kBf16, false)             \
+  SANTA_PROP_ONE_LAUNCH(prop1f_d##D##_g##G, D, G, UF, 0, false, kE4m3, false)            \
+  SANTA_PROP_ONE_LAUNCH(prop1pf_d##D##_g##G, D, G, UF, 0, true, kE4m3, false)            \
+  SANTA_PROP_ONE_LAUNCH(prop1h_d##D##_g##G, D, G, U, 0, false, kF16, false)              \
+  SANTA_PROP_ONE_LAUNCH(prop1ph_d##D##_g##G, D, G, UP, 0, true, kF16, false)             \
+  SANTA_PROP_ONE_LAUNCH(prop1l_d##D##_g##G, D, G, U, 0, false, kBf16, true)              \
+  SANTA_PROP_ONE_LAUNCH(prop1lf_d##D##_g##G, D, G, UF, 0, false, kE4m3, true)            \
+  SANTA_PROP_ONE_LAUNCH(prop1lh_d##D##_g##G, D, G, U, 0, false, kF16, true)              \
+  SANTA_PROP_ONE_LAUNCH(prop1lp_d##D##_g##G, D, G, UP, 0, true, kBf16, true)             \
+  SANTA_PROP_ONE_LAUNCH(prop1lpf_d##D##_g##G, D, G, UF, 0, true, kE4m3, true)            \
+  SANTA_PROP_ONE_LAUNCH(prop1lph_d##D##_g##G, D, G, UP, 0, true, kF16, true)
 
 // The head shapes served (one_launch.py's SHAPES): d = 128 with G = 1 to 8 (MHA models; Qwen3-0.6B/1.7B; Llama-3.2-3B;
 // Llama-3.1-8B, Mistral-7B; Qwen2.5-14B/32B; Qwen2.5-1.5B; Qwen2.5-7B; Llama-3.1-70B, Qwen2.5-3B), d = 64 with G = 3

@@ -7,8 +7,8 @@ stash), the group's slices exchanging their statistics and sampled keys through 
 points that fall in its slice and gathering the V rows of the output vectors it owns. Measured on the H200 against the
 two-launch prop in the same call: 1.02–1.15× faster kernels, 1.02–1.06× faster decode steps (benchmarks/RESULTS.md).
 
-What it serves (:func:`eligible`): sm_90 devices, bf16 q, bf16 or fp8 (e4m3, with per-tensor or per-KV-head scales)
-caches, contiguous NHD caches or paged ones in NHD or HND
+What it serves (:func:`eligible`): sm_90 devices, bf16 q with bf16 or fp8 (e4m3, with per-tensor or per-KV-head scales)
+caches or fp16 q with fp16 caches, contiguous NHD caches or paged ones in NHD or HND
 (pages of a power of two keys; any page, row and head strides that are multiples of 8 elements: santa's own pages and
 vLLM's packed K|V rows, :func:`cache_strides`), (head dim, query heads per KV head) in :data:`SHAPES`, where a plan fits shared
 memory; a call with ``starts`` takes the Triton prop. Per-sequence lengths and block tables are read
@@ -75,8 +75,13 @@ def build_module(nvcc: str = "nvcc") -> Path:
     return MODULE
 
 
-def kernel_name(dim: int, group_size: int, *, paged: bool = False, fp8: bool = False, live: bool = False) -> str:
-    return f"prop1{'l' if live else ''}{'p' if paged else ''}{'f' if fp8 else ''}_d{dim}_g{group_size}"
+def kernel_name(dim: int, group_size: int, *, paged: bool = False, fp8: bool = False, f16: bool = False,
+                live: bool = False) -> str:
+    """A kernel's name in the module: ``prop1`` + ``l`` (live schedule) + ``p`` (paged) + ``f`` (e4m3 caches) or ``h``
+    (fp16 q, out and caches) + ``_d{dim}_g{group_size}``."""
+    if fp8 and f16:
+        raise ValueError("fp8 and f16: e4m3 caches take bf16 q (no kernel reads them with fp16 q)")
+    return f"prop1{'l' if live else ''}{'p' if paged else ''}{'f' if fp8 else ''}{'h' if f16 else ''}_d{dim}_g{group_size}"
 
 
 def kept_bytes(heads: int, slice_len: int) -> int:
@@ -206,14 +211,14 @@ class LivePlan:
 
 
 def make_plan(*, slices: int, grid: int, groups: int, n: int, group_size: int, dim: int, staggered: bool,
-              page_size: int | None = None, fp8: bool = False) -> Plan:
+              page_size: int | None = None, fp8: bool = False, f16: bool = False) -> Plan:
     rounds = build_schedule(groups=groups, n=n, slices=slices, grid=grid, kind="staggered" if staggered else "rounds")
-    return Plan(f"C{slices}" + ("s" if staggered else ""), kernel_name(dim, group_size, paged=page_size is not None, fp8=fp8),
-                rounds, staggered)
+    return Plan(f"C{slices}" + ("s" if staggered else ""),
+                kernel_name(dim, group_size, paged=page_size is not None, fp8=fp8, f16=f16), rounds, staggered)
 
 
 def choose_plan(*, batch: int, kv_heads: int, group_size: int, dim: int, n: int, budget: int, sms: int, per_sm,
-                page_size: int | None = None, fp8: bool = False) -> Plan | None:
+                page_size: int | None = None, fp8: bool = False, f16: bool = False) -> Plan | None:
     """The plan santa runs for this shape (a fixed rule, so that a shape always draws the same samples), or None where
     none fits shared memory. ``per_sm(shared bytes)``: CTAs of the kernel resident on one SM.
 
@@ -240,7 +245,7 @@ def choose_plan(*, batch: int, kv_heads: int, group_size: int, dim: int, n: int,
     (C19 on vLLM's pages: 314.5 against 284.2 µs on B = 16 × 128k, H100, and 1.04–1.35× on short sequences, H200,
     2026-12-05); Qwen's from about 57k keys and SmolLM2's (G = 3) from about 134k take the same branch, not timed. A paged
     cache (``page_size``) takes the same rule, its slices' page ids counted in shared memory, and so does an fp8 cache
-    (``fp8``: its own kernels; not measured apart)."""
+    (``fp8``: its own kernels; not measured apart) and an fp16 one (``f16``: the same bytes as bf16)."""
     if (dim, group_size) not in SHAPES:
         return None
     groups = batch * kv_heads
@@ -258,7 +263,7 @@ def choose_plan(*, batch: int, kv_heads: int, group_size: int, dim: int, n: int,
             while slices > MAX_ONE_WAVE_SLICES:
                 slices //= 2
             return make_plan(slices=slices, grid=groups * slices, groups=groups, n=n, group_size=group_size, dim=dim,
-                             staggered=False, page_size=page_size, fp8=fp8)
+                             staggered=False, page_size=page_size, fp8=fp8, f16=f16)
     if dim == 64 and group_size <= 4 and budget <= 64:
         return None  # rounds at SmolLM2's shape and S ≤ 64: the two launches are faster (B = 64 × 8k: 78.7 µs against 83.4)
     for slices in range(target, 257):  # rounds: more slices only where one slice's shared memory needs them
@@ -273,7 +278,7 @@ def choose_plan(*, batch: int, kv_heads: int, group_size: int, dim: int, n: int,
                 return None  # long slices' kept scores leave one CTA per SM (Qwen 128k): the two launches are faster
             staggered = group_size <= 4 and grid // 2 >= 2 * slices and groups * slices > grid
             return make_plan(slices=slices, grid=grid, groups=groups, n=n, group_size=group_size, dim=dim, staggered=staggered,
-                             page_size=page_size, fp8=fp8)
+                             page_size=page_size, fp8=fp8, f16=f16)
     return None
 
 
@@ -369,7 +374,8 @@ def eligible(*, device: torch.device, kernel: str, dtype: torch.dtype, kv_dtype:
              page_size: int | None, head_dim: int, group_size: int) -> bool:
     """Whether a plan of this kind may run the one-launch prop (then :class:`OneLaunch` decides whether one fits)."""
     paged = page_size is not None
-    return (device.type == "cuda" and kernel == "prop" and dtype == torch.bfloat16 and kv_dtype in (torch.bfloat16, FP8)
+    kinds = (dtype == torch.bfloat16 and kv_dtype in (torch.bfloat16, FP8)) or (dtype == kv_dtype == torch.float16)
+    return (device.type == "cuda" and kernel == "prop" and kinds
             and (kv_layout == "NHD" or (paged and kv_layout == "HND")) and (not paged or page_size & (page_size - 1) == 0)
             and (head_dim, group_size) in SHAPES
             and torch.cuda.get_device_capability(device) == (9, 0))
@@ -431,12 +437,12 @@ class OneLaunch:
     successive launches on one stream share them; like a :class:`~santa.kernels.Workspace`, they serve one call at a time.
 
     ``page_size``: the cache's keys per page (a power of two) where it is paged (then :meth:`run` takes a block table).
-    ``fp8``: e4m3 caches (then :meth:`run` takes their scales). The layout reaches the kernel as :meth:`run`'s strides. ``module`` (default: ``one_launch.fatbin`` on ``device``) and ``plan`` (default:
+    ``fp8``: e4m3 caches (then :meth:`run` takes their scales); ``f16``: fp16 q, out and caches. The layout reaches the kernel as :meth:`run`'s strides. ``module`` (default: ``one_launch.fatbin`` on ``device``) and ``plan`` (default:
     :func:`choose_plan`) are the benchmarks' hooks. Raises ValueError where no plan fits.
     """
 
     def __init__(self, *, batch: int, heads: int, kv_heads: int, head_dim: int, n_keys: int, budget: int, scale: float,
-                 device: torch.device, page_size: int | None = None, fp8: bool = False,
+                 device: torch.device, page_size: int | None = None, fp8: bool = False, f16: bool = False,
                  module: CudaModule | None = None, plan: Plan | None = None, kernel: str | None = None,
                  live: bool = False, min_slices: int | None = None, slice_cap: int | None = None):
         self.module = module if module is not None else loaded_module(device.index)
@@ -444,7 +450,7 @@ class OneLaunch:
             raise ValueError("the one-launch module is not loaded on this device")
         group_size = heads // kv_heads
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        name = kernel_name(head_dim, group_size, paged=page_size is not None, fp8=fp8, live=live)
+        name = kernel_name(head_dim, group_size, paged=page_size is not None, fp8=fp8, f16=f16, live=live)
         self.live_values = [ctypes.c_int(0)] * 4  # the live schedule's arguments: B, L, log2 C_min, log2 C_cap (0: a host plan)
         if live:
             plan = self._live_plan(name=name, batch=batch, group_size=group_size, head_dim=head_dim, n_keys=n_keys,
@@ -454,7 +460,7 @@ class OneLaunch:
         if plan is None:
             plan = choose_plan(batch=batch, kv_heads=kv_heads, group_size=group_size, dim=head_dim, n=n_keys, budget=budget,
                                sms=sms, per_sm=lambda shared: self.module.resident_per_sm(name, shared), page_size=page_size,
-                               fp8=fp8)
+                               fp8=fp8, f16=f16)
             if plan is None:
                 raise ValueError(f"no one-launch plan fits {n_keys} keys at S = {budget} in shared memory")
         self.plan, self.kernel = plan, kernel or plan.kernel

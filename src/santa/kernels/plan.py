@@ -545,7 +545,7 @@ class DecodePlan:
                             if error_target is not None and kernel == "prop" else None)
 
     def _plan_one_launch(self, device: torch.device):
-        """The one-launch CUDA prop for this plan (:mod:`santa.kernels.one_launch`: Hopper, bf16, contiguous NHD or paged
+        """The one-launch CUDA prop for this plan (:mod:`santa.kernels.one_launch`: Hopper, bf16 or fp16, contiguous NHD or paged
         NHD/HND), made now (its module and schedule, outside any CUDA graph), or None: the Triton prop serves every call
         (so also for a plan made during a capture, where its schedule cannot be copied to the device). Host-built
         rounds, except a paged plan whose rounds pass one wave or cut a group in at most 2 slices, and a plan none fits:
@@ -559,7 +559,8 @@ class DecodePlan:
             return None
         launch = functools.partial(one_launch.OneLaunch, batch=s.batch, heads=s.heads, kv_heads=s.kv_heads,
                                    head_dim=s.head_dim, n_keys=s.n_keys, budget=self.budget, scale=self.scale,
-                                   device=device, page_size=s.page_size, fp8=s.kv_dtype == FP8)
+                                   device=device, page_size=s.page_size, fp8=s.kv_dtype == FP8,
+                                   f16=s.kv_dtype == torch.float16)
         try:
             host = launch()
         except ValueError:  # no plan fits shared memory (a large budget), or the module did not load (warned once)
