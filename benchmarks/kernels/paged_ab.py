@@ -1,7 +1,7 @@
 """santa's decode step on vLLM's paged cache: the one-launch CUDA prop against the two Triton launches and the dense
 paged kernels, in the same call (issue 39).
 
-    python benchmarks/kernels/paged_ab.py OUT.jsonl [--quick] [--fp8] [--gate [--full]] [--shapes] [--half-slices]
+    python benchmarks/kernels/paged_ab.py OUT.jsonl [--quick] [--fp8] [--gate [--full]] [--shapes] [--half-slices] [--f16]
 
 Every case runs through ``santa.vllm.decode.PagedDecoder`` (what santa's vLLM backend calls) on vLLM's packed
 FlashAttention cache (K and V halves of one row, pages of 16 keys shuffled over the pool), S = 128, bf16, seed 0:
@@ -34,7 +34,8 @@ capacity (``rounds_us``: ``OneLaunch(live=False)``, the paged default before the
 ``live_min4_us``, at least 4 slices a sequence, the fewest whose gather fit shared memory before live CTAs gathered in
 chunks). ``--half-slices`` (keys ``half/…``, with ``--fp8`` or not): d = 128 at G = 7 and 8 (:data:`HALF_SLICE_CASES`),
 the live launch on its default slices (``live_us``) and on half-length ones (``live_half_us``: ``slice_cap`` 2,048 keys,
-two CTAs per SM where the default leaves one) beside santa's plan and the Triton prop.
+two CTAs per SM where the default leaves one) beside santa's plan and the Triton prop. ``--f16`` (keys ``f16/…``): q and
+the pages in fp16, the ``--fp8`` cases (with ``--shapes``: every shape's), every arm in fp16.
 """
 
 from __future__ import annotations
@@ -102,18 +103,20 @@ def cases(quick: bool, fp8: bool = False, gate: bool = False, full: bool = False
         if case not in out]
 
 
-def inputs(model: str, batch: int, length: int, capacity: int, fp8: bool = False):
-    """Seeded q ``[B, H, D]``, vLLM's packed pages ``[pages, P, H_kv, 2·D]`` (bf16, or e4m3 stored as uint8), the block
-    table ``capacity / P`` wide (unused columns page 0, as vLLM's) and the lengths."""
+def inputs(model: str, batch: int, length: int, capacity: int, fp8: bool = False, f16: bool = False):
+    """Seeded q ``[B, H, D]``, vLLM's packed pages ``[pages, P, H_kv, 2·D]`` (bf16, e4m3 stored as uint8, or with
+    ``f16`` q and pages in fp16), the block table ``capacity / P`` wide (unused columns page 0, as vLLM's) and the
+    lengths."""
     heads, kv_heads, dim = MODELS[model]
+    dtype = torch.float16 if f16 else torch.bfloat16
     torch.manual_seed(0)
     per_seq = length // PAGE
-    packed = torch.randn(batch * per_seq, PAGE, kv_heads, 2 * dim, device="cuda", dtype=torch.bfloat16)
+    packed = torch.randn(batch * per_seq, PAGE, kv_heads, 2 * dim, device="cuda", dtype=dtype)
     if fp8:
         packed = packed.to(FP8).view(torch.uint8)
     table = torch.zeros(batch, capacity // PAGE, dtype=torch.int32, device="cuda")
     table[:, :per_seq] = torch.randperm(batch * per_seq, device="cuda").to(torch.int32).reshape(batch, per_seq)
-    q = torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(batch, heads, dim, device="cuda", dtype=dtype)
     seq_lens = torch.full((batch,), length, dtype=torch.int32, device="cuda")
     return q, packed, table, seq_lens
 
@@ -128,8 +131,8 @@ def santa_arm(model: str, q, packed, table, seq_lens, capacity: int, flusher, *,
     heads, kv_heads, dim = MODELS[model]
     batch = q.shape[0]
     decoder = PagedDecoder(heads=heads, kv_heads=kv_heads, head_dim=dim, block_size=PAGE, max_keys=capacity, max_batch=batch,
-                           budget=BUDGET, kernel="prop", seed=0, dtype=torch.bfloat16,
-                           kv_dtype=FP8 if packed.dtype == torch.uint8 else torch.bfloat16, device="cuda",
+                           budget=BUDGET, kernel="prop", seed=0, dtype=q.dtype,
+                           kv_dtype=FP8 if packed.dtype == torch.uint8 else q.dtype, device="cuda",
                            tuning=None if one_launch else Tuning(one_launch=False, pass1_programs=pass1_programs))
     decoder.allocate()
     decoder.prepare([batch], dim**-0.5)
@@ -164,7 +167,8 @@ def launch_arm(model: str, q, packed, table, seq_lens, capacity: int, flusher, *
     heads, kv_heads, dim = MODELS[model]
     fp8 = packed.dtype == torch.uint8
     launch = ol.OneLaunch(batch=q.shape[0], heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=capacity, budget=BUDGET,
-                          scale=dim**-0.5, device=torch.device("cuda"), page_size=PAGE, fp8=fp8, **kind)
+                          scale=dim**-0.5, device=torch.device("cuda"), page_size=PAGE, fp8=fp8,
+                          f16=q.dtype == torch.float16, **kind)
     k_pages, v_pages = packed[..., :dim], packed[..., dim:]
     out = torch.empty_like(q)
     scales = dict(k_scale=FP8_SCALE, v_scale=FP8_SCALE) if fp8 else {}
@@ -235,7 +239,7 @@ def contiguous_arms(q, k, v, flusher, **scales) -> dict:
     times = {}
     for name, tuning in (("contiguous_one_launch", None), ("contiguous_triton", Tuning(one_launch=False))):
         plan = plan_decode(batch=batch, heads=q.shape[1], kv_heads=kv_heads, head_dim=dim, n_keys=n, budget=BUDGET,
-                           dtype=torch.bfloat16, kv_dtype=k.dtype, device="cuda", tuning=tuning)
+                           dtype=q.dtype, kv_dtype=k.dtype, device="cuda", tuning=tuning)
         times[f"{name}_us"] = time_fn(lambda plan=plan: plan.run(q, k, v, seq_lens=seq_lens, positions=positions, out=out, **scales),
                                       flusher.read, graph=True)["median_us"]
         if plan.one_launch is not None:
@@ -244,7 +248,7 @@ def contiguous_arms(q, k, v, flusher, **scales) -> dict:
 
 
 def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full: bool = False, rounds: bool = False,
-            shapes: bool = False, half: bool = False) -> None:
+            shapes: bool = False, half: bool = False, f16: bool = False) -> None:
     from benchmarks.bench.kernels import environment
 
     from santa.sweep_files import append_record, read_records
@@ -254,16 +258,16 @@ def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full:
         append_record(path, {"key": "run", **environment()})
     done = {record["key"] for record in records}
     flusher = Flusher("cuda")
-    for model, batch, length, capacity in cases(quick, fp8, gate, full, shapes, half):
+    for model, batch, length, capacity in cases(quick, fp8 or f16, gate, full, shapes, half):
         key = (("gate/" if gate else "") + ("rounds/" if rounds else "") + ("half/" if half else "") + ("fp8/" if fp8 else "")
-               + f"{model}/b{batch}/n{length}/cap{capacity}")
+               + ("f16/" if f16 else "") + f"{model}/b{batch}/n{length}/cap{capacity}")
         if key in done:
             continue
         heads, kv_heads, dim = MODELS[model]
-        q, packed, table, seq_lens = inputs(model, batch, length, capacity, fp8)
+        q, packed, table, seq_lens = inputs(model, batch, length, capacity, fp8, f16)
         k_bytes = batch * length * kv_heads * dim * packed.element_size()
         entry = {"key": key, "model": model, "batch": batch, "length": length, "capacity": capacity,
-                 "fp8": fp8, "santa_floor_us": (k_bytes + batch * min(heads * BUDGET, kv_heads * length) * dim * packed.element_size())
+                 "fp8": fp8, "f16": f16, "santa_floor_us": (k_bytes + batch * min(heads * BUDGET, kv_heads * length) * dim * packed.element_size())
                  / READ_BW * 1e6,
                  "dense_floor_us": 2 * k_bytes / READ_BW * 1e6}
         one = santa_arm(model, q, packed, table, seq_lens, capacity, flusher, one_launch=True, gate=gate)
@@ -311,6 +315,7 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="with --gate: full plans and a 33,024-key capacity (FULL_GATE_CASES)")
     parser.add_argument("--rounds", action="store_true", help="also the one launch on host-built rounds (keys rounds/…)")
     parser.add_argument("--shapes", action="store_true", help="the other head shapes of one_launch.SHAPES (SHAPE_CASES)")
+    parser.add_argument("--f16", action="store_true", help="fp16 q and caches (the --fp8 cases; keys f16/…)")
     parser.add_argument("--half-slices", action="store_true",
                         help="the live launch on half-length slices beside its default ones (HALF_SLICE_CASES, keys half/…)")
     args = parser.parse_args()
@@ -322,11 +327,13 @@ def main() -> None:
         parser.error("--shapes goes with neither --gate nor --quick")
     if args.half_slices and (args.gate or args.quick or args.rounds or args.shapes):
         parser.error("--half-slices goes with --fp8 only")
+    if args.f16 and (args.fp8 or args.gate):
+        parser.error("--f16 goes with neither --fp8 nor --gate")
     from santa.writer_lock import OutputUnusable, writer_lock
 
     try:
         with writer_lock(args.out, holder="paged_ab.py"):
-            measure(args.out, args.quick, args.fp8, args.gate, args.full, args.rounds, args.shapes, args.half_slices)
+            measure(args.out, args.quick, args.fp8, args.gate, args.full, args.rounds, args.shapes, args.half_slices, args.f16)
     except OutputUnusable as error:
         sys.exit(f"paged_ab.py: {error}")
 
