@@ -33,8 +33,9 @@ capacity (``rounds_us``: ``OneLaunch(live=False)``, the paged default before the
 (``live_us``: ``OneLaunch(live=True)``, whatever the rule chose; until 2026-12-06's 27th session this arm was
 ``live_min4_us``, at least 4 slices a sequence, the fewest whose gather fit shared memory before live CTAs gathered in
 chunks). ``--half-slices`` (keys ``half/…``, with ``--fp8`` or not): d = 128 at G = 7 and 8 (:data:`HALF_SLICE_CASES`),
-the live launch on its default slices (``live_us``) and on half-length ones (``live_half_us``: ``slice_cap`` 2,048 keys,
-two CTAs per SM where the default leaves one) beside santa's plan and the Triton prop. ``--f16`` (keys ``f16/…``): q and
+the live launch on its default slices (``live_us``: halved, 2,048 keys, two CTAs per SM, since the 32nd session; that
+session's records hold the 4,096-key default as ``live_us`` and the halved slices as ``live_half_us``) and on full
+4,096-key ones (``live_full_us``: one CTA per SM) beside santa's plan and the Triton prop. ``--f16`` (keys ``f16/…``): q and
 the pages in fp16, the ``--fp8`` cases (with ``--shapes``: every shape's), every arm in fp16.
 """
 
@@ -57,8 +58,8 @@ SHAPE_MODELS = {"mha-7b": (32, 32, 128), "qwen3-1.7b": (16, 8, 128), "llama-3.2-
                 "llama-3.1-70b": (64, 8, 128), "llama-3.2-1b": (32, 8, 64), "tinyllama": (32, 4, 64)}
 MODELS.update(SHAPE_MODELS)
 SHAPE_CASES = [(model, batch, n, n) for model in SHAPE_MODELS for batch, n in ((1, 32768), (16, 32768), (8, 8192), (64, 2048))]
-# d = 128 at G = 7 and 8, whose default live slices (4,096 keys) leave one CTA per SM: 1.29-1.32x the Triton prop's time on
-# fp8 pages at 16 x 32k (H100, 2026-12-06); the same cases with half-length slices (two CTAs per SM) beside them
+# d = 128 at G = 7 and 8, whose full live slices (4,096 keys) leave one CTA per SM (1.29-1.32x the Triton prop's time on
+# fp8 pages at 16 x 32k, H100, 31st session); halved (two CTAs per SM) they took 0.63-0.94x the full ones' time (32nd), the default since
 HALF_SLICE_CASES = [(model, batch, n, n) for model in ("qwen2.5-7b", "llama-3.1-70b")
                     for batch, n in ((16, 32768), (8, 8192), (64, 2048), (1, 32768), (4, 131072))]
 FP8, FP8_SCALE = torch.float8_e4m3fn, 0.5
@@ -288,10 +289,10 @@ def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full:
                 entry["one_launch_over_dense"] = entry["one_launch_us"] / entry["best_dense_us"]
         entry["one_launch_over_triton"] = entry["one_launch_us"] / entry["triton_us"]
         arms = [("rounds", dict(live=False)), ("live", dict(live=True))] if rounds and not gate else []
-        if half:  # the live launch on its default slices and on half-length ones (two CTAs per SM at G = 7, 8)
+        if half:  # the live launch on its default (halved) slices and on full ones (one CTA per SM at G = 7, 8)
             from santa.kernels.one_launch import ROUNDS_SLICE_KEYS
 
-            arms = [("live", dict(live=True)), ("live_half", dict(live=True, slice_cap=ROUNDS_SLICE_KEYS[dim] // 2))]
+            arms = [("live", dict(live=True)), ("live_full", dict(live=True, slice_cap=ROUNDS_SLICE_KEYS[dim]))]
         for name, kind in arms:
             try:
                 arm = launch_arm(model, q, packed, table, seq_lens, capacity, flusher, **kind)
@@ -317,7 +318,7 @@ def main() -> None:
     parser.add_argument("--shapes", action="store_true", help="the other head shapes of one_launch.SHAPES (SHAPE_CASES)")
     parser.add_argument("--f16", action="store_true", help="fp16 q and caches (the --fp8 cases; keys f16/…)")
     parser.add_argument("--half-slices", action="store_true",
-                        help="the live launch on half-length slices beside its default ones (HALF_SLICE_CASES, keys half/…)")
+                        help="the live launch on its default (halved) slices beside full ones (HALF_SLICE_CASES, keys half/…)")
     args = parser.parse_args()
     if args.full and not args.gate:
         parser.error("--full goes with --gate")

@@ -103,16 +103,22 @@ def test_the_plan_rule_takes_more_slices_where_the_gather_needs_them_and_none_pa
     assert ol.choose_plan(batch=1, kv_heads=8, group_size=9, dim=128, n=8192, budget=128, sms=132, per_sm=h200_per_sm) is None
 
 
-@pytest.mark.parametrize(("group_size", "dim", "budget", "page_size", "want"), [
-    (4, 128, 128, None, (4096, 264)),  # Llama S = 128: the design note's L = 4,096, P = 264
-    (4, 128, 128, 16, (4096, 264)),  # on vLLM's pages of 16 keys (258 page ids more)
-    (7, 64, 128, None, (2048, 264)),  # Qwen: 64,736 B of kept scores
-    (4, 128, 256, None, (4096, 264)),  # more rows per vector: the gather takes more chunks, not more slices
-    (4, 128, 1024, None, (4096, 264)),
+@pytest.mark.parametrize(("group_size", "dim", "budget", "page_size", "n", "want"), [
+    (4, 128, 128, None, 32768, (4096, 264)),  # Llama S = 128: the design note's L = 4,096, P = 264
+    (4, 128, 128, 16, 131072, (4096, 264)),  # on vLLM's pages of 16 keys (258 page ids more)
+    (4, 128, 128, None, 262144, (4096, 264)),
+    (7, 64, 128, None, 32768, (2048, 264)),  # Qwen: 64,736 B of kept scores
+    (4, 128, 256, None, 32768, (4096, 264)),  # more rows per vector: the gather takes more chunks, not more slices
+    (4, 128, 1024, None, 32768, (4096, 264)),
+    (8, 128, 128, 16, 131072, (2048, 264)),  # 4,096-key slices would leave one CTA per SM: halved, two
+    (7, 128, 128, None, 8192, (2048, 264)),
+    (8, 128, 128, 16, 131073, (4096, 132)),  # 64 halved slices would not hold the plan: full ones, one CTA per SM
 ])
-def test_the_live_schedules_limits_follow_the_kernels_shared_memory(group_size, dim, budget, page_size, want):
-    limits = ol.live_limits(group_size=group_size, dim=dim, budget=budget, sms=132, per_sm=h200_per_sm, page_size=page_size)
+def test_the_live_schedules_limits_follow_the_kernels_shared_memory(group_size, dim, budget, page_size, n, want):
+    limits = ol.live_limits(group_size=group_size, dim=dim, budget=budget, sms=132, per_sm=h200_per_sm, n=n,
+                            page_size=page_size)
     assert (limits.slice_cap, limits.ctas) == want and (limits.min_slices, limits.max_slices) == (1, ol.LIVE_MAX_SLICES)
+    assert n <= limits.max_slices * limits.slice_cap
     # a live CTA gathers in chunks of the vectors whose S rows fit its shared memory beside every sample's resolved
     # row: at least one
     assert 4 * 8 * budget + 4 * group_size * budget <= limits.shared
@@ -123,33 +129,46 @@ def test_the_live_schedules_limits_follow_the_kernels_shared_memory(group_size, 
 
 
 def test_no_live_limits_where_the_gather_cannot_fit_or_the_shape_has_no_kernel():
-    assert ol.live_limits(group_size=4, dim=128, budget=1 << 16, sms=132, per_sm=h200_per_sm) is None  # one vector: 2 MiB
+    def limits(**change):
+        return ol.live_limits(**dict(dict(group_size=4, dim=128, budget=128, sms=132, per_sm=h200_per_sm, n=32768), **change))
+
+    assert limits(budget=1 << 16) is None  # one vector: 2 MiB
     # one vector's 2,000 rows fit (64,000 B of 75,904), not beside their 32,000 B of resolved rows; 1,536 fit beside theirs
-    assert ol.live_limits(group_size=4, dim=128, budget=2000, sms=132, per_sm=h200_per_sm) is None
-    assert ol.live_limits(group_size=4, dim=128, budget=1536, sms=132, per_sm=h200_per_sm) is not None
-    assert ol.live_limits(group_size=9, dim=128, budget=128, sms=132, per_sm=h200_per_sm) is None
-    assert ol.live_limits(group_size=4, dim=128, budget=128, sms=16, per_sm=h200_per_sm) is None  # 32 CTAs < 64 slots
+    assert limits(budget=2000) is None
+    assert limits(budget=1536) is not None
+    assert limits(group_size=9) is None
+    assert limits(sms=16) is None  # 32 CTAs < 64 slots
 
 
-def test_a_live_launch_of_one_cta_per_sm_leaves_long_contiguous_plans_to_the_triton_prop():
-    per_sm = {g: h200_per_sm(ol.live_limits(group_size=g, dim=128, budget=128, sms=132, per_sm=h200_per_sm).shared)
-              for g in (4, 7, 8)}
-    assert per_sm == {4: 2, 7: 1, 8: 1}  # the kept scores of 4,096-key slices at G = 7 and 8: one CTA per SM
-    assert not ol.live_pays(paged=False, per_sm=per_sm[7], n=32768)  # B = 16 x 32k: 1.08x the Triton prop's time
-    assert ol.live_pays(paged=False, per_sm=per_sm[8], n=8192)  # B = 8 x 8k: 0.84x
-    assert ol.live_pays(paged=False, per_sm=per_sm[8], n=ol.LIVE_ONE_CTA_KEYS)
-    assert ol.live_pays(paged=False, per_sm=per_sm[4], n=131072)
-    assert ol.live_pays(paged=True, per_sm=per_sm[8], n=131072)  # a paged plan's capacity is not its live keys
+def test_a_long_contiguous_plan_whose_full_slices_fit_one_cta_per_sm_takes_the_triton_prop():
+    def limits(group_size, n):
+        return ol.live_limits(group_size=group_size, dim=128, budget=128, sms=132, per_sm=h200_per_sm, n=n)
+
+    def pays(group_size, n, paged=False):
+        chosen = limits(group_size, n)
+        return ol.live_pays(paged=paged, per_sm=h200_per_sm(chosen.shared), halved=chosen.slice_cap < 4096, n=n)
+
+    full = {g: h200_per_sm(ol.live_limits(group_size=g, dim=128, budget=128, sms=132, per_sm=h200_per_sm, n=32768,
+                                           slice_cap=4096).shared) for g in (4, 7, 8)}
+    assert full == {4: 2, 7: 1, 8: 1}  # the kept scores of 4,096-key slices at G = 7 and 8: one CTA per SM
+    assert not pays(7, 32768)  # halved: B = 16 x 32k ties the contiguous Triton prop, 4 x 128k loses 1.06-1.08x
+    assert not pays(8, 131072)
+    assert not pays(8, 262144)  # full slices, one CTA per SM: 1.05-1.08x at 16 x 32k
+    assert pays(8, 8192) and pays(8, ol.LIVE_ONE_CTA_KEYS)  # B = 8 x 8k: halved slices win
+    assert pays(4, 131072) and pays(4, 262144)  # two CTAs per SM on full slices
+    assert pays(8, 131072, paged=True) and pays(8, 262144, paged=True)  # a paged plan's capacity is not its live keys
 
 
-def test_half_length_live_slices_fit_two_ctas_per_sm_where_full_ones_fit_one():
+def test_slices_of_any_length_for_the_benchmarks():
     def limits(group_size, **extra):
-        return ol.live_limits(group_size=group_size, dim=128, budget=128, sms=132, per_sm=h200_per_sm, page_size=16, **extra)
+        return ol.live_limits(group_size=group_size, dim=128, budget=128, sms=132, per_sm=h200_per_sm, page_size=16,
+                              n=131072, **extra)
 
     for group_size in (7, 8):
-        full, half = limits(group_size), limits(group_size, slice_cap=2048)
+        full, half = limits(group_size, slice_cap=4096), limits(group_size, slice_cap=2048)
         assert (full.ctas, half.ctas) == (132, 264) and half.slice_cap == 2048 and half.shared < full.shared
-        assert half.max_slices * half.slice_cap == 131072  # a 128k plan still fits
+        assert half == limits(group_size)  # the default
+    assert limits(4, slice_cap=1024).slice_cap == 1024
     for bad in (0, 1000, 8192, 2048.0):
         with pytest.raises(ValueError, match="slice_cap must be a multiple of 256 keys up to 4096"):
             limits(8, slice_cap=bad)
@@ -719,13 +738,12 @@ def live_run(launch, q, k_pages, v_pages, table, seq_lens, *, seed=13, counts=No
 
 
 @needs_hopper
-@pytest.mark.parametrize("dim,heads,kv_heads,fp8,slice_cap", [(128, 32, 8, False, None), (64, 14, 2, False, None),
-                                                               (128, 32, 8, True, None), (128, 64, 8, False, 2048),
-                                                               (128, 64, 8, True, 2048)])
-def test_the_live_schedule_draws_the_systematic_samples_and_the_same_on_every_capacity(dim, heads, kv_heads, fp8, slice_cap):
+@pytest.mark.parametrize("dim,heads,kv_heads,fp8", [(128, 32, 8, False), (64, 14, 2, False), (128, 32, 8, True),
+                                                     (128, 64, 8, False), (128, 64, 8, True)])
+def test_the_live_schedule_draws_the_systematic_samples_and_the_same_on_every_capacity(dim, heads, kv_heads, fp8):
     """A live launch derives its work from seq_lens: on vLLM's packed pages its counts are the systematic sampler's
     (up to float32 CDF rounding), covered sequences exact, and plans of 4k, 32k and 128k keys give the same bits; also
-    on half-length slices (``slice_cap`` 2,048 at G = 8: two CTAs per SM where 4,096-key slices leave one)."""
+    on the halved slices of G = 8 (2,048 keys: two CTAs per SM where 4,096-key slices leave one)."""
     batch, n_keys, budget = 4, 4096, 128
     q, k, v, k_pages, v_pages, table, _ = paged_case("packed", batch=batch, heads=heads, kv_heads=kv_heads, dim=dim,
                                                      n_keys=n_keys)
@@ -736,10 +754,9 @@ def test_the_live_schedule_draws_the_systematic_samples_and_the_same_on_every_ca
     outs, counts = [], []
     for capacity in (4096, 32768, 131072):
         launch = ol.OneLaunch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=capacity, budget=budget,
-                              scale=dim**-0.5, device=torch.device("cuda"), page_size=16, fp8=fp8, live=True,
-                              slice_cap=slice_cap)
+                              scale=dim**-0.5, device=torch.device("cuda"), page_size=16, fp8=fp8, live=True)
         assert launch.plan.name == "live" and launch.kernel.startswith("prop1lp")
-        assert slice_cap is None or launch.per_sm == 2
+        assert heads // kv_heads < 7 or (launch.per_sm, launch.plan.limits.slice_cap) == (2, 2048)
         count = torch.zeros(batch, heads, capacity, dtype=torch.int32, device="cuda")  # counts are [B, H, capacity]
         outs.append(live_run(launch, q, k_pages, v_pages, table, seq_lens, counts=count))
         assert count[..., n_keys:].eq(0).all()

@@ -118,8 +118,9 @@ LIVE_MAX_BATCH = 1024  # sequences a live launch takes (one_launch.cu's kLiveMax
 @dataclass(frozen=True)
 class LiveLimits:
     """What issue 39's live-key schedule (:func:`santa.kernels.one_launch_schedule.live_schedule`) takes from a kernel
-    shape, independent of the plan's capacity: slices of at most ``slice_cap`` keys, ``min_slices`` to ``max_slices``
-    a group, ``ctas`` resident CTAs of ``shared`` bytes of dynamic shared memory each."""
+    shape: slices of at most ``slice_cap`` keys, ``min_slices`` to ``max_slices`` a group, ``ctas`` resident CTAs of
+    ``shared`` bytes of dynamic shared memory each. The plan's capacity picks only the slices' length
+    (:func:`live_limits`); a request's samples do not depend on it (the CDF runs in fixed granules)."""
 
     slice_cap: int
     min_slices: int
@@ -128,46 +129,65 @@ class LiveLimits:
     shared: int
 
 
-def live_limits(*, group_size: int, dim: int, budget: int, sms: int, per_sm, page_size: int | None = None,
+def live_limits(*, group_size: int, dim: int, budget: int, sms: int, per_sm, n: int, page_size: int | None = None,
                 slice_cap: int | None = None) -> LiveLimits | None:
-    """The live schedule's limits for a kernel shape (benchmarks/KERNEL_NOTES.md): slices of :data:`ROUNDS_SLICE_KEYS`
-    keys, whose kept scores, every slot's stats and (paged) page ids set the CTA's shared memory; ``min_slices`` 1 (a
-    live CTA sums its sampled rows in registers and stages a covered sequence's rows in chunks of as many vectors as
-    that memory holds, so no slice count is too few); ``ctas`` = ``per_sm(shared) · sms``. None where the shape has no
-    kernel, one vector's S rows beside every sample's resolved row (:func:`resolved_bytes`) do not fit (since the
-    register gather a CTA needs only one of the two at a time, so this bound is stricter than needed; a looser one is
-    not measured), or the grid cannot hold
-    one group's :data:`LIVE_MAX_SLICES` slices. ``slice_cap`` (benchmarks: a multiple of 256 keys up to
-    :data:`ROUNDS_SLICE_KEYS`) replaces the slices' length, and with it the shared memory and the CTAs resident."""
+    """The live schedule's limits for a kernel shape and a plan of ``n`` keys per sequence (benchmarks/KERNEL_NOTES.md):
+    slices of :data:`ROUNDS_SLICE_KEYS` keys, whose kept scores, every slot's stats and (paged) page ids set the CTA's
+    shared memory; ``min_slices`` 1 (a live CTA sums its sampled rows in registers and stages a covered sequence's rows
+    in chunks of as many vectors as that memory holds, so no slice count is too few); ``ctas`` = ``per_sm(shared) · sms``.
+
+    Where those slices leave one CTA per SM and slices of half their length leave two, and :data:`LIVE_MAX_SLICES` of
+    them still hold ``n`` keys, the slices are halved (d = 128 at G = 7 and 8, plans of up to 128k keys): on vLLM's
+    pages half-length slices took 0.74–0.94× the full ones' time (bf16) and 0.63–0.93× (fp8) in every case measured,
+    16 × 32k, 8 × 8k, 64 × 2k, 1 × 32k and 4 × 128k at Qwen2.5-7B's and Llama-3.1-70B's shapes (H100,
+    ``paged_ab.py --half-slices [--fp8]``, 2026-12-06, 32nd session).
+
+    None where the shape has no kernel, one vector's S rows beside every sample's resolved row
+    (:func:`resolved_bytes`) do not fit (since the register gather a CTA needs only one of the two at a time, so this
+    bound is stricter than needed; a looser one is not measured), or the grid cannot hold one group's
+    :data:`LIVE_MAX_SLICES` slices. ``slice_cap`` (benchmarks: a multiple of 256 keys up to
+    :data:`ROUNDS_SLICE_KEYS`) sets the slices' length instead."""
     if (dim, group_size) not in SHAPES:
         return None
-    if slice_cap is None:
-        slice_cap = ROUNDS_SLICE_KEYS[dim]
-    elif not (isinstance(slice_cap, int) and 0 < slice_cap <= ROUNDS_SLICE_KEYS[dim] and slice_cap % 256 == 0):
+    if slice_cap is not None and not (isinstance(slice_cap, int) and 0 < slice_cap <= ROUNDS_SLICE_KEYS[dim]
+                                      and slice_cap % 256 == 0):
         raise ValueError(f"slice_cap must be a multiple of 256 keys up to {ROUNDS_SLICE_KEYS[dim]}, got {slice_cap!r}")
-    pages = 0 if page_size is None else -(-slice_cap // page_size) + 1
-    shared = kept_bytes(group_size, slice_cap) + 4 * group_size * LIVE_MAX_SLICES * 2 + 4 * pages
-    ctas = per_sm(shared) * sms if shared <= SHARED_LIMIT else 0
-    one_vector = gather_bytes(slices=group_size * dim // 8, group_size=group_size, dim=dim, budget=budget)  # its S rows
-    if one_vector + resolved_bytes(group_size=group_size, budget=budget) > shared or ctas < LIVE_MAX_SLICES:
-        return None
-    return LiveLimits(slice_cap=slice_cap, min_slices=1, max_slices=LIVE_MAX_SLICES, ctas=ctas, shared=shared)
+
+    def limits(length: int) -> LiveLimits | None:
+        pages = 0 if page_size is None else -(-length // page_size) + 1
+        shared = kept_bytes(group_size, length) + 4 * group_size * LIVE_MAX_SLICES * 2 + 4 * pages
+        ctas = per_sm(shared) * sms if shared <= SHARED_LIMIT else 0
+        one_vector = gather_bytes(slices=group_size * dim // 8, group_size=group_size, dim=dim, budget=budget)  # its S rows
+        if one_vector + resolved_bytes(group_size=group_size, budget=budget) > shared or ctas < LIVE_MAX_SLICES:
+            return None
+        return LiveLimits(slice_cap=length, min_slices=1, max_slices=LIVE_MAX_SLICES, ctas=ctas, shared=shared)
+
+    if slice_cap is not None:
+        return limits(slice_cap)
+    full = limits(ROUNDS_SLICE_KEYS[dim])
+    half_length = ROUNDS_SLICE_KEYS[dim] // 2
+    if full is not None and full.ctas < 2 * sms and n <= LIVE_MAX_SLICES * half_length:
+        half = limits(half_length)
+        if half is not None and half.ctas >= 2 * sms:
+            return half
+    return full
 
 
-LIVE_ONE_CTA_KEYS = 16384  # a contiguous cache's keys past which a live launch of one CTA per SM takes the Triton prop
+LIVE_ONE_CTA_KEYS = 16384  # a contiguous cache's keys past which a shape whose full slices fit one CTA per SM takes the Triton prop
 
 
-def live_pays(*, paged: bool, per_sm: int, n: int) -> bool:
+def live_pays(*, paged: bool, per_sm: int, halved: bool, n: int) -> bool:
     """Whether a live launch (``per_sm`` CTAs resident on each SM) serves a plan of ``n`` keys per sequence rather than
-    the Triton prop: not on a contiguous cache of more than :data:`LIVE_ONE_CTA_KEYS` keys whose kernel leaves one CTA
-    per SM (d = 128 at G = 7 and 8, the kept scores of 4,096-key slices). There, at B = 16 × 32k, the live launch took
-    1.08× / 1.05× the Triton prop's time at G = 7 / 8 (260.2 / 503.7 µs against 241.5 / 481.6) and 1.17× / 1.13× on
-    fp8 caches, where at 8 × 8k it took 0.84× (G = 8; fp8 0.77×) and at 64 × 2k 0.57–0.67× (H100,
-    ``paged_ab.py --shapes``, 2026-12-06, 31st session; the crossover between 8k and 32k is not measured, 16k is the
-    midpoint). A paged plan's capacity says nothing of its live keys (vLLM's ``max_model_len``), and there the live
-    launch wins by 0.58–0.67× on 64 × 2k, so paged plans keep it (where it loses there: fp8 at G = 7 / 8, B = 16 × 32k,
-    1.29× / 1.32× the Triton prop's time, and MHA at 8 × 8k, 1.19×; KERNEL_NOTES.md)."""
-    return paged or per_sm >= 2 or n <= LIVE_ONE_CTA_KEYS
+    the Triton prop: not on a contiguous cache of more than :data:`LIVE_ONE_CTA_KEYS` keys where the shape's full
+    slices leave one CTA per SM (d = 128 at G = 7 and 8), whether :func:`live_limits` kept them (``per_sm`` 1: plans over
+    128k keys) or ``halved`` them. On full slices the live launch took 1.05–1.08× the Triton prop's time at
+    B = 16 × 32k (fp8 1.13–1.17×; H100, ``paged_ab.py --shapes``, 31st session). On halved ones, measured on vLLM's
+    pages, it takes 0.98–1.02× the *contiguous* Triton prop's time at 16 × 32k and 1.06–1.08× at 4 × 128k (fp8 1.16×;
+    ``--half-slices``, 32nd session), so a long contiguous plan gains nothing from it; at 8k and below it wins. A paged
+    plan's capacity says nothing of its live keys (vLLM's ``max_model_len``), so paged plans keep the live launch: on
+    halved slices it takes 0.86–0.94× the paged Triton prop's time at 16 × 32k, 0.40–0.80× at 8 × 8k and 64 × 2k, and
+    1.04–1.07× at 4 × 128k (the loss left there)."""
+    return paged or n <= LIVE_ONE_CTA_KEYS or (per_sm >= 2 and not halved)
 
 
 @dataclass(frozen=True)
@@ -486,7 +506,7 @@ class OneLaunch:
         :func:`live_limits`) their slices' length."""
         if batch > LIVE_MAX_BATCH:
             raise ValueError(f"the live schedule takes at most {LIVE_MAX_BATCH} sequences, got batch {batch}")
-        limits = live_limits(group_size=group_size, dim=head_dim, budget=budget, sms=sms, page_size=page_size,
+        limits = live_limits(group_size=group_size, dim=head_dim, budget=budget, sms=sms, n=n_keys, page_size=page_size,
                              per_sm=lambda shared: self.module.resident_per_sm(name, shared), slice_cap=slice_cap)
         if limits is None:
             raise ValueError(f"no live schedule fits S = {budget} at d = {head_dim}, G = {group_size} in shared memory")
