@@ -120,7 +120,8 @@ class LiveLimits:
     """What issue 39's live-key schedule (:func:`santa.kernels.one_launch_schedule.live_schedule`) takes from a kernel
     shape: slices of at most ``slice_cap`` keys, ``min_slices`` to ``max_slices`` a group, ``ctas`` resident CTAs of
     ``shared`` bytes of dynamic shared memory each. The plan's capacity picks only the slices' length
-    (:func:`live_limits`); a request's samples do not depend on it (the CDF runs in fixed granules)."""
+    (:func:`live_limits`): plans of one length give a request the same bits whatever their capacity and batch; plans
+    of two lengths, the same samples up to the float32 CDF rounding (its order follows the slices)."""
 
     slice_cap: int
     min_slices: int
