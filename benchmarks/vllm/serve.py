@@ -428,6 +428,11 @@ def main() -> None:
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # its sampler JIT-compiles (no nvcc on the device)
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # every server compiles its model afresh: at Qwen2.5-0.5B's shapes two servers that loaded vLLM's cached
+    # torch.compile artifacts both served short prompts 1.5x slower (mean TPOT 18.1 / 16.8 ms against 11.4 / 10.9 for
+    # the same two backends compiled afresh in the same device call; H100, 32nd session), while Llama's were not slowed;
+    # so a comparison never mixes a cached server with a fresh one, whatever ran before it on the machine
+    os.environ.setdefault("VLLM_DISABLE_COMPILE_CACHE", "1")
     if not (args.folder / "config.json").exists():
         if args.make is None:
             sys.exit(f"{args.folder} holds no config.json: give --make SHAPE to make it")
