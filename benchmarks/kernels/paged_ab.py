@@ -35,7 +35,8 @@ capacity (``rounds_us``: ``OneLaunch(live=False)``, the paged default before the
 chunks). ``--half-slices`` (keys ``half/…``, with ``--fp8`` or not): d = 128 at G = 7 and 8 (:data:`HALF_SLICE_CASES`),
 the live launch on its default slices (``live_us``: halved, 2,048 keys, two CTAs per SM, since the 32nd session; that
 session's records hold the 4,096-key default as ``live_us`` and the halved slices as ``live_half_us``) and on full
-4,096-key ones (``live_full_us``: one CTA per SM) beside santa's plan and the Triton prop. ``--f16`` (keys ``f16/…``): q and
+4,096-key ones (``live_full_us``: one CTA per SM) beside santa's plan and the Triton prop, and the live launch on a
+contiguous cache (``contiguous_live_us``, beside ``contiguous_triton_us``: the trade ``one_launch.live_pays`` makes). ``--f16`` (keys ``f16/…``): q and
 the pages in fp16, the ``--fp8`` cases (with ``--shapes``: every shape's), every arm in fp16.
 """
 
@@ -185,8 +186,9 @@ def launch_arm(model: str, q, packed, table, seq_lens, capacity: int, flusher, *
     return {"us": time_fn(step, flusher.read, graph=True)["median_us"], "plan": launch.plan.name, "out": out.float().clone()}
 
 
-def dense_arms(model: str, q, packed, table, flusher) -> dict:
-    """Dense paged decode on the same keys (a table whose every page is live: capacity = length)."""
+def dense_arms(model: str, q, packed, table, flusher, live: bool = False) -> dict:
+    """Dense paged decode on the same keys (a table whose every page is live: capacity = length), and santa's
+    contiguous arms on them (``live``: also the contiguous live launch)."""
     heads, kv_heads, dim = MODELS[model]
     k_pages, v_pages = packed[..., :dim].contiguous(), packed[..., dim:].contiguous()
     fp8 = packed.dtype == torch.uint8
@@ -211,7 +213,7 @@ def dense_arms(model: str, q, packed, table, flusher) -> dict:
 
     batch, pages = table.shape
     k_nhd, v_nhd = (x[table.long()].reshape(batch, pages * PAGE, kv_heads, dim) for x in (k_pages, v_pages))
-    times.update(contiguous_arms(q, k_nhd, v_nhd, flusher, **scales))
+    times.update(contiguous_arms(q, k_nhd, v_nhd, flusher, live=live, **scales))
     if fp8:  # cuDNN on the dequantised values in bf16
         k_nhd, v_nhd = ((x.float() * FP8_SCALE).to(torch.bfloat16) for x in (k_nhd, v_nhd))
     k, v = k_nhd.transpose(1, 2), v_nhd.transpose(1, 2)
@@ -228,10 +230,12 @@ def dense_arms(model: str, q, packed, table, flusher) -> dict:
     return times
 
 
-def contiguous_arms(q, k, v, flusher, **scales) -> dict:
+def contiguous_arms(q, k, v, flusher, live: bool = False, **scales) -> dict:
     """santa's prop on the same keys in a contiguous NHD cache ``[B, n, H_kv, D]`` (a plan's run with lengths and
-    positions; ``scales``: an e4m3 cache's): the one launch and the two Triton launches."""
+    positions; ``scales``: an e4m3 cache's): the one launch and the two Triton launches; ``live``: also the live
+    launch on its default slices (``contiguous_live_us``, whatever santa's plan chose: what ``live_pays`` weighs)."""
     from santa.kernels import Tuning, plan_decode
+    from santa.kernels import one_launch as ol
 
     batch, n, kv_heads, dim = k.shape
     seq_lens = torch.full((batch,), n, dtype=torch.int32, device="cuda")
@@ -245,6 +249,18 @@ def contiguous_arms(q, k, v, flusher, **scales) -> dict:
                                       flusher.read, graph=True)["median_us"]
         if plan.one_launch is not None:
             times["contiguous_plan"] = plan.one_launch.plan.name
+    if live:
+        launch = ol.OneLaunch(batch=batch, heads=q.shape[1], kv_heads=kv_heads, head_dim=dim, n_keys=n, budget=BUDGET,
+                              scale=dim**-0.5, device=torch.device("cuda"), fp8=k.dtype == ol.FP8,
+                              f16=q.dtype == torch.float16, live=True)
+
+        def step():
+            launch.run(q, k, v, out=out, strides=ol.cache_strides(k, v, "NHD"), seq_lens=seq_lens, positions=positions,
+                       **scales)
+
+        step()  # its own buffers, before the graph's capture
+        times["contiguous_live_us"] = time_fn(step, flusher.read, graph=True)["median_us"]
+        times["contiguous_live_slices"] = launch.plan.limits.slice_cap
     return times
 
 
@@ -282,7 +298,7 @@ def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full:
         entry.update(one_launch_us=one["us"], one_launch_plan=one["plan"], triton_us=two["us"],
                      outputs_close=bool(torch.allclose(one["out"], two["out"], atol=0.25, rtol=0.1)))
         if capacity == length:
-            entry.update(dense_arms(model, q, packed, table, flusher))
+            entry.update(dense_arms(model, q, packed, table, flusher, live=half))
             dense = [entry[name] for name in ("flashinfer_paged_us", "flashinfer_paged_tc_us", "cudnn_us") if name in entry]
             if dense:
                 entry["best_dense_us"] = min(dense)
