@@ -74,34 +74,29 @@ __device__ __forceinline__ unsigned e4m3x2_to_f16x2(unsigned short x) {
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(x));
   return r;
 }
+__device__ __forceinline__ float2 pair_floats(const __half2& x) { return __half22float2(x); }
+__device__ __forceinline__ float2 pair_floats(const __nv_bfloat162& x) { return __bfloat1622float2(x); }
+// Four pairs of 16-bit values (__half2 or __nv_bfloat162) as 8 floats, in order
+template <typename Pair>
+__device__ __forceinline__ void pairs_floats(const Pair* pairs, float (&f)[8]) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const float2 x = pair_floats(pairs[e]);
+    f[2 * e] = x.x;
+    f[2 * e + 1] = x.y;
+  }
+}
 // The 8 values of one row word as floats (bf16, fp16: exact; e4m3: exact, through float16)
 template <int KV>
 __device__ __forceinline__ void row_floats(const typename RowWord<KV>::type& word, float (&f)[8]) {
   if constexpr (KV == kE4m3) {
     const unsigned halves[4] = {e4m3x2_to_f16x2((unsigned short)(word.x & 0xffffu)), e4m3x2_to_f16x2((unsigned short)(word.x >> 16)),
                                 e4m3x2_to_f16x2((unsigned short)(word.y & 0xffffu)), e4m3x2_to_f16x2((unsigned short)(word.y >> 16))};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&halves[e]));
-      f[2 * e] = x.x;
-      f[2 * e + 1] = x.y;
-    }
+    pairs_floats(reinterpret_cast<const __half2*>(halves), f);
   } else if constexpr (KV == kF16) {
-    const __half2* pairs = reinterpret_cast<const __half2*>(&word);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 x = __half22float2(pairs[e]);
-      f[2 * e] = x.x;
-      f[2 * e + 1] = x.y;
-    }
+    pairs_floats(reinterpret_cast<const __half2*>(&word), f);
   } else {
-    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&word);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 x = __bfloat1622float2(pairs[e]);
-      f[2 * e] = x.x;
-      f[2 * e + 1] = x.y;
-    }
+    pairs_floats(reinterpret_cast<const __nv_bfloat162*>(&word), f);
   }
 }
 // The row word of 8 values at element offset `at` of a cache (bf16 or fp16, or e4m3 bytes behind the same pointer)
