@@ -144,6 +144,26 @@ def test_reads_count_each_rows_draws_and_accumulate(target, fallback, monkeypatc
     assert torch.equal(reads[0], 2 * (drawn[0] + (0 if target is None else 16))) and reads[1].tolist() == [120] * H
 
 
+def test_each_calls_budgets_live_in_its_own_workspace():
+    """A plan keeps no call's S_r: pass 2 writes them into the call's workspace, which the call's reads count from. So
+    two workspaces (two streams, or the custom op's scratch under CUDA-graph trees) never share them: a call on one
+    workspace between another workspace's call and its reads leaves the first call's budgets as they were."""
+    from santa.kernels import Workspace
+
+    plan = plan_decode(batch=B, heads=H, kv_heads=H_KV, head_dim=D, n_keys=L, budget=96, dtype=torch.bfloat16,
+                       device=DEVICE, error_target=0.3)
+    assert not any(isinstance(x, torch.Tensor) for x in vars(plan).values())  # no device state of its own
+    first, second = inputs(seed=2), inputs(seed=5)
+    spaces = [Workspace.scratch(plan.workspace_key) for _ in range(2)]
+    counts = [torch.zeros(B, H, L, dtype=torch.int32, device=DEVICE) for _ in range(2)]
+    for call, space, count in zip((first, second), spaces, counts, strict=True):
+        plan.run(call["q"], call["k"], call["v"], seq_lens=call["seq_lens"], seed=3, counts=count, workspace=space)
+    drawn = [count.sum(-1).flatten().int() for count in counts]
+    assert not torch.equal(drawn[0], drawn[1])  # the two calls asked for other budgets
+    for space, sampled in zip(spaces, drawn, strict=True):
+        assert torch.equal(space.views["budgets"], sampled)  # S_r per row b·H + h: each call's own draws
+
+
 @pytest.mark.parametrize(("reads", "error", "match"), [
     (torch.zeros(B, H), TypeError, "reads must be int32 or int64"),
     (torch.zeros(B, H + 1, dtype=torch.int64), ValueError, "reads must be int32 or int64 \\[B=2, H=4\\]"),

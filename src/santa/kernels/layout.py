@@ -160,6 +160,9 @@ def workspace_regions(key: WorkspaceKey) -> tuple[tuple[str, torch.dtype, tuple[
             ("tile_mass", torch.float32, (rows, tiles)),
             ("prefix", torch.float32, (rows, tiles)),  # P_t = S·C_t, written by pass 2 for its tile search
             ("partial", torch.float32, (rows * n_chunks, block_d)),
+            # an error target's budget S_r per (sequence, head) row, written by pass 2 each call and read by the same
+            # call (its reads); the call's, not the plan's, so no state outlives a call (the compiled op's scratch)
+            ("budgets", torch.int32, (rows,)),
         ]
     else:
         regions = [

@@ -540,9 +540,6 @@ class DecodePlan:
         self.discard_stash = kernel == "prop" and major >= 8 and tuning.discard_stash is not False
         self._launchers: dict[tuple, tuple] = {}
         self.one_launch = self._plan_one_launch(device)
-        # an error target's budget per (sequence, head) row, written by pass 2 each call (run's reads counts from it)
-        self.row_budgets = (torch.zeros(s.batch * s.heads, dtype=torch.int32, device=device)
-                            if error_target is not None and kernel == "prop" else None)
 
     def _plan_one_launch(self, device: torch.device):
         """The one-launch CUDA prop for this plan (:mod:`santa.kernels.one_launch`: Hopper, bf16 or fp16, contiguous NHD or paged
@@ -831,7 +828,8 @@ class DecodePlan:
         seeds_ptr, seed = (q_ptr, int(seed)) if seeds_tensor is None else (seeds_tensor.data_ptr(), 0)
         positions_ptr = q_ptr if positions is None else positions.data_ptr()
         starts_ptr = q_ptr if starts is None else starts.data_ptr()
-        budgets_ptr = q_ptr if self.row_budgets is None else self.row_budgets.data_ptr()
+        row_budgets = self._row_budgets(ws)
+        budgets_ptr = q_ptr if row_budgets is None else row_budgets.data_ptr()
         enabled_ptr = q_ptr if enabled is None else enabled.data_ptr()
         n_pages = k_cache.shape[0]
         kb, kn, kh = (k_strides[0], k_strides[1], k_strides[2]) if self.shape.kv_layout == "NHD" else (k_strides[0], k_strides[2], k_strides[1])
@@ -856,7 +854,7 @@ class DecodePlan:
         def tensors() -> dict:
             given = dict(q_ptr=q, k_ptr=k_cache, v_ptr=v_cache, out_ptr=out, seq_lens_ptr=seq_lens, bt_ptr=block_table,
                          counts_ptr=counts, offset_ptr=offset_tensor, k_scale_ptr=k_scale_tensor, v_scale_ptr=v_scale_tensor,
-                         seeds_ptr=seeds_tensor, positions_ptr=positions, starts_ptr=starts, budgets_ptr=self.row_budgets,
+                         seeds_ptr=seeds_tensor, positions_ptr=positions, starts_ptr=starts, budgets_ptr=row_budgets,
                          enabled_ptr=enabled)
             return {**ws.tensors(), **{name: (q if x is None else x) for name, x in given.items()}}
 
@@ -936,8 +934,15 @@ class DecodePlan:
             for _, launcher in launchers:
                 launcher(key, args, tensors, stream)
         if reads is not None:
-            self._add_reads(reads, seq_lens, starts, self.row_budgets, enabled)
+            self._add_reads(reads, seq_lens, starts, self._row_budgets(workspace), enabled)
         return out
+
+    def _row_budgets(self, workspace: Workspace | None) -> torch.Tensor | None:
+        """An error target's budgets S_r, int32 ``[B·H]``, in the call's workspace (the plan's own where the call brings
+        none): pass 2 writes them, the call's reads counts from them. None without an error target."""
+        if self.error_target is None or self.kernel != "prop":
+            return None
+        return (self.workspace if workspace is None else workspace).views["budgets"]
 
     def _add_reads(self, reads: torch.Tensor, seq_lens, starts, row_budgets: torch.Tensor | None, enabled=None) -> None:
         """``reads [B, H] +=`` each row's value rows read by the call just made (device ops, no host sync): its live keys
