@@ -113,6 +113,7 @@ def test_the_plan_rule_takes_more_slices_where_the_gather_needs_them_and_none_pa
     (8, 128, 128, 16, 131072, (2048, 264)),  # 4,096-key slices would leave one CTA per SM: halved, two
     (7, 128, 128, None, 8192, (2048, 264)),
     (8, 128, 128, 16, 131073, (4096, 132)),  # 64 halved slices would not hold the plan: full ones, one CTA per SM
+    (8, 128, 1536, None, 32768, (4096, 132)),  # halved slices' memory would not hold one vector's gather: full ones
 ])
 def test_the_live_schedules_limits_follow_the_kernels_shared_memory(group_size, dim, budget, page_size, n, want):
     limits = ol.live_limits(group_size=group_size, dim=dim, budget=budget, sms=132, per_sm=h200_per_sm, n=n,
