@@ -86,6 +86,19 @@ __device__ __forceinline__ void pairs_floats(const Pair* pairs, float (&f)[8]) {
     f[2 * e + 1] = x.y;
   }
 }
+// One m16n8k16 mma of scores, C += A·B: A holds q's two words a0 (rows 0-7, k 0-7) and a2 (rows 0-7, k 8-15), its rows
+// 8-15 zero; B holds a key's two words b0, b1; bf16 or f16 operands, f32 accumulators
+template <bool BF16>
+__device__ __forceinline__ void score_mma(float& c0, float& c1, float& c2, float& c3, unsigned a0, unsigned a2, unsigned b0,
+                                          unsigned b1) {
+  if constexpr (BF16) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3) : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3) : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+  }
+}
 // The 8 values of one row word as floats (bf16, fp16: exact; e4m3: exact, through float16)
 template <int KV>
 __device__ __forceinline__ void row_floats(const typename RowWord<KV>::type& word, float (&f)[8]) {
@@ -239,29 +252,16 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
       float c0 = 0.f, c1 = 0.f, c2 = 0.f, c3 = 0.f;
 #pragma unroll
       for (int j = 0; j < BLOCKS; ++j) {
-        if constexpr (KV == kE4m3) {
+        if constexpr (KV == kE4m3) {  // K as f16 pairs (exact), q as loaded (f16)
           const unsigned k0 = e4m3x2_to_f16x2((unsigned short)(src[u][j].x & 0xffffu)),
                          k1 = e4m3x2_to_f16x2((unsigned short)(src[u][j].x >> 16)),
                          k2 = e4m3x2_to_f16x2((unsigned short)(src[u][j].y & 0xffffu)),
                          k3 = e4m3x2_to_f16x2((unsigned short)(src[u][j].y >> 16));
-          asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-              : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3) : "r"(qw[j].x), "r"(0u), "r"(qw[j].y), "r"(0u), "r"(k0), "r"(k1));
-          asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-              : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3) : "r"(qw[j].z), "r"(0u), "r"(qw[j].w), "r"(0u), "r"(k2), "r"(k3));
-        } else if constexpr (KV == kF16) {  // q and K fp16 as loaded
-          asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-              : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-              : "r"(qw[j].x), "r"(0u), "r"(qw[j].y), "r"(0u), "r"(src[u][j].x), "r"(src[u][j].y));
-          asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-              : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-              : "r"(qw[j].z), "r"(0u), "r"(qw[j].w), "r"(0u), "r"(src[u][j].z), "r"(src[u][j].w));
-        } else {
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-                     : "r"(qw[j].x), "r"(0u), "r"(qw[j].y), "r"(0u), "r"(src[u][j].x), "r"(src[u][j].y));
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c0), "+f"(c1), "+f"(c2), "+f"(c3)
-                     : "r"(qw[j].z), "r"(0u), "r"(qw[j].w), "r"(0u), "r"(src[u][j].z), "r"(src[u][j].w));
+          score_mma<false>(c0, c1, c2, c3, qw[j].x, qw[j].y, k0, k1);
+          score_mma<false>(c0, c1, c2, c3, qw[j].z, qw[j].w, k2, k3);
+        } else {  // q and K fp16 or bf16 as loaded
+          score_mma<KV == kBf16>(c0, c1, c2, c3, qw[j].x, qw[j].y, src[u][j].x, src[u][j].y);
+          score_mma<KV == kBf16>(c0, c1, c2, c3, qw[j].z, qw[j].w, src[u][j].z, src[u][j].w);
         }
       }
       const int group0 = base + (u * kWarps + warp) * 8;  // the mma group's first key
