@@ -147,7 +147,7 @@ def test_a_long_contiguous_plan_whose_full_slices_fit_one_cta_per_sm_takes_the_t
 
     def pays(group_size, n, paged=False):
         chosen = limits(group_size, n)
-        return ol.live_pays(paged=paged, per_sm=h200_per_sm(chosen.shared), halved=chosen.slice_cap < 4096, n=n)
+        return ol.live_pays(paged=paged, per_sm=h200_per_sm(chosen.shared), slice_cap=chosen.slice_cap, dim=128, n=n)
 
     full = {g: h200_per_sm(ol.live_limits(group_size=g, dim=128, budget=128, sms=132, per_sm=h200_per_sm, n=32768,
                                            slice_cap=4096).shared) for g in (4, 7, 8)}
