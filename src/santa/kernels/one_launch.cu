@@ -1147,18 +1147,13 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
   SANTA_PROP_ONE_LAUNCH(prop1lpf_d##D##_g##G, D, G, UF, 0, true, kE4m3, true)            \
   SANTA_PROP_ONE_LAUNCH(prop1lph_d##D##_g##G, D, G, UP, 0, true, kF16, true)
 
+// Each head dim's unrolling (U, UP, UF above), stated once
+#define SANTA_PROP_D128(G) SANTA_PROP_SHAPE(128, G, 1, 2, 2)
+#define SANTA_PROP_D64(G) SANTA_PROP_SHAPE(64, G, 4, 4, 4)
+
 // The head shapes served (one_launch.py's SHAPES): d = 128 with G = 1 to 8 (MHA models; Qwen3-0.6B/1.7B; Llama-3.2-3B;
 // Llama-3.1-8B, Mistral-7B; Qwen2.5-14B/32B; Qwen2.5-1.5B; Qwen2.5-7B; Llama-3.1-70B, Qwen2.5-3B), d = 64 with G = 3
 // (SmolLM2), 4 (Llama-3.2-1B), 7 (Qwen2.5-0.5B), 8 (TinyLlama). G ≤ 8: one mma row per head.
-SANTA_PROP_SHAPE(128, 1, 1, 2, 2)
-SANTA_PROP_SHAPE(128, 2, 1, 2, 2)
-SANTA_PROP_SHAPE(128, 3, 1, 2, 2)
-SANTA_PROP_SHAPE(128, 4, 1, 2, 2)
-SANTA_PROP_SHAPE(128, 5, 1, 2, 2)
-SANTA_PROP_SHAPE(128, 6, 1, 2, 2)
-SANTA_PROP_SHAPE(128, 7, 1, 2, 2)
-SANTA_PROP_SHAPE(128, 8, 1, 2, 2)
-SANTA_PROP_SHAPE(64, 3, 4, 4, 4)
-SANTA_PROP_SHAPE(64, 4, 4, 4, 4)
-SANTA_PROP_SHAPE(64, 7, 4, 4, 4)
-SANTA_PROP_SHAPE(64, 8, 4, 4, 4)
+SANTA_PROP_D128(1) SANTA_PROP_D128(2) SANTA_PROP_D128(3) SANTA_PROP_D128(4)
+SANTA_PROP_D128(5) SANTA_PROP_D128(6) SANTA_PROP_D128(7) SANTA_PROP_D128(8)
+SANTA_PROP_D64(3) SANTA_PROP_D64(4) SANTA_PROP_D64(7) SANTA_PROP_D64(8)
