@@ -265,7 +265,7 @@ def contiguous_arms(q, k, v, flusher, live: bool = False, **scales) -> dict:
 
 
 def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full: bool = False, rounds: bool = False,
-            shapes: bool = False, half: bool = False, f16: bool = False) -> None:
+            shapes: bool = False, half: bool = False, f16: bool = False, models: list[str] | None = None) -> None:
     from benchmarks.bench.kernels import environment
 
     from santa.sweep_files import append_record, read_records
@@ -276,6 +276,8 @@ def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full:
     done = {record["key"] for record in records}
     flusher = Flusher("cuda")
     for model, batch, length, capacity in cases(quick, fp8 or f16, gate, full, shapes, half):
+        if models and model not in models:
+            continue
         key = (("gate/" if gate else "") + ("rounds/" if rounds else "") + ("half/" if half else "") + ("fp8/" if fp8 else "")
                + ("f16/" if f16 else "") + f"{model}/b{batch}/n{length}/cap{capacity}")
         if key in done:
@@ -335,6 +337,8 @@ def main() -> None:
     parser.add_argument("--f16", action="store_true", help="fp16 q and caches (the --fp8 cases; keys f16/…)")
     parser.add_argument("--half-slices", action="store_true",
                         help="the live launch on its default (halved) slices beside full ones (HALF_SLICE_CASES, keys half/…)")
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), metavar="MODEL",
+                        help=f"only the cases of these models (of {', '.join(MODELS)}), in the usual order")
     args = parser.parse_args()
     if args.full and not args.gate:
         parser.error("--full goes with --gate")
@@ -346,11 +350,15 @@ def main() -> None:
         parser.error("--half-slices goes with --fp8 only")
     if args.f16 and (args.fp8 or args.gate):
         parser.error("--f16 goes with neither --fp8 nor --gate")
+    chosen = cases(args.quick, args.fp8 or args.f16, args.gate, args.full, args.shapes, args.half_slices)
+    if args.models and not any(model in args.models for model, *_ in chosen):
+        parser.error(f"--models: none of {args.models} has a case in this mode (its models: {sorted({m for m, *_ in chosen})})")
     from santa.writer_lock import OutputUnusable, writer_lock
 
     try:
         with writer_lock(args.out, holder="paged_ab.py"):
-            measure(args.out, args.quick, args.fp8, args.gate, args.full, args.rounds, args.shapes, args.half_slices, args.f16)
+            measure(args.out, args.quick, args.fp8, args.gate, args.full, args.rounds, args.shapes, args.half_slices, args.f16,
+                    models=args.models)
     except OutputUnusable as error:
         sys.exit(f"paged_ab.py: {error}")
 
