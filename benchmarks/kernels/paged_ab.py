@@ -56,7 +56,9 @@ MODELS = {"llama": (32, 8, 128), "qwen": (14, 2, 64), "smollm2": (9, 3, 64)}  # 
 # --shapes: the head shapes (d, G) of one_launch.SHAPES other than the three above, each at a model that has it
 SHAPE_MODELS = {"mha-7b": (32, 32, 128), "qwen3-1.7b": (16, 8, 128), "llama-3.2-3b": (24, 8, 128),
                 "qwen2.5-14b": (40, 8, 128), "qwen2.5-1.5b": (12, 2, 128), "qwen2.5-7b": (28, 4, 128),
-                "llama-3.1-70b": (64, 8, 128), "llama-3.2-1b": (32, 8, 64), "tinyllama": (32, 4, 64)}
+                "llama-3.1-70b": (64, 8, 128), "llama-3.2-1b": (32, 8, 64), "tinyllama": (32, 4, 64),
+                # d = 64 at G = 1, 2, 5, 6 (the d64 branch): SmolLM2-1.7B's MHA, and three groupings no bundled model has
+                "smollm2-1.7b": (32, 32, 64), "d64-g2": (16, 8, 64), "d64-g5": (40, 8, 64), "d64-g6": (12, 2, 64)}
 MODELS.update(SHAPE_MODELS)
 SHAPE_CASES = [(model, batch, n, n) for model in SHAPE_MODELS for batch, n in ((1, 32768), (16, 32768), (8, 8192), (64, 2048))]
 # d = 128 at G = 7 and 8, whose full live slices (4,096 keys) leave one CTA per SM (1.29-1.32x the Triton prop's time on

@@ -179,7 +179,7 @@ def test_slices_of_any_length_for_the_benchmarks():
                                     dict(kv_dtype=torch.float16), dict(dtype=torch.float32, kv_dtype=torch.float32),
                                     dict(dtype=torch.float16, kv_dtype=torch.float8_e4m3fn), dict(kv_layout="HND"), dict(page_size=12),
                                     dict(page_size=48, kv_layout="HND"),
-                                    dict(head_dim=96), dict(group_size=9), dict(head_dim=64, group_size=5)])
+                                    dict(head_dim=96), dict(group_size=9), dict(head_dim=64, group_size=9)])
 def test_only_bf16_or_fp16_prop_of_the_served_shapes_contiguous_nhd_or_in_pages_of_a_power_of_two_is_eligible(change):
     kwargs = dict(device=torch.device("cuda", 0), kernel="prop", dtype=torch.bfloat16, kv_dtype=torch.bfloat16,
                   kv_layout="NHD", page_size=None, head_dim=128, group_size=4)

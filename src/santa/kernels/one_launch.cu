@@ -1152,8 +1152,10 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
 #define SANTA_PROP_D64(G) SANTA_PROP_SHAPE(64, G, 4, 4, 4)
 
 // The head shapes served (one_launch.py's SHAPES): d = 128 with G = 1 to 8 (MHA models; Qwen3-0.6B/1.7B; Llama-3.2-3B;
-// Llama-3.1-8B, Mistral-7B; Qwen2.5-14B/32B; Qwen2.5-1.5B; Qwen2.5-7B; Llama-3.1-70B, Qwen2.5-3B), d = 64 with G = 3
-// (SmolLM2), 4 (Llama-3.2-1B), 7 (Qwen2.5-0.5B), 8 (TinyLlama). G ≤ 8: one mma row per head.
+// Llama-3.1-8B, Mistral-7B; Qwen2.5-14B/32B; Qwen2.5-1.5B; Qwen2.5-7B; Llama-3.1-70B, Qwen2.5-3B), d = 64 with G = 1
+// (MHA at d = 64: SmolLM2-1.7B, StableLM-2-1.6B), 2, 3 (SmolLM2-135M/360M), 4 (Llama-3.2-1B), 5, 6, 7 (Qwen2.5-0.5B),
+// 8 (TinyLlama): every G the Triton prop takes at both head dims. G ≤ 8: one mma row per head.
 SANTA_PROP_D128(1) SANTA_PROP_D128(2) SANTA_PROP_D128(3) SANTA_PROP_D128(4)
 SANTA_PROP_D128(5) SANTA_PROP_D128(6) SANTA_PROP_D128(7) SANTA_PROP_D128(8)
-SANTA_PROP_D64(3) SANTA_PROP_D64(4) SANTA_PROP_D64(7) SANTA_PROP_D64(8)
+SANTA_PROP_D64(1) SANTA_PROP_D64(2) SANTA_PROP_D64(3) SANTA_PROP_D64(4)
+SANTA_PROP_D64(5) SANTA_PROP_D64(6) SANTA_PROP_D64(7) SANTA_PROP_D64(8)

@@ -50,8 +50,8 @@ NVCC_FLAGS = ("-O3", "-fatbin", "-gencode", "arch=compute_90a,code=sm_90a", "-Xf
 THREADS = 256
 FP8 = torch.float8_e4m3fn  # the fp8 cache dtype (santa.kernels.plan.FP8)
 SHARED_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90
-# (head dim, G) with prop1_* kernels: d = 128 at G = 1 to 8, d = 64 at G = 3, 4, 7 and 8 (one_launch.cu names the models)
-SHAPES = {(128, g) for g in range(1, 9)} | {(64, 3), (64, 4), (64, 7), (64, 8)}
+# (head dim, G) with prop1_* kernels: d = 64 and 128 at G = 1 to 8 (one_launch.cu names the models)
+SHAPES = {(dim, g) for dim in (64, 128) for g in range(1, 9)}
 MAX_ONE_WAVE_SLICES = 66  # more slices per group than this measured slower (Qwen 32k: 132 slices 17.8 µs, 66 15.9)
 ROUNDS_SLICE_KEYS = {128: 4096, 64: 2048}  # keys per slice where groups run in rounds (the measured best, see choose_plan)
 # at d = 128 a group in rounds takes at most 8 slices; up to this many keys it takes 8 slices of more than 4,096 keys rather
