@@ -177,20 +177,17 @@ def live_limits(*, group_size: int, dim: int, budget: int, sms: int, per_sm, n: 
 LIVE_ONE_CTA_KEYS = 16384  # a contiguous cache's keys past which a shape whose full slices fit one CTA per SM takes the Triton prop
 
 
-def live_pays(*, paged: bool, per_sm: int, slice_cap: int, dim: int, n: int) -> bool:
-    """Whether a live launch (``per_sm`` CTAs resident on each SM, slices of ``slice_cap`` keys at head dim ``dim``)
-    serves a plan of ``n`` keys per sequence rather than the Triton prop: not on a contiguous cache of more than
-    :data:`LIVE_ONE_CTA_KEYS` keys where the shape's full slices leave one CTA per SM (d = 128 at G = 7 and 8), whether
-    :func:`live_limits` kept them (``per_sm`` 1: plans over 128k keys) or halved them (``slice_cap`` below
-    :data:`ROUNDS_SLICE_KEYS`). On full slices the live launch took 1.05–1.08× the Triton prop's time at
-    B = 16 × 32k (fp8 1.13–1.17×; H100, ``paged_ab.py --shapes``, 31st session). On halved ones, measured on vLLM's
-    pages, it takes 0.98–1.02× the *contiguous* Triton prop's time at 16 × 32k and 1.06–1.08× at 4 × 128k (fp8 1.16×;
-    ``--half-slices``, 32nd session), so a long contiguous plan gains nothing from it; at 8k and below it wins. A paged
-    plan's capacity says nothing of its live keys (vLLM's ``max_model_len``), so paged plans keep the live launch: on
-    halved slices it takes 0.86–0.94× the paged Triton prop's time at 16 × 32k, 0.40–0.80× at 8 × 8k and 64 × 2k, and
-    1.04–1.07× at 4 × 128k (the loss left there)."""
-    halved = slice_cap < ROUNDS_SLICE_KEYS[dim]
-    return paged or n <= LIVE_ONE_CTA_KEYS or (per_sm >= 2 and not halved)
+def live_pays(*, paged: bool, per_sm: int, n: int) -> bool:
+    """Whether a live launch (``per_sm`` CTAs resident on each SM) serves a plan of ``n`` keys per sequence rather than
+    the Triton prop: not on a contiguous cache of more than :data:`LIVE_ONE_CTA_KEYS` keys where one CTA fits an SM
+    (d = 128 at G = 7 and 8 on full slices: plans over 128k keys, where :func:`live_limits` keeps them). There the live
+    launch took 1.05–1.08× the Triton prop's time at B = 16 × 32k (fp8 1.13–1.17×; H100, ``paged_ab.py --shapes``, 31st
+    session). On halved slices (two CTAs per SM) the contiguous live launch takes 0.915–0.943× the contiguous Triton
+    prop's time at 16 × 32k and 0.987–0.997× at 4 × 128k (``paged_ab.py --half-slices``, H100, 33rd session), so it
+    serves. A paged plan's capacity says nothing of its live keys (vLLM's ``max_model_len``), so paged plans keep the
+    live launch: on halved slices it takes 0.86–0.94× the paged Triton prop's time at 16 × 32k, 0.40–0.80× at 8 × 8k
+    and 64 × 2k, and 1.04–1.07× at 4 × 128k (the loss left there)."""
+    return paged or n <= LIVE_ONE_CTA_KEYS or per_sm >= 2
 
 
 @dataclass(frozen=True)

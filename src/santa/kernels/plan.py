@@ -581,9 +581,8 @@ class DecodePlan:
             live = launch(live=True)
         except ValueError:  # more sequences or keys than a live launch takes: host-built rounds where they fit
             return host
-        # a contiguous plan over 16k keys whose full slices leave one CTA per SM: the Triton prop is as fast or faster
-        pays = one_launch.live_pays(paged=s.page_size is not None, per_sm=live.per_sm, slice_cap=live.plan.limits.slice_cap,
-                                    dim=s.head_dim, n=s.n_keys)
+        # a contiguous plan over 16k keys whose slices leave one CTA per SM: the Triton prop is as fast or faster
+        pays = one_launch.live_pays(paged=s.page_size is not None, per_sm=live.per_sm, n=s.n_keys)
         return live if pays else None
 
     def _one_launch_call(self, q, k_cache, v_cache, seq_lens, out, counts, workspace, k_scale, v_scale, starts):
