@@ -80,11 +80,13 @@ FULL_GATE_CASES = [("llama", 32, 32768, 32768), ("llama", 64, 32768, 32768), ("l
 
 
 def cases(quick: bool, fp8: bool = False, gate: bool = False, full: bool = False,
-          shapes: bool = False, half: bool = False) -> list[tuple[str, int, int, int]]:
+          shapes: bool = False, half: bool = False, models: list[str] | None = None) -> list[tuple[str, int, int, int]]:
     """(model, batch, length, capacity) in the order they are measured; ``gate``: the plans santa.vllm captures under
     dense_below (a server's max_model_len, 32k or 128k) on 2k-key sequences (a short step: what the closed launch costs)
     and 16k-key ones (a sampled step: what the open gate costs); with ``full``: :data:`FULL_GATE_CASES`; ``shapes``:
-    :data:`SHAPE_CASES` (bf16, or e4m3 with ``fp8``); ``half``: :data:`HALF_SLICE_CASES`."""
+    :data:`SHAPE_CASES` (bf16, or e4m3 with ``fp8``); ``half``: :data:`HALF_SLICE_CASES`. ``models`` gives the gate's
+    cases to other models than Llama and Qwen (any of :data:`MODELS`: the small-G shapes whose live launch loses at
+    long sequences, on plans larger than their sequences)."""
     if half:
         return HALF_SLICE_CASES
     if shapes:
@@ -92,7 +94,7 @@ def cases(quick: bool, fp8: bool = False, gate: bool = False, full: bool = False
     if gate and full:
         return FULL_GATE_CASES
     if gate:
-        return [(model, batch, length, capacity) for model in ("llama", "qwen") for capacity in (32768, 131072)
+        return [(model, batch, length, capacity) for model in (models or ("llama", "qwen")) for capacity in (32768, 131072)
                 for length in (2048, 16384) for batch in (1, 16, 64, 256) if not (quick and batch in (1, 256))]
     if fp8:
         return [("llama", 1, 32768, 32768), ("llama", 1, 131072, 131072), ("llama", 8, 32768, 32768),
@@ -277,7 +279,7 @@ def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full:
         append_record(path, {"key": "run", **environment()})
     done = {record["key"] for record in records}
     flusher = Flusher("cuda")
-    for model, batch, length, capacity in cases(quick, fp8 or f16, gate, full, shapes, half):
+    for model, batch, length, capacity in cases(quick, fp8 or f16, gate, full, shapes, half, models):
         if models and model not in models:
             continue
         key = (("gate/" if gate else "") + ("rounds/" if rounds else "") + ("half/" if half else "") + ("fp8/" if fp8 else "")
@@ -352,7 +354,7 @@ def main() -> None:
         parser.error("--half-slices goes with --fp8 only")
     if args.f16 and (args.fp8 or args.gate):
         parser.error("--f16 goes with neither --fp8 nor --gate")
-    chosen = cases(args.quick, args.fp8 or args.f16, args.gate, args.full, args.shapes, args.half_slices)
+    chosen = cases(args.quick, args.fp8 or args.f16, args.gate, args.full, args.shapes, args.half_slices, args.models)
     if args.models and not any(model in args.models for model, *_ in chosen):
         parser.error(f"--models: none of {args.models} has a case in this mode (its models: {sorted({m for m, *_ in chosen})})")
     from santa.writer_lock import OutputUnusable, writer_lock
