@@ -3,7 +3,9 @@
 # Llama-3.1-8B, SmolLM2-135M and Qwen2.5-0.5B attention shapes, raw JSON and logs under $OUT.
 # FlashInfer travels as wheels in the ignored folder .whl (`bash benchmarks/device/prepare.sh flashinfer`;
 # `ab` also carries .old43, from `prepare.sh old43`; `e2ehouse` carries .old41, from `prepare.sh old41`).
-#   bash benchmarks/kernels/gpu_run.sh [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [livencu] [contiguous] [shortslices] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e] [e2ehouse]
+# `trial` times a trial tree (main + unmerged branches, checked out here) against main's own, carried as .mainsrc/src
+# (`git archive main src | tar -x -C .mainsrc`, `.mainsrc` in .git/info/exclude and in the call's carry; MAIN_COMMIT=<sha>).
+#   bash benchmarks/kernels/gpu_run.sh [trial] [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [livencu] [contiguous] [shortslices] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e] [e2ehouse]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -14,6 +16,19 @@ if [ -d .whl ] && [ ! -d /tmp/site/flashinfer ]; then
 fi
 for stage in "$@"; do
   case $stage in
+    trial)  # one call that decides a branch: the one-launch, op and HF GPU tests on the trial tree, then paged_ab.py --quick
+            # and santa's compiled generate() (hf_generate.py --backends santa-prop, Llama 30k, B = 1 and 6) on both trees
+      [ -d .mainsrc/src ] || { echo "trial: carry main's src/ as .mainsrc/src"; exit 1; }
+      timeout 190 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_one_launch.py tests/kernels/test_ops.py \
+        tests/hf/test_hf_cuda.py 2>&1 | tail -25 | tee "$OUT/tests_trial.log" | tail -3
+      for TREE in trial main; do
+        if [ $TREE = main ]; then SRC=$PWD/.mainsrc/src C=${MAIN_COMMIT:-}; else SRC=$PWD/src C=${SANTA_COMMIT:-}; fi
+        SANTA_COMMIT=$C PYTHONPATH=/tmp/site:$SRC timeout 70 python3 benchmarks/kernels/paged_ab.py "$OUT/quick_$TREE.jsonl" \
+          --quick > "$OUT/quick_$TREE.log" 2>&1
+        SANTA_COMMIT=$C PYTHONPATH=/tmp/site:$SRC timeout 110 python3 benchmarks/kernels/hf_generate.py \
+          --out "$OUT/hf_$TREE.json" --shape llama-3.1-8b --lengths 30000 --batches 1 6 --cache static --compile \
+          --backends santa-prop 2>&1 | grep "ms/token"
+      done ;;
     tests)
       python3 -m pytest -q -m "not slow" -p no:cacheprovider tests/kernels tests/hf/test_hf_cuda.py \
         tests/model/test_model_real.py 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
