@@ -155,7 +155,7 @@ def main() -> None:
                 print(f"{args.shape} n={n} B={batch} {args.cache}{' compiled' if args.compile else ''} {backend:12s} "
                       f"{statistics.median(per_token):8.3f} ms/token {[round(x, 3) for x in per_token]} (warm-up {warm_up_s:.0f} s)",
                       flush=True)
-            if len(args.backends) == 2:
+            if "sdpa" in case and "santa-prop" in case:
                 case["speedup"] = case["sdpa"]["ms_per_token_median"] / case["santa-prop"]["ms_per_token_median"]
             results["cases"].append(case)
             with open(args.out, "w") as f:

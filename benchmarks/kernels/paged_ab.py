@@ -84,9 +84,16 @@ def cases(quick: bool, fp8: bool = False, gate: bool = False, full: bool = False
     """(model, batch, length, capacity) in the order they are measured; ``gate``: the plans santa.vllm captures under
     dense_below (a server's max_model_len, 32k or 128k) on 2k-key sequences (a short step: what the closed launch costs)
     and 16k-key ones (a sampled step: what the open gate costs); with ``full``: :data:`FULL_GATE_CASES`; ``shapes``:
-    :data:`SHAPE_CASES` (bf16, or e4m3 with ``fp8``); ``half``: :data:`HALF_SLICE_CASES`. ``models`` gives the gate's
-    cases to other models than Llama and Qwen (any of :data:`MODELS`: the small-G shapes whose live launch loses at
-    long sequences, on plans larger than their sequences)."""
+    :data:`SHAPE_CASES` (bf16, or e4m3 with ``fp8``); ``half``: :data:`HALF_SLICE_CASES`. ``models``: only those
+    models' cases; it also gives the gate's cases to other models than Llama and Qwen (any of :data:`MODELS`: the
+    small-G shapes whose live launch loses at long sequences, on plans larger than their sequences)."""
+    chosen = _mode_cases(quick, fp8, gate, full, shapes, half, models)
+    return [case for case in chosen if not models or case[0] in models]
+
+
+def _mode_cases(quick: bool, fp8: bool, gate: bool, full: bool, shapes: bool, half: bool,
+                models: list[str] | None) -> list[tuple[str, int, int, int]]:
+    """:func:`cases` of one mode, before the ``models`` filter."""
     if half:
         return HALF_SLICE_CASES
     if shapes:
@@ -280,8 +287,6 @@ def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full:
     done = {record["key"] for record in records}
     flusher = Flusher("cuda")
     for model, batch, length, capacity in cases(quick, fp8 or f16, gate, full, shapes, half, models):
-        if models and model not in models:
-            continue
         key = (("gate/" if gate else "") + ("rounds/" if rounds else "") + ("half/" if half else "") + ("fp8/" if fp8 else "")
                + ("f16/" if f16 else "") + f"{model}/b{batch}/n{length}/cap{capacity}")
         if key in done:
@@ -354,9 +359,10 @@ def main() -> None:
         parser.error("--half-slices goes with --fp8 only")
     if args.f16 and (args.fp8 or args.gate):
         parser.error("--f16 goes with neither --fp8 nor --gate")
-    chosen = cases(args.quick, args.fp8 or args.f16, args.gate, args.full, args.shapes, args.half_slices, args.models)
-    if args.models and not any(model in args.models for model, *_ in chosen):
-        parser.error(f"--models: none of {args.models} has a case in this mode (its models: {sorted({m for m, *_ in chosen})})")
+    if args.models and not cases(args.quick, args.fp8 or args.f16, args.gate, args.full, args.shapes, args.half_slices,
+                                 args.models):
+        mode = cases(args.quick, args.fp8 or args.f16, args.gate, args.full, args.shapes, args.half_slices)
+        parser.error(f"--models: none of {args.models} has a case in this mode (its models: {sorted({m for m, *_ in mode})})")
     from santa.writer_lock import OutputUnusable, writer_lock
 
     try:
