@@ -485,18 +485,78 @@ def test_a_captured_graph_advances_with_an_offset_in_device_memory():
 
 @needs_hopper
 def test_a_call_the_one_launch_kernel_cannot_serve_takes_the_triton_prop():
-    """A caller's workspace without one-launch buffers, or a call with ``starts``: the two-launch prop, same samples
-    (a bf16 cache takes no scales: refused by name)."""
+    """A caller's workspace without one-launch buffers: the two-launch prop, same samples (a bf16 cache takes no
+    scales: refused by name)."""
     batch, heads, kv_heads, dim, n_keys, budget = 2, 32, 8, 128, 700, 128
     q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, torch.bfloat16, seed=4, q_scale=3.0)
     plan = hopper_plan(batch, heads, kv_heads, dim, n_keys, budget)
     uniforms = philox_uniforms(2, 0, torch.arange(batch * heads).reshape(batch, heads))
-    for kwargs in (dict(workspace=plan.workspace), dict(starts=torch.zeros(batch, dtype=torch.int32, device="cuda"))):
+    for kwargs in (dict(workspace=plan.workspace),):
         counts = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda")
         plan.run(q, k, v, seed=2, counts=counts, **kwargs)
         assert_counts_match_systematic(counts, dense_probs(q, k), budget, uniforms)
     with pytest.raises(ValueError, match="k_scale dequantises a float8_e4m3fn cache"):
         plan.run(q, k, v, seed=2, k_scale=torch.ones(kv_heads, device="cuda"))
+
+
+def run_probs(q, k, starts, seq_lens):
+    """float64 softmax weights [B, H, L] of each sequence's run of keys [starts[b], seq_lens[b]) (zero elsewhere)."""
+    heads, kv_heads = q.shape[1], k.shape[2]
+    s = torch.einsum("bhd,blhd->bhl", q.double(), k.double().repeat_interleave(heads // kv_heads, dim=2)) / math.sqrt(q.shape[-1])
+    keys = torch.arange(k.shape[1], device=k.device)
+    visible = (keys >= starts.long().unsqueeze(-1)) & (keys < seq_lens.long().unsqueeze(-1))
+    return torch.softmax(s.masked_fill(~visible.unsqueeze(1), -math.inf), dim=-1).nan_to_num(0.0)
+
+
+@needs_hopper
+@pytest.mark.parametrize("paged,live", [(False, False), (False, True), (True, False), (True, True)])
+def test_starts_shift_each_run_in_the_one_launch(paged, live):
+    """``starts`` (left padding: santa.hf passes them with every attention mask): sequence b's keys are
+    ``[starts[b], seq_lens[b])``. The one launch, contiguous or on vLLM's packed pages, host rounds or live, draws the
+    systematic sampler's counts over each run (up to float32 CDF rounding), a run the budget covers is exact (each of
+    its keys once, whatever its length), and a first key past the length gives NaN and no samples, as the Triton prop."""
+    batch, heads, kv_heads, dim, n_keys, budget = 4, 32, 8, 128, 2048, 128
+    q, k, v, k_pages, v_pages, table, _ = paged_case("packed", batch=batch, heads=heads, kv_heads=kv_heads, dim=dim,
+                                                     n_keys=n_keys)
+    seq_lens = torch.tensor([2048, 1900, 1000, 700], dtype=torch.int32, device="cuda")
+    starts = torch.tensor([0, 333, 900, 701], dtype=torch.int32, device="cuda")  # sampled ×2, covered (100 keys), bad
+    launch = ol.OneLaunch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget,
+                          scale=dim**-0.5, device=torch.device("cuda"), page_size=16 if paged else None, live=live)
+    assert (launch.plan.name == "live") == live
+    k_c, v_c = (k_pages, v_pages) if paged else (k, v)
+    counts = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda")
+    out = launch.run(q, k_c, v_c, out=torch.empty_like(q), strides=ol.cache_strides(k_c, v_c, "NHD"), seq_lens=seq_lens,
+                     starts=starts, block_table=table if paged else None, seed=13, counts=counts)
+    probs = run_probs(q, k, starts, seq_lens)
+    uniforms = philox_uniforms(13, 0, torch.arange(batch * heads).reshape(batch, heads))
+    assert_counts_match_systematic(counts[:2], probs[:2], budget, uniforms[:2])
+    assert counts[1, :, :333].eq(0).all(), "nothing sampled before the first key"
+    assert counts[2, :, 900:1000].eq(1).all() and counts[2].sum() == heads * 100, "a covered run: each key once"
+    assert out[3].isnan().all() and counts[3].sum() == 0
+    group = heads // kv_heads
+    expected = torch.einsum("bhl,blhd->bhd", counts.double(), v.double().repeat_interleave(group, dim=2)) / budget
+    torch.testing.assert_close(out[:2].double(), expected[:2], rtol=8e-3, atol=8e-3)
+    exact = torch.einsum("hl,lhd->hd", probs[2], v[2].double().repeat_interleave(group, dim=1))
+    torch.testing.assert_close(out[2].double(), exact, rtol=2e-2, atol=2e-2)
+
+
+@needs_hopper
+def test_a_plans_call_with_starts_runs_the_one_launch(monkeypatch):
+    """``plan.run(starts=…)`` takes the one launch (no Triton launcher is built) and draws the run's samples."""
+    batch, heads, kv_heads, dim, n_keys, budget = 2, 32, 8, 128, 700, 128
+    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, torch.bfloat16, seed=4, q_scale=3.0)
+    plan = hopper_plan(batch, heads, kv_heads, dim, n_keys, budget)
+
+    def no_triton(*args, **kwargs):
+        raise AssertionError("the call took the Triton prop")
+
+    monkeypatch.setattr(plan, "_launchers_for", no_triton)
+    starts = torch.tensor([0, 123], dtype=torch.int32, device="cuda")
+    seq_lens = torch.full((batch,), n_keys, dtype=torch.int32, device="cuda")
+    counts = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda")
+    plan.run(q, k, v, seq_lens=seq_lens, starts=starts, seed=2, counts=counts)
+    uniforms = philox_uniforms(2, 0, torch.arange(batch * heads).reshape(batch, heads))
+    assert_counts_match_systematic(counts, run_probs(q, k, starts, seq_lens), budget, uniforms)
 
 
 @needs_hopper

@@ -375,6 +375,15 @@ __device__ __forceinline__ int load_len(const int* seq_lens, int group, int hkv,
   return x;
 }
 
+// Sequence b's first visible key as given, starts[b] (0 where starts is nullptr: left padding, windows; prop_slice
+// clamps it to [0, len] and makes the output NaN if it lies outside).
+__device__ __forceinline__ int load_first(const int* starts, int b) {
+  if (starts == nullptr) return 0;
+  int x;
+  asm volatile("ld.global.nc.s32 %0, [%1];" : "=r"(x) : "l"(starts + b));
+  return x;
+}
+
 // santa's uniform for counter (c0, c1, c2, c3) under a 64-bit key: Philox4x32-10 as Triton's tl.philox (key halves
 // lo, hi; the same round and key constants), its first word mapped to [0, 1) as tl.uint_to_uniform_float does
 // (santa.kernels._common.philox_uniform; santa.kernels.reference.philox_uniforms reproduces it in torch)
@@ -441,22 +450,24 @@ __device__ __forceinline__ void store_rows(const typename RowWord<KV>::type (&ra
 }
 
 // The gather of a sequence the budget covers (prop_slice's covered branch, kept out of line: the sampled path's code
-// stays as it was): kept row i = (vector, j) is V row j scaled by word j of its head, S·p_j; rows j ≥ len are zeros
-// (NaN for a head with a NaN mass: NaN or +inf scores).
+// stays as it was): kept row i = (vector, j) is V row first + j scaled by word j of its head, S·p; rows j ≥ run_keys (the
+// run's keys, len − first) are zeros (NaN for a head with a NaN mass: NaN or +inf scores).
 template <int D, bool PAGED, int KV>
 __device__ __noinline__ void covered_rows(const Cache cache, const unsigned long long* __restrict__ sampled,
                                           float* kept, const float* head_mass, size_t head0, int b, int h,
-                                          int vec0, int owned, int budget, int len, unsigned tag) {
+                                          int vec0, int owned, int budget, int first, int len, unsigned tag) {
+  const int run_keys = len - first;
   for (int i = threadIdx.x; i < owned * budget; i += kThreads) {
     const int vec = vec0 + i / budget, head = vec / (D / 8), j = i % budget;
     const float mass = head_mass[head];
     float row[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) row[e] = mass == mass ? 0.f : NAN;
-    if (mass > 0.f && j < len) {
+    if (mass > 0.f && j < run_keys) {
       const unsigned long long* at = sampled + (head0 + head) * budget + j;
       const float weight = await_tagged(at, load_word(at), tag);
-      const size_t at_row = row_offset<PAGED>(cache, b, PAGED ? table_page(cache, b, j) : 0, j);
+      const int key = first + j;
+      const size_t at_row = row_offset<PAGED>(cache, b, PAGED ? table_page(cache, b, key) : 0, key);
       float f[8];
       row_floats<KV>(load_row_word<KV>(cache.v, at_row + (size_t)h * cache.head_stride + (vec % (D / 8)) * 8), f);
 #pragma unroll
@@ -560,11 +571,12 @@ __device__ __forceinline__ void live_gather(const Cache& cache, const Scales& sc
 // PAGED: the slice's page ids are staged in shared memory before its stream (checked there: a page outside the pool
 // poisons the slice's statistics, and so the group's output, and is never followed); the gather reads each sampled
 // key's page from the table.
-// Not handled yet (the Triton kernel does them): fp16 and fp32 caches, per-sequence starts.
+// starts (per-sequence first keys: left padding, windows) shift the run: its slices cut [first, len), and the
+// covered rule counts its live keys. Not handled (the Triton kernel does it): fp32 caches.
 template <int D, int G, int U, int STAGE, bool PAGED, int KV, bool LIVE>
 __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, const Cache& cache, const Scales& scales,
                                            const Draw& draw,
-                                           const int* __restrict__ seq_lens,
+                                           const int* __restrict__ seq_lens, const int* __restrict__ starts,
                                            __nv_bfloat16* __restrict__ out, int* __restrict__ counts,
                                            unsigned long long* __restrict__ slice_stats,
                                            unsigned long long* __restrict__ sampled, unsigned* __restrict__ epoch,
@@ -595,18 +607,27 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
   }
   extern __shared__ float smem[];  // kept_floats(G, slice_len), the group's stats [G][C][2], then (PAGED) the slice's pages
   __shared__ float warp_m[kWarps][8], warp_l[kWarps][8], slice_max[8], head_mass[8];
-  __shared__ int last_live_sub[8], bad_page;
+  __shared__ int last_live_sub[8], bad_page, run_first;  // run_first: the clamped first key, for the covered branch
   constexpr int VECS = G * D / 8;  // the group's 8-element output vectors
   const int h = group % hkv, b = group / hkv;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // this slice of the sequence's len keys: ⌈len / C⌉ keys each (the schedule's slice_len = ⌈n / C⌉ sizes shared memory);
-  // a length outside [0, n] is clamped for every read and makes the sequence's output NaN (it samples nothing)
-  const bool bad_len = len < 0 || len > n;
+  // the sequence's visible keys are [first, len): len = seq_lens[b], first = starts[b] (0 where starts is nullptr: a
+  // left-padded or windowed run, as the Triton prop's checked_first_key). A length outside [0, n], or a first key
+  // outside [0, len], is clamped for every read and makes the sequence's output NaN (it samples nothing).
+  // This slice of the run's run_keys = len − first keys: ⌈run_keys / C⌉ keys each from first (the schedule's slice_len =
+  // ⌈n / C⌉ sizes shared memory); slice boundaries and so the float32 CDF's order count from first
+  const int raw_first = load_first(starts, b);
+  bool bad_len = len < 0 || len > n;
   len = min(max(len, 0), n);
-  const bool covered = !bad_len && len <= budget;  // exact attention (santa.kernels.exact's rule), in this launch
+  bad_len = bad_len || raw_first < 0 || raw_first > len;
+  const int first = min(max(raw_first, 0), len), run_keys = len - first;
+  // kept in shared memory for the covered branch, not in a register across the slice (the kernels sit at 128 registers;
+  // the previous item's readers are past the caller's __syncthreads, the readers here past the stream's)
+  if (threadIdx.x == 0) run_first = first;
+  const bool covered = !bad_len && run_keys <= budget;  // exact attention (santa.kernels.exact's rule, on the live keys), in this launch
   // a live launch (issue 39) cuts whole 256-key granules, as santa.kernels.one_launch_schedule.live_schedule does
-  const int per_slice = LIVE ? ((len + 255) / 256 + slices - 1) / slices * 256 : (len + slices - 1) / slices;
-  const int start = min(c * per_slice, len), stop = min(len, start + per_slice), keys = stop - start;
+  const int per_slice = LIVE ? ((run_keys + 255) / 256 + slices - 1) / slices * 256 : (run_keys + slices - 1) / slices;
+  const int start = first + min(c * per_slice, run_keys), stop = min(len, start + per_slice), keys = stop - start;
   const int stride = kept_stride(slice_len), n_sub = (slice_len + 7) / 8, live_subs = (keys + 7) / 8;
   float* kept = smem;
   float* cum = kept + G * stride;  // the subtiles' masses W_i, then their prefix Cum_i
@@ -759,13 +780,13 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
     const int live_sub = last_live_sub[g];
     const float total = live_sub >= 0 ? cg[live_subs - 1] : 0.f;
     const int first_m = max(0, (int)ceilf(p_lo - uni) - 1), last_m = min(budget - 1, (int)ceilf(p_hi - uni));
-    // a sequence the budget covers (len ≤ S, santa's one rule: exact) writes, as "sample" j, key j's weight S·p_j
-    // (the gather reads row j itself and scales it by the word); its keys are this slice's [start, stop)
+    // a sequence the budget covers (run_keys ≤ S, santa's one rule: exact) writes, as "sample" j, key first + j's weight
+    // S·p (the gather reads that row itself and scales it by the word); its keys are this slice's [start, stop)
     if (covered) {
       const float slice_scale = exp2f(st[2 * c] - m_ref) * s_f / z;  // u_j · this = S · p_j
       for (int jj = lane; jj < keys && z > 0.f; jj += 32) {
         if (counts != nullptr) atomicAdd(&counts[(head0 + g) * n + start + jj], 1);
-        store_tagged(sampled + (head0 + g) * budget + start + jj, ug[jj] * slice_scale, tag);
+        store_tagged(sampled + (head0 + g) * budget + start - run_first + jj, ug[jj] * slice_scale, tag);
       }
     } else
     for (int m0 = first_m; m0 <= last_m && z > 0.f && !bad_len; m0 += 32) {  // a NaN z (poisoned row) places nothing
@@ -898,8 +919,9 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
       }
       store_rows<KV, 4>(raw, i0, owned * budget, kept);
     }
-  } else {  // a covered sequence: row j scaled by its word S·p_j (rows j ≥ len: zeros), no sampled keys to wait for
-    covered_rows<D, PAGED, KV>(cache, sampled, kept, head_mass, head0, b, h, vec0, owned, budget, len, tag);
+  } else {  // a covered sequence: row first + j scaled by its word j, S·p (j ≥ run_keys: zeros), no sampled keys to wait for
+    covered_rows<D, PAGED, KV>(cache, sampled, kept, head_mass, head0, b, h, vec0, owned, budget,
+                               run_first, len, tag);
   }
   __syncthreads();
   mark(6);  // the rows here
@@ -1059,7 +1081,7 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
            const float* k_scales, const float* v_scales, float k_scale, float v_scale,                                 \
            const float* uniforms, unsigned long long seed, const long long* seeds, unsigned long long offset,          \
            const long long* offset_ptr, const void* positions, int positions_64, int head_offset, const int* seq_lens,  \
-           __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* sampled,               \
+           const int* starts, __nv_bfloat16* out, int* counts, unsigned long long* slice_stats, unsigned long long* sampled,               \
            unsigned* epoch, long long* marks, const int4* schedule, unsigned* arrivals, int rounds, int stats_slots,   \
            int n, int hkv, float scale, int budget, const int* enabled, int live_batch, int live_cap,               \
            int live_min_log2, int live_max_log2) {                                                                 \
@@ -1082,7 +1104,7 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
         const int4 next = next_i < live.items ? live_item(live, order, next_i, hkv) : idle;                         \
         unsigned next_seen = 0u;                                                                                    \
         int next_len = 0;                                                                                           \
-        prop_slice<D, G, U, STAGE, PAGED, KV, LIVE>(q, cache, scales, draw, seq_lens, out, counts, slice_stats, sampled,  \
+        prop_slice<D, G, U, STAGE, PAGED, KV, LIVE>(q, cache, scales, draw, seq_lens, starts, out, counts, slice_stats, sampled,  \
                                                epoch, marks, n, hkv, work.x, work.y, work.z, work.w, stats_slots,    \
                                                r * gridDim.x + cta, scale, budget, seen, len, next.x, next_seen,     \
                                                next_len);                                                           \
@@ -1107,7 +1129,7 @@ __device__ __forceinline__ int schedule_cta(unsigned* arrivals) {
       unsigned next_seen = 0u;                                                                                      \
       int next_len = 0;                                                                                             \
       if (work.x >= 0) {                                                                                            \
-        prop_slice<D, G, U, STAGE, PAGED, KV, LIVE>(q, cache, scales, draw, seq_lens, out, counts, slice_stats, sampled,              \
+        prop_slice<D, G, U, STAGE, PAGED, KV, LIVE>(q, cache, scales, draw, seq_lens, starts, out, counts, slice_stats, sampled,              \
                                    epoch, marks, n, hkv, work.x, work.y, work.z, work.w, stats_slots, slot, scale,   \
                                    budget, seen, len, next.x, next_seen, next_len);                                 \
         __syncthreads(); /* the next item reuses shared memory */                                                  \

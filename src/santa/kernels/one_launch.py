@@ -11,9 +11,9 @@ What it serves (:func:`eligible`): sm_90 devices, bf16 q with bf16 or fp8 (e4m3,
 caches or fp16 q with fp16 caches, contiguous NHD caches or paged ones in NHD or HND
 (pages of a power of two keys; any page, row and head strides that are multiples of 8 elements: santa's own pages and
 vLLM's packed K|V rows, :func:`cache_strides`), (head dim, query heads per KV head) in :data:`SHAPES`, where a plan fits shared
-memory; a call with ``starts`` takes the Triton prop. Per-sequence lengths and block tables are read
-on the device (graph-safe); a length outside ``[0, n_keys]`` is clamped and gives NaN, as do NaN or +inf scores and a
-page id outside the pool (never followed); every seed, offset, positions and head-offset form of the Triton kernels
+memory. Per-sequence lengths, first keys (``starts``: left padding, windows) and block tables are read
+on the device (graph-safe); a length outside ``[0, n_keys]`` or a first key outside ``[0, length]`` is clamped and gives
+NaN, as do NaN or +inf scores and a page id outside the pool (never followed); every seed, offset, positions and head-offset form of the Triton kernels
 is drawn the same way. The slices a sequence is
 cut into follow the plan (batch size, cache length), and so does the float32 order of its CDF: a comb point within
 rounding of a CDF step may land on the other key when they change (the Triton prop's tiles do not depend on them).
@@ -533,8 +533,8 @@ class OneLaunch:
         return self._own
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor, strides: tuple[int, int, int],
-            seq_lens: torch.Tensor | None = None, block_table: torch.Tensor | None = None, seed: int | torch.Tensor = 0,
-            offset: int | torch.Tensor = 0, positions: torch.Tensor | None = None, head_offset: int = 0,
+            seq_lens: torch.Tensor | None = None, starts: torch.Tensor | None = None,
+            block_table: torch.Tensor | None = None, seed: int | torch.Tensor = 0, offset: int | torch.Tensor = 0, positions: torch.Tensor | None = None, head_offset: int = 0,
             counts: torch.Tensor | None = None, uniforms: torch.Tensor | None = None, marks: torch.Tensor | None = None,
             buffers: Buffers | None = None, k_scale: float | torch.Tensor = 1.0, v_scale: float | torch.Tensor = 1.0,
             enabled: torch.Tensor | None = None) -> torch.Tensor:
@@ -542,7 +542,8 @@ class OneLaunch:
         ``buffers`` are given: they must :meth:`fits`). Arguments as :meth:`santa.kernels.DecodePlan.run`, ``strides``
         :func:`cache_strides` of k and v (q, out and counts contiguous; a paged plan's ``block_table`` int32
         ``[≥ B, pages per sequence]`` with unit stride along its pages; an fp8 plan's ``k_scale`` / ``v_scale``: floats or
-        contiguous float32 ``[H_kv]``);
+        contiguous float32 ``[H_kv]``; ``starts`` int32 ``[≥ B]``, contiguous: sequence b's keys are ``[starts[b],
+        seq_lens[b])``, its slices cut from ``starts[b]``);
         ``uniforms`` (float32 ``[B, H]``) replaces the draw and ``marks`` receives per-CTA phase clocks (benchmarks);
         ``enabled`` (int32 ``[1]`` on the device, read by the launch): 0 makes it return at once, writing nothing.
         Returns ``out``."""
@@ -572,7 +573,7 @@ class OneLaunch:
                   *scale_values(k_scale, v_scale),
                   ptr(uniforms), ctypes.c_uint64(seed), ptr(seeds), ctypes.c_uint64(offset),
                   ptr(offset_ptr), ptr(positions), ctypes.c_int(positions is not None and positions.dtype == torch.int64),
-                  ctypes.c_int(head_offset), ptr(seq_lens), ptr(out), ptr(counts), ptr(buffers.stats), ptr(buffers.sampled),
+                  ctypes.c_int(head_offset), ptr(seq_lens), ptr(starts), ptr(out), ptr(counts), ptr(buffers.stats), ptr(buffers.sampled),
                   ptr(buffers.epoch), ptr(marks), ptr(self.table), ptr(self.arrivals if self.paired else None),
                   ctypes.c_int(len(self.plan.rounds)), ctypes.c_int(buffers.slots), ctypes.c_int(self.n_keys),
                   ctypes.c_int(self.kv_heads), ctypes.c_float(self.scale_log2), ctypes.c_int(self.budget), ptr(enabled),

@@ -589,15 +589,15 @@ class DecodePlan:
         """``(buffers, strides)`` of this call's one launch: the buffers it exchanges its words through (the workspace's,
         or the plan's own) and :func:`~santa.kernels.one_launch.cache_strides` of its caches; or None where the Triton
         prop runs it: the plan has no one launch, every sequence is covered statically, or the call
-        needs what the one launch lacks (``starts``, non-contiguous per-head scales, cache strides
+        needs what the one launch lacks (non-contiguous per-head scales, cache strides
         it cannot read, non-contiguous q, out,
         counts or unpaged caches, a workspace without one-launch buffers, or the plan's own buffers first needed inside a capture)."""
         # scales as floats or contiguous float32 [H_kv] (check_call checked them: 1.0 for a cache that is not fp8)
         scales_read = all(not isinstance(x, torch.Tensor) or x.is_contiguous() for x in (k_scale, v_scale))
-        if (self.one_launch is None or starts is not None or not scales_read or not q.is_contiguous()
+        if (self.one_launch is None or not scales_read or not q.is_contiguous()
                 or (out is not None and not out.is_contiguous()) or (counts is not None and not counts.is_contiguous())
                 or (self.shape.page_size is None and not (k_cache.is_contiguous() and v_cache.is_contiguous()))
-                or self._all_covered(seq_lens is not None, False)):
+                or self._all_covered(seq_lens is not None, starts is not None)):
             return None
         strides = one_launch.cache_strides(k_cache, v_cache, self.shape.kv_layout)
         if strides is None:
@@ -922,7 +922,8 @@ class DecodePlan:
         if one_launch_call is not None:
             buffers, strides = one_launch_call
             # the one launch computes the sequences the budget covers exactly itself (one_launch.cu)
-            out = self.one_launch.run(q, k_cache, v_cache, out=out, strides=strides, seq_lens=seq_lens, block_table=block_table, seed=seed, offset=offset,
+            out = self.one_launch.run(q, k_cache, v_cache, out=out, strides=strides, seq_lens=seq_lens, starts=starts,
+                                      block_table=block_table, seed=seed, offset=offset,
                                       positions=positions, head_offset=head_offset, counts=counts, buffers=buffers,
                                       k_scale=k_scale, v_scale=v_scale, enabled=enabled)
         else:
