@@ -177,10 +177,10 @@ def test_slices_of_any_length_for_the_benchmarks():
 
 @pytest.mark.parametrize("change", [dict(kernel="flash"), dict(dtype=torch.float16, kv_dtype=torch.bfloat16),
                                     dict(kv_dtype=torch.float16), dict(dtype=torch.float32, kv_dtype=torch.float32),
-                                    dict(dtype=torch.float16, kv_dtype=torch.float8_e4m3fn), dict(kv_layout="HND"), dict(page_size=12),
+                                    dict(dtype=torch.float16, kv_dtype=torch.float8_e4m3fn), dict(kv_layout="BHND"), dict(page_size=12),
                                     dict(page_size=48, kv_layout="HND"),
                                     dict(head_dim=96), dict(group_size=9), dict(head_dim=64, group_size=9)])
-def test_only_bf16_or_fp16_prop_of_the_served_shapes_contiguous_nhd_or_in_pages_of_a_power_of_two_is_eligible(change):
+def test_only_bf16_or_fp16_prop_of_the_served_shapes_nhd_or_hnd_pages_of_a_power_of_two_is_eligible(change):
     kwargs = dict(device=torch.device("cuda", 0), kernel="prop", dtype=torch.bfloat16, kv_dtype=torch.bfloat16,
                   kv_layout="NHD", page_size=None, head_dim=128, group_size=4)
     assert not ol.eligible(**{**kwargs, **change})
@@ -557,6 +557,41 @@ def test_a_plans_call_with_starts_runs_the_one_launch(monkeypatch):
     plan.run(q, k, v, seq_lens=seq_lens, starts=starts, seed=2, counts=counts)
     uniforms = philox_uniforms(2, 0, torch.arange(batch * heads).reshape(batch, heads))
     assert_counts_match_systematic(counts, run_probs(q, k, starts, seq_lens), budget, uniforms)
+
+
+def test_a_contiguous_hnd_cache_is_read_as_one_page_a_sequence():
+    assert [ol.sequence_page_size(n) for n in (1, 2, 3, 700, 1024, 1025, 30040)] == [1, 2, 4, 1024, 1024, 2048, 32768]
+    with pytest.raises(ValueError, match="n_keys must be at least 1"):
+        ol.sequence_page_size(0)
+    table = ol.sequence_pages(3, torch.device("cpu"))
+    assert table.dtype == torch.int32 and table.tolist() == [[0], [1], [2]]
+
+
+@needs_hopper
+@pytest.mark.parametrize("n_keys", [700, 3000])
+def test_a_contiguous_hnd_plan_runs_the_paged_one_launch_with_starts(n_keys, monkeypatch):
+    """transformers' static cache (contiguous HND ``[B, H_kv, L, D]``, santa.hf's call with lengths and ``starts``): the
+    plan takes the paged kernels, one page a sequence, and draws the systematic sampler's counts over each run, a
+    covered run exact; no Triton launcher is built."""
+    batch, heads, kv_heads, dim, budget = 3, 32, 8, 128, 128
+    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, torch.bfloat16, seed=8, q_scale=3.0)
+    plan = hopper_plan(batch, heads, kv_heads, dim, n_keys, budget, kv_layout="HND")
+    assert plan.one_launch.kernel.startswith(("prop1p_", "prop1lp_"))
+    monkeypatch.setattr(plan, "_launchers_for", lambda *args, **kwargs: pytest.fail("the call took the Triton prop"))
+    seq_lens = torch.tensor([n_keys, n_keys - 5, 650], dtype=torch.int32, device="cuda")
+    starts = torch.tensor([0, 41, 600], dtype=torch.int32, device="cuda")  # sampled, sampled, covered (50 keys)
+    counts = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda")
+    out = plan.run(q, k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous(), seq_lens=seq_lens, starts=starts,
+                   seed=5, counts=counts)
+    probs = run_probs(q, k, starts, seq_lens)
+    uniforms = philox_uniforms(5, 0, torch.arange(batch * heads).reshape(batch, heads))
+    assert_counts_match_systematic(counts[:2], probs[:2], budget, uniforms[:2])
+    assert counts[2, :, 600:650].eq(1).all() and counts[2].sum() == heads * 50
+    group = heads // kv_heads
+    expected = torch.einsum("bhl,blhd->bhd", counts.double(), v.double().repeat_interleave(group, dim=2)) / budget
+    torch.testing.assert_close(out[:2].double(), expected[:2], rtol=8e-3, atol=8e-3)
+    exact = torch.einsum("hl,lhd->hd", probs[2], v[2].double().repeat_interleave(group, dim=1))
+    torch.testing.assert_close(out[2].double(), exact, rtol=2e-2, atol=2e-2)
 
 
 @needs_hopper

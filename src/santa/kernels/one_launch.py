@@ -392,20 +392,35 @@ def loaded_module(device_index: int) -> CudaModule | None:
 
 def eligible(*, device: torch.device, kernel: str, dtype: torch.dtype, kv_dtype: torch.dtype, kv_layout: str,
              page_size: int | None, head_dim: int, group_size: int) -> bool:
-    """Whether a plan of this kind may run the one-launch prop (then :class:`OneLaunch` decides whether one fits)."""
+    """Whether a plan of this kind may run the one-launch prop (then :class:`OneLaunch` decides whether one fits). A
+    contiguous HND cache runs the paged kernels, one page a sequence (:func:`sequence_pages`)."""
     paged = page_size is not None
     kinds = (dtype == torch.bfloat16 and kv_dtype in (torch.bfloat16, FP8)) or (dtype == kv_dtype == torch.float16)
     return (device.type == "cuda" and kernel == "prop" and kinds
-            and (kv_layout == "NHD" or (paged and kv_layout == "HND")) and (not paged or page_size & (page_size - 1) == 0)
+            and kv_layout in ("NHD", "HND") and (not paged or page_size & (page_size - 1) == 0)
             and (head_dim, group_size) in SHAPES
             and torch.cuda.get_device_capability(device) == (9, 0))
+
+
+def sequence_page_size(n_keys: int) -> int:
+    """The page a contiguous HND cache ``[B, H_kv, n_keys, D]`` (transformers' static cache) is read as by the paged
+    kernels: one page a sequence, the power of two ≥ ``n_keys`` (the kernels take a page's keys by a shift). Its keys
+    past ``n_keys`` are never read: a length past the plan's ``n_keys`` is clamped (and NaN)."""
+    if n_keys < 1:
+        raise ValueError(f"n_keys must be at least 1, got {n_keys}")
+    return 1 << (n_keys - 1).bit_length()
+
+
+def sequence_pages(batch: int, device: torch.device) -> torch.Tensor:
+    """The block table of a contiguous cache read as one page a sequence: int32 ``[B, 1]``, sequence b's page is b."""
+    return torch.arange(batch, dtype=torch.int32, device=device).unsqueeze(1)
 
 
 def cache_strides(k: torch.Tensor, v: torch.Tensor, kv_layout: str) -> tuple[int, int, int] | None:
     """(page or sequence, row, head) strides in elements that address both caches, ``[X, rows, H_kv, D]`` (NHD) or
     ``[X, H_kv, rows, D]`` (HND), X pages (a contiguous cache is read as NHD whatever its strides: the stream hard-codes
-    those rows, and a contiguous HND cache run through its strides drew wrong samples on the H200, 2026-12-05, so
-    :func:`eligible` keeps HND to paged caches); None where the one launch cannot read them: K and V strided
+    those rows, and a contiguous HND cache run through its strides drew wrong samples on the H200, 2026-12-05, so a
+    contiguous HND cache runs the paged kernels, one page a sequence: :func:`sequence_pages`); None where the one launch cannot read them: K and V strided
     differently, a feature stride other than 1, a stride not a multiple of 8 elements or a base not 16-byte aligned
     (its loads are 16 bytes). vLLM's packed cache (K and V halves of one row) passes."""
     if k.stride() != v.stride() or k.stride(-1) != 1 or k.data_ptr() % 16 or v.data_ptr() % 16:
