@@ -151,6 +151,33 @@ def test_live_schedule_covers_every_live_key_once_in_whole_granules_and_never_st
         schedule.item(i) for i in range(schedule.items)}
 
 
+def test_with_starts_the_slices_cut_each_run_from_its_first_key_in_whole_granules():
+    """``starts`` (left padding): sequence b's slices cover ``[starts[b], length)`` once, whole granules from the first
+    key (as the kernel's prop_slice cuts them); a first key outside [0, length] is clamped; no starts: as before."""
+    n = 131072
+    seq_lens = [300, 40000, 5000, 0, 9000, 256, 2049, 70000]
+    starts = [0, 333, 4990, 0, 9000, 300, -5, 1]  # 300 > 256 and -5 are clamped (the kernel's NaN cases)
+    schedule = live_schedule(seq_lens, n=n, starts=starts, **LLAMA)
+    plain = live_schedule(seq_lens, n=n, **LLAMA)
+    assert schedule.slices == plain.slices and schedule.order == plain.order  # slice counts follow the lengths
+    assert schedule.run_starts == (0, 333, 4990, 0, 9000, 256, 0, 1)
+    covered: dict = {}
+    for i in range(schedule.items):
+        work = schedule.item(i)
+        first = schedule.run_starts[work.seq]
+        assert 0 <= work.stop - work.start <= L
+        assert (work.start - first) % GRANULE == 0 or work.start == seq_lens[work.seq]
+        covered.setdefault((work.seq, work.head), []).extend(range(work.start, work.stop))
+    for (seq, _), keys in covered.items():
+        assert sorted(keys) == list(range(schedule.run_starts[seq], seq_lens[seq])), seq
+    assert [plain.item(i) for i in range(plain.items)] == [
+        live_schedule(seq_lens, n=n, starts=[0] * len(seq_lens), **LLAMA).item(i) for i in range(plain.items)]
+    with pytest.raises(ValueError, match="starts must hold one first key per sequence"):
+        live_schedule(seq_lens, n=n, starts=[0], **LLAMA)
+    with pytest.raises(TypeError, match="starts must be a sequence of ints"):
+        live_schedule(seq_lens, n=n, starts=[0.5] * len(seq_lens), **LLAMA)
+
+
 def test_the_live_schedule_follows_the_live_keys_not_the_plans_capacity():
     """The same step on a 2k, a 32k and a 128k plan: the same schedule (what makes a 128k plan cost a tight one's)."""
     step = [2048] * 64

@@ -113,7 +113,8 @@ class LiveSchedule:
     """The live schedule of one step. Sequences are laid out in ``order`` (slice counts descending, stable in the
     sequence index), sequence b taking ``kv_heads · slices[b]`` consecutive items from ``first[b]`` (head, then slice);
     CTA x < ``lanes`` takes items x, x + lanes, x + 2·lanes, … in that order, item i in round ⌊i / lanes⌋. ``keys[b]``
-    is b's length clamped to [0, n]."""
+    is b's length clamped to [0, n], ``run_starts[b]`` its first visible key clamped to [0, keys[b]] (``starts``: the
+    slices cut the run ``[run_starts[b], keys[b])``; their count still follows ``keys[b]``, as the kernel's)."""
 
     kv_heads: int
     lanes: int
@@ -122,6 +123,7 @@ class LiveSchedule:
     first: tuple[int, ...]
     keys: tuple[int, ...]
     items: int
+    run_starts: tuple[int, ...] = ()
 
     @property
     def rounds(self) -> int:
@@ -133,10 +135,11 @@ class LiveSchedule:
             raise ValueError(f"item must be in [0, {self.items}), got {i}")
         b = self.order[bisect.bisect_right(self.order, i, key=self.first.__getitem__) - 1]
         head, c = divmod(i - self.first[b], self.slices[b])
-        # whole granules a slice: ⌈granules / C⌉ of them, the last slice cut at the sequence's end
-        granules = cdiv(self.keys[b], GRANULE)
+        # whole granules of the run a slice: ⌈granules / C⌉ of them from its first key, the last cut at the sequence's end
+        first_key = self.run_starts[b] if self.run_starts else 0
+        granules = cdiv(self.keys[b] - first_key, GRANULE)
         step = cdiv(granules, self.slices[b]) * GRANULE
-        start = min(c * step, self.keys[b])
+        start = first_key + min(c * step, self.keys[b] - first_key)
         return LiveWork(seq=b, head=head, c=c, slices=self.slices[b], start=start, stop=min(start + step, self.keys[b]))
 
     def work(self, cta: int, round_: int) -> LiveWork | None:
@@ -152,12 +155,13 @@ def _power_of_two(name: str, value) -> int:
 
 
 def live_schedule(seq_lens, *, n: int, kv_heads: int, slice_cap: int, min_slices: int, max_slices: int,
-                  ctas: int) -> LiveSchedule:
+                  ctas: int, starts=None) -> LiveSchedule:
     """The live schedule of a step whose sequences hold ``seq_lens`` keys (ints, B of them; clamped to [0, n] as the
     kernel clamps them), for a plan of capacity ``n`` keys, ``kv_heads`` KV heads, slices of at most ``slice_cap`` keys
     (a multiple of :data:`GRANULE`: what the kernel's shared memory keeps), between ``min_slices`` (the fewest whose
     gather fits shared memory) and ``max_slices`` (the exchange's slots) slices a group, both powers of two, on a
-    persistent grid of ``ctas`` resident CTAs.
+    persistent grid of ``ctas`` resident CTAs. ``starts`` (ints, B of them, or None for 0): each sequence's first
+    visible key, clamped to [0, its length] as the kernel clamps it; its slices cut ``[start, length)``.
 
     1. C_b = the least power of two ≥ max(min_slices, ⌈n_b / slice_cap⌉) (per sequence; an empty one keeps min_slices,
        so every group's epoch advances each launch).
@@ -183,6 +187,12 @@ def live_schedule(seq_lens, *, n: int, kv_heads: int, slice_cap: int, min_slices
     if len(seq_lens) == 0:
         raise ValueError("seq_lens must hold at least one sequence")
     keys = tuple(min(max(x, 0), n) for x in seq_lens)
+    if starts is not None:
+        if isinstance(starts, (str, bytes)) or not all(isinstance(x, int) and not isinstance(x, bool) for x in starts):
+            raise TypeError(f"starts must be a sequence of ints, got {starts!r}")
+        if len(starts) != len(keys):
+            raise ValueError(f"starts must hold one first key per sequence ({len(keys)}), got {len(starts)}")
+    run_starts = tuple(min(max(x, 0), k) for x, k in zip(starts, keys, strict=True)) if starts is not None else ()
     slices = [max(min_slices, 1 << max(0, cdiv(k, slice_cap) - 1).bit_length()) for k in keys]
     items = kv_heads * sum(slices)
     k = 1
@@ -194,4 +204,4 @@ def live_schedule(seq_lens, *, n: int, kv_heads: int, slice_cap: int, min_slices
     for b in order:
         first[b], at = at, at + kv_heads * slices[b]
     return LiveSchedule(kv_heads=kv_heads, lanes=ctas - ctas % max(slices), order=order, slices=tuple(slices),
-                        first=tuple(first), keys=keys, items=at)
+                        first=tuple(first), keys=keys, items=at, run_starts=run_starts)
