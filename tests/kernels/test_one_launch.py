@@ -565,6 +565,9 @@ def test_a_contiguous_hnd_cache_is_read_as_one_page_a_sequence():
         ol.sequence_page_size(0)
     table = ol.sequence_pages(3, torch.device("cpu"))
     assert table.dtype == torch.int32 and table.tolist() == [[0], [1], [2]]
+    with pytest.raises(ValueError, match="by_sequence reads a contiguous cache as pages: give no page_size, got 16"):
+        ol.OneLaunch(batch=3, heads=32, kv_heads=8, head_dim=128, n_keys=700, budget=128, scale=0.1,
+                     device=torch.device("cpu"), page_size=16, by_sequence=True)
 
 
 @needs_hopper

@@ -471,7 +471,9 @@ class OneLaunch:
     own, allocated on the first call that brings none (:meth:`own_buffers`). A launch leaves nothing to reset, so
     successive launches on one stream share them; like a :class:`~santa.kernels.Workspace`, they serve one call at a time.
 
-    ``page_size``: the cache's keys per page (a power of two) where it is paged (then :meth:`run` takes a block table).
+    ``page_size``: the cache's keys per page (a power of two) where it is paged (then :meth:`run` takes a block table);
+    ``by_sequence``: a contiguous cache read by the paged kernels as one page a sequence (HND: transformers' static
+    cache; :func:`sequence_page_size`, and :func:`sequence_pages` as the table :meth:`run` uses where given none).
     ``fp8``: e4m3 caches (then :meth:`run` takes their scales); ``f16``: fp16 q, out and caches. The layout reaches the kernel as :meth:`run`'s strides. ``module`` (default: ``one_launch.fatbin`` on ``device``) and ``plan`` (default:
     :func:`choose_plan`) are the benchmarks' hooks. Raises ValueError where no plan fits.
     """
@@ -479,7 +481,11 @@ class OneLaunch:
     def __init__(self, *, batch: int, heads: int, kv_heads: int, head_dim: int, n_keys: int, budget: int, scale: float,
                  device: torch.device, page_size: int | None = None, fp8: bool = False, f16: bool = False,
                  module: CudaModule | None = None, plan: Plan | None = None, kernel: str | None = None,
-                 live: bool = False, min_slices: int | None = None, slice_cap: int | None = None):
+                 live: bool = False, min_slices: int | None = None, slice_cap: int | None = None, by_sequence: bool = False):
+        if by_sequence and page_size is not None:
+            raise ValueError(f"by_sequence reads a contiguous cache as pages: give no page_size, got {page_size}")
+        page_size = sequence_page_size(n_keys) if by_sequence else page_size
+        self.sequence_table = sequence_pages(batch, device) if by_sequence else None
         self.module = module if module is not None else loaded_module(device.index)
         if self.module is None:
             raise ValueError("the one-launch module is not loaded on this device")
@@ -549,7 +555,8 @@ class OneLaunch:
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor, strides: tuple[int, int, int],
             seq_lens: torch.Tensor | None = None, starts: torch.Tensor | None = None,
-            block_table: torch.Tensor | None = None, seed: int | torch.Tensor = 0, offset: int | torch.Tensor = 0, positions: torch.Tensor | None = None, head_offset: int = 0,
+            block_table: torch.Tensor | None = None, seed: int | torch.Tensor = 0, offset: int | torch.Tensor = 0,
+            positions: torch.Tensor | None = None, head_offset: int = 0,
             counts: torch.Tensor | None = None, uniforms: torch.Tensor | None = None, marks: torch.Tensor | None = None,
             buffers: Buffers | None = None, k_scale: float | torch.Tensor = 1.0, v_scale: float | torch.Tensor = 1.0,
             enabled: torch.Tensor | None = None) -> torch.Tensor:
@@ -558,7 +565,7 @@ class OneLaunch:
         :func:`cache_strides` of k and v (q, out and counts contiguous; a paged plan's ``block_table`` int32
         ``[≥ B, pages per sequence]`` with unit stride along its pages; an fp8 plan's ``k_scale`` / ``v_scale``: floats or
         contiguous float32 ``[H_kv]``; ``starts`` int32 ``[≥ B]``, contiguous: sequence b's keys are ``[starts[b],
-        seq_lens[b])``, its slices cut from ``starts[b]``);
+        seq_lens[b])``, its slices cut from ``starts[b]``; ``block_table`` defaults to the ``by_sequence`` table);
         ``uniforms`` (float32 ``[B, H]``) replaces the draw and ``marks`` receives per-CTA phase clocks (benchmarks);
         ``enabled`` (int32 ``[1]`` on the device, read by the launch): 0 makes it return at once, writing nothing.
         Returns ``out``."""
@@ -573,6 +580,7 @@ class OneLaunch:
         def ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
             return ctypes.c_void_p(t.data_ptr() if t is not None else 0)
 
+        block_table = self.sequence_table if block_table is None else block_table
         seeds, seed = (seed, 0) if isinstance(seed, torch.Tensor) else (None, int(seed))
         offset_ptr, offset = (offset, 0) if isinstance(offset, torch.Tensor) else (None, int(offset))
         paged = self.page_size is not None

@@ -548,7 +548,6 @@ class DecodePlan:
         rounds, except a paged plan whose rounds pass one wave or cut a group in at most 2 slices, and a plan none fits:
         the live schedule (below)."""
         s = self.shape
-        self._sequence_pages = None
         if self.error_target is not None:
             return None  # the one launch draws a fixed budget; the Triton prop runs the pilot
         if self.tuning.one_launch is False or device.type != "cuda" or torch.cuda.is_current_stream_capturing() or not one_launch.eligible(
@@ -557,13 +556,10 @@ class DecodePlan:
             return None
         # a contiguous HND cache (transformers' static cache, [B, H_kv, L, D]) runs the paged kernels, one page a
         # sequence (the contiguous kernels read NHD rows); the rules below treat it as the contiguous plan it is
-        by_sequence = s.page_size is None and s.kv_layout == "HND"
         launch = functools.partial(one_launch.OneLaunch, batch=s.batch, heads=s.heads, kv_heads=s.kv_heads,
-                                   head_dim=s.head_dim, n_keys=s.n_keys, budget=self.budget, scale=self.scale, device=device,
-                                   page_size=one_launch.sequence_page_size(s.n_keys) if by_sequence else s.page_size,
-                                   fp8=s.kv_dtype == FP8, f16=s.kv_dtype == torch.float16)
-        if by_sequence:
-            self._sequence_pages = one_launch.sequence_pages(s.batch, device)
+                                   head_dim=s.head_dim, n_keys=s.n_keys, budget=self.budget, scale=self.scale,
+                                   device=device, page_size=s.page_size, fp8=s.kv_dtype == FP8,
+                                   f16=s.kv_dtype == torch.float16, by_sequence=s.page_size is None and s.kv_layout == "HND")
         try:
             host = launch()
         except ValueError:  # no plan fits shared memory (a large budget), or the module did not load (warned once)
@@ -929,8 +925,7 @@ class DecodePlan:
             buffers, strides = one_launch_call
             # the one launch computes the sequences the budget covers exactly itself (one_launch.cu)
             out = self.one_launch.run(q, k_cache, v_cache, out=out, strides=strides, seq_lens=seq_lens, starts=starts,
-                                      block_table=block_table if self._sequence_pages is None else self._sequence_pages,
-                                      seed=seed, offset=offset,
+                                      block_table=block_table, seed=seed, offset=offset,
                                       positions=positions, head_offset=head_offset, counts=counts, buffers=buffers,
                                       k_scale=k_scale, v_scale=v_scale, enabled=enabled)
         else:
