@@ -253,6 +253,8 @@ def test_a_validated_call_signature_never_lets_a_bad_call_through():
         (dict(out=torch.empty(1, 4, 32, dtype=torch.float16, device=DEVICE)), ValueError, "out"),
         (dict(v=v[..., :16]), ValueError, "shape"), (dict(kernel=["prop"]), (TypeError, ValueError), "kernel"),
         (dict(scale=float("nan")), ValueError, "scale"),
+        (dict(batch_invariant="yes"), TypeError, "batch_invariant must be a bool, got str"),
+        (dict(batch_invariant=1), TypeError, "batch_invariant must be a bool, got int"),
     ]
     for change, error, match in bad_calls:
         args = dict(q=q, k_cache=k, v_cache=v, budget=8, seq_lens=seq_lens, seed=1)

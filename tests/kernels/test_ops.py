@@ -243,3 +243,74 @@ def test_reduce_overhead_captures_decode_in_a_cuda_graph(kernel, monkeypatch):
             got = compiled(x, k, v, seq_lens, offset).clone()
             assert torch.equal(got, model(x, k, v, seq_lens, offset)), step
     assert calls and len(calls) == calls_before_replays  # eager santa.decode does not go through the op
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_the_ops_and_their_fakes_take_batch_invariant(op):
+    """The ops' trailing ``batch_invariant`` (schema default False): opcheck passes with it, the op gives what
+    santa.decode(batch_invariant=True) gives (on the CPU what the default gives: no one launch), and the fake returns
+    the real output's metadata."""
+    args = op_args("contiguous", "prop")
+    results = torch.library.opcheck(OPS[op], args, {"batch_invariant": True}, raise_exception=False)
+    assert all(result == "SUCCESS" for result in results.values()), results
+    last = OPS[op]._schema.arguments[-1]  # the trailing argument, so every earlier call's arguments mean the same
+    assert (last.name, str(last.type), last.default_value) == ("batch_invariant", "bool", False)
+    want_out, want_counts = eager_decode(args, return_counts=True, batch_invariant=True)
+    real = OPS[op](*args, batch_invariant=True)
+    assert torch.equal(real[0] if op == "decode_counts" else real, want_out)
+    if op == "decode_counts":
+        assert torch.equal(real[1], want_counts)
+    assert torch.equal(want_out, eager_decode(args))
+    with FakeTensorMode() as mode:
+        fake_args = tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args)
+        fake = OPS[op](*fake_args, batch_invariant=True)
+    for r, f in zip(real if op == "decode_counts" else (real,), fake if op == "decode_counts" else (fake,), strict=True):
+        assert (f.shape, f.dtype, f.stride(), f.device) == (r.shape, r.dtype, r.stride(), r.device)
+
+
+def test_compiled_decode_passes_batch_invariant_to_the_op_and_its_plan(monkeypatch):
+    """santa.decode(batch_invariant=True) under torch.compile(fullgraph=True) reaches the op, whose plan (here the
+    interpreter's kernels) is made with santa.kernels.BATCH_INVARIANT and has no one launch."""
+    from santa.kernels.plan import kernels_on_cpu
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if DEVICE.type == "cpu" and not kernels_on_cpu():
+        pytest.skip("the kernels were defined without TRITON_INTERPRET=1")
+    eager_module = importlib.import_module("santa.kernels.eager")
+    args = op_args("paged", "prop")
+    q, k, v, seq_lens, block_table, offset_tensor = args[:6]
+
+    def step(q, k, v, seq_lens, block_table, offset):
+        return santa.decode(q, k, v, 16, kernel="prop", seq_lens=seq_lens, block_table=block_table, scale=0.3, seed=5,
+                            offset=offset, return_counts=True, batch_invariant=True)
+
+    torch._dynamo.reset()
+    eager_module._CALLS.clear()
+    out, counts = torch.compile(step, fullgraph=True, backend="aot_eager")(q, k, v, seq_lens, block_table, offset_tensor)
+    plans = [call.plan for call in eager_module._CALLS.values()]
+    assert plans and all(plan.tuning.one_launch is False and plan.one_launch is None for plan in plans)
+    want_out, want_counts = step(q, k, v, seq_lens, block_table, offset_tensor)
+    assert torch.equal(out, want_out) and torch.equal(counts, want_counts)
+
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.skipif(not HOPPER, reason="the one-launch prop runs on sm_90 GPUs")
+def test_reduce_overhead_with_batch_invariant_runs_as_eager():
+    """batch_invariant=True under cudagraph trees: the op's plan has no one launch (the Triton prop, its state all in
+    the call's scratch), and every replayed step is eager santa.decode's bit for bit."""
+    torch._dynamo.reset()
+
+    def step(q, k, v, seq_lens, offset):
+        return santa.decode(q, k, v, 128, kernel="prop", seq_lens=seq_lens, offset=offset, batch_invariant=True)
+
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    q, k, v = make_inputs(2, 8, 2, 128, 4096, seed=2)
+    q, k, v = (x.to(DEVICE, torch.bfloat16) for x in (q, k, v))
+    seq_lens = torch.tensor([4096, 1500], dtype=torch.int32, device=DEVICE)
+    offset = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+    with torch.no_grad():
+        for round_ in range(4):
+            offset.fill_(round_)
+            assert torch.equal(compiled(q, k, v, seq_lens, offset).clone(), step(q, k, v, seq_lens, offset)), round_

@@ -117,3 +117,76 @@ def test_bad_starts_are_refused_by_name():
         decode(q, k, v, 8, starts=torch.tensor([0, 1]))
     with pytest.raises(ValueError, match="starts need kernel='prop'"):
         decode(q, k, v, 8, kernel="flash", starts=torch.tensor([0, 1], dtype=torch.int32))
+
+
+# --------------------------------------------------------------------------- batch_invariant: the Triton prop always
+
+
+def test_batch_invariant_plans_the_triton_prop_apart_from_the_default_plan(monkeypatch):
+    """decode(batch_invariant=True) plans with santa.kernels.BATCH_INVARIANT (no one launch), a plan of its own, not the
+    default call's of the same shape. Where there is no one launch (the CPU; this head dim on any GPU) both draw the same
+    samples, bit for bit; the torch fallback has no plan, and the switch changes nothing there either."""
+    import importlib
+
+    from santa.kernels import BATCH_INVARIANT
+
+    eager = importlib.import_module("santa.kernels.eager")
+    q, k, v, seq_lens, seeds, positions = batch_inputs()
+    kwargs = dict(seq_lens=seq_lens, seed=seeds, positions=positions, return_counts=True)
+    eager._CALLS.clear()
+    default_out, default_counts = decode(q, k, v, 48, **kwargs)
+    out, counts = decode(q, k, v, 48, batch_invariant=True, **kwargs)
+    default_call, call = eager._CALLS.values()
+    assert call.plan is not default_call.plan and call.plan_key != default_call.plan_key
+    assert call.plan.tuning == BATCH_INVARIANT and call.plan.tuning.one_launch is False and call.plan.one_launch is None
+    assert default_call.plan.tuning.one_launch is None
+    assert torch.equal(counts, default_counts) and torch.equal(out, default_out)
+    assert torch.equal(decode(q, k, v, 48, batch_invariant=True, **kwargs)[1], counts)  # the cached signature: the same
+    assert len(eager._CALLS) == 2
+    if DEVICE.type == "cpu":  # the torch fallback: no plan
+        monkeypatch.delenv("TRITON_INTERPRET")
+        fallback_out, fallback_counts = decode(q, k, v, 48, batch_invariant=True, **kwargs)
+        reference_out, reference_counts = decode(q, k, v, 48, **kwargs)
+        assert torch.equal(fallback_counts, reference_counts) and torch.equal(fallback_out, reference_out)
+
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def test_batch_invariant_draws_a_sequences_samples_alike_alone_and_batched():
+    """batch_invariant=True: a sequence's counts are the same bit for bit alone (batch 1, a cache of its own length) and
+    batched (batch 3, a longer HND cache, as santa.hf passes it), left-padded there by a whole prop tile (128 keys):
+    the Triton prop's tiles are cut from the cache's first key. On CUDA in bf16 at a shape whose default plan takes the
+    one launch on Hopper (d = 128, G = 4), whose slices follow the batch; batch_invariant's plans have none."""
+    import importlib
+
+    eager = importlib.import_module("santa.kernels.eager")
+    cuda = DEVICE.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    heads, kv_heads = (32, 8) if cuda else (8, 2)  # the interpreter: fewer heads of the same group
+    dim, length, pad, budget = 128, 420, 128, 64
+    q, k, v = make_inputs(3, heads, kv_heads, dim, pad + length + 152, dtype, seed=51, q_scale=2.0, layout="HND")
+    q_alone = q[1:2].clone()
+    k_alone, v_alone = (x[1:2, :, pad : pad + length].contiguous() for x in (k, v))
+    seq_lens = torch.tensor([pad + length + 152, pad + length, 300], dtype=torch.int32, device=DEVICE)
+    starts = torch.tensor([0, pad, 37], dtype=torch.int32, device=DEVICE)
+    positions = (seq_lens - starts).long() - 1
+    seeds = torch.tensor([3, 2**62 + 5, 8], dtype=torch.int64, device=DEVICE)
+    common = dict(kv_layout="HND", return_counts=True, batch_invariant=True)
+    eager._CALLS.clear()
+    out, counts = decode(q, k, v, budget, seq_lens=seq_lens, starts=starts, seed=seeds, positions=positions, **common)
+    alone, alone_counts = decode(q_alone, k_alone, v_alone, budget, seq_lens=seq_lens[1:2] - pad,
+                                 starts=torch.zeros(1, dtype=torch.int32, device=DEVICE), seed=seeds[1:2],
+                                 positions=positions[1:2], **common)
+    assert torch.equal(alone_counts[0], counts[1, :, pad : pad + length])
+    assert not counts[1, :, :pad].any() and int(counts[1].sum()) == heads * budget
+    tolerance = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(alone[0], out[1], **tolerance)  # the same samples; the sums' order follows the batch
+    plans = [call.plan for call in eager._CALLS.values()]
+    assert len(plans) == 2 and all(plan.tuning.one_launch is False and plan.one_launch is None for plan in plans)
+    if HOPPER:  # the switch matters here: the default plans of both calls take the one launch
+        decode(q, k, v, budget, seq_lens=seq_lens, starts=starts, seed=seeds, positions=positions, kv_layout="HND")
+        decode(q_alone, k_alone, v_alone, budget, seq_lens=seq_lens[1:2] - pad, seed=seeds[1:2], positions=positions[1:2],
+               kv_layout="HND", starts=torch.zeros(1, dtype=torch.int32, device=DEVICE))
+        defaults = [call.plan for call in eager._CALLS.values() if call.plan.tuning.one_launch is None]
+        assert len(defaults) == 2 and all(plan.one_launch is not None for plan in defaults)

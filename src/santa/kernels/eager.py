@@ -21,10 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
+from santa.attention import check_flag
 from santa.checks import integer
 from santa.checks import scale as check_scale
 from santa.error_target import DEFAULT_PILOT
-from santa.kernels.layout import WorkspaceKey, workspace_nbytes
+from santa.kernels.layout import BATCH_INVARIANT, Tuning, WorkspaceKey, workspace_nbytes
 from santa.kernels.plan import (
     DTYPES,
     FP8,
@@ -225,12 +226,14 @@ def workspace_bytes(batch: int, heads: int, dim: int, n_keys: int, budget: int, 
     return workspace_nbytes(_workspace_key(kernel, batch, heads, dim, n_keys, budget, "cpu"))
 
 
-def _workspace_key(kernel: str, batch: int, heads: int, dim: int, n_keys: int, budget: int, device) -> WorkspaceKey:
+def _workspace_key(kernel: str, batch: int, heads: int, dim: int, n_keys: int, budget: int, device,
+                   tuning: Tuning | None = None) -> WorkspaceKey:
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     kernel = "prop" if kernel == "auto" else kernel
     return WorkspaceKey.of(kernel=kernel, batch=batch, heads=heads, head_dim=dim, n_keys=n_keys,
-                           budget=check_budget_for_kernels(budget), device=str(resolve_device(device)))
+                           budget=check_budget_for_kernels(budget), device=str(resolve_device(device)),
+                           tuning=tuning or Tuning())
 
 
 def make_workspace(
@@ -299,9 +302,10 @@ def _plan_for(key: tuple, **shape) -> DecodePlan:
 
 
 def _signature(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts,
-               error_target=None, pilot=DEFAULT_PILOT):
+               error_target=None, pilot=DEFAULT_PILOT, batch_invariant=False):
     """Everything :func:`_validate` and :func:`use_triton` read (types, shapes, strides, dtypes,
-    devices, the non-tensor arguments with their types, ``TRITON_INTERPRET``), or None when some argument is not of a kind it can key on (then
+    devices, the non-tensor arguments with their types, ``TRITON_INTERPRET``; ``batch_invariant``, a bool checked
+    before, which the plan depends on), or None when some argument is not of a kind it can key on (then
     the call is validated in full, which raises for it)."""
     try:
         tensors = (type(q), q.shape, q.stride(), q.dtype, q.device, type(k_cache), k_cache.shape, k_cache.stride(),
@@ -321,14 +325,15 @@ def _signature(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_la
     interpret = None if q.device.type == "cuda" else (os.environ.get("TRITON_INTERPRET"), kernels_on_cpu())
     return (tensors, optional, type(offset), type(budget), budget, type(kernel), kernel, type(kv_layout), kv_layout,
             type(scale), scale, type(return_counts), return_counts, interpret, type(error_target), error_target,
-            type(pilot), pilot)
+            type(pilot), pilot, batch_invariant)
 
 
 def _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out,
-                    return_counts, error_target=None, pilot=DEFAULT_PILOT) -> _Call:
-    """The call's validation: from the cache for a signature seen before, else :func:`_validate` in full."""
+                    return_counts, error_target=None, pilot=DEFAULT_PILOT, batch_invariant=False) -> _Call:
+    """The call's validation: from the cache for a signature seen before, else :func:`_validate` in full (a new plan
+    with ``tuning=BATCH_INVARIANT`` where ``batch_invariant``, a bool the caller checked)."""
     sig = _signature(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts,
-                     error_target, pilot)
+                     error_target, pilot, batch_invariant)
     try:
         call = None if sig is None else _CALLS.get(sig)
     except TypeError:  # an unhashable argument: _validate names it
@@ -344,15 +349,17 @@ def _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, 
     page_size = k_cache.shape[1 if kv_layout == "NHD" else 2] if paged else 1
     batch, heads, dim = q.shape
     plan = plan_key = None
+    tuning = BATCH_INVARIANT if batch_invariant else None  # None: the plan's default (the one launch where it serves)
     if use_triton(q.device):
         shape = dict(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=budget, dtype=q.dtype,
                      device=q.device, kernel=kernel, kv_layout=kv_layout, page_size=page_size if paged else None,
                      scale=None if scale is None else float(scale), kv_dtype=k_cache.dtype, error_target=error_target,
-                     pilot=pilot)
-        plan_key = tuple(shape.values())
+                     pilot=pilot, tuning=tuning)
+        plan_key = tuple(shape.values())  # with the tuning: a batch-invariant plan is never shared with a default one
         plan = _plan_for(plan_key, **shape)
     call = _Call(budget=budget, kernel=kernel, n_keys=n_keys, kv_heads=kv_heads, page_size=page_size,
-                 workspace_key=_workspace_key(kernel, batch, heads, dim, n_keys, budget, q.device), plan=plan, plan_key=plan_key,
+                 workspace_key=_workspace_key(kernel, batch, heads, dim, n_keys, budget, q.device, tuning), plan=plan,
+                 plan_key=plan_key,
                  host_checks=plan is None or q.device.type == "cpu", error_target=error_target, pilot=pilot)
     if sig is not None:
         if len(_CALLS) >= _CALL_CACHE_SIZE:
@@ -385,6 +392,7 @@ def decode(
     head_offset: int = 0,
     error_target: float | None = None,
     pilot: int = DEFAULT_PILOT,
+    batch_invariant: bool = False,
     **unsupported,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Sampled attention for one new token per sequence: ``ô = (1/S) Σ_j c_j v_j`` (prop).
@@ -432,19 +440,26 @@ def decode(
         draws ``S_r = min(budget, max(S₀, ⌈T̂ / (ε² N̂)⌉))`` samples, T̂ and ‖o‖² (N̂) estimated from a pilot of
         ``pilot`` systematic draws (int ≥ 2, default 16) on their own uniforms (stream 1); ``budget`` is
         the cap S_max (the launch's size, so graphs capture it). The counts then sum to each head's S_r.
+    batch_invariant: a bool (default False). True: the same samples bit for bit alone or batched (a run shifted by
+        ``starts`` keeps them where it moves by whole prop tiles, which are cut from the cache's first key): the plan
+        runs the Triton prop's two launches on every call (``tuning=santa.kernels.BATCH_INVARIANT``); on Hopper slower
+        than the one launch it replaces, whose float32 CDF is summed in slices that follow the batch size and cache
+        length. The torch fallback (the CPU without ``TRITON_INTERPRET=1``) is batch-invariant already: there it
+        changes nothing.
     Returns out, or ``(out, counts)``. Non-finite input: see the module docstring.
 
     Under ``torch.compile`` the call is one custom op (:mod:`santa.kernels.ops`): see :func:`_decode_compiled`.
     """
     if unsupported:  # FlashInfer's soft-cap, LSE, RoPE modes …: refused by name (plan.UNSUPPORTED_KEYWORDS)
         refuse_unsupported("decode", unsupported)
+    check_flag("batch_invariant", batch_invariant)
     if torch.compiler.is_compiling():
         return _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset,
                                 out, workspace, return_counts, check, positions, starts, k_scale, v_scale, head_offset,
-                                error_target, pilot)
+                                error_target, pilot, batch_invariant)
     check_seed_and_offset(seed, offset)
     call = _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out,
-                           return_counts, error_target, pilot)
+                           return_counts, error_target, pilot, batch_invariant)
     head_offset = check_head_offset(head_offset, heads=q.shape[1], positional=positions is not None)
     if positions is not None or isinstance(seed, torch.Tensor):
         check_request_keys(seed, offset, positions, batch=q.shape[0], device=q.device,
@@ -490,7 +505,7 @@ def _decode_reference(q, k_cache, v_cache, budget, kernel, seq_lens, block_table
 
 def _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, seed, offset, out,
                      workspace, return_counts, check, positions, starts, k_scale, v_scale, head_offset=0,
-                     error_target=None, pilot=DEFAULT_PILOT):
+                     error_target=None, pilot=DEFAULT_PILOT, batch_invariant=False):
     """:func:`decode` as torch.compile traces it: the checks that read no tensor values (the same
     errors as eager), then ``torch.ops.santa.decode`` (or ``decode_counts``), whose implementation is
     the eager call at execution time (its plan cached per call signature, with the plan's own
@@ -527,6 +542,8 @@ def _decode_compiled(q, k_cache, v_cache, budget, kernel, seq_lens, block_table,
     extra = dict(head_offset=head_offset) if head_offset else {}  # the ops' default: 0
     if error_target is not None:  # the ops' default: None (a fixed budget)
         extra.update(error_target=error_target, pilot=pilot)
+    if batch_invariant:  # the ops' default: False (the plan's own choice of kernels)
+        extra.update(batch_invariant=True)
     if return_counts:
         result, counts = torch.ops.santa.decode_counts(*args, **extra)
     else:

@@ -3,8 +3,8 @@ that calls :func:`santa.decode` (and ``mode="reduce-overhead"`` captures it in a
 
 - ``torch.ops.santa.decode(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds,
   positions, starts, budget, kernel, kv_layout, scale, seed, offset, k_scale=None, v_scale=None,
-  k_scale_tensor=None, v_scale_tensor=None, head_offset=0, error_target=None, pilot=16) -> out``: one decode step, a new ``[B, H, d]`` tensor in
-  q's dtype (contiguous).
+  k_scale_tensor=None, v_scale_tensor=None, head_offset=0, error_target=None, pilot=16, batch_invariant=False) -> out``:
+  one decode step, a new ``[B, H, d]`` tensor in q's dtype (contiguous).
 - ``torch.ops.santa.decode_counts(...)`` (same arguments) ``-> (out, counts)``: also the per-key
   sample counts, int32 ``[B, H, n_keys]`` (statistics, tests).
 
@@ -21,7 +21,8 @@ offset are ints in ``[0, 2**63)`` (they fit the schema's int64). The caches may 
 ``k_scale_tensor`` / ``v_scale_tensor`` (float32 ``[H_kv]`` on q's device), one of each pair at most,
 1.0 when neither is given; other caches take none (ValueError). ``head_offset`` (default 0) is
 :func:`santa.decode`'s (the global index of q's first head under tensor parallelism, with positions);
-``error_target`` and ``pilot`` too (budgets from an error target, ``budget`` the cap; prop only).
+``error_target`` and ``pilot`` too (budgets from an error target, ``budget`` the cap; prop only), and
+``batch_invariant`` (the Triton prop on every call: the same samples alone or batched).
 
 The implementation is the eager :func:`santa.decode` at execution time: on CUDA (and on the CPU
 under ``TRITON_INTERPRET=1``) a :class:`santa.kernels.DecodePlan`, cached per call signature
@@ -58,18 +59,19 @@ def _cache_scales(k_scale, v_scale, k_scale_tensor, v_scale_tensor) -> tuple:
 
 def _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel, kv_layout,
            scale, seed, offset, k_scale, v_scale, k_scale_tensor, v_scale_tensor, return_counts, head_offset=0,
-           error_target=None, pilot=DEFAULT_PILOT):
+           error_target=None, pilot=DEFAULT_PILOT, batch_invariant=False):
     """Both ops' implementation: the eager :func:`santa.decode` into a new contiguous output."""
     k_scale, v_scale = _cache_scales(k_scale, v_scale, k_scale_tensor, v_scale_tensor)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous whatever q's strides: as the fake
     offset = offset if offset_tensor is None else offset_tensor
     call = _decode._validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out,
-                                   return_counts, error_target, pilot)
+                                   return_counts, error_target, pilot, batch_invariant)
     workspace = None if call.plan is None else Workspace.scratch(call.workspace_key)  # this call's own: nothing outlives it
     return _decode.decode(q, k_cache, v_cache, budget, kernel=kernel, seq_lens=seq_lens, block_table=block_table,
                           kv_layout=kv_layout, scale=scale, seed=seed if seeds is None else seeds, offset=offset, out=out,
                           return_counts=return_counts, positions=positions, starts=starts, workspace=workspace,
-                          k_scale=k_scale, v_scale=v_scale, head_offset=head_offset, error_target=error_target, pilot=pilot)
+                          k_scale=k_scale, v_scale=v_scale, head_offset=head_offset, error_target=error_target, pilot=pilot,
+                          batch_invariant=batch_invariant)
 
 
 def _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset,
@@ -108,17 +110,18 @@ def decode(
     head_offset: int = 0,
     error_target: float | None = None,
     pilot: int = DEFAULT_PILOT,
+    batch_invariant: bool = False,
 ) -> Tensor:
     """One sampled-attention decode step (see :func:`santa.decode`): ``out [B, H, d]``."""
     return _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel,
                   kv_layout, scale, seed, offset, k_scale, v_scale, k_scale_tensor, v_scale_tensor, False, head_offset,
-                  error_target, pilot)
+                  error_target, pilot, batch_invariant)
 
 
 @decode.register_fake
 def _decode_fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel, kv_layout,
                  scale, seed, offset, k_scale=None, v_scale=None, k_scale_tensor=None, v_scale_tensor=None, head_offset=0,
-                 error_target=None, pilot=DEFAULT_PILOT):
+                 error_target=None, pilot=DEFAULT_PILOT, batch_invariant=False):
     _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset, k_scale, v_scale,
           k_scale_tensor, v_scale_tensor, error_target, pilot)
     return q.new_empty(q.shape)
@@ -148,17 +151,18 @@ def decode_counts(
     head_offset: int = 0,
     error_target: float | None = None,
     pilot: int = DEFAULT_PILOT,
+    batch_invariant: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """:func:`decode` and the per-key sample counts: ``(out [B, H, d], counts int32 [B, H, n_keys])``."""
     return _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel,
                   kv_layout, scale, seed, offset, k_scale, v_scale, k_scale_tensor, v_scale_tensor, True, head_offset,
-                  error_target, pilot)
+                  error_target, pilot, batch_invariant)
 
 
 @decode_counts.register_fake
 def _decode_counts_fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel,
                         kv_layout, scale, seed, offset, k_scale=None, v_scale=None, k_scale_tensor=None, v_scale_tensor=None,
-                        head_offset=0, error_target=None, pilot=DEFAULT_PILOT):
+                        head_offset=0, error_target=None, pilot=DEFAULT_PILOT, batch_invariant=False):
     n_keys = _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset, k_scale,
                    v_scale, k_scale_tensor, v_scale_tensor, error_target, pilot)
     return q.new_empty(q.shape), q.new_empty((q.shape[0], q.shape[1], n_keys), dtype=torch.int32)
