@@ -12,9 +12,10 @@ Default: dense prefill (SDPA), sampled decode. ``prefill="sampled"`` also sample
 is a function of (seed, layer, head, the query's position in its own sequence, sample index), the
 position counted from the attention mask, so the same prompt and seed generate the same tokens
 alone or batched (left-padded), under a dynamic or a static cache, with no state to reset. transformers' caches
-are ``[B, H_kv, L, D]`` (HND), which the kernels read through the Triton prop (Hopper's one-launch prop takes
-contiguous NHD caches only: :func:`santa.kernels.one_launch.eligible`), whose float32 CDF is the same alone or batched:
-the samples are, bit for bit.
+are ``[B, H_kv, L, D]`` (HND), which on Hopper the one-launch prop reads as one page a sequence; its float32 CDF is
+summed in slices that follow the batch, so a sample within float32 rounding of a CDF step may move with it.
+``SantaConfig(batch_invariant=True)`` runs the Triton prop instead, whose CDF does not follow the batch size or the
+cache's length (:class:`SantaConfig`).
 
 What santa implements matches eager attention (tests/hf/test_hf_reliability.py): GQA, sliding
 windows (through the attention mask transformers builds), a score scale other than 1/√D, value
@@ -143,7 +144,7 @@ class SantaConfig:
         (H200: 1.10–5.39× at 512–4k keys): ``8192`` makes short steps dense, as santa's vLLM backend does by default.
         Off by default here: the accuracy harness samples short contexts too. With it on, whether a step is dense
         follows the batch's padded length, so a prompt's tokens may differ alone and batched (request keying holds
-        for the sampled steps only).
+        for the sampled steps only; refused with ``batch_invariant=True``).
     record_stats: accumulate :class:`DecodeStats` (value rows read) over sampled calls.
     score_samples: B ternary draws of Bernoulli qKᵀ for the sampled calls' scores
         (:func:`santa.bernoulli_query`, one draw per KV-head group), or None for exact scores.
@@ -155,6 +156,14 @@ class SantaConfig:
         a masked step (left padding, a static cache's unwritten tail, a window) as each sequence's run
         of keys, found on the device; flash takes unmasked steps only. The kernels and the reference
         draw the same request-keyed uniforms (Bernoulli scores still use a generator per call).
+    batch_invariant: a bool (default False). True: every kernel call plans the Triton prop (:func:`santa.kernels.decode`'s
+        ``batch_invariant``), whose samples follow neither the batch size nor the cache's length: with the kernels a
+        prompt's samples are the same bit for bit alone or batched on every GPU, where the batch pads it on the left by
+        whole prop tiles (128 keys at D ≤ 128, 64 above: the tiles are cut from the cache's first key, so other padding
+        may still move a sample lying within float32 rounding of a CDF step). Off (the default), on Hopper the calls
+        take the one-launch kernel, whose samples follow the plan's slicing, which follows the batch. The reference
+        path (``kernel="reference"``, or ``"auto"`` off CUDA) has no one launch: there it changes nothing. Refused with
+        ``dense_below`` (which steps are dense follows the batch's padded length).
     error_target: a relative error ε > 0 instead of one budget for every head (:mod:`santa.error_target`): each
         query row and head draws ``min(S, max(S₀, ⌈T̂ / (ε² N̂)⌉))`` samples, estimated from a pilot of ``pilot`` draws (int ≥ 2),
         S (``budget`` or the layer's) the cap; the stochastic samplers only, and the prop kernel (not flash).
@@ -176,6 +185,7 @@ class SantaConfig:
     score_sampler: str = "stratified"
     error_target: float | None = None
     pilot: int = DEFAULT_PILOT
+    batch_invariant: bool = False
     stats: DecodeStats = field(default_factory=DecodeStats)
 
     def __post_init__(self) -> None:
@@ -203,6 +213,10 @@ class SantaConfig:
         self.seed = check_seed(self.seed)
         check_flag("exact_when_budget_covers", self.exact_when_budget_covers)
         self.dense_below = integer("dense_below", self.dense_below, low=0)
+        if check_flag("batch_invariant", self.batch_invariant) and self.dense_below:
+            raise ValueError(f"dense_below must be 0 with batch_invariant=True (a decode step runs SDPA when its layer sees "
+                             f"fewer keys, the batch's padded length, so a prompt's tokens would depend on its batch), "
+                             f"got {self.dense_below}")
         check_flag("record_stats", self.record_stats)
         if self.kernel not in KERNEL_CHOICES:
             raise ValueError(f"kernel must be one of {KERNEL_CHOICES}, got {self.kernel!r}")
@@ -399,7 +413,8 @@ def kernel_decode(
     result = decode(
         query[:, :, 0].contiguous(), key.contiguous(), value.contiguous(), config.budget_for(layer),
         kernel=kernel, kv_layout="HND", scale=scaling, seed=rng.layer_key(config.seed, layer), positions=positions,
-        return_counts=config.record_stats, error_target=config.error_target, pilot=config.pilot, **runs,
+        return_counts=config.record_stats, error_target=config.error_target, pilot=config.pilot,
+        batch_invariant=config.batch_invariant, **runs,
     )
     if config.record_stats:
         result, counts = result

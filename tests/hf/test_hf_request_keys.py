@@ -153,3 +153,40 @@ def test_dense_below_is_refused_unless_a_non_negative_int():
         santa.hf.SantaConfig(dense_below=True)
     with pytest.raises(ValueError, match="dense_below must be an int ≥ 0, got -1"):
         santa.hf.SantaConfig(dense_below=-1)
+
+
+def test_batch_invariant_must_be_a_bool_and_refuses_dense_below():
+    """SantaConfig.batch_invariant, as santa.model's generate: a bool, and no dense_below with it (which steps are dense
+    follows the batch's padded length); validate() (configure's) checks a field changed after construction too."""
+    assert santa.hf.SantaConfig().batch_invariant is False
+    assert santa.hf.SantaConfig(batch_invariant=True, kernel="prop").batch_invariant is True
+    with pytest.raises(TypeError, match="batch_invariant must be a bool, got int 1"):
+        santa.hf.SantaConfig(batch_invariant=1)
+    with pytest.raises(ValueError, match="dense_below must be 0 with batch_invariant=True.*got 64"):
+        santa.hf.SantaConfig(batch_invariant=True, dense_below=64)
+    config = santa.hf.SantaConfig(batch_invariant=True)
+    config.dense_below = 8
+    with pytest.raises(ValueError, match="dense_below must be 0 with batch_invariant=True"):
+        config.validate()
+
+
+def test_the_kernel_path_passes_batch_invariant_to_decode(model, monkeypatch):
+    """kernel_decode hands SantaConfig.batch_invariant to santa.kernels.decode on every call; with no one launch (the
+    CPU) the tokens are the default's, and a prompt's are the same alone and batched."""
+    import santa.kernels
+
+    flags = []
+    real_decode = santa.kernels.decode
+
+    def recording_decode(*args, **kwargs):
+        flags.append(kwargs["batch_invariant"])
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(santa.kernels, "decode", recording_decode)
+    sampled = dict(sampler="systematic", budget=5, seed=7, kernel="prop")
+    alone = tokens(model, [PROMPT], santa.hf.SantaConfig(**sampled, batch_invariant=True))
+    batched = tokens(model, [LONGER, PROMPT], santa.hf.SantaConfig(**sampled, batch_invariant=True))
+    assert flags and set(flags) == {True}
+    assert torch.equal(alone[0], batched[1])
+    default = tokens(model, [LONGER, PROMPT], santa.hf.SantaConfig(**sampled))
+    assert False in flags and torch.equal(batched, default)
