@@ -158,9 +158,8 @@ class SantaConfig:
         draw the same request-keyed uniforms (Bernoulli scores still use a generator per call).
     batch_invariant: a bool (default False). True: every kernel call plans the Triton prop (:func:`santa.kernels.decode`'s
         ``batch_invariant``), whose samples follow neither the batch size nor the cache's length: with the kernels a
-        prompt's samples are the same bit for bit alone or batched on every GPU, where the batch pads it on the left by
-        whole prop tiles (128 keys at D ≤ 128, 64 above: the tiles are cut from the cache's first key, so other padding
-        may still move a sample lying within float32 rounding of a CDF step). Off (the default), on Hopper the calls
+        prompt's samples are the same bit for bit alone or batched (left-padded by any length) on every GPU: the Triton
+        prop cuts its tiles from each sequence's first key. Off (the default), on Hopper the calls
         take the one-launch kernel, whose samples follow the plan's slicing, which follows the batch. The reference
         path (``kernel="reference"``, or ``"auto"`` off CUDA) has no one launch: there it changes nothing. Refused with
         ``dense_below`` (which steps are dense follows the batch's padded length).

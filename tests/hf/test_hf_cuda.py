@@ -81,22 +81,23 @@ def test_static_cache_and_compiled_generate_run_the_kernel_and_match_eager(tiny_
 def test_batch_invariant_gives_a_prompt_the_same_tokens_alone_and_batched(tiny_llama):
     """SantaConfig(batch_invariant=True, kernel="prop"): every decode call plans the Triton prop (on Hopper the
     default's plans take the one launch, whose slices follow the batch), and a prompt generates the same tokens alone
-    and left-padded beside a prompt 128 tokens longer: a whole prop tile at D = 64, the Triton prop's tiles being cut
-    from the cache's first key. Tokens, not logits: the model's other layers round a batch of two otherwise than one."""
+    and left-padded by 93 tokens beside a longer prompt (the Triton prop cuts its tiles from each sequence's first key,
+    so the pad need not be whole tiles). Tokens, not logits: the model's other layers round a batch of two otherwise
+    than one."""
     import importlib
 
     eager = importlib.import_module("santa.kernels.eager")
     short = torch.randint(0, 512, (600,), generator=torch.Generator().manual_seed(4))
-    long = torch.randint(0, 512, (728,), generator=torch.Generator().manual_seed(5))
-    ids = torch.stack([long, torch.cat([torch.zeros(128, dtype=torch.long), short])]).cuda()
+    long = torch.randint(0, 512, (693,), generator=torch.Generator().manual_seed(5))
+    ids = torch.stack([long, torch.cat([torch.zeros(93, dtype=torch.long), short])]).cuda()
     mask = torch.ones_like(ids)
-    mask[1, :128] = 0
+    mask[1, :93] = 0
     santa.hf.configure(tiny_llama, santa.hf.SantaConfig(budget=64, sampler="systematic", seed=3, kernel="prop",
                                                         batch_invariant=True))
     run = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)  # 8 tokens: no stop at EOS (2)
     eager._CALLS.clear()
     with torch.inference_mode():
-        batched = tiny_llama.generate(ids, attention_mask=mask, **run)[:, 728:]
+        batched = tiny_llama.generate(ids, attention_mask=mask, **run)[:, 693:]
         alone = tiny_llama.generate(short[None].cuda(), attention_mask=torch.ones(1, 600, dtype=torch.long, device="cuda"),
                                     **run)[:, 600:]
     plans = [call.plan for call in eager._CALLS.values()]

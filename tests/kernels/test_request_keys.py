@@ -108,6 +108,23 @@ def test_a_left_padded_sequence_samples_its_run_as_the_unpadded_one(paged):
     torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-6)
 
 
+def test_a_left_pad_of_any_length_keeps_the_runs_samples_bit_for_bit():
+    """The Triton prop cuts its tiles from each run's first key, so a run's tile masses, float32 CDF and counts are
+    those of the same keys unpadded, whatever the pad. S = 1024 over 2,000 keys puts many comb points near CDF steps:
+    with tiles cut from key 0, a pad of 37 moved two of them (the CPU interpreter, before this rule)."""
+    q, k, v = make_inputs(1, 4, 1, 16, 2000, seed=7, q_scale=3.0)
+    request = dict(seed=torch.tensor([3], device=DEVICE), positions=torch.tensor([1999], device=DEVICE), return_counts=True)
+    want_out, want_counts = decode(q, k, v, 1024, **request)
+    for pad in (5, 37, 69, 100, 200):
+        noise = make_inputs(1, 4, 1, 16, pad, seed=8)[1:]  # what the pad slots hold: never read
+        out, counts = decode(q, torch.cat([noise[0], k], dim=1), torch.cat([noise[1], v], dim=1), 1024,
+                             seq_lens=torch.tensor([2000 + pad], dtype=torch.int32, device=DEVICE),
+                             starts=torch.tensor([pad], dtype=torch.int32, device=DEVICE), **request)
+        assert not counts[..., :pad].any(), pad
+        assert torch.equal(counts[..., pad:], want_counts), pad
+        torch.testing.assert_close(out, want_out, rtol=1e-5, atol=1e-6)
+
+
 def test_bad_starts_are_refused_by_name():
     q, k, v = make_inputs(2, 4, 2, 16, 20, seed=1, device="cpu")
     lens = torch.tensor([20, 9], dtype=torch.int32)
@@ -153,18 +170,20 @@ def test_batch_invariant_plans_the_triton_prop_apart_from_the_default_plan(monke
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-def test_batch_invariant_draws_a_sequences_samples_alike_alone_and_batched():
+@pytest.mark.parametrize("pad", [128, 37])
+def test_batch_invariant_draws_a_sequences_samples_alike_alone_and_batched(pad):
     """batch_invariant=True: a sequence's counts are the same bit for bit alone (batch 1, a cache of its own length) and
-    batched (batch 3, a longer HND cache, as santa.hf passes it), left-padded there by a whole prop tile (128 keys):
-    the Triton prop's tiles are cut from the cache's first key. On CUDA in bf16 at a shape whose default plan takes the
-    one launch on Hopper (d = 128, G = 4), whose slices follow the batch; batch_invariant's plans have none."""
+    batched (batch 3, a longer HND cache, as santa.hf passes it), left-padded there by a whole prop tile (128 keys) or
+    by part of one (37): the Triton prop's tiles are cut from each run's first key. On CUDA in bf16 at a shape whose
+    default plan takes the one launch on Hopper (d = 128, G = 4), whose slices follow the batch; batch_invariant's plans
+    have none."""
     import importlib
 
     eager = importlib.import_module("santa.kernels.eager")
     cuda = DEVICE.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     heads, kv_heads = (32, 8) if cuda else (8, 2)  # the interpreter: fewer heads of the same group
-    dim, length, pad, budget = 128, 420, 128, 64
+    dim, length, budget = 128, 420, 64
     q, k, v = make_inputs(3, heads, kv_heads, dim, pad + length + 152, dtype, seed=51, q_scale=2.0, layout="HND")
     q_alone = q[1:2].clone()
     k_alone, v_alone = (x[1:2, :, pad : pad + length].contiguous() for x in (k, v))

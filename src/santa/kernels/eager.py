@@ -441,7 +441,7 @@ def decode(
         ``pilot`` systematic draws (int ≥ 2, default 16) on their own uniforms (stream 1); ``budget`` is
         the cap S_max (the launch's size, so graphs capture it). The counts then sum to each head's S_r.
     batch_invariant: a bool (default False). True: the same samples bit for bit alone or batched (a run shifted by
-        ``starts`` keeps them where it moves by whole prop tiles, which are cut from the cache's first key): the plan
+        ``starts`` keeps them too: the Triton prop cuts its tiles from each run's first key): the plan
         runs the Triton prop's two launches on every call (``tuning=santa.kernels.BATCH_INVARIANT``); on Hopper slower
         than the one launch it replaces, whose float32 CDF is summed in slices that follow the batch size and cache
         length. The torch fallback (the CPU without ``TRITON_INTERPRET=1``) is batch-invariant already: there it

@@ -9,9 +9,9 @@ on their own: a ``seq_lens`` entry outside ``[0, n_keys]`` is clamped for every 
 sequence's output is NaN; a ``block_table`` page id outside ``[0, pages)`` is never followed and
 the heads that would have read it get NaN.
 
-On an sm_90 GPU a prop plan of bf16 q and bf16 or fp8 caches (contiguous NHD, or paged NHD or HND) runs in one cooperative CUDA launch
-(:mod:`santa.kernels.one_launch`, chosen when the plan is made: :attr:`DecodePlan.one_launch`, None where the plan runs
-the Triton prop) wherever the call needs nothing it lacks (``starts``, strides it cannot read, a workspace
+On an sm_90 GPU a prop plan of bf16 (or fp16) q and bf16, fp16 or fp8 caches (contiguous NHD or HND, or paged NHD or HND)
+runs in one cooperative CUDA launch (:mod:`santa.kernels.one_launch`, chosen when the plan is made:
+:attr:`DecodePlan.one_launch`, None where the plan runs the Triton prop) wherever the call needs nothing it lacks (strides it cannot read, a workspace
 without its buffers: :meth:`DecodePlan._one_launch_call`); other calls, and ``Tuning(one_launch=False)``, run the two
 Triton launches. The two draw the same samples up to float32 CDF rounding. :meth:`DecodePlan.stages` lists the Triton
 launches. A plan made while a CUDA graph is being captured runs the Triton prop (the one launch's buffers are made

@@ -2,7 +2,8 @@
 
 Pass 1 (:func:`_prop_scores_kernel`), one program per (tile, sequence·KV head): the scores of the
 G grouped heads from one read of the K tile, tile max ``m_t`` and mass ``ℓ_t = Σ exp(s − m_t)``,
-and the stash ``u = exp(s − m_t)``.
+and the stash ``u = exp(s − m_t)``. Tiles are cut from each sequence's first key (``starts``: its run of keys is
+``[first, seq_len)``), so a left-padded run has the tile masses, float32 CDF and samples it has unpadded.
 
 Pass 2 (:func:`_prop_gather_kernel`), one program per (chunk of samples, sequence·head): with one
 offset U per (sequence, head), sample m sits at ``(m + U)/S`` on the global CDF. The tile prefix
@@ -51,11 +52,13 @@ def _prop_tile(
     G: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr, IEEE_DOT: tl.constexpr, K_EVICTION: tl.constexpr, K_F16: tl.constexpr,
 ):
-    """Pass-1 work of one (tile, sequence, KV head) that the sequence reaches (``t·BLOCK_N < seq_len``: tiles
-    past it are never read by pass 2): stash, tile max and mass of the G grouped heads."""
-    start = t * BLOCK_N
+    """Pass-1 work of one (tile, sequence, KV head) that the sequence's run reaches (``t·BLOCK_N < seq_len −
+    first_key``: tiles past it are never read by pass 2): stash, tile max and mass of the G grouped heads. Tiles are
+    cut from the run's first key (tile t holds keys ``first_key + t·BLOCK_N + i``, stash column ``t·BLOCK_N + i``), so
+    a left-padded run has the tiles, tile masses and float32 CDF it has unpadded: its samples do not follow the pad."""
+    start = t * BLOCK_N  # the run's column of the tile's first key
     s = tile_scores(
-        q_ptr, k_ptr, bt_ptr, b, kvh, start, seq_len, first_key, n_pages,
+        q_ptr, k_ptr, bt_ptr, b, kvh, first_key + start, seq_len, first_key, n_pages,
         stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, qk_scale,
         G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, K_EVICTION, K_F16,
     )  # [BLOCK_G, BLOCK_N], log2 units
@@ -91,17 +94,18 @@ def _prop_scores_kernel(
     if GATED:  # a closed gate: no tile, nothing written
         seq_len = tl.where(gate_open(enabled_ptr, GATED), seq_len, 0)
     first_key, _ = checked_first_key(starts_ptr, b, seq_len, HAS_STARTS)
+    run_keys = seq_len - first_key  # the run [first_key, seq_len): its tiles are cut from its first key
     score_scale = qk_scale * cache_scale(k_scale, k_scale_ptr, kvh, K_SCALE_PER_HEAD)  # q·(s_k k) = s_k (q·k)
     if LOOP:
         tile = t
-        while tile * BLOCK_N < seq_len:
+        while tile * BLOCK_N < run_keys:
             _prop_tile(
                 q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, tile, b, kvh, seq_len, first_key, n_pages,
                 n_kv_heads, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats,
                 score_scale, G, D, BLOCK_G, BLOCK_N, BLOCK_D, PAGED, PAGE_SIZE, IEEE_DOT, K_EVICTION, K_F16,
             )
             tile += tl.num_programs(0)
-    elif t * BLOCK_N < seq_len:
+    elif t * BLOCK_N < run_keys:
         _prop_tile(
             q_ptr, k_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, t, b, kvh, seq_len, first_key, n_pages,
             n_kv_heads, stride_qb, stride_qh, stride_bt, stride_kb, stride_kn, stride_kh, stride_stash, stride_stats,
@@ -231,16 +235,18 @@ def _discard_stash_lines(stash_ptr, row, stride_stash, line_lo, line_hi, LINES: 
 
 @triton.jit
 def _place_samples(
-    v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, row, b, kvh, seq_len, nan_row, n_pages, u, m_f,
-    budget_f, valid_s, tiles_max, stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats,
+    v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, row, b, kvh, seq_len, first_key, nan_row, n_pages,
+    u, m_f, budget_f, valid_s, tiles_max, stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, SBLOCK: tl.constexpr,
     ONE_CHUNK_T: tl.constexpr, BISECT: tl.constexpr, LOG_T: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     CM: tl.constexpr,
 ):
     """Samples ``m_f`` (where ``valid_s``) of a ``budget_f``-sample systematic draw with offset u on one
     (sequence, head) row: their keys, which are real draws (``ok``), their V rows ``[SBLOCK, BLOCK_D]``
-    (unscaled fp32, 0 where not ok), tile (for the stash discard), and whether a tile mass is NaN."""
-    n_tiles = tl.cdiv(seq_len, BLOCK_N)
+    (unscaled fp32, 0 where not ok), tile (for the stash discard), and whether a tile mass is NaN. The row's run is
+    ``[first_key, seq_len)``; its tiles and stash columns count from ``first_key`` (:func:`_prop_tile`)."""
+    run_keys = seq_len - first_key
+    n_tiles = tl.cdiv(run_keys, BLOCK_N)
     stats_row = row.to(tl.int64) * stride_stats
     tile, lo, hi, z, poisoned = _tile_prefix_search(
         tile_max_ptr, tile_mass_ptr, prefix_ptr, stats_row, n_tiles, tiles_max, u, m_f, budget_f, valid_s,
@@ -254,7 +260,7 @@ def _place_samples(
     pos = tile[:, None] * BLOCK_N + offs_n[None, :]  # [SBLOCK, BLOCK_N]
     stash = tl.load(
         stash_ptr + row.to(tl.int64) * stride_stash + pos,
-        mask=ok[:, None] & (pos < seq_len), other=0.0, cache_modifier=CM,
+        mask=ok[:, None] & (pos < run_keys), other=0.0, cache_modifier=CM,
     )
     cu = tl.cumsum(stash, axis=1)
     tile_total = tl.max(cu, axis=1)
@@ -263,7 +269,7 @@ def _place_samples(
     x = (u - (lo - m_f)) / tl.where(width > 0, width, 1.0)
     last_nonzero = tl.max(tl.where(stash > 0, offs_n[None, :], 0), axis=1)
     j = tl.sum((frac <= x[:, None]).to(tl.int32), axis=1)
-    key = tile * BLOCK_N + tl.minimum(j, last_nonzero)
+    key = first_key + tile * BLOCK_N + tl.minimum(j, last_nonzero)  # the cache's key index
 
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
@@ -293,7 +299,8 @@ def _pilot_budget(vals, v_scale, cap, inv_target2, PILOT: tl.constexpr):
 @triton.jit
 def _prop_chunk(
     v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
-    budgets_ptr, pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, u_pilot, inv_target2, v_scale, budget, tiles_max,
+    budgets_ptr, pid_s, row, b, h, kvh, seq_len, first_key, bad_len, n_pages, u, u_pilot, inv_target2, v_scale, budget,
+    tiles_max,
     stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr,
     SBLOCK: tl.constexpr, N_CHUNKS: tl.constexpr, CHUNK_BLOCK: tl.constexpr, ONE_CHUNK_T: tl.constexpr,
@@ -313,7 +320,7 @@ def _prop_chunk(
     if PILOT > 0:
         offs_p = tl.arange(0, PBLOCK)
         _, _, pilot_vals, _, _ = _place_samples(
-            v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, row, b, kvh, seq_len, nan_row, n_pages,
+            v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, row, b, kvh, seq_len, first_key, nan_row, n_pages,
             u_pilot, offs_p.to(tl.float32), tl.full([], PILOT, tl.float32), offs_p < PILOT, tiles_max, stride_bt, stride_vb,
             stride_vn, stride_vh, stride_stash, stride_stats, D, BLOCK_D, BLOCK_N, BLOCK_T, PBLOCK, ONE_CHUNK_T, BISECT,
             LOG_T, PAGED, PAGE_SIZE, CM,
@@ -326,7 +333,7 @@ def _prop_chunk(
         m_f = offs_s.to(tl.float32)
         budget_f = budget.to(tl.float32)
         key, ok, vals, tile, poisoned = _place_samples(
-            v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, row, b, kvh, seq_len, nan_row, n_pages, u, m_f,
+            v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, row, b, kvh, seq_len, first_key, nan_row, n_pages, u, m_f,
             budget_f, offs_s < budget, tiles_max, stride_bt, stride_vb, stride_vn, stride_vh, stride_stash, stride_stats,
             D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, ONE_CHUNK_T, BISECT, LOG_T, PAGED, PAGE_SIZE, CM,
         )
@@ -346,7 +353,7 @@ def _prop_chunk(
         if pid_s * SBLOCK < budget:
             offs_s = pid_s * SBLOCK + tl.arange(0, SBLOCK)
             key, ok, vals, _tile, poisoned = _place_samples(
-                v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, row, b, kvh, seq_len, nan_row, n_pages, u,
+                v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, row, b, kvh, seq_len, first_key, nan_row, n_pages, u,
                 offs_s.to(tl.float32), budget_f, offs_s < budget, tiles_max, stride_bt, stride_vb, stride_vn, stride_vh,
                 stride_stash, stride_stats, D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, ONE_CHUNK_T, BISECT, LOG_T, PAGED, PAGE_SIZE,
                 CM,
@@ -417,7 +424,7 @@ def _prop_gather_kernel(
     h = row % n_heads
     kvh = h // G
     seq_len, bad_len = checked_seq_len(seq_lens_ptr, b, n_keys, HAS_SEQ_LENS)
-    _, bad_start = checked_first_key(starts_ptr, b, seq_len, HAS_STARTS)
+    first_key, bad_start = checked_first_key(starts_ptr, b, seq_len, HAS_STARTS)
     bad_len = bad_len | bad_start  # the run's keys were masked in pass 1; a bad start makes the sequence NaN
     off_lo, off_hi = load_offset(offset, offset_ptr, OFFSET_IN_MEMORY)
     u = call_uniforms(seed, seeds_ptr, off_lo, off_hi, positions_ptr, b, n_heads, head_offset, h, 0, [SBLOCK],
@@ -431,7 +438,7 @@ def _prop_gather_kernel(
     if gate_open(enabled_ptr, GATED):  # a closed gate: nothing written, counted or left in the semaphores
         _prop_chunk(
             v_ptr, bt_ptr, stash_ptr, tile_max_ptr, tile_mass_ptr, prefix_ptr, partial_ptr, sem_ptr, out_ptr, counts_ptr,
-            budgets_ptr, pid_s, row, b, h, kvh, seq_len, bad_len, n_pages, u, u_pilot, inv_target2,
+            budgets_ptr, pid_s, row, b, h, kvh, seq_len, first_key, bad_len, n_pages, u, u_pilot, inv_target2,
             cache_scale(v_scale, v_scale_ptr, kvh, V_SCALE_PER_HEAD), budget, tiles_max, stride_bt, stride_vb, stride_vn,
             stride_vh, stride_stash, stride_stats, stride_ob, stride_oh, stride_counts,
             D, BLOCK_D, BLOCK_N, BLOCK_T, SBLOCK, N_CHUNKS, CHUNK_BLOCK, ONE_CHUNK_T, BISECT, LOG_T,
