@@ -5,7 +5,7 @@
 # `ab` also carries .old43, from `prepare.sh old43`; `e2ehouse` carries .old41, from `prepare.sh old41`).
 # `trial` times a trial tree (main + unmerged branches, checked out here) against main's own, carried as .mainsrc/src
 # (`git archive main src | tar -x -C .mainsrc`, `.mainsrc` in .git/info/exclude and in the call's carry; MAIN_COMMIT=<sha>).
-#   bash benchmarks/kernels/gpu_run.sh [trial] [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [livencu] [contiguous] [shortslices] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e] [e2ehouse]
+#   bash benchmarks/kernels/gpu_run.sh [trial] [firstkey] [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [livencu] [contiguous] [shortslices] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e] [e2ehouse]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -33,6 +33,12 @@ for stage in "$@"; do
             --backends santa-prop 2>&1 | grep "ms/token"
         done
       done ;;
+    firstkey)  # the Triton prop's tiles from each run's first key (b7c0834), run on a GPU: its tests, then santa.hf's kernel
+               # calls (HND, starts) on the one launch against the Triton prop (contiguous_ab.py --hf)
+      timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_request_keys.py tests/kernels/test_covered_exact.py \
+        tests/hf/test_hf_cuda.py 2>&1 | tail -25 | tee "$OUT/tests_firstkey.log" | tail -3
+      timeout 200 python3 benchmarks/kernels/contiguous_ab.py "$OUT/hf_calls.jsonl" --hf > "$OUT/hf_calls.log" 2>&1
+      tail -3 "$OUT/hf_calls.log" ;;
     tests)
       python3 -m pytest -q -m "not slow" -p no:cacheprovider tests/kernels tests/hf/test_hf_cuda.py \
         tests/model/test_model_real.py 2>&1 | tail -25 | tee "$OUT/tests.log" ;;
