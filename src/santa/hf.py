@@ -12,10 +12,11 @@ Default: dense prefill (SDPA), sampled decode. ``prefill="sampled"`` also sample
 is a function of (seed, layer, head, the query's position in its own sequence, sample index), the
 position counted from the attention mask, so the same prompt and seed generate the same tokens
 alone or batched (left-padded), under a dynamic or a static cache, with no state to reset. transformers' caches
-are ``[B, H_kv, L, D]`` (HND), which on Hopper the one-launch prop reads as one page a sequence; its float32 CDF is
+are ``[B, H_kv, L, D]`` (HND), which on Hopper the one-launch prop reads as one page a sequence (eager calls: under
+``torch.compile`` the custom op runs the Triton prop); its float32 CDF is
 summed in slices that follow the batch, so a sample within float32 rounding of a CDF step may move with it.
-``SantaConfig(batch_invariant=True)`` runs the Triton prop instead, whose CDF does not follow the batch size or the
-cache's length (:class:`SantaConfig`).
+``SantaConfig(batch_invariant=True)`` runs the Triton prop instead, whose CDF follows neither the batch size, the left
+padding nor the cache's length (:class:`SantaConfig`).
 
 What santa implements matches eager attention (tests/hf/test_hf_reliability.py): GQA, sliding
 windows (through the attention mask transformers builds), a score scale other than 1/√D, value
