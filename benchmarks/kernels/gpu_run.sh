@@ -96,12 +96,15 @@ for stage in "$@"; do
       ;;
     livencu)  # issue 39: Nsight Compute on the live schedule's kernel through the product path (ncu_drive.py: a paged plan's
               # third run; LIVE_NCU_CASES "B KEYS" pairs, Llama heads, S = 128, 16-key pages), full set with the stall samples
-              # per SASS instruction; ncu_phases.py sums them per phase against a -lineinfo cubin of the same one_launch.cu
+              # per SASS instruction; ncu_phases.py sums them per phase against a -lineinfo cubin of the same one_launch.cu.
+              # LIVE_NCU_HEADS "H H_KV D" (default Llama's "32 8 128"; G <= 2's question: "16 8 64"), LIVE_NCU_PAGE (default
+              # 16; "0": a contiguous cache, whose plan takes host rounds where they fit, with LIVE_NCU_KERNEL '^prop1')
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
+      PAGE_ARG=${LIVE_NCU_PAGE:-16}; [ "$PAGE_ARG" = 0 ] && PAGE_ARG=
       for CASE in ${LIVE_NCU_CASES:-64x2048 32x32768}; do
         B=${CASE%%x*}; KEYS=${CASE##*x}
-        timeout 240 "$NCU" --clock-control none -k regex:'^prop1l' --launch-skip 2 --launch-count 1 --set full \
-          -f -o "/tmp/ncu_live_$CASE" python3 benchmarks/kernels/ncu_drive.py "$B" "$KEYS" 32 8 128 128 16 \
+        timeout 240 "$NCU" --clock-control none -k regex:"${LIVE_NCU_KERNEL:-^prop1l}" --launch-skip 2 --launch-count 1 --set full \
+          -f -o "/tmp/ncu_live_$CASE" python3 benchmarks/kernels/ncu_drive.py "$B" "$KEYS" ${LIVE_NCU_HEADS:-32 8 128} 128 $PAGE_ARG \
           > "/tmp/ncu_live_$CASE.log" 2>&1; tail -3 "/tmp/ncu_live_$CASE.log"
         "$NCU" -i "/tmp/ncu_live_$CASE.ncu-rep" --page details --csv > "$OUT/ncu_live_${CASE}_details.csv" 2>&1
         "$NCU" -i "/tmp/ncu_live_$CASE.ncu-rep" --page source --csv --print-source sass | gzip > "$OUT/ncu_live_${CASE}_sass.csv.gz"
