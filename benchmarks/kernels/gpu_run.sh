@@ -5,7 +5,7 @@
 # `ab` also carries .old43, from `prepare.sh old43`; `e2ehouse` carries .old41, from `prepare.sh old41`).
 # `trial` times a trial tree (main + unmerged branches, checked out here) against main's own, carried as .mainsrc/src
 # (`git archive main src | tar -x -C .mainsrc`, `.mainsrc` in .git/info/exclude and in the call's carry; MAIN_COMMIT=<sha>).
-#   bash benchmarks/kernels/gpu_run.sh [trial] [firstkey] [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [livencu] [contiguous] [shortslices] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e] [e2ehouse]
+#   bash benchmarks/kernels/gpu_run.sh [trial] [trialhf] [firstkey] [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [livencu] [contiguous] [shortslices] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e] [e2ehouse]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -31,6 +31,18 @@ for stage in "$@"; do
           SANTA_COMMIT=$C PYTHONPATH=/tmp/site:$SRC timeout 90 python3 benchmarks/kernels/hf_generate.py \
             --out "$OUT/hf${B}_$TREE.json" --shape llama-3.1-8b --lengths 30000 --batches $B --cache static --compile \
             --backends santa-prop 2>&1 | grep "ms/token"
+        done
+      done ;;
+    trialhf)  # santa's compiled generate() on main's carried tree and the trial's, alternating twice (main, trial, main,
+              # trial): the first run in a call fills torch.compile's cache, and identical kernels have measured 1.08x apart
+              # (TRIAL_BATCH, default 6; each run its own 100 s limit; carry .mainsrc as for trial)
+      [ -d .mainsrc/src ] || { echo "trialhf: carry main's src/ as .mainsrc/src"; exit 1; }
+      for ROUND in 1 2; do
+        for TREE in main trial; do
+          if [ $TREE = main ]; then SRC=$PWD/.mainsrc/src C=${MAIN_COMMIT:-}; else SRC=$PWD/src C=${SANTA_COMMIT:-}; fi
+          SANTA_COMMIT=$C PYTHONPATH=/tmp/site:$SRC timeout 100 python3 benchmarks/kernels/hf_generate.py \
+            --out "$OUT/hf_${TREE}_$ROUND.json" --shape llama-3.1-8b --lengths 30000 --batches ${TRIAL_BATCH:-6} \
+            --cache static --compile --backends santa-prop 2>&1 | grep "ms/token" | sed "s/^/$TREE $ROUND /"
         done
       done ;;
     firstkey)  # the Triton prop's tiles from each run's first key (b7c0834), run on a GPU: its tests, then santa.hf's kernel
