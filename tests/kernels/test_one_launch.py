@@ -508,6 +508,21 @@ def run_probs(q, k, starts, seq_lens):
     return torch.softmax(s.masked_fill(~visible.unsqueeze(1), -math.inf), dim=-1).nan_to_num(0.0)
 
 
+def assert_runs_0_1_sampled_and_run_2_exact(out, counts, q, k, v, starts, seq_lens, budget: int, seed: int):
+    """Sequences 0 and 1 (sampled runs): the systematic sampler's counts over each run on the request uniforms of
+    ``seed``, and the output their mean; sequence 2 (a run the budget covers): the output is exact attention over it.
+    k, v: NHD ``[B, L, H_kv, d]``."""
+    batch, heads = q.shape[:2]
+    group = heads // k.shape[2]
+    probs = run_probs(q, k, starts, seq_lens)
+    uniforms = philox_uniforms(seed, 0, torch.arange(batch * heads).reshape(batch, heads))
+    assert_counts_match_systematic(counts[:2], probs[:2], budget, uniforms[:2])
+    expected = torch.einsum("bhl,blhd->bhd", counts.double(), v.double().repeat_interleave(group, dim=2)) / budget
+    torch.testing.assert_close(out[:2].double(), expected[:2], rtol=8e-3, atol=8e-3)
+    exact = torch.einsum("hl,lhd->hd", probs[2], v[2].double().repeat_interleave(group, dim=1))
+    torch.testing.assert_close(out[2].double(), exact, rtol=2e-2, atol=2e-2)
+
+
 @needs_hopper
 @pytest.mark.parametrize("paged,live", [(False, False), (False, True), (True, False), (True, True)])
 def test_starts_shift_each_run_in_the_one_launch(paged, live):
@@ -527,17 +542,10 @@ def test_starts_shift_each_run_in_the_one_launch(paged, live):
     counts = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda")
     out = launch.run(q, k_c, v_c, out=torch.empty_like(q), strides=ol.cache_strides(k_c, v_c, "NHD"), seq_lens=seq_lens,
                      starts=starts, block_table=table if paged else None, seed=13, counts=counts)
-    probs = run_probs(q, k, starts, seq_lens)
-    uniforms = philox_uniforms(13, 0, torch.arange(batch * heads).reshape(batch, heads))
-    assert_counts_match_systematic(counts[:2], probs[:2], budget, uniforms[:2])
+    assert_runs_0_1_sampled_and_run_2_exact(out, counts, q, k, v, starts, seq_lens, budget, seed=13)
     assert counts[1, :, :333].eq(0).all(), "nothing sampled before the first key"
     assert counts[2, :, 900:1000].eq(1).all() and counts[2].sum() == heads * 100, "a covered run: each key once"
     assert out[3].isnan().all() and counts[3].sum() == 0
-    group = heads // kv_heads
-    expected = torch.einsum("bhl,blhd->bhd", counts.double(), v.double().repeat_interleave(group, dim=2)) / budget
-    torch.testing.assert_close(out[:2].double(), expected[:2], rtol=8e-3, atol=8e-3)
-    exact = torch.einsum("hl,lhd->hd", probs[2], v[2].double().repeat_interleave(group, dim=1))
-    torch.testing.assert_close(out[2].double(), exact, rtol=2e-2, atol=2e-2)
 
 
 @needs_hopper
@@ -586,15 +594,8 @@ def test_a_contiguous_hnd_plan_runs_the_paged_one_launch_with_starts(n_keys, mon
     counts = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda")
     out = plan.run(q, k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous(), seq_lens=seq_lens, starts=starts,
                    seed=5, counts=counts)
-    probs = run_probs(q, k, starts, seq_lens)
-    uniforms = philox_uniforms(5, 0, torch.arange(batch * heads).reshape(batch, heads))
-    assert_counts_match_systematic(counts[:2], probs[:2], budget, uniforms[:2])
+    assert_runs_0_1_sampled_and_run_2_exact(out, counts, q, k, v, starts, seq_lens, budget, seed=5)
     assert counts[2, :, 600:650].eq(1).all() and counts[2].sum() == heads * 50
-    group = heads // kv_heads
-    expected = torch.einsum("bhl,blhd->bhd", counts.double(), v.double().repeat_interleave(group, dim=2)) / budget
-    torch.testing.assert_close(out[:2].double(), expected[:2], rtol=8e-3, atol=8e-3)
-    exact = torch.einsum("hl,lhd->hd", probs[2], v[2].double().repeat_interleave(group, dim=1))
-    torch.testing.assert_close(out[2].double(), exact, rtol=2e-2, atol=2e-2)
 
 
 @needs_hopper
