@@ -35,12 +35,12 @@ for stage in "$@"; do
       done ;;
     trialhf)  # santa's compiled generate() on main's carried tree and the trial's, alternating twice (main, trial, main,
               # trial): the first run in a call fills torch.compile's cache, and identical kernels have measured 1.08x apart
-              # (TRIAL_BATCH, default 6; each run its own 100 s limit; carry .mainsrc as for trial)
+              # (TRIAL_BATCH, default 6; each run its own 120 s limit; carry .mainsrc as for trial)
       [ -d .mainsrc/src ] || { echo "trialhf: carry main's src/ as .mainsrc/src"; exit 1; }
       for ROUND in 1 2; do
         for TREE in main trial; do
           if [ $TREE = main ]; then SRC=$PWD/.mainsrc/src C=${MAIN_COMMIT:-}; else SRC=$PWD/src C=${SANTA_COMMIT:-}; fi
-          SANTA_COMMIT=$C PYTHONPATH=/tmp/site:$SRC timeout 100 python3 benchmarks/kernels/hf_generate.py \
+          SANTA_COMMIT=$C PYTHONPATH=/tmp/site:$SRC timeout 120 python3 benchmarks/kernels/hf_generate.py \
             --out "$OUT/hf_${TREE}_$ROUND.json" --shape llama-3.1-8b --lengths 30000 --batches ${TRIAL_BATCH:-6} \
             --cache static --compile --backends santa-prop 2>&1 | grep "ms/token" | sed "s/^/$TREE $ROUND /"
         done
