@@ -268,9 +268,11 @@ def test_the_ops_and_their_fakes_take_batch_invariant(op):
         assert (f.shape, f.dtype, f.stride(), f.device) == (r.shape, r.dtype, r.stride(), r.device)
 
 
-def test_compiled_decode_passes_batch_invariant_to_the_op_and_its_plan(monkeypatch):
-    """santa.decode(batch_invariant=True) under torch.compile(fullgraph=True) reaches the op, whose plan (here the
-    interpreter's kernels) is made with santa.kernels.BATCH_INVARIANT and has no one launch."""
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_the_compiled_ops_plans_never_take_the_one_launch(monkeypatch, batch_invariant):
+    """santa.decode under torch.compile(fullgraph=True) reaches the op, whose plan (here the interpreter's kernels) is
+    made with santa.kernels.BATCH_INVARIANT and has no one launch, whatever batch_invariant says: the one launch's
+    state outlives a call, which cudagraph trees refuse (transformers' compiled generate() on an H100, 2026-12-07)."""
     from santa.kernels.plan import kernels_on_cpu
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -282,7 +284,7 @@ def test_compiled_decode_passes_batch_invariant_to_the_op_and_its_plan(monkeypat
 
     def step(q, k, v, seq_lens, block_table, offset):
         return santa.decode(q, k, v, 16, kernel="prop", seq_lens=seq_lens, block_table=block_table, scale=0.3, seed=5,
-                            offset=offset, return_counts=True, batch_invariant=True)
+                            offset=offset, return_counts=True, batch_invariant=batch_invariant)
 
     torch._dynamo.reset()
     eager_module._CALLS.clear()
@@ -297,20 +299,27 @@ HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9,
 
 
 @pytest.mark.skipif(not HOPPER, reason="the one-launch prop runs on sm_90 GPUs")
-def test_reduce_overhead_with_batch_invariant_runs_as_eager():
-    """batch_invariant=True under cudagraph trees: the op's plan has no one launch (the Triton prop, its state all in
-    the call's scratch), and every replayed step is eager santa.decode's bit for bit."""
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_reduce_overhead_runs_as_batch_invariant_eager(layout, batch_invariant):
+    """Under cudagraph trees the op's plan has no one launch (the Triton prop, its state all in the call's scratch),
+    whatever batch_invariant says, and every replayed step is eager santa.decode(batch_invariant=True)'s bit for bit;
+    HND with starts is santa.hf's call, whose plan made in a graph's warm-up left the one launch's tensors in the
+    graph's pool before this fix (2026-12-07)."""
     torch._dynamo.reset()
+    starts = torch.tensor([0, 37], dtype=torch.int32, device=DEVICE) if layout == "HND" else None
 
-    def step(q, k, v, seq_lens, offset):
-        return santa.decode(q, k, v, 128, kernel="prop", seq_lens=seq_lens, offset=offset, batch_invariant=True)
+    def step(q, k, v, seq_lens, offset, batch_invariant):
+        return santa.decode(q, k, v, 128, kernel="prop", seq_lens=seq_lens, offset=offset, kv_layout=layout,
+                            starts=starts, batch_invariant=batch_invariant)
 
     compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
-    q, k, v = make_inputs(2, 8, 2, 128, 4096, seed=2)
+    q, k, v = make_inputs(2, 8, 2, 128, 4096, seed=2, layout=layout)
     q, k, v = (x.to(DEVICE, torch.bfloat16) for x in (q, k, v))
     seq_lens = torch.tensor([4096, 1500], dtype=torch.int32, device=DEVICE)
     offset = torch.zeros(1, dtype=torch.int64, device=DEVICE)
     with torch.no_grad():
         for round_ in range(4):
             offset.fill_(round_)
-            assert torch.equal(compiled(q, k, v, seq_lens, offset).clone(), step(q, k, v, seq_lens, offset)), round_
+            got = compiled(q, k, v, seq_lens, offset, batch_invariant).clone()
+            assert torch.equal(got, step(q, k, v, seq_lens, offset, True)), round_

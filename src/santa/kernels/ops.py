@@ -22,7 +22,8 @@ offset are ints in ``[0, 2**63)`` (they fit the schema's int64). The caches may 
 1.0 when neither is given; other caches take none (ValueError). ``head_offset`` (default 0) is
 :func:`santa.decode`'s (the global index of q's first head under tensor parallelism, with positions);
 ``error_target`` and ``pilot`` too (budgets from an error target, ``budget`` the cap; prop only), and
-``batch_invariant`` (the Triton prop on every call: the same samples alone or batched).
+``batch_invariant`` (checked; the op runs the Triton prop on every call whatever it says, so its samples are the same
+alone or batched: see below).
 
 The implementation is the eager :func:`santa.decode` at execution time: on CUDA (and on the CPU
 under ``TRITON_INTERPRET=1``) a :class:`santa.kernels.DecodePlan`, cached per call signature
@@ -30,7 +31,8 @@ under ``TRITON_INTERPRET=1``) a :class:`santa.kernels.DecodePlan`, cached per ca
 on the CPU otherwise the torch fallback (:func:`santa.kernels.plan.torch_decode`), which checks the
 tables' values. The plan cache is consulted when the op *runs*, never while it is traced. Each run
 takes a scratch workspace of its own (:meth:`Workspace.scratch`: uninitialised but its semaphores),
-so the op holds no memory between calls: under CUDA graphs (``mode="reduce-overhead"``, whose
+so the op holds no memory between calls (its plans run the Triton prop, never the one launch, whose schedule and
+buffers persist): under CUDA graphs (``mode="reduce-overhead"``, whose
 cudagraph trees refuse an allocation that outlives a captured call) the workspace and the output
 live in the graph's pool. The fake implementation checks the call's shapes, dtypes and
 devices (what needs no tensor values) and returns the output's metadata.
@@ -39,6 +41,7 @@ devices (what needs no tensor values) and returns the output's metadata.
 import torch
 from torch import Tensor
 
+from santa.attention import check_flag
 from santa.error_target import DEFAULT_PILOT
 from santa.kernels import eager as _decode
 from santa.kernels.plan import Workspace
@@ -64,14 +67,19 @@ def _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, pos
     k_scale, v_scale = _cache_scales(k_scale, v_scale, k_scale_tensor, v_scale_tensor)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous whatever q's strides: as the fake
     offset = offset if offset_tensor is None else offset_tensor
+    check_flag("batch_invariant", batch_invariant)
+    # The op's plans never take the one launch: its buffers and schedule persist between calls, and a plan made while
+    # cudagraph trees warm a graph up would leave them in the graph's pool ("tensors in the cudagraph pool not tracked as
+    # outputs", transformers' compiled generate() on an H100, 2026-12-07). The Triton prop keeps all its state in the
+    # call's scratch; it is the batch-invariant tuning, so every op call is batch-invariant, whatever batch_invariant says.
     call = _decode._validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out,
-                                   return_counts, error_target, pilot, batch_invariant)
+                                   return_counts, error_target, pilot, batch_invariant=True)
     workspace = None if call.plan is None else Workspace.scratch(call.workspace_key)  # this call's own: nothing outlives it
     return _decode.decode(q, k_cache, v_cache, budget, kernel=kernel, seq_lens=seq_lens, block_table=block_table,
                           kv_layout=kv_layout, scale=scale, seed=seed if seeds is None else seeds, offset=offset, out=out,
                           return_counts=return_counts, positions=positions, starts=starts, workspace=workspace,
                           k_scale=k_scale, v_scale=v_scale, head_offset=head_offset, error_target=error_target, pilot=pilot,
-                          batch_invariant=batch_invariant)
+                          batch_invariant=True)
 
 
 def _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset,
