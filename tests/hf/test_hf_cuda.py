@@ -1,5 +1,7 @@
 """The transformers backend on CUDA, where decode runs the Triton kernels (tiny random Llama)."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -50,24 +52,31 @@ def test_cuda_decode_runs_the_kernel_and_stays_close_to_dense(tiny_llama, monkey
 def test_static_cache_and_compiled_generate_run_the_kernel_and_match_eager(tiny_llama):
     """Issue 26: `cache_implementation="static"` + transformers' compiled decode (fullgraph, CUDA-graph trees) runs
     the prop kernel through the santa::decode custom op, replays the same tokens, and its first decode step
-    draws what the eager dynamic-cache step draws (request-keyed randomness: the cache's length does not enter;
-    later steps may part where compiled and eager bf16 arithmetic round a near-tie differently)."""
+    draws what the eager dynamic-cache step draws with ``batch_invariant=True`` (the op plans the Triton prop, as that
+    switch does: request-keyed randomness, and neither the cache's length nor the batch enters; later steps may part
+    where compiled and eager bf16 arithmetic round a near-tie differently). The compiled run comes first in a fresh
+    plan cache, so its plan is made while the trees warm a graph up (a one launch made there left its tensors in the
+    graph's pool before 11dc053)."""
     from transformers import CompileConfig
 
+    eager_module = importlib.import_module("santa.kernels.eager")
     ids = torch.randint(0, 512, (2, 600), generator=torch.Generator().manual_seed(2)).cuda()
     mask = torch.ones_like(ids)
     mask[1, :40] = 0  # the second row left-padded by 40
-    santa.hf.configure(tiny_llama, santa.hf.SantaConfig(budget=64, sampler="systematic", seed=3, kernel="prop"))
+    config = dict(budget=64, sampler="systematic", seed=3, kernel="prop")
     torch._dynamo.reset()
+    eager_module._CALLS.clear()
     run = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0, output_logits=True,
                return_dict_in_generate=True)
     compiled_run = dict(run, cache_implementation="static",
                         compile_config=CompileConfig(fullgraph=True, mode="reduce-overhead", dynamic=False))
     with torch.inference_mode():
-        eager = tiny_llama.generate(ids, **run)
+        santa.hf.configure(tiny_llama, santa.hf.SantaConfig(**config))
         compiled = tiny_llama.generate(ids, **compiled_run)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
             replayed = tiny_llama.generate(ids, **compiled_run)
+        santa.hf.configure(tiny_llama, santa.hf.SantaConfig(**config, batch_invariant=True))
+        eager = tiny_llama.generate(ids, **run)
     assert hasattr(tiny_llama, "_compiled_call")  # transformers took the compiled decode path
     names = {event.name for event in profile.events()}
     assert any("_prop_gather_kernel" in name for name in names), sorted(names)[:20]
@@ -84,8 +93,6 @@ def test_batch_invariant_gives_a_prompt_the_same_tokens_alone_and_batched(tiny_l
     and left-padded by 93 tokens beside a longer prompt (the Triton prop cuts its tiles from each sequence's first key,
     so the pad need not be whole tiles). Tokens, not logits: the model's other layers round a batch of two otherwise
     than one."""
-    import importlib
-
     eager = importlib.import_module("santa.kernels.eager")
     short = torch.randint(0, 512, (600,), generator=torch.Generator().manual_seed(4))
     long = torch.randint(0, 512, (693,), generator=torch.Generator().manual_seed(5))
