@@ -148,6 +148,22 @@ def tiny_hf_model(family: str = "llama", **fields) -> torch.nn.Module:
     return getattr(transformers, model_class)(config).eval()
 
 
+def recorded_decode_argument(monkeypatch, name: str) -> list:
+    """Patches :func:`santa.kernels.decode` (what santa.hf's kernel path calls) to record keyword ``name`` of every
+    call in the returned list, then decode as before."""
+    import santa.kernels
+
+    recorded = []
+    real_decode = santa.kernels.decode
+
+    def recording_decode(*args, **kwargs):
+        recorded.append(kwargs[name])
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(santa.kernels, "decode", recording_decode)
+    return recorded
+
+
 # --- sweep files (santa eval) ---------------------------------------------------------------------
 
 

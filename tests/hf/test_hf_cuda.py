@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import santa.hf
-import santa.kernels
+from helpers import recorded_decode_argument
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the kernel decode path needs CUDA")
 
@@ -24,14 +24,7 @@ def tiny_llama():
 
 
 def test_cuda_decode_runs_the_kernel_and_stays_close_to_dense(tiny_llama, monkeypatch):
-    calls = []
-    real_decode = santa.kernels.decode
-
-    def counting_decode(*args, **kwargs):
-        calls.append(kwargs["kernel"])
-        return real_decode(*args, **kwargs)
-
-    monkeypatch.setattr(santa.kernels, "decode", counting_decode)
+    calls = recorded_decode_argument(monkeypatch, "kernel")
     ids = torch.randint(0, 512, (2, 600), generator=torch.Generator().manual_seed(1)).cuda()
     with torch.inference_mode():
         santa.hf.configure(tiny_llama, santa.hf.SantaConfig(sampler="dense"))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import santa.hf
-from helpers import tiny_hf_model
+from helpers import recorded_decode_argument, tiny_hf_model
 
 PROMPT = [5, 17, 3, 9, 23, 8, 61, 2]
 LONGER = [44, 2, 50, 9, 33, 12, 7, 7, 19, 28, 31, 40, 6]
@@ -173,16 +173,7 @@ def test_batch_invariant_must_be_a_bool_and_refuses_dense_below():
 def test_the_kernel_path_passes_batch_invariant_to_decode(model, monkeypatch):
     """kernel_decode hands SantaConfig.batch_invariant to santa.kernels.decode on every call; with no one launch (the
     CPU) the tokens are the default's, and a prompt's are the same alone and batched."""
-    import santa.kernels
-
-    flags = []
-    real_decode = santa.kernels.decode
-
-    def recording_decode(*args, **kwargs):
-        flags.append(kwargs["batch_invariant"])
-        return real_decode(*args, **kwargs)
-
-    monkeypatch.setattr(santa.kernels, "decode", recording_decode)
+    flags = recorded_decode_argument(monkeypatch, "batch_invariant")
     sampled = dict(sampler="systematic", budget=5, seed=7, kernel="prop")
     alone = tokens(model, [PROMPT], santa.hf.SantaConfig(**sampled, batch_invariant=True))
     batched = tokens(model, [LONGER, PROMPT], santa.hf.SantaConfig(**sampled, batch_invariant=True))
