@@ -16,8 +16,9 @@ Cases: Llama-3.1-8B (32 / 8 heads, d = 128) and Qwen2.5-0.5B (14 / 2, d = 64) on
 ``--hf`` (keys ``hf/…``, :data:`HF_CASES`): the calls santa.hf makes on transformers' static cache, an HND cache
 ``[B, H_kv, capacity, D]`` with ``starts`` (each row's left padding: row b pads ``b · pad`` keys, its run
 ``[b · pad, length)``), positions ``length − b · pad − 1``. Arms: ``plan`` (since 00f90f1 the one launch, reading the
-cache as one page a sequence, ``plan_name``), ``triton`` and cuDNN on the tight unpadded keys; the rounds and live
-arms are NHD-only and left out.
+cache as one page a sequence, ``plan_name``), ``triton``, ``hnd_nostarts`` (the plan's call without ``starts``),
+``nhd`` (the plan's call on the same keys copied to NHD, with ``starts``) and cuDNN on the tight unpadded keys; the
+rounds and live arms are NHD-only and left out.
 """
 
 from __future__ import annotations
@@ -95,6 +96,22 @@ def measure_case(model: str, batch: int, length: int, capacity: int, fp8: bool, 
             entry["plan_name"] = plan.implementation
     if hf:
         entry["plan_over_triton"] = entry["plan_us"] / entry["triton_us"]
+        # the same call without starts, and on the same keys laid out NHD (with starts): which of the two costs the one
+        # launch time against the contiguous NHD figures (issue 39: Qwen 1 x 32k took 19.2 us here, 15.5 NHD on the H200)
+        k_nhd, v_nhd = (x.transpose(1, 2).contiguous() for x in (k, v))
+        for name, layout, keys, values, extra in (("hnd_nostarts", "HND", k, v, {}), ("nhd", "NHD", k_nhd, v_nhd, runs)):
+            plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=capacity, budget=BUDGET,
+                               dtype=torch.bfloat16, kv_dtype=k.dtype, device="cuda", kv_layout=layout)
+            out = torch.empty_like(q)
+            call_positions = positions if extra else seq_lens - 1
+
+            def variant(plan=plan, out=out, keys=keys, values=values, extra=extra, call_positions=call_positions):
+                plan.run(q, keys, values, seq_lens=seq_lens, positions=call_positions, seed=seed, out=out, **extra,
+                         **scales)
+
+            entry[f"{name}_us"] = time_fn(variant, flusher.read, graph=True)["median_us"]
+            entry[f"{name}_plan"] = plan.implementation
+        del k_nhd, v_nhd
     outs = {}
     for name, live in () if hf else (("rounds", False), ("live", True)):
         try:
