@@ -35,13 +35,16 @@ for stage in "$@"; do
       done ;;
     trialhf)  # santa's compiled generate() on main's carried tree and the trial's, alternating twice (main, trial, main,
               # trial): the first run in a call fills torch.compile's cache, and identical kernels have measured 1.08x apart
-              # (TRIAL_BATCH, default 6; each run its own 120 s limit; carry .mainsrc as for trial)
+              # (TRIAL_BATCH, default 6; TRIAL_SHAPE, default llama-3.1-8b; TRIAL_LENGTH, default 30000; each run its own
+              # 120 s limit; carry .mainsrc as for trial). The kernel calls differ most at qwen2.5-0.5b 16 x 32768 (the one
+              # launch 0.897x the Triton prop's time, 35th session) and not at Llama 6 x 30k (1.003x)
       [ -d .mainsrc/src ] || { echo "trialhf: carry main's src/ as .mainsrc/src"; exit 1; }
       for ROUND in 1 2; do
         for TREE in main trial; do
           if [ $TREE = main ]; then SRC=$PWD/.mainsrc/src C=${MAIN_COMMIT:-}; else SRC=$PWD/src C=${SANTA_COMMIT:-}; fi
           SANTA_COMMIT=$C PYTHONPATH=/tmp/site:$SRC timeout 120 python3 benchmarks/kernels/hf_generate.py \
-            --out "$OUT/hf_${TREE}_$ROUND.json" --shape llama-3.1-8b --lengths 30000 --batches ${TRIAL_BATCH:-6} \
+            --out "$OUT/hf_${TREE}_$ROUND.json" --shape ${TRIAL_SHAPE:-llama-3.1-8b} --lengths ${TRIAL_LENGTH:-30000} \
+            --batches ${TRIAL_BATCH:-6} \
             --cache static --compile --backends santa-prop > "/tmp/hf_${TREE}_$ROUND.log" 2>&1
           # a run without a figure shows why (main's runs stopped silently in the 35th session: a cudagraph pool error)
           { grep "ms/token" "/tmp/hf_${TREE}_$ROUND.log" || tail -4 "/tmp/hf_${TREE}_$ROUND.log"; } | sed "s/^/$TREE $ROUND /"
