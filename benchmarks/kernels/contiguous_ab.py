@@ -82,36 +82,28 @@ def measure_case(model: str, batch: int, length: int, capacity: int, fp8: bool, 
     seed = rng.layer_key(0, 0)
     entry = {"model": model, "batch": batch, "length": length, "capacity": capacity, "fp8": fp8,
              **({"layout": "HND", "pad": pad} if hf else {})}
-    for name, tuning in (("plan", None), ("triton", Tuning(one_launch=False))):
+    call = dict(positions=positions, **runs)
+    arms = [("plan", None, "HND" if hf else "NHD", k, v, call),
+            ("triton", Tuning(one_launch=False), "HND" if hf else "NHD", k, v, call)]
+    if hf:  # the same call without starts, and on the same keys laid out NHD (with starts): which of the two costs the
+        # one launch time against the contiguous NHD figures (issue 39: Qwen 1 x 32k took 19.2 us here, 15.5 NHD on the H200)
+        # (the copy lives to the case's end: Llama 16 x 30k's caches, their NHD copy and cuDNN's tight one take about 6 GB)
+        k_nhd, v_nhd = (x.transpose(1, 2).contiguous() for x in (k, v))
+        arms += [("hnd_nostarts", None, "HND", k, v, dict(positions=seq_lens - 1)),
+                 ("nhd", None, "NHD", k_nhd, v_nhd, call)]
+    for name, tuning, layout, keys, values, arguments in arms:
         plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=capacity, budget=BUDGET,
-                           dtype=torch.bfloat16, kv_dtype=k.dtype, device="cuda", tuning=tuning,
-                           kv_layout="HND" if hf else "NHD")
+                           dtype=torch.bfloat16, kv_dtype=k.dtype, device="cuda", tuning=tuning, kv_layout=layout)
         out = torch.empty_like(q)
 
-        def planned(plan=plan, out=out):
-            plan.run(q, k, v, seq_lens=seq_lens, positions=positions, seed=seed, out=out, **runs, **scales)
+        def planned(plan=plan, out=out, keys=keys, values=values, arguments=arguments):
+            plan.run(q, keys, values, seq_lens=seq_lens, seed=seed, out=out, **arguments, **scales)
 
         entry[f"{name}_us"] = time_fn(planned, flusher.read, graph=True)["median_us"]
-        if name == "plan":
-            entry["plan_name"] = plan.implementation
+        if name != "triton":
+            entry["plan_name" if name == "plan" else f"{name}_plan"] = plan.implementation
     if hf:
         entry["plan_over_triton"] = entry["plan_us"] / entry["triton_us"]
-        # the same call without starts, and on the same keys laid out NHD (with starts): which of the two costs the one
-        # launch time against the contiguous NHD figures (issue 39: Qwen 1 x 32k took 19.2 us here, 15.5 NHD on the H200)
-        k_nhd, v_nhd = (x.transpose(1, 2).contiguous() for x in (k, v))
-        for name, layout, keys, values, extra in (("hnd_nostarts", "HND", k, v, {}), ("nhd", "NHD", k_nhd, v_nhd, runs)):
-            plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=capacity, budget=BUDGET,
-                               dtype=torch.bfloat16, kv_dtype=k.dtype, device="cuda", kv_layout=layout)
-            out = torch.empty_like(q)
-            call_positions = positions if extra else seq_lens - 1
-
-            def variant(plan=plan, out=out, keys=keys, values=values, extra=extra, call_positions=call_positions):
-                plan.run(q, keys, values, seq_lens=seq_lens, positions=call_positions, seed=seed, out=out, **extra,
-                         **scales)
-
-            entry[f"{name}_us"] = time_fn(variant, flusher.read, graph=True)["median_us"]
-            entry[f"{name}_plan"] = plan.implementation
-        del k_nhd, v_nhd
     outs = {}
     for name, live in () if hf else (("rounds", False), ("live", True)):
         try:
