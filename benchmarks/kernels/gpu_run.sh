@@ -44,8 +44,7 @@ for stage in "$@"; do
           if [ $TREE = main ]; then SRC=$PWD/.mainsrc/src C=${MAIN_COMMIT:-}; else SRC=$PWD/src C=${SANTA_COMMIT:-}; fi
           SANTA_COMMIT=$C PYTHONPATH=/tmp/site:$SRC timeout 120 python3 benchmarks/kernels/hf_generate.py \
             --out "$OUT/hf_${TREE}_$ROUND.json" --shape ${TRIAL_SHAPE:-llama-3.1-8b} --lengths ${TRIAL_LENGTH:-30000} \
-            --batches ${TRIAL_BATCH:-6} \
-            --cache static --compile --backends santa-prop > "/tmp/hf_${TREE}_$ROUND.log" 2>&1
+            --batches ${TRIAL_BATCH:-6} --cache static --compile --backends santa-prop > "/tmp/hf_${TREE}_$ROUND.log" 2>&1
           # a run without a figure shows why (main's runs stopped silently in the 35th session: a cudagraph pool error)
           { grep "ms/token" "/tmp/hf_${TREE}_$ROUND.log" || tail -4 "/tmp/hf_${TREE}_$ROUND.log"; } | sed "s/^/$TREE $ROUND /"
         done
