@@ -245,6 +245,34 @@ def test_reduce_overhead_captures_decode_in_a_cuda_graph(kernel, monkeypatch):
     assert calls and len(calls) == calls_before_replays  # eager santa.decode does not go through the op
 
 
+def test_a_plan_made_outside_graph_pools_is_made_on_another_thread_whose_errors_are_raised_here():
+    """cudagraph trees route the allocations of the thread that warms a graph up into their pool: the op makes the
+    plans it keeps on a helper thread, and a plan that cannot be made fails the call as it would on this thread."""
+    import threading
+
+    assert ops._made_outside_graph_pools(threading.get_ident, torch.device("cpu")) != threading.get_ident()
+
+    def refuse():
+        raise ValueError("no plan fits")
+
+    with pytest.raises(ValueError, match="no plan fits"):
+        ops._made_outside_graph_pools(refuse, torch.device("cpu"))
+
+
+def test_the_op_keeps_only_plans_whose_one_launch_a_graph_may_replay(monkeypatch):
+    """A CPU plan (no one launch) is made as eager makes it and not kept; the op's decode still matches eager's."""
+    monkeypatch.setattr(ops, "_LENT", {})
+    shape = dict(batch=2, heads=4, kv_heads=2, head_dim=16, n_keys=40, budget=16, dtype=torch.float32,
+                 device=torch.device("cpu"), kernel="prop", kv_layout="NHD", page_size=None, scale=None,
+                 kv_dtype=torch.float32, error_target=None, pilot=16)
+    plan = ops._op_plan(tuple(shape.values()), shape)
+    assert plan.one_launch is None and ops._LENT == {}
+    q, k, v = make_inputs(2, 4, 2, 16, 40, seed=11)
+    assert torch.equal(torch.ops.santa.decode(q, k, v, None, None, None, None, None, None, 16, "prop", "NHD", None, 3, 0),
+                       santa.decode(q, k, v, 16, kernel="prop", seed=3))
+    assert ops._LENT == {}
+
+
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_the_ops_and_their_fakes_take_batch_invariant(op):
     """The ops' trailing ``batch_invariant`` (schema default False): opcheck passes with it, the op gives what
@@ -268,29 +296,29 @@ def test_the_ops_and_their_fakes_take_batch_invariant(op):
         assert (f.shape, f.dtype, f.stride(), f.device) == (r.shape, r.dtype, r.stride(), r.device)
 
 
-@pytest.mark.parametrize("batch_invariant", [False, True])
-def test_the_compiled_ops_plans_never_take_the_one_launch(monkeypatch, batch_invariant):
-    """santa.decode under torch.compile(fullgraph=True) reaches the op, whose plan (here the interpreter's kernels) is
-    made with santa.kernels.BATCH_INVARIANT and has no one launch, whatever batch_invariant says: the one launch's
-    state outlives a call, which cudagraph trees refuse (transformers' compiled generate() on an H100, 2026-12-07)."""
+def test_compiled_decode_passes_batch_invariant_to_the_op_and_its_plan(monkeypatch):
+    """santa.decode(batch_invariant=True) under torch.compile(fullgraph=True) reaches the op, whose plan (here the
+    interpreter's kernels) is made with santa.kernels.BATCH_INVARIANT, has no one launch and is not kept in _LENT."""
     from santa.kernels.plan import kernels_on_cpu
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     if DEVICE.type == "cpu" and not kernels_on_cpu():
         pytest.skip("the kernels were defined without TRITON_INTERPRET=1")
+    monkeypatch.setattr(ops, "_LENT", {})
     eager_module = importlib.import_module("santa.kernels.eager")
     args = op_args("paged", "prop")
     q, k, v, seq_lens, block_table, offset_tensor = args[:6]
 
     def step(q, k, v, seq_lens, block_table, offset):
         return santa.decode(q, k, v, 16, kernel="prop", seq_lens=seq_lens, block_table=block_table, scale=0.3, seed=5,
-                            offset=offset, return_counts=True, batch_invariant=batch_invariant)
+                            offset=offset, return_counts=True, batch_invariant=True)
 
     torch._dynamo.reset()
     eager_module._CALLS.clear()
     out, counts = torch.compile(step, fullgraph=True, backend="aot_eager")(q, k, v, seq_lens, block_table, offset_tensor)
     plans = [call.plan for call in eager_module._CALLS.values()]
     assert plans and all(plan.tuning.one_launch is False and plan.one_launch is None for plan in plans)
+    assert ops._LENT == {}
     want_out, want_counts = step(q, k, v, seq_lens, block_table, offset_tensor)
     assert torch.equal(out, want_out) and torch.equal(counts, want_counts)
 
@@ -300,26 +328,55 @@ HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9,
 
 @pytest.mark.skipif(not HOPPER, reason="the one-launch prop runs on sm_90 GPUs")
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-@pytest.mark.parametrize("batch_invariant", [False, True])
-def test_reduce_overhead_runs_as_batch_invariant_eager(layout, batch_invariant):
-    """Under cudagraph trees the op's plan has no one launch (the Triton prop, its state all in the call's scratch),
-    whatever batch_invariant says, and every replayed step is eager santa.decode(batch_invariant=True)'s bit for bit;
-    HND with starts is santa.hf's call, whose plan made in a graph's warm-up left the one launch's tensors in the
-    graph's pool before this fix (2026-12-07)."""
+def test_reduce_overhead_runs_the_one_launch_on_two_graph_paths_as_eager_does(monkeypatch, layout):
+    """Two batch sizes alternately under cudagraph trees (two graph paths, each replayed after the other ran): every
+    step's output is eager santa.decode's bit for bit (the same plan, the same one launch), and the op kept one plan
+    per shape, each with its one launch, made outside the trees' pool. HND with starts is santa.hf's call (its plan
+    made in a graph's warm-up on main left the one launch's tensors in the graph's pool, 2026-12-07)."""
+    monkeypatch.setattr(ops, "_LENT", {})
     torch._dynamo.reset()
-    starts = torch.tensor([0, 37], dtype=torch.int32, device=DEVICE) if layout == "HND" else None
+    heads, kv_heads, dim, n_keys = 8, 2, 128, 4096
 
-    def step(q, k, v, seq_lens, offset, batch_invariant):
+    def step(q, k, v, seq_lens, offset, starts):
         return santa.decode(q, k, v, 128, kernel="prop", seq_lens=seq_lens, offset=offset, kv_layout=layout,
-                            starts=starts, batch_invariant=batch_invariant)
+                            starts=starts)
 
     compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
-    q, k, v = make_inputs(2, 8, 2, 128, 4096, seed=2, layout=layout)
+    cases = {}
+    for batch in (2, 3):
+        q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, seed=batch, layout=layout)
+        q, k, v = (x.to(DEVICE, torch.bfloat16) for x in (q, k, v))
+        seq_lens = torch.tensor([4096, 1500, 90][:batch], dtype=torch.int32, device=DEVICE)
+        starts = torch.tensor([0, 37, 5][:batch], dtype=torch.int32, device=DEVICE) if layout == "HND" else None
+        cases[batch] = (q, k, v, seq_lens, torch.zeros(1, dtype=torch.int64, device=DEVICE), starts)
+    with torch.no_grad():
+        for round_ in range(4):
+            for batch, (q, k, v, seq_lens, offset, starts) in cases.items():
+                offset.fill_(round_)
+                got = compiled(q, k, v, seq_lens, offset, starts).clone()
+                assert torch.equal(got, step(q, k, v, seq_lens, offset, starts)), (round_, batch)
+    assert sorted(key[0] for key in ops._LENT) == [2, 3]
+    assert all(plan.one_launch is not None for plan in ops._LENT.values())
+
+
+@pytest.mark.skipif(not HOPPER, reason="the one-launch prop runs on sm_90 GPUs")
+def test_reduce_overhead_with_batch_invariant_keeps_no_plan_and_runs_as_eager(monkeypatch):
+    """batch_invariant=True under cudagraph trees: the op's plan has no one launch (the Triton prop, its state all in
+    the call's scratch), so _LENT keeps nothing, and every replayed step is eager santa.decode's bit for bit, at the
+    shape whose default plan the previous test runs on the one launch."""
+    monkeypatch.setattr(ops, "_LENT", {})
+    torch._dynamo.reset()
+
+    def step(q, k, v, seq_lens, offset):
+        return santa.decode(q, k, v, 128, kernel="prop", seq_lens=seq_lens, offset=offset, batch_invariant=True)
+
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    q, k, v = make_inputs(2, 8, 2, 128, 4096, seed=2)
     q, k, v = (x.to(DEVICE, torch.bfloat16) for x in (q, k, v))
     seq_lens = torch.tensor([4096, 1500], dtype=torch.int32, device=DEVICE)
     offset = torch.zeros(1, dtype=torch.int64, device=DEVICE)
     with torch.no_grad():
         for round_ in range(4):
             offset.fill_(round_)
-            got = compiled(q, k, v, seq_lens, offset, batch_invariant).clone()
-            assert torch.equal(got, step(q, k, v, seq_lens, offset, True)), round_
+            assert torch.equal(compiled(q, k, v, seq_lens, offset).clone(), step(q, k, v, seq_lens, offset)), round_
+    assert ops._LENT == {}

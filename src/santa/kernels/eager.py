@@ -17,6 +17,7 @@ the tile, since a tile reads each row once for the group), and goes unseen other
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -287,10 +288,11 @@ _CALL_CACHE_SIZE = 256
 _PLANS_HELD = 8
 
 
-def _plan_for(key: tuple, **shape) -> DecodePlan:
+def _plan_for(key: tuple, make_plan: Callable[[tuple, dict], DecodePlan] | None = None, **shape) -> DecodePlan:
     """The plan of a call shape: the one a cached call of that shape holds (another signature of it: other strides,
     an ``out``, an offset tensor), else a new one (its launches and, unless given, its workspace), for which the calls
-    of the oldest plan are dropped where the cache holds :data:`_PLANS_HELD` plans already (their workspaces freed)."""
+    of the oldest plan are dropped where the cache holds :data:`_PLANS_HELD` plans already (their workspaces freed).
+    ``make_plan(key, shape)`` makes the new one instead of :func:`plan_decode` (the custom op's: :mod:`santa.kernels.ops`)."""
     found = next((call.plan for call in _CALLS.values() if call.plan_key == key), None)
     if found is not None:
         return found
@@ -298,7 +300,7 @@ def _plan_for(key: tuple, **shape) -> DecodePlan:
     for stale in held[: max(0, len(held) - _PLANS_HELD + 1)]:
         for sig in [sig for sig, call in _CALLS.items() if call.plan_key == stale]:
             del _CALLS[sig]
-    return plan_decode(**shape)
+    return plan_decode(**shape) if make_plan is None else make_plan(key, shape)
 
 
 def _signature(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts,
@@ -329,9 +331,10 @@ def _signature(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_la
 
 
 def _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out,
-                    return_counts, error_target=None, pilot=DEFAULT_PILOT, batch_invariant=False) -> _Call:
+                    return_counts, error_target=None, pilot=DEFAULT_PILOT, batch_invariant=False, make_plan=None) -> _Call:
     """The call's validation: from the cache for a signature seen before, else :func:`_validate` in full (a new plan
-    with ``tuning=BATCH_INVARIANT`` where ``batch_invariant``, a bool the caller checked)."""
+    from ``make_plan``, :func:`_plan_for`'s; with ``tuning=BATCH_INVARIANT`` where ``batch_invariant``, a bool the caller
+    checked)."""
     sig = _signature(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out, return_counts,
                      error_target, pilot, batch_invariant)
     try:
@@ -356,7 +359,7 @@ def _validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, 
                      scale=None if scale is None else float(scale), kv_dtype=k_cache.dtype, error_target=error_target,
                      pilot=pilot, tuning=tuning)
         plan_key = tuple(shape.values())  # with the tuning: a batch-invariant plan is never shared with a default one
-        plan = _plan_for(plan_key, **shape)
+        plan = _plan_for(plan_key, make_plan, **shape)
     call = _Call(budget=budget, kernel=kernel, n_keys=n_keys, kv_heads=kv_heads, page_size=page_size,
                  workspace_key=_workspace_key(kernel, batch, heads, dim, n_keys, budget, q.device, tuning), plan=plan,
                  plan_key=plan_key,

@@ -22,21 +22,32 @@ offset are ints in ``[0, 2**63)`` (they fit the schema's int64). The caches may 
 1.0 when neither is given; other caches take none (ValueError). ``head_offset`` (default 0) is
 :func:`santa.decode`'s (the global index of q's first head under tensor parallelism, with positions);
 ``error_target`` and ``pilot`` too (budgets from an error target, ``budget`` the cap; prop only), and
-``batch_invariant`` (checked; the op runs the Triton prop on every call whatever it says, so its samples are the same
-alone or batched: see below).
+``batch_invariant`` (the Triton prop on every call: the same samples alone or batched).
 
 The implementation is the eager :func:`santa.decode` at execution time: on CUDA (and on the CPU
 under ``TRITON_INTERPRET=1``) a :class:`santa.kernels.DecodePlan`, cached per call signature
 (shape, dtype, device, kernel, layout, budget, scale) with its own workspace, then ``plan.run``;
 on the CPU otherwise the torch fallback (:func:`santa.kernels.plan.torch_decode`), which checks the
 tables' values. The plan cache is consulted when the op *runs*, never while it is traced. Each run
-takes a scratch workspace of its own (:meth:`Workspace.scratch`: uninitialised but its semaphores),
-so the op holds no memory between calls (its plans run the Triton prop, never the one launch, whose schedule and
-buffers persist): under CUDA graphs (``mode="reduce-overhead"``, whose
-cudagraph trees refuse an allocation that outlives a captured call) the workspace and the output
-live in the graph's pool. The fake implementation checks the call's shapes, dtypes and
-devices (what needs no tensor values) and returns the output's metadata.
+takes a scratch workspace of its own (:meth:`Workspace.scratch`: uninitialised but its semaphores):
+under CUDA graphs (``mode="reduce-overhead"``, whose cudagraph trees refuse an allocation that outlives
+a captured call) the workspace and the output live in the graph's pool.
+
+On Hopper the one-launch prop also serves the op. Its plan's schedule, arrival counters and exchange
+buffers persist between calls, so the op makes a new plan on a helper thread (cudagraph trees route
+the allocations of the thread that warms a graph up into their private pool, torch ≥ 2.8, not
+another thread's) and keeps it for the process (:data:`_LENT`, at most :data:`_LENT_MAX` shapes: a
+captured graph replays that state, and the trees drop graphs without telling the op); its calls lend
+the plan's buffers to their scratch. Past :data:`_LENT_MAX` shapes, or for a plan first made inside
+a capture, calls take the Triton prop, whose state is all in the scratch; so does a ``batch_invariant``
+call, whose plan has no one launch and is not kept. The fake implementation
+checks the call's shapes, dtypes and devices (what needs no tensor values) and returns the output's
+metadata.
 """
+
+import contextlib
+import threading
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -44,7 +55,7 @@ from torch import Tensor
 from santa.attention import check_flag
 from santa.error_target import DEFAULT_PILOT
 from santa.kernels import eager as _decode
-from santa.kernels.plan import Workspace
+from santa.kernels.plan import DecodePlan, Workspace, plan_decode
 
 __all__ = ["decode", "decode_counts"]
 
@@ -60,6 +71,60 @@ def _cache_scales(k_scale, v_scale, k_scale_tensor, v_scale_tensor) -> tuple:
     return tuple(scales)
 
 
+_LENT: dict[tuple, DecodePlan] = {}  # plan key → a plan whose one launch the op's calls run: kept for the process
+_LENT_MAX = 8  # shapes at most (a plan's one-launch buffers: B·H·(16·slots + 8·S) bytes, 1 MB at Llama B = 16); past it: Triton
+
+
+def _made_outside_graph_pools(make: Callable[[], object], device: torch.device) -> object:
+    """``make()`` run on a helper thread, its device work finished before it returns: cudagraph trees route the
+    allocations of the thread that warms a graph up into their private pool (torch ≥ 2.8), not another thread's.
+    An exception ``make`` raises is raised here."""
+    box = {}
+
+    def work() -> None:
+        try:
+            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+                box["made"] = make()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)  # its zeroed buffers, before any stream of the caller reads them
+        except BaseException as error:  # re-raised on the caller's thread
+            box["error"] = error
+
+    thread = threading.Thread(target=work, name="santa-plan")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["made"]
+
+
+def _op_plan(key: tuple, shape: dict) -> DecodePlan:
+    """A new plan for the op's call shape (:func:`santa.kernels.eager._plan_for`'s ``make_plan``): the one
+    :data:`_LENT` keeps for it; else, on CUDA outside a capture while fewer than :data:`_LENT_MAX` are kept and its tuning
+    allows a one launch, one made with its one launch's buffers on a helper thread (:func:`_made_outside_graph_pools`)
+    and kept where it has a one launch; else :func:`plan_decode`'s, never kept (a ``batch_invariant`` call's plan: the
+    Triton prop, its state all in the call's scratch)."""
+    held = _LENT.get(key)
+    if held is not None:
+        return held
+    device = torch.device(shape["device"])
+    tuning = shape.get("tuning")
+    if (device.type != "cuda" or len(_LENT) >= _LENT_MAX or torch.cuda.is_current_stream_capturing()
+            or (tuning is not None and tuning.one_launch is False)):
+        return plan_decode(**shape)
+
+    def make() -> DecodePlan:
+        plan = plan_decode(**shape)
+        if plan.one_launch is not None:
+            plan.one_launch.own_buffers()
+        return plan
+
+    plan = _made_outside_graph_pools(make, device)
+    if plan.one_launch is not None:
+        _LENT[key] = plan
+    return plan
+
+
 def _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, positions, starts, budget, kernel, kv_layout,
            scale, seed, offset, k_scale, v_scale, k_scale_tensor, v_scale_tensor, return_counts, head_offset=0,
            error_target=None, pilot=DEFAULT_PILOT, batch_invariant=False):
@@ -68,18 +133,17 @@ def _eager(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, seeds, pos
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous whatever q's strides: as the fake
     offset = offset if offset_tensor is None else offset_tensor
     check_flag("batch_invariant", batch_invariant)
-    # The op's plans never take the one launch: its buffers and schedule persist between calls, and a plan made while
-    # cudagraph trees warm a graph up would leave them in the graph's pool ("tensors in the cudagraph pool not tracked as
-    # outputs", transformers' compiled generate() on an H100, 2026-12-07). The Triton prop keeps all its state in the
-    # call's scratch; it is the batch-invariant tuning, so every op call is batch-invariant, whatever batch_invariant says.
     call = _decode._validated_call(q, k_cache, v_cache, budget, kernel, seq_lens, block_table, kv_layout, scale, offset, out,
-                                   return_counts, error_target, pilot, batch_invariant=True)
-    workspace = None if call.plan is None else Workspace.scratch(call.workspace_key)  # this call's own: nothing outlives it
+                                   return_counts, error_target, pilot, batch_invariant, make_plan=_op_plan)
+    # this call's own scratch; a kept plan's one-launch buffers (made outside any graph pool) lent to it
+    lent = call.plan is not None and _LENT.get(call.plan_key) is call.plan
+    workspace = None if call.plan is None else Workspace.scratch(
+        call.workspace_key, one_launch_buffers=call.plan.one_launch.own_buffers() if lent else None)
     return _decode.decode(q, k_cache, v_cache, budget, kernel=kernel, seq_lens=seq_lens, block_table=block_table,
                           kv_layout=kv_layout, scale=scale, seed=seed if seeds is None else seeds, offset=offset, out=out,
                           return_counts=return_counts, positions=positions, starts=starts, workspace=workspace,
                           k_scale=k_scale, v_scale=v_scale, head_offset=head_offset, error_target=error_target, pilot=pilot,
-                          batch_invariant=True)
+                          batch_invariant=batch_invariant)
 
 
 def _fake(q, k_cache, v_cache, seq_lens, block_table, offset_tensor, budget, kernel, kv_layout, scale, offset,

@@ -93,13 +93,15 @@ class Workspace:
         return cls._over(key, torch.zeros(workspace_nbytes(key), dtype=torch.uint8, device=key.device))
 
     @classmethod
-    def scratch(cls, key: WorkspaceKey) -> Workspace:
+    def scratch(cls, key: WorkspaceKey, *, one_launch_buffers: one_launch.Buffers | None = None) -> Workspace:
         """A workspace for one call: uninitialised memory but the semaphores (zeroed), the one region a
-        call reads before it writes. The custom op takes one per call, so it holds no memory between
-        calls (CUDA-graph trees refuse allocations that outlive a captured call)."""
+        call reads before it writes. The custom op takes one per call (CUDA-graph trees refuse allocations
+        that outlive a captured call); ``one_launch_buffers``: a kept plan's, lent to the call (:mod:`santa.kernels.ops`)."""
         workspace = cls._over(key, torch.empty(workspace_nbytes(key), dtype=torch.uint8, device=key.device))
         if "sem" in workspace.views:
             workspace.views["sem"].zero_()
+        if one_launch_buffers is not None:
+            workspace = dataclasses.replace(workspace, one_launch=one_launch_buffers)
         return workspace
 
     @classmethod
