@@ -70,7 +70,9 @@ def test_static_cache_and_compiled_generate_run_the_kernel_and_match_eager(tiny_
         eager = tiny_llama.generate(ids, **run)
     assert hasattr(tiny_llama, "_compiled_call")  # transformers took the compiled decode path
     names = {event.name for event in profile.events()}
-    assert any("_prop_gather_kernel" in name for name in names), sorted(names)[:20]
+    hopper = torch.cuda.get_device_capability() == (9, 0)  # the op's plan takes the one launch there (prop1*_d64_g2)
+    ran = [name for name in names if (name.startswith("prop1") if hopper else "_prop_gather_kernel" in name)]
+    assert ran, sorted(name for name in names if "prop" in name or name.startswith("triton"))
     assert torch.equal(replayed.sequences, compiled.sequences)
     first_eager, first_compiled = eager.logits[1].float(), compiled.logits[1].float()  # the first decode step
     kl = torch.sum(first_eager.softmax(-1) * (first_eager.log_softmax(-1) - first_compiled.log_softmax(-1)), -1)
