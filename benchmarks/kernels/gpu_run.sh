@@ -5,7 +5,7 @@
 # `ab` also carries .old43, from `prepare.sh old43`; `e2ehouse` carries .old41, from `prepare.sh old41`).
 # `trial` times a trial tree (main + unmerged branches, checked out here) against main's own, carried as .mainsrc/src
 # (`git archive main src | tar -x -C .mainsrc`, `.mainsrc` in .git/info/exclude and in the call's carry; MAIN_COMMIT=<sha>).
-#   bash benchmarks/kernels/gpu_run.sh [trial] [trialhf] [firstkey] [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [livencu] [contiguous] [shortslices] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e] [e2ehouse]
+#   bash benchmarks/kernels/gpu_run.sh [trial] [trialhf] [firstkey] [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [livencu] [g2ncu] [contiguous] [shortslices] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e] [e2ehouse]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -125,16 +125,25 @@ for stage in "$@"; do
               # third run; LIVE_NCU_CASES "B KEYS" pairs, Llama heads, S = 128, 16-key pages), full set with the stall samples
               # per SASS instruction; ncu_phases.py sums them per phase against a -lineinfo cubin of the same one_launch.cu.
               # LIVE_NCU_HEADS "H H_KV D" (default Llama's "32 8 128"; G <= 2's question: "16 8 64"), LIVE_NCU_PAGE (default
-              # 16; "0": a contiguous cache, whose plan takes host rounds where they fit, with LIVE_NCU_KERNEL '^prop1')
+              # 16; "0": a contiguous cache, whose plan takes host rounds where they fit, with LIVE_NCU_KERNEL '^prop1').
+              # LIVE_NCU_DRIVE: ncu_drive.py's flags ("--ordered": pages in order; "--schedule rounds|live"), and
+              # LIVE_NCU_TAG a name for the files, so that profiles of one case with other flags do not overwrite each other
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
       PAGE_ARG=${LIVE_NCU_PAGE:-16}; [ "$PAGE_ARG" = 0 ] && PAGE_ARG=
       for CASE in ${LIVE_NCU_CASES:-64x2048 32x32768}; do
-        B=${CASE%%x*}; KEYS=${CASE##*x}
+        B=${CASE%%x*}; KEYS=${CASE##*x}; NAME=ncu_live_${CASE}${LIVE_NCU_TAG:+_$LIVE_NCU_TAG}
         timeout 240 "$NCU" --clock-control none -k regex:"${LIVE_NCU_KERNEL:-^prop1l}" --launch-skip 2 --launch-count 1 --set full \
-          -f -o "/tmp/ncu_live_$CASE" python3 benchmarks/kernels/ncu_drive.py "$B" "$KEYS" ${LIVE_NCU_HEADS:-32 8 128} 128 $PAGE_ARG \
-          > "/tmp/ncu_live_$CASE.log" 2>&1; tail -3 "/tmp/ncu_live_$CASE.log"
-        "$NCU" -i "/tmp/ncu_live_$CASE.ncu-rep" --page details --csv > "$OUT/ncu_live_${CASE}_details.csv" 2>&1
-        "$NCU" -i "/tmp/ncu_live_$CASE.ncu-rep" --page source --csv --print-source sass | gzip > "$OUT/ncu_live_${CASE}_sass.csv.gz"
+          -f -o "/tmp/$NAME" python3 benchmarks/kernels/ncu_drive.py "$B" "$KEYS" ${LIVE_NCU_HEADS:-32 8 128} 128 $PAGE_ARG \
+          ${LIVE_NCU_DRIVE:-} > "/tmp/$NAME.log" 2>&1; tail -3 "/tmp/$NAME.log"
+        "$NCU" -i "/tmp/$NAME.ncu-rep" --page details --csv > "$OUT/${NAME}_details.csv" 2>&1
+        "$NCU" -i "/tmp/$NAME.ncu-rep" --page source --csv --print-source sass | gzip > "$OUT/${NAME}_sass.csv.gz"
+      done ;;
+    g2ncu)  # issue 39, G <= 2: where the paged live kernel's stream time goes (1.70x contiguous host rounds' at d64-g2 16 x 32k,
+            # 37th session): the same case on ordered pages (the memory system's share), on host-built rounds over shuffled
+            # pages (the live schedule's share) and on both; ncu_phases.py against a -lineinfo cubin reads each
+      for V in "ordered:--ordered" "rounds:--schedule rounds" "orderedrounds:--ordered --schedule rounds"; do
+        LIVE_NCU_TAG=${V%%:*} LIVE_NCU_DRIVE="${V#*:}" LIVE_NCU_CASES=16x32768 LIVE_NCU_HEADS="16 8 64" LIVE_NCU_KERNEL='^prop1' \
+          bash "$0" livencu
       done ;;
     contiguous)  # issue 39: contiguous caches sized past their live keys (HF's static cache): host rounds against the live
                  # schedule, the Triton prop and cuDNN (contiguous_ab.py; CONTIGUOUS_LIMIT seconds), then its fp8 quick cases
