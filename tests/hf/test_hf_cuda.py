@@ -45,7 +45,7 @@ def test_cuda_decode_runs_the_kernel_and_stays_close_to_dense(tiny_llama, monkey
 def test_static_cache_and_compiled_generate_run_the_kernel_and_match_eager(tiny_llama):
     """Issue 26: `cache_implementation="static"` + transformers' compiled decode (fullgraph, CUDA-graph trees) runs
     the prop kernel through the santa::decode custom op, replays the same tokens, and its first decode step
-    draws what the eager dynamic-cache step draws (on this branch both take the one launch on Hopper: request-keyed
+    draws what the eager dynamic-cache step draws (on Hopper both take the one launch: request-keyed
     randomness; later steps may part where compiled and eager bf16 arithmetic round a near-tie differently, or where the
     one launch's CDF slices follow the cache's length). The compiled run comes first in a fresh plan cache, so its plan
     is made while the trees warm a graph up (the op makes it on a helper thread, outside the trees' pool)."""

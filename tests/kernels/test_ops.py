@@ -273,6 +273,23 @@ def test_the_op_keeps_only_plans_whose_one_launch_a_graph_may_replay(monkeypatch
     assert ops._LENT == {}
 
 
+def test_past_the_kept_plans_the_op_plans_the_triton_prop_on_this_thread(monkeypatch):
+    """With _LENT_MAX plans kept, a new CUDA call shape is planned with BATCH_INVARIANT (no one launch), on the calling
+    thread and not kept: a one launch made there during a graph's warm-up would leave its schedule and counters in the
+    graph's pool (main at 07db016)."""
+    import threading
+
+    from santa.kernels import BATCH_INVARIANT
+
+    monkeypatch.setattr(ops, "_LENT", {("held", i): object() for i in range(ops._LENT_MAX)})
+    made = []
+    monkeypatch.setattr(ops, "plan_decode", lambda **shape: made.append((shape, threading.get_ident())) or "plan")
+    shape = dict(batch=2, heads=4, kv_heads=2, head_dim=16, n_keys=40, device=torch.device("cuda"), tuning=None)
+    assert ops._op_plan(("new",), shape) == "plan"
+    assert made == [(dict(shape, tuning=BATCH_INVARIANT), threading.get_ident())]
+    assert len(ops._LENT) == ops._LENT_MAX and ("new",) not in ops._LENT
+
+
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_the_ops_and_their_fakes_take_batch_invariant(op):
     """The ops' trailing ``batch_invariant`` (schema default False): opcheck passes with it, the op gives what

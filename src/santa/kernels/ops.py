@@ -55,6 +55,7 @@ from torch import Tensor
 from santa.attention import check_flag
 from santa.error_target import DEFAULT_PILOT
 from santa.kernels import eager as _decode
+from santa.kernels.layout import BATCH_INVARIANT
 from santa.kernels.plan import DecodePlan, Workspace, plan_decode
 
 __all__ = ["decode", "decode_counts"]
@@ -102,16 +103,21 @@ def _op_plan(key: tuple, shape: dict) -> DecodePlan:
     """A new plan for the op's call shape (:func:`santa.kernels.eager._plan_for`'s ``make_plan``): the one
     :data:`_LENT` keeps for it; else, on CUDA outside a capture while fewer than :data:`_LENT_MAX` are kept and its tuning
     allows a one launch, one made with its one launch's buffers on a helper thread (:func:`_made_outside_graph_pools`)
-    and kept where it has a one launch; else :func:`plan_decode`'s, never kept (a ``batch_invariant`` call's plan: the
-    Triton prop, its state all in the call's scratch)."""
+    and kept where it has a one launch; else :func:`plan_decode`'s, never kept and without a one launch (a
+    ``batch_invariant`` call's plan, and past :data:`_LENT_MAX` one planned as ``BATCH_INVARIANT``: the Triton prop, its
+    state all in the call's scratch)."""
     held = _LENT.get(key)
     if held is not None:
         return held
     device = torch.device(shape["device"])
     tuning = shape.get("tuning")
-    if (device.type != "cuda" or len(_LENT) >= _LENT_MAX or torch.cuda.is_current_stream_capturing()
-            or (tuning is not None and tuning.one_launch is False)):
-        return plan_decode(**shape)
+    if device.type != "cuda" or (tuning is not None and tuning.one_launch is False):
+        return plan_decode(**shape)  # no one launch: the CPU, or a batch_invariant call
+    if len(_LENT) >= _LENT_MAX:  # a one launch made on this thread during a graph's warm-up would leave its schedule and
+        # counters in the graph's pool (main at 07db016): the Triton prop, its state all in the call's scratch
+        return plan_decode(**dict(shape, tuning=BATCH_INVARIANT))
+    if torch.cuda.is_current_stream_capturing():
+        return plan_decode(**shape)  # plan_decode makes no one launch inside a capture
 
     def make() -> DecodePlan:
         plan = plan_decode(**shape)
