@@ -15,8 +15,8 @@ Cases: Llama-3.1-8B (32 / 8 heads, d = 128) and Qwen2.5-0.5B (14 / 2, d = 64) on
 
 ``--hf`` (keys ``hf/…``, :data:`HF_CASES`): the calls santa.hf makes on transformers' static cache, an HND cache
 ``[B, H_kv, capacity, D]`` with ``starts`` (each row's left padding: row b pads ``b · pad`` keys, its run
-``[b · pad, length)``), positions ``length − b · pad − 1``. Arms: ``plan`` (since 00f90f1 the one launch, reading the
-cache as one page a sequence, ``plan_name``), ``triton``, ``hnd_nostarts`` (the plan's call without ``starts``),
+``[b · pad, length)``), positions ``length − b · pad − 1``. Arms: ``plan`` (the one launch since 00f90f1: read as one
+page a sequence by the paged kernels until the branch ``hnd-stream``, in place by the contiguous ones since, ``plan_name``), ``triton``, ``hnd_nostarts`` (the plan's call without ``starts``),
 ``nhd`` (the plan's call on the same keys copied to NHD, with ``starts``) and cuDNN on the tight unpadded keys; the
 rounds and live arms are NHD-only and left out.
 """

@@ -5,7 +5,7 @@
 # `ab` also carries .old43, from `prepare.sh old43`; `e2ehouse` carries .old41, from `prepare.sh old41`).
 # `trial` times a trial tree (main + unmerged branches, checked out here) against main's own, carried as .mainsrc/src
 # (`git archive main src | tar -x -C .mainsrc`, `.mainsrc` in .git/info/exclude and in the call's carry; MAIN_COMMIT=<sha>).
-#   bash benchmarks/kernels/gpu_run.sh [trial] [trialhf] [firstkey] [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [livencu] [g2ncu] [contiguous] [shortslices] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e] [e2ehouse]
+#   bash benchmarks/kernels/gpu_run.sh [trial] [trialhf] [firstkey] [hndstream] [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [livencu] [g2ncu] [contiguous] [shortslices] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e] [e2ehouse]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -144,6 +144,27 @@ for stage in "$@"; do
       for V in "ordered:--ordered" "rounds:--schedule rounds" "orderedrounds:--ordered --schedule rounds"; do
         LIVE_NCU_TAG=${V%%:*} LIVE_NCU_DRIVE="${V#*:}" LIVE_NCU_CASES=16x32768 LIVE_NCU_HEADS="16 8 64" LIVE_NCU_KERNEL='^prop1' \
           bash "$0" livencu
+      done ;;
+    hndstream)  # issue 39, branch hnd-stream: the contiguous kernels read an HND cache in place (santa.hf's static cache),
+                # no longer the paged kernels one page a sequence. The one-launch and santa.hf GPU tests (the HND = NHD bit
+                # for bit test among them), then contiguous_ab.py --hf (santa.hf's calls: `plan` should now equal `nhd`) and
+                # --quick (NHD contiguous: the stream's addressing changed, so no NHD case may get slower) on main's carried
+                # tree and the branch's, then compiled generate() at Qwen 16 x 32k on both (carry .mainsrc as for trial)
+      [ -d .mainsrc/src ] || { echo "hndstream: carry main's src/ as .mainsrc/src"; exit 1; }
+      timeout 240 python3 -m pytest -q -m "not slow" -p no:cacheprovider tests/kernels/test_one_launch.py \
+        tests/hf/test_hf_cuda.py 2>&1 | tail -25 | tee "$OUT/tests_hnd.log" | tail -3
+      for TREE in main branch; do
+        if [ $TREE = main ]; then SRC=$PWD/.mainsrc/src C=${MAIN_COMMIT:-}; else SRC=$PWD/src C=${SANTA_COMMIT:-}; fi
+        SANTA_COMMIT=$C PYTHONPATH=/tmp/site:$SRC timeout 90 python3 benchmarks/kernels/contiguous_ab.py "$OUT/hf_$TREE.jsonl" \
+          --hf > /tmp/hf_$TREE.log 2>&1 || tail -3 /tmp/hf_$TREE.log
+        SANTA_COMMIT=$C PYTHONPATH=/tmp/site:$SRC timeout 90 python3 benchmarks/kernels/contiguous_ab.py \
+          "$OUT/quick_$TREE.jsonl" --quick > /tmp/quick_$TREE.log 2>&1 || tail -3 /tmp/quick_$TREE.log
+      done
+      for TREE in main branch; do
+        if [ $TREE = main ]; then SRC=$PWD/.mainsrc/src C=${MAIN_COMMIT:-}; else SRC=$PWD/src C=${SANTA_COMMIT:-}; fi
+        SANTA_COMMIT=$C PYTHONPATH=/tmp/site:$SRC PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 120 python3 \
+          benchmarks/kernels/hf_generate.py --out "$OUT/qwen16_$TREE.json" --shape qwen2.5-0.5b --lengths 32768 \
+          --batches 16 --cache static --compile --backends santa-prop 2>&1 | grep "ms/token" | sed "s/^/$TREE /"
       done ;;
     contiguous)  # issue 39: contiguous caches sized past their live keys (HF's static cache): host rounds against the live
                  # schedule, the Triton prop and cuDNN (contiguous_ab.py; CONTIGUOUS_LIMIT seconds), then its fp8 quick cases

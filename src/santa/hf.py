@@ -12,7 +12,7 @@ Default: dense prefill (SDPA), sampled decode. ``prefill="sampled"`` also sample
 is a function of (seed, layer, head, the query's position in its own sequence, sample index), the
 position counted from the attention mask, so the same prompt and seed generate the same tokens
 alone or batched (left-padded), under a dynamic or a static cache, with no state to reset. transformers' caches
-are ``[B, H_kv, L, D]`` (HND), which on Hopper the one-launch prop reads as one page a sequence (eager calls, and under
+are ``[B, H_kv, L, D]`` (HND), which on Hopper the one-launch prop reads in place (eager calls, and under
 ``torch.compile`` the custom op's, :mod:`santa.kernels.ops`); its float32 CDF is
 summed in slices that follow the batch, so a sample within float32 rounding of a CDF step may move with it.
 ``SantaConfig(batch_invariant=True)`` runs the Triton prop instead, whose CDF follows neither the batch size, the left

@@ -567,27 +567,16 @@ def test_a_plans_call_with_starts_runs_the_one_launch(monkeypatch):
     assert_counts_match_systematic(counts, run_probs(q, k, starts, seq_lens), budget, uniforms)
 
 
-def test_a_contiguous_hnd_cache_is_read_as_one_page_a_sequence():
-    assert [ol.sequence_page_size(n) for n in (1, 2, 3, 700, 1024, 1025, 30040)] == [1, 2, 4, 1024, 1024, 2048, 32768]
-    with pytest.raises(ValueError, match="n_keys must be at least 1"):
-        ol.sequence_page_size(0)
-    table = ol.sequence_pages(3, torch.device("cpu"))
-    assert table.dtype == torch.int32 and table.tolist() == [[0], [1], [2]]
-    with pytest.raises(ValueError, match="by_sequence reads a contiguous cache as pages: give no page_size, got 16"):
-        ol.OneLaunch(batch=3, heads=32, kv_heads=8, head_dim=128, n_keys=700, budget=128, scale=0.1,
-                     device=torch.device("cpu"), page_size=16, by_sequence=True)
-
-
 @needs_hopper
 @pytest.mark.parametrize("n_keys", [700, 3000])
-def test_a_contiguous_hnd_plan_runs_the_paged_one_launch_with_starts(n_keys, monkeypatch):
+def test_a_contiguous_hnd_plan_runs_the_contiguous_one_launch_in_place_with_starts(n_keys, monkeypatch):
     """transformers' static cache (contiguous HND ``[B, H_kv, L, D]``, santa.hf's call with lengths and ``starts``): the
-    plan takes the paged kernels, one page a sequence, and draws the systematic sampler's counts over each run, a
-    covered run exact; no Triton launcher is built."""
+    plan takes the contiguous kernels, which read its rows in place through its row and head strides, and draws the
+    systematic sampler's counts over each run, a covered run exact; no Triton launcher is built."""
     batch, heads, kv_heads, dim, budget = 3, 32, 8, 128, 128
     q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, torch.bfloat16, seed=8, q_scale=3.0)
     plan = hopper_plan(batch, heads, kv_heads, dim, n_keys, budget, kv_layout="HND")
-    assert plan.one_launch.kernel.startswith(("prop1p_", "prop1lp_"))
+    assert plan.one_launch.kernel.startswith(("prop1_", "prop1l_"))
     monkeypatch.setattr(plan, "_launchers_for", lambda *args, **kwargs: pytest.fail("the call took the Triton prop"))
     seq_lens = torch.tensor([n_keys, n_keys - 5, 650], dtype=torch.int32, device="cuda")
     starts = torch.tensor([0, 41, 600], dtype=torch.int32, device="cuda")  # sampled, sampled, covered (50 keys)
@@ -596,6 +585,42 @@ def test_a_contiguous_hnd_plan_runs_the_paged_one_launch_with_starts(n_keys, mon
                    seed=5, counts=counts)
     assert_runs_0_1_sampled_and_run_2_exact(out, counts, q, k, v, starts, seq_lens, budget, seed=5)
     assert counts[2, :, 600:650].eq(1).all() and counts[2].sum() == heads * 50
+
+
+HND_CASES = [  # (batch, heads, kv_heads, dim, n_keys, kv dtype): host rounds at Llama's and Qwen's shapes, the live
+    # schedule (Llama 64 × 2k: no host rounds fit), fp16 and fp8 caches
+    (3, 32, 8, 128, 3000, torch.bfloat16), (1, 14, 2, 64, 4096, torch.bfloat16), (16, 14, 2, 64, 2048, torch.bfloat16),
+    (64, 32, 8, 128, 2048, torch.bfloat16), (3, 32, 8, 128, 3000, torch.float16), (3, 32, 8, 128, 3000, torch.float8_e4m3fn),
+]
+
+
+@needs_hopper
+@pytest.mark.parametrize("batch,heads,kv_heads,dim,n_keys,kv_dtype", HND_CASES)
+def test_a_contiguous_hnd_cache_gives_what_the_same_keys_in_nhd_give_bit_for_bit(batch, heads, kv_heads, dim, n_keys,
+                                                                                  kv_dtype):
+    """The contiguous kernels read an HND cache through its row and head strides (the sequence at b·n·H_kv·D): the
+    same keys as NHD run the same kernel on the same schedule, so the outputs and counts are equal bit for bit, with
+    lengths and ``starts``; and the NHD call is the one the reference tests check."""
+    q_dtype = torch.float16 if kv_dtype == torch.float16 else torch.bfloat16
+    q, k, v = make_inputs(batch, heads, kv_heads, dim, n_keys, q_dtype, seed=batch + dim, q_scale=3.0)
+    k, v = k.to(kv_dtype), v.to(kv_dtype)
+    common = dict(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n_keys, budget=128, dtype=q_dtype,
+                  kv_dtype=kv_dtype, device="cuda")
+    nhd, hnd = plan_decode(**common), plan_decode(kv_layout="HND", **common)
+    assert nhd.one_launch is not None and hnd.one_launch is not None
+    assert hnd.implementation == nhd.implementation and hnd.one_launch.kernel == nhd.one_launch.kernel
+    assert not nhd.one_launch.kernel.startswith(("prop1p", "prop1lp"))
+    g = torch.Generator().manual_seed(batch)
+    seq_lens = torch.randint(n_keys // 2, n_keys + 1, (batch,), generator=g).to(torch.int32).cuda()
+    starts = (torch.randint(0, 200, (batch,), generator=g).to(torch.int32).cuda()).minimum(seq_lens)
+    outs, counts = {}, {}
+    for name, plan, kk, vv in (("nhd", nhd, k, v), ("hnd", hnd, k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous())):
+        counts[name] = torch.zeros(batch, heads, n_keys, dtype=torch.int32, device="cuda")
+        scales = dict(k_scale=0.5, v_scale=2.0) if kv_dtype == torch.float8_e4m3fn else {}
+        outs[name] = plan.run(q, kk, vv, seq_lens=seq_lens, starts=starts, seed=9, counts=counts[name], **scales)
+    assert torch.equal(counts["hnd"], counts["nhd"])
+    assert torch.equal(outs["hnd"], outs["nhd"])
+    assert counts["nhd"].sum(-1).eq(128).logical_or(counts["nhd"].sum(-1).eq(seq_lens - starts).unsqueeze(1)).all()
 
 
 @needs_hopper

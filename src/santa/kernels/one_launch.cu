@@ -29,7 +29,10 @@ constexpr int kWarps = kThreads / 32;
 
 // Where the K and V rows live, strides in elements (the feature stride is 1; every stride a multiple of 8 and both
 // bases 16-byte aligned: the host checks). Contiguous (PAGED false): row j of KV head h of sequence b at
-// b·page_stride + j·row_stride + h·head_stride. Paged: at page·page_stride + (j mod P)·row_stride + h·head_stride,
+// b·page_stride + j·row_stride + h·head_stride, the cache contiguous ([B, n, hkv, D] NHD: row_stride hkv·D, head_stride
+// D; [B, hkv, n, D] HND, transformers' static cache: row_stride D, head_stride n·D), so page_stride = n·hkv·D, which
+// the stream and the gathers compute as b·n·hkv·D (ptxas allocates the stream's registers differently for
+// b·page_stride: 108 against 122, the contiguous path 2-3 % slower at Llama B = 8 and 32 × 32k, H200 2026-12-04). Paged: at page·page_stride + (j mod P)·row_stride + h·head_stride,
 // page = table[b·table_stride + j / P], P = 2^page_shift keys per page; a page id outside [0, pages) is never followed
 // (its slice reads page 0 instead and publishes NaN statistics, so the group's output is NaN, as the Triton prop's).
 struct Cache {
@@ -222,13 +225,12 @@ __device__ __forceinline__ void mma_stream(const __nv_bfloat16* __restrict__ q, 
     scale_log2 *= up;  // exact: a power of two
   }
 
-  // contiguous: NHD [B, n, hkv, D] (the host passes nothing else), the sequence's rows from kb on, written as before the
-  // Cache: ptxas allocates the stream's registers differently for b · page_stride (108 against 122; the contiguous
-  // path measured 2-3 % slower at Llama B = 8 and 32 × 32k with it, H200 2026-12-04)
-  const size_t row = PAGED ? (size_t)cache.row_stride : (size_t)hkv * D;
-  const __nv_bfloat16* kb = cache.k + (PAGED ? (size_t)h * cache.head_stride : (size_t)b * n * row + (size_t)h * D) + kslot * 8;
+  // contiguous: the sequence's rows from kb on, sequence b at b·n·hkv·D (Cache above), NHD or HND by the strides
+  const size_t row = (size_t)cache.row_stride;
+  const size_t head_base = (size_t)h * cache.head_stride + (PAGED ? 0 : (size_t)b * n * hkv * D);
+  const __nv_bfloat16* kb = cache.k + head_base + kslot * 8;
   // FP8: the same element offsets, in bytes from the cache's base (kb above steps in bf16 elements)
-  const size_t kb_elements = (PAGED ? (size_t)h * cache.head_stride : (size_t)b * n * row + (size_t)h * D) + kslot * 8;
+  const size_t kb_elements = head_base + kslot * 8;
   m = -INFINITY;
   l = 0.f;
 
@@ -496,7 +498,7 @@ __device__ __forceinline__ void live_gather(const Cache& cache, const Scales& sc
   const int vec = vec0 + vl, head = vec / (D / 8);
   const float mass = vl < owned ? head_mass[head] : 0.f;
   const int* rows = resolved + (head - head_lo) * budget;
-  const size_t head_at = (size_t)h * (PAGED ? cache.head_stride : D) + (vec % (D / 8)) * 8;
+  const size_t head_at = (size_t)h * cache.head_stride + (vec % (D / 8)) * 8;
   float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   if (vl < owned && mass > 0.f)
     for (int m0 = p; m0 < budget; m0 += kInFlight * T) {
@@ -507,7 +509,8 @@ __device__ __forceinline__ void live_gather(const Cache& cache, const Scales& sc
         raw[r] = {};
         if (m < budget) {
           const int row = rows[m];
-          const size_t at = PAGED ? row_offset<true>(cache, b, row >> cache.page_shift, row) : ((size_t)b * n + row) * hkv * D;
+          const size_t at = PAGED ? row_offset<true>(cache, b, row >> cache.page_shift, row)
+                                  : (size_t)b * n * hkv * D + (size_t)row * cache.row_stride;
           raw[r] = load_row_word<KV>(cache.v, at + head_at);
         }
       }
@@ -913,7 +916,7 @@ __device__ __forceinline__ void prop_slice(const __nv_bfloat16* __restrict__ q, 
         if (i < owned * budget && mass > 0.f) {
           const int key = PAGED ? keys_r[r] : sampled_key(at[r], words[r], tag, n);
           const size_t row = PAGED ? row_offset<true>(cache, b, pages_r[r], key) + (size_t)h * cache.head_stride
-                                   : ((size_t)b * n + key) * hkv * D + (size_t)h * D;  // contiguous NHD, as the stream
+                                   : (size_t)b * n * hkv * D + (size_t)key * cache.row_stride + (size_t)h * cache.head_stride;
           raw[r] = load_row_word<KV>(cache.v, row + (vec % (D / 8)) * 8);
         }
       }

@@ -8,7 +8,7 @@ points that fall in its slice and gathering the V rows of the output vectors it 
 two-launch prop in the same call: 1.02–1.15× faster kernels, 1.02–1.06× faster decode steps (benchmarks/RESULTS.md).
 
 What it serves (:func:`eligible`): sm_90 devices, bf16 q with bf16 or fp8 (e4m3, with per-tensor or per-KV-head scales)
-caches or fp16 q with fp16 caches, contiguous NHD caches or paged ones in NHD or HND
+caches or fp16 q with fp16 caches, contiguous caches in NHD or HND (transformers' static cache) or paged ones in NHD or HND
 (pages of a power of two keys; any page, row and head strides that are multiples of 8 elements: santa's own pages and
 vLLM's packed K|V rows, :func:`cache_strides`), (head dim, query heads per KV head) in :data:`SHAPES`, where a plan fits shared
 memory. Per-sequence lengths, first keys (``starts``: left padding, windows) and block tables are read
@@ -392,8 +392,7 @@ def loaded_module(device_index: int) -> CudaModule | None:
 
 def eligible(*, device: torch.device, kernel: str, dtype: torch.dtype, kv_dtype: torch.dtype, kv_layout: str,
              page_size: int | None, head_dim: int, group_size: int) -> bool:
-    """Whether a plan of this kind may run the one-launch prop (then :class:`OneLaunch` decides whether one fits). A
-    contiguous HND cache runs the paged kernels, one page a sequence (:func:`sequence_pages`)."""
+    """Whether a plan of this kind may run the one-launch prop (then :class:`OneLaunch` decides whether one fits)."""
     paged = page_size is not None
     kinds = (dtype == torch.bfloat16 and kv_dtype in (torch.bfloat16, FP8)) or (dtype == kv_dtype == torch.float16)
     return (device.type == "cuda" and kernel == "prop" and kinds
@@ -402,25 +401,11 @@ def eligible(*, device: torch.device, kernel: str, dtype: torch.dtype, kv_dtype:
             and torch.cuda.get_device_capability(device) == (9, 0))
 
 
-def sequence_page_size(n_keys: int) -> int:
-    """The page a contiguous HND cache ``[B, H_kv, n_keys, D]`` (transformers' static cache) is read as by the paged
-    kernels: one page a sequence, the power of two ≥ ``n_keys`` (the kernels take a page's keys by a shift). Its keys
-    past ``n_keys`` are never read: a length past the plan's ``n_keys`` is clamped (and NaN)."""
-    if n_keys < 1:
-        raise ValueError(f"n_keys must be at least 1, got {n_keys}")
-    return 1 << (n_keys - 1).bit_length()
-
-
-def sequence_pages(batch: int, device: torch.device) -> torch.Tensor:
-    """The block table of a contiguous cache read as one page a sequence: int32 ``[B, 1]``, sequence b's page is b."""
-    return torch.arange(batch, dtype=torch.int32, device=device).unsqueeze(1)
-
-
 def cache_strides(k: torch.Tensor, v: torch.Tensor, kv_layout: str) -> tuple[int, int, int] | None:
     """(page or sequence, row, head) strides in elements that address both caches, ``[X, rows, H_kv, D]`` (NHD) or
-    ``[X, H_kv, rows, D]`` (HND), X pages (a contiguous cache is read as NHD whatever its strides: the stream hard-codes
-    those rows, and a contiguous HND cache run through its strides drew wrong samples on the H200, 2026-12-05, so a
-    contiguous HND cache runs the paged kernels, one page a sequence: :func:`sequence_pages`); None where the one launch cannot read them: K and V strided
+    ``[X, H_kv, rows, D]`` (HND), X pages or sequences (a contiguous cache must be contiguous: the kernels take its
+    sequence stride as ``rows · H_kv · D``, its row and head strides from here, so transformers' static cache
+    ``[B, H_kv, L, D]`` is read in place); None where the one launch cannot read them: K and V strided
     differently, a feature stride other than 1, a stride not a multiple of 8 elements or a base not 16-byte aligned
     (its loads are 16 bytes). vLLM's packed cache (K and V halves of one row) passes."""
     if k.stride() != v.stride() or k.stride(-1) != 1 or k.data_ptr() % 16 or v.data_ptr() % 16:
@@ -471,9 +456,7 @@ class OneLaunch:
     own, allocated on the first call that brings none (:meth:`own_buffers`). A launch leaves nothing to reset, so
     successive launches on one stream share them; like a :class:`~santa.kernels.Workspace`, they serve one call at a time.
 
-    ``page_size``: the cache's keys per page (a power of two) where it is paged (then :meth:`run` takes a block table);
-    ``by_sequence``: a contiguous cache read by the paged kernels as one page a sequence (HND: transformers' static
-    cache; :func:`sequence_page_size`, and :func:`sequence_pages` as the table :meth:`run` uses where given none).
+    ``page_size``: the cache's keys per page (a power of two) where it is paged (then :meth:`run` takes a block table).
     ``fp8``: e4m3 caches (then :meth:`run` takes their scales); ``f16``: fp16 q, out and caches. The layout reaches the kernel as :meth:`run`'s strides. ``module`` (default: ``one_launch.fatbin`` on ``device``) and ``plan`` (default:
     :func:`choose_plan`) are the benchmarks' hooks. Raises ValueError where no plan fits.
     """
@@ -481,11 +464,7 @@ class OneLaunch:
     def __init__(self, *, batch: int, heads: int, kv_heads: int, head_dim: int, n_keys: int, budget: int, scale: float,
                  device: torch.device, page_size: int | None = None, fp8: bool = False, f16: bool = False,
                  module: CudaModule | None = None, plan: Plan | None = None, kernel: str | None = None,
-                 live: bool = False, min_slices: int | None = None, slice_cap: int | None = None, by_sequence: bool = False):
-        if by_sequence and page_size is not None:
-            raise ValueError(f"by_sequence reads a contiguous cache as pages: give no page_size, got {page_size}")
-        page_size = sequence_page_size(n_keys) if by_sequence else page_size
-        self.sequence_table = sequence_pages(batch, device) if by_sequence else None
+                 live: bool = False, min_slices: int | None = None, slice_cap: int | None = None):
         self.module = module if module is not None else loaded_module(device.index)
         if self.module is None:
             raise ValueError("the one-launch module is not loaded on this device")
@@ -565,7 +544,7 @@ class OneLaunch:
         :func:`cache_strides` of k and v (q, out and counts contiguous; a paged plan's ``block_table`` int32
         ``[≥ B, pages per sequence]`` with unit stride along its pages; an fp8 plan's ``k_scale`` / ``v_scale``: floats or
         contiguous float32 ``[H_kv]``; ``starts`` int32 ``[≥ B]``, contiguous: sequence b's keys are ``[starts[b],
-        seq_lens[b])``, its slices cut from ``starts[b]``; ``block_table`` defaults to the ``by_sequence`` table);
+        seq_lens[b])``, its slices cut from ``starts[b]``);
         ``uniforms`` (float32 ``[B, H]``) replaces the draw and ``marks`` receives per-CTA phase clocks (benchmarks);
         ``enabled`` (int32 ``[1]`` on the device, read by the launch): 0 makes it return at once, writing nothing.
         Returns ``out``."""
@@ -580,7 +559,6 @@ class OneLaunch:
         def ptr(t: torch.Tensor | None) -> ctypes.c_void_p:
             return ctypes.c_void_p(t.data_ptr() if t is not None else 0)
 
-        block_table = self.sequence_table if block_table is None else block_table
         seeds, seed = (seed, 0) if isinstance(seed, torch.Tensor) else (None, int(seed))
         offset_ptr, offset = (offset, 0) if isinstance(offset, torch.Tensor) else (None, int(offset))
         paged = self.page_size is not None

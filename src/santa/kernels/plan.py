@@ -545,7 +545,7 @@ class DecodePlan:
 
     def _plan_one_launch(self, device: torch.device):
         """The one-launch CUDA prop for this plan (:mod:`santa.kernels.one_launch`: Hopper, bf16 or fp16, contiguous NHD or HND
-        (the latter on the paged kernels, one page a sequence) or paged NHD/HND), made now (its module and schedule, outside any CUDA graph), or None: the Triton prop serves every call
+        or paged NHD/HND), made now (its module and schedule, outside any CUDA graph), or None: the Triton prop serves every call
         (so also for a plan made during a capture, where its schedule cannot be copied to the device). Host-built
         rounds, except a paged plan whose rounds pass one wave or cut a group in at most 2 slices, and a plan none fits:
         the live schedule (below)."""
@@ -556,12 +556,10 @@ class DecodePlan:
                 device=device, kernel=self.kernel, dtype=s.dtype, kv_dtype=s.kv_dtype, kv_layout=s.kv_layout,
                 page_size=s.page_size, head_dim=s.head_dim, group_size=self.group):
             return None
-        # a contiguous HND cache (transformers' static cache, [B, H_kv, L, D]) runs the paged kernels, one page a
-        # sequence (the contiguous kernels read NHD rows); the rules below treat it as the contiguous plan it is
         launch = functools.partial(one_launch.OneLaunch, batch=s.batch, heads=s.heads, kv_heads=s.kv_heads,
                                    head_dim=s.head_dim, n_keys=s.n_keys, budget=self.budget, scale=self.scale,
                                    device=device, page_size=s.page_size, fp8=s.kv_dtype == FP8,
-                                   f16=s.kv_dtype == torch.float16, by_sequence=s.page_size is None and s.kv_layout == "HND")
+                                   f16=s.kv_dtype == torch.float16)
         try:
             host = launch()
         except ValueError:  # no plan fits shared memory (a large budget), or the module did not load (warned once)
