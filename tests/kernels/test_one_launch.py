@@ -1050,9 +1050,9 @@ def test_a_live_launch_of_one_slice_a_group_gathers_its_vectors_in_chunks(batch,
 def test_paged_plans_choose_the_live_schedule_and_say_so():
     """plan_decode picks the one launch's kernels once: a paged plan whose host-built rounds exceed one wave or cut a group
     in at most 2 slices the live schedule (whatever its capacity), one whose rounds fit one wave in more slices those
-    rounds (they follow the live keys already), a contiguous one host-built rounds where they fit and the live schedule
-    where none does, Tuning(one_launch=False) the Triton prop; past a live launch's 1,024 sequences, host-built rounds
-    or the Triton prop."""
+    rounds (they follow the live keys already), a contiguous one host-built rounds of more than 2 slices a group where
+    they fit and the live schedule otherwise, Tuning(one_launch=False) the Triton prop; past a live launch's 1,024
+    sequences, host-built rounds or the Triton prop."""
     common = dict(heads=32, kv_heads=8, head_dim=128, budget=128, dtype=torch.bfloat16, device="cuda")
     for capacity in (2048, 131072):
         plan = plan_decode(batch=64, n_keys=capacity, page_size=16, **common)
@@ -1065,8 +1065,12 @@ def test_paged_plans_choose_the_live_schedule_and_say_so():
     assert plan_decode(batch=16, n_keys=2048, page_size=16, **qwen).implementation == "one launch, host rounds C8"
     assert plan_decode(batch=64, n_keys=2048, page_size=16, **qwen).implementation == "one launch, live schedule"
     assert plan_decode(batch=1, n_keys=8192, **common).implementation.startswith("one launch, host rounds C")
-    # contiguous: host-built rounds wherever they fit (a static cache is mostly full), the live schedule where none does
+    # contiguous: host-built rounds of more than 2 slices a group where they fit (a static cache is mostly full), the
+    # live schedule where they cut a group in 1 or 2 slices (Qwen 64 and 256 sequences) or none fits
     assert plan_decode(batch=8, n_keys=32768, **common).implementation.startswith("one launch, host rounds C")
+    assert plan_decode(batch=16, n_keys=2048, **qwen).implementation == "one launch, host rounds C8"
+    for batch in (64, 256):
+        assert plan_decode(batch=batch, n_keys=2048, **qwen).implementation == "one launch, live schedule"
     plan = plan_decode(batch=64, n_keys=2048, **common)
     assert plan.implementation == "one launch, live schedule" and plan.one_launch.kernel == "prop1l_d128_g4"
     assert plan_decode(batch=64, n_keys=2048, page_size=16, tuning=Tuning(one_launch=False), **common).implementation == "triton"

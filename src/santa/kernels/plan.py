@@ -547,8 +547,8 @@ class DecodePlan:
         """The one-launch CUDA prop for this plan (:mod:`santa.kernels.one_launch`: Hopper, bf16 or fp16, contiguous NHD or HND
         or paged NHD/HND), made now (its module and schedule, outside any CUDA graph), or None: the Triton prop serves every call
         (so also for a plan made during a capture, where its schedule cannot be copied to the device). Host-built
-        rounds, except a paged plan whose rounds pass one wave or cut a group in at most 2 slices, and a plan none fits:
-        the live schedule (below)."""
+        rounds, except rounds that cut a group in at most 2 slices, a paged plan whose rounds pass one wave, and a plan
+        none fits: the live schedule (below)."""
         s = self.shape
         if self.error_target is not None:
             return None  # the one launch draws a fixed budget; the Triton prop runs the pilot
@@ -564,7 +564,7 @@ class DecodePlan:
             host = launch()
         except ValueError:  # no plan fits shared memory (a large budget), or the module did not load (warned once)
             host = None
-        if host is not None and (s.page_size is None or (len(host.plan.rounds) == 1 and host.plan.slots > 2)):
+        if host is not None and host.plan.slots > 2 and (s.page_size is None or len(host.plan.rounds) == 1):
             return host
         # a paged plan's capacity is a server's max_model_len, its sequences mostly far shorter. Host-built rounds in
         # one wave already follow the live keys (each slice is a share of its sequence's length: Llama 1 × 8k 19.7 µs
@@ -575,17 +575,20 @@ class DecodePlan:
         # it resolves once and sums in registers, and host-built rounds with three dependent loads per vector and sample
         # (Qwen 64 × 512 to 4k, C2: live 0.82-0.87× the rounds' time; with 8 slices or more the rounds are 1.16-1.47×
         # faster: paged_ab.py --rounds, H100, 2026-12-06, 27th session). A contiguous
-        # plan (a static cache, its length often the prompt's plus the new tokens': tight) keeps host-built rounds
-        # wherever they fit (on full sequences 5-9 % faster than the live schedule; on a cache 16× the live keys
-        # 1.4-2.1× slower: contiguous_ab.py, H100) and takes the live schedule where none fits, instead of the Triton
-        # prop (Llama 64 × 2k: 163 against 220 µs)
+        # plan (a static cache, its length often the prompt's plus the new tokens': tight) keeps host-built rounds of
+        # more than 2 slices a group (on full sequences 5-9 % faster than the live schedule; on a cache 16× the live
+        # keys 1.4-2.1× slower: contiguous_ab.py, H100), takes the live schedule where rounds cut a group in at most 2
+        # slices, for the same reason as a paged plan (Qwen 64 / 256 × 512-4k: contiguous C2 / C1 rounds 1.09-1.83×
+        # the paged live launch's time on the same keys, and the contiguous live launch 0.57-0.89× the rounds' (that
+        # run's live schedule in staggered halves, since reverted): paged_ab.py, H100, 38th session), and where none
+        # fits, instead of the Triton prop (Llama 64 × 2k: 163 against 220 µs)
         try:
             live = launch(live=True)
         except ValueError:  # more sequences or keys than a live launch takes: host-built rounds where they fit
             return host
         # a contiguous plan over 16k keys whose slices leave one CTA per SM: the Triton prop is as fast or faster
         pays = one_launch.live_pays(paged=s.page_size is not None, per_sm=live.per_sm, n=s.n_keys)
-        return live if pays else None
+        return live if pays else host
 
     def _one_launch_call(self, q, k_cache, v_cache, seq_lens, out, counts, workspace, k_scale, v_scale, starts):
         """``(buffers, strides)`` of this call's one launch: the buffers it exchanges its words through (the workspace's,
