@@ -1,6 +1,6 @@
 """Where one one-launch prop call spends its time, phase by phase, from the kernel's own clocks (issue 39).
 
-    python benchmarks/kernels/phase_marks.py OUT.jsonl LABEL
+    python benchmarks/kernels/phase_marks.py OUT.jsonl LABEL [--paged MODEL:BxN …]
 
 A host-built plan's launch takes ``marks`` (``santa.kernels.one_launch.OneLaunch.run``): thread 0 of each CTA records
 ``%globaltimer`` at the phase boundaries of ``one_launch.cu``'s ``prop_slice`` (0 start, 1 streamed, 2 published,
@@ -9,7 +9,11 @@ the plan ``plan_decode`` chooses, 12 calls with seeds 0-11, the first two droppe
 work, then the median over calls (``phase_med_ns``, seven numbers), and the median span from the first CTA's start
 to the last CTA's end (``span_ns``). No graph, no L2 flush: a profile of the phases, not a timing to quote (the
 protocol's times come from ``paged_ab.py`` and ``prop_ab.py``). Whichever santa is first on the path is measured, so
-one device call compares two trees (``PYTHONPATH=.oldab/src``). OUT.jsonl: a run record, then one line per case,
+one device call compares two trees (``PYTHONPATH=.oldab/src``). ``--paged MODEL:BxN`` (a model of
+``paged_ab.MODELS``, e.g. ``d64-g2:16x32768``; keys ``paged/…``): instead, vLLM's packed 16-key pages shuffled over the
+pool (``paged_ab.inputs``), full sequences, the same launch on host-built rounds (``OneLaunch(live=False)``) and on the
+live schedule (``live=True``), each with a marks buffer of its rounds (a live launch's from ``live_schedule`` of the
+lengths): what separates the two where host rounds are faster (d64-g2 16 × 32k, 38th session). OUT.jsonl: a run record, then one line per case,
 appended as each is measured; a re-run skips the cases already there, and a second run on the same file is refused
 while the first holds it (``santa.writer_lock``).
 """
@@ -40,24 +44,82 @@ def profile(batch: int, heads: int, kv_heads: int, dim: int, n: int) -> dict:
     launch = plan.one_launch
     if launch is None or not launch.plan.rounds:
         return {"error": "no host-built one-launch plan (a live or Triton plan takes no marks)"}
+
+    def run(marks, seed):
+        launch.run(q, k, v, out=torch.empty_like(q), strides=ol.cache_strides(k, v, "NHD"), seed=seed, marks=marks)
+
+    return profile_launch(launch, run, len(launch.plan.rounds))
+
+
+def profile_launch(launch, run, rounds: int) -> dict:
+    """Phase medians of ``run(marks)`` (12 calls, the first two dropped) for a launch of ``rounds`` rounds."""
     calls = []
     for seed in range(12):
-        marks = torch.zeros(len(launch.plan.rounds) * launch.plan.grid, 9, 2, dtype=torch.int64, device="cuda")
-        launch.run(q, k, v, out=torch.empty_like(q), strides=ol.cache_strides(k, v, "NHD"), seed=seed, marks=marks)
+        marks = torch.zeros(rounds * launch.plan.grid, 9, 2, dtype=torch.int64, device="cuda")
+        run(marks, seed)
         torch.cuda.synchronize()
         calls.append(marks[:, :8, 0].cpu())
     clocks = torch.stack(calls[2:])  # [calls, slots, 8] ns
     clocks = clocks[:, clocks[0, :, 0] != 0].double()  # the slots with work
     phases = (clocks[..., 1:] - clocks[..., :-1]).median(dim=1).values.median(dim=0).values
     span = (clocks[..., 7].max(dim=1).values - clocks[..., 0].min(dim=1).values).median()
-    return {"plan": launch.plan.name, "phase_med_ns": [round(x) for x in phases.tolist()], "span_ns": float(span)}
+    return {"plan": launch.plan.name, "rounds": rounds, "phase_med_ns": [round(x) for x in phases.tolist()],
+            "span_ns": float(span)}
+
+
+def profile_paged(model: str, batch: int, n: int) -> dict:
+    """Host-built rounds and the live schedule on the same shuffled pages (``--paged``)."""
+    from benchmarks.kernels.paged_ab import BUDGET, MODELS, PAGE, inputs
+
+    from santa.kernels import one_launch as ol
+    from santa.kernels.one_launch_schedule import live_schedule
+
+    heads, kv_heads, dim = MODELS[model]
+    q, packed, table, seq_lens = inputs(model, batch, n, n)
+    k_pages, v_pages = packed[..., :dim], packed[..., dim:]
+    row = {}
+    for name, live in (("rounds", False), ("live", True)):
+        try:
+            launch = ol.OneLaunch(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n, budget=BUDGET,
+                                  scale=dim**-0.5, device=torch.device("cuda"), page_size=PAGE, live=live)
+        except ValueError as error:
+            row[name] = {"error": str(error)}
+            continue
+        if live:
+            limits = launch.plan.limits
+            rounds = live_schedule(seq_lens.tolist(), n=n, kv_heads=kv_heads, slice_cap=limits.slice_cap,
+                                   min_slices=limits.min_slices, max_slices=limits.max_slices, ctas=limits.ctas).rounds
+        else:
+            rounds = len(launch.plan.rounds)
+
+        def run(marks, seed, launch=launch):
+            launch.run(q, k_pages, v_pages, out=torch.empty_like(q), strides=ol.cache_strides(k_pages, v_pages, "NHD"),
+                       seq_lens=seq_lens, block_table=table, seed=seed, marks=marks)
+
+        row[name] = profile_launch(launch, run, rounds)
+    return row
+
+
+def paged_case(text: str) -> tuple[str, int, int]:
+    """``MODEL:BxN`` → (model, B, N) (argparse's type: a clear error for anything else)."""
+    from benchmarks.kernels.paged_ab import MODELS
+
+    model, _, shape = text.partition(":")
+    batch, _, n = shape.partition("x")
+    if model not in MODELS or not batch.isdigit() or not n.isdigit() or int(batch) < 1 or int(n) < 1:
+        raise argparse.ArgumentTypeError(f"expected MODEL:BxN with MODEL one of {sorted(MODELS)}, got {text!r}")
+    return model, int(batch), int(n)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("label")
+    parser.add_argument("--paged", nargs="+", type=paged_case, metavar="MODEL:BxN",
+                        help="host rounds and the live schedule on shuffled pages instead of the contiguous cases")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("phase_marks.py: needs a CUDA GPU (the one launch's clocks)")
     import santa
     from santa.sweep_files import append_record, read_records
     from santa.writer_lock import OutputUnusable, writer_lock
@@ -69,7 +131,13 @@ def main() -> None:
                 append_record(args.out, {"key": "run", "run": run_record_of_this_checkout(), "label": args.label,
                                          "santa": santa.__file__, "device": torch.cuda.get_device_name()})
             done = {record["key"] for record in records}
-            for batch, heads, kv_heads, dim, n in CASES:
+            for model, batch, n in args.paged or []:
+                key = f"paged/{model}/{batch}x{n}"
+                if key not in done:
+                    row = {"key": key, **profile_paged(model, batch, n)}
+                    append_record(args.out, row)
+                    print(args.label, json.dumps(row), flush=True)
+            for batch, heads, kv_heads, dim, n in [] if args.paged else CASES:
                 key = f"{batch}x{n}_d{dim}"
                 if key not in done:
                     row = {"key": key, **profile(batch, heads, kv_heads, dim, n)}
