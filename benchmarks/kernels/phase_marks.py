@@ -12,8 +12,8 @@ protocol's times come from ``paged_ab.py`` and ``prop_ab.py``). Whichever santa 
 one device call compares two trees (``PYTHONPATH=.oldab/src``). ``--paged MODEL:BxN`` (a model of
 ``paged_ab.MODELS``, e.g. ``d64-g2:16x32768``; keys ``paged/…``): instead, vLLM's packed 16-key pages shuffled over the
 pool (``paged_ab.inputs``), full sequences, the same launch on host-built rounds (``OneLaunch(live=False)``) and on the
-live schedule (``live=True``), each with a marks buffer of its rounds (a live launch's from ``live_schedule`` of the
-lengths): what separates the two where host rounds are faster (d64-g2 16 × 32k, 38th session). OUT.jsonl: a run record, then one line per case,
+live schedule (``live=True``), each with a marks buffer of ``OneLaunch.marks_slots()`` (a live launch's rounds, from
+``live_schedule`` of the lengths, are reported beside): what separates the two where host rounds are faster (d64-g2 16 × 32k, 38th session). OUT.jsonl: a run record, then one line per case,
 appended as each is measured; a re-run skips the cases already there, and a second run on the same file is refused
 while the first holds it (``santa.writer_lock``).
 """
@@ -55,7 +55,7 @@ def profile_launch(launch, run, rounds: int) -> dict:
     """Phase medians of ``run(marks)`` (12 calls, the first two dropped) for a launch of ``rounds`` rounds."""
     calls = []
     for seed in range(12):
-        marks = torch.zeros(rounds * launch.plan.grid, 9, 2, dtype=torch.int64, device="cuda")
+        marks = torch.zeros(launch.marks_slots(), 9, 2, dtype=torch.int64, device="cuda")
         run(marks, seed)
         torch.cuda.synchronize()
         calls.append(marks[:, :8, 0].cpu())
@@ -85,7 +85,7 @@ def profile_paged(model: str, batch: int, n: int) -> dict:
         except ValueError as error:
             row[name] = {"error": str(error)}
             continue
-        if live:
+        if live:  # the rounds these lengths take (reported); the buffer holds what any lengths could (marks_slots)
             limits = launch.plan.limits
             rounds = live_schedule(seq_lens.tolist(), n=n, kv_heads=kv_heads, slice_cap=limits.slice_cap,
                                    min_slices=limits.min_slices, max_slices=limits.max_slices, ctas=limits.ctas).rounds

@@ -3,7 +3,6 @@
 import argparse
 
 import pytest
-
 from benchmarks.kernels.phase_marks import paged_case
 
 

@@ -1125,10 +1125,14 @@ def test_a_live_launch_refuses_what_its_kernels_do_not_serve():
             launch._live_plan(batch=4, n_keys=4096, page_size=16, min_slices=bad, **kwargs)
     launch._live_plan(batch=4, n_keys=4096, page_size=16, min_slices=4, **kwargs)
     assert [v.value for v in launch.live_values] == [4, 4096, 2, 6]
-    launch.plan, launch.page_size = plan, 16
+    launch.plan, launch.page_size, launch.kv_heads, launch.shape = plan, 16, 8, dict(batch=4)
     x = torch.zeros(1)
-    with pytest.raises(ValueError, match="marks: a live launch's rounds follow the lengths"):
-        launch.run(x, x, x, out=x, strides=(8, 8, 8), marks=torch.zeros(1, dtype=torch.int64))
+    # a live launch's marks: as many slots as any lengths can take (4 × 8 groups in 64 slices over 256 lanes: 8 rounds)
+    assert launch.marks_slots() == 264 * 8
+    for marks in (torch.zeros(264 * 8 - 1, 9, 2, dtype=torch.int64), torch.zeros(264 * 8, 9, 2, dtype=torch.int32),
+                  torch.zeros(264 * 8, 18, dtype=torch.int64)):
+        with pytest.raises(ValueError, match=r"marks: a contiguous int64 \[≥ 2112, 9, 2\]"):
+            launch.run(x, x, x, out=x, strides=(8, 8, 8), marks=marks)
     pool = torch.zeros(1).expand(2**27)  # 2**27 pages of 16 keys: 2**31 rows, past the gather's int32 rows
     with pytest.raises(ValueError, match="k: a live launch takes pools of fewer than 2\\*\\*31 rows"):
         launch.run(x, pool, pool, out=x, strides=(8, 8, 8))

@@ -520,6 +520,16 @@ class OneLaunch:
                             ctypes.c_int(limits.min_slices.bit_length() - 1), ctypes.c_int(limits.max_slices.bit_length() - 1)]
         return LivePlan(kernel=name, grid=limits.ctas, slots=limits.max_slices, limits=limits)
 
+    def marks_slots(self) -> int:
+        """Slots a ``marks`` buffer needs (:meth:`run`; the kernel writes slot ``r · grid + CTA``): host rounds × grid, or
+        for a live launch, whose rounds follow the lengths, the most any lengths can take: every sequence in
+        ``max_slices`` slices over the fewest lanes (the grid rounded down to a multiple of ``max_slices``)."""
+        grid = self.plan.grid
+        if not isinstance(self.plan, LivePlan):
+            return len(self.plan.rounds) * grid
+        most = self.plan.limits.max_slices
+        return grid * -(-self.kv_heads * self.shape["batch"] * most // (grid - grid % most))
+
     def fits(self, buffers: Buffers) -> bool:
         """Whether ``buffers`` hold this plan's words (its batch, heads, budget and slices)."""
         return buffers.fits(**self.shape, slots=self.plan.slots)
@@ -549,8 +559,10 @@ class OneLaunch:
         ``enabled`` (int32 ``[1]`` on the device, read by the launch): 0 makes it return at once, writing nothing.
         Returns ``out``."""
 
-        if marks is not None and isinstance(self.plan, LivePlan):
-            raise ValueError("marks: a live launch's rounds follow the lengths (no host-built rounds to size them by)")
+        if marks is not None and (marks.dtype != torch.int64 or marks.dim() != 3 or tuple(marks.shape[1:]) != (9, 2)
+                                  or not marks.is_contiguous() or marks.shape[0] < self.marks_slots()):
+            raise ValueError(f"marks: a contiguous int64 [≥ {self.marks_slots()}, 9, 2] (one slot per round and CTA, "
+                             f"marks_slots()), got {marks.dtype} {tuple(marks.shape)}")
         # the gather's int32 rows: a pool's page << page_shift | place (contiguous: the key, under 2**31 by the limits)
         if isinstance(self.plan, LivePlan) and self.page_size is not None and k.shape[0] * self.page_size >= 2**31:
             raise ValueError(f"k: a live launch takes pools of fewer than 2**31 rows, got {k.shape[0]} pages of "
