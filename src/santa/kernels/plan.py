@@ -578,7 +578,7 @@ class DecodePlan:
         # plan (a static cache, its length often the prompt's plus the new tokens': tight) keeps host-built rounds of
         # more than 2 slices a group (on full sequences 5-9 % faster than the live schedule; on a cache 16× the live
         # keys 1.4-2.1× slower: contiguous_ab.py, H100), takes the live schedule where rounds cut a group in at most 2
-        # slices, for the same reason as a paged plan (Qwen 64 / 256 × 512-4k: contiguous C2 / C1 rounds 1.09-1.83×
+        # slices, for the same reason as a paged plan (Qwen 64 / 256 × 512-4k: contiguous C2 or C1 rounds 1.09-1.83×
         # the paged live launch's time on the same keys, and the contiguous live launch 0.57-0.89× the rounds' (that
         # run's live schedule in staggered halves, since reverted): paged_ab.py, H100, 38th session), and where none
         # fits, instead of the Triton prop (Llama 64 × 2k: 163 against 220 µs)
