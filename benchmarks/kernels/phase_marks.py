@@ -2,7 +2,7 @@
 
     python benchmarks/kernels/phase_marks.py OUT.jsonl LABEL [--paged MODEL:BxN …]
 
-A host-built plan's launch takes ``marks`` (``santa.kernels.one_launch.OneLaunch.run``): thread 0 of each CTA records
+A one-launch plan's launch takes ``marks`` (``santa.kernels.one_launch.OneLaunch.run``): thread 0 of each CTA records
 ``%globaltimer`` at the phase boundaries of ``one_launch.cu``'s ``prop_slice`` (0 start, 1 streamed, 2 published,
 3 stats read, 4 first points placed, 5 keys written, 6 V rows gathered, 7 done). Per case (contiguous bf16, S = 128,
 the plan ``plan_decode`` chooses, 12 calls with seeds 0-11, the first two dropped): each phase's median over CTAs with
@@ -42,13 +42,26 @@ def profile(batch: int, heads: int, kv_heads: int, dim: int, n: int) -> dict:
     plan = plan_decode(batch=batch, heads=heads, kv_heads=kv_heads, head_dim=dim, n_keys=n, budget=128,
                        dtype=torch.bfloat16, device="cuda")
     launch = plan.one_launch
-    if launch is None or not launch.plan.rounds:
-        return {"error": "no host-built one-launch plan (a live or Triton plan takes no marks)"}
+    if launch is None:
+        return {"error": "no one-launch plan (the Triton prop takes no marks)"}
 
     def run(marks, seed):
         launch.run(q, k, v, out=torch.empty_like(q), strides=ol.cache_strides(k, v, "NHD"), seed=seed, marks=marks)
 
-    return profile_launch(launch, run, len(launch.plan.rounds))
+    return profile_launch(launch, run, launch_rounds(launch, [n] * batch, n=n, kv_heads=kv_heads))
+
+
+def launch_rounds(launch, lengths: list[int], *, n: int, kv_heads: int) -> int:
+    """The rounds a launch takes on these lengths: its host-built rounds, or a live launch's from ``live_schedule``
+    (reported beside the phases; the marks buffer holds what any lengths could take, ``OneLaunch.marks_slots``)."""
+    from santa.kernels.one_launch import LivePlan
+    from santa.kernels.one_launch_schedule import live_schedule
+
+    if not isinstance(launch.plan, LivePlan):
+        return len(launch.plan.rounds)
+    limits = launch.plan.limits
+    return live_schedule(lengths, n=n, kv_heads=kv_heads, slice_cap=limits.slice_cap, min_slices=limits.min_slices,
+                         max_slices=limits.max_slices, ctas=limits.ctas).rounds
 
 
 def profile_launch(launch, run, rounds: int) -> dict:
@@ -72,7 +85,6 @@ def profile_paged(model: str, batch: int, n: int) -> dict:
     from benchmarks.kernels.paged_ab import BUDGET, MODELS, PAGE, inputs
 
     from santa.kernels import one_launch as ol
-    from santa.kernels.one_launch_schedule import live_schedule
 
     heads, kv_heads, dim = MODELS[model]
     q, packed, table, seq_lens = inputs(model, batch, n, n)
@@ -85,18 +97,11 @@ def profile_paged(model: str, batch: int, n: int) -> dict:
         except ValueError as error:
             row[name] = {"error": str(error)}
             continue
-        if live:  # the rounds these lengths take (reported); the buffer holds what any lengths could (marks_slots)
-            limits = launch.plan.limits
-            rounds = live_schedule(seq_lens.tolist(), n=n, kv_heads=kv_heads, slice_cap=limits.slice_cap,
-                                   min_slices=limits.min_slices, max_slices=limits.max_slices, ctas=limits.ctas).rounds
-        else:
-            rounds = len(launch.plan.rounds)
-
         def run(marks, seed, launch=launch):
             launch.run(q, k_pages, v_pages, out=torch.empty_like(q), strides=ol.cache_strides(k_pages, v_pages, "NHD"),
                        seq_lens=seq_lens, block_table=table, seed=seed, marks=marks)
 
-        row[name] = profile_launch(launch, run, rounds)
+        row[name] = profile_launch(launch, run, launch_rounds(launch, seq_lens.tolist(), n=n, kv_heads=kv_heads))
     return row
 
 

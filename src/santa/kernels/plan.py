@@ -586,7 +586,8 @@ class DecodePlan:
             live = launch(live=True)
         except ValueError:  # more sequences or keys than a live launch takes: host-built rounds where they fit
             return host
-        # a contiguous plan over 16k keys whose slices leave one CTA per SM: the Triton prop is as fast or faster
+        # a contiguous plan over 16k keys whose slices leave one CTA per SM: the live launch does not pay there, so its
+        # host-built rounds where they fit (kept before the rule above moved 1-2-slice plans here), else the Triton prop
         pays = one_launch.live_pays(paged=s.page_size is not None, per_sm=live.per_sm, n=s.n_keys)
         return live if pays else host
 
