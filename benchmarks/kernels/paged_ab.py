@@ -85,7 +85,7 @@ def cases(quick: bool, fp8: bool = False, gate: bool = False, full: bool = False
     dense_below (a server's max_model_len, 32k or 128k) on 2k-key sequences (a short step: what the closed launch costs)
     and 16k-key ones (a sampled step: what the open gate costs); with ``full``: :data:`FULL_GATE_CASES`; ``shapes``:
     :data:`SHAPE_CASES` (bf16, or e4m3 with ``fp8``); ``half``: :data:`HALF_SLICE_CASES`. ``models``: only those
-    models' cases; it also gives the gate's cases to other models than Llama and Qwen (any of :data:`MODELS`: the
+    models' cases; it also gives the short grid and the gate's cases to other models than Llama and Qwen (any of :data:`MODELS`: the
     small-G shapes whose live launch loses at long sequences, on plans larger than their sequences)."""
     chosen = _mode_cases(quick, fp8, gate, full, shapes, half, models)
     return [case for case in chosen if not models or case[0] in models]
@@ -108,8 +108,10 @@ def _mode_cases(quick: bool, fp8: bool, gate: bool, full: bool, shapes: bool, ha
                 ("llama", 32, 32768, 32768), ("llama", 64, 2048, 2048), ("qwen", 16, 32768, 32768), ("smollm2", 64, 8192, 8192)]
     if quick:
         return [("llama", 1, 8192, 8192), ("llama", 64, 2048, 2048), ("llama", 64, 2048, 131072), ("llama", 32, 32768, 32768)]
-    # the short grid first (issue 39's "santa ≤ dense in every cell"), then the long and loose-plan cases
-    out = [(model, batch, n, n) for model in ("llama", "qwen") for n in (512, 1024, 2048, 4096) for batch in (1, 16, 64, 256)]
+    # the short grid first (issue 39's "santa ≤ dense in every cell": Llama and Qwen, or the models named, so that
+    # `--models smollm2` times SmolLM2's short plans too), then the long and loose-plan cases
+    out = [(model, batch, n, n) for model in (models or ("llama", "qwen")) for n in (512, 1024, 2048, 4096)
+           for batch in (1, 16, 64, 256)]
     return out + [case for case in [
         ("llama", 1, 8192, 8192), ("llama", 1, 32768, 32768), ("llama", 8, 32768, 32768), ("llama", 32, 32768, 32768),
         ("llama", 64, 2048, 32768), ("llama", 64, 2048, 131072), ("qwen", 16, 32768, 32768), ("smollm2", 64, 8192, 8192)]
