@@ -94,8 +94,9 @@ for stage in "$@"; do
       run 280 $A --backend FLASH_ATTN --out "$OUT/llama8_flash.json"
       SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 280 $A --backend CUSTOM --out "$OUT/llama8_prop.json"
       python3 benchmarks/vllm/offline.py --compare "$OUT/llama8_flash.json" "$OUT/llama8_prop.json" ;;
-    short)  # dense_below (santa.vllm.config): 2k-token prompts decode below 8192 keys, so the default gives every step to
-            # FlashAttention inside santa's backend; SANTA_VLLM_DENSE_BELOW=0 is the backend before it. Packed: 9 JSON files
+    short)  # dense_below (santa.vllm.config): at Qwen's shape 2k-token prompts decode below the default 8192 keys, so the
+            # gate arm gives every step to FlashAttention inside santa's backend; at Llama's (default 1024 since
+            # 2026-12-07) the gate arm samples them as prop does; SANTA_VLLM_DENSE_BELOW=0 samples every step. Packed: 9 JSON files
       # --max-model-len 32768: a server's plans and gate (below dense_below the backend would capture FlashAttention alone)
       # SHORT_MODEL=qwen2.5-0.5b: Qwen2.5-0.5B's shapes (folder /tmp/qwen_random, as `models` makes it) instead of Llama's
       F="--folder /tmp/llama8b --make llama-3.1-8b"; [ "${SHORT_MODEL:-llama-3.1-8b}" = qwen2.5-0.5b ] && F="--folder /tmp/qwen_random --make qwen2.5-0.5b"

@@ -4,7 +4,14 @@ import json
 
 import pytest
 
-from santa.vllm.config import ServingConfig, batch_invariant_config, describe, read_config
+from santa.vllm.config import (
+    DENSE_BELOW,
+    ServingConfig,
+    batch_invariant_config,
+    default_dense_below,
+    describe,
+    read_config,
+)
 
 
 def test_defaults_sample_with_prop_at_128():
@@ -18,11 +25,17 @@ def test_an_error_target_comes_from_the_environment_or_vllms_additional_config()
     assert read_config({}).error_target is None
 
 
-def test_short_steps_go_to_flash_attention_below_8192_keys_by_default_with_prop():
-    assert read_config({}).short_steps == 8192 and read_config({"SANTA_VLLM_DENSE_BELOW": "0"}).short_steps == 0
-    assert read_config({}, additional_config={"santa": {"dense_below": 16384}}).short_steps == 16384
-    assert read_config({"SANTA_VLLM_KERNEL": "flash"}).short_steps == 0  # flash's launches have no gate
-    assert read_config({"SANTA_VLLM_KERNEL": "dense"}).short_steps == 0  # FlashAttention runs every step anyway
+LLAMA, QWEN = {"head_dim": 128, "group": 4}, {"head_dim": 64, "group": 7}  # Llama-3.1-8B's and Qwen2.5-0.5B's head shapes
+
+
+def test_short_steps_go_to_flash_attention_below_the_shapes_default_with_prop():
+    """1,024 keys at Llama-3.1-8B's shape (measured inside vLLM: sampling wins from 1k-token prompts), 8,192 elsewhere."""
+    assert read_config({}).short_steps(**LLAMA) == 1024 and read_config({}).short_steps(**QWEN) == 8192
+    assert default_dense_below(head_dim=128, group=8) == DENSE_BELOW == 8192  # a shape never measured inside vLLM
+    assert read_config({"SANTA_VLLM_DENSE_BELOW": "0"}).short_steps(**LLAMA) == 0
+    assert read_config({}, additional_config={"santa": {"dense_below": 16384}}).short_steps(**LLAMA) == 16384
+    assert read_config({"SANTA_VLLM_KERNEL": "flash"}).short_steps(**QWEN) == 0  # flash's launches have no gate
+    assert read_config({"SANTA_VLLM_KERNEL": "dense"}).short_steps(**QWEN) == 0  # FlashAttention runs every step anyway
     with pytest.raises(ValueError, match="dense_below must be an int"):
         ServingConfig(dense_below=True)
 
@@ -78,11 +91,12 @@ def test_vllms_additional_config_sets_santa_under_the_environment_and_over_the_f
     additional = {"santa": {"budget": 32, "kernel": "flash", "seed": 7}, "other_plugin": {"x": 1}}
     config = read_config(environ, additional)
     assert config == ServingConfig(budget=32, kernel="flash", seed=9)
-    assert describe(config, environ, additional) == ("budget=32 (--additional-config), kernel=flash (--additional-config), "
+    assert describe(config, environ, additional, **QWEN) == ("budget=32 (--additional-config), kernel=flash (--additional-config), "
                                                      "seed=9 (SANTA_VLLM_SEED), error_target=None (default), "
                                                      "dense_below=0 (default)")  # flash: no gate, every step sampled
-    assert describe(read_config({}, {}), {}, {}) == ("budget=128 (default), kernel=prop (default), seed=0 (default), "
-                                                     "error_target=None (default), dense_below=8192 (default)")
+    assert describe(read_config({}, {}), {}, {}, **QWEN) == ("budget=128 (default), kernel=prop (default), seed=0 "
+                                                             "(default), error_target=None (default), dense_below=8192 (default)")
+    assert describe(read_config({}, {}), {}, {}, **LLAMA).endswith("dense_below=1024 (default)")  # the shape's default
 
 
 @pytest.mark.parametrize(
@@ -101,8 +115,8 @@ def test_batch_invariant_mode_samples_every_step_and_refuses_a_dense_below():
     """Under VLLM_BATCH_INVARIANT=1 a short step's route would follow the batch's longest sequence: dense_below is 0,
     and one set by the user is refused by name; the other settings are kept."""
     config = batch_invariant_config(read_config({"SANTA_VLLM_BUDGET": "64", "SANTA_VLLM_SEED": "3"}))
-    assert (config.short_steps, config.budget, config.seed, config.kernel) == (0, 64, 3, "prop")
-    assert batch_invariant_config(read_config({"SANTA_VLLM_DENSE_BELOW": "0"})).short_steps == 0
-    assert batch_invariant_config(read_config({"SANTA_VLLM_KERNEL": "flash"})).short_steps == 0
+    assert (config.short_steps(**LLAMA), config.budget, config.seed, config.kernel) == (0, 64, 3, "prop")
+    assert batch_invariant_config(read_config({"SANTA_VLLM_DENSE_BELOW": "0"})).short_steps(**LLAMA) == 0
+    assert batch_invariant_config(read_config({"SANTA_VLLM_KERNEL": "flash"})).short_steps(**LLAMA) == 0
     with pytest.raises(ValueError, match="dense_below must be 0 under VLLM_BATCH_INVARIANT=1.*got 4096"):
         batch_invariant_config(read_config({"SANTA_VLLM_DENSE_BELOW": "4096"}))

@@ -1,4 +1,5 @@
-"""Short steps run FlashAttention (``dense_below``, 8192 keys by default with prop): an eager step is routed on the host
+"""Short steps run FlashAttention (``dense_below``; by default with prop, by the model's head shape: 8192 keys at the
+stand-ins', 1024 at Llama-3.1-8B's): an eager step is routed on the host
 by its longest sequence; a captured decode graph holds FlashAttention and santa's gated launch, and the builder's
 gate and FlashAttention's lengths pick one per replay — FlashAttention's exact answer on a short step (santa's launch
 writes nothing), santa's samples on a long one (FlashAttention reads zero lengths, santa overwrites its rows)."""
@@ -12,7 +13,16 @@ from helpers import DEVICE
 from santa import rng
 from santa.kernels import decode
 from test_vllm_forward import impl_of, no_santa, step
-from vllm_stand_ins import HEAD_DIM, FlashAttentionImpl, MockLayer, kv_cache_spec, make_batch, vllm_config
+from vllm_stand_ins import (
+    HEAD_DIM,
+    HEADS,
+    KV_HEADS,
+    FlashAttentionImpl,
+    MockLayer,
+    kv_cache_spec,
+    make_batch,
+    vllm_config,
+)
 
 SCALE = 1 / math.sqrt(HEAD_DIM)
 LAYER = "model.layers.3.self_attn.attn"
@@ -153,3 +163,17 @@ def test_under_vllms_batch_invariant_mode_a_dense_below_is_refused_at_start(back
     monkeypatch.setattr(backend.envs, "VLLM_BATCH_INVARIANT", True)
     with pytest.raises(ValueError, match="dense_below must be 0 under VLLM_BATCH_INVARIANT=1"):
         backend.SantaMetadataBuilder(kv_cache_spec(), [LAYER], vllm_config(), DEVICE)
+
+
+def test_the_default_dense_below_follows_the_models_head_shape(backend, monkeypatch):
+    """The builder asks santa.vllm.config for its shape's default (d and query heads per KV head, as vLLM reports them):
+    a shape with a measured default gets it, any other 8192; an explicit dense_below wins over both."""
+    import santa.vllm.config as config
+
+    monkeypatch.delenv("SANTA_VLLM_DENSE_BELOW")
+    build = lambda: backend.SantaMetadataBuilder(kv_cache_spec(), [LAYER], vllm_config(max_model_len=8192), DEVICE)  # noqa: E731
+    assert build().dense_below == config.DENSE_BELOW == 8192  # the stand-ins' shape (d = 32, G = 4) was never measured
+    monkeypatch.setitem(config.DENSE_BELOW_BY_SHAPE, (HEAD_DIM, HEADS // KV_HEADS), 64)
+    assert build().dense_below == 64
+    monkeypatch.setenv("SANTA_VLLM_DENSE_BELOW", "80")
+    assert build().dense_below == 80

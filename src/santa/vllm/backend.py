@@ -12,7 +12,8 @@ for the next batch size vLLM captures (rows past them empty: ``SantaStep.rows``)
 compiles no kernel (a count past the largest captured size still makes its own). Prefill-only batches, and every batch under
 ``SANTA_VLLM_KERNEL=dense`` (the exact control), run FlashAttention itself.
 
-Short steps run FlashAttention too (``dense_below``, :data:`santa.vllm.config.DENSE_BELOW` keys by default): a step whose
+Short steps run FlashAttention too (``dense_below``; by default by the model's head shape,
+:func:`santa.vllm.config.default_dense_below`: 1,024 keys at Llama-3.1-8B's, 8,192 elsewhere): a step whose
 longest sequence holds fewer keys is computed exactly by FlashAttention, where santa's kernels lose to it. Eager steps
 decide on the host (``max_seq_len``). A captured decode graph holds both kernels, FlashAttention first: the builder
 writes, before each replay, a device int that santa's launch reads (0: it returns at once, writing nothing; prop's
@@ -194,17 +195,18 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
         invariant = bool(envs.VLLM_BATCH_INVARIANT)
         if invariant:
             config = batch_invariant_config(config)
-        self.dense_below = config.short_steps  # decode steps shorter than this (keys) run FlashAttention; 0: never
+        # tensor parallelism: this rank holds heads [rank·H, (rank + 1)·H) of the model (H = its own count); the draws
+        # are keyed on the global head, so TP = 1, 2, 4 draw the same samples (KV heads replicated past TP > H_kv too)
+        heads, kv_heads = model.get_num_attention_heads(parallel), model.get_num_kv_heads(parallel)
+        shape = {"head_dim": model.get_head_size(), "group": heads // kv_heads}  # dense_below's default follows it
+        self.dense_below = config.short_steps(**shape)  # decode steps shorter than this (keys) run FlashAttention; 0: never
         block_size = kv_cache_spec.block_size
         # this group's cache (layers in --kv-cache-dtype-skip-layers have their own group in the model's dtype)
         fp8 = kv_cache_spec.dtype in (torch.uint8, FP8)
-        # tensor parallelism: this rank holds heads [rank·H, (rank + 1)·H) of the model (H = its own count); the draws
-        # are keyed on the global head, so TP = 1, 2, 4 draw the same samples (KV heads replicated past TP > H_kv too)
-        heads = model.get_num_attention_heads(parallel)
         # no gate where no step can reach dense_below (max_model_len below it): every decode step is FlashAttention's
         gated = self.dense_below > 0 and model.max_model_len >= self.dense_below
         self.santa = PagedDecoder(
-            heads=heads, kv_heads=model.get_num_kv_heads(parallel), head_offset=tensor_parallel_rank() * heads,
+            heads=heads, kv_heads=kv_heads, head_offset=tensor_parallel_rank() * heads,
             head_dim=model.get_head_size(), block_size=block_size,
             max_keys=math.ceil(model.max_model_len / block_size) * block_size,
             max_batch=vllm_config.scheduler_config.max_num_seqs, budget=config.budget,
@@ -212,7 +214,7 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
             kv_dtype=FP8 if fp8 else model.dtype, device=device, error_target=config.error_target, gated=gated,
             tuning=BATCH_INVARIANT if invariant else None,
         )
-        logger.info("santa: %s%s", describe(config, additional_config=additional),
+        logger.info("santa: %s%s", describe(config, additional_config=additional, **shape),
                     "; VLLM_BATCH_INVARIANT=1: every decode step sampled by the Triton prop (dense_below 0)" if invariant else "")
         # the gate and FlashAttention's lengths of gated decode steps: buffers that keep their addresses (graphs)
         rows = max(vllm_config.scheduler_config.max_num_seqs,

@@ -18,7 +18,8 @@ Variables (each optional; the defaults sample with prop at S = 128, seed 0):
   the layer, the head and the token's position in its own sequence (:mod:`santa.rng`).
 - ``SANTA_VLLM_ERROR_TARGET``: a relative error ε > 0 (prop): each head draws ``min(S, max(16, ⌈T̂/(ε²N̂)⌉))`` samples from a
   pilot of 16 (:mod:`santa.error_target`), the budget the cap; unset: every head draws the budget.
-- ``SANTA_VLLM_DENSE_BELOW``: keys, an int ≥ 0 (prop; default :data:`DENSE_BELOW`): a decode step whose longest sequence
+- ``SANTA_VLLM_DENSE_BELOW``: keys, an int ≥ 0 (prop; default by the model's head shape, :func:`default_dense_below`:
+  1,024 at Llama-3.1-8B's d = 128 and 4 query heads per KV head, 8,192 elsewhere): a decode step whose longest sequence
   holds fewer keys runs vLLM's FlashAttention (exact), as santa's kernels lose to it there; 0 samples every decode step.
   Inside vLLM's full CUDA graphs both kernels are captured and a device int picks one per replay (the FlashAttention
   launch then reads zero lengths on a sampled step, santa's returns at once on a dense one: a few µs per layer).
@@ -49,11 +50,22 @@ PREFIX = "SANTA_VLLM_"
 CONFIG_VARIABLE = PREFIX + "CONFIG"
 ADDITIONAL_KEY = "santa"  # the entry of vLLM's --additional-config that holds santa's settings
 KERNELS = (*names(kernels=True), METHODS["dense"].name)  # santa's kernels, or vLLM's own attention (dense)
-# dense_below's default: where santa's paged kernel stops losing to the best dense kernel at Llama-3.1-8B's and
-# Qwen2.5's head shapes (H200, 08d5081, benchmarks/results/kernels.md: every cell of 512–4k keys × batch 1–256 slower,
-# 1.10–5.39×; B = 1 × 8k 1.01×; 32k 0.61–0.98×), and inside vLLM 0.26 (283cdaf: 2k prompts 0.76–0.90× of FLASH_ATTN,
-# 8k prompts 1.07–1.10×)
+# dense_below's default, by the model's head shape (head dim d, query heads per KV head G): the keys from which santa's
+# decode stops losing to vLLM's FlashAttention inside vLLM 0.26 (benchmarks/vllm/offline.py, decode tokens/s of santa
+# sampling every step over FLASH_ATTN, H100, cf3e4d7, benchmarks/results/2026-12-07-vllm-short-steps):
+# - Llama-3.1-8B's shape (d = 128, G = 4): 512-token prompts 0.977-0.998x (batch 1-256), 1k 1.005 / 1.051 / 1.111x
+#   (batch 16 / 64 / 256), 2k 1.004 / 1.052 / 1.167x (batch 1 / 16 / 64; 1.165x at max_model_len 131072): 1024 keys
+DENSE_BELOW_BY_SHAPE = {(128, 4): 1024}
+# - every other shape: 8192. Qwen2.5-0.5B's (d = 64, G = 7) still loses at 2k (0.913 / 0.887x at batch 64 / 256, the
+#   same run); its paged kernel loses in every cell of 512-4k keys (H100, 58b370b) and wins at 16 x 32k; shapes never
+#   measured inside vLLM keep the 8192 of the first measurement (283cdaf, H200: 2k prompts 0.76-0.90x, 8k 1.07-1.10x)
 DENSE_BELOW = 8192
+
+
+def default_dense_below(*, head_dim: int, group: int) -> int:
+    """dense_below's default for a model whose query heads share each KV head ``group`` at a time, ``head_dim`` wide:
+    :data:`DENSE_BELOW_BY_SHAPE` where that shape was measured inside vLLM, else :data:`DENSE_BELOW`."""
+    return DENSE_BELOW_BY_SHAPE.get((head_dim, group), DENSE_BELOW)
 
 
 @dataclass(frozen=True)
@@ -82,15 +94,15 @@ class ServingConfig:
                 raise ValueError("dense_below needs kernel prop (its launches read the gate that picks FlashAttention or santa "
                                  "per step; flash's do not): set dense_below 0 with kernel flash")
 
-    @property
-    def short_steps(self) -> int:
-        """The keys below which a decode step runs FlashAttention: ``dense_below``, or by default :data:`DENSE_BELOW`
-        with prop and 0 (never) with flash; 0 with ``kernel="dense"`` (FlashAttention runs every step anyway)."""
+    def short_steps(self, *, head_dim: int, group: int) -> int:
+        """The keys below which a decode step runs FlashAttention, for a model of this head shape (``head_dim``; query
+        heads per KV head, ``group``): ``dense_below``, or by default :func:`default_dense_below` with prop and 0
+        (never) with flash; 0 with ``kernel="dense"`` (FlashAttention runs every step anyway)."""
         if not self.samples:
             return 0
         if self.dense_below is not None:
             return self.dense_below
-        return DENSE_BELOW if self.kernel == "prop" else 0
+        return default_dense_below(head_dim=head_dim, group=group) if self.kernel == "prop" else 0
 
     @property
     def samples(self) -> bool:
@@ -155,10 +167,13 @@ def sources(environ: Mapping[str, str] | None = None, additional_config: object 
     return found
 
 
-def describe(config: ServingConfig, environ: Mapping[str, str] | None = None, additional_config: object = None) -> str:
-    """One line: every setting's value and where it came from (``default`` where nothing set it)."""
+def describe(config: ServingConfig, environ: Mapping[str, str] | None = None, additional_config: object = None, *,
+             head_dim: int, group: int) -> str:
+    """One line: every setting's value and where it came from (``default`` where nothing set it); ``dense_below`` as
+    it applies to a model of this head shape (:meth:`ServingConfig.short_steps`)."""
     where = sources(environ, additional_config)
-    value = {field: getattr(config, field) for field in FIELDS} | {"dense_below": config.short_steps}  # None: its default
+    value = {field: getattr(config, field) for field in FIELDS} | {
+        "dense_below": config.short_steps(head_dim=head_dim, group=group)}  # None: its default
     return ", ".join(f"{field}={value[field]} ({where.get(field, 'default')})" for field in FIELDS)
 
 
