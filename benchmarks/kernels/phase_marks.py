@@ -4,7 +4,8 @@
 
 A one-launch plan's launch takes ``marks`` (``santa.kernels.one_launch.OneLaunch.run``): thread 0 of each CTA records
 ``%globaltimer`` at the phase boundaries of ``one_launch.cu``'s ``prop_slice`` (0 start, 1 streamed, 2 published,
-3 stats read, 4 first points placed, 5 keys written, 6 V rows gathered, 7 done). Per case (contiguous bf16, S = 128,
+3 stats read, 4 first points placed, 5 keys written, 6 V rows gathered, 7 done; a live launch sums its rows as it
+gathers them and records no 6: its phase 5 then runs to 7, phase 6 is None, ``absent_marks`` [6]). Per case (contiguous bf16, S = 128,
 the plan ``plan_decode`` chooses, 12 calls with seeds 0-11, the first two dropped): each phase's median over CTAs with
 work, then the median over calls (``phase_med_ns``, seven numbers), and the median span from the first CTA's start
 to the last CTA's end (``span_ns``). No graph, no L2 flush: a profile of the phases, not a timing to quote (the
@@ -72,12 +73,25 @@ def profile_launch(launch, run, rounds: int) -> dict:
         run(marks, seed)
         torch.cuda.synchronize()
         calls.append(marks[:, :8, 0].cpu())
-    clocks = torch.stack(calls[2:])  # [calls, slots, 8] ns
-    clocks = clocks[:, clocks[0, :, 0] != 0].double()  # the slots with work
-    phases = (clocks[..., 1:] - clocks[..., :-1]).median(dim=1).values.median(dim=0).values
+    return {"plan": launch.plan.name, "rounds": rounds, **phase_medians(torch.stack(calls[2:]))}
+
+
+def phase_medians(clocks: torch.Tensor) -> dict:
+    """``clocks`` int64 ``[calls, slots, 8]`` (ns; a slot without work all zeros) → each phase's median over the slots
+    with work, then over calls (``phase_med_ns``, seven numbers), and the median span from the first slot's start to the
+    last one's end (``span_ns``). A boundary no slot recorded (a live launch sums its rows as it gathers them: no mark
+    6) is left out: the phase before it runs to the next recorded mark and its own is None, listed in ``absent_marks``."""
+    clocks = clocks[:, clocks[0, :, 0] != 0].clone()  # the slots with work
+    absent = [j for j in range(1, 7) if not clocks[..., j].any()]
+    for j in reversed(absent):  # the next recorded mark stands in for it (7 is always recorded)
+        clocks[..., j] = clocks[..., j + 1]
+    # from each call's first start, in int64: %globaltimer is ~1.8e18 ns, where a float64 steps by 256 ns (until
+    # 2026-12-07 the phases were differences of such floats: every figure a multiple of 256 ns)
+    clocks = (clocks - clocks[..., 0].min(dim=1).values[:, None, None]).double()
+    phases = (clocks[..., 1:] - clocks[..., :-1]).median(dim=1).values.median(dim=0).values.tolist()
     span = (clocks[..., 7].max(dim=1).values - clocks[..., 0].min(dim=1).values).median()
-    return {"plan": launch.plan.name, "rounds": rounds, "phase_med_ns": [round(x) for x in phases.tolist()],
-            "span_ns": float(span)}
+    return {"phase_med_ns": [None if j in absent else round(x) for j, x in enumerate(phases)],
+            "span_ns": float(span), **({"absent_marks": absent} if absent else {})}
 
 
 def profile_paged(model: str, batch: int, n: int) -> dict:

@@ -15,3 +15,21 @@ def test_a_paged_case_names_a_model_a_batch_and_keys():
 def test_anything_else_is_refused_by_name(text):
     with pytest.raises(argparse.ArgumentTypeError, match="expected MODEL:BxN"):
         paged_case(text)
+
+
+def test_phase_medians_skip_a_mark_no_slot_recorded():
+    """A live launch records no mark 6: its phase 5 runs to mark 7 and phase 6 is None (before, 0 − t5 and t7 − 0 gave
+    ±1.8e18 ns); slots without work (all zeros) are left out."""
+    import torch
+    from benchmarks.kernels.phase_marks import phase_medians
+
+    base = 1_796_000_000_000_000_000
+    work = torch.tensor([0, 10, 13, 14, 16, 17, 0, 25]) + base
+    later = work + 5
+    work[6] = later[6] = 0  # no slot recorded mark 6
+    clocks = torch.stack([work, torch.zeros(8, dtype=torch.int64), later]).unsqueeze(0).repeat(3, 1, 1)
+    out = phase_medians(clocks)
+    assert out["phase_med_ns"] == [10, 3, 1, 2, 1, 8, None] and out["absent_marks"] == [6]
+    assert out["span_ns"] == 30.0
+    full = torch.arange(8, dtype=torch.int64).mul(2).add(base).expand(2, 1, 8)
+    assert phase_medians(full) == {"phase_med_ns": [2] * 7, "span_ns": 14.0}
