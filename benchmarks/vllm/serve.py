@@ -44,7 +44,7 @@ from santa.sweep_files import SweepFileError, append_record, read_records, sweep
 
 # the servers a run compares: (vLLM's --attention-backend, what the arm adds to --santa's settings; None: no santa).
 # CUSTOM-sampled is santa's backend sampling every decode step (dense_below 0): the backend before short steps went to
-# FlashAttention, beside CUSTOM with its default (santa.vllm.config.DENSE_BELOW).
+# FlashAttention, beside CUSTOM with its default (santa.vllm.config.default_dense_below: by head shape).
 # CUSTOM-dense: santa's backend with its kernel off (FlashAttention on every step): what the backend itself costs a server
 ARMS = {"FLASH_ATTN": ("FLASH_ATTN", None), "CUSTOM": ("CUSTOM", {}), "CUSTOM-sampled": ("CUSTOM", {"dense_below": 0}),
         "CUSTOM-dense": ("CUSTOM", {"kernel": "dense"})}
