@@ -80,11 +80,13 @@ def phase_medians(clocks: torch.Tensor) -> dict:
     """``clocks`` int64 ``[calls, slots, 8]`` (ns; a slot without work all zeros) → each phase's median over the slots
     with work, then over calls (``phase_med_ns``, seven numbers), and the median span from the first slot's start to the
     last one's end (``span_ns``). A boundary no slot recorded (a live launch sums its rows as it gathers them: no mark
-    6) is left out: the phase before it runs to the next recorded mark and its own is None, listed in ``absent_marks``."""
+    6) is left out: the phase before it runs to the next recorded mark and its own is None, listed in ``absent_marks``.
+    A slot that skipped a mark others recorded (a live launch's covered sequences record 6, its sampled ones do not)
+    counts the phase before it to its next mark and 0 for its own."""
     clocks = clocks[:, clocks[0, :, 0] != 0].clone()  # the slots with work
     absent = [j for j in range(1, 7) if not clocks[..., j].any()]
-    for j in reversed(absent):  # the next recorded mark stands in for it (7 is always recorded)
-        clocks[..., j] = clocks[..., j + 1]
+    for j in range(6, 0, -1):  # the slot's next recorded mark stands in for a skipped one (7 is always recorded)
+        clocks[..., j] = torch.where(clocks[..., j] == 0, clocks[..., j + 1], clocks[..., j])
     # from each call's first start, in int64: %globaltimer is ~1.8e18 ns, where a float64 steps by 256 ns (until
     # 2026-12-07 the phases were differences of such floats: every figure a multiple of 256 ns)
     clocks = (clocks - clocks[..., 0].min(dim=1).values[:, None, None]).double()

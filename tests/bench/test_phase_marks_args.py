@@ -33,3 +33,17 @@ def test_phase_medians_skip_a_mark_no_slot_recorded():
     assert out["span_ns"] == 30.0
     full = torch.arange(8, dtype=torch.int64).mul(2).add(base).expand(2, 1, 8)
     assert phase_medians(full) == {"phase_med_ns": [2] * 7, "span_ns": 14.0}
+
+
+def test_phase_medians_count_a_mark_some_slots_skipped_as_zero():
+    """Covered sequences in a live launch record mark 6 and sampled ones do not: a skipping slot's phase 5 runs to its
+    mark 7 and its phase 6 is 0, so no ±1.8e18 enters the medians."""
+    import torch
+    from benchmarks.kernels.phase_marks import phase_medians
+
+    base = 1_796_000_000_000_000_000
+    covered = torch.tensor([0, 10, 13, 14, 16, 17, 20, 25]) + base
+    sampled = covered.clone()
+    sampled[6] = 0
+    out = phase_medians(torch.stack([covered, sampled, sampled]).unsqueeze(0))
+    assert out["phase_med_ns"] == [10, 3, 1, 2, 1, 8, 0] and "absent_marks" not in out

@@ -64,7 +64,9 @@ DENSE_BELOW = 8192
 
 def default_dense_below(*, head_dim: int, group: int) -> int:
     """dense_below's default for a model whose query heads share each KV head ``group`` at a time, ``head_dim`` wide:
-    :data:`DENSE_BELOW_BY_SHAPE` where that shape was measured inside vLLM, else :data:`DENSE_BELOW`."""
+    :data:`DENSE_BELOW_BY_SHAPE` where that shape was measured inside vLLM, else :data:`DENSE_BELOW`. Under tensor
+    parallelism the shape is the one each rank runs (past as many ranks as KV heads vLLM replicates them, so a rank's
+    group is smaller than the model's: Llama-3.1-70B at TP 16 runs G = 4, a model not measured at that default)."""
     return DENSE_BELOW_BY_SHAPE.get((head_dim, group), DENSE_BELOW)
 
 
