@@ -22,6 +22,7 @@ while the first holds it (``santa.writer_lock``).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 
@@ -152,16 +153,14 @@ def main() -> None:
                 append_record(args.out, {"key": "run", "run": run_record_of_this_checkout(), "label": args.label,
                                          "santa": santa.__file__, "device": torch.cuda.get_device_name()})
             done = {record["key"] for record in records}
-            for model, batch, n in args.paged or []:
-                key = f"paged/{model}/{batch}x{n}"
+            # (key, what measures it): the --paged cases, or else the contiguous ones
+            jobs = ([(f"paged/{model}/{batch}x{n}", functools.partial(profile_paged, model, batch, n))
+                     for model, batch, n in args.paged] if args.paged else
+                    [(f"{batch}x{n}_d{dim}", functools.partial(profile, batch, heads, kv_heads, dim, n))
+                     for batch, heads, kv_heads, dim, n in CASES])
+            for key, measure in jobs:
                 if key not in done:
-                    row = {"key": key, **profile_paged(model, batch, n)}
-                    append_record(args.out, row)
-                    print(args.label, json.dumps(row), flush=True)
-            for batch, heads, kv_heads, dim, n in [] if args.paged else CASES:
-                key = f"{batch}x{n}_d{dim}"
-                if key not in done:
-                    row = {"key": key, **profile(batch, heads, kv_heads, dim, n)}
+                    row = {"key": key, **measure()}
                     append_record(args.out, row)
                     print(args.label, json.dumps(row), flush=True)
     except OutputUnusable as error:  # another run holds the file, or it cannot be written: one line

@@ -207,7 +207,7 @@ class SantaMetadataBuilder(FlashAttentionMetadataBuilder):
         gated = self.dense_below > 0 and model.max_model_len >= self.dense_below
         self.santa = PagedDecoder(
             heads=heads, kv_heads=kv_heads, head_offset=tensor_parallel_rank() * heads,
-            head_dim=model.get_head_size(), block_size=block_size,
+            head_dim=shape["head_dim"], block_size=block_size,
             max_keys=math.ceil(model.max_model_len / block_size) * block_size,
             max_batch=vllm_config.scheduler_config.max_num_seqs, budget=config.budget,
             kernel=config.kernel if config.samples else "prop", seed=config.seed, dtype=model.dtype,
