@@ -99,8 +99,9 @@ for stage in "$@"; do
             # 2026-12-07) the gate arm samples them as prop does; SANTA_VLLM_DENSE_BELOW=0 samples every step. Packed: 9 JSON files
       # --max-model-len 32768: a server's plans and gate (below dense_below the backend would capture FlashAttention alone)
       # SHORT_MODEL=qwen2.5-0.5b: Qwen2.5-0.5B's shapes (folder /tmp/qwen_random, as `models` makes it) instead of Llama's
+      # SHORT_PROMPT_TOKENS (default 2048): the prompts' length, e.g. 4096 where a shape's dense_below is in question
       F="--folder /tmp/llama8b --make llama-3.1-8b"; [ "${SHORT_MODEL:-llama-3.1-8b}" = qwen2.5-0.5b ] && F="--folder /tmp/qwen_random --make qwen2.5-0.5b"
-      A="$F --prompt-tokens 2048 --batch ${SHORT_BATCHES:-16 64 256} --max-model-len ${SHORT_MAX_MODEL_LEN:-32768}"
+      A="$F --prompt-tokens ${SHORT_PROMPT_TOKENS:-2048} --batch ${SHORT_BATCHES:-16 64 256} --max-model-len ${SHORT_MAX_MODEL_LEN:-32768}"
       A="$A --profile-steps ${PROFILE_STEPS:-0}"  # PROFILE_STEPS=16: each arm's kernels over 16 more tokens (--compare lists them)
       rm -rf /tmp/short; mkdir -p /tmp/short  # no earlier call's files compared or packed
       ARMS=" ${SHORT_ARMS:-gate prop} "
