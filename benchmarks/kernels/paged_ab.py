@@ -137,16 +137,16 @@ def inputs(model: str, batch: int, length: int, capacity: int, fp8: bool = False
 
 
 def santa_arm(model: str, q, packed, table, seq_lens, capacity: int, flusher, *, one_launch: bool, gate: bool = False,
-              pass1_programs: int | None = None) -> dict:
-    """santa's step through PagedDecoder on the packed cache (its dtype: bf16, or uint8 for e4m3); ``gate``: also with
-    the run's gate open and closed (``open_us``, ``closed_us``)."""
+              pass1_programs: int | None = None, budget: int = BUDGET) -> dict:
+    """santa's step through PagedDecoder on the packed cache (its dtype: bf16, or uint8 for e4m3) at S = ``budget``;
+    ``gate``: also with the run's gate open and closed (``open_us``, ``closed_us``)."""
     from santa.kernels import Tuning
     from santa.vllm.decode import PagedDecoder
 
     heads, kv_heads, dim = MODELS[model]
     batch = q.shape[0]
     decoder = PagedDecoder(heads=heads, kv_heads=kv_heads, head_dim=dim, block_size=PAGE, max_keys=capacity, max_batch=batch,
-                           budget=BUDGET, kernel="prop", seed=0, dtype=q.dtype,
+                           budget=budget, kernel="prop", seed=0, dtype=q.dtype,
                            kv_dtype=FP8 if packed.dtype == torch.uint8 else q.dtype, device="cuda",
                            tuning=None if one_launch else Tuning(one_launch=False, pass1_programs=pass1_programs))
     decoder.allocate()

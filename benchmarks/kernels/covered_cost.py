@@ -1,0 +1,87 @@
+"""What a short sequence costs sampled against computed exactly, inside santa's own launches, beside dense (issue 39's
+short cells: where G·S reaches the sequence's keys, sampling reads nearly every V row anyway).
+
+    python benchmarks/kernels/covered_cost.py OUT.jsonl
+
+Cases: Llama-3.1-8B (G = 4) and Qwen2.5-0.5B (G = 7) shapes (paged_ab.py's MODELS), batch 1, 16, 64 and 256,
+n ∈ {512, 1k, 2k}, vLLM's 16-key shuffled pages (paged_ab.inputs), every arm on the same pages and q. Arms, each
+through ``PagedDecoder`` (what santa's vLLM backend calls):
+
+- ``sampled_us``: S = 128 on a plan for n keys (paged_ab.py's santa arm, ``sampled_plan``);
+- ``covered_us``: S = n on the same plan: every sequence's live keys are covered, so the launch the plan chose
+  (``covered_plan``: the one launch's plan name, or ``triton``: the two Triton launches and the covered-sequence
+  launch after them) computes each exactly on the device (``PagedDecoder`` always passes the lengths, so no plan
+  skips its sampled launch statically);
+
+and paged_ab.dense_arms' FlashInfer and cuDNN. ``covered_error``: the largest absolute difference of the covered
+output from float32 attention on the same keys. CUDA-graph replay, clean cold L2, medians. The first line records the command,
+commit and device; one line per case, appended as measured; a re-run skips the cases already there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+sys.path.insert(0, ".")
+from benchmarks.bench.timing import Flusher  # noqa: E402
+from benchmarks.kernels.paged_ab import MODELS, PAGE, dense_arms, inputs, santa_arm  # noqa: E402
+
+CASES = [(model, batch, n) for model in ("llama", "qwen") for n in (512, 1024, 2048) for batch in (1, 16, 64, 256)]
+
+
+def exact_attention(model: str, q, packed, table) -> torch.Tensor:
+    """float32 softmax attention of q ``[B, H, D]`` over every key of the table's pages: ``[B, H, D]``."""
+    heads, kv_heads, dim = MODELS[model]
+    batch, pages = table.shape
+    rows = packed[table.long()].float().reshape(batch, pages * PAGE, kv_heads, 2 * dim)
+    k, v = (x.repeat_interleave(heads // kv_heads, dim=2) for x in (rows[..., :dim], rows[..., dim:]))
+    weights = torch.softmax(torch.einsum("bhd,bnhd->bhn", q.float(), k) * dim**-0.5, dim=-1)
+    return torch.einsum("bhn,bnhd->bhd", weights, v)
+
+
+def measure(path: str) -> None:
+    from benchmarks.bench.kernels import environment
+
+    from santa.sweep_files import append_record, read_records
+
+    records = read_records(path)
+    if not records:
+        append_record(path, {"key": "run", **environment()})
+    done = {record["key"] for record in records}
+    flusher = Flusher("cuda")
+    for model, batch, n in CASES:
+        key = f"{model}/b{batch}/n{n}"
+        if key in done:
+            continue
+        entry = {"key": key, "model": model, "batch": batch, "length": n}
+        q, packed, table, seq_lens = inputs(model, batch, n, n)
+        dense = dense_arms(model, q, packed, table, flusher)  # its times and any arm's error
+        entry.update(dense)
+        sampled = santa_arm(model, q, packed, table, seq_lens, n, flusher, one_launch=True)
+        entry.update(sampled_us=sampled["us"], sampled_plan=sampled["plan"])
+        covered = santa_arm(model, q, packed, table, seq_lens, n, flusher, one_launch=True, budget=n)
+        entry.update(covered_us=covered["us"], covered_plan=covered["plan"])
+        entry["covered_error"] = float((covered["out"] - exact_attention(model, q, packed, table)).abs().max())
+        append_record(path, entry)
+        print(json.dumps(entry), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", help="JSONL file (resumed where it exists)")
+    args = parser.parse_args()
+    from santa.writer_lock import OutputUnusable, writer_lock
+
+    try:
+        with writer_lock(args.out, holder="covered_cost.py"):
+            measure(args.out)
+    except OutputUnusable as error:
+        sys.exit(f"covered_cost.py: {error}")
+
+
+if __name__ == "__main__":
+    main()
