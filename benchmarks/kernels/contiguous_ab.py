@@ -24,12 +24,12 @@ rounds and live arms are NHD-only and left out.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
 
 sys.path.insert(0, ".")
+from benchmarks.bench.case_log import add_case, cases_done, run_locked  # noqa: E402
 from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
 
 BUDGET = 128
@@ -142,14 +142,7 @@ def measure_case(model: str, batch: int, length: int, capacity: int, fp8: bool, 
 
 
 def measure(path: str, quick: bool, fp8: bool, hf: bool = False) -> None:
-    from benchmarks.bench.kernels import environment
-
-    from santa.sweep_files import append_record, read_records
-
-    records = read_records(path)
-    if not records:
-        append_record(path, {"key": "run", **environment()})
-    done = {record["key"] for record in records}
+    done = cases_done(path)
     flusher = Flusher("cuda")
     chosen = HF_CASES if hf else [(*case, None) for case in cases(quick)]
     for model, batch, length, capacity, pad in chosen:
@@ -158,8 +151,7 @@ def measure(path: str, quick: bool, fp8: bool, hf: bool = False) -> None:
         if key in done:
             continue
         entry = {"key": key, **measure_case(model, batch, length, capacity, fp8, flusher, pad)}
-        append_record(path, entry)
-        print(json.dumps(entry), flush=True)
+        add_case(path, entry)
         torch.cuda.empty_cache()
 
 
@@ -172,13 +164,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.hf and args.quick:
         parser.error("--hf has its own cases: leave --quick out")
-    from santa.writer_lock import OutputUnusable, writer_lock
-
-    try:
-        with writer_lock(args.out, holder="contiguous_ab.py"):
-            measure(args.out, args.quick, args.fp8, args.hf)
-    except OutputUnusable as error:
-        sys.exit(f"contiguous_ab.py: {error}")
+    run_locked(args.out, "contiguous_ab.py", lambda: measure(args.out, args.quick, args.fp8, args.hf))
 
 
 if __name__ == "__main__":

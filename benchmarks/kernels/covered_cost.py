@@ -21,12 +21,12 @@ commit and device; one line per case, appended as measured; a re-run skips the c
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
 
 sys.path.insert(0, ".")
+from benchmarks.bench.case_log import add_case, cases_done, run_locked  # noqa: E402
 from benchmarks.bench.timing import Flusher  # noqa: E402
 from benchmarks.kernels.paged_ab import MODELS, PAGE, dense_arms, inputs, santa_arm  # noqa: E402
 
@@ -44,14 +44,7 @@ def exact_attention(model: str, q, packed, table) -> torch.Tensor:
 
 
 def measure(path: str) -> None:
-    from benchmarks.bench.kernels import environment
-
-    from santa.sweep_files import append_record, read_records
-
-    records = read_records(path)
-    if not records:
-        append_record(path, {"key": "run", **environment()})
-    done = {record["key"] for record in records}
+    done = cases_done(path)
     flusher = Flusher("cuda")
     for model, batch, n in CASES:
         key = f"{model}/b{batch}/n{n}"
@@ -66,21 +59,14 @@ def measure(path: str) -> None:
         covered = santa_arm(model, q, packed, table, seq_lens, n, flusher, one_launch=True, budget=n)
         entry.update(covered_us=covered["us"], covered_plan=covered["plan"])
         entry["covered_error"] = float((covered["out"] - exact_attention(model, q, packed, table)).abs().max())
-        append_record(path, entry)
-        print(json.dumps(entry), flush=True)
+        add_case(path, entry)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", help="JSONL file (resumed where it exists)")
     args = parser.parse_args()
-    from santa.writer_lock import OutputUnusable, writer_lock
-
-    try:
-        with writer_lock(args.out, holder="covered_cost.py"):
-            measure(args.out)
-    except OutputUnusable as error:
-        sys.exit(f"covered_cost.py: {error}")
+    run_locked(args.out, "covered_cost.py", lambda: measure(args.out))
 
 
 if __name__ == "__main__":

@@ -43,12 +43,12 @@ the pages in fp16, the ``--fp8`` cases (with ``--shapes``: every shape's), every
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
 
 sys.path.insert(0, ".")
+from benchmarks.bench.case_log import add_case, cases_done, run_locked  # noqa: E402
 from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
 
 PAGE, BUDGET, READ_BW = 16, 128, 4.5e12
@@ -279,14 +279,7 @@ def contiguous_arms(q, k, v, flusher, live: bool = False, **scales) -> dict:
 
 def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full: bool = False, rounds: bool = False,
             shapes: bool = False, half: bool = False, f16: bool = False, models: list[str] | None = None) -> None:
-    from benchmarks.bench.kernels import environment
-
-    from santa.sweep_files import append_record, read_records
-
-    records = read_records(path)
-    if not records:
-        append_record(path, {"key": "run", **environment()})
-    done = {record["key"] for record in records}
+    done = cases_done(path)
     flusher = Flusher("cuda")
     for model, batch, length, capacity in cases(quick, fp8 or f16, gate, full, shapes, half, models):
         key = (("gate/" if gate else "") + ("rounds/" if rounds else "") + ("half/" if half else "") + ("fp8/" if fp8 else "")
@@ -330,8 +323,7 @@ def measure(path: str, quick: bool, fp8: bool = False, gate: bool = False, full:
                               f"{name}_outputs_close": bool(torch.allclose(arm["out"], one["out"], atol=0.25, rtol=0.1))})
             except ValueError as error:
                 entry[f"{name}_error"] = str(error)
-        append_record(path, entry)
-        print(json.dumps(entry), flush=True)
+        add_case(path, entry)
         del q, packed, table, seq_lens, one, two
         torch.cuda.empty_cache()
 
@@ -365,14 +357,8 @@ def main() -> None:
                                  args.models):
         mode = cases(args.quick, args.fp8 or args.f16, args.gate, args.full, args.shapes, args.half_slices)
         parser.error(f"--models: none of {args.models} has a case in this mode (its models: {sorted({m for m, *_ in mode})})")
-    from santa.writer_lock import OutputUnusable, writer_lock
-
-    try:
-        with writer_lock(args.out, holder="paged_ab.py"):
-            measure(args.out, args.quick, args.fp8, args.gate, args.full, args.rounds, args.shapes, args.half_slices, args.f16,
-                    models=args.models)
-    except OutputUnusable as error:
-        sys.exit(f"paged_ab.py: {error}")
+    run_locked(args.out, "paged_ab.py", lambda: measure(args.out, args.quick, args.fp8, args.gate, args.full, args.rounds,
+                                                        args.shapes, args.half_slices, args.f16, models=args.models))
 
 
 if __name__ == "__main__":

@@ -13,12 +13,12 @@ L2, medians. The first line records the command, commit and device; one line per
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
 
 sys.path.insert(0, ".")
+from benchmarks.bench.case_log import add_case, cases_done, run_locked  # noqa: E402
 from benchmarks.bench.timing import Flusher  # noqa: E402
 from benchmarks.kernels.paged_ab import MODELS, PAGE, dense_arms, inputs, launch_arm, santa_arm  # noqa: E402
 
@@ -26,15 +26,9 @@ SLICES = (1, 2, 4, 8, 16, 33, 66)
 
 
 def measure(path: str) -> None:
-    from benchmarks.bench.kernels import environment
-
     from santa.kernels import one_launch as ol
-    from santa.sweep_files import append_record, read_records
 
-    records = read_records(path)
-    if not records:
-        append_record(path, {"key": "run", **environment()})
-    done = {record["key"] for record in records}
+    done = cases_done(path)
     flusher = Flusher("cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for model in ("llama", "qwen"):
@@ -62,21 +56,14 @@ def measure(path: str) -> None:
                     entry[f"C{slices}_us"] = arm["us"]
                     entry[f"C{slices}_close"] = bool(torch.allclose(arm["out"], rule["out"], atol=0.25, rtol=0.1))
                 entry.update({k: v for k, v in dense_arms(model, q, packed, table, flusher).items() if k.endswith("_us")})
-                append_record(path, entry)
-                print(json.dumps(entry), flush=True)
+                add_case(path, entry)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", help="JSONL file (resumed where it exists)")
     args = parser.parse_args()
-    from santa.writer_lock import OutputUnusable, writer_lock
-
-    try:
-        with writer_lock(args.out, holder="short_slices.py"):
-            measure(args.out)
-    except OutputUnusable as error:
-        sys.exit(f"short_slices.py: {error}")
+    run_locked(args.out, "short_slices.py", lambda: measure(args.out))
 
 
 if __name__ == "__main__":
