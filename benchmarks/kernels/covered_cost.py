@@ -37,10 +37,11 @@ def exact_attention(model: str, q, packed, table) -> torch.Tensor:
     """float32 softmax attention of q ``[B, H, D]`` over every key of the table's pages: ``[B, H, D]``."""
     heads, kv_heads, dim = MODELS[model]
     batch, pages = table.shape
-    rows = packed[table.long()].float().reshape(batch, pages * PAGE, kv_heads, 2 * dim)
-    k, v = (x.repeat_interleave(heads // kv_heads, dim=2) for x in (rows[..., :dim], rows[..., dim:]))
-    weights = torch.softmax(torch.einsum("bhd,bnhd->bhn", q.float(), k) * dim**-0.5, dim=-1)
-    return torch.einsum("bhn,bnhd->bhd", weights, v)
+    rows = packed[table.long()].reshape(batch, pages * PAGE, kv_heads, 2 * dim)
+    k, v = rows[..., :dim].float(), rows[..., dim:].float()  # [B, n, H_kv, D]: the G heads of a group share them
+    groups = q.float().reshape(batch, kv_heads, heads // kv_heads, dim)
+    weights = torch.softmax(torch.einsum("bkgd,bnkd->bkgn", groups, k) * dim**-0.5, dim=-1)
+    return torch.einsum("bkgn,bnkd->bkgd", weights, v).reshape(batch, heads, dim)
 
 
 def measure(path: str) -> None:
