@@ -142,9 +142,10 @@ class SantaConfig:
         fewer keys runs SDPA, exact. The keys are the layer's key length: with transformers' dynamic cache the live
         keys (the longest row's, padding included), with a static cache its capacity (so every decode step is dense
         where the capacity is below N, none otherwise). santa's kernels still lose to the dense ones below 4k keys in
-        most cells (H100, 2026-12-07, contiguous caches against cuDNN: Llama-3.1-8B's shape 1.12–1.57× below 1k keys and
-        at batch 1 up to 2k, Qwen2.5-0.5B's 1.08–2.20× up to 2k; README), so ``4096`` (Llama's shape) or ``8192`` (small
-        heads) puts every cell measured to lose on SDPA (santa's vLLM backend gates short steps by default, by head shape).
+        most cells (H100, 2026-12-07, contiguous caches against cuDNN: Llama-3.1-8B's shape 1.12–1.57× at 512 keys, at
+        1k for batch 1–16 and at 2k for batch 1; Qwen2.5-0.5B's 1.08–2.20× up to 2k and 1.10–1.34× at 4k for batch 1–16;
+        README), so ``4096`` (Llama's shape) or ``8192`` (Qwen's) puts every cell measured to lose on SDPA, giving up
+        some wins (README). santa's vLLM backend gates short steps by default, by head shape.
         Off by default here: the accuracy harness samples short contexts too. With it on, whether a step is dense
         follows the batch's padded length, so a prompt's tokens may differ alone and batched (request keying holds
         for the sampled steps only; refused with ``batch_invariant=True``).
