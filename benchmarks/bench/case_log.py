@@ -1,7 +1,8 @@
 """The resumable JSONL files of the kernel A/B scripts (paged_ab.py, contiguous_ab.py, short_slices.py,
 covered_cost.py): a run record first (command, commit, date, device: :func:`santa.provenance.run_record`), then one
 line per case appended as it is measured, so a call cut at its time limit keeps what it measured and a re-run skips
-the cases already there; one writer at a time (:mod:`santa.writer_lock`)."""
+the cases already there; one writer at a time (:mod:`santa.writer_lock`; :func:`run_locked` also serves
+phase_marks.py and capacity_ab.py, whose records differ)."""
 
 from __future__ import annotations
 

@@ -53,8 +53,7 @@ def measure(path: str) -> None:
             continue
         entry = {"key": key, "model": model, "batch": batch, "length": n}
         q, packed, table, seq_lens = inputs(model, batch, n, n)
-        dense = dense_arms(model, q, packed, table, flusher)  # its times and any arm's error
-        entry.update(dense)
+        entry.update(dense_arms(model, q, packed, table, flusher))  # its times and any arm's error
         sampled = santa_arm(model, q, packed, table, seq_lens, n, flusher, one_launch=True)
         entry.update(sampled_us=sampled["us"], sampled_plan=sampled["plan"])
         covered = santa_arm(model, q, packed, table, seq_lens, n, flusher, one_launch=True, budget=n)

@@ -29,6 +29,7 @@ import sys
 import torch
 
 sys.path.insert(0, ".")
+from benchmarks.bench.case_log import run_locked  # noqa: E402
 from benchmarks.bench.timing import run_record_of_this_checkout  # noqa: E402
 
 CASES = [(1, 32, 8, 128, 512), (1, 32, 8, 128, 8192), (1, 32, 8, 128, 32768), (1, 14, 2, 64, 32768), (16, 14, 2, 64, 32768)]
@@ -142,29 +143,29 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("phase_marks.py: needs a CUDA GPU (the one launch's clocks)")
+    run_locked(args.out, "phase_marks.py", lambda: measure_all(args.out, args.label, args.paged))
+
+
+def measure_all(path: str, label: str, paged: list | None) -> None:
+    """Every case not yet in ``path`` (the ``paged`` cases, or else the contiguous ones), one line appended per case
+    after a run record of this checkout and the santa measured (its path: a call may time an older tree)."""
     import santa
     from santa.sweep_files import append_record, read_records
-    from santa.writer_lock import OutputUnusable, writer_lock
 
-    try:
-        with writer_lock(args.out, holder="phase_marks.py"):
-            records = read_records(args.out)
-            if not records:
-                append_record(args.out, {"key": "run", "run": run_record_of_this_checkout(), "label": args.label,
-                                         "santa": santa.__file__, "device": torch.cuda.get_device_name()})
-            done = {record["key"] for record in records}
-            # (key, what measures it): the --paged cases, or else the contiguous ones
-            jobs = ([(f"paged/{model}/{batch}x{n}", functools.partial(profile_paged, model, batch, n))
-                     for model, batch, n in args.paged] if args.paged else
-                    [(f"{batch}x{n}_d{dim}", functools.partial(profile, batch, heads, kv_heads, dim, n))
-                     for batch, heads, kv_heads, dim, n in CASES])
-            for key, measure in jobs:
-                if key not in done:
-                    row = {"key": key, **measure()}
-                    append_record(args.out, row)
-                    print(args.label, json.dumps(row), flush=True)
-    except OutputUnusable as error:  # another run holds the file, or it cannot be written: one line
-        sys.exit(f"phase_marks.py: {error}")
+    records = read_records(path)
+    if not records:
+        append_record(path, {"key": "run", "run": run_record_of_this_checkout(), "label": label,
+                             "santa": santa.__file__, "device": torch.cuda.get_device_name()})
+    done = {record["key"] for record in records}
+    jobs = ([(f"paged/{model}/{batch}x{n}", functools.partial(profile_paged, model, batch, n))
+             for model, batch, n in paged] if paged else
+            [(f"{batch}x{n}_d{dim}", functools.partial(profile, batch, heads, kv_heads, dim, n))
+             for batch, heads, kv_heads, dim, n in CASES])
+    for key, measure in jobs:
+        if key not in done:
+            row = {"key": key, **measure()}
+            append_record(path, row)
+            print(label, json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

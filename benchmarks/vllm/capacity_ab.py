@@ -24,6 +24,7 @@ import sys
 import torch
 
 sys.path.insert(0, ".")
+from benchmarks.bench.case_log import run_locked  # noqa: E402
 from benchmarks.bench.timing import Flusher, time_fn  # noqa: E402
 from benchmarks.vllm.layout_ab import DIM, paged_decoder, paged_inputs  # noqa: E402
 
@@ -88,13 +89,7 @@ def measure(path: str) -> None:
 def main() -> None:
     if len(sys.argv) != 2:
         sys.exit(__doc__)
-    from santa.writer_lock import OutputUnusable, writer_lock
-
-    try:
-        with writer_lock(sys.argv[1], holder="capacity_ab.py"):
-            measure(sys.argv[1])
-    except OutputUnusable as error:  # another run holds the file, or it cannot be written: one line
-        sys.exit(f"capacity_ab.py: {error}")
+    run_locked(sys.argv[1], "capacity_ab.py", lambda: measure(sys.argv[1]))
 
 
 if __name__ == "__main__":
