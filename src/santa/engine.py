@@ -15,8 +15,8 @@ record says ran (:func:`path_label`, :func:`nominal_share`) and the fast path's 
 (:func:`to_fast_model`) live here, read from :data:`santa.methods.METHODS`. ``santa generate``,
 ``santa eval`` and the benchmarks call :func:`prefill`, :func:`decode` and :func:`teacher_forced`;
 the loop itself is :func:`santa.model.decode_tokens` (one :func:`santa.model.greedy_step` per token),
-the one that :func:`santa.model.generate` runs too (here every step samples, as ``generate``'s ``dense_below=0``: the
-commands compare sampling with dense at every length): santa.model sits below this module and imports nothing from it.
+the one that :func:`santa.model.generate` runs too: santa.model sits below this module and
+imports nothing from it.
 """
 
 from __future__ import annotations

@@ -7,14 +7,11 @@ Configure a model with one call::
     santa.hf.configure(model, santa.hf.SantaConfig(budget=64, sampler="systematic", seed=0))
     model.generate(...)
 
-Default: dense prefill (SDPA), sampled decode, except that where santa's kernels run on a GPU a decode step over
-fewer keys than :func:`santa.short_steps.default_dense_below` (4,096 or 8,192 by head shape) runs SDPA, where santa's
-kernels lose (``dense_below``; 0 samples every step). ``prefill="sampled"`` also samples the prefill
+Default: dense prefill (SDPA), sampled decode. ``prefill="sampled"`` also samples the prefill
 (the paper's Section 4 setting). Randomness is keyed on the request (:mod:`santa.rng`): each draw
 is a function of (seed, layer, head, the query's position in its own sequence, sample index), the
-position counted from the attention mask, so the same prompt and seed draw the same uniforms
-alone or batched (left-padded), under a dynamic or a static cache, with no state to reset (which steps are short
-follows the batch's padded length or the static cache's capacity). transformers' caches
+position counted from the attention mask, so the same prompt and seed generate the same tokens
+alone or batched (left-padded), under a dynamic or a static cache, with no state to reset. transformers' caches
 are ``[B, H_kv, L, D]`` (HND), which on Hopper the one-launch prop reads in place (eager calls, and under
 ``torch.compile`` the custom op's, :mod:`santa.kernels.ops`); its float32 CDF is
 summed in slices that follow the batch, so a sample within float32 rounding of a CDF step may move with it.
@@ -349,14 +346,12 @@ def kernel_for(config: SantaConfig, query: torch.Tensor, attention_mask: torch.T
     return kernel
 
 
-def short_step_keys(config: SantaConfig, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+def short_step_keys(config: SantaConfig, query: torch.Tensor, key: torch.Tensor,
                     attention_mask: torch.Tensor | None) -> int:
     """The keys below which this decode step runs SDPA: ``config.dense_below``, or for None the default by the call's
-    head shape (query ``[B, Hq, 1, D]``, key ``[B, Hkv, Lk, D]``, value ``[B, Hkv, Lk, Dv]``) where santa's kernels
-    would run it on a GPU (:func:`santa.short_steps.resolve_dense_below`; value heads narrower than key heads take the
-    torch reference). Reads shapes only."""
-    on_gpu = (query.is_cuda and not config.batch_invariant and key.shape[-1] == value.shape[-1]
-              and kernel_for(config, query, attention_mask) is not None)
+    head shape (query ``[B, Hq, 1, D]``, key ``[B, Hkv, Lk, D]``) where santa's kernels would run it on a GPU
+    (:func:`santa.short_steps.resolve_dense_below`). Reads shapes only."""
+    on_gpu = query.is_cuda and not config.batch_invariant and kernel_for(config, query, attention_mask) is not None
     return short_steps.resolve_dense_below(config.dense_below, kernels_on_gpu=on_gpu, head_dim=query.shape[-1],
                                            group=query.shape[1] // key.shape[1])
 
@@ -488,7 +483,7 @@ def santa_attention_forward(
         layer in config.dense_layers
         or (n_queries > 1 and config.prefill == "dense")
         or (exact_values and config.score_samples is None)
-        or (n_queries == 1 and n_keys < short_step_keys(config, query, key, value, attention_mask))  # a short step: SDPA
+        or (n_queries == 1 and n_keys < short_step_keys(config, query, key, attention_mask))  # a short decode step: SDPA
     )
     if exact:
         return sdpa_attention_forward(

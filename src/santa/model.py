@@ -883,11 +883,10 @@ def generate(
     budgets from a relative error target, budget the cap (:func:`make_context`). dense_below: keys, an int ≥ 0 or None
     (the default): a decode step whose longest sequence sees fewer keys runs the dense backend ("sdpa"), as santa's vLLM
     backend does (:func:`decode_tokens`); such a step costs what ``backend="sdpa"`` costs (the whole cache, masked); 0
-    samples every step. None: with santa's kernels on CUDA and a bf16/fp16 cache (prompt + new tokens, rounded up to
-    256) shorter than the keys below which they lose to dense ones at the model's head shape
-    (:func:`santa.short_steps.default_dense_below`: 4,096 at Llama-3.1-8B's, 8,192 elsewhere), every decode step is
-    dense (a dense step reads the whole cache, masked); else 0, as with a reference backend, ``santa_impl="torch"``, an
-    fp8 cache, on the CPU and with ``batch_invariant`` (where an explicit N > 0 is refused) (:func:`default_dense_below`). batch_invariant: a bool; True: the same samples bit for bit alone or batched on Hopper too,
+    samples every step. None: with santa's kernels on CUDA, the keys below which they lose to dense ones at the model's
+    head shape (:func:`santa.short_steps.default_dense_below`: 4,096 at Llama-3.1-8B's, 8,192 elsewhere); 0 with a
+    reference backend, ``santa_impl="torch"``, on the CPU and with ``batch_invariant`` (where an explicit N > 0 is
+    refused). batch_invariant: a bool; True: the same samples bit for bit alone or batched on Hopper too,
     at the Triton prop's speed (:func:`make_context`).
 
     Integers may be Python or numpy ints; the wrong type (a float, a string, a bool) is a
@@ -913,11 +912,13 @@ def generate(
     if dense_below and check_flag("batch_invariant", batch_invariant):
         raise ValueError(f"dense_below must be 0 or None with batch_invariant=True (a step runs dense attention when its longest "
                          f"sequence sees fewer keys, so a prompt's tokens would depend on its batch), got {dense_below}")
-    cache_len = model.setup_caches(padded.shape[0], padded.shape[1] + max_new_tokens, kv_cache_dtype=kv_cache_dtype)
+    model.setup_caches(padded.shape[0], padded.shape[1] + max_new_tokens, kv_cache_dtype=kv_cache_dtype)
     ctx = make_context(model, backend, prompt_len=lengths, budget=budget, seed=seed, santa_impl=santa_impl,
                        layer_budgets=layer_budgets, error_target=error_target, pilot=pilot, batch_invariant=batch_invariant)
-    below = dense_below if dense_below is not None else default_dense_below(
-        model, backend, kernels_on_gpu=can_capture and not batch_invariant, cache_len=cache_len)
+    method = by_model_backend(backend)
+    on_gpu = bool(can_capture and method is not None and method.kernel) and not batch_invariant  # santa's kernels on CUDA
+    below = short_steps.resolve_dense_below(dense_below, kernels_on_gpu=on_gpu, head_dim=model.args.head_dim,
+                                            group=model.args.n_head // model.args.n_kv_head)
     dense = dense_steps(model, backend, lengths, below)
     token = prefill(model, padded, lengths=lengths)  # [B, 1]
     rows = decode_tokens(model, ctx, token, lengths, max_new_tokens, stop_tokens=stops, cuda_graph=use_graph, dense=dense)
@@ -944,19 +945,6 @@ class DenseSteps(NamedTuple):
     ctx: DecodeContext
     below: int
     longest: int
-
-
-def default_dense_below(model: Transformer, backend: str, *, kernels_on_gpu: bool, cache_len: int) -> int:
-    """:func:`generate`'s ``dense_below=None``: santa.short_steps' keys for the model's head shape where ``backend`` runs
-    santa's kernels on CUDA (``kernels_on_gpu``: capturable, not batch-invariant) on a bf16/fp16 cache of ``cache_len``
-    keys shorter than them, else 0. A dense step reads the whole cache under a mask (and dequantises an fp8 cache whole),
-    so the default gives a step to it only where the whole cache is below the keys santa's kernels lose under."""
-    method = by_model_backend(backend)
-    cache = model.layers[0].attention.kv_cache
-    if not (kernels_on_gpu and method is not None and method.kernel) or cache is None or cache.fp8:
-        return 0
-    below = short_steps.default_dense_below(head_dim=model.args.head_dim, group=model.args.n_head // model.args.n_kv_head)
-    return below if cache_len < below else 0
 
 
 def dense_steps(model: Transformer, backend: str, lengths: Tensor, below: int) -> DenseSteps | None:

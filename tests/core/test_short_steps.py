@@ -37,8 +37,7 @@ def test_tests_sample_every_step_unless_they_ask_for_the_default():
 ])
 def test_santa_hf_resolves_its_short_steps_per_call(config, want, shape_default_dense_below):
     """SantaConfig.dense_below defaults to None; a call's keys follow from it and the call's head shape
-    (query [B, Hq, 1, d], key and value [B, Hkv, n, d]); on CPU tensors None is 0 (tests/hf/test_hf_cuda.py: CUDA's
-    default)."""
+    (query [B, Hq, 1, d], key [B, Hkv, n, d]); on CPU tensors None is 0 (tests/hf/test_hf_cuda.py: CUDA's default)."""
     assert santa.hf.SantaConfig().dense_below is None
     query, key = torch.zeros(2, 32, 1, 128), torch.zeros(2, 8, 600, 128)
-    assert santa.hf.short_step_keys(santa.hf.SantaConfig(**config), query, key, key, None) == want
+    assert santa.hf.short_step_keys(santa.hf.SantaConfig(**config), query, key, None) == want

@@ -159,7 +159,7 @@ def test_santa_model_with_large_budget_generates_the_dense_tokens(tiny_transform
     assert all(torch.equal(s, d) for s, d in zip(sampled, dense, strict=True))
 
 
-def test_dense_below_gives_short_decode_steps_to_the_dense_backend(tiny_transformer, monkeypatch, shape_default_dense_below):
+def test_dense_below_gives_short_decode_steps_to_the_dense_backend(tiny_transformer, monkeypatch):
     """The longest prompt holds 20 tokens, so decode step i sees at most 20 + i keys. Above every step the sampled
     backend generates the dense tokens. At 23, steps 1 and 2 are dense and the later ones sampled. At 0, and by
     default off santa's kernels on CUDA, every step samples."""
@@ -227,24 +227,6 @@ def test_by_default_short_steps_on_the_kernels_run_the_dense_backend(monkeypatch
     assert ran == [] and all(torch.equal(d, e) for d, e in zip(default, dense, strict=True))
     generate(model, prompts, 8, backend="santa-prop", budget=4, seed=3, cuda_graph=False, dense_below=0)
     assert len(ran) == 7 * TINY.n_layer  # every decode step (the prefill makes the first token), every layer
-
-
-def test_the_default_dense_below_gates_a_short_bf16_cache_on_santas_kernels(shape_default_dense_below):
-    """generate's dense_below=None: every step dense where santa's kernels run on CUDA and the whole cache is shorter
-    than the head shape's keys (TINY's shape: 8,192); 0 for a longer cache, off the GPU kernels, a reference or dense
-    backend, and an fp8 cache (dequantised whole by the dense step)."""
-    from santa.model import default_dense_below
-
-    model = Transformer.random(TINY, device="cpu", dtype=torch.bfloat16, seed=0).eval()
-    model.setup_caches(1, 300)
-    assert default_dense_below(model, "santa-prop", kernels_on_gpu=True, cache_len=512) == 8192
-    assert default_dense_below(model, "santa-flash", kernels_on_gpu=True, cache_len=8191) == 8192
-    assert default_dense_below(model, "santa-prop", kernels_on_gpu=True, cache_len=8192) == 0
-    assert default_dense_below(model, "santa-prop", kernels_on_gpu=False, cache_len=512) == 0
-    for backend in ("iid", "sdpa"):
-        assert default_dense_below(model, backend, kernels_on_gpu=True, cache_len=512) == 0
-    model.setup_caches(1, 300, kv_cache_dtype="fp8")
-    assert default_dense_below(model, "santa-prop", kernels_on_gpu=True, cache_len=512) == 0
 
 
 def test_topk_reference_backend_covering_every_key_generates_the_dense_tokens(tiny_transformer):
