@@ -61,8 +61,6 @@ def bench_case(model, tokenizer, *, length: int, batch: int, backends: list[str]
     case = {"length": length, "batch": batch, "prompt_tokens": [len(x) for x in ids], "backends": {}}
     for backend in backends:
         kwargs = dict(backend=backend, budget=budget, seed=seed)
-        if backend != "sdpa":
-            kwargs["dense_below"] = 0  # santa samples every step here (santa.model's default gives short ones to SDPA)
         _timed_generate(model, ids, warm_tokens, **kwargs)  # warm-up: compilation, autotuning, allocator
         per_token = []
         for _ in range(repeats):

@@ -99,7 +99,7 @@ def run(
         (
             sampled_name(sampler, budget, error_target),
             santa.hf.SantaConfig(budget=budget, sampler=sampler, seed=seed, prefill=prefill, record_stats=True, kernel=kernel or "auto",
-                                 error_target=error_target, dense_below=0),  # sampled at every length, as on the fast path
+                                 error_target=error_target),
         )
     )
     check_run_arguments(n_tokens=n_tokens, depth=depth, max_new_tokens=max_new_tokens, prompt_text=prompt_text, prompt_seed=prompt_seed)
