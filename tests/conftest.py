@@ -43,28 +43,6 @@ def no_work(monkeypatch, tmp_path):
     return tmp_path
 
 
-@pytest.fixture(autouse=True)
-def sampled_short_steps(monkeypatch):
-    """Every test samples every decode step unless it sets ``dense_below``: on a GPU, santa.hf's and santa.model's
-    default (:func:`santa.short_steps.default_dense_below`, thousands of keys by head shape) would give every short test
-    prompt's steps to SDPA. A test of that default takes :func:`shape_default_dense_below`. (On the CPU the default is
-    0 anyway; santa's vLLM tests do the same with ``SANTA_VLLM_DENSE_BELOW=0``.) Returns the shipped function."""
-    import santa.short_steps
-
-    shipped = santa.short_steps.default_dense_below
-    monkeypatch.setattr(santa.short_steps, "default_dense_below", lambda *, head_dim, group: 0)
-    return shipped
-
-
-@pytest.fixture
-def shape_default_dense_below(sampled_short_steps, monkeypatch):
-    """santa.short_steps' default by head shape as santa ships it (undoes :func:`sampled_short_steps`)."""
-    import santa.short_steps
-
-    monkeypatch.setattr(santa.short_steps, "default_dense_below", sampled_short_steps)
-    return sampled_short_steps
-
-
 @pytest.fixture
 def torch_fallback(monkeypatch):
     """CPU tensors run santa.kernels' torch reference (no TRITON_INTERPRET): fast."""

@@ -5,7 +5,7 @@
 # `ab` also carries .old43, from `prepare.sh old43`; `e2ehouse` carries .old41, from `prepare.sh old41`).
 # `trial` times a trial tree (main + unmerged branches, checked out here) against main's own, carried as .mainsrc/src
 # (`git archive main src | tar -x -C .mainsrc`, `.mainsrc` in .git/info/exclude and in the call's carry; MAIN_COMMIT=<sha>).
-#   bash benchmarks/kernels/gpu_run.sh [trial] [trialhf] [firstkey] [hndstream] [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [livencu] [g2ncu] [contiguous] [shortslices] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [shortdefault] [e2e] [e2ehouse]
+#   bash benchmarks/kernels/gpu_run.sh [trial] [trialhf] [firstkey] [hndstream] [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [livencu] [g2ncu] [contiguous] [shortslices] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e] [e2ehouse]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -288,22 +288,6 @@ for stage in "$@"; do
         timeout 240 python3 -m benchmarks.bench.e2e $args --new-tokens 64 --backends $B --no-prefill --out /tmp/e2e1_$model \
           > "$OUT/e2e1_$model.log" 2>&1
         cp /tmp/e2e1_$model/e2e.json "$OUT/e2e1_$model.json" 2>/dev/null; tail -12 "$OUT/e2e1_$model.log"
-      done ;;
-    shortdefault)  # santa.hf's and santa.model's default dense_below (santa.short_steps, by head shape): its GPU tests, then
-                   # transformers' compiled generate() with SDPA, santa.hf's default and santa sampling every step
-                   # (santa-prop-sampled, dense_below=0) on short prompts: Qwen2.5-0.5B 1k and 4k at batch 16, Llama-3.1-8B
-                   # 2k at batch 16 (where santa's kernel wins at kernel level and the default gives it to SDPA)
-      timeout 150 python3 -m pytest -q -p no:cacheprovider tests/core/test_short_steps.py \
-        "tests/hf/test_hf_cuda.py::test_by_default_a_short_decode_step_on_the_kernels_is_sdpas" \
-        "tests/model/test_model.py::test_by_default_short_steps_on_the_kernels_run_the_dense_backend" \
-        tests/model/test_model.py::test_dense_below_in_cuda_graphs_is_the_eager_loop 2>&1 | tail -15 \
-        | tee "$OUT/tests_shortdefault.log" | tail -3
-      for CASE in "qwen2.5-0.5b 1024 4096" "llama-3.1-8b 2048"; do
-        set -- $CASE
-        SHAPE=$1; shift
-        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout ${SHORT_DEFAULT_LIMIT:-260} python3 \
-          benchmarks/kernels/hf_generate.py --out "$OUT/shortdefault_$SHAPE.json" --shape $SHAPE --lengths "$@" --batches 16 \
-          --cache static --compile --backends sdpa santa-prop santa-prop-sampled 2>&1 | grep "ms/token"
       done ;;
     e2e)  # whole decode step in one CUDA graph, random weights: Llama-3.1-8B at 30k, SmolLM2 at 8k, Qwen2.5-0.5B at 32k
       python3 -m benchmarks.bench.e2e --batches 6,16 --prompts 30000 --new-tokens 64 --backends sdpa,santa-prop,weights-only \

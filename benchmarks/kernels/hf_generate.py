@@ -7,10 +7,8 @@ Two ways to run ``generate()``:
   nothing recompiles between calls; the decode forward compiled by transformers with
   ``CompileConfig(fullgraph=True, mode="reduce-overhead", dynamic=False)``: CUDA graphs underneath).
 
-Backends: ``sdpa`` (``attn_implementation="sdpa"``), ``santa-prop`` (``santa.hf.configure`` with
-systematic S=128: the prop kernel through the ``santa::decode`` custom op, santa.hf's default ``dense_below``, so a
-step whose static cache holds fewer keys than :func:`santa.short_steps.default_dense_below` runs SDPA) and
-``santa-prop-sampled`` (the same with ``dense_below=0``: every decode step sampled).
+Backends: ``sdpa`` (``attn_implementation="sdpa"``) and ``santa-prop`` (``santa.hf.configure`` with
+systematic S=128: the prop kernel through the ``santa::decode`` custom op).
 ms/token = (t(LONG new tokens) − t(SHORT)) / (LONG − SHORT), median of 3 after one warm-up pair, so the
 prefill cancels. Weights are random: the time of a step does not depend on their values.
 Writes JSON (rewritten after every case, so a crash keeps what finished).
@@ -60,8 +58,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--short", type=int, default=8)
     parser.add_argument("--long", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--backends", nargs="+", choices=("sdpa", "santa-prop", "santa-prop-sampled"),
-                        default=["sdpa", "santa-prop"],
+    parser.add_argument("--backends", nargs="+", choices=("sdpa", "santa-prop"), default=["sdpa", "santa-prop"],
                         help="which to time (the speed-up is written only when both run)")
     parser.add_argument("--profile", help="also profile one generate(LONG) per backend (torch.profiler): "
                         "top CUDA kernels and GPU-busy time per token, written to this text file")
@@ -77,8 +74,7 @@ def use_backend(model: torch.nn.Module, backend: str, budget: int) -> None:
     if backend == "sdpa":
         model.set_attn_implementation("sdpa")
     else:
-        short = {"dense_below": 0} if backend == "santa-prop-sampled" else {}  # else santa.hf's default
-        santa.hf.configure(model, santa.hf.SantaConfig(sampler="systematic", budget=budget, kernel="prop", **short))
+        santa.hf.configure(model, santa.hf.SantaConfig(sampler="systematic", budget=budget, kernel="prop"))
     torch._dynamo.reset()  # a fresh compile per backend and batch: no guard failures mid-timing
     if hasattr(model, "_compiled_call"):
         del model._compiled_call
@@ -159,9 +155,8 @@ def main() -> None:
                 print(f"{args.shape} n={n} B={batch} {args.cache}{' compiled' if args.compile else ''} {backend:12s} "
                       f"{statistics.median(per_token):8.3f} ms/token {[round(x, 3) for x in per_token]} (warm-up {warm_up_s:.0f} s)",
                       flush=True)
-            for backend, key in (("santa-prop", "speedup"), ("santa-prop-sampled", "speedup_sampled")):
-                if "sdpa" in case and backend in case:
-                    case[key] = case["sdpa"]["ms_per_token_median"] / case[backend]["ms_per_token_median"]
+            if "sdpa" in case and "santa-prop" in case:
+                case["speedup"] = case["sdpa"]["ms_per_token_median"] / case["santa-prop"]["ms_per_token_median"]
             results["cases"].append(case)
             with open(args.out, "w") as f:
                 json.dump(results, f, indent=1)

@@ -38,7 +38,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from santa import methods, rng, schedule_file, short_steps
+from santa import methods, rng, schedule_file
 from santa.attention import (
     ATTENTION_SAMPLERS,
     attention_probs,
@@ -138,16 +138,17 @@ class SantaConfig:
         more cheaply by sampling, so it gets exact attention; the rule every decode path follows (the
         kernels decide it per sequence on the device). Turn off to sample regardless, on the reference
         path only (``kernel="reference"``, or ``"auto"``, which then takes the reference).
-    dense_below: keys, an int ≥ 0 or None (the default): a decode step (one query row) whose layer sees fewer keys runs
-        SDPA, exact; 0 samples every step. None: where the step runs santa's kernels on a GPU, the keys below which they
-        lose to dense ones at the model's head shape (:func:`santa.short_steps.default_dense_below`: 4,096 at
-        Llama-3.1-8B's, 8,192 elsewhere, from the H100 contiguous grid of 2026-12-07: santa 1.12–1.57× cuDNN's time at
-        512 keys at Llama's shape, 1.08–2.20× up to 2k at Qwen2.5-0.5B's); 0 on the torch reference, on the CPU and with
-        ``batch_invariant``. The keys are the layer's key length: with transformers' dynamic cache the live keys (the
-        longest row's, padding included), with a static cache its capacity (so every decode step is dense where the
-        capacity is below N, none otherwise). Whether a step is dense follows the batch's padded length, so a prompt's
-        tokens may differ alone and batched (request keying holds for the sampled steps only); an explicit N > 0 is
-        refused with ``batch_invariant=True``. The accuracy harness sets 0: it measures sampling at every length.
+    dense_below: keys (an int ≥ 0; 0, the default, samples every step): a decode step (one query row) whose layer sees
+        fewer keys runs SDPA, exact. The keys are the layer's key length: with transformers' dynamic cache the live
+        keys (the longest row's, padding included), with a static cache its capacity (so every decode step is dense
+        where the capacity is below N, none otherwise). santa's kernels still lose to the dense ones below 4k keys in
+        most cells (H100, 2026-12-07, contiguous caches against cuDNN: Llama-3.1-8B's shape 1.12–1.57× at 512 keys, at
+        1k for batch 1–16 and at 2k for batch 1; Qwen2.5-0.5B's 1.08–2.20× up to 2k and 1.10–1.34× at 4k for batch 1–16;
+        README), so ``4096`` (Llama's shape) or ``8192`` (Qwen's) puts every cell measured to lose on SDPA, giving up
+        some wins (README). santa's vLLM backend gates short steps by default, by head shape.
+        Off by default here: the accuracy harness samples short contexts too. With it on, whether a step is dense
+        follows the batch's padded length, so a prompt's tokens may differ alone and batched (request keying holds
+        for the sampled steps only; refused with ``batch_invariant=True``).
     record_stats: accumulate :class:`DecodeStats` (value rows read) over sampled calls.
     score_samples: B ternary draws of Bernoulli qKᵀ for the sampled calls' scores
         (:func:`santa.bernoulli_query`, one draw per KV-head group), or None for exact scores.
@@ -165,7 +166,7 @@ class SantaConfig:
         prop cuts its tiles from each sequence's first key. Off (the default), on Hopper the calls
         take the one-launch kernel, whose samples follow the plan's slicing, which follows the batch. The reference
         path (``kernel="reference"``, or ``"auto"`` off CUDA) has no one launch: there it changes nothing. Refused with
-        an explicit ``dense_below`` > 0 (which steps are dense follows the batch's padded length; None is 0 here).
+        ``dense_below`` (which steps are dense follows the batch's padded length).
     error_target: a relative error ε > 0 instead of one budget for every head (:mod:`santa.error_target`): each
         query row and head draws ``min(S, max(S₀, ⌈T̂ / (ε² N̂)⌉))`` samples, estimated from a pilot of ``pilot`` draws (int ≥ 2),
         S (``budget`` or the layer's) the cap; the stochastic samplers only, and the prop kernel (not flash).
@@ -180,7 +181,7 @@ class SantaConfig:
     prefill: str = "dense"
     seed: int = 0
     exact_when_budget_covers: bool = True
-    dense_below: int | None = None
+    dense_below: int = 0
     record_stats: bool = False
     kernel: str = "auto"
     score_samples: int | None = None
@@ -214,10 +215,9 @@ class SantaConfig:
             raise ValueError(f"prefill must be 'dense' or 'sampled', got {self.prefill!r}")
         self.seed = check_seed(self.seed)
         check_flag("exact_when_budget_covers", self.exact_when_budget_covers)
-        if self.dense_below is not None:
-            self.dense_below = integer("dense_below", self.dense_below, low=0)
+        self.dense_below = integer("dense_below", self.dense_below, low=0)
         if check_flag("batch_invariant", self.batch_invariant) and self.dense_below:
-            raise ValueError(f"dense_below must be 0 or None with batch_invariant=True (a decode step runs SDPA when its layer sees "
+            raise ValueError(f"dense_below must be 0 with batch_invariant=True (a decode step runs SDPA when its layer sees "
                              f"fewer keys, the batch's padded length, so a prompt's tokens would depend on its batch), "
                              f"got {self.dense_below}")
         check_flag("record_stats", self.record_stats)
@@ -344,16 +344,6 @@ def kernel_for(config: SantaConfig, query: torch.Tensor, attention_mask: torch.T
     if attention_mask is not None and kernel != "prop":
         return None
     return kernel
-
-
-def short_step_keys(config: SantaConfig, query: torch.Tensor, key: torch.Tensor,
-                    attention_mask: torch.Tensor | None) -> int:
-    """The keys below which this decode step runs SDPA: ``config.dense_below``, or for None the default by the call's
-    head shape (query ``[B, Hq, 1, D]``, key ``[B, Hkv, Lk, D]``) where santa's kernels would run it on a GPU
-    (:func:`santa.short_steps.resolve_dense_below`). Reads shapes only."""
-    on_gpu = query.is_cuda and not config.batch_invariant and kernel_for(config, query, attention_mask) is not None
-    return short_steps.resolve_dense_below(config.dense_below, kernels_on_gpu=on_gpu, head_dim=query.shape[-1],
-                                           group=query.shape[1] // key.shape[1])
 
 
 def query_positions(attention_mask: torch.Tensor | None, n_queries: int, n_keys: int, batch: int,
@@ -483,7 +473,7 @@ def santa_attention_forward(
         layer in config.dense_layers
         or (n_queries > 1 and config.prefill == "dense")
         or (exact_values and config.score_samples is None)
-        or (n_queries == 1 and n_keys < short_step_keys(config, query, key, attention_mask))  # a short decode step: SDPA
+        or (n_queries == 1 and n_keys < config.dense_below)  # a short decode step: dense (SDPA)
     )
     if exact:
         return sdpa_attention_forward(

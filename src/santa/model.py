@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 import santa.kernels as santa_kernels
-from santa import rng, schedule_file, short_steps
+from santa import rng, schedule_file
 from santa.attention import check_flag, sampled_attention
 from santa.checkpoint import (  # noqa: F401 (ModelArgs: re-exported as santa.model.ModelArgs)
     ModelArgs,
@@ -865,7 +865,7 @@ def generate(
     kv_cache_dtype: str | torch.dtype | None = None,
     error_target: float | None = None,
     pilot: int = DEFAULT_PILOT,
-    dense_below: int | None = None,
+    dense_below: int = 0,
     batch_invariant: bool = False,
 ) -> list[Tensor]:
     """Greedy batched generation: prompts of any lengths (see :func:`pad_prompts`) → one int64 1-D
@@ -880,13 +880,10 @@ def generate(
     replay the decode step from one CUDA graph (default: on CUDA whenever the backend is
     capturable, i.e. not a reference backend or santa_impl="torch"). kv_cache_dtype: the cache's
     dtype, ``None`` for the model's or ``"fp8"`` (:meth:`Transformer.setup_caches`). error_target, pilot:
-    budgets from a relative error target, budget the cap (:func:`make_context`). dense_below: keys, an int ≥ 0 or None
-    (the default): a decode step whose longest sequence sees fewer keys runs the dense backend ("sdpa"), as santa's vLLM
-    backend does (:func:`decode_tokens`); such a step costs what ``backend="sdpa"`` costs (the whole cache, masked); 0
-    samples every step. None: with santa's kernels on CUDA, the keys below which they lose to dense ones at the model's
-    head shape (:func:`santa.short_steps.default_dense_below`: 4,096 at Llama-3.1-8B's, 8,192 elsewhere); 0 with a
-    reference backend, ``santa_impl="torch"``, on the CPU and with ``batch_invariant`` (where an explicit N > 0 is
-    refused). batch_invariant: a bool; True: the same samples bit for bit alone or batched on Hopper too,
+    budgets from a relative error target, budget the cap (:func:`make_context`). dense_below: keys, an int ≥ 0 (0, the
+    default: no such step): a decode step whose longest sequence sees fewer keys runs the dense backend ("sdpa"), as
+    santa's vLLM backend does by default (:func:`decode_tokens`); such a step costs what ``backend="sdpa"`` costs (the
+    whole cache, masked). batch_invariant: a bool; True: the same samples bit for bit alone or batched on Hopper too,
     at the Triton prop's speed (:func:`make_context`).
 
     Integers may be Python or numpy ints; the wrong type (a float, a string, a bool) is a
@@ -907,19 +904,14 @@ def generate(
     padded, lengths = pad_prompts(prompts, vocab_size=model.args.vocab_size, device=device)  # [B, T_max], [B]
     if padded.shape[1] + max_new_tokens > MAX_POSITIONS:
         raise ValueError(f"max_new_tokens must keep prompt + new tokens ≤ {MAX_POSITIONS}, got {padded.shape[1]} + {max_new_tokens}")
-    if dense_below is not None:
-        dense_below = integer("dense_below", dense_below, low=0)
+    dense_below = integer("dense_below", dense_below, low=0)
     if dense_below and check_flag("batch_invariant", batch_invariant):
-        raise ValueError(f"dense_below must be 0 or None with batch_invariant=True (a step runs dense attention when its longest "
+        raise ValueError(f"dense_below must be 0 with batch_invariant=True (a step runs dense attention when its longest "
                          f"sequence sees fewer keys, so a prompt's tokens would depend on its batch), got {dense_below}")
     model.setup_caches(padded.shape[0], padded.shape[1] + max_new_tokens, kv_cache_dtype=kv_cache_dtype)
     ctx = make_context(model, backend, prompt_len=lengths, budget=budget, seed=seed, santa_impl=santa_impl,
                        layer_budgets=layer_budgets, error_target=error_target, pilot=pilot, batch_invariant=batch_invariant)
-    method = by_model_backend(backend)
-    on_gpu = bool(can_capture and method is not None and method.kernel) and not batch_invariant  # santa's kernels on CUDA
-    below = short_steps.resolve_dense_below(dense_below, kernels_on_gpu=on_gpu, head_dim=model.args.head_dim,
-                                            group=model.args.n_head // model.args.n_kv_head)
-    dense = dense_steps(model, backend, lengths, below)
+    dense = dense_steps(model, backend, lengths, dense_below)
     token = prefill(model, padded, lengths=lengths)  # [B, 1]
     rows = decode_tokens(model, ctx, token, lengths, max_new_tokens, stop_tokens=stops, cuda_graph=use_graph, dense=dense)
     return [torch.tensor(row, dtype=torch.long) for row in rows]

@@ -103,25 +103,3 @@ def test_batch_invariant_gives_a_prompt_the_same_tokens_alone_and_batched(tiny_l
     plans = [call.plan for call in eager._CALLS.values()]
     assert plans and all(plan.tuning.one_launch is False and plan.one_launch is None for plan in plans)
     assert torch.equal(alone[0], batched[1]), (alone, batched)
-
-
-def test_by_default_a_short_decode_step_on_the_kernels_is_sdpas(tiny_llama, monkeypatch, shape_default_dense_below):
-    """The shipped default (None): tiny_llama's shape (d = 64, G = 2) was never measured, so steps below 8,192 keys run
-    SDPA, the dense sampler's tokens and logits with no kernel call; dense_below=0 samples them on the kernel."""
-    assert shape_default_dense_below(head_dim=64, group=2) == 8192
-    calls = recorded_decode_argument(monkeypatch, "kernel")
-    ids = torch.randint(0, 512, (2, 600), generator=torch.Generator().manual_seed(1)).cuda()
-    run = dict(max_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True)
-    with torch.inference_mode():
-        santa.hf.configure(tiny_llama, santa.hf.SantaConfig(sampler="dense"))
-        dense = tiny_llama.generate(ids, **run)
-        santa.hf.configure(tiny_llama, santa.hf.SantaConfig(budget=8, sampler="systematic"))
-        default = tiny_llama.generate(ids, **run)
-        assert calls == []
-        santa.hf.configure(tiny_llama, santa.hf.SantaConfig(budget=8, sampler="systematic", dense_below=0))
-        sampled = tiny_llama.generate(ids, **run)
-    assert torch.equal(default.sequences, dense.sequences)
-    for got, want in zip(default.logits, dense.logits, strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
-    assert calls == ["prop"] * 6  # 3 decode forwards × 2 layers
-    assert not torch.equal(sampled.logits[1], dense.logits[1])

@@ -162,11 +162,11 @@ def test_batch_invariant_must_be_a_bool_and_refuses_dense_below():
     assert santa.hf.SantaConfig(batch_invariant=True, kernel="prop").batch_invariant is True
     with pytest.raises(TypeError, match="batch_invariant must be a bool, got int 1"):
         santa.hf.SantaConfig(batch_invariant=1)
-    with pytest.raises(ValueError, match="dense_below must be 0 or None with batch_invariant=True.*got 64"):
+    with pytest.raises(ValueError, match="dense_below must be 0 with batch_invariant=True.*got 64"):
         santa.hf.SantaConfig(batch_invariant=True, dense_below=64)
     config = santa.hf.SantaConfig(batch_invariant=True)
     config.dense_below = 8
-    with pytest.raises(ValueError, match="dense_below must be 0 or None with batch_invariant=True"):
+    with pytest.raises(ValueError, match="dense_below must be 0 with batch_invariant=True"):
         config.validate()
 
 

@@ -53,7 +53,7 @@ def test_batch_invariant_plans_run_the_triton_prop(tiny_transformer):
 def test_batch_invariant_must_be_a_bool_and_refuses_dense_below(tiny_transformer):
     with pytest.raises(TypeError, match="batch_invariant must be a bool"):
         generate(tiny_transformer, PROMPTS[:1], 2, backend="santa-prop", budget=3, batch_invariant=1)
-    with pytest.raises(ValueError, match="dense_below must be 0 or None with batch_invariant=True.*got 64"):
+    with pytest.raises(ValueError, match="dense_below must be 0 with batch_invariant=True.*got 64"):
         generate(tiny_transformer, PROMPTS[:1], 2, backend="santa-prop", budget=3, batch_invariant=True, dense_below=64)
 
 

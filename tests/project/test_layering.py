@@ -82,7 +82,7 @@ def test_the_graph_sees_imports_inside_functions():
 
 
 @pytest.mark.parametrize("lower", ["santa.checkpoint", "santa.methods", "santa.checks", "santa.sampling", "santa.attention",
-                                   "santa.sweep_files", "santa.schedule_file", "santa.writer_lock", "santa.short_steps"])
+                                   "santa.sweep_files", "santa.schedule_file", "santa.writer_lock"])
 def test_lower_layers_import_nothing_above_them(lower):
     above = {"santa.model", "santa.hf", "santa.engine", "santa.generate", "santa.cli", "santa.eval", "santa.budgets"}
     assert not {m for m in graph()[lower] if any(m == a or m.startswith(a + ".") for a in above)}

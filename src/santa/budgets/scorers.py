@@ -27,8 +27,7 @@ LOWER_IS_BETTER = ("kl",)
 def schedule_config(layer_budgets: Mapping[int, int], *, sampler: str, seed: int, prefill: str = "dense") -> santa.hf.SantaConfig:
     """A SantaConfig with one budget per layer (``budget`` is unused: every layer is listed)."""
     return santa.hf.SantaConfig(
-        budget=max(layer_budgets.values()), layer_budgets=dict(layer_budgets), sampler=sampler, seed=seed, prefill=prefill,
-        dense_below=0,  # a schedule is scored on sampled steps at every length
+        budget=max(layer_budgets.values()), layer_budgets=dict(layer_budgets), sampler=sampler, seed=seed, prefill=prefill
     )
 
 

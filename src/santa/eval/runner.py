@@ -125,7 +125,6 @@ class Job:
             score_samples=self.score_samples or None,
             layer_budgets=dict(self.layer_budgets),
             error_target=self.error_target or None,
-            dense_below=0,  # the harness measures sampling at every length
         )
 
 
