@@ -5,7 +5,7 @@
 # `ab` also carries .old43, from `prepare.sh old43`; `e2ehouse` carries .old41, from `prepare.sh old41`).
 # `trial` times a trial tree (main + unmerged branches, checked out here) against main's own, carried as .mainsrc/src
 # (`git archive main src | tar -x -C .mainsrc`, `.mainsrc` in .git/info/exclude and in the call's carry; MAIN_COMMIT=<sha>).
-#   bash benchmarks/kernels/gpu_run.sh [trial] [trialhf] [firstkey] [hndstream] [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [livencu] [g2ncu] [contiguous] [shortslices] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [e2e] [e2ehouse]
+#   bash benchmarks/kernels/gpu_run.sh [trial] [trialhf] [firstkey] [hndstream] [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [livencu] [g2ncu] [contiguous] [shortslices] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [hfshort] [e2e] [e2ehouse]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -288,6 +288,17 @@ for stage in "$@"; do
         timeout 240 python3 -m benchmarks.bench.e2e $args --new-tokens 64 --backends $B --no-prefill --out /tmp/e2e1_$model \
           > "$OUT/e2e1_$model.log" 2>&1
         cp /tmp/e2e1_$model/e2e.json "$OUT/e2e1_$model.json" 2>/dev/null; tail -12 "$OUT/e2e1_$model.log"
+      done ;;
+    hfshort)  # santa.hf on short prompts, whole steps: transformers' compiled generate() with SDPA against santa-prop
+              # (dense_below 0, every step sampled) at Llama-3.1-8B's shape, 512 and 2k keys (batch 1), 2k (batch 16), and
+              # Qwen2.5-0.5B's at 4k (batch 16): whether santa.hf's dense_below default (0) holds beyond Qwen's 512-2k,
+              # where sampling measured 1.08-1.28x faster than SDPA (H200, 2026-12-07, results/2026-12-07-short-default)
+      for CASE in "llama-3.1-8b 1 512 2048" "llama-3.1-8b 16 2048" "qwen2.5-0.5b 16 4096"; do
+        set -- $CASE
+        SHAPE=$1 BATCH=$2; shift 2
+        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout ${HF_SHORT_LIMIT:-200} python3 \
+          benchmarks/kernels/hf_generate.py --out "$OUT/hfshort_${SHAPE}_b$BATCH.json" --shape $SHAPE --lengths "$@" \
+          --batches $BATCH --cache static --compile --backends sdpa santa-prop 2>&1 | grep "ms/token"
       done ;;
     e2e)  # whole decode step in one CUDA graph, random weights: Llama-3.1-8B at 30k, SmolLM2 at 8k, Qwen2.5-0.5B at 32k
       python3 -m benchmarks.bench.e2e --batches 6,16 --prompts 30000 --new-tokens 64 --backends sdpa,santa-prop,weights-only \

@@ -141,12 +141,13 @@ class SantaConfig:
     dense_below: keys (an int ≥ 0; 0, the default, samples every step): a decode step (one query row) whose layer sees
         fewer keys runs SDPA, exact. The keys are the layer's key length: with transformers' dynamic cache the live
         keys (the longest row's, padding included), with a static cache its capacity (so every decode step is dense
-        where the capacity is below N, none otherwise). santa's kernels still lose to the dense ones below 4k keys in
-        most cells (H100, 2026-12-07, contiguous caches against cuDNN: Llama-3.1-8B's shape 1.12–1.57× at 512 keys, at
-        1k for batch 1–16 and at 2k for batch 1; Qwen2.5-0.5B's 1.08–2.20× up to 2k and 1.10–1.34× at 4k for batch 1–16;
-        README), so ``4096`` (Llama's shape) or ``8192`` (Qwen's) puts every cell measured to lose on SDPA, giving up
-        some wins (README). santa's vLLM backend gates short steps by default, by head shape.
-        Off by default here: the accuracy harness samples short contexts too. With it on, whether a step is dense
+        where the capacity is below N, none otherwise). santa's kernels lose to cuDNN below 4k keys in most
+        cells of a kernel grid (H100, 2026-12-07, contiguous unmasked caches: Llama-3.1-8B's shape 1.12–1.57× at 512
+        keys; Qwen2.5-0.5B's 1.08–2.20× up to 2k; README), but transformers' SDPA on a static cache under a mask is
+        not cuDNN: in compiled ``generate()`` at Qwen2.5-0.5B's shape (H200, 2026-12-07) sampling every step took
+        0.78–0.93× SDPA's ms/token at 512–2k keys, batch 1 and 16, so a gated step, SDPA's, was the slower one there.
+        santa's vLLM backend gates short steps by default, by head shape, from whole steps measured inside vLLM.
+        Off by default here (slower on the shape measured; the accuracy harness samples short contexts too). With it on, whether a step is dense
         follows the batch's padded length, so a prompt's tokens may differ alone and batched (request keying holds
         for the sampled steps only; refused with ``batch_invariant=True``).
     record_stats: accumulate :class:`DecodeStats` (value rows read) over sampled calls.
