@@ -147,9 +147,9 @@ class SantaConfig:
         not cuDNN: in compiled ``generate()`` at Qwen2.5-0.5B's shape (H200, 2026-12-07) sampling every step took
         0.78–0.93× SDPA's ms/token at 512–2k keys, batch 1 and 16, so a gated step, SDPA's, was the slower one there.
         santa's vLLM backend gates short steps by default, by head shape, from whole steps measured inside vLLM.
-        Off by default here (slower on the shape measured; the accuracy harness samples short contexts too). With it on, whether a step is dense
-        follows the batch's padded length, so a prompt's tokens may differ alone and batched (request keying holds
-        for the sampled steps only; refused with ``batch_invariant=True``).
+        Off by default here (slower on the shape measured; the accuracy harness samples short contexts too). With it
+        on, whether a step is dense follows the batch's padded length, so a prompt's tokens may differ alone and
+        batched (request keying holds for the sampled steps only; refused with ``batch_invariant=True``).
     record_stats: accumulate :class:`DecodeStats` (value rows read) over sampled calls.
     score_samples: B ternary draws of Bernoulli qKᵀ for the sampled calls' scores
         (:func:`santa.bernoulli_query`, one draw per KV-head group), or None for exact scores.
