@@ -420,11 +420,25 @@ def table(out: Path) -> None:
             print(f"| {cache} | {workload} | {rate} | {arm} | {runs_cell} | {first} | " + " | ".join(cells) + " |")
 
 
+def stop_servers_on_sigterm() -> None:
+    """Make SIGTERM (what ``timeout`` sends) unwind this process like an error, so that a running :class:`Server` is
+    stopped by its ``with`` block. A server runs in its own session: killed without unwinding, this process would leave
+    it holding the GPU and the port, and the next run would be refused (seen on the H100, 2026-12-07). A second SIGTERM
+    while the server stops is ignored, so that the stop completes."""
+
+    def unwind(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise SystemExit(f"serve.py: stopped by signal {signum} (SIGTERM); the records written so far stay")
+
+    signal.signal(signal.SIGTERM, unwind)
+
+
 def main() -> None:
     args = parse_args()
     if args.table:
         table(args.out)
         return
+    stop_servers_on_sigterm()
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # its sampler JIT-compiles (no nvcc on the device)
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -266,6 +266,66 @@ def test_a_port_already_answering_is_refused_before_a_server_starts(tmp_path):
     assert not (tmp_path / "log").exists()  # nothing was started
 
 
+STAND_IN_SERVER = """
+import http.server, os, sys
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+listener = http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health)
+open(sys.argv[2], "w").write(str(os.getpid()))
+listener.serve_forever()
+"""
+
+RUN_UNTIL_KILLED = """
+import sys, time
+from pathlib import Path
+from benchmarks.vllm import serve
+serve.stop_servers_on_sigterm()
+port, folder = int(sys.argv[1]), Path(sys.argv[2])
+command = [sys.executable, "-c", serve_stand_in, str(port), str(folder / "server.pid")]
+with serve.Server(command, port=port, log=folder / "server.log", timeout_s=30):
+    print("up", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_run_stopped_by_sigterm_stops_its_server(tmp_path):
+    """``timeout`` kills serve.py with SIGTERM; the server, in its own session, must not outlive it (it would hold the GPU
+    and the port, and the next run would be refused)."""
+    import os
+    import signal
+    import socket
+    from pathlib import Path
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    root = Path(serve.__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    script = f"serve_stand_in = {STAND_IN_SERVER!r}\n" + RUN_UNTIL_KILLED
+    run = subprocess.Popen([sys.executable, "-c", script, str(port), str(tmp_path)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env)
+    server_pid = None
+    try:
+        assert run.stdout.readline() == "up\n", run.stderr.read()
+        server_pid = int((tmp_path / "server.pid").read_text())
+        run.send_signal(signal.SIGTERM)
+        _, stderr = run.communicate(timeout=90)
+        assert run.returncode == 1 and "stopped by signal 15 (SIGTERM)" in stderr
+        with pytest.raises(ProcessLookupError):  # the stand-in server exited (SIGINT) and was reaped by the Server's stop
+            os.kill(server_pid, 0)
+        with socket.socket() as probe:
+            assert probe.connect_ex(("127.0.0.1", port)) != 0  # the port is free for the next run
+        server_pid = None
+    finally:
+        run.kill()
+        if server_pid is not None:  # a failed check leaves no stand-in server behind
+            os.kill(server_pid, signal.SIGKILL)
+
+
 class FakeOpenAI:
     """The ``openai`` client's two calls as vLLM answers them for random weights: ``generated`` tokens, every other one
     a special token that decodes to nothing (so a stream has empty deltas), the usage on a stream's last chunk."""
