@@ -22,7 +22,8 @@
 #                                                   # control), dense = CUSTOM with kernel dense (santa's backend without its
 #                                                   # kernels); SHORT_BATCHES (16 64 256), SHORT_MAX_MODEL_LEN (32768),
 #                                                   # PROFILE_STEPS (0; 16: the kernels each arm runs, side by side),
-#                                                   # SHORT_MODEL (llama-3.1-8b; qwen2.5-0.5b)
+#                                                   # SHORT_MODEL (llama-3.1-8b; qwen2.5-0.5b), SHORT_PROMPT_TOKENS
+#                                                   # (2048; several share each arm's engine), SHORT_ARM_LIMIT (190 s)
 #   bash benchmarks/vllm/gpu_vllm.sh qwen           # Qwen2.5-0.5B shapes at 32k, batch 1, 16 and 64 (one engine per backend)
 #   bash benchmarks/vllm/gpu_vllm.sh qwen_fp8       # the same on fp8 caches
 #   bash benchmarks/vllm/gpu_vllm.sh needles        # the bundled Qwen's needle tasks at 16k/32k, 50 prompts, through vLLM
@@ -99,27 +100,30 @@ for stage in "$@"; do
             # 2026-12-07) the gate arm samples them as prop does; SANTA_VLLM_DENSE_BELOW=0 samples every step. Packed: 9 JSON files
       # --max-model-len 32768: a server's plans and gate (below dense_below the backend would capture FlashAttention alone)
       # SHORT_MODEL=qwen2.5-0.5b: Qwen2.5-0.5B's shapes (folder /tmp/qwen_random, as `models` makes it) instead of Llama's
-      # SHORT_PROMPT_TOKENS (default 2048): the prompts' length, e.g. 4096 where a shape's dense_below is in question
+      # SHORT_PROMPT_TOKENS (default 2048): the prompts' length, or several ("3072 4096": every length and batch in one
+      # engine per arm), e.g. where a shape's dense_below is in question; files short<length>x<batch>_<arm>.json
       F="--folder /tmp/llama8b --make llama-3.1-8b"; [ "${SHORT_MODEL:-llama-3.1-8b}" = qwen2.5-0.5b ] && F="--folder /tmp/qwen_random --make qwen2.5-0.5b"
       A="$F --prompt-tokens ${SHORT_PROMPT_TOKENS:-2048} --batch ${SHORT_BATCHES:-16 64 256} --max-model-len ${SHORT_MAX_MODEL_LEN:-32768}"
       A="$A --profile-steps ${PROFILE_STEPS:-0}"  # PROFILE_STEPS=16: each arm's kernels over 16 more tokens (--compare lists them)
       rm -rf /tmp/short; mkdir -p /tmp/short  # no earlier call's files compared or packed
       ARMS=" ${SHORT_ARMS:-gate prop} "
-      run 190 $A --backend FLASH_ATTN --out "/tmp/short/short{batch}_flash.json"
+      L=${SHORT_ARM_LIMIT:-190}  # seconds per arm's engine (start, then every cell)
+      run "$L" $A --backend FLASH_ATTN --out "/tmp/short/short{prompt}x{batch}_flash.json"
       # arms: gate (santa's default: short steps on FlashAttention), prop (sampling every step, dense_below 0; 283cdaf's
       # 0.76-0.90x), flash2 (FLASH_ATTN's engine again: do two FLASH_ATTN engines keep the same greedy tokens?), dense
       # (santa's backend with SANTA_VLLM_KERNEL=dense: FlashAttention on every step and no santa launch, so what santa's
       # backend costs and changes in tokens without its kernels)
-      [[ $ARMS == *" gate "* ]] && SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 190 $A --backend CUSTOM \
-        --out "/tmp/short/short{batch}_gate.json"
+      [[ $ARMS == *" gate "* ]] && SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run "$L" $A --backend CUSTOM \
+        --out "/tmp/short/short{prompt}x{batch}_gate.json"
       [[ $ARMS == *" prop "* ]] && SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 SANTA_VLLM_DENSE_BELOW=0 \
-        run 190 $A --backend CUSTOM --out "/tmp/short/short{batch}_prop.json"
-      [[ $ARMS == *" flash2 "* ]] && run 190 $A --backend FLASH_ATTN --out "/tmp/short/short{batch}_flash2.json"
-      [[ $ARMS == *" dense "* ]] && SANTA_VLLM_KERNEL=dense run 190 $A --backend CUSTOM --out "/tmp/short/short{batch}_dense.json"
-      for B in ${SHORT_BATCHES:-16 64 256}; do for arm in $ARMS; do
-        [ -f "/tmp/short/short${B}_flash.json" ] && [ -f "/tmp/short/short${B}_${arm}.json" ] && \
-          python3 benchmarks/vllm/offline.py --compare "/tmp/short/short${B}_flash.json" "/tmp/short/short${B}_${arm}.json"
-      done; done | tee "$OUT/short_compare.txt"
+        run "$L" $A --backend CUSTOM --out "/tmp/short/short{prompt}x{batch}_prop.json"
+      [[ $ARMS == *" flash2 "* ]] && run "$L" $A --backend FLASH_ATTN --out "/tmp/short/short{prompt}x{batch}_flash2.json"
+      [[ $ARMS == *" dense "* ]] && SANTA_VLLM_KERNEL=dense run "$L" $A --backend CUSTOM --out "/tmp/short/short{prompt}x{batch}_dense.json"
+      for P in ${SHORT_PROMPT_TOKENS:-2048}; do for B in ${SHORT_BATCHES:-16 64 256}; do for arm in $ARMS; do
+        C=/tmp/short/short${P}x${B}
+        [ -f "${C}_flash.json" ] && [ -f "${C}_${arm}.json" ] && \
+          { echo "${P} x ${B}:"; python3 benchmarks/vllm/offline.py --compare "${C}_flash.json" "${C}_${arm}.json"; }
+      done; done; done | tee "$OUT/short_compare.txt"
       rm -f /tmp/short/*.lock; tar czf "$OUT/short.tgz" -C /tmp short ;;
     qwen|qwen_fp8)  # one engine per backend times batch 1, 16 and 64 in turn; qwen_fp8: the same on fp8 caches (files qwen8_*)
       K=""; P=qwen; [ "$stage" = qwen_fp8 ] && { K="--kv-cache-dtype fp8"; P=qwen8; }

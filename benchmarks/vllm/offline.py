@@ -12,17 +12,19 @@ generated in between / the time between. Chunked prefill lets early requests dec
 prefill chunks (mixed batches, run by vLLM's own attention): those steps are outside the clock. One
 prefill per repeat; median of ``--repeats``.
 
-Several batch sizes share one engine (``--batch 1 16 64``, an engine start costs 1-2 min): the engine is sized
-for the largest (``max_num_seqs``, ``max_model_len``), each size is timed in turn, and ``--out`` names one file
-per size through ``{batch}``. One run at a time per ``--out`` (a second is refused: ``<out>.lock``), and a run
-picks up where a killed one stopped: a size whose file already holds all ``--repeats`` with the same settings
-(backend, ``SANTA_VLLM_*``, tokens, cache dtype, eager) is not timed again, and the engine is not started when
-every size is done.
+Several batch sizes and prompt lengths share one engine (``--batch 1 16 64 --prompt-tokens 2048 4096``, an engine
+start costs 1-2 min): the engine is sized for the largest (``max_num_seqs``, ``max_model_len``), each length and
+size is timed in turn, and ``--out`` names one file per cell through ``{batch}`` and ``{prompt}``. One run at a time
+per ``--out`` (a second is refused: ``<out>.lock``), and a run picks up where a killed one stopped: a cell whose file
+already holds all ``--repeats`` with the same settings (backend, ``SANTA_VLLM_*``, tokens, cache dtype, eager) is not
+timed again, and the engine is not started when every cell is done.
 
     python benchmarks/vllm/offline.py --folder /tmp/llama8b --make llama-3.1-8b --backend CUSTOM \\
         --prompt-tokens 30000 --batch 16 --new-tokens 64 --out custom.json
     python benchmarks/vllm/offline.py --folder /tmp/qwen_random --make qwen2.5-0.5b --backend CUSTOM \\
         --prompt-tokens 32000 --batch 1 16 64 --out custom_b{batch}.json
+    python benchmarks/vllm/offline.py --folder /tmp/qwen_random --backend FLASH_ATTN --prompt-tokens 3072 4096 \
+        --batch 1 16 64 256 --max-model-len 32768 --out flash_{prompt}x{batch}.json
     python benchmarks/vllm/offline.py --compare flash.json custom.json
 """
 
@@ -75,7 +77,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--folder", type=Path, help="the model folder (made with --make when absent)")
     parser.add_argument("--make", choices=sorted(SHAPES), help="the shape of the random weights to make the folder with")
     parser.add_argument("--backend", default="CUSTOM", help="FLASH_ATTN (vLLM's default here) or CUSTOM (santa)")
-    parser.add_argument("--prompt-tokens", type=int, default=30000)
+    parser.add_argument("--prompt-tokens", type=int, nargs="+", default=[30000],
+                        help="one or more prompt lengths (tokens), timed in one engine")
     parser.add_argument("--batch", type=int, nargs="+", default=[16], help="one or more batch sizes, timed in one engine")
     parser.add_argument("--new-tokens", type=int, default=128, help="decode tokens per request inside the clock")
     parser.add_argument("--warm-tokens", type=int, default=4, help="tokens per request before the clock starts")
@@ -95,31 +98,40 @@ def parse_args() -> argparse.Namespace:
                              "/tmp, not kept)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    for name in ("prompt_tokens", "new_tokens", "warm_tokens", "repeats", "max_num_batched_tokens"):
+    for name in ("new_tokens", "warm_tokens", "repeats", "max_num_batched_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be ≥ 1, got {getattr(args, name)}")
     if min(args.batch) < 1 or len(set(args.batch)) != len(args.batch):
         parser.error(f"--batch takes distinct sizes ≥ 1, got {args.batch}")
+    if min(args.prompt_tokens) < 1 or len(set(args.prompt_tokens)) != len(args.prompt_tokens):
+        parser.error(f"--prompt-tokens takes distinct lengths ≥ 1, got {args.prompt_tokens}")
     if not (args.compare or args.invariance) and (args.folder is None or (args.out is None and not args.make_only)):
         parser.error("--folder and --out are required (or --compare, --invariance, or --folder with --make-only)")
     if args.out is not None and len(args.batch) > 1 and "{batch}" not in str(args.out):
         parser.error(f"--out must hold {{batch}} when several batch sizes are timed (one file each), got {args.out}")
+    if args.out is not None and len(args.prompt_tokens) > 1 and "{prompt}" not in str(args.out):
+        parser.error(f"--out must hold {{prompt}} when several prompt lengths are timed (one file each), got {args.out}")
+    if len(args.prompt_tokens) > 1 and args.max_model_len is None:  # else the shorter lengths' engine is not theirs alone
+        parser.error("--max-model-len is needed when several prompt lengths share one engine (it is recorded with each "
+                     "cell; by default a run sizes it to its longest prompt)")
     return args
 
 
-def out_path(out: Path, batch: int) -> Path:
-    """The result file of one batch size: ``out`` with ``{batch}`` filled in (``out`` itself when it has none)."""
-    return Path(str(out).replace("{batch}", str(batch)))
+def out_path(out: Path, batch: int, prompt_tokens: int) -> Path:
+    """The result file of one cell: ``out`` with ``{batch}`` and ``{prompt}`` filled in (``out`` itself when it has
+    neither)."""
+    return Path(str(out).replace("{batch}", str(batch)).replace("{prompt}", str(prompt_tokens)))
 
 
 def lock_path(out: Path) -> Path:
-    """The one lock of a run's result files: ``out`` without ``{batch}``, plus ``.lock``."""
-    return Path(str(out).replace("{batch}", "") + ".lock")
+    """The one lock of a run's result files: ``out`` without ``{batch}`` and ``{prompt}``, plus ``.lock``."""
+    return Path(str(out).replace("{batch}", "").replace("{prompt}", "") + ".lock")
 
 
-def run_settings(args: argparse.Namespace, santa_settings: dict) -> dict:
-    """What a result file must match to count as this run's: a file written with other settings is timed again."""
-    return {"backend": args.backend, "santa": santa_settings, "folder": str(args.folder), "prompt_tokens": args.prompt_tokens,
+def run_settings(args: argparse.Namespace, santa_settings: dict, *, prompt_tokens: int) -> dict:
+    """What the result file of one prompt length must match to count as this run's: a file written with other settings
+    is timed again."""
+    return {"backend": args.backend, "santa": santa_settings, "folder": str(args.folder), "prompt_tokens": prompt_tokens,
             "new_tokens": args.new_tokens, "warm_tokens": args.warm_tokens, "kv_cache_dtype": args.kv_cache_dtype,
             "enforce_eager": args.enforce_eager, "repeats": args.repeats, "tensor_parallel_size": args.tensor_parallel_size,
             **({"max_model_len": args.max_model_len} if args.max_model_len else {}),
@@ -137,7 +149,7 @@ def batch_invariant_mode() -> bool:
 
 
 def finished(path: Path, settings: dict) -> bool:
-    """Whether ``path`` already holds every repeat of this batch size with these settings (a killed run's file holds
+    """Whether ``path`` already holds every repeat of this cell with these settings (a killed run's file holds
     fewer; an unreadable file counts as not finished and is rewritten)."""
     try:
         result = json.loads(path.read_text())
@@ -337,12 +349,17 @@ def main() -> None:
 
 
 def time_batches(args: argparse.Namespace) -> None:
-    """Start the engine (unless every batch size is finished) and time each batch size not yet finished."""
+    """Start the engine (unless every cell is finished) and time each (prompt length, batch size) not yet finished."""
     santa_settings = {k: v for k, v in os.environ.items() if k.startswith("SANTA_VLLM_")}
-    settings = run_settings(args, santa_settings)
-    todo = [batch for batch in args.batch if not finished(out_path(args.out, batch), settings)]
-    for batch in sorted(set(args.batch) - set(todo)):
-        print(f"batch {batch}: {out_path(args.out, batch)} already holds this run's {args.repeats} repeats", flush=True)
+    settings = {length: run_settings(args, santa_settings, prompt_tokens=length) for length in args.prompt_tokens}
+    todo = []
+    for length in args.prompt_tokens:
+        for batch in args.batch:
+            path = out_path(args.out, batch, length)
+            if finished(path, settings[length]):
+                print(f"batch {batch} × {length}: {path} already holds this run's {args.repeats} repeats", flush=True)
+            else:
+                todo.append((length, batch))
     if not todo:
         return
     import torch
@@ -353,11 +370,10 @@ def time_batches(args: argparse.Namespace) -> None:
     from santa.schedule_file import write_json_atomic
 
     config = json.loads((args.folder / "config.json").read_text())
-    largest = max(args.batch)
+    largest, longest = max(args.batch), max(args.prompt_tokens)
     t = time.perf_counter()
-    needed = args.prompt_tokens + tokens_per_request(prompt_tokens=args.prompt_tokens, batch=largest,
-                                                     chunk=args.max_num_batched_tokens, warm_tokens=args.warm_tokens,
-                                                     new_tokens=args.new_tokens) + 8  # 8 to spare
+    needed = longest + tokens_per_request(prompt_tokens=longest, batch=largest, chunk=args.max_num_batched_tokens,
+                                          warm_tokens=args.warm_tokens, new_tokens=args.new_tokens) + 8  # 8 to spare
     if args.max_model_len is not None and args.max_model_len < needed:
         sys.exit(f"--max-model-len {args.max_model_len} is below what this run needs ({needed} tokens per request)")
     llm = LLM(model=str(args.folder), attention_backend=args.backend, kv_cache_dtype=args.kv_cache_dtype, dtype="bfloat16",
@@ -371,40 +387,41 @@ def time_batches(args: argparse.Namespace) -> None:
     start_s = time.perf_counter() - t
     print(f"engine up in {start_s:.0f} s", flush=True)
 
-    for batch in todo:
-        generator = torch.Generator().manual_seed(args.prompt_tokens)  # batch b's prompts: the first b of the largest batch's
-        prompts = [TokensPrompt(prompt_token_ids=torch.randint(10, config["vocab_size"], (args.prompt_tokens,),
+    for length, batch in todo:
+        generator = torch.Generator().manual_seed(length)  # batch b's prompts: the first b of the largest batch's
+        prompts = [TokensPrompt(prompt_token_ids=torch.randint(10, config["vocab_size"], (length,),
                                                                generator=generator).tolist()) for _ in range(batch)]
         rates, result, first, kept = [], {}, None, None
         for repeat in range(args.repeats):
             rate, tokens = decode_rate(llm, prompts, new_tokens=args.new_tokens, warm_tokens=args.warm_tokens,
-                                       tag=f"b{batch}r{repeat}")
+                                       tag=f"p{length}b{batch}r{repeat}")
             rates.append(rate)
             if first is None:
                 first = tokens
             else:  # the engine against itself: the fewest sequences any later repeat kept from the first
                 same = sum(a == b for a, b in zip(first, tokens, strict=True))
                 kept = same if kept is None else min(kept, same)
-            print(f"batch {batch}, repeat {repeat}: {rate:.0f} decode tokens/s", flush=True)
+            print(f"batch {batch} × {length}, repeat {repeat}: {rate:.0f} decode tokens/s", flush=True)
             result = {  # written after every repeat: a call cut at its time limit keeps the repeats it finished
-                **settings, "vllm": vllm.__version__, "torch": torch.__version__, "device": torch.cuda.get_device_name(),
-                "shape": args.make, "batch": batch, "engine_batches": args.batch, "engine_start_s": start_s,
+                **settings[length], "vllm": vllm.__version__, "torch": torch.__version__, "device": torch.cuda.get_device_name(),
+                "shape": args.make, "batch": batch, "engine_batches": args.batch, "engine_prompt_tokens": args.prompt_tokens,
+                "engine_start_s": start_s,
                 "decode_tokens_per_s": statistics.median(rates), "decode_tokens_per_s_all": rates, "tokens": tokens,
                 **({} if kept is None else {"repeat_same_tokens": kept}),
                 "commit": os.environ.get("SANTA_COMMIT"), "run": run_record(),
             }
-            write_json_atomic(out_path(args.out, batch), result)  # whole or not at all: a kill mid-write leaves the last repeat's
+            write_json_atomic(out_path(args.out, batch, length), result)  # whole or not at all: a kill mid-write leaves the last repeat's
         print(f"{args.backend} {santa_settings}: {result['decode_tokens_per_s']:.0f} decode tokens/s "
-              f"({[round(x) for x in rates]}), batch {batch} × {args.prompt_tokens}", flush=True)
+              f"({[round(x) for x in rates]}), batch {batch} × {length}", flush=True)
         if args.profile_steps:  # the same batch again under the profiler: which kernels a step runs, and for how long
             before = set(TRACES.glob("**/*.pt.trace.json*"))
             llm.start_profile()
-            decode_rate(llm, prompts, new_tokens=args.profile_steps, warm_tokens=args.warm_tokens, tag=f"b{batch}p")
+            decode_rate(llm, prompts, new_tokens=args.profile_steps, warm_tokens=args.warm_tokens, tag=f"p{length}b{batch}prof")
             llm.stop_profile()
             traces = new_traces(before)
             result["kernels"] = kernel_totals(traces)[:KERNELS_KEPT]
             result["profiled"] = {"tokens_per_request": args.profile_steps, "traces": len(traces)}
-            write_json_atomic(out_path(args.out, batch), result)
+            write_json_atomic(out_path(args.out, batch, length), result)
             for trace in traces:
                 trace.unlink()
 

@@ -86,12 +86,44 @@ def test_several_batch_sizes_need_one_out_file_each(monkeypatch):
     monkeypatch.setattr("sys.argv", [*argv, "--out", "r_b{batch}.json"])
     args = offline.parse_args()
     assert args.batch == [1, 16, 64]
-    assert [str(offline.out_path(args.out, b)) for b in args.batch] == ["r_b1.json", "r_b16.json", "r_b64.json"]
+    assert [str(offline.out_path(args.out, b, 30000)) for b in args.batch] == ["r_b1.json", "r_b16.json", "r_b64.json"]
     monkeypatch.setattr("sys.argv", [*argv[:-2], "--out", "r.json"])  # one size: the file as named
-    assert str(offline.out_path(offline.parse_args().out, 1)) == "r.json"
+    assert str(offline.out_path(offline.parse_args().out, 1, 30000)) == "r.json"
     monkeypatch.setattr("sys.argv", [*argv, "1", "--out", "r_b{batch}.json"])  # a size twice
     with pytest.raises(SystemExit):
         offline.parse_args()
+
+
+def test_several_prompt_lengths_need_one_out_file_each_and_a_stated_max_model_len(monkeypatch, tmp_path):
+    """``--prompt-tokens 2048 4096`` shares one engine: ``--out`` must name a file per cell through ``{prompt}``, and the
+    engine's ``--max-model-len`` must be given (a run of one length sizes it to that length, so the shorter lengths of a
+    shared engine would otherwise run on another engine than their own run's, unrecorded). Each cell's settings carry
+    its own length, and the lock is one for the run."""
+    argv = ["offline.py", "--folder", "/tmp/m", "--batch", "1", "16", "--prompt-tokens", "2048", "4096"]
+    for tail in (["--out", "r{batch}.json", "--max-model-len", "8192"],  # no {prompt}
+                 ["--out", "r{prompt}x{batch}.json"],  # no --max-model-len
+                 ["4096", "--out", "r{prompt}x{batch}.json", "--max-model-len", "8192"],  # a length twice
+                 ["0", "--out", "r{prompt}x{batch}.json", "--max-model-len", "8192"]):  # a length below 1
+        monkeypatch.setattr("sys.argv", [*argv, *tail])
+        with pytest.raises(SystemExit):
+            offline.parse_args()
+    monkeypatch.setattr("sys.argv", [*argv, "--out", str(tmp_path / "r{prompt}x{batch}.json"), "--max-model-len", "8192"])
+    args = offline.parse_args()
+    assert args.prompt_tokens == [2048, 4096]
+    cells = [offline.out_path(args.out, b, n).name for n in args.prompt_tokens for b in args.batch]
+    assert cells == ["r2048x1.json", "r2048x16.json", "r4096x1.json", "r4096x16.json"]
+    assert offline.lock_path(args.out).name == "rx.json.lock"
+    settings = {n: offline.run_settings(args, {}, prompt_tokens=n) for n in args.prompt_tokens}
+    assert settings[2048]["prompt_tokens"] == 2048 and settings[4096]["max_model_len"] == 8192
+    path = offline.out_path(args.out, 16, 2048)
+    path.write_text(json.dumps({**settings[2048], "decode_tokens_per_s_all": [1.0, 2.0]}))
+    assert offline.finished(path, settings[2048]) and not offline.finished(path, settings[4096])
+    for n in args.prompt_tokens:  # every cell done: time_batches returns before it imports torch or vLLM
+        for b in args.batch:
+            offline.out_path(args.out, b, n).write_text(json.dumps({**settings[n], "decode_tokens_per_s_all": [1.0, 2.0]}))
+    monkeypatch.delenv("SANTA_VLLM_BUDGET", raising=False)
+    monkeypatch.setitem(sys.modules, "vllm", None)  # an import of vLLM would now raise
+    offline.time_batches(args)
 
 
 def finished_run(tmp_path, monkeypatch, batches=("1", "16")):
@@ -110,8 +142,8 @@ def test_a_finished_size_is_not_timed_again_and_other_settings_are(tmp_path, mon
     """A size whose file holds every repeat with this run's settings is skipped (no engine when all are); fewer repeats,
     another backend or an unreadable file is timed again."""
     args = finished_run(tmp_path, monkeypatch)
-    settings = offline.run_settings(args, {})
-    path = offline.out_path(args.out, 1)
+    settings = offline.run_settings(args, {}, prompt_tokens=30000)
+    path = offline.out_path(args.out, 1, 30000)
     assert not offline.finished(path, settings)  # no file yet
     path.write_text(json.dumps({**settings, "decode_tokens_per_s_all": [1.0]}))
     assert not offline.finished(path, settings)  # a killed run: one repeat of two
@@ -122,7 +154,7 @@ def test_a_finished_size_is_not_timed_again_and_other_settings_are(tmp_path, mon
     path.write_text("{not json")
     assert not offline.finished(path, settings)
     for batch in (1, 16):  # every size done: time_batches returns before it imports torch or vLLM
-        offline.out_path(args.out, batch).write_text(json.dumps({**settings, "decode_tokens_per_s_all": [1.0, 2.0]}))
+        offline.out_path(args.out, batch, 30000).write_text(json.dumps({**settings, "decode_tokens_per_s_all": [1.0, 2.0]}))
     monkeypatch.setitem(sys.modules, "vllm", None)  # an import of vLLM would now raise
     offline.time_batches(args)
 
@@ -207,16 +239,16 @@ def test_run_settings_say_whether_vllms_batch_invariant_mode_was_on(monkeypatch)
     monkeypatch.setattr("sys.argv", ["offline.py", "--folder", "/tmp/m", "--out", "/tmp/o.json"])
     parsed = offline.parse_args()
     monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
-    assert "batch_invariant" not in offline.run_settings(parsed, {})
+    assert "batch_invariant" not in offline.run_settings(parsed, {}, prompt_tokens=30000)
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "1")
-    assert offline.run_settings(parsed, {})["batch_invariant"] is True
+    assert offline.run_settings(parsed, {}, prompt_tokens=30000)["batch_invariant"] is True
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "2")  # vLLM's bool(int(...)): on
-    assert offline.run_settings(parsed, {})["batch_invariant"] is True
+    assert offline.run_settings(parsed, {}, prompt_tokens=30000)["batch_invariant"] is True
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "0")
-    assert "batch_invariant" not in offline.run_settings(parsed, {})
+    assert "batch_invariant" not in offline.run_settings(parsed, {}, prompt_tokens=30000)
     monkeypatch.setenv("VLLM_BATCH_INVARIANT", "yes")
     with pytest.raises(RuntimeError, match="VLLM_BATCH_INVARIANT must be an int.*'yes'"):
-        offline.run_settings(parsed, {})
+        offline.run_settings(parsed, {}, prompt_tokens=30000)
 
 
 def test_invariance_from_the_command_line_exits_by_its_verdict_and_names_a_missing_file(tmp_path, monkeypatch, capsys):
