@@ -153,14 +153,13 @@ def served_answers(args, prompts: list[list[int]], stops: list[int], max_model_l
     the seconds the answers took once the server was up."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from benchmarks.vllm.serve import Server, server_command, stop_servers_on_sigterm
+    from benchmarks.vllm.serve import Server, server_command
     from openai import OpenAI
 
     command = server_command(args.folder, port=args.port, backend=args.backend, max_model_len=max_model_len,
                              kv_cache_dtype=args.kv_cache_dtype, santa=None, gpu_memory_utilization=0.85, load_format="auto",
                              extra=["--max-num-seqs", "64", "--no-enable-prefix-caching"])
     log = args.out.with_suffix(".server.log")
-    stop_servers_on_sigterm()  # `timeout` must not leave the server running
     with Server(command, port=args.port, log=log, timeout_s=600):
         client = OpenAI(base_url=f"http://127.0.0.1:{args.port}/v1", api_key="unused")
 

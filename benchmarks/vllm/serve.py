@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import zlib
@@ -160,7 +161,12 @@ def server_command(folder: Path, *, port: int, backend: str, max_model_len: int,
 
 class Server:
     """A ``vllm serve`` process for the ``with`` block: started, waited for (``/health``), then stopped with SIGINT
-    (vLLM's clean shutdown), killed if it has not exited 60 s later. ``log`` receives its output."""
+    (vLLM's clean shutdown), killed if it has not exited 60 s later. ``log`` receives its output.
+
+    The server runs in its own session, so a run killed without unwinding would leave it holding the GPU and the port
+    (the next run refused; seen on the H100, 2026-12-07, when ``timeout`` sent SIGTERM). So while the block runs, SIGTERM
+    unwinds the process like an error and the block stops the server; a second SIGTERM during that stop is ignored. The
+    previous handler is back once the server is stopped. (Only in the main thread, the one Python delivers signals to.)"""
 
     def __init__(self, command: list[str], *, port: int, log: Path, env: dict | None = None, timeout_s: float = 600):
         self.command, self.port, self.log, self.env, self.timeout_s = command, port, log, env, timeout_s
@@ -175,6 +181,9 @@ class Server:
         self._log = open(self.log, "ab")
         self.process = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
                                         start_new_session=True)
+        self._previous_sigterm = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous_sigterm = signal.signal(signal.SIGTERM, self._unwind)
         try:
             self.startup_s = wait_until_up(self.port, self.process, self.timeout_s)
         except RuntimeError as error:
@@ -184,6 +193,11 @@ class Server:
             self.stop()
             raise
         return self
+
+    def _unwind(self, signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise SystemExit(f"stopped by signal {signum} (SIGTERM): stopping the server on port {self.port}; the records "
+                         "written so far stay")
 
     def last_error(self) -> str:
         """The log's last line that names an error (what stopped the server), or its last line."""
@@ -200,6 +214,8 @@ class Server:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
         self._log.close()
+        if self._previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
         self.exit_status = self.process.returncode
         return self.exit_status
 
@@ -420,25 +436,11 @@ def table(out: Path) -> None:
             print(f"| {cache} | {workload} | {rate} | {arm} | {runs_cell} | {first} | " + " | ".join(cells) + " |")
 
 
-def stop_servers_on_sigterm() -> None:
-    """Make SIGTERM (what ``timeout`` sends) unwind this process like an error, so that a running :class:`Server` is
-    stopped by its ``with`` block. A server runs in its own session: killed without unwinding, this process would leave
-    it holding the GPU and the port, and the next run would be refused (seen on the H100, 2026-12-07). A second SIGTERM
-    while the server stops is ignored, so that the stop completes."""
-
-    def unwind(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise SystemExit(f"serve.py: stopped by signal {signum} (SIGTERM); the records written so far stay")
-
-    signal.signal(signal.SIGTERM, unwind)
-
-
 def main() -> None:
     args = parse_args()
     if args.table:
         table(args.out)
         return
-    stop_servers_on_sigterm()
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # its sampler JIT-compiles (no nvcc on the device)
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -7,6 +7,7 @@ line, and the records become the comparison table. The server itself runs in tes
 import json
 import math
 import random
+import signal
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -248,9 +249,11 @@ def test_a_server_that_stops_early_is_reported_with_its_error_line(tmp_path):
                    "(APIServer)   Value error, User-specified max_model_len (33024) is greater than the derived one\n"
                    "(APIServer)     For further information visit https://errors.pydantic.dev/2.14/v/value_error\n")
     server = serve.Server([sys.executable, "-c", "raise SystemExit(1)"], port=9, log=log, timeout_s=30)
+    sigterm = signal.getsignal(signal.SIGTERM)
     with pytest.raises(RuntimeError, match=r"exited with status 1 before it was up: .*Value error, User-specified max_model_len"):
         server.__enter__()
     assert server.exit_status == 1
+    assert signal.getsignal(signal.SIGTERM) is sigterm  # the server's SIGTERM handler left with it
 
 
 def test_a_port_already_answering_is_refused_before_a_server_starts(tmp_path):
@@ -283,7 +286,6 @@ RUN_UNTIL_KILLED = """
 import sys, time
 from pathlib import Path
 from benchmarks.vllm import serve
-serve.stop_servers_on_sigterm()
 port, folder = int(sys.argv[1]), Path(sys.argv[2])
 command = [sys.executable, "-c", serve_stand_in, str(port), str(folder / "server.pid")]
 with serve.Server(command, port=port, log=folder / "server.log", timeout_s=30):
@@ -293,10 +295,9 @@ with serve.Server(command, port=port, log=folder / "server.log", timeout_s=30):
 
 
 def test_a_run_stopped_by_sigterm_stops_its_server(tmp_path):
-    """``timeout`` kills serve.py with SIGTERM; the server, in its own session, must not outlive it (it would hold the GPU
-    and the port, and the next run would be refused)."""
+    """``timeout`` kills serve.py (or needles.py --server) with SIGTERM; the server, in its own session, must not outlive
+    it (it would hold the GPU and the port, and the next run would be refused), and SIGTERM's handler is restored."""
     import os
-    import signal
     import socket
     from pathlib import Path
 
