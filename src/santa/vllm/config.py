@@ -57,8 +57,9 @@ KERNELS = (*names(kernels=True), METHODS["dense"].name)  # santa's kernels, or v
 #   (batch 16 / 64 / 256), 2k 1.004 / 1.052 / 1.167x (batch 1 / 16 / 64; 1.165x at max_model_len 131072): 1024 keys
 DENSE_BELOW_BY_SHAPE = {(128, 4): 1024}
 # - every other shape: 8192. Qwen2.5-0.5B's (d = 64, G = 7) still loses at 2k (0.913 / 0.887x at batch 64 / 256, the
-#   same run) and wins at 4k (1.468x at batch 64, H100, dd57a82, benchmarks/results/2026-12-07-vllm-qwen-4k): 4096 waits
-#   for 4k at batch 1 / 16 / 256 and the serving mix (a step goes by its longest sequence); its paged kernel loses in
+#   same run) and in five of eight cells at 3k / 4k (0.823-1.589x over batch 1-256, H100, c85bdc1,
+#   benchmarks/results/2026-12-07-vllm-qwen-short-grid; dd57a82's single 4k x 64 cell, 1.468x, did not repeat at
+#   1.018x), so 4096 would be slower than FlashAttention where it matters; its paged kernel loses in
 #   every cell of 512-4k keys against cuDNN (H100, 58b370b) and wins at 16 x 32k; shapes never
 #   measured inside vLLM keep the 8192 of the first measurement (283cdaf, H200: 2k prompts 0.76-0.90x, 8k 1.07-1.10x)
 DENSE_BELOW = 8192
