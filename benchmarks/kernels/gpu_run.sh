@@ -5,7 +5,7 @@
 # `ab` also carries .old43, from `prepare.sh old43`; `e2ehouse` carries .old41, from `prepare.sh old41`).
 # `trial` times a trial tree (main + unmerged branches, checked out here) against main's own, carried as .mainsrc/src
 # (`git archive main src | tar -x -C .mainsrc`, `.mainsrc` in .git/info/exclude and in the call's carry; MAIN_COMMIT=<sha>).
-#   bash benchmarks/kernels/gpu_run.sh [trial] [trialhf] [firstkey] [hndstream] [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [livencu] [g2ncu] [contiguous] [shortslices] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [hfshort] [e2e] [e2ehouse]
+#   bash benchmarks/kernels/gpu_run.sh [trial] [trialpaged] [trialhf] [firstkey] [hndstream] [tests] [smoke] [stream] [onelaunch] [onelaunchptx] [onelaunchplans] [onelaunchncu] [livencu] [g2ncu] [contiguous] [shortslices] [e2eone] [covered] [paged] [live] [gate] [target] [ab] [fp8] [fp8ab] [llama] [small] [tune] [host] [hf] [hfq] [hfprof] [hfshort] [e2e] [e2ehouse]
 # Prefix the command with SANTA_COMMIT=<short sha> (the device copy's .git can be stale): the JSON records it.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -32,6 +32,20 @@ for stage in "$@"; do
             --out "$OUT/hf${B}_$TREE.json" --shape llama-3.1-8b --lengths 30000 --batches $B --cache static --compile \
             --backends santa-prop 2>&1 | grep "ms/token"
         done
+      done ;;
+    trialpaged)  # a kernel trial on paged caches (a trial tree checked out here, main's carried as .mainsrc/src as for trial):
+                 # the trial's one-launch GPU tests (TRIAL_TESTS), then paged_ab.py (TRIAL_PAGED_ARGS, default "--models qwen
+                 # smollm2": every d = 64 case) on main's tree and the trial's in turn, main first, TRIAL_PAGED_LIMIT s each
+                 # (default 150; a cut run resumes in the next call); files paged_main.jsonl / paged_trial.jsonl
+      [ -d .mainsrc/src ] || { echo "trialpaged: carry main's src/ as .mainsrc/src"; exit 1; }
+      timeout 150 python3 -m pytest -q -p no:cacheprovider ${TRIAL_TESTS:-tests/kernels/test_one_launch.py} 2>&1 | tail -25 \
+        | tee "$OUT/tests_trial.log" | tail -3
+      for TREE in main trial; do
+        if [ $TREE = main ]; then SRC=$PWD/.mainsrc/src C=${MAIN_COMMIT:-}; else SRC=$PWD/src C=${SANTA_COMMIT:-}; fi
+        # shellcheck disable=SC2086
+        SANTA_COMMIT=$C PYTHONPATH=/tmp/site:$SRC timeout "${TRIAL_PAGED_LIMIT:-150}" python3 benchmarks/kernels/paged_ab.py \
+          "$OUT/paged_$TREE.jsonl" ${TRIAL_PAGED_ARGS:---models qwen smollm2} > "$OUT/paged_$TREE.log" 2>&1
+        echo "$TREE: $(grep -c . "$OUT/paged_$TREE.jsonl") lines"
       done ;;
     trialhf)  # santa's compiled generate() on main's carried tree and the trial's, alternating twice (main, trial, main,
               # trial): the first run in a call fills torch.compile's cache, and identical kernels have measured 1.08x apart
