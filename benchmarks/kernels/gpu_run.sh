@@ -14,6 +14,9 @@ export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 if [ -d .whl ] && [ ! -d /tmp/site/flashinfer ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || true
 fi
+tree_env() {  # TREE (main or trial): SRC, its source folder (main's carried as .mainsrc/src), and C, its commit to record
+  if [ "$1" = main ]; then SRC=$PWD/.mainsrc/src C=${MAIN_COMMIT:-}; else SRC=$PWD/src C=${SANTA_COMMIT:-}; fi
+}
 for stage in "$@"; do
   case $stage in
     trial)  # one call that decides a branch: the one-launch, op and HF GPU tests on the trial tree, then paged_ab.py --quick
@@ -24,7 +27,7 @@ for stage in "$@"; do
       # main's tree first, then the trial's: the order is the same in every trial call (the 34th session's ran the trial
       # first); one generate() per batch size, so a slow first compile cannot cut the other batch's figure
       for TREE in main trial; do
-        if [ $TREE = main ]; then SRC=$PWD/.mainsrc/src C=${MAIN_COMMIT:-}; else SRC=$PWD/src C=${SANTA_COMMIT:-}; fi
+        tree_env "$TREE"
         SANTA_COMMIT=$C PYTHONPATH=/tmp/site:$SRC timeout 70 python3 benchmarks/kernels/paged_ab.py "$OUT/quick_$TREE.jsonl" \
           --quick > "$OUT/quick_$TREE.log" 2>&1
         for B in 1 6; do
@@ -41,7 +44,7 @@ for stage in "$@"; do
       timeout 150 python3 -m pytest -q -p no:cacheprovider ${TRIAL_TESTS:-tests/kernels/test_one_launch.py} 2>&1 | tail -25 \
         | tee "$OUT/tests_trial.log" | tail -3
       for TREE in main trial; do
-        if [ $TREE = main ]; then SRC=$PWD/.mainsrc/src C=${MAIN_COMMIT:-}; else SRC=$PWD/src C=${SANTA_COMMIT:-}; fi
+        tree_env "$TREE"
         # shellcheck disable=SC2086
         SANTA_COMMIT=$C PYTHONPATH=/tmp/site:$SRC timeout "${TRIAL_PAGED_LIMIT:-150}" python3 benchmarks/kernels/paged_ab.py \
           "$OUT/paged_$TREE.jsonl" ${TRIAL_PAGED_ARGS:---models qwen smollm2} > "$OUT/paged_$TREE.log" 2>&1
@@ -55,7 +58,7 @@ for stage in "$@"; do
       [ -d .mainsrc/src ] || { echo "trialhf: carry main's src/ as .mainsrc/src"; exit 1; }
       for ROUND in 1 2; do
         for TREE in main trial; do
-          if [ $TREE = main ]; then SRC=$PWD/.mainsrc/src C=${MAIN_COMMIT:-}; else SRC=$PWD/src C=${SANTA_COMMIT:-}; fi
+          tree_env "$TREE"
           SANTA_COMMIT=$C PYTHONPATH=/tmp/site:$SRC timeout 120 python3 benchmarks/kernels/hf_generate.py \
             --out "$OUT/hf_${TREE}_$ROUND.json" --shape ${TRIAL_SHAPE:-llama-3.1-8b} --lengths ${TRIAL_LENGTH:-30000} \
             --batches ${TRIAL_BATCH:-6} --cache static --compile --backends santa-prop > "/tmp/hf_${TREE}_$ROUND.log" 2>&1
@@ -168,14 +171,14 @@ for stage in "$@"; do
       timeout 240 python3 -m pytest -q -m "not slow" -p no:cacheprovider tests/kernels/test_one_launch.py \
         tests/hf/test_hf_cuda.py 2>&1 | tail -25 | tee "$OUT/tests_hnd.log" | tail -3
       for TREE in main branch; do
-        if [ $TREE = main ]; then SRC=$PWD/.mainsrc/src C=${MAIN_COMMIT:-}; else SRC=$PWD/src C=${SANTA_COMMIT:-}; fi
+        tree_env "$TREE"
         SANTA_COMMIT=$C PYTHONPATH=/tmp/site:$SRC timeout 90 python3 benchmarks/kernels/contiguous_ab.py "$OUT/hf_$TREE.jsonl" \
           --hf > /tmp/hf_$TREE.log 2>&1 || tail -3 /tmp/hf_$TREE.log
         SANTA_COMMIT=$C PYTHONPATH=/tmp/site:$SRC timeout 90 python3 benchmarks/kernels/contiguous_ab.py \
           "$OUT/quick_$TREE.jsonl" --quick > /tmp/quick_$TREE.log 2>&1 || tail -3 /tmp/quick_$TREE.log
       done
       for TREE in main branch; do
-        if [ $TREE = main ]; then SRC=$PWD/.mainsrc/src C=${MAIN_COMMIT:-}; else SRC=$PWD/src C=${SANTA_COMMIT:-}; fi
+        tree_env "$TREE"
         SANTA_COMMIT=$C PYTHONPATH=/tmp/site:$SRC PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout 120 python3 \
           benchmarks/kernels/hf_generate.py --out "$OUT/qwen16_$TREE.json" --shape qwen2.5-0.5b --lengths 32768 \
           --batches 16 --cache static --compile --backends santa-prop 2>&1 | grep "ms/token" | sed "s/^/$TREE /"
